@@ -1,0 +1,2 @@
+//! confined-fs (under construction).
+#![deny(missing_docs)]

@@ -1,0 +1,2 @@
+//! exec-wrapper (under construction).
+#![deny(missing_docs)]

@@ -1,0 +1,2 @@
+//! sandbox-core
+#![deny(missing_docs)]

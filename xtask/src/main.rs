@@ -1,0 +1,2 @@
+//! Project automation (under construction).
+fn main() {}
