@@ -1,2 +1,51 @@
-//! sandbox-core
+//! The contract between AI agent hosts and sandbox backends.
+//!
+//! `sandbox-core` owns the vocabulary every backend and host shares (isolation rungs, egress modes,
+//! capabilities, keys, specs, exec requests and outputs, disposal reports), the [`Sandbox`] and
+//! [`SandboxBackend`] traits, the [`Router`] that refuses any backend below the host's isolation floor,
+//! and the pure helpers both backends share: guest-path confinement, storage-base planning, name and label
+//! digests, and the host-hygiene lists (secret-looking environment names, credential paths).
+//!
+//! It does **no I/O**: it never starts a process, opens a file or talks to an engine. Backends do that.
+//!
+//! # Example
+//!
+//! ```
+//! use sandbox_core::{Capability, Egress, Isolation, SandboxSpec};
+//!
+//! let spec = SandboxSpec::builder("python")
+//!     .image("debian:bookworm")
+//!     .require(Capability::FilesOut)
+//!     .build()
+//!     .expect("a valid spec");
+//! assert_eq!(spec.egress(), Egress::Closed);
+//! assert!(spec.required_capabilities().contains(&Capability::Exec));
+//! assert!(Isolation::Microvm.meets_floor(Some(Isolation::Container)));
+//! ```
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
+
+mod capability;
+mod disposal;
+mod egress;
+mod entry;
+mod error;
+mod isolation;
+mod key;
+mod limits;
+mod wire;
+// Pure helpers (paths, naming, hygiene lists).
+// end of pure helpers
+
+pub use capability::{default_capabilities, needs_storage_base, Capability};
+pub use disposal::{fold, DisposalCode, DisposalFailure, DisposeSelector, ScopePurge};
+pub use egress::{
+    validate_host, validate_method, validate_path, Egress, EgressEntry, EgressRule, MAX_HOST_LEN,
+};
+pub use entry::{EntryKind, SandboxEntry};
+pub use error::{BoxError, ErrorKind, GuestCleanup, ParseError, Result, SandboxError};
+pub use isolation::{Isolation, IsolationScope, OsFamily};
+pub use key::SandboxKey;
+pub use limits::{SandboxLimits, TransferLimits, DEFAULT_TRANSFER_LIMITS};
+// Pure helper re-exports.
+// end of pure helper re-exports

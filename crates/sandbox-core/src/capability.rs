@@ -1,0 +1,107 @@
+//! Capabilities a spec requires and a backend declares.
+
+use std::collections::BTreeSet;
+
+use crate::wire::wire_enum;
+use crate::ParseError;
+
+wire_enum! {
+    /// One thing a sandbox can do for its host.
+    pub enum Capability ("capability") {
+        /// Run commands.
+        Exec => "exec",
+        /// Write files into the sandbox.
+        FilesIn => "files_in",
+        /// Stat and read named paths (no enumeration).
+        FilesOut => "files_out",
+        /// Enumerate one directory.
+        FilesList => "files_list",
+        /// Remove paths.
+        FilesDelete => "files_delete",
+        /// Remove a call's directory. Backend-only: a spec may not require it.
+        Reclaim => "reclaim",
+        /// Egress rules that restrict HTTP methods.
+        EgressMethods => "egress_methods",
+        /// Egress rules that restrict URL paths.
+        EgressPaths => "egress_paths",
+    }
+}
+
+/// Wire strings the contract knows but this version deliberately does not support.
+const OUT_OF_SCOPE: &[&str] = &["run_code", "host_tools", "snapshot", "attached_identity"];
+
+impl std::str::FromStr for Capability {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        if let Some(c) = Capability::parse_known(s) {
+            return Ok(c);
+        }
+        if OUT_OF_SCOPE.contains(&s) {
+            return Err(ParseError::NotSupportedInThisVersion {
+                what: "capability",
+                value: s.to_owned(),
+            });
+        }
+        Err(ParseError::Unknown {
+            what: "capability",
+            value: s.to_owned(),
+        })
+    }
+}
+
+/// What every sandbox owes and what a silent backend declares: `{exec, files_in}`.
+pub fn default_capabilities() -> BTreeSet<Capability> {
+    BTreeSet::from([Capability::Exec, Capability::FilesIn])
+}
+
+/// Capabilities that need a prepared storage base (core rule 52).
+pub(crate) const STORAGE_CAPABILITIES: [Capability; 5] = [
+    Capability::Exec,
+    Capability::FilesIn,
+    Capability::FilesOut,
+    Capability::FilesList,
+    Capability::FilesDelete,
+];
+
+/// Whether a set of required capabilities needs the storage base prepared.
+pub fn needs_storage_base(required: &BTreeSet<Capability>) -> bool {
+    STORAGE_CAPABILITIES.iter().any(|c| required.contains(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_strings() {
+        for &c in Capability::ALL {
+            assert_eq!(c.as_str().parse::<Capability>().unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn out_of_scope_is_its_own_error() {
+        for s in OUT_OF_SCOPE {
+            assert!(matches!(
+                s.parse::<Capability>(),
+                Err(ParseError::NotSupportedInThisVersion { .. })
+            ));
+        }
+        assert!(matches!(
+            "teleport".parse::<Capability>(),
+            Err(ParseError::Unknown { .. })
+        ));
+        assert!(matches!("EXEC".parse::<Capability>(), Err(ParseError::Unknown { .. })));
+    }
+
+    #[test]
+    fn defaults_and_storage() {
+        assert_eq!(
+            default_capabilities().into_iter().collect::<Vec<_>>(),
+            vec![Capability::Exec, Capability::FilesIn]
+        );
+        assert!(needs_storage_base(&default_capabilities()));
+        assert!(!needs_storage_base(&BTreeSet::from([Capability::EgressPaths])));
+        assert!(!needs_storage_base(&BTreeSet::new()));
+    }
+}
