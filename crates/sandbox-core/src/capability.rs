@@ -91,7 +91,10 @@ mod tests {
             "teleport".parse::<Capability>(),
             Err(ParseError::Unknown { .. })
         ));
-        assert!(matches!("EXEC".parse::<Capability>(), Err(ParseError::Unknown { .. })));
+        assert!(matches!(
+            "EXEC".parse::<Capability>(),
+            Err(ParseError::Unknown { .. })
+        ));
     }
 
     #[test]
@@ -101,7 +104,9 @@ mod tests {
             vec![Capability::Exec, Capability::FilesIn]
         );
         assert!(needs_storage_base(&default_capabilities()));
-        assert!(!needs_storage_base(&BTreeSet::from([Capability::EgressPaths])));
+        assert!(!needs_storage_base(&BTreeSet::from([
+            Capability::EgressPaths
+        ])));
         assert!(!needs_storage_base(&BTreeSet::new()));
     }
 }

@@ -148,6 +148,9 @@ mod tests {
     #[test]
     fn precedence_order() {
         let order: Vec<&str> = DisposalCode::ALL.iter().map(|c| c.as_str()).collect();
-        assert_eq!(order, ["unreachable", "timeout", "refused", "unlisted", "unknown"]);
+        assert_eq!(
+            order,
+            ["unreachable", "timeout", "refused", "unlisted", "unknown"]
+        );
     }
 }

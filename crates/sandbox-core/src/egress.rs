@@ -31,7 +31,11 @@ pub const MAX_HOST_LEN: usize = 253;
 /// Checks one allowlist host: an optional leading `*.`, then DNS labels of 1..63 ASCII letters, digits and
 /// inner hyphens, at most 253 characters in all, and never numeric in its last label (no IP literals).
 pub fn validate_host(host: &str) -> Result<(), SandboxError> {
-    let refuse = |why: &str| Err(SandboxError::invalid(format!("egress host {host:?}: {why}")));
+    let refuse = |why: &str| {
+        Err(SandboxError::invalid(format!(
+            "egress host {host:?}: {why}"
+        )))
+    };
     if host == "*" {
         return refuse("a bare `*` would mean unrestricted egress");
     }
@@ -44,7 +48,9 @@ pub fn validate_host(host: &str) -> Result<(), SandboxError> {
     }
     for label in bare.split('.') {
         if !is_dns_label(label) {
-            return refuse("not a host name (letters, digits and inner hyphens in labels of 1 to 63)");
+            return refuse(
+                "not a host name (letters, digits and inner hyphens in labels of 1 to 63)",
+            );
         }
     }
     let last = bare.rsplit('.').next().unwrap_or(bare);
@@ -67,7 +73,10 @@ fn is_numeric_label(label: &str) -> bool {
     if !label.is_empty() && label.bytes().all(|c| c.is_ascii_digit()) {
         return true;
     }
-    match label.strip_prefix("0x").or_else(|| label.strip_prefix("0X")) {
+    match label
+        .strip_prefix("0x")
+        .or_else(|| label.strip_prefix("0X"))
+    {
         Some(hex) => hex.bytes().all(|c| c.is_ascii_hexdigit()),
         None => false,
     }
@@ -92,7 +101,11 @@ pub fn validate_method(method: &str) -> Result<(), SandboxError> {
 /// A URL path prefix of an egress rule: starts with `/`, no `? # [ ] \`, `*` only as one trailing `/*`,
 /// no `.` or `..` segment, no whitespace or control characters.
 pub fn validate_path(path: &str) -> Result<(), SandboxError> {
-    let refuse = |why: &str| Err(SandboxError::invalid(format!("egress path {path:?}: {why}")));
+    let refuse = |why: &str| {
+        Err(SandboxError::invalid(format!(
+            "egress path {path:?}: {why}"
+        )))
+    };
     if !path.starts_with('/') {
         return refuse("must start with `/`");
     }
@@ -322,7 +335,13 @@ mod tests {
         ] {
             assert!(validate_host(h).is_err(), "{h:?} accepted");
         }
-        let long = format!("{}.{}.{}.{}", "a".repeat(63), "b".repeat(63), "c".repeat(63), "d".repeat(61));
+        let long = format!(
+            "{}.{}.{}.{}",
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(61)
+        );
         assert_eq!(long.len(), 253);
         validate_host(&long).unwrap();
         assert!(validate_host(&format!("{long}e")).is_err());
@@ -339,25 +358,51 @@ mod tests {
         for p in ["/", "/api", "/api/*", "/a/b.c", "/a/..b"] {
             validate_path(p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
         }
-        for p in ["", "api", "/a?b", "/a#", "/[x]", "/a\\b", "/a*", "/*/b", "/a/*/*", "/a/./b", "/a/..", "/a b", "/a\u{85}", "/a\u{7f}", "/a\u{3000}"] {
+        for p in [
+            "",
+            "api",
+            "/a?b",
+            "/a#",
+            "/[x]",
+            "/a\\b",
+            "/a*",
+            "/*/b",
+            "/a/*/*",
+            "/a/./b",
+            "/a/..",
+            "/a b",
+            "/a\u{85}",
+            "/a\u{7f}",
+            "/a\u{3000}",
+        ] {
             assert!(validate_path(p).is_err(), "{p:?} accepted");
         }
     }
 
     #[test]
     fn rules() {
-        let r = EgressRule::new("api.example.com", Some(vec!["GET".into(), "POST".into()]), Some(vec!["/v1/*".into()])).unwrap();
+        let r = EgressRule::new(
+            "api.example.com",
+            Some(vec!["GET".into(), "POST".into()]),
+            Some(vec!["/v1/*".into()]),
+        )
+        .unwrap();
         assert_eq!(r.to_string(), "api.example.com (GET, POST; /v1/*)");
         let r = EgressRule::new("a.com", None, Some(vec!["/x".into()])).unwrap();
         assert_eq!(r.to_string(), "a.com (/x)");
         let r = EgressRule::new("a.com", Some(vec!["GET".into()]), None).unwrap();
         assert_eq!(r.to_string(), "a.com (GET)");
-        assert_eq!(EgressRule::new("a.com", None, None).unwrap().to_string(), "a.com");
+        assert_eq!(
+            EgressRule::new("a.com", None, None).unwrap().to_string(),
+            "a.com"
+        );
         assert!(EgressRule::new("a.com", Some(vec![]), None).is_err());
         assert!(EgressRule::new("a.com", Some(vec!["GET".into(), "GET".into()]), None).is_err());
         assert!(EgressRule::new("a.com", None, Some(vec!["/x".into(), "/x".into()])).is_err());
         assert!(EgressRule::new("1.2.3.4", None, None).is_err());
-        let collapsed = EgressEntry::Rule(EgressRule::new("a.com", None, None).unwrap()).normalise().unwrap();
+        let collapsed = EgressEntry::Rule(EgressRule::new("a.com", None, None).unwrap())
+            .normalise()
+            .unwrap();
         assert_eq!(collapsed, EgressEntry::Host("a.com".into()));
     }
 }

@@ -69,10 +69,22 @@ mod tests {
 
     #[test]
     fn link_size_is_always_none() {
-        assert_eq!(SandboxEntry::new("l", EntryKind::Symlink, Some(11)).size_bytes(), None);
-        assert_eq!(SandboxEntry::new("d", EntryKind::Directory, Some(4096)).size_bytes(), None);
-        assert_eq!(SandboxEntry::new("o", EntryKind::Other, Some(0)).size_bytes(), None);
-        assert_eq!(SandboxEntry::new("f", EntryKind::File, Some(3)).size_bytes(), Some(3));
+        assert_eq!(
+            SandboxEntry::new("l", EntryKind::Symlink, Some(11)).size_bytes(),
+            None
+        );
+        assert_eq!(
+            SandboxEntry::new("d", EntryKind::Directory, Some(4096)).size_bytes(),
+            None
+        );
+        assert_eq!(
+            SandboxEntry::new("o", EntryKind::Other, Some(0)).size_bytes(),
+            None
+        );
+        assert_eq!(
+            SandboxEntry::new("f", EntryKind::File, Some(3)).size_bytes(),
+            Some(3)
+        );
         assert_eq!(SandboxEntry::file("f", 0).size_bytes(), Some(0));
         assert_eq!("symlink".parse::<EntryKind>().unwrap(), EntryKind::Symlink);
     }

@@ -364,7 +364,9 @@ fn cleanup_suffix(cleanup: Option<GuestCleanup>) -> String {
         None => String::new(),
         Some(GuestCleanup::Killed) => "; its process group was killed".to_owned(),
         Some(GuestCleanup::NeverStarted) => "; it never started".to_owned(),
-        Some(GuestCleanup::Retired) => "; the kill did not land and the sandbox was retired".to_owned(),
+        Some(GuestCleanup::Retired) => {
+            "; the kill did not land and the sandbox was retired".to_owned()
+        }
     }
 }
 
@@ -485,7 +487,9 @@ impl From<ParseError> for SandboxError {
     fn from(e: ParseError) -> Self {
         match e {
             ParseError::Unknown { .. } => SandboxError::InvalidArgument(e.to_string()),
-            ParseError::NotSupportedInThisVersion { .. } => SandboxError::Unsupported(e.to_string()),
+            ParseError::NotSupportedInThisVersion { .. } => {
+                SandboxError::Unsupported(e.to_string())
+            }
         }
     }
 }

@@ -88,7 +88,10 @@ mod tests {
         for &i in Isolation::ALL {
             assert_eq!(i.as_str().parse::<Isolation>().unwrap(), i);
         }
-        assert_eq!("os_process".parse::<Isolation>().unwrap(), Isolation::OsProcess);
+        assert_eq!(
+            "os_process".parse::<Isolation>().unwrap(),
+            Isolation::OsProcess
+        );
     }
 
     #[test]
@@ -120,7 +123,10 @@ mod tests {
             IsolationScope::effective(IsolationScope::Conversation, IsolationScope::Conversation),
             IsolationScope::Conversation
         );
-        assert_eq!("call".parse::<IsolationScope>().unwrap(), IsolationScope::Call);
+        assert_eq!(
+            "call".parse::<IsolationScope>().unwrap(),
+            IsolationScope::Call
+        );
         assert!("Call".parse::<IsolationScope>().is_err());
         assert_eq!("windows".parse::<OsFamily>().unwrap(), OsFamily::Windows);
         assert!("linux".parse::<OsFamily>().is_err());

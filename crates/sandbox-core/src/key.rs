@@ -54,7 +54,11 @@ impl SandboxKey {
 
 impl fmt::Display for SandboxKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}/{:?}/{:?}", self.scope, self.thread_id, self.agent_id)?;
+        write!(
+            f,
+            "{:?}/{:?}/{:?}",
+            self.scope, self.thread_id, self.agent_id
+        )?;
         if self.is_call() {
             write!(f, " call {:?}", self.call_id)?;
         }

@@ -25,27 +25,37 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+mod backend;
 mod capability;
+mod declarations;
 mod disposal;
 mod egress;
 mod entry;
 mod error;
+mod exec;
+mod hygiene;
 mod isolation;
 mod key;
 mod limits;
+mod spec;
 mod wire;
 // Pure helpers (paths, naming, hygiene lists).
 // end of pure helpers
 
+pub use backend::{Sandbox, SandboxBackend, SandboxState, SandboxSummary};
 pub use capability::{default_capabilities, needs_storage_base, Capability};
+pub use declarations::BackendDeclarations;
 pub use disposal::{fold, DisposalCode, DisposalFailure, DisposeSelector, ScopePurge};
 pub use egress::{
     validate_host, validate_method, validate_path, Egress, EgressEntry, EgressRule, MAX_HOST_LEN,
 };
 pub use entry::{EntryKind, SandboxEntry};
 pub use error::{BoxError, ErrorKind, GuestCleanup, ParseError, Result, SandboxError};
+pub use exec::{Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES};
+pub use hygiene::is_secret_name;
 pub use isolation::{Isolation, IsolationScope, OsFamily};
 pub use key::SandboxKey;
 pub use limits::{SandboxLimits, TransferLimits, DEFAULT_TRANSFER_LIMITS};
+pub use spec::{SandboxSpec, SandboxSpecBuilder, DEFAULT_WORK_DIR};
 // Pure helper re-exports.
 // end of pure helper re-exports

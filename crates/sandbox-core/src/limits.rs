@@ -73,9 +73,18 @@ mod tests {
         let c = TransferLimits::default();
         assert!(c.within(&c));
         for bigger in [
-            TransferLimits { max_bytes_per_file: c.max_bytes_per_file + 1, ..c },
-            TransferLimits { max_total_bytes: c.max_total_bytes + 1, ..c },
-            TransferLimits { max_files: c.max_files + 1, ..c },
+            TransferLimits {
+                max_bytes_per_file: c.max_bytes_per_file + 1,
+                ..c
+            },
+            TransferLimits {
+                max_total_bytes: c.max_total_bytes + 1,
+                ..c
+            },
+            TransferLimits {
+                max_files: c.max_files + 1,
+                ..c
+            },
         ] {
             assert!(!bigger.within(&c));
             assert!(c.within(&bigger));

@@ -1,0 +1,155 @@
+//! The two traits every backend implements.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use crate::{
+    BackendDeclarations, DisposalFailure, DisposeSelector, ExecOutput, ExecRequest, Isolation,
+    SandboxEntry, SandboxError, SandboxKey, SandboxSpec, ScopePurge,
+};
+
+/// A handle to one physical sandbox instance.
+///
+/// Every file method takes a working directory `wd`: relative paths resolve against it, and it resolves
+/// against the storage base when relative itself. Path rules are those of the core's guest-path
+/// confinement (`check_write`, `check_read`, `check_list`, `check_delete`).
+///
+/// # Cancel safety
+/// Dropping a future returned by these methods stops waiting; it never skips a cleanup that protects a
+/// guarantee (the remote kill after an expired exec, the discard of a half-created sandbox): backends run
+/// those in tasks the caller cannot cancel.
+#[async_trait]
+pub trait Sandbox: Send + Sync + std::fmt::Debug {
+    /// The engine's identifier: non-empty, stable across warm acquires, new after any replacement.
+    fn instance_id(&self) -> &str;
+
+    /// True only when the acquire that returned this handle created the instance from its image.
+    fn freshly_created(&self) -> bool;
+
+    /// The storage base bound to this instance.
+    fn storage_base(&self) -> &str;
+
+    /// Runs a command. A missing working directory yields a non-zero [`ExecOutput`] (125), not an error.
+    /// An expired timeout is [`SandboxError::Timeout`] carrying how the guest side ended.
+    async fn exec(&self, request: ExecRequest) -> Result<ExecOutput, SandboxError>;
+
+    /// Writes exact bytes, creating missing parents; replaces, never appends; never follows a link leaf.
+    async fn write_file(&self, path: &str, content: &[u8], wd: &str) -> Result<(), SandboxError>;
+
+    /// Describes a path without following a link leaf; `None` when it does not exist.
+    async fn stat_file(&self, path: &str, wd: &str) -> Result<Option<SandboxEntry>, SandboxError>;
+
+    /// Reads a regular file of at most `max_bytes`; larger is [`SandboxError::TransferCapExceeded`], never
+    /// a truncation.
+    async fn read_file(
+        &self,
+        path: &str,
+        wd: &str,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, SandboxError>;
+
+    /// Lists one directory level, sorted by path; links are listed as links (`files_list`).
+    async fn list_dir(&self, path: &str, wd: &str) -> Result<Vec<SandboxEntry>, SandboxError> {
+        let _ = (path, wd);
+        Err(SandboxError::Unsupported(
+            "this backend does not declare files_list".into(),
+        ))
+    }
+
+    /// Removes a path; missing is Ok; a directory needs `recursive` (`files_delete`).
+    async fn remove(&self, path: &str, wd: &str, recursive: bool) -> Result<(), SandboxError> {
+        let _ = (path, wd, recursive);
+        Err(SandboxError::Unsupported(
+            "this backend does not declare files_delete".into(),
+        ))
+    }
+
+    /// Removes a call's directory and everything under it within `timeout` (`reclaim`).
+    async fn reclaim(
+        &self,
+        directory: &str,
+        wd: &str,
+        timeout: Duration,
+    ) -> Result<(), SandboxError> {
+        let _ = (directory, wd, timeout);
+        Err(SandboxError::Unsupported(
+            "this backend does not declare reclaim".into(),
+        ))
+    }
+}
+
+/// The state of a listed sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SandboxState {
+    /// Running.
+    Running,
+    /// Stopped (or paused), still present.
+    Stopped,
+    /// Retired: it must not be reused.
+    Retired,
+    /// A record whose instance the engine does not list.
+    Unlisted,
+    /// The engine's own word.
+    Other(String),
+}
+
+/// One sandbox found by [`SandboxBackend::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxSummary {
+    /// The key, when the engine keeps more than digests of it.
+    pub key: Option<SandboxKey>,
+    /// The kind, when the engine keeps more than a digest of it.
+    pub kind: Option<String>,
+    /// The engine's identifier.
+    pub instance_id: String,
+    /// When it was created, if known.
+    pub created: Option<SystemTime>,
+    /// Its state.
+    pub state: SandboxState,
+}
+
+/// A kind of sandbox: containers, microVMs, fakes.
+#[async_trait]
+pub trait SandboxBackend: Send + Sync + std::fmt::Debug {
+    /// The backend's name (`docker`, `docker-sbx`).
+    fn name(&self) -> &str;
+
+    /// The isolation rung it provides.
+    fn isolation(&self) -> Isolation;
+
+    /// What it serves.
+    fn declarations(&self) -> &BackendDeclarations;
+
+    /// Gets or creates the sandbox of (key, spec kind). Concurrent acquires of one identity yield one
+    /// instance. A warm acquire whose spec changes the image, the storage base or egress is
+    /// [`SandboxError::SpecMismatch`].
+    async fn acquire(
+        &self,
+        key: &SandboxKey,
+        spec: &SandboxSpec,
+    ) -> Result<Arc<dyn Sandbox>, SandboxError>;
+
+    /// A handle to the existing sandbox of (key, kind), or `None`; never creates one.
+    async fn find(
+        &self,
+        key: &SandboxKey,
+        kind: &str,
+    ) -> Result<Option<Arc<dyn Sandbox>>, SandboxError>;
+
+    /// Disposes of the key's sandboxes that the selector names. Never raises.
+    async fn dispose(&self, key: &SandboxKey, selector: DisposeSelector)
+        -> Option<DisposalFailure>;
+
+    /// Disposes of every sandbox of a conversation, whoever created it. Never raises.
+    async fn dispose_scope(&self, scope: &str, thread_id: &str) -> ScopePurge;
+
+    /// Every sandbox of a scope (or one conversation of it), sorted by instance id. A listing that fails
+    /// is an error, never an empty list.
+    async fn list(
+        &self,
+        scope: &str,
+        thread_id: Option<&str>,
+    ) -> Result<Vec<SandboxSummary>, SandboxError>;
+}
