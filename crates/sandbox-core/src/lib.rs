@@ -40,6 +40,10 @@ mod limits;
 mod spec;
 mod wire;
 // Pure helpers (paths, naming, hygiene lists).
+mod credential_paths;
+mod guest_path;
+mod naming;
+mod storage_base;
 // end of pure helpers
 
 pub use backend::{Sandbox, SandboxBackend, SandboxState, SandboxSummary};
@@ -58,4 +62,20 @@ pub use key::SandboxKey;
 pub use limits::{SandboxLimits, TransferLimits, DEFAULT_TRANSFER_LIMITS};
 pub use spec::{SandboxSpec, SandboxSpecBuilder, DEFAULT_WORK_DIR};
 // Pure helper re-exports.
+pub use credential_paths::{
+    check_source, check_workspace_root, credential_paths, refuses_source, CredentialPath,
+};
+pub use guest_path::{
+    ancestors as guest_path_ancestors, check_delete, check_delete_async, check_list,
+    check_list_async, check_read, check_read_async, check_write, check_write_async, confine,
+    join as guest_path_join, norm as guest_path_norm, refuse_linked_ancestors,
+    refuse_linked_ancestors_async, relative_to as guest_path_relative_to, resolve_wd,
+};
+pub use naming::{
+    decode_docker_key_label, docker_container_name, docker_key_label, is_digest_label, label_value,
+    python_json_list, sbx_conversation_prefix, sbx_digest, sbx_key_prefix, sbx_sandbox_name,
+    NamePrefix, DOCKER_NAME_PREFIX, LABEL_AGENT, LABEL_CALL, LABEL_EGRESS_V1, LABEL_KEY_V1,
+    LABEL_KIND, LABEL_ROLE, LABEL_SCOPE, LABEL_THREAD, LABEL_USER_PREFIX, LABEL_WORK_DIR_V1,
+};
+pub use storage_base::{plan_storage_base, storage_base_directories, validate_base};
 // end of pure helper re-exports

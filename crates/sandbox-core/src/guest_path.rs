@@ -1,0 +1,875 @@
+//! Guest path confinement: lexical name checks plus an ancestor walk generic over a stat function.
+//!
+//! Every file method of a backend first confines the caller's path to the call's working directory by name
+//! ([`confine`]), then walks the resolved path's ancestors with a no-follow stat the backend supplies
+//! ([`refuse_linked_ancestors`]), so a link anywhere on the way (including above the working directory) is
+//! refused before anything is read or written. The bundles ([`check_write`], [`check_read`], [`check_list`],
+//! [`check_delete`]) apply the rules of one method policy in order. Paths are guest (POSIX) paths: `/` is the
+//! only separator and a backslash is refused outright, because a Windows guest or a careless backend would
+//! read it as one.
+//!
+//! Nothing here performs I/O: the stat is the caller's closure.
+
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::task::Poll;
+
+use crate::entry::EntryKind;
+use crate::error::SandboxError;
+
+/// Lexical normal form of a guest path.
+///
+/// Splits on `/`, drops empty and `.` segments, lets `..` pop the previous segment (dropped at the root of an
+/// absolute path, kept in a relative path with nothing left to pop), and rejoins. Any run of leading slashes
+/// becomes one. The empty result is `.`.
+///
+/// ```
+/// use sandbox_core::guest_path_norm as norm;
+/// assert_eq!(norm("//w/./a/../b/"), "/w/b");
+/// assert_eq!(norm("/.."), "/");
+/// assert_eq!(norm("../a/.."), "..");
+/// assert_eq!(norm(""), ".");
+/// ```
+pub fn norm(p: &str) -> String {
+    let absolute = p.starts_with('/');
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in p.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => match segments.last() {
+                Some(&last) if last != ".." => {
+                    segments.pop();
+                }
+                // At the root of an absolute path there is nothing above to reach.
+                _ if absolute => {}
+                _ => segments.push(".."),
+            },
+            other => segments.push(other),
+        }
+    }
+    let joined = segments.join("/");
+    match (absolute, joined.is_empty()) {
+        (true, _) => format!("/{joined}"),
+        (false, true) => ".".to_owned(),
+        (false, false) => joined,
+    }
+}
+
+/// `p` when it is absolute, else `base + "/" + p`. Purely textual; normalise the result.
+pub fn join(base: &str, p: &str) -> String {
+    if p.starts_with('/') {
+        p.to_owned()
+    } else {
+        format!("{base}/{p}")
+    }
+}
+
+/// The part of `path` below `base`, or `None` when `path` is not `base` or inside it.
+///
+/// Both are normalised first. Equal paths give `""`. A string prefix is not containment: `/w-outside` is not
+/// inside `/w`, nor `/w/sub2` inside `/w/sub`. With base `.`, any relative path that does not climb out is
+/// inside, and no absolute path is.
+///
+/// ```
+/// use sandbox_core::guest_path_relative_to as relative_to;
+/// assert_eq!(relative_to("/w/a/b", "/w").as_deref(), Some("a/b"));
+/// assert_eq!(relative_to("/w", "/w/").as_deref(), Some(""));
+/// assert_eq!(relative_to("/w-outside", "/w"), None);
+/// ```
+pub fn relative_to(path: &str, base: &str) -> Option<String> {
+    let path = norm(path);
+    let base = norm(base);
+    if path == base {
+        return Some(String::new());
+    }
+    if base == "." {
+        let climbs = path == ".." || path.starts_with("../");
+        return (!path.starts_with('/') && !climbs).then_some(path);
+    }
+    let rest = if base == "/" {
+        path.strip_prefix('/')
+    } else {
+        path.strip_prefix(base.as_str())
+            .and_then(|r| r.strip_prefix('/'))
+    };
+    rest.map(str::to_owned)
+}
+
+/// Confines `path` to `wd` by name and returns the resolved, normalised path.
+///
+/// Refused with [`SandboxError::Confinement`]: a backslash anywhere in `path`, or a resolved path outside
+/// `wd`. `""` and `.` resolve to `wd` itself. This check is lexical only; links are the ancestor walk's job.
+pub fn confine(path: &str, wd: &str) -> Result<String, SandboxError> {
+    if path.contains('\\') {
+        return Err(SandboxError::confinement(
+            path,
+            "a backslash is never a guest path character",
+        ));
+    }
+    let wd = norm(wd);
+    let resolved = norm(&join(&wd, path));
+    if relative_to(&resolved, &wd).is_none() {
+        return Err(SandboxError::confinement(
+            path,
+            format!("resolves to {resolved:?}, outside the working directory {wd:?}"),
+        ));
+    }
+    Ok(resolved)
+}
+
+/// The directories a walk must stat for `guest_path` under `wd`, outermost first.
+///
+/// Every prefix of `norm(wd)` from the first component below `/` down to `wd` itself, then each further
+/// component of `guest_path` below `wd` (a relative `guest_path` is taken relative to `wd`). `/` is never
+/// listed. Components of a `guest_path` outside `wd` are never listed: confine it first.
+///
+/// ```
+/// use sandbox_core::guest_path_ancestors as ancestors;
+/// assert_eq!(ancestors("/w/a/b", "/w"), ["/w", "/w/a", "/w/a/b"]);
+/// assert_eq!(ancestors("a", "/srv/w"), ["/srv", "/srv/w", "/srv/w/a"]);
+/// ```
+pub fn ancestors(guest_path: &str, wd: &str) -> Vec<String> {
+    let wd = norm(wd);
+    let resolved = norm(&join(&wd, guest_path));
+    let below = relative_to(&resolved, &wd).unwrap_or_default();
+
+    let mut out = Vec::new();
+    let mut current = match wd.as_str() {
+        "/" => "/".to_owned(),
+        _ if wd.starts_with('/') => "/".to_owned(),
+        _ => String::new(),
+    };
+    let wd_components = wd.split('/').filter(|c| !c.is_empty() && *c != ".");
+    let below_components = below.split('/').filter(|c| !c.is_empty());
+    for component in wd_components.chain(below_components) {
+        if !(current.is_empty() || current.ends_with('/')) {
+            current.push('/');
+        }
+        current.push_str(component);
+        out.push(current.clone());
+    }
+    out
+}
+
+/// The parent of a normalised path, lexically (`/` is its own parent).
+fn parent(resolved: &str) -> String {
+    norm(&format!("{resolved}/.."))
+}
+
+/// What one stat in a walk is asked to decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A directory on the way: must be a directory, or absent (then nothing below is reachable).
+    Ancestor,
+    /// The target of a write: must not be a link; anything else (or nothing) is the method's concern.
+    WriteLeaf,
+}
+
+/// The outcome of one step of a walk.
+enum Step {
+    Continue,
+    Accept,
+    Refuse(SandboxError),
+}
+
+fn judge(
+    role: Role,
+    component: &str,
+    caller_path: &str,
+    stat: Result<Option<EntryKind>, SandboxError>,
+) -> Step {
+    let kind = match stat {
+        Ok(kind) => kind,
+        Err(e) => return Step::Refuse(e),
+    };
+    match (role, kind) {
+        (Role::Ancestor, None) => Step::Accept,
+        (Role::Ancestor, Some(EntryKind::Directory)) => Step::Continue,
+        (Role::Ancestor, Some(EntryKind::Symlink)) => Step::Refuse(SandboxError::confinement(
+            caller_path,
+            format!("{component:?} is a link (links are never followed on the way to a path)"),
+        )),
+        (Role::Ancestor, Some(_)) => Step::Refuse(SandboxError::NotADirectory {
+            path: component.to_owned(),
+        }),
+        (Role::WriteLeaf, Some(EntryKind::Symlink)) => Step::Refuse(SandboxError::confinement(
+            caller_path,
+            "the target is a link; a write never goes through one",
+        )),
+        (Role::WriteLeaf, _) => Step::Accept,
+    }
+}
+
+/// The stats one policy needs, outermost first.
+fn plan(resolved: &str, wd: &str, include_self: bool, write_leaf: bool) -> Vec<(String, Role)> {
+    let deepest = if include_self {
+        resolved.to_owned()
+    } else {
+        parent(resolved)
+    };
+    let mut steps: Vec<(String, Role)> = ancestors(&deepest, wd)
+        .into_iter()
+        .map(|p| (p, Role::Ancestor))
+        .collect();
+    if write_leaf {
+        steps.push((resolved.to_owned(), Role::WriteLeaf));
+    }
+    steps
+}
+
+fn walk_sync<F>(
+    mut stat: F,
+    steps: &[(String, Role)],
+    caller_path: &str,
+) -> Result<(), SandboxError>
+where
+    F: FnMut(&str) -> Result<Option<EntryKind>, SandboxError>,
+{
+    for (component, role) in steps {
+        match judge(*role, component, caller_path, stat(component)) {
+            Step::Continue => {}
+            Step::Accept => return Ok(()),
+            Step::Refuse(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Runs every stat concurrently (polled together in the calling task; nothing is spawned) and decides as
+/// soon as the outermost-first prefix of finished stats decides, exactly as [`walk_sync`] would.
+async fn walk_async<F, Fut>(
+    mut stat: F,
+    steps: &[(String, Role)],
+    caller_path: &str,
+) -> Result<(), SandboxError>
+where
+    F: FnMut(String) -> Fut,
+    Fut: Future<Output = Result<Option<EntryKind>, SandboxError>>,
+{
+    let mut pending: Vec<Option<Pin<Box<Fut>>>> = steps
+        .iter()
+        .map(|(component, _)| Some(Box::pin(stat(component.clone()))))
+        .collect();
+    // Every stat has been issued; not holding the closure keeps the future `Send` whenever the stats are.
+    drop(stat);
+    let mut done: Vec<Option<Result<Option<EntryKind>, SandboxError>>> =
+        steps.iter().map(|_| None).collect();
+    // Index of the first step whose verdict is not yet known; everything before it was a directory.
+    let mut decided_up_to = 0;
+    poll_fn(|cx| {
+        for (slot, result) in pending.iter_mut().zip(done.iter_mut()).skip(decided_up_to) {
+            if let Some(fut) = slot {
+                if let Poll::Ready(r) = fut.as_mut().poll(cx) {
+                    *result = Some(r);
+                    *slot = None;
+                }
+            }
+        }
+        while decided_up_to < steps.len() {
+            let Some(result) = done[decided_up_to].take() else {
+                return Poll::Pending;
+            };
+            let (component, role) = &steps[decided_up_to];
+            match judge(*role, component, caller_path, result) {
+                Step::Continue => decided_up_to += 1,
+                Step::Accept => return Poll::Ready(Ok(())),
+                Step::Refuse(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        Poll::Ready(Ok(()))
+    })
+    .await
+}
+
+/// Refuses a path reached through a link or a non-directory (rule 48), with a synchronous stat.
+///
+/// `stat` must be an **unconfined, no-follow** stat that the guest does not answer: `Ok(None)` for a missing
+/// path. The walk covers `ancestors(deepest, wd)` outermost first, where `deepest` is `guest_path` when
+/// `include_self`, else its parent, so `wd` and all of its ancestors are always checked. At each component:
+/// missing → success (nothing below is reachable); link → [`SandboxError::Confinement`]; another
+/// non-directory → [`SandboxError::NotADirectory`]; a stat error is returned as is. `guest_path` is confined
+/// to `wd` first (a `Confinement` error before any stat).
+pub fn refuse_linked_ancestors<F>(
+    stat: F,
+    guest_path: &str,
+    wd: &str,
+    include_self: bool,
+) -> Result<(), SandboxError>
+where
+    F: FnMut(&str) -> Result<Option<EntryKind>, SandboxError>,
+{
+    let resolved = confine(guest_path, wd)?;
+    walk_sync(stat, &plan(&resolved, wd, include_self, false), guest_path)
+}
+
+/// [`refuse_linked_ancestors`] with an asynchronous stat, every component statted concurrently.
+///
+/// All stat futures are created up front and polled together in the calling task (nothing is spawned, so
+/// no runtime is required). The verdict is the sequential walk's: it is decided outermost first, and a
+/// finding below a missing component, a link or a non-directory is ignored. Because every component is
+/// statted, a stat of a component below a link may follow that link on the host; it reads metadata only and
+/// never changes the verdict.
+///
+/// Cancel safety: dropping the returned future drops every stat future still pending; nothing is left
+/// half-done by this function itself. It also returns (dropping the remaining stats) as soon as the verdict
+/// is known.
+pub async fn refuse_linked_ancestors_async<F, Fut>(
+    stat: F,
+    guest_path: &str,
+    wd: &str,
+    include_self: bool,
+) -> Result<(), SandboxError>
+where
+    F: FnMut(String) -> Fut,
+    Fut: Future<Output = Result<Option<EntryKind>, SandboxError>>,
+{
+    let resolved = confine(guest_path, wd)?;
+    walk_async(stat, &plan(&resolved, wd, include_self, false), guest_path).await
+}
+
+/// One method policy of rule 49.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    Write,
+    Read,
+    List,
+    Delete,
+}
+
+impl Policy {
+    /// The name check, then the stats this policy needs.
+    fn prepare(self, path: &str, wd: &str) -> Result<(String, Vec<(String, Role)>), SandboxError> {
+        let resolved = confine(path, wd)?;
+        if matches!(self, Policy::Write | Policy::Delete) && resolved == norm(wd) {
+            return Err(SandboxError::confinement(
+                path,
+                "the working directory itself is never written or removed",
+            ));
+        }
+        let steps = match self {
+            Policy::Write => plan(&resolved, wd, false, true),
+            Policy::Read | Policy::Delete => plan(&resolved, wd, false, false),
+            Policy::List => plan(&resolved, wd, true, false),
+        };
+        Ok((resolved, steps))
+    }
+
+    fn check<F>(self, stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
+    where
+        F: FnMut(&str) -> Result<Option<EntryKind>, SandboxError>,
+    {
+        let (resolved, steps) = self.prepare(path, wd)?;
+        walk_sync(stat, &steps, path)?;
+        Ok(resolved)
+    }
+
+    async fn check_async<F, Fut>(
+        self,
+        stat: F,
+        path: &str,
+        wd: &str,
+    ) -> Result<String, SandboxError>
+    where
+        F: FnMut(String) -> Fut,
+        Fut: Future<Output = Result<Option<EntryKind>, SandboxError>>,
+    {
+        let (resolved, steps) = self.prepare(path, wd)?;
+        walk_async(stat, &steps, path).await?;
+        Ok(resolved)
+    }
+}
+
+/// The `write_file` bundle: confine; the working directory itself → Confinement; ancestors (exclusive); the
+/// target itself a link → Confinement. Returns the resolved path.
+pub fn check_write<F>(stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
+where
+    F: FnMut(&str) -> Result<Option<EntryKind>, SandboxError>,
+{
+    Policy::Write.check(stat, path, wd)
+}
+
+/// The `stat_file` / `read_file` bundle: confine; ancestors (exclusive). The leaf is the caller's to judge.
+/// Returns the resolved path.
+pub fn check_read<F>(stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
+where
+    F: FnMut(&str) -> Result<Option<EntryKind>, SandboxError>,
+{
+    Policy::Read.check(stat, path, wd)
+}
+
+/// The `list_dir` bundle: confine; ancestors including the directory itself. Returns the resolved path.
+pub fn check_list<F>(stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
+where
+    F: FnMut(&str) -> Result<Option<EntryKind>, SandboxError>,
+{
+    Policy::List.check(stat, path, wd)
+}
+
+/// The `remove` bundle: confine; the working directory itself → Confinement; ancestors (exclusive). The leaf
+/// is never resolved (removing a link removes the link). Returns the resolved path.
+pub fn check_delete<F>(stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
+where
+    F: FnMut(&str) -> Result<Option<EntryKind>, SandboxError>,
+{
+    Policy::Delete.check(stat, path, wd)
+}
+
+/// [`check_write`] with an asynchronous stat; stats run as in [`refuse_linked_ancestors_async`], and the same
+/// cancel safety holds.
+pub async fn check_write_async<F, Fut>(
+    stat: F,
+    path: &str,
+    wd: &str,
+) -> Result<String, SandboxError>
+where
+    F: FnMut(String) -> Fut,
+    Fut: Future<Output = Result<Option<EntryKind>, SandboxError>>,
+{
+    Policy::Write.check_async(stat, path, wd).await
+}
+
+/// [`check_read`] with an asynchronous stat; stats run as in [`refuse_linked_ancestors_async`], and the same
+/// cancel safety holds.
+pub async fn check_read_async<F, Fut>(stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
+where
+    F: FnMut(String) -> Fut,
+    Fut: Future<Output = Result<Option<EntryKind>, SandboxError>>,
+{
+    Policy::Read.check_async(stat, path, wd).await
+}
+
+/// [`check_list`] with an asynchronous stat; stats run as in [`refuse_linked_ancestors_async`], and the same
+/// cancel safety holds.
+pub async fn check_list_async<F, Fut>(stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
+where
+    F: FnMut(String) -> Fut,
+    Fut: Future<Output = Result<Option<EntryKind>, SandboxError>>,
+{
+    Policy::List.check_async(stat, path, wd).await
+}
+
+/// [`check_delete`] with an asynchronous stat; stats run as in [`refuse_linked_ancestors_async`], and the same
+/// cancel safety holds.
+pub async fn check_delete_async<F, Fut>(
+    stat: F,
+    path: &str,
+    wd: &str,
+) -> Result<String, SandboxError>
+where
+    F: FnMut(String) -> Fut,
+    Fut: Future<Output = Result<Option<EntryKind>, SandboxError>>,
+{
+    Policy::Delete.check_async(stat, path, wd).await
+}
+
+/// Resolves a call's working directory against the storage base (rule 50).
+///
+/// An absolute `wd` is used verbatim (legacy guest-native addressing: it may lie outside the base and may not
+/// exist yet). A relative `wd` is confined to `base` by [`confine`].
+pub fn resolve_wd(wd: &str, base: &str) -> Result<String, SandboxError> {
+    if wd.starts_with('/') {
+        Ok(wd.to_owned())
+    } else {
+        confine(wd, base)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use std::collections::HashMap;
+
+    /// A guest tree: absolute path → kind. Anything absent is missing.
+    fn tree(entries: &[(&str, EntryKind)]) -> HashMap<String, EntryKind> {
+        entries.iter().map(|(p, k)| ((*p).to_owned(), *k)).collect()
+    }
+
+    fn stat_of(
+        t: &HashMap<String, EntryKind>,
+    ) -> impl FnMut(&str) -> Result<Option<EntryKind>, SandboxError> + '_ {
+        move |p| Ok(t.get(p).copied())
+    }
+
+    use EntryKind::{Directory as D, File as F, Symlink as L};
+
+    fn base_tree() -> HashMap<String, EntryKind> {
+        tree(&[
+            ("/srv", D),
+            ("/srv/w", D),
+            ("/srv/w/sub", D),
+            ("/srv/w/sub/f", F),
+            ("/srv/w/link", L),
+            ("/srv/w/file", F),
+        ])
+    }
+
+    #[test]
+    fn norm_cases() {
+        for (input, want) in [
+            ("", "."),
+            (".", "."),
+            ("/", "/"),
+            ("//", "/"),
+            ("///a//b/", "/a/b"),
+            ("/a/./b/../c", "/a/c"),
+            ("/../..", "/"),
+            ("/a/../../b", "/b"),
+            ("a/..", "."),
+            ("../a", "../a"),
+            ("../../a/../b", "../../b"),
+            ("a/../../b", "../b"),
+            ("a/./b/.", "a/b"),
+        ] {
+            assert_eq!(norm(input), want, "norm({input:?})");
+        }
+    }
+
+    #[test]
+    fn join_cases() {
+        assert_eq!(join("/w", "a"), "/w/a");
+        assert_eq!(join("/w", "/etc"), "/etc");
+        assert_eq!(join("/w", ""), "/w/");
+    }
+
+    #[test]
+    fn relative_to_cases() {
+        let cases: &[(&str, &str, Option<&str>)] = &[
+            ("/w", "/w", Some("")),
+            ("/w/a/b", "/w", Some("a/b")),
+            ("/w-outside", "/w", None),
+            ("/w/sub2", "/w/sub", None),
+            ("/w/sub/x", "/w/sub", Some("x")),
+            ("/w/../etc", "/w", None),
+            ("/anything", "/", Some("anything")),
+            ("/", "/", Some("")),
+            ("a/b", ".", Some("a/b")),
+            ("/a", ".", None),
+            ("..", ".", None),
+            ("../x", ".", None),
+            ("..x", ".", Some("..x")),
+            ("w", "/w", None),
+        ];
+        for (path, base, want) in cases {
+            assert_eq!(
+                relative_to(path, base).as_deref(),
+                *want,
+                "relative_to({path:?}, {base:?})"
+            );
+        }
+    }
+
+    #[test]
+    fn confine_accepts_inside() {
+        assert_eq!(confine("", "/w").unwrap(), "/w");
+        assert_eq!(confine(".", "/w/").unwrap(), "/w");
+        assert_eq!(confine("a/../b", "/w").unwrap(), "/w/b");
+        assert_eq!(confine("/w/x", "/w").unwrap(), "/w/x");
+        assert_eq!(confine("a//b/", "//w").unwrap(), "/w/a/b");
+    }
+
+    #[test]
+    fn confine_refuses_backslash_and_escapes() {
+        for (path, wd) in [
+            ("a\\b", "/w"),
+            ("\\", "/w"),
+            ("..", "/w"),
+            ("../w-outside", "/w"),
+            ("/w-outside", "/w"),
+            ("/etc/passwd", "/w"),
+            ("../sub2/x", "/w/sub"),
+            ("a/../../x", "/w"),
+        ] {
+            let err = confine(path, wd).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                ErrorKind::Confinement,
+                "confine({path:?}, {wd:?})"
+            );
+            match err {
+                SandboxError::Confinement { path: p, .. } => assert_eq!(p, path),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn ancestors_cases() {
+        assert_eq!(ancestors("/w", "/w"), ["/w"]);
+        assert_eq!(ancestors("", "/srv/w"), ["/srv", "/srv/w"]);
+        assert_eq!(
+            ancestors("a/b", "/srv/w"),
+            ["/srv", "/srv/w", "/srv/w/a", "/srv/w/a/b"]
+        );
+        assert_eq!(ancestors("/x", "/"), ["/x"]);
+        assert!(ancestors("/", "/").is_empty());
+        // Outside wd: only wd and its ancestors.
+        assert_eq!(ancestors("/srv", "/srv/w"), ["/srv", "/srv/w"]);
+        assert_eq!(ancestors("x", "rel/w"), ["rel", "rel/w", "rel/w/x"]);
+    }
+
+    #[test]
+    fn walk_stops_at_missing() {
+        let t = base_tree();
+        assert!(refuse_linked_ancestors(stat_of(&t), "nope/deeper/x", "/srv/w", true).is_ok());
+        let mut seen = Vec::new();
+        refuse_linked_ancestors(
+            |p: &str| {
+                seen.push(p.to_owned());
+                Ok(t.get(p).copied())
+            },
+            "nope/deeper/x",
+            "/srv/w",
+            true,
+        )
+        .unwrap();
+        assert_eq!(seen, ["/srv", "/srv/w", "/srv/w/nope"]);
+    }
+
+    #[test]
+    fn walk_refuses_link_and_file() {
+        let t = base_tree();
+        let e = refuse_linked_ancestors(stat_of(&t), "link/x", "/srv/w", false).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Confinement);
+        let e = refuse_linked_ancestors(stat_of(&t), "file/x", "/srv/w", false).unwrap_err();
+        assert!(matches!(e, SandboxError::NotADirectory { ref path } if path == "/srv/w/file"));
+        // Exclusive: the leaf itself is not judged.
+        assert!(refuse_linked_ancestors(stat_of(&t), "link", "/srv/w", false).is_ok());
+        // Inclusive: it is.
+        let e = refuse_linked_ancestors(stat_of(&t), "link", "/srv/w", true).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Confinement);
+    }
+
+    #[test]
+    fn walk_refuses_linked_wd_and_its_ancestors() {
+        let t = tree(&[("/srv", L), ("/srv/w", D)]);
+        let e = refuse_linked_ancestors(stat_of(&t), "x", "/srv/w", false).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Confinement);
+        let t = tree(&[("/srv", D), ("/srv/w", L)]);
+        let e = refuse_linked_ancestors(stat_of(&t), "", "/srv/w", false).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Confinement);
+    }
+
+    #[test]
+    fn walk_returns_stat_errors_and_confines_first() {
+        let e =
+            refuse_linked_ancestors(|_: &str| Err(SandboxError::engine("boom")), "a", "/w", true)
+                .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Engine);
+        let mut called = false;
+        let e = refuse_linked_ancestors(
+            |_: &str| {
+                called = true;
+                Ok(None)
+            },
+            "../x",
+            "/w",
+            true,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Confinement);
+        assert!(!called, "no stat runs before the name check");
+    }
+
+    #[test]
+    fn write_bundle() {
+        let t = base_tree();
+        assert_eq!(
+            check_write(stat_of(&t), "sub/new", "/srv/w").unwrap(),
+            "/srv/w/sub/new"
+        );
+        assert_eq!(
+            check_write(stat_of(&t), "sub/f", "/srv/w").unwrap(),
+            "/srv/w/sub/f"
+        );
+        for (path, kind) in [
+            ("", ErrorKind::Confinement),
+            (".", ErrorKind::Confinement),
+            ("sub/..", ErrorKind::Confinement),
+            ("../x", ErrorKind::Confinement),
+            ("a\\b", ErrorKind::Confinement),
+            ("link", ErrorKind::Confinement),
+            ("link/x", ErrorKind::Confinement),
+            ("file/x", ErrorKind::NotADirectory),
+        ] {
+            let e = check_write(stat_of(&t), path, "/srv/w").unwrap_err();
+            assert_eq!(e.kind(), kind, "write {path:?}");
+        }
+    }
+
+    #[test]
+    fn read_bundle() {
+        let t = base_tree();
+        assert_eq!(
+            check_read(stat_of(&t), "link", "/srv/w").unwrap(),
+            "/srv/w/link"
+        );
+        assert_eq!(check_read(stat_of(&t), "", "/srv/w").unwrap(), "/srv/w");
+        assert_eq!(
+            check_read(stat_of(&t), "link/x", "/srv/w")
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Confinement
+        );
+        assert_eq!(
+            check_read(stat_of(&t), "file/x", "/srv/w")
+                .unwrap_err()
+                .kind(),
+            ErrorKind::NotADirectory
+        );
+        assert_eq!(
+            check_read(stat_of(&t), "/srv/other", "/srv/w")
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Confinement
+        );
+    }
+
+    #[test]
+    fn list_bundle() {
+        let t = base_tree();
+        assert_eq!(
+            check_list(stat_of(&t), "sub", "/srv/w").unwrap(),
+            "/srv/w/sub"
+        );
+        assert_eq!(check_list(stat_of(&t), "", "/srv/w").unwrap(), "/srv/w");
+        assert_eq!(
+            check_list(stat_of(&t), "link", "/srv/w")
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Confinement
+        );
+        assert_eq!(
+            check_list(stat_of(&t), "file", "/srv/w")
+                .unwrap_err()
+                .kind(),
+            ErrorKind::NotADirectory
+        );
+    }
+
+    #[test]
+    fn delete_bundle() {
+        let t = base_tree();
+        // The leaf is never resolved: removing a link is allowed.
+        assert_eq!(
+            check_delete(stat_of(&t), "link", "/srv/w").unwrap(),
+            "/srv/w/link"
+        );
+        for (path, kind) in [
+            ("", ErrorKind::Confinement),
+            ("/srv/w/", ErrorKind::Confinement),
+            ("link/x", ErrorKind::Confinement),
+            ("file/x", ErrorKind::NotADirectory),
+            ("..", ErrorKind::Confinement),
+        ] {
+            assert_eq!(
+                check_delete(stat_of(&t), path, "/srv/w")
+                    .unwrap_err()
+                    .kind(),
+                kind,
+                "delete {path:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn resolve_wd_cases() {
+        assert_eq!(resolve_wd("/elsewhere/x", "/base").unwrap(), "/elsewhere/x");
+        assert_eq!(resolve_wd("/a/../b", "/base").unwrap(), "/a/../b");
+        assert_eq!(resolve_wd("proj", "/base").unwrap(), "/base/proj");
+        assert_eq!(resolve_wd("", "/base").unwrap(), "/base");
+        assert_eq!(
+            resolve_wd("../x", "/base").unwrap_err().kind(),
+            ErrorKind::Confinement
+        );
+        assert_eq!(
+            resolve_wd("a\\b", "/base").unwrap_err().kind(),
+            ErrorKind::Confinement
+        );
+    }
+
+    fn async_stat(
+        t: &HashMap<String, EntryKind>,
+    ) -> impl FnMut(String) -> std::future::Ready<Result<Option<EntryKind>, SandboxError>> + '_
+    {
+        move |p| std::future::ready(Ok(t.get(&p).copied()))
+    }
+
+    #[tokio::test]
+    async fn async_bundles_match_sync() {
+        let t = base_tree();
+        for path in [
+            "", "sub", "sub/f", "sub/new", "link", "link/x", "file", "file/x", "nope/x", "../x",
+            "a\\b",
+        ] {
+            let pairs = [
+                (
+                    check_write(stat_of(&t), path, "/srv/w").map_err(|e| e.kind()),
+                    check_write_async(async_stat(&t), path, "/srv/w")
+                        .await
+                        .map_err(|e| e.kind()),
+                ),
+                (
+                    check_read(stat_of(&t), path, "/srv/w").map_err(|e| e.kind()),
+                    check_read_async(async_stat(&t), path, "/srv/w")
+                        .await
+                        .map_err(|e| e.kind()),
+                ),
+                (
+                    check_list(stat_of(&t), path, "/srv/w").map_err(|e| e.kind()),
+                    check_list_async(async_stat(&t), path, "/srv/w")
+                        .await
+                        .map_err(|e| e.kind()),
+                ),
+                (
+                    check_delete(stat_of(&t), path, "/srv/w").map_err(|e| e.kind()),
+                    check_delete_async(async_stat(&t), path, "/srv/w")
+                        .await
+                        .map_err(|e| e.kind()),
+                ),
+            ];
+            for (sync, asynchronous) in pairs {
+                assert_eq!(sync, asynchronous, "path {path:?}");
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn async_walk_decides_outermost_first_whatever_finishes_first() {
+        use std::time::Duration;
+        // The deepest component fails fast; an outer one finishes later as a link. The link wins, as in the
+        // sequential walk, and the inner failure never surfaces.
+        let t = tree(&[("/srv", D), ("/srv/w", L)]);
+        let stat = |p: String| {
+            let kind = t.get(&p).copied();
+            async move {
+                if p == "/srv/w/a" {
+                    return Err(SandboxError::engine("fails first"));
+                }
+                tokio::time::sleep(Duration::from_millis(if p == "/srv/w" { 50 } else { 1 })).await;
+                Ok(kind)
+            }
+        };
+        let e = refuse_linked_ancestors_async(stat, "a/b", "/srv/w", false)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Confinement);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn async_walk_runs_stats_concurrently() {
+        use std::time::Duration;
+        let t = tree(&[("/a", D), ("/a/b", D), ("/a/b/c", D), ("/a/b/c/d", D)]);
+        let started = tokio::time::Instant::now();
+        let stat = |p: String| {
+            let kind = t.get(&p).copied();
+            async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Ok(kind)
+            }
+        };
+        check_list_async(stat, "c/d", "/a/b").await.unwrap();
+        // Four stats of one second each, run together.
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+    }
+}
