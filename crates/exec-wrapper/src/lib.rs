@@ -1,2 +1,122 @@
-//! exec-wrapper (under construction).
+//! # exec-wrapper
+//!
+//! The guest-side `sh` wrapper protocol both sandbox backends run every command through, and the
+//! host-side bounded process runner every `docker` and `sbx` invocation goes through.
+//!
+//! ## The protocol
+//!
+//! 1. **Encoding.** The working directory and every argv element are raw bytes, sent as `x`
+//!    followed by base64 ([`encode_arg`], [`encode_invocation`]). NUL is refused
+//!    ([`Error::Nul`]), as is an empty argv ([`Error::EmptyArgv`]), before anything runs.
+//! 2. **Per-call names.** A fresh [`Nonce`] ([`new_nonce`]) names the pid file
+//!    ([`pid_file`]) and cancel file ([`cancel_file`]) of this call only.
+//! 3. **The wrapper** ([`DOCKER_WRAPPER`], run stage only; [`SBX_WRAPPER`], `enter` / `bind` /
+//!    `run`) decodes everything (failure: exit 125 with no nonce), prints the nonce line on
+//!    stderr, and starts the command with `setsid` in a new session. The command's first shell
+//!    writes its pid (the group id) to the pid file, then runs the command only if no cancel file
+//!    exists.
+//! 4. **The result** ([`parse_result`]): stderr after the first nonce line is the command's; no
+//!    nonce line means the engine, the transport or the wrapper failed, never the command
+//!    ([`WrapperOutcome::NoNonce`]); `<nonce>-unmounted` is its own outcome.
+//! 5. **The kill** ([`KILL_SCRIPT`], run by a second, separate exec, [`kill_argv`]) creates the
+//!    cancel file, then reads the pid file and sends SIGKILL to the recorded group, then polls
+//!    until no member is left. [`KillOutcome::from_exit`] reads its status; only `Killed` and
+//!    `NeverStarted` have [`KillOutcome::landed`], anything else means the sandbox is retired.
+//! 6. **The tool probe** ([`tool_probe_argv`], [`read_tool_probe`]) names every tool the wrapper
+//!    needs that a guest lacks, before the first wrapper call.
+//! 7. **The runner** ([`run_bounded`]): explicit environment, stdin closed unless it carries
+//!    bytes, both pipes read concurrently against one budget, a deadline, the child's process
+//!    group killed and reaped on every early exit, an optional line callback.
+//!
+//! ## Limits
+//!
+//! - The kill reaches the command's own process group only. A command that starts its own
+//!   session (`setsid`, a daemonising double fork) escapes it, and so does one that deletes or
+//!   rewrites its pid file (the nonce is visible in `/proc/*/cmdline`). A rewritten record is at
+//!   worst read as "bad record" (the sandbox is retired) or "never started"; only disposal of the
+//!   sandbox ends every process in it.
+//! - The nonce authenticates nothing against a hostile guest: a command can print it again or
+//!   forge text after it, which only changes its own result. It cannot write before the real
+//!   nonce line, so it cannot forge an engine failure or an unmounted workspace.
+//! - Orphans of a killed group must be reaped by the guest's init (docker `--init`, sbx's VM
+//!   init); zombies left behind read as a surviving member (exit 6, the sandbox is retired).
+//!
+//! ## What this crate does not do
+//!
+//! It starts no container or VM, chooses no image, knows no sandbox type, writes no env file
+//! and validates no environment names: the backends do, and convert this crate's types into the
+//! core contract's. It has no dependency on any other crate of the project.
+//!
+//! ## Example
+//!
+//! Run the Docker-shape wrapper with the local `sh`, as a container's `docker exec` would:
+//!
+//! ```
+//! use std::time::Duration;
+//! use exec_wrapper::{
+//!     docker_wrapper_argv, encode_invocation, new_nonce, parse_run_output, BoundedCommand,
+//!     WrapperOutcome,
+//! };
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let nonce = new_nonce()?;
+//! let invocation = encode_invocation(b"/", &[b"printf".as_slice(), b"%s|", b"a b", b"\n"])?;
+//! let argv = docker_wrapper_argv(&nonce, &invocation);
+//! let output = BoundedCommand::new(&argv[0], Duration::from_secs(10))
+//!     .args(&argv[1..])
+//!     .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+//!     .run()
+//!     .await?;
+//! match parse_run_output(output, &nonce) {
+//!     WrapperOutcome::Ran(ran) => {
+//!         assert_eq!(ran.status, 0);
+//!         assert_eq!(ran.stdout, b"a b|\n|");
+//!         assert!(ran.stderr.is_empty());
+//!     }
+//!     other => panic!("the wrapper did not run the command: {other:?}"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
+
+#[cfg(not(unix))]
+compile_error!("exec-wrapper supports Unix hosts only: it relies on process groups and `sh`");
+
+mod argv_encoding;
+mod bounded_runner;
+mod call_identity;
+mod error;
+mod group_kill;
+mod nonce_result;
+mod tool_probe;
+mod wrapper_scripts;
+
+pub use argv_encoding::{
+    decode_arg, encode_arg, encode_env_file, encode_invocation, EncodedInvocation,
+};
+pub use bounded_runner::{
+    run_bounded, BoundedCommand, ExitKind, RunOutput, Stream, DEFAULT_OUTPUT_BUDGET, READ_CHUNK,
+    REAP_GRACE,
+};
+pub use call_identity::{
+    cancel_file, new_nonce, pid_file, sbx_env_file_name, Nonce, NONCE_HEX_LEN,
+};
+pub use error::{Error, Result};
+pub use group_kill::{
+    KillFailure, KillOutcome, KILL_EXIT_BAD_RECORD, KILL_EXIT_KILLED, KILL_EXIT_NEVER_STARTED,
+    KILL_EXIT_NO_CANCEL_FILE, KILL_EXIT_SURVIVOR, KILL_OUTPUT_BUDGET,
+};
+pub use nonce_result::{
+    parse_result, parse_run_output, WrapperOutcome, WrapperOutput, STDERR_TAIL_BYTES,
+};
+pub use tool_probe::{
+    missing_tools, read_tool_probe, tool_probe_argv, ToolProbeOutcome, DOCKER_TOOLS,
+    PROBE_OUTPUT_BUDGET, SBX_TOOLS, TOOL_PROBE_SCRIPT,
+};
+pub use wrapper_scripts::{
+    docker_wrapper_argv, kill_argv, sbx_wrapper_argv, SbxMount, DOCKER_WRAPPER, KILL_SCRIPT,
+    SBX_WRAPPER, SCRIPT_NAME, WORKSPACE_MARKER, WRAPPER_FAILURE_EXIT,
+};

@@ -1,0 +1,168 @@
+//! Base64 behind an `x`: how raw bytes cross every CLI between the host and the guest shell.
+//!
+//! The `x` keeps every encoded value non-empty (sbx refuses empty arguments) and survives any CLI
+//! that trims or re-quotes; base64 carries bytes that are not UTF-8 through CLIs that insist on
+//! UTF-8 (the Docker CLI ships argv as JSON strings). The guest decodes with `base64 -d` and a
+//! sentinel byte, so trailing newlines survive command substitution.
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+
+use crate::error::{Error, Result};
+
+/// Encodes one value as `x` followed by standard, padded base64 of its raw bytes.
+///
+/// `what` names the value in the refusal (`argv[2]`, `working directory`, …).
+///
+/// # Errors
+///
+/// [`Error::Nul`] when the bytes contain NUL: no `execve` argument can carry it, and a value
+/// silently cut at the NUL would run something other than what the caller asked for.
+pub fn encode_arg(bytes: &[u8], what: &str) -> Result<String> {
+    if bytes.contains(&0) {
+        return Err(Error::nul(what));
+    }
+    let mut encoded = String::with_capacity(1 + bytes.len().div_ceil(3) * 4);
+    encoded.push('x');
+    STANDARD.encode_string(bytes, &mut encoded);
+    Ok(encoded)
+}
+
+/// Decodes a value made by [`encode_arg`]; `None` for anything else.
+///
+/// The guest does this with `base64 -d`; the host needs it only to check round trips and to read
+/// back what it sent.
+pub fn decode_arg(encoded: &str) -> Option<Vec<u8>> {
+    let body = encoded.strip_prefix('x')?;
+    STANDARD.decode(body).ok()
+}
+
+/// A working directory and argv, checked and encoded for the wrapper's positionals 9 and up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedInvocation {
+    cwd: String,
+    argv: Vec<String>,
+}
+
+impl EncodedInvocation {
+    /// The encoded working directory (positional 9).
+    pub fn cwd(&self) -> &str {
+        &self.cwd
+    }
+
+    /// The encoded argv, never empty (positionals 10 and up).
+    pub fn argv(&self) -> &[String] {
+        &self.argv
+    }
+}
+
+/// Checks and encodes a working directory and an argv, before any process is started.
+///
+/// # Errors
+///
+/// [`Error::EmptyArgv`] for an empty argv; [`Error::Nul`] naming the first value with a NUL byte.
+pub fn encode_invocation<A: AsRef<[u8]>>(cwd: &[u8], argv: &[A]) -> Result<EncodedInvocation> {
+    if argv.is_empty() {
+        return Err(Error::empty_argv());
+    }
+    let cwd = encode_arg(cwd, "working directory")?;
+    let argv = argv
+        .iter()
+        .enumerate()
+        .map(|(index, arg)| encode_arg(arg.as_ref(), &format!("argv[{index}]")))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(EncodedInvocation { cwd, argv })
+}
+
+/// The sbx env file body: one `x<base64(NAME=VALUE)>` line per entry (exec-wrapper rule 10).
+///
+/// The wrapper exports each line with `export "NAME=VALUE"` semantics: no `eval`, no word
+/// splitting. Names are expected to be validated by the caller already; this function refuses
+/// only what the file cannot carry.
+///
+/// # Errors
+///
+/// [`Error::Nul`] naming the entry when a name or value contains NUL.
+pub fn encode_env_file<N: AsRef<[u8]>, V: AsRef<[u8]>>(entries: &[(N, V)]) -> Result<Vec<u8>> {
+    let mut body = Vec::new();
+    for (name, value) in entries {
+        let name = name.as_ref();
+        let mut entry = Vec::with_capacity(name.len() + 1 + value.as_ref().len());
+        entry.extend_from_slice(name);
+        entry.push(b'=');
+        entry.extend_from_slice(value.as_ref());
+        let line = encode_arg(
+            &entry,
+            &format!("env entry {}", String::from_utf8_lossy(name)),
+        )?;
+        body.extend_from_slice(line.as_bytes());
+        body.push(b'\n');
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_value_is_a_lone_x() {
+        assert_eq!(encode_arg(b"", "argv[0]").unwrap(), "x");
+        assert_eq!(decode_arg("x").unwrap(), b"");
+    }
+
+    #[test]
+    fn round_trips_newlines_every_byte_and_a_mebibyte() {
+        let every_byte: Vec<u8> = (1..=255).collect();
+        let mebibyte: Vec<u8> = (0..1 << 20).map(|i| (i % 255 + 1) as u8).collect();
+        let cases: [&[u8]; 5] = [b"\n", b"\n\n\n", b"line\n\n", &every_byte, &mebibyte];
+        for case in cases {
+            let encoded = encode_arg(case, "v").unwrap();
+            assert!(encoded.starts_with('x') && encoded.is_ascii());
+            assert_eq!(decode_arg(&encoded).unwrap(), case);
+        }
+    }
+
+    #[test]
+    fn nul_is_refused_naming_the_value() {
+        let err = encode_invocation(b"/w", &[b"echo".as_slice(), b"a\0b"]).unwrap_err();
+        assert!(
+            matches!(&err, Error::Nul { what } if what == "argv[1]"),
+            "{err}"
+        );
+        let err = encode_invocation(b"/w\0", &[b"echo"]).unwrap_err();
+        assert!(matches!(&err, Error::Nul { what } if what == "working directory"));
+        let err = encode_env_file(&[("A", "1"), ("B", "x\0")]).unwrap_err();
+        assert!(matches!(&err, Error::Nul { what } if what == "env entry B"));
+    }
+
+    #[test]
+    fn empty_argv_is_refused() {
+        let none: [&[u8]; 0] = [];
+        assert!(matches!(
+            encode_invocation(b"/", &none),
+            Err(Error::EmptyArgv)
+        ));
+    }
+
+    #[test]
+    fn env_file_has_one_encoded_line_per_entry() {
+        let body = encode_env_file(&[("A", "1 2"), ("B", "line\n")]).unwrap();
+        let lines: Vec<&[u8]> = body.split(|b| *b == b'\n').collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[2].is_empty());
+        assert_eq!(
+            decode_arg(std::str::from_utf8(lines[0]).unwrap()).unwrap(),
+            b"A=1 2"
+        );
+        assert_eq!(
+            decode_arg(std::str::from_utf8(lines[1]).unwrap()).unwrap(),
+            b"B=line\n"
+        );
+    }
+
+    #[test]
+    fn decode_refuses_a_missing_prefix() {
+        assert_eq!(decode_arg("aGk="), None);
+    }
+}

@@ -1,0 +1,584 @@
+//! The host-side bounded runner: every `docker` and `sbx` invocation goes through it.
+//!
+//! One call = one child with an explicit environment, stdin `/dev/null` unless bytes are given,
+//! both pipes read concurrently against one combined output budget, a deadline, and a kill of the
+//! child's whole process group plus a bounded reap on every early exit.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::PathBuf;
+use std::pin::pin;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use rustix::process::{kill_process_group, Pid, Signal};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+
+/// Default output budget: 8 MiB for stdout and stderr combined.
+pub const DEFAULT_OUTPUT_BUDGET: usize = 8 * 1024 * 1024;
+
+/// Largest single read from either pipe.
+pub const READ_CHUNK: usize = 65_536;
+
+/// How long the runner waits for a killed child to be reaped before handing it to a background
+/// reaper and returning.
+pub const REAP_GRACE: Duration = Duration::from_secs(3);
+
+/// Which pipe a line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stream {
+    /// The child's stdout.
+    Stdout,
+    /// The child's stderr.
+    Stderr,
+}
+
+/// How the child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExitKind {
+    /// It exited with this status.
+    Exited(i32),
+    /// It was killed by this signal.
+    Signaled(i32),
+}
+
+/// A completed run: the exit and every byte of both pipes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOutput {
+    /// How the child ended.
+    pub status: ExitKind,
+    /// Every stdout byte (in prefix mode, the first `stop_after` bytes).
+    pub stdout: Vec<u8>,
+    /// Every stderr byte.
+    pub stderr: Vec<u8>,
+    /// Prefix mode only: stdout reached `stop_after` and the child was stopped on purpose.
+    pub truncated: bool,
+}
+
+type LineCallback = Box<dyn FnMut(Stream, &[u8]) + Send>;
+
+/// One bounded invocation, built up and then run with [`run_bounded`] (or
+/// [`BoundedCommand::run`]).
+///
+/// The child's environment is exactly what [`BoundedCommand::env`] and
+/// [`BoundedCommand::envs`] give: the inherited one is cleared. Pass the management environment
+/// explicitly, including `PATH` when the program is not an absolute path.
+pub struct BoundedCommand {
+    program: OsString,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    stdin: Option<Vec<u8>>,
+    output_budget: usize,
+    timeout: Duration,
+    deadline: Option<Instant>,
+    on_line: Option<LineCallback>,
+    stop_after: Option<usize>,
+    current_dir: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for BoundedCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Environment values may be credentials: only names are shown.
+        f.debug_struct("BoundedCommand")
+            .field("program", &self.program)
+            .field("args", &self.args)
+            .field(
+                "env_names",
+                &self.env.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+            )
+            .field("stdin_len", &self.stdin.as_ref().map(Vec::len))
+            .field("output_budget", &self.output_budget)
+            .field("timeout", &self.timeout)
+            .field("stop_after", &self.stop_after)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BoundedCommand {
+    /// A command with no arguments, an empty environment, stdin `/dev/null`, the default budget,
+    /// and a deadline `timeout` after the run starts.
+    pub fn new(program: impl Into<OsString>, timeout: Duration) -> Self {
+        BoundedCommand {
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            stdin: None,
+            output_budget: DEFAULT_OUTPUT_BUDGET,
+            timeout,
+            deadline: None,
+            on_line: None,
+            stop_after: None,
+            current_dir: None,
+        }
+    }
+
+    /// Appends one argument.
+    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Appends arguments.
+    pub fn args<I, A>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = A>,
+        A: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Adds one environment entry.
+    pub fn env(mut self, name: impl Into<OsString>, value: impl Into<OsString>) -> Self {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+
+    /// Adds environment entries.
+    pub fn envs<I, N, V>(mut self, entries: I) -> Self
+    where
+        I: IntoIterator<Item = (N, V)>,
+        N: Into<OsString>,
+        V: Into<OsString>,
+    {
+        self.env
+            .extend(entries.into_iter().map(|(n, v)| (n.into(), v.into())));
+        self
+    }
+
+    /// Bytes for the child's stdin, written concurrently with reading and then closed. They do
+    /// not count against the output budget.
+    pub fn stdin(mut self, bytes: Vec<u8>) -> Self {
+        self.stdin = Some(bytes);
+        self
+    }
+
+    /// The combined stdout + stderr budget in bytes (default [`DEFAULT_OUTPUT_BUDGET`]).
+    pub fn output_budget(mut self, bytes: usize) -> Self {
+        self.output_budget = bytes;
+        self
+    }
+
+    /// An absolute deadline instead of `timeout` after the start. The error still reports the
+    /// `timeout` given to [`BoundedCommand::new`] as the bound.
+    pub fn deadline(mut self, at: Instant) -> Self {
+        self.deadline = Some(at);
+        self
+    }
+
+    /// A callback handed each complete line of either stream (its `\n` included) as soon as it
+    /// arrives; a line longer than [`READ_CHUNK`] comes in pieces and an unterminated tail comes
+    /// last, so the pieces of one stream concatenate to exactly its bytes. The bytes still count
+    /// against the budget and are still returned. It runs on the reading task: it must not block.
+    pub fn on_line(mut self, callback: impl FnMut(Stream, &[u8]) + Send + 'static) -> Self {
+        self.on_line = Some(Box::new(callback));
+        self
+    }
+
+    /// Prefix mode: once stdout has `bytes` bytes, stop the child (killed as on any early exit)
+    /// and return those bytes with `truncated = true`.
+    pub fn stop_after(mut self, bytes: usize) -> Self {
+        self.stop_after = Some(bytes);
+        self
+    }
+
+    /// The child's working directory (default: the host process's).
+    pub fn current_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.current_dir = Some(dir.into());
+        self
+    }
+
+    /// Runs the command; see [`run_bounded`].
+    pub async fn run(self) -> Result<RunOutput> {
+        run_bounded(self).await
+    }
+}
+
+/// Runs one bounded command.
+///
+/// Completion means EOF on both pipes **and** an exit status, all before the deadline (a
+/// grandchild holding a pipe open keeps the call open until the deadline). The child starts in a
+/// process group of its own, so helpers it spawns are killed with it.
+///
+/// # Errors
+///
+/// [`Error::Spawn`] when the program cannot start; [`Error::Deadline`] when the deadline passes;
+/// [`Error::OutputLimit`] when stdout and stderr together exceed the budget; [`Error::Io`] when a
+/// pipe or the wait fails. No error carries partial output. On each of them the child's process
+/// group has been sent SIGKILL, and the child has been reaped, or handed to a background task
+/// that reaps it, when this returns.
+///
+/// # Cancel safety and drop
+///
+/// Not cancel safe in the sense of keeping output: dropping the future discards it. Dropping it
+/// is safe for the host: the child's process group is sent SIGKILL at once and the child is
+/// reaped by a background task on the current tokio runtime (or, without one, by tokio's
+/// kill-on-drop and orphan reaping). No call ever blocks on that reaping.
+pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
+    let BoundedCommand {
+        program,
+        args,
+        env,
+        stdin,
+        output_budget,
+        timeout,
+        deadline,
+        mut on_line,
+        stop_after,
+        current_dir,
+    } = command;
+    let name = program.to_string_lossy().into_owned();
+    let deadline = deadline.unwrap_or_else(|| Instant::now() + timeout);
+
+    let mut process = Command::new(&program);
+    process
+        .args(&args)
+        .env_clear()
+        .envs(env.iter().map(|(n, v)| (n.as_os_str(), v.as_os_str())))
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .process_group(0);
+    if let Some(dir) = &current_dir {
+        process.current_dir(dir);
+    }
+    let child = process.spawn().map_err(|source| Error::Spawn {
+        program: name.clone(),
+        source,
+    })?;
+    let mut guard = ChildGuard::new(child);
+    let (stdin_pipe, stdout, stderr) = guard.take_pipes();
+    let (Some(mut stdout), Some(mut stderr)) = (stdout, stderr) else {
+        guard.kill_and_reap(None, None).await;
+        return Err(io_error(
+            &name,
+            "taking the pipes",
+            io::ErrorKind::Other.into(),
+        ));
+    };
+
+    let mut feeding = stdin.is_some();
+    let mut feed = pin!(feed_stdin(stdin_pipe, stdin.unwrap_or_default()));
+    let mut sleep = pin!(tokio::time::sleep_until(deadline));
+    let mut kept_out = Kept::new(Stream::Stdout);
+    let mut kept_err = Kept::new(Stream::Stderr);
+    let mut out_chunk = vec![0u8; READ_CHUNK];
+    let mut err_chunk = vec![0u8; READ_CHUNK];
+    let (mut out_open, mut err_open) = (true, true);
+    let mut exit: Option<ExitStatus> = None;
+
+    let stop: Stop = loop {
+        if !out_open && !err_open {
+            if let Some(status) = exit {
+                break Stop::Done(status);
+            }
+        }
+        let total = kept_out.bytes.len() + kept_err.bytes.len();
+        let want = READ_CHUNK.min(output_budget.saturating_sub(total).saturating_add(1));
+        tokio::select! {
+            biased;
+            () = &mut sleep => break Stop::Fail(Error::deadline(&name, timeout)),
+            read = stdout.read(&mut out_chunk[..want]), if out_open => match read {
+                Ok(0) => {
+                    out_open = false;
+                    kept_out.finish(&mut on_line);
+                }
+                Ok(n) if total + n > output_budget => {
+                    break Stop::Fail(Error::output_limit(&name, output_budget));
+                }
+                Ok(n) => {
+                    kept_out.push(&out_chunk[..n], &mut on_line);
+                    if let Some(limit) = stop_after {
+                        if kept_out.bytes.len() >= limit {
+                            kept_out.bytes.truncate(limit);
+                            break Stop::Prefix;
+                        }
+                    }
+                }
+                Err(e) => break Stop::Fail(io_error(&name, "reading stdout", e)),
+            },
+            read = stderr.read(&mut err_chunk[..want]), if err_open => match read {
+                Ok(0) => {
+                    err_open = false;
+                    kept_err.finish(&mut on_line);
+                }
+                Ok(n) if total + n > output_budget => {
+                    break Stop::Fail(Error::output_limit(&name, output_budget));
+                }
+                Ok(n) => kept_err.push(&err_chunk[..n], &mut on_line),
+                Err(e) => break Stop::Fail(io_error(&name, "reading stderr", e)),
+            },
+            fed = &mut feed, if feeding => {
+                feeding = false;
+                if let Err(e) = fed {
+                    break Stop::Fail(io_error(&name, "writing stdin", e));
+                }
+            },
+            // Reaped only after both pipes closed: until then the unreaped child keeps its pid,
+            // and so the group id, from being reused, and a kill still reaches a grandchild
+            // that holds a pipe open.
+            status = guard.wait(), if exit.is_none() && !out_open && !err_open => match status {
+                Ok(status) => exit = Some(status),
+                Err(e) => break Stop::Fail(io_error(&name, "waiting for the exit", e)),
+            },
+        }
+    };
+
+    match stop {
+        Stop::Done(status) => Ok(RunOutput {
+            status: exit_kind(status),
+            stdout: kept_out.bytes,
+            stderr: kept_err.bytes,
+            truncated: false,
+        }),
+        Stop::Fail(error) => {
+            drop((kept_out, kept_err));
+            guard
+                .kill_and_reap(out_open.then_some(stdout), err_open.then_some(stderr))
+                .await;
+            Err(error)
+        }
+        Stop::Prefix => {
+            let reaped = guard.kill_and_reap(None, err_open.then_some(stderr)).await;
+            match reaped.or(exit) {
+                Some(status) => Ok(RunOutput {
+                    status: exit_kind(status),
+                    stdout: kept_out.bytes,
+                    stderr: kept_err.bytes,
+                    truncated: true,
+                }),
+                None => Err(io_error(
+                    &name,
+                    "reaping after the prefix stop",
+                    io::ErrorKind::TimedOut.into(),
+                )),
+            }
+        }
+    }
+}
+
+enum Stop {
+    Done(ExitStatus),
+    Fail(Error),
+    Prefix,
+}
+
+fn io_error(program: &str, during: &'static str, source: io::Error) -> Error {
+    Error::Io {
+        program: program.to_owned(),
+        during,
+        source,
+    }
+}
+
+fn exit_kind(status: ExitStatus) -> ExitKind {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => ExitKind::Exited(code),
+        (None, Some(signal)) => ExitKind::Signaled(signal),
+        // A terminated child has one or the other; report the raw wait status rather than invent
+        // an exit code.
+        (None, None) => ExitKind::Signaled(status.into_raw()),
+    }
+}
+
+async fn feed_stdin(pipe: Option<ChildStdin>, bytes: Vec<u8>) -> io::Result<()> {
+    let Some(mut pipe) = pipe else {
+        return Ok(());
+    };
+    let written = match pipe.write_all(&bytes).await {
+        Ok(()) => pipe.shutdown().await,
+        Err(e) => Err(e),
+    };
+    match written {
+        // The child may exit, or close its stdin, before reading everything: not a failure.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}
+
+/// The bytes kept from one stream, and where the next line for the callback starts.
+struct Kept {
+    stream: Stream,
+    bytes: Vec<u8>,
+    line_start: usize,
+}
+
+impl Kept {
+    fn new(stream: Stream) -> Self {
+        Kept {
+            stream,
+            bytes: Vec::new(),
+            line_start: 0,
+        }
+    }
+
+    fn push(&mut self, chunk: &[u8], on_line: &mut Option<LineCallback>) {
+        let scan_from = self.bytes.len();
+        self.bytes.extend_from_slice(chunk);
+        let Some(callback) = on_line else {
+            return;
+        };
+        let mut scan = scan_from;
+        while let Some(offset) = self.bytes[scan..].iter().position(|b| *b == b'\n') {
+            let end = scan + offset + 1;
+            callback(self.stream, &self.bytes[self.line_start..end]);
+            self.line_start = end;
+            scan = end;
+        }
+        if self.bytes.len() - self.line_start >= READ_CHUNK {
+            callback(self.stream, &self.bytes[self.line_start..]);
+            self.line_start = self.bytes.len();
+        }
+    }
+
+    fn finish(&mut self, on_line: &mut Option<LineCallback>) {
+        if let Some(callback) = on_line {
+            if self.line_start < self.bytes.len() {
+                callback(self.stream, &self.bytes[self.line_start..]);
+                self.line_start = self.bytes.len();
+            }
+        }
+    }
+}
+
+/// Owns the child until it is reaped; dropping it unreaped kills the group and hands the child to
+/// a background reaper.
+struct ChildGuard {
+    child: Option<Child>,
+    /// The child's process group (= its pid, from `process_group(0)`). Only signalled while the
+    /// child is unreaped, so the id cannot have been reused.
+    group: Option<Pid>,
+}
+
+impl ChildGuard {
+    fn new(child: Child) -> Self {
+        let group = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .and_then(Pid::from_raw);
+        ChildGuard {
+            child: Some(child),
+            group,
+        }
+    }
+
+    fn take_pipes(&mut self) -> (Option<ChildStdin>, Option<ChildStdout>, Option<ChildStderr>) {
+        match &mut self.child {
+            Some(child) => (child.stdin.take(), child.stdout.take(), child.stderr.take()),
+            None => (None, None, None),
+        }
+    }
+
+    /// Waits for the exit; once it is known, the group is never signalled again.
+    async fn wait(&mut self) -> io::Result<ExitStatus> {
+        let Some(child) = &mut self.child else {
+            return Err(io::ErrorKind::NotFound.into());
+        };
+        let status = child.wait().await?;
+        self.group = None;
+        self.child = None;
+        Ok(status)
+    }
+
+    fn kill_group(&mut self) {
+        if let Some(group) = self.group {
+            // ESRCH (the group is already empty) is the expected case for a fast exit.
+            let _ = kill_process_group(group, Signal::KILL);
+        }
+        if let Some(child) = &mut self.child {
+            let _ = child.start_kill();
+        }
+    }
+
+    /// SIGKILL to the group, then drain the pipes (discarding) and wait for the exit, for at most
+    /// [`REAP_GRACE`]; past that the child goes to a background reaper. Returns the exit status
+    /// if it was reaped here.
+    async fn kill_and_reap(
+        &mut self,
+        stdout: Option<ChildStdout>,
+        stderr: Option<ChildStderr>,
+    ) -> Option<ExitStatus> {
+        if self.child.is_none() {
+            return None;
+        }
+        self.kill_group();
+        let reaped = tokio::time::timeout(REAP_GRACE, self.drain_and_wait(stdout, stderr)).await;
+        match reaped {
+            Ok(Ok(status)) => Some(status),
+            Ok(Err(_)) | Err(_) => {
+                self.hand_to_reaper();
+                None
+            }
+        }
+    }
+
+    async fn drain_and_wait(
+        &mut self,
+        mut stdout: Option<ChildStdout>,
+        mut stderr: Option<ChildStderr>,
+    ) -> io::Result<ExitStatus> {
+        let mut sink = vec![0u8; 8192];
+        let mut sink_err = vec![0u8; 8192];
+        loop {
+            tokio::select! {
+                status = self.wait() => return status,
+                read = read_some(stdout.as_mut(), &mut sink), if stdout.is_some() => {
+                    if !matches!(read, Ok(n) if n > 0) {
+                        stdout = None;
+                    }
+                },
+                read = read_some(stderr.as_mut(), &mut sink_err), if stderr.is_some() => {
+                    if !matches!(read, Ok(n) if n > 0) {
+                        stderr = None;
+                    }
+                },
+            }
+        }
+    }
+
+    fn hand_to_reaper(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        self.group = None;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = child.wait().await;
+                });
+            }
+            // No runtime: tokio's kill-on-drop sends SIGKILL and queues the pid for its own
+            // orphan reaping.
+            Err(_) => drop(child),
+        }
+    }
+}
+
+async fn read_some<R: tokio::io::AsyncRead + Unpin>(
+    pipe: Option<&mut R>,
+    buf: &mut [u8],
+) -> io::Result<usize> {
+    match pipe {
+        Some(pipe) => pipe.read(buf).await,
+        None => Ok(0),
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.kill_group();
+            self.hand_to_reaper();
+        }
+    }
+}

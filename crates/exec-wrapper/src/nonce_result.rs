@@ -1,0 +1,206 @@
+//! Reading a wrapper call's result on the host: the nonce line separates transport noise from
+//! the command's own stderr.
+
+use crate::bounded_runner::{ExitKind, RunOutput};
+use crate::call_identity::Nonce;
+
+/// How many trailing stderr bytes a failure outcome keeps for the backend's classification.
+pub const STDERR_TAIL_BYTES: usize = 4096;
+
+/// A command's result, as the wrapper reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrapperOutput {
+    /// The client's stdout: every byte is the command's.
+    pub stdout: Vec<u8>,
+    /// The client's stderr after the nonce line: every byte is the command's.
+    pub stderr: Vec<u8>,
+    /// The command's exit status, verbatim (a 125 or 127 after the nonce is the command's).
+    pub status: i32,
+}
+
+/// What a wrapper call's client output means.
+///
+/// Only [`WrapperOutcome::Ran`] is a command result. A backend never turns any other variant into
+/// an exit code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WrapperOutcome {
+    /// The nonce line was found and the client exited: the command ran (or its `cd` failed).
+    Ran(WrapperOutput),
+    /// The sbx `bind` stage found no marker: the directory bound at the parent is another
+    /// sandbox's workspace.
+    Unmounted,
+    /// No nonce line: the engine, the transport or the wrapper failed before the command could
+    /// start. Never a command's exit code.
+    NoNonce {
+        /// The client's exit status.
+        status: i32,
+        /// The last [`STDERR_TAIL_BYTES`] bytes of the client's stderr, for classification.
+        stderr_tail: Vec<u8>,
+    },
+    /// The client was killed by a signal this crate did not send: an engine failure whatever it
+    /// printed, never "exit 1".
+    ClientKilled {
+        /// The signal number.
+        signal: i32,
+        /// The last [`STDERR_TAIL_BYTES`] bytes of the client's stderr.
+        stderr_tail: Vec<u8>,
+    },
+}
+
+/// Reads a wrapper call's result (exec-wrapper rules 15 to 17).
+///
+/// The first occurrence of `<nonce>\n` in stderr splits it: bytes before are transport noise
+/// (logged at debug level, never returned), bytes after are the command's. Without it,
+/// `<nonce>-unmounted\n` means [`WrapperOutcome::Unmounted`]; anything else is
+/// [`WrapperOutcome::NoNonce`]. A guest can print the nonce again or forge text after it, but that
+/// only changes its own result: it cannot write before the real nonce line.
+pub fn parse_result(
+    stdout: Vec<u8>,
+    stderr: &[u8],
+    status: ExitKind,
+    nonce: &Nonce,
+) -> WrapperOutcome {
+    let code = match status {
+        ExitKind::Exited(code) => code,
+        ExitKind::Signaled(signal) => {
+            return WrapperOutcome::ClientKilled {
+                signal,
+                stderr_tail: tail(stderr),
+            }
+        }
+    };
+    if let Some(start) = find(stderr, &nonce.line()) {
+        if start > 0 {
+            tracing::debug!(
+                noise = %String::from_utf8_lossy(&stderr[..start.min(STDERR_TAIL_BYTES)]),
+                "transport output before the nonce line"
+            );
+        }
+        let command_stderr = stderr[start + nonce.line().len()..].to_vec();
+        return WrapperOutcome::Ran(WrapperOutput {
+            stdout,
+            stderr: command_stderr,
+            status: code,
+        });
+    }
+    if find(stderr, &nonce.unmounted_line()).is_some() {
+        return WrapperOutcome::Unmounted;
+    }
+    WrapperOutcome::NoNonce {
+        status: code,
+        stderr_tail: tail(stderr),
+    }
+}
+
+/// [`parse_result`] over a runner's output.
+pub fn parse_run_output(output: RunOutput, nonce: &Nonce) -> WrapperOutcome {
+    parse_result(output.stdout, &output.stderr, output.status, nonce)
+}
+
+fn tail(bytes: &[u8]) -> Vec<u8> {
+    bytes[bytes.len().saturating_sub(STDERR_TAIL_BYTES)..].to_vec()
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nonce() -> Nonce {
+        Nonce::parse("0123456789abcdef01234567").unwrap()
+    }
+
+    fn ran(stderr: &[u8], code: i32) -> WrapperOutcome {
+        parse_result(b"out".to_vec(), stderr, ExitKind::Exited(code), &nonce())
+    }
+
+    #[test]
+    fn nonce_first_gives_the_command_stderr() {
+        let outcome = ran(b"0123456789abcdef01234567\nerr\n", 3);
+        assert_eq!(
+            outcome,
+            WrapperOutcome::Ran(WrapperOutput {
+                stdout: b"out".to_vec(),
+                stderr: b"err\n".to_vec(),
+                status: 3
+            })
+        );
+    }
+
+    #[test]
+    fn noise_before_the_nonce_is_dropped() {
+        let outcome = ran(b"warning: slow\n0123456789abcdef01234567\nerr", 0);
+        assert!(matches!(outcome, WrapperOutcome::Ran(o) if o.stderr == b"err"));
+    }
+
+    #[test]
+    fn a_repeated_nonce_belongs_to_the_command() {
+        let outcome = ran(
+            b"0123456789abcdef01234567\n0123456789abcdef01234567-unmounted\n",
+            125,
+        );
+        let WrapperOutcome::Ran(output) = outcome else {
+            panic!("a nonce line was present: {outcome:?}");
+        };
+        assert_eq!(output.stderr, b"0123456789abcdef01234567-unmounted\n");
+        assert_eq!(output.status, 125);
+    }
+
+    #[test]
+    fn unmounted_without_the_nonce_line() {
+        assert_eq!(
+            ran(b"0123456789abcdef01234567-unmounted\n", 1),
+            WrapperOutcome::Unmounted
+        );
+    }
+
+    #[test]
+    fn no_nonce_is_never_a_result() {
+        let outcome = ran(b"Error: No such container: abc\n", 1);
+        assert_eq!(
+            outcome,
+            WrapperOutcome::NoNonce {
+                status: 1,
+                stderr_tail: b"Error: No such container: abc\n".to_vec()
+            }
+        );
+        // A nonce without its newline is not the nonce line.
+        assert!(matches!(
+            ran(b"0123456789abcdef01234567", 125),
+            WrapperOutcome::NoNonce { status: 125, .. }
+        ));
+        // Another call's nonce is noise.
+        assert!(matches!(
+            ran(b"ffffffffffffffffffffffff\n", 0),
+            WrapperOutcome::NoNonce { .. }
+        ));
+    }
+
+    #[test]
+    fn a_signalled_client_is_never_a_result() {
+        let outcome = parse_result(
+            Vec::new(),
+            b"0123456789abcdef01234567\n",
+            ExitKind::Signaled(9),
+            &nonce(),
+        );
+        assert!(matches!(
+            outcome,
+            WrapperOutcome::ClientKilled { signal: 9, .. }
+        ));
+    }
+
+    #[test]
+    fn the_tail_is_bounded() {
+        let long = vec![b'e'; STDERR_TAIL_BYTES * 3];
+        let WrapperOutcome::NoNonce { stderr_tail, .. } = ran(&long, 1) else {
+            panic!("no nonce expected");
+        };
+        assert_eq!(stderr_tail.len(), STDERR_TAIL_BYTES);
+    }
+}

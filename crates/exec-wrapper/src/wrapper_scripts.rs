@@ -1,0 +1,350 @@
+//! The guest-side `sh` scripts, written for this project, and the argv that carries them.
+//!
+//! Every script is plain POSIX `sh` and is checked under dash, BusyBox `sh` and bash. Each is
+//! passed as an `sh -c` body; the wrapper is also passed as `$1`, so the sbx stages can re-run it
+//! under a new `unshare`. Positionals (after `$0 = maf-sbx`):
+//!
+//! | # | value |
+//! |---|---|
+//! | 1 | the script itself |
+//! | 2 | stage: `enter`, `bind` or `run` |
+//! | 3 | nonce |
+//! | 4 | pid file |
+//! | 5 | parent (where the workspace is bound), or `-` |
+//! | 6 | guest mount (where sbx mounted the workspace), or `-` |
+//! | 7 | marker name, or `-` |
+//! | 8 | env file path under the parent, or `-` |
+//! | 9 | encoded working directory |
+//! | 10… | encoded argv |
+
+use crate::argv_encoding::EncodedInvocation;
+use crate::call_identity::{pid_file, sbx_env_file_name, Nonce};
+use crate::error::{Error, Result};
+
+/// `$0` of every script this crate runs in a guest.
+pub const SCRIPT_NAME: &str = "maf-sbx";
+
+/// The marker file the sbx `bind` stage looks for at `<parent>/<marker>`.
+pub const WORKSPACE_MARKER: &str = ".maf-sbx-workspace";
+
+/// Exit status of every wrapper failure before the command could start (decode, bind, uid map,
+/// unknown stage, `cd`).
+pub const WRAPPER_FAILURE_EXIT: i32 = 125;
+
+// The `run` stage, shared by both shapes. In order:
+//  1. decode the working directory, the env file (when $8 is not `-`) and the argv; any failure
+//     exits 125 before the nonce. The decoded values are rebuilt in the positionals as
+//     `ENV… - CWD PIDFILE ARGV…`, so no shell variable is read after the env entries are
+//     exported (a caller's `p=…` could not redirect the pid file).
+//  2. print the nonce on stderr: from here on every stderr byte is the command's.
+//  3. export the env entries (`export "$1"`: no eval, no word splitting).
+//  4. cd, or exit 125 with the shell's own message.
+//  5. run `setsid sh -c INNER sh PIDFILE ARGV…` as a forked child (never exec: a forked child of
+//     a non-interactive shell is not a group leader, so setsid makes the session in place, and
+//     the wait below covers the command). INNER records its pid (= the new group id), then runs
+//     the command only if no cancel file exists.
+//  6. remove the pid and cancel files and exit with the command's status.
+macro_rules! run_stage {
+    () => {
+        r#"d() {
+  case $1 in x*) ;; *) return 1 ;; esac
+  v=$(printf '%s' "${1#x}" | base64 -d && printf x) || return 1
+  v=${v%x}
+}
+n=$3 p=$4 e=$8
+shift 8
+[ "$#" -ge 2 ] || exit 125
+k=$#
+if [ "$e" != - ]; then
+  [ -f "$e" ] || exit 125
+  while IFS= read -r l || [ -n "$l" ]; do
+    d "$l" || { rm -f -- "$e"; exit 125; }
+    case $v in *=*) ;; *) rm -f -- "$e"; exit 125 ;; esac
+    set -- "$@" "$v"
+  done <"$e"
+  rm -f -- "$e"
+fi
+set -- "$@" -
+i=0
+for a do
+  [ "$i" -lt "$k" ] || break
+  d "$a" || exit 125
+  set -- "$@" "$v"
+  [ "$i" -eq 0 ] && set -- "$@" "$p"
+  i=$((i + 1))
+done
+shift "$k"
+printf '%s\n' "$n" >&2
+while [ "$1" != - ]; do
+  export "$1"
+  shift
+done
+shift
+cd -- "$1" || exit 125
+shift
+setsid sh -c 'printf "%s\n" "$$" >"$1" || exit 125
+if [ -e "$1.cancel" ] || [ -L "$1.cancel" ]; then exit 125; fi
+shift
+exec "$@"' sh "$@"
+r=$?
+rm -f -- "$1" "$1.cancel"
+exit "$r"
+"#
+    };
+}
+
+/// The Docker shape of the wrapper: the `run` stage only (the engine sets the guest env itself
+/// from `--env-file`; positionals 5 to 8 are `-`).
+pub const DOCKER_WRAPPER: &str =
+    concat!("case $2 in\nrun) ;;\n*) exit 125 ;;\nesac\n", run_stage!());
+
+/// The sbx shape of the wrapper: `enter` (a private user and mount namespace in which the caller
+/// is root), `bind` (the workspace bound at the parent, the marker checked, the outer uid and gid
+/// read), then `run` under the caller's own uid and gid inside that mount namespace.
+pub const SBX_WRAPPER: &str = concat!(
+    r#"s=$1
+case $2 in
+enter)
+  shift 2
+  exec unshare --user --mount --map-root-user -- sh -c "$s" maf-sbx "$s" bind "$@"
+  ;;
+bind)
+  mount --bind -- "$6" "$5" || exit 125
+  if [ ! -e "$5/$7" ]; then
+    printf '%s-unmounted\n' "$3" >&2
+    exit 1
+  fi
+  read -r _ u _ </proc/self/uid_map || exit 125
+  read -r _ g _ </proc/self/gid_map || exit 125
+  case $u in ''|*[!0-9]*) exit 125 ;; esac
+  case $g in ''|*[!0-9]*) exit 125 ;; esac
+  shift 2
+  exec unshare --user --map-user="$u" --map-group="$g" -- sh -c "$s" maf-sbx "$s" run "$@"
+  ;;
+run) ;;
+*) exit 125 ;;
+esac
+"#,
+    run_stage!()
+);
+
+/// The kill script, run as a second, separate exec: `sh -c KILL_SCRIPT maf-sbx <pid file>`.
+///
+/// Exit statuses: 0 killed, 4 never started (or already finished), 3 bad record, 5 cannot write
+/// the cancel file, 6 a group member survived or `kill` was not understood. The cancel file is
+/// created **before** the pid file is read, and the wrapper writes the pid file **before** it
+/// checks for the cancel file, which closes the start race. A record must be a complete line of
+/// digits without a leading zero naming a group from 2 to 4,194,304 (the kernel's largest pid):
+/// 0 would be the kill script's own group, 1 every process of the user, and a longer number could
+/// wrap in a shell's arithmetic. `kill -KILL -"$g"`, never `kill -KILL -- -N`: dash refuses the
+/// latter as an illegal number without signalling anything.
+pub const KILL_SCRIPT: &str = r#"p=$1
+[ -n "$p" ] || exit 3
+printf '' >"$p.cancel" || exit 5
+[ -e "$p" ] || exit 4
+t=0
+until IFS= read -r g <"$p"; do
+  [ -e "$p" ] || exit 4
+  t=$((t + 1))
+  [ "$t" -le 10 ] || exit 3
+  sleep 0.1
+done
+case $g in ''|0*|*[!0-9]*) exit 3 ;; esac
+[ "${#g}" -le 7 ] || exit 3
+[ "$g" -gt 1 ] && [ "$g" -le 4194304 ] || exit 3
+kill -KILL -"$g" 2>/dev/null
+t=0
+while :; do
+  kill -0 -"$g" 2>/dev/null
+  case $? in
+  1) break ;;
+  0) ;;
+  *) exit 6 ;;
+  esac
+  t=$((t + 1))
+  [ "$t" -lt 30 ] || exit 6
+  sleep 0.1
+done
+rm -f -- "$p"
+exit 0
+"#;
+
+/// The argv after `docker exec … <container id>`: `sh -c <wrapper> maf-sbx <wrapper> run <nonce>
+/// <pid file> - - - - x<cwd> x<arg>…`.
+///
+/// The docker backend puts `docker --context <ctx> exec [-i] [--env-file <file>] -w / <id>` in
+/// front. The guest env travels in the env file, never here.
+pub fn docker_wrapper_argv(nonce: &Nonce, invocation: &EncodedInvocation) -> Vec<String> {
+    wrapper_argv(
+        DOCKER_WRAPPER,
+        "run",
+        nonce,
+        ["-", "-", "-", "-"].map(str::to_owned),
+        invocation,
+    )
+}
+
+/// Where sbx put the workspace and where the wrapper binds it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SbxMount {
+    /// The storage base's parent, e.g. `/maf-sandbox`: where the `bind` stage mounts the workspace.
+    pub parent: String,
+    /// Where sbx mounted the workspace in the guest (`pwd -P` at create).
+    pub guest_mount: String,
+}
+
+/// The argv after `sbx exec <name>`: `sh -c <wrapper> maf-sbx <wrapper> enter <nonce> <pid file>
+/// <parent> <guest mount> .maf-sbx-workspace <env file|-> x<cwd> x<arg>…`.
+///
+/// With `with_env_file`, the env file is `<parent>/.maf-sbx-env-<nonce>`, which the host must have
+/// written (see [`crate::encode_env_file`] and [`sbx_env_file_name`]) before the call.
+///
+/// # Errors
+///
+/// [`Error::Nul`] when the parent or the guest mount contains NUL.
+pub fn sbx_wrapper_argv(
+    nonce: &Nonce,
+    mount: &SbxMount,
+    with_env_file: bool,
+    invocation: &EncodedInvocation,
+) -> Result<Vec<String>> {
+    if mount.parent.contains('\0') {
+        return Err(Error::nul("the workspace parent"));
+    }
+    if mount.guest_mount.contains('\0') {
+        return Err(Error::nul("the guest mount"));
+    }
+    let env_file = if with_env_file {
+        format!(
+            "{}/{}",
+            mount.parent.trim_end_matches('/'),
+            sbx_env_file_name(nonce)
+        )
+    } else {
+        "-".to_owned()
+    };
+    Ok(wrapper_argv(
+        SBX_WRAPPER,
+        "enter",
+        nonce,
+        [
+            mount.parent.clone(),
+            mount.guest_mount.clone(),
+            WORKSPACE_MARKER.to_owned(),
+            env_file,
+        ],
+        invocation,
+    ))
+}
+
+fn wrapper_argv(
+    script: &str,
+    stage: &str,
+    nonce: &Nonce,
+    placement: [String; 4],
+    invocation: &EncodedInvocation,
+) -> Vec<String> {
+    let mut argv = Vec::with_capacity(10 + invocation.argv().len());
+    argv.extend(
+        [
+            "sh",
+            "-c",
+            script,
+            SCRIPT_NAME,
+            script,
+            stage,
+            nonce.as_str(),
+        ]
+        .map(str::to_owned),
+    );
+    argv.push(pid_file(nonce));
+    argv.extend(placement);
+    argv.push(invocation.cwd().to_owned());
+    argv.extend(invocation.argv().iter().cloned());
+    argv
+}
+
+/// The argv of the kill call after `docker exec <id>` or `sbx exec <name>`: `sh -c <kill script>
+/// maf-sbx <pid file>`.
+pub fn kill_argv(pid_file: &str) -> Vec<String> {
+    ["sh", "-c", KILL_SCRIPT, SCRIPT_NAME, pid_file]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::argv_encoding::encode_invocation;
+
+    #[test]
+    fn docker_argv_has_the_documented_layout() {
+        let nonce = Nonce::parse("00112233445566778899aabb").unwrap();
+        let inv = encode_invocation(b"/w", &[b"echo".as_slice(), b""]).unwrap();
+        let argv = docker_wrapper_argv(&nonce, &inv);
+        assert_eq!(argv[..2], ["sh", "-c"]);
+        assert_eq!(argv[2], DOCKER_WRAPPER);
+        assert_eq!(argv[3], "maf-sbx");
+        assert_eq!(argv[4], DOCKER_WRAPPER);
+        assert_eq!(
+            argv[5..],
+            [
+                "run",
+                "00112233445566778899aabb",
+                "/tmp/maf-sbx-00112233445566778899aabb.pgid",
+                "-",
+                "-",
+                "-",
+                "-",
+                "xL3c=",
+                "xZWNobw==",
+                "x"
+            ]
+        );
+    }
+
+    #[test]
+    fn sbx_argv_names_the_env_file_under_the_parent() {
+        let nonce = Nonce::parse("00112233445566778899aabb").unwrap();
+        let inv = encode_invocation(b"/", &[b"true"]).unwrap();
+        let mount = SbxMount {
+            parent: "/maf-sandbox/".into(),
+            guest_mount: "/home/agent/ws".into(),
+        };
+        let argv = sbx_wrapper_argv(&nonce, &mount, true, &inv).unwrap();
+        assert_eq!(argv[4], SBX_WRAPPER);
+        assert_eq!(argv[5], "enter");
+        assert_eq!(argv[8..10], ["/maf-sandbox/", "/home/agent/ws"]);
+        assert_eq!(argv[10], ".maf-sbx-workspace");
+        assert_eq!(
+            argv[11],
+            "/maf-sandbox/.maf-sbx-env-00112233445566778899aabb"
+        );
+        let argv = sbx_wrapper_argv(&nonce, &mount, false, &inv).unwrap();
+        assert_eq!(argv[11], "-");
+        let bad = SbxMount {
+            parent: "/a\0".into(),
+            guest_mount: "/b".into(),
+        };
+        assert!(matches!(
+            sbx_wrapper_argv(&nonce, &bad, false, &inv),
+            Err(Error::Nul { .. })
+        ));
+    }
+
+    #[test]
+    fn kill_argv_passes_the_pid_file_alone() {
+        assert_eq!(
+            kill_argv("/tmp/p.pgid"),
+            ["sh", "-c", KILL_SCRIPT, "maf-sbx", "/tmp/p.pgid"]
+        );
+    }
+
+    #[test]
+    fn scripts_never_use_the_double_dash_kill_form() {
+        for script in [DOCKER_WRAPPER, SBX_WRAPPER, KILL_SCRIPT] {
+            assert!(!script.contains("kill -KILL --"));
+            assert!(!script.contains("eval"));
+        }
+    }
+}
