@@ -1,2 +1,115 @@
-//! Project automation (under construction).
-fn main() {}
+//! Project automation, run as `cargo xtask <command>` from anywhere in the workspace.
+//!
+//! - `ci`: the one test command (formatting, clippy, every test through nextest, doctests, the
+//!   fuzz targets' build, the live Docker suite), failing fast, with a timed summary;
+//! - `fuzz`: builds the fuzz targets on the stable toolchain and runs each for a while;
+//! - `images`: builds the local Docker images (the recipe in `backend_docker`);
+//! - `e2e docker`: builds the images, runs the live Docker suite, then checks the suite
+//!   skipped nothing and left nothing behind on the engine;
+//! - `bench`: runs the benchmarks.
+//!
+//! Every child process inherits this process's stdout and stderr, so its output streams as it
+//! comes; xtask exits non-zero when any step fails. It does not install system packages or
+//! start a Docker engine: `.ci/run` does that before calling `cargo xtask ci`.
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+
+mod error;
+mod fuzz;
+mod live;
+mod process;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::error::XtaskError;
+use crate::process::{cargo, Workspace};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "Project automation for this workspace")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Runs every check CI runs, in order, stopping at the first failure.
+    Ci,
+    /// Builds the fuzz targets (stable toolchain, no sanitizer) and runs each for a while.
+    Fuzz(fuzz::FuzzArgs),
+    /// Builds the local Docker images that are missing (all of them unless tags are given).
+    Images {
+        /// Tags to build, e.g. `sandbox-base:local`; none means every image.
+        tags: Vec<String>,
+    },
+    /// Runs a live suite against a real engine.
+    E2e {
+        #[command(subcommand)]
+        suite: live::Suite,
+    },
+    /// Runs the benchmarks and prints their reports.
+    Bench,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = Workspace::locate().and_then(|workspace| match cli.command {
+        Command::Ci => ci(&workspace),
+        Command::Fuzz(args) => fuzz::run(&workspace, &args),
+        Command::Images { tags } => live::build_images(&workspace, &tags),
+        Command::E2e { suite } => live::run(&workspace, &suite),
+        Command::Bench => bench(&workspace),
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("xtask: error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One step of `ci`: a name for the summary and the work.
+struct Step<'a> {
+    name: &'static str,
+    run: Box<dyn Fn() -> Result<(), XtaskError> + 'a>,
+}
+
+fn ci(workspace: &Workspace) -> Result<(), XtaskError> {
+    let command_step = |name: &'static str, args: &'static [&'static str]| Step {
+        name,
+        run: Box::new(move || workspace.run(cargo().args(args))),
+    };
+    let steps = vec![
+        command_step("fmt", &["fmt", "--all", "--check"]),
+        command_step(
+            "clippy",
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--all-features",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
+        command_step("nextest", &["nextest", "run", "--workspace"]),
+        command_step("doctests", &["test", "--doc", "--workspace"]),
+        Step {
+            name: "fuzz build",
+            run: Box::new(|| fuzz::build_all(workspace)),
+        },
+        Step {
+            name: "e2e docker",
+            run: Box::new(|| live::run(workspace, &live::Suite::Docker)),
+        },
+    ];
+    process::run_steps("ci", &steps)
+}
+
+fn bench(workspace: &Workspace) -> Result<(), XtaskError> {
+    workspace.run(cargo().args(["bench", "-p", "confined-fs", "--bench", "writes"]))
+}

@@ -1,0 +1,97 @@
+//! The one error type of xtask.
+
+use std::time::Duration;
+
+/// Why an xtask command failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum XtaskError {
+    /// The workspace root could not be found from this binary's manifest directory.
+    #[error("cannot find the workspace root above {manifest_dir}")]
+    NoWorkspace {
+        /// Where the search started.
+        manifest_dir: String,
+    },
+
+    /// A child process could not be started.
+    #[error("could not start `{command}`: {source}")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A child process exited unsuccessfully.
+    #[error("`{command}` failed ({status})")]
+    CommandFailed {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: String,
+    },
+
+    /// A bounded child process ran past its deadline and was killed.
+    #[error("`{command}` did not finish within {timeout:?}; it was killed")]
+    TimedOut {
+        /// The command line.
+        command: String,
+        /// Its deadline.
+        timeout: Duration,
+    },
+
+    /// Building the local images failed.
+    #[error("building the local images: {0}")]
+    Images(#[from] backend_docker::DockerError),
+
+    /// A `ci` step failed; the summary above says which.
+    #[error("{suite} failed at step `{step}`")]
+    StepFailed {
+        /// The step sequence (`ci`).
+        suite: &'static str,
+        /// The failed step.
+        step: &'static str,
+    },
+
+    /// nextest's closing summary line never appeared, so skips cannot be counted.
+    #[error("`{command}` printed no nextest summary line; cannot tell whether tests were skipped")]
+    NoTestSummary {
+        /// The command line.
+        command: String,
+    },
+
+    /// A live suite skipped tests: a skip in CI attacked nothing.
+    #[error("the live suite skipped {count} test(s): {names}")]
+    SkippedTests {
+        /// How many nextest counted.
+        count: u64,
+        /// The skipped tests nextest named.
+        names: String,
+    },
+
+    /// A live suite left engine objects behind.
+    #[error("the live suite left {count} object(s) on the engine:\n{listing}")]
+    Leftovers {
+        /// How many.
+        count: usize,
+        /// One line per object: kind, id, name.
+        listing: String,
+    },
+
+    /// `cargo fuzz list` named no target.
+    #[error("`cargo fuzz list` in {dir} named no fuzz target")]
+    NoFuzzTargets {
+        /// The fuzz directory.
+        dir: String,
+    },
+
+    /// A requested fuzz target does not exist.
+    #[error("no fuzz target named `{name}`; known: {known}")]
+    UnknownFuzzTarget {
+        /// The requested name.
+        name: String,
+        /// The known targets.
+        known: String,
+    },
+}

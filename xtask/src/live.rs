@@ -1,0 +1,327 @@
+//! The live suites and the local images they run on.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+use backend_docker::{ImageRecipe, LocalImage};
+use clap::Subcommand;
+
+use crate::error::XtaskError;
+use crate::process::{capture_in, cargo, tee_in, Workspace};
+
+/// The label every workload of the Docker backend carries (docker.md rule 9): ownership is
+/// read back from the engine by it.
+const OWNERSHIP_LABEL: &str = "maf-sandbox.scope";
+
+/// The deadline of each engine listing.
+const LISTING_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A live suite.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Suite {
+    /// The Docker backend against this machine's engine.
+    Docker,
+}
+
+/// Builds the images (all, or the given tags) with progress on stderr, caching debootstrap's
+/// output under `target/images-cache`.
+pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskError> {
+    let images = tags
+        .iter()
+        .map(|tag| LocalImage::from_tag(tag))
+        .collect::<Result<Vec<_>, _>>()?;
+    let recipe = ImageRecipe::new()
+        .cache_dir(workspace.target_dir().join("images-cache"))
+        .progress(|line| eprintln!("images: {line}"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| XtaskError::Spawn {
+            command: "a tokio runtime for the image recipe".to_owned(),
+            source,
+        })?;
+    let reports = runtime.block_on(recipe.build(&images))?;
+    for report in reports {
+        eprintln!(
+            "images: {:<26} {:?} ({:.1} s)",
+            report.image.tag(),
+            report.outcome,
+            report.elapsed.as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// Runs one live suite.
+pub fn run(workspace: &Workspace, suite: &Suite) -> Result<(), XtaskError> {
+    match suite {
+        Suite::Docker => docker(workspace),
+    }
+}
+
+fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
+    build_images(workspace, &[])?;
+    let before = engine_objects(workspace)?;
+    let mut command = cargo();
+    command.args([
+        "nextest",
+        "run",
+        "-p",
+        "backend-docker",
+        "--features",
+        "live",
+        "--no-fail-fast",
+        // Names each skipped test, so a skip can be reported by name.
+        "--status-level",
+        "skip",
+        "--final-status-level",
+        "skip",
+    ]);
+    let teed = tee_in(workspace.root(), &mut command, |line| {
+        is_summary_line(line) || is_skip_line(line)
+    })?;
+    // Leftovers are checked whether or not the suite passed: a failing suite must not also
+    // leave the engine dirty unnoticed.
+    let after = engine_objects(workspace)?;
+    let left: Vec<&EngineObject> = after.difference(&before).collect();
+    if !teed.success {
+        report_leftovers(&left);
+        return Err(XtaskError::CommandFailed {
+            command: teed.command,
+            status: teed.status,
+        });
+    }
+    let summary = teed
+        .kept
+        .iter()
+        .rev()
+        .find(|line| is_summary_line(line))
+        .ok_or_else(|| XtaskError::NoTestSummary {
+            command: teed.command.clone(),
+        })?;
+    let skipped = skipped_count(summary);
+    if skipped > 0 {
+        let names: BTreeSet<&str> = teed
+            .kept
+            .iter()
+            .filter(|line| is_skip_line(line))
+            .map(|line| skipped_test_name(line))
+            .collect();
+        return Err(XtaskError::SkippedTests {
+            count: skipped,
+            names: names.into_iter().collect::<Vec<_>>().join(", "),
+        });
+    }
+    if !left.is_empty() {
+        return Err(XtaskError::Leftovers {
+            count: left.len(),
+            listing: listing(&left),
+        });
+    }
+    eprintln!("==> e2e docker: no skipped test, nothing left on the engine");
+    Ok(())
+}
+
+fn report_leftovers(left: &[&EngineObject]) {
+    if !left.is_empty() {
+        eprintln!(
+            "==> e2e docker: the suite also left {} object(s):\n{}",
+            left.len(),
+            listing(left)
+        );
+    }
+}
+
+fn listing(objects: &[&EngineObject]) -> String {
+    objects
+        .iter()
+        .map(|object| format!("  {} {} {}", object.kind, object.id, object.name))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// nextest's closing line: `Summary [   1.234s] 17 tests run: 17 passed, 0 skipped`.
+fn is_summary_line(line: &str) -> bool {
+    line.trim_start().starts_with("Summary [")
+}
+
+/// nextest's per-test skip line (`SKIP [ …] crate test`) at `--status-level skip`.
+fn is_skip_line(line: &str) -> bool {
+    line.trim_start().starts_with("SKIP ")
+}
+
+fn skipped_test_name(line: &str) -> &str {
+    line.rsplit_once(']').map_or(line, |(_, name)| name).trim()
+}
+
+/// The number before `skipped` in a summary line; none printed means none skipped.
+fn skipped_count(summary: &str) -> u64 {
+    let words: Vec<&str> = summary
+        .split(|c: char| c.is_whitespace() || c == ',' || c == ':')
+        .filter(|word| !word.is_empty())
+        .collect();
+    words
+        .windows(2)
+        .filter(|pair| pair[1] == "skipped")
+        .filter_map(|pair| pair[0].parse::<u64>().ok())
+        .sum()
+}
+
+/// Something on the engine a live suite may have made.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct EngineObject {
+    kind: &'static str,
+    id: String,
+    name: String,
+}
+
+/// Containers, networks and volumes carrying the ownership label, and those named like the
+/// backend's objects (workloads and their egress volumes, `maf-sandbox-docker-…`; the egress
+/// test networks, `maf-egress-test-…`), so an unlabelled leftover is caught too.
+fn engine_objects(workspace: &Workspace) -> Result<BTreeSet<EngineObject>, XtaskError> {
+    let label = format!("label={OWNERSHIP_LABEL}");
+    let queries: [(&'static str, Vec<&str>); 6] = [
+        (
+            "container",
+            vec![
+                "ps",
+                "-a",
+                "--no-trunc",
+                "--filter",
+                &label,
+                "--format",
+                "{{.ID}}\t{{.Names}}",
+            ],
+        ),
+        (
+            "container",
+            vec![
+                "ps",
+                "-a",
+                "--no-trunc",
+                "--filter",
+                "name=maf-sandbox-docker-",
+                "--format",
+                "{{.ID}}\t{{.Names}}",
+            ],
+        ),
+        (
+            "network",
+            vec![
+                "network",
+                "ls",
+                "--no-trunc",
+                "--filter",
+                &label,
+                "--format",
+                "{{.ID}}\t{{.Name}}",
+            ],
+        ),
+        (
+            "network",
+            vec![
+                "network",
+                "ls",
+                "--no-trunc",
+                "--filter",
+                "name=maf-egress-test-",
+                "--format",
+                "{{.ID}}\t{{.Name}}",
+            ],
+        ),
+        (
+            "volume",
+            vec![
+                "volume",
+                "ls",
+                "--filter",
+                &label,
+                "--format",
+                "{{.Name}}\t{{.Name}}",
+            ],
+        ),
+        (
+            "volume",
+            vec![
+                "volume",
+                "ls",
+                "--filter",
+                "name=maf-sandbox-docker-",
+                "--format",
+                "{{.Name}}\t{{.Name}}",
+            ],
+        ),
+    ];
+    let mut objects = BTreeSet::new();
+    for (kind, args) in queries {
+        let text = capture_in(
+            workspace.root(),
+            Command::new("docker").args(args),
+            LISTING_TIMEOUT,
+        )?;
+        objects.extend(parse_listing(kind, &text));
+    }
+    Ok(objects)
+}
+
+fn parse_listing(kind: &'static str, text: &str) -> Vec<EngineObject> {
+    text.lines()
+        .filter_map(|line| line.split_once('\t'))
+        .map(|(id, name)| EngineObject {
+            kind,
+            id: id.trim().to_owned(),
+            name: name.trim().to_owned(),
+        })
+        .filter(|object| !object.id.is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skipped_counts_come_from_the_summary_line() {
+        assert_eq!(
+            skipped_count("     Summary [   1.810s] 17 tests run: 17 passed, 0 skipped"),
+            0
+        );
+        assert_eq!(
+            skipped_count("Summary [ 2.0s] 9 tests run: 7 passed, 1 failed, 2 skipped"),
+            2
+        );
+        assert_eq!(skipped_count("Summary [ 2.0s] 9 tests run: 9 passed"), 0);
+        assert!(is_summary_line("     Summary [   1.810s] 17 tests run"));
+        assert!(!is_summary_line("Summary of nothing"));
+    }
+
+    #[test]
+    fn skip_lines_name_the_test() {
+        let line = "        SKIP [         ] backend-docker::live docker_suite::hardening";
+        assert!(is_skip_line(line));
+        assert_eq!(
+            skipped_test_name(line),
+            "backend-docker::live docker_suite::hardening"
+        );
+        assert!(!is_skip_line("        PASS [   0.005s] backend-docker x"));
+    }
+
+    #[test]
+    fn listings_parse_and_diff_by_identity() {
+        let before: BTreeSet<EngineObject> =
+            parse_listing("container", "aaa\tmaf-sandbox-docker-1\n")
+                .into_iter()
+                .collect();
+        let after: BTreeSet<EngineObject> = parse_listing(
+            "container",
+            "aaa\tmaf-sandbox-docker-1\nbbb\tmaf-sandbox-docker-2\n\n",
+        )
+        .into_iter()
+        .collect();
+        let left: Vec<&EngineObject> = after.difference(&before).collect();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].id, "bbb");
+        assert_eq!(listing(&left), "  container bbb maf-sandbox-docker-2");
+    }
+}
