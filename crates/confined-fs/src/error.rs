@@ -231,15 +231,21 @@ pub(crate) fn too_large(path: impl Into<String>, cap: u64) -> Error {
     }
 }
 
+/// An error from a system call. ENOENT becomes [`Error::NotFound`]: on a held descriptor it
+/// means the guest removed the entry or the directory meanwhile, which is not a host failure.
 #[cold]
 pub(crate) fn io_error(
     operation: Operation,
     path: impl Into<String>,
     source: impl Into<io::Error>,
 ) -> Error {
+    let source = source.into();
+    if source.kind() == io::ErrorKind::NotFound {
+        return not_found(path);
+    }
     Error::Io {
         operation,
         path: path.into(),
-        source: source.into(),
+        source,
     }
 }
