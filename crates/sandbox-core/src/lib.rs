@@ -72,10 +72,11 @@ pub use guest_path::{
     refuse_linked_ancestors_async, relative_to as guest_path_relative_to, resolve_wd,
 };
 pub use naming::{
-    decode_docker_key_label, docker_container_name, docker_key_label, is_digest_label, label_value,
-    python_json_list, sbx_conversation_prefix, sbx_digest, sbx_key_prefix, sbx_sandbox_name,
-    NamePrefix, DOCKER_NAME_PREFIX, LABEL_AGENT, LABEL_CALL, LABEL_EGRESS_V1, LABEL_KEY_V1,
-    LABEL_KIND, LABEL_ROLE, LABEL_SCOPE, LABEL_THREAD, LABEL_USER_PREFIX, LABEL_WORK_DIR_V1,
+    decode_docker_key_label, docker_container_name, docker_key_label, docker_name_preimage,
+    is_digest_label, label_value, python_json_list, sbx_conversation_prefix, sbx_digest,
+    sbx_key_prefix, sbx_sandbox_name, NamePrefix, DOCKER_NAME_PREFIX, LABEL_AGENT, LABEL_CALL,
+    LABEL_EGRESS_V1, LABEL_KEY_V1, LABEL_KIND, LABEL_ROLE, LABEL_SCOPE, LABEL_THREAD,
+    LABEL_USER_PREFIX, LABEL_WORK_DIR_V1,
 };
 pub use storage_base::{plan_storage_base, storage_base_directories, validate_base};
 // end of pure helper re-exports

@@ -200,13 +200,22 @@ pub fn docker_container_name(key: &SandboxKey, kind: &str, egress_id: &str) -> S
     if key.is_call() {
         parts.push(&call_part);
     }
+    let preimage = docker_name_preimage(&parts);
+    format!("{DOCKER_NAME_PREFIX}{}", &sha256_hex(&preimage)[..12])
+}
+
+/// The bytes a docker container name digests: each part as its UTF-8 byte length in ASCII decimal, `:`,
+/// then its bytes, with nothing between parts. The length prefix makes the encoding injective: no two part
+/// lists share a preimage (`["a|b", "c"]` and `["a", "b|c"]` differ), whatever characters the parts hold.
+pub fn docker_name_preimage<S: AsRef<str>>(parts: &[S]) -> Vec<u8> {
     let mut preimage = Vec::new();
     for part in parts {
+        let part = part.as_ref();
         preimage.extend_from_slice(part.len().to_string().as_bytes());
         preimage.push(b':');
         preimage.extend_from_slice(part.as_bytes());
     }
-    format!("{DOCKER_NAME_PREFIX}{}", &sha256_hex(&preimage)[..12])
+    preimage
 }
 
 /// Whether a label value has the shape of a digest (`sha256-` + 48 lowercase hex), so its raw field cannot
