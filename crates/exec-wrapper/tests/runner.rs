@@ -1,0 +1,246 @@
+//! The bounded runner against real processes: deadlines, budgets, stdin, the line callback,
+//! cancellation by drop, exit statuses and the explicit environment.
+
+mod common;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{alive, read_pids, wait_dead};
+use exec_wrapper::{BoundedCommand, Error, ExitKind, Stream, READ_CHUNK};
+
+const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+fn sh(script: &str, timeout: Duration) -> BoundedCommand {
+    BoundedCommand::new("/bin/sh", timeout)
+        .arg("-c")
+        .arg(script)
+        .env("PATH", PATH)
+}
+
+#[tokio::test]
+async fn stdout_and_stderr_are_byte_exact_and_separate() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let file = dir.path().join("data");
+    std::fs::write(&file, &data).unwrap();
+    let script = format!(
+        "cat '{0}' & cat '{0}' >&2; wait; printf end",
+        file.display()
+    );
+    let output = sh(&script, Duration::from_secs(20)).run().await.unwrap();
+    assert_eq!(output.status, ExitKind::Exited(0));
+    assert_eq!(output.stdout.len(), data.len() + 3);
+    assert!(output.stdout[..data.len()] == data[..] && output.stdout.ends_with(b"end"));
+    assert!(output.stderr == data);
+    assert!(!output.truncated);
+}
+
+#[tokio::test]
+async fn exit_statuses_and_signals_are_reported_as_such() {
+    for code in [0, 1, 2, 125, 126, 127, 128, 200, 255] {
+        let output = sh(&format!("exit {code}"), Duration::from_secs(10))
+            .run()
+            .await
+            .unwrap();
+        assert_eq!(output.status, ExitKind::Exited(code));
+    }
+    let output = sh("kill -TERM $$", Duration::from_secs(10))
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(output.status, ExitKind::Signaled(15));
+}
+
+#[tokio::test]
+async fn a_missing_program_is_a_spawn_error_naming_it() {
+    let result = BoundedCommand::new("/nonexistent/docker", Duration::from_secs(5))
+        .run()
+        .await;
+    match result {
+        Err(Error::Spawn { program, .. }) => assert_eq!(program, "/nonexistent/docker"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_inherited_environment_is_cleared() {
+    let output = BoundedCommand::new("/usr/bin/env", Duration::from_secs(5))
+        .env("ONLY", "this")
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(output.stdout, b"ONLY=this\n");
+}
+
+#[tokio::test]
+async fn stdin_is_closed_unless_it_carries_bytes() {
+    let output = BoundedCommand::new("/bin/cat", Duration::from_secs(5))
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(output.status, ExitKind::Exited(0));
+    assert!(output.stdout.is_empty());
+}
+
+#[tokio::test]
+async fn stdin_is_written_while_output_is_read() {
+    // Far more than a pipe buffer each way: writing before reading would deadlock.
+    let input: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();
+    let output = BoundedCommand::new("/bin/cat", Duration::from_secs(20))
+        .stdin(input.clone())
+        .run()
+        .await
+        .unwrap();
+    assert!(output.stdout == input);
+}
+
+#[tokio::test]
+async fn stdin_larger_than_the_pipe_with_a_child_that_exits_early() {
+    let input = vec![b'z'; 4 << 20];
+    let output = BoundedCommand::new("/usr/bin/head", Duration::from_secs(20))
+        .args(["-c", "10"])
+        .stdin(input)
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(output.status, ExitKind::Exited(0));
+    assert_eq!(output.stdout, b"zzzzzzzzzz");
+}
+
+#[tokio::test]
+async fn the_budget_counts_both_streams_together() {
+    let exact = sh("printf %060d 0; printf %040d 0 >&2", Duration::from_secs(5))
+        .output_budget(100)
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(exact.stdout.len() + exact.stderr.len(), 100);
+    let over = sh("printf %060d 0; printf %041d 0 >&2", Duration::from_secs(5))
+        .output_budget(100)
+        .run()
+        .await;
+    match over {
+        Err(Error::OutputLimit { budget, program }) => {
+            assert_eq!(budget, 100);
+            assert_eq!(program, "/bin/sh");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_deadline_with_a_grandchild_holding_the_pipe_kills_the_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    let script = format!("sleep 300 & echo $! > '{}'; exit 0", pids.display());
+    let started = Instant::now();
+    let result = sh(&script, Duration::from_millis(700)).run().await;
+    assert!(
+        matches!(result, Err(Error::Deadline { bound, .. }) if bound == Duration::from_millis(700))
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let grandchild = read_pids(&pids, 1).await[0];
+    assert!(
+        wait_dead(grandchild, Duration::from_secs(5)).await,
+        "the grandchild survived"
+    );
+}
+
+#[tokio::test]
+async fn dropping_the_future_kills_and_reaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    let script = format!(
+        "echo $$ > '{0}.tmp'; sleep 300 & echo $! >> '{0}.tmp'; mv '{0}.tmp' '{0}'; wait",
+        pids.display()
+    );
+    let run = sh(&script, Duration::from_secs(60)).run();
+    let dropped = tokio::time::timeout(Duration::from_millis(500), run).await;
+    assert!(
+        dropped.is_err(),
+        "the command should still have been running"
+    );
+    let pids = read_pids(&pids, 2).await;
+    let (child, grandchild) = (pids[0], pids[1]);
+    // The direct child is reaped, not merely dead: its /proc entry goes away.
+    let end = Instant::now() + Duration::from_secs(5);
+    while Path::new(&format!("/proc/{child}")).exists() {
+        assert!(Instant::now() < end, "the dropped child was not reaped");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(wait_dead(grandchild, Duration::from_secs(5)).await);
+    assert!(!alive(child));
+}
+
+#[tokio::test]
+async fn the_line_callback_sees_every_line_in_order() {
+    let seen: Arc<Mutex<Vec<(Stream, Vec<u8>)>>> = Arc::default();
+    let sink = Arc::clone(&seen);
+    let script = "printf 'one\\ntwo\\n'; printf 'e1\\n' >&2; head -c 200000 /dev/zero | tr '\\0' x; printf '\\nthree\\nlast'; printf 'e2' >&2";
+    let output = sh(script, Duration::from_secs(10))
+        .on_line(move |stream, line| sink.lock().unwrap().push((stream, line.to_vec())))
+        .run()
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap();
+    for (stream, bytes) in [
+        (Stream::Stdout, &output.stdout),
+        (Stream::Stderr, &output.stderr),
+    ] {
+        let pieces: Vec<&Vec<u8>> = seen
+            .iter()
+            .filter(|(s, _)| *s == stream)
+            .map(|(_, l)| l)
+            .collect();
+        // The pieces concatenate to exactly the stream.
+        assert!(pieces
+            .iter()
+            .flat_map(|p| p.iter().copied())
+            .eq(bytes.iter().copied()));
+        // Every piece but the last is a complete line or a piece of at least one chunk.
+        for piece in &pieces[..pieces.len() - 1] {
+            assert!(
+                piece.ends_with(b"\n") || piece.len() >= READ_CHUNK,
+                "{:?}",
+                piece.len()
+            );
+        }
+    }
+    let stdout: Vec<&[u8]> = seen
+        .iter()
+        .filter(|(s, _)| *s == Stream::Stdout)
+        .map(|(_, l)| l.as_slice())
+        .collect();
+    assert_eq!(stdout[0], b"one\n");
+    assert_eq!(stdout[1], b"two\n");
+    // The 200,000-byte line arrives in pieces.
+    assert!(stdout.len() >= 5, "{}", stdout.len());
+    assert_eq!(stdout[stdout.len() - 2], b"three\n");
+    assert_eq!(stdout[stdout.len() - 1], b"last");
+    let stderr: Vec<&[u8]> = seen
+        .iter()
+        .filter(|(s, _)| *s == Stream::Stderr)
+        .map(|(_, l)| l.as_slice())
+        .collect();
+    assert_eq!(stderr, [b"e1\n".as_slice(), b"e2"]);
+}
+
+#[tokio::test]
+async fn prefix_mode_stops_on_purpose() {
+    let output = BoundedCommand::new("/usr/bin/yes", Duration::from_secs(10))
+        .stop_after(5)
+        .run()
+        .await
+        .unwrap();
+    assert!(output.truncated);
+    assert_eq!(output.stdout, b"y\ny\ny");
+    assert_eq!(output.status, ExitKind::Signaled(9));
+}
