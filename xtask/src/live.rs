@@ -151,8 +151,19 @@ fn is_skip_line(line: &str) -> bool {
     line.trim_start().starts_with("SKIP ")
 }
 
+/// The test named by a skip line: what follows the `[…]` time slot and the `(…)` counter.
 fn skipped_test_name(line: &str) -> &str {
-    line.rsplit_once(']').map_or(line, |(_, name)| name).trim()
+    let after_time = line
+        .split_once(']')
+        .map_or(line, |(_, rest)| rest)
+        .trim_start();
+    match after_time.strip_prefix('(') {
+        Some(counter) => counter
+            .split_once(')')
+            .map_or(after_time, |(_, rest)| rest)
+            .trim(),
+        None => after_time.trim(),
+    }
 }
 
 /// The number before `skipped` in a summary line; none printed means none skipped.
