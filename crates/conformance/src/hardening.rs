@@ -1,0 +1,592 @@
+//! HARDENING (spec §14): the probes this project adds beyond the reference suites.
+//!
+//! Four run on a shared sandbox after EXEC ([`assert_hardening`]); three need sandboxes or keys of their
+//! own ([`assert_engine_failure_is_not_an_exit_code`], [`assert_concurrent_acquires_yield_one`],
+//! [`assert_network_closed_by_content`]). The engine-side facts come from a [`HardeningHooks`] the
+//! backend's test module provides.
+
+use std::collections::hash_map::RandomState;
+use std::collections::BTreeSet;
+use std::hash::{BuildHasher, Hasher};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use sandbox_core::{
+    Capability, Command, Egress, ErrorKind, ExecRequest, Sandbox, SandboxBackend, SandboxError,
+    SandboxKey, SandboxSpec, DEFAULT_MAX_OUTPUT_BYTES,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::error::ConformanceError;
+use crate::paths::ConformancePaths;
+use crate::probe_kit::{plant_nothing, run, run_argv};
+use crate::report::ConformanceReport;
+use crate::subject::ConformanceSubject;
+use crate::suite_runner::{ensure, refused_with, ProbeError, Refusal, SuiteRun, Verdict};
+
+/// The suite label.
+pub const HARDENING: &str = "HARDENING";
+
+/// How many probes [`assert_hardening`] runs on the shared sandbox.
+pub const HARDENING_SHARED_PROBES: usize = 4;
+
+/// The concurrent acquires of `concurrent-acquires-yield-one`: this many in this process, as many in a
+/// child process.
+pub const ACQUIRES_PER_PROCESS: usize = 4;
+
+/// How the flood probe's host memory growth is bounded: 2 × the output budget + 8 MiB.
+pub const FLOOD_RSS_ALLOWANCE: u64 = 2 * DEFAULT_MAX_OUTPUT_BYTES + 8 * 1024 * 1024;
+
+/// One acquire made by a child process: the handle's instance id and whether it created the instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireOutcome {
+    /// The instance the handle names.
+    pub instance_id: String,
+    /// Whether this acquire created it.
+    pub freshly_created: bool,
+}
+
+/// What the HARDENING probes need from the backend's test module beyond the public traits.
+#[async_trait]
+pub trait HardeningHooks: Send + Sync {
+    /// Removes the sandbox's instance directly through the engine (`docker rm -f <id>`,
+    /// `sbx rm --force <name>`), behind the handle's back.
+    async fn remove_behind_the_handle(&self, sandbox: &dyn Sandbox)
+        -> Result<(), ConformanceError>;
+
+    /// How many instances the engine holds for the identity (key, spec kind): the engine-side count,
+    /// never the backend's own memory.
+    async fn engine_instances_for(
+        &self,
+        key: &SandboxKey,
+        spec: &SandboxSpec,
+    ) -> Result<usize, ConformanceError>;
+
+    /// Starts a child process (a helper binary or the test binary re-executed) that builds its own
+    /// backend from the same configuration and runs `n` concurrent acquires of (key, spec), each retrying
+    /// a `Busy` result like [`acquire_retrying_busy`]. Returns each acquire's outcome or error kind.
+    async fn acquire_in_child_process(
+        &self,
+        key: &SandboxKey,
+        spec: &SandboxSpec,
+        n: usize,
+    ) -> Result<Vec<Result<AcquireOutcome, ErrorKind>>, ConformanceError>;
+
+    /// An address of this host the engine routes the guest to (docker: the default bridge's gateway;
+    /// real sbx: what `host.docker.internal` resolves to in the VM). Always local, never public.
+    async fn routable_host_address(&self) -> Result<IpAddr, ConformanceError>;
+
+    /// The kinds an exec on a handle whose instance was removed may fail with (docker: `SandboxGone`;
+    /// sbx: `SandboxGone` or `DaemonFault`).
+    fn gone_kinds(&self) -> Vec<ErrorKind> {
+        vec![ErrorKind::SandboxGone]
+    }
+
+    /// This process's resident set size in bytes, sampled every 10 ms during the flood. The default
+    /// reads `VmRSS` from `/proc/self/status` (Linux); `None` makes the flood probe a harness error.
+    fn host_rss_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+}
+
+/// The group-death poll of spec §14: exits 0 once no member of the group recorded in `pgid_file` is
+/// left, 1 when one survives 50 polls 0.1 s apart, 3 when the record or the shell's `kill` cannot be read.
+pub fn group_death_poll(pgid_file: &str) -> String {
+    format!(
+        "p=$(cat {pgid_file}); [ \"$p\" -gt 1 ] 2>/dev/null; [ $? -ne 0 ] && exit 3; i=0; \
+         while :; do kill -0 -\"$p\" 2>/dev/null; r=$?; [ $r -eq 1 ] && exit 0; [ $r -ne 0 ] && exit 3; \
+         i=$((i+1)); [ $i -ge 50 ] && exit 1; sleep 0.1; done"
+    )
+}
+
+async fn expect_group_dead(
+    subject: &dyn ConformanceSubject,
+    pgid_file: &str,
+    work: &str,
+) -> Result<(), ProbeError> {
+    let out = run_argv(subject, &["sh", "-c", &group_death_poll(pgid_file)], work).await?;
+    match out.exit_code {
+        0 => Ok(()),
+        1 => Err(ProbeError::Assertion(format!(
+            "a member of the process group recorded in {pgid_file} is still alive"
+        ))),
+        other => Err(ProbeError::Harness(format!(
+            "the group-death poll on {pgid_file} exited {other} (stderr {:?})",
+            out.stderr_text()
+        ))),
+    }
+}
+
+async fn expect_handle_works(
+    subject: &dyn ConformanceSubject,
+    work: &str,
+    instance_id: &str,
+) -> Result<(), ProbeError> {
+    let out = run_argv(subject, &["true"], work).await?;
+    ensure!(
+        out.exit_code == 0,
+        "`true` exited {} afterwards",
+        out.exit_code
+    );
+    ensure!(
+        subject.sandbox().instance_id() == instance_id,
+        "the instance changed from {instance_id:?} to {:?}",
+        subject.sandbox().instance_id()
+    );
+    Ok(())
+}
+
+/// Runs the four shared-sandbox probes, in the order the spec gives: argv-round-trips-bytes,
+/// argv-refuses-nul, a-timed-out-group-is-dead, a-flood-is-refused-and-bounded. Gate `exec`. Run after
+/// EXEC; needs `sh`, a `sleep` accepting fractions and `head -c` in the image.
+pub async fn assert_hardening(
+    subject: &dyn ConformanceSubject,
+    hooks: &dyn HardeningHooks,
+) -> Result<ConformanceReport, ConformanceError> {
+    let mut suite = SuiteRun::start(
+        HARDENING,
+        Some(Capability::Exec),
+        subject.capabilities(),
+        Verdict::Aggregate,
+    )?;
+    let paths = ConformancePaths::under(subject.working_directory());
+    plant_nothing(subject, &paths).await?;
+    let work = paths.work.as_str();
+
+    suite
+        .probe("argv-round-trips-bytes", &[], async {
+            let elements: [&[u8]; 9] = [
+                b"",
+                b"trailing\n",
+                b"\n\n",
+                b"\xff\xfe raw",
+                b" lead",
+                b"-n",
+                b"*",
+                b"$(echo no)",
+                b"x",
+            ];
+            let mut argv: Vec<&[u8]> = vec![b"sh", b"-c", b"printf '%s\\0' \"$@\"", b"probe"];
+            argv.extend_from_slice(&elements);
+            let out = run(subject, Command::argv(argv), work).await?;
+            ensure!(out.exit_code == 0, "the probe exited {}", out.exit_code);
+            let expected: Vec<u8> = elements
+                .iter()
+                .flat_map(|e| e.iter().copied().chain([0]))
+                .collect();
+            ensure!(
+                out.stdout == expected,
+                "the arguments came back as {:?}",
+                out.stdout
+            );
+            Ok(())
+        })
+        .await;
+
+    suite
+        .probe("argv-refuses-nul", &[], async {
+            let request = ExecRequest::new(Command::argv(["printf", "a\0b"]))
+                .working_directory(work)
+                .timeout(subject.exec_timeout());
+            refused_with(
+                Refusal::Exactly(ErrorKind::InvalidArgument),
+                subject.sandbox().exec(request),
+            )
+            .await?;
+            Ok(())
+        })
+        .await;
+
+    suite
+        .probe("a-timed-out-group-is-dead", &[], async {
+            let instance_id = subject.sandbox().instance_id().to_owned();
+            let request = ExecRequest::new(Command::argv([
+                "sh",
+                "-c",
+                "echo $$ > timeout-probe.pgid; sleep 3131 & sleep 3132 & sleep 3133; wait",
+            ]))
+            .working_directory(work)
+            .timeout(Duration::from_secs(1));
+            refused_with(Refusal::Timeout, subject.sandbox().exec(request)).await?;
+            expect_group_dead(subject, "timeout-probe.pgid", work).await?;
+            expect_handle_works(subject, work, &instance_id).await
+        })
+        .await;
+
+    suite
+        .probe("a-flood-is-refused-and-bounded", &[], async {
+            let instance_id = subject.sandbox().instance_id().to_owned();
+            let before = hooks.host_rss_bytes().ok_or_else(|| {
+                ProbeError::Harness("the host's resident set size cannot be sampled".into())
+            })?;
+            let request = ExecRequest::new(Command::argv([
+                "sh",
+                "-c",
+                "echo $$ > flood.pgid; head -c 1073741824 /dev/zero",
+            ]))
+            .working_directory(work)
+            .timeout(Duration::from_secs(120));
+            let started = Instant::now();
+            let exec = subject.sandbox().exec(request);
+            tokio::pin!(exec);
+            let mut peak = before;
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            let result = loop {
+                tokio::select! {
+                    result = &mut exec => break result,
+                    _ = tick.tick() => {
+                        if let Some(rss) = hooks.host_rss_bytes() {
+                            peak = peak.max(rss);
+                        }
+                    }
+                }
+            };
+            let elapsed = started.elapsed();
+            refused_with(
+                Refusal::Exactly(ErrorKind::OutputLimitExceeded),
+                std::future::ready(result),
+            )
+            .await?;
+            ensure!(
+                elapsed < Duration::from_secs(60),
+                "the flood was refused only after {elapsed:?}"
+            );
+            let growth = peak.saturating_sub(before);
+            ensure!(
+                growth <= FLOOD_RSS_ALLOWANCE,
+                "host memory grew by {growth} bytes during the flood (allowance {FLOOD_RSS_ALLOWANCE})"
+            );
+            expect_group_dead(subject, "flood.pgid", work).await?;
+            expect_handle_works(subject, work, &instance_id).await
+        })
+        .await;
+
+    suite.finish()
+}
+
+/// Acquires (key, spec), retrying a `Busy` result up to 3 times 1 s apart. A child process of
+/// `concurrent-acquires-yield-one` should acquire through this too.
+pub async fn acquire_retrying_busy(
+    backend: &dyn SandboxBackend,
+    key: &SandboxKey,
+    spec: &SandboxSpec,
+) -> Result<Arc<dyn Sandbox>, SandboxError> {
+    let mut retries = 0;
+    loop {
+        match backend.acquire(key, spec).await {
+            Err(e) if e.kind() == ErrorKind::Busy && retries < 3 => {
+                retries += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// `engine-failure-is-not-an-exit-code`, on a dedicated sandbox of `key`: after the engine removes the
+/// instance behind the handle, exec fails with one of [`HardeningHooks::gone_kinds`] and never returns an
+/// exit code; a later acquire yields a new instance. The caller disposes of `key` afterwards.
+pub async fn assert_engine_failure_is_not_an_exit_code(
+    backend: &dyn SandboxBackend,
+    key: &SandboxKey,
+    spec: &SandboxSpec,
+    hooks: &dyn HardeningHooks,
+) -> Result<ConformanceReport, ConformanceError> {
+    let capabilities = backend.declarations().capabilities.clone();
+    let mut suite = SuiteRun::start(
+        HARDENING,
+        Some(Capability::Exec),
+        &capabilities,
+        Verdict::Aggregate,
+    )?;
+    suite
+        .probe("engine-failure-is-not-an-exit-code", &[], async {
+            let sandbox = backend.acquire(key, spec).await?;
+            let old = sandbox.instance_id().to_owned();
+            hooks.remove_behind_the_handle(sandbox.as_ref()).await?;
+            let gone = hooks.gone_kinds();
+            for command in [
+                Command::argv(["true"]),
+                Command::argv(["sh", "-c", "exit 1"]),
+            ] {
+                let request = ExecRequest::new(command.clone()).timeout(Duration::from_secs(60));
+                match sandbox.exec(request).await {
+                    Ok(out) => {
+                        return Err(ProbeError::Assertion(format!(
+                            "{command:?} on a removed instance returned an exit code ({})",
+                            out.exit_code
+                        )))
+                    }
+                    Err(e) if gone.contains(&e.kind()) => {}
+                    Err(e) => {
+                        return Err(ProbeError::Assertion(format!(
+                            "{command:?} on a removed instance returned `{:?}` ({e}), expected one of {gone:?}",
+                            e.kind()
+                        )))
+                    }
+                }
+            }
+            let again = backend.acquire(key, spec).await?;
+            ensure!(
+                again.instance_id() != old,
+                "the acquire after the removal returned the removed instance {old:?}"
+            );
+            Ok(())
+        })
+        .await;
+    suite.finish()
+}
+
+/// `concurrent-acquires-yield-one`: 4 acquires of one fresh key in this process and 4 in a child process,
+/// started together, yield one instance, one engine instance and exactly one fresh creation. The caller
+/// disposes of `key` afterwards.
+pub async fn assert_concurrent_acquires_yield_one(
+    backend: &dyn SandboxBackend,
+    key: &SandboxKey,
+    spec: &SandboxSpec,
+    hooks: &dyn HardeningHooks,
+) -> Result<ConformanceReport, ConformanceError> {
+    let capabilities = backend.declarations().capabilities.clone();
+    let mut suite = SuiteRun::start(HARDENING, None, &capabilities, Verdict::Aggregate)?;
+    suite
+        .probe("concurrent-acquires-yield-one", &[], async {
+            let one = || async {
+                acquire_retrying_busy(backend, key, spec)
+                    .await
+                    .map(|s| AcquireOutcome {
+                        instance_id: s.instance_id().to_owned(),
+                        freshly_created: s.freshly_created(),
+                    })
+                    .map_err(|e| e.kind())
+            };
+            let (a, b, c, d, child) = tokio::join!(
+                one(),
+                one(),
+                one(),
+                one(),
+                hooks.acquire_in_child_process(key, spec, ACQUIRES_PER_PROCESS)
+            );
+            let child = child?;
+            ensure!(
+                child.len() == ACQUIRES_PER_PROCESS,
+                "the child process reported {} acquires, not {ACQUIRES_PER_PROCESS}",
+                child.len()
+            );
+            let all: Vec<Result<AcquireOutcome, ErrorKind>> =
+                [a, b, c, d].into_iter().chain(child).collect();
+            let mut outcomes = Vec::new();
+            for (i, result) in all.into_iter().enumerate() {
+                let side = if i < ACQUIRES_PER_PROCESS {
+                    "this process"
+                } else {
+                    "the child process"
+                };
+                match result {
+                    Ok(outcome) => outcomes.push(outcome),
+                    Err(kind) => {
+                        return Err(ProbeError::Assertion(format!(
+                            "an acquire in {side} failed with `{kind:?}`"
+                        )))
+                    }
+                }
+            }
+            let ids: BTreeSet<&str> = outcomes.iter().map(|o| o.instance_id.as_str()).collect();
+            ensure!(ids.len() == 1, "the acquires yielded instances {ids:?}");
+            let fresh = outcomes.iter().filter(|o| o.freshly_created).count();
+            ensure!(
+                fresh == 1,
+                "{fresh} acquires report that they created the instance"
+            );
+            let engine = hooks.engine_instances_for(key, spec).await?;
+            ensure!(
+                engine == 1,
+                "the engine holds {engine} instances of the key"
+            );
+            Ok(())
+        })
+        .await;
+    suite.finish()
+}
+
+/// A fresh random 32-hex token (the standard library's randomly keyed hasher; no crate needed).
+fn fresh_token() -> String {
+    let half = || {
+        let mut h = RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default(),
+        );
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(), half())
+}
+
+/// Serves `token` to every HTTP request on `listener` until dropped.
+struct TokenServer {
+    address: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TokenServer {
+    async fn start(ip: IpAddr, token: String) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).await?;
+        let address = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let token = token.clone();
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    // Read the request head (bounded), then answer whatever it asked.
+                    while request.len() < 8192 && !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let response = format!(
+                        "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{token}",
+                        token.len()
+                    );
+                    let _ = stream.write_all(response.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Ok(TokenServer { address, task })
+    }
+}
+
+impl Drop for TokenServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The host itself fetches the token: the control that makes a guest's silence meaningful.
+async fn host_fetch(address: SocketAddr) -> std::io::Result<Vec<u8>> {
+    let fetch = async {
+        let mut stream = TcpStream::connect(address).await?;
+        stream
+            .write_all(format!("GET / HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+            .await?;
+        let mut body = Vec::new();
+        stream.read_to_end(&mut body).await?;
+        Ok(body)
+    };
+    tokio::time::timeout(Duration::from_secs(5), fetch)
+        .await
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the host's own fetch timed out",
+            ))
+        })
+}
+
+/// `network-closed-by-content`, on a sandbox of its own acquired with egress closed: a token served by
+/// this host on `host_address` (an address the engine routes to; never public) must never appear in the
+/// guest's output, whatever curl's exit code. The host's own fetch must see it, or the probe is a
+/// harness error. Needs `curl` in the image.
+pub async fn assert_network_closed_by_content(
+    subject: &dyn ConformanceSubject,
+    host_address: IpAddr,
+) -> Result<ConformanceReport, ConformanceError> {
+    let mut suite = SuiteRun::start(
+        HARDENING,
+        Some(Capability::Exec),
+        subject.capabilities(),
+        Verdict::Aggregate,
+    )?;
+    let paths = ConformancePaths::under(subject.working_directory());
+    plant_nothing(subject, &paths).await?;
+    let work = paths.work.as_str();
+    suite
+        .probe("network-closed-by-content", &[], async {
+            let token = fresh_token();
+            let server = TokenServer::start(host_address, token.clone())
+                .await
+                .map_err(|e| ProbeError::Harness(format!("serving on {host_address}: {e}")))?;
+            let seen = host_fetch(server.address)
+                .await
+                .map_err(|e| ProbeError::Harness(format!("the host's own fetch failed: {e}")))?;
+            if !contains(&seen, token.as_bytes()) {
+                return Err(ProbeError::Harness(
+                    "the host's own fetch did not see the token".into(),
+                ));
+            }
+            let url = format!("http://{}/", server.address);
+            let line = format!(
+                "curl -s --max-time 5 {url}; curl -s --max-time 5 --noproxy '*' {url}; exit 0"
+            );
+            let request = ExecRequest::new(Command::argv(["sh", "-c", &line]))
+                .working_directory(work)
+                .timeout(Duration::from_secs(30));
+            let out = subject.sandbox().exec(request).await?;
+            ensure!(
+                !contains(&out.stdout, token.as_bytes())
+                    && !contains(&out.stderr, token.as_bytes()),
+                "the guest fetched the host's token with egress closed"
+            );
+            drop(server);
+            Ok(())
+        })
+        .await;
+    suite.finish()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Refuses a spec that is not egress-closed for the network probe's own sandbox.
+pub(crate) fn require_closed_egress(spec: &SandboxSpec) -> Result<(), ConformanceError> {
+    if spec.egress() != Egress::Closed {
+        return Err(ConformanceError::harness(
+            HARDENING,
+            format!(
+                "network-closed-by-content needs an egress-closed spec, not {}",
+                spec.egress()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_fresh_hex() {
+        let (a, b) = (fresh_token(), fresh_token());
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn the_poll_script_uses_the_portable_kill_form() {
+        let script = group_death_poll("flood.pgid");
+        assert!(script.contains("kill -0 -\"$p\""));
+        assert!(!script.contains("kill -0 --"));
+        assert!(script.starts_with("p=$(cat flood.pgid);"));
+    }
+
+    #[tokio::test]
+    async fn the_token_server_answers_the_host() {
+        let server = TokenServer::start("127.0.0.1".parse().unwrap(), "abc123".into())
+            .await
+            .unwrap();
+        let body = host_fetch(server.address).await.unwrap();
+        assert!(contains(&body, b"\r\n\r\nabc123"));
+    }
+}

@@ -1,0 +1,116 @@
+//! Shared conformance suites that attack any sandbox backend the same way, against a real engine.
+//!
+//! The crate knows only the core traits ([`Sandbox`](sandbox_core::Sandbox),
+//! [`SandboxBackend`](sandbox_core::SandboxBackend)); a backend's live test module calls it with its own
+//! backend. Every probe of the reference suites is kept with its fixture names and bytes, plus the
+//! project's own HARDENING probes. A run reports **every** probe: passed, failed with a reason, or
+//! skipped because the backend does not declare a capability (a skip in CI is a bug:
+//! [`ConformanceReport::assert_all_passed`] refuses it).
+//!
+//! What it does:
+//! - the harness: a [`ConformanceSubject`] with planting seams, [`PosixGuestSubject`] filling them through
+//!   the sandbox's own surface, [`ConformancePaths`], suite gates refused before anything is planted,
+//!   per-probe capability skips, failures aggregated into one [`ConformanceError::ConformanceFailure`],
+//!   and [`refused_with`] with the reference's exception classes translated to [`Refusal`]s;
+//! - the suites: storage base, fresh acquire, instance disposal, FILES_OUT, FILES_IN, EXEC, FILES_DELETE
+//!   (and its verdict-free measurement), RECLAIM, REACH, EGRESS (and EGRESS_METHODS), CALL_SCOPE and
+//!   HARDENING;
+//! - [`run_backend_suites`]: every file and exec suite against one backend, in the required order.
+//!
+//! What it does not do: it names no concrete backend, starts no engine and builds no image; it does not
+//! port the program-channel suite (out of scope) nor the optional CONFINEMENT fingerprint suite (an
+//! engine-side fingerprint of changed paths and running programs, which needs engine access this crate
+//! does not have); EGRESS needs URLs the caller serves, so [`run_backend_suites`] does not run it.
+//!
+//! # Example
+//!
+//! A backend's live test (compiled, not run here: it needs an engine):
+//!
+//! ```no_run
+//! use conformance::{run_backend_suites, ConformanceError, RunOptions};
+//! use sandbox_core::{SandboxBackend, SandboxKey, SandboxSpec};
+//!
+//! async fn live_suite(backend: &dyn SandboxBackend) -> Result<(), ConformanceError> {
+//!     let scope = format!("conformance-{}", std::process::id());
+//!     let mut keys = |purpose: &str| SandboxKey::conversation(scope.clone(), purpose, "agent");
+//!     let spec = SandboxSpec::builder("conformance").image("maf-sandbox-test:bookworm");
+//!     let options = RunOptions {
+//!         exec_cleanup_allowance: std::time::Duration::from_secs(15),
+//!         ..RunOptions::default()
+//!     };
+//!     let report = run_backend_suites(backend, &mut keys, spec, options).await?;
+//!     println!("{report}");
+//!     report.assert_all_passed()
+//! }
+//! ```
+//!
+//! The pieces run alone too; the refusal matcher, for instance:
+//!
+//! ```
+//! use conformance::{refused_with, ConformancePaths, Refusal};
+//! use sandbox_core::{ErrorKind, SandboxError};
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let escape = async { Err::<(), _>(SandboxError::confinement("../x", "outside")) };
+//! let error = refused_with(Refusal::Confinement, escape).await.expect("refused as expected");
+//! assert_eq!(error.kind(), ErrorKind::Confinement);
+//! // Python's OSError is the whole I/O family, never a timeout.
+//! assert!(Refusal::AnyIo.accepts(ErrorKind::NotRegularFile));
+//! assert!(!Refusal::AnyIo.accepts(ErrorKind::Timeout));
+//! # });
+//! assert_eq!(ConformancePaths::under("/w").beyond("t"), "../w-outside/t");
+//! ```
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+
+mod backend_run;
+mod call_scope;
+mod egress;
+mod error;
+mod exec;
+mod files_delete;
+mod files_in;
+mod files_out;
+mod fixtures;
+mod hardening;
+mod lifecycle;
+mod paths;
+mod probe_kit;
+mod reach;
+mod reclaim;
+mod report;
+mod storage_base;
+mod subject;
+mod suite_runner;
+
+pub use backend_run::{run_backend_suites, RunOptions, CLEANUP};
+pub use call_scope::{assert_call_scope, CALL_SCOPE, CALL_SCOPE_PROBES};
+pub use egress::{assert_egress, assert_egress_methods, EGRESS, EGRESS_METHODS};
+pub use error::ConformanceError;
+pub use exec::{assert_exec, EXEC, EXEC_PROBES, MAX_EXEC_CLEANUP_ALLOWANCE};
+pub use files_delete::{
+    assert_files_delete, measure_files_delete, FILES_DELETE, FILES_DELETE_PROBES,
+};
+pub use files_in::{assert_files_in, FILES_IN, FILES_IN_PROBES};
+pub use files_out::{assert_files_out, FILES_OUT, FILES_OUT_PROBES};
+pub use fixtures::{
+    binary, EGRESS_EXEC_TIMEOUT, EXPLICIT_STORAGE_BASE, INSIDE, PROBE_EXEC_TIMEOUT, READ_CAP,
+    RECLAIM_TIMEOUT, SECRET,
+};
+pub use hardening::{
+    acquire_retrying_busy, assert_concurrent_acquires_yield_one,
+    assert_engine_failure_is_not_an_exit_code, assert_hardening, assert_network_closed_by_content,
+    group_death_poll, AcquireOutcome, HardeningHooks, ACQUIRES_PER_PROCESS, FLOOD_RSS_ALLOWANCE,
+    HARDENING, HARDENING_SHARED_PROBES,
+};
+pub use lifecycle::{
+    assert_fresh_acquire, assert_instance_disposal, instance_is_listed, FRESH_ACQUIRE,
+    INSTANCE_DISPOSAL,
+};
+pub use paths::ConformancePaths;
+pub use reach::{assert_reach, REACH, REACH_PROBES};
+pub use reclaim::{assert_reclaim, RECLAIM, RECLAIM_PROBES};
+pub use report::{ConformanceReport, ProbeOutcome, ProbeReport};
+pub use storage_base::{assert_storage_base, STORAGE_BASE, STORAGE_BASE_STEPS};
+pub use subject::{ConformanceSubject, PosixGuestSubject};
+pub use suite_runner::{refused_with, Refusal, RefusalMismatch};
