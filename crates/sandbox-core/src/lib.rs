@@ -37,7 +37,10 @@ mod hygiene;
 mod isolation;
 mod key;
 mod limits;
+mod router;
 mod spec;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod wire;
 // Pure helpers (paths, naming, hygiene lists).
 mod credential_paths;
@@ -60,6 +63,9 @@ pub use hygiene::is_secret_name;
 pub use isolation::{Isolation, IsolationScope, OsFamily};
 pub use key::SandboxKey;
 pub use limits::{SandboxLimits, TransferLimits, DEFAULT_TRANSFER_LIMITS};
+pub use router::{
+    FailedCleanup, Router, RouterConfig, Selection, UncleanTarget, DEFAULT_CLEANUP_TIMEOUT,
+};
 pub use spec::{SandboxSpec, SandboxSpecBuilder, DEFAULT_WORK_DIR};
 // Pure helper re-exports.
 pub use credential_paths::{
