@@ -120,8 +120,9 @@ pub fn confine(path: &str, wd: &str) -> Result<String, SandboxError> {
 /// The directories a walk must stat for `guest_path` under `wd`, outermost first.
 ///
 /// Every prefix of `norm(wd)` from the first component below `/` down to `wd` itself, then each further
-/// component of `guest_path` below `wd` (a relative `guest_path` is taken relative to `wd`). `/` is never
-/// listed. Components of a `guest_path` outside `wd` are never listed: confine it first.
+/// component of `guest_path` below `wd`. A relative `guest_path` is taken relative to `wd`, as [`confine`]
+/// takes it: pass the caller's path, or an absolute one. `/` is never listed. Components of a `guest_path`
+/// outside `wd` are never listed: confine it first.
 ///
 /// ```
 /// use sandbox_core::guest_path_ancestors as ancestors;
@@ -132,15 +133,19 @@ pub fn ancestors(guest_path: &str, wd: &str) -> Vec<String> {
     let wd = norm(wd);
     let resolved = norm(&join(&wd, guest_path));
     let below = relative_to(&resolved, &wd).unwrap_or_default();
+    component_chain(&wd, &below)
+}
 
+/// Every prefix of the normalised `wd` (below `/`), then of `wd` extended by each component of `below`.
+fn component_chain(wd: &str, below: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let mut current = match wd.as_str() {
-        "/" => "/".to_owned(),
-        _ if wd.starts_with('/') => "/".to_owned(),
-        _ => String::new(),
+    let mut current = if wd.starts_with('/') {
+        "/".to_owned()
+    } else {
+        String::new()
     };
     let wd_components = wd.split('/').filter(|c| !c.is_empty() && *c != ".");
-    let below_components = below.split('/').filter(|c| !c.is_empty());
+    let below_components = below.split('/').filter(|c| !c.is_empty() && *c != ".");
     for component in wd_components.chain(below_components) {
         if !(current.is_empty() || current.ends_with('/')) {
             current.push('/');
@@ -149,11 +154,6 @@ pub fn ancestors(guest_path: &str, wd: &str) -> Vec<String> {
         out.push(current.clone());
     }
     out
-}
-
-/// The parent of a normalised path, lexically (`/` is its own parent).
-fn parent(resolved: &str) -> String {
-    norm(&format!("{resolved}/.."))
 }
 
 /// What one stat in a walk is asked to decide.
@@ -202,12 +202,16 @@ fn judge(
 
 /// The stats one policy needs, outermost first.
 fn plan(resolved: &str, wd: &str, include_self: bool, write_leaf: bool) -> Vec<(String, Role)> {
-    let deepest = if include_self {
-        resolved.to_owned()
-    } else {
-        parent(resolved)
+    // Work from the remainder below wd rather than re-joining `resolved`: with a relative wd, the resolved
+    // path is itself relative and would otherwise be taken relative to wd a second time.
+    let wd_norm = norm(wd);
+    let below = relative_to(resolved, &wd_norm).unwrap_or_default();
+    let deepest_below = match (include_self, below.rsplit_once('/')) {
+        (true, _) => below.as_str(),
+        (false, Some((parent, _))) => parent,
+        (false, None) => "",
     };
-    let mut steps: Vec<(String, Role)> = ancestors(&deepest, wd)
+    let mut steps: Vec<(String, Role)> = component_chain(&wd_norm, deepest_below)
         .into_iter()
         .map(|p| (p, Role::Ancestor))
         .collect();
@@ -624,6 +628,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(seen, ["/srv", "/srv/w", "/srv/w/nope"]);
+    }
+
+    #[test]
+    fn walk_under_a_relative_wd_does_not_rejoin() {
+        let mut seen = Vec::new();
+        let resolved = check_list(
+            |p: &str| {
+                seen.push(p.to_owned());
+                Ok(Some(D))
+            },
+            "a/b",
+            "w",
+        )
+        .unwrap();
+        assert_eq!(resolved, "w/a/b");
+        assert_eq!(seen, ["w", "w/a", "w/a/b"]);
+        assert_eq!(ancestors("a", "."), ["a"]);
+        assert!(ancestors("", ".").is_empty());
     }
 
     #[test]

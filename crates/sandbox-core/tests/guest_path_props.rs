@@ -177,7 +177,19 @@ fn guest_tree() -> impl Strategy<Value = HashMap<String, EntryKind>> {
     ];
     let path = prop::collection::vec(prop_oneof![Just("w"), Just("a"), Just("b")], 1..5)
         .prop_map(|c| format!("/{}", c.join("/")));
-    prop::collection::hash_map(path, kind, 0..24)
+    prop::collection::hash_map(path, kind, 0..24).prop_map(|raw| {
+        // Keep only what a real file system could hold: every proper ancestor of an entry is a directory.
+        let consistent = |p: &String| {
+            let components: Vec<&str> = p.split('/').skip(1).collect();
+            (1..components.len()).all(|n| {
+                raw.get(&format!("/{}", components[..n].join("/"))) == Some(&EntryKind::Directory)
+            })
+        };
+        raw.iter()
+            .filter(|(p, _)| consistent(p))
+            .map(|(p, k)| (p.clone(), *k))
+            .collect()
+    })
 }
 
 /// The model of the walk: the first non-directory among `chain`, judged.
@@ -193,15 +205,15 @@ fn model_walk(tree: &HashMap<String, EntryKind>, chain: &[String]) -> Result<(),
     Ok(())
 }
 
+/// The future of one stat in these tests.
+type StatFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<EntryKind>, SandboxError>>>>;
+
 /// An async stat that finishes after a per-path number of yields, so completion order is shuffled.
 fn shuffled_stat(
     tree: &HashMap<String, EntryKind>,
     delays: &[u8],
-) -> impl FnMut(
-    String,
-) -> std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<Option<EntryKind>, SandboxError>>>,
-> {
+) -> impl FnMut(String) -> StatFuture {
     let tree = tree.clone();
     let delays = delays.to_vec();
     let mut calls = 0usize;

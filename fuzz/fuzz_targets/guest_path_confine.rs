@@ -1,0 +1,37 @@
+//! Guest-path confinement: `confine` never panics, and every path it accepts lies within the working
+//! directory, holds no backslash and is in normal form.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use sandbox_core::{confine, guest_path_ancestors, guest_path_norm, guest_path_relative_to};
+
+#[derive(Debug, arbitrary::Arbitrary)]
+struct Input {
+    path: String,
+    wd: String,
+}
+
+fuzz_target!(|input: Input| {
+    let Input { path, wd } = input;
+    let Ok(resolved) = confine(&path, &wd) else {
+        return;
+    };
+    assert!(
+        !path.contains('\\'),
+        "a backslash path was accepted: {path:?}"
+    );
+    assert!(
+        guest_path_relative_to(&resolved, &wd).is_some(),
+        "{path:?} under {wd:?} resolved to {resolved:?}, outside the working directory"
+    );
+    assert_eq!(
+        guest_path_norm(&resolved),
+        resolved,
+        "the result is normalised"
+    );
+    // The walk for the caller's path ends at the resolved path (or lists nothing for the root).
+    let chain = guest_path_ancestors(&path, &wd);
+    if resolved != "/" && resolved != "." {
+        assert_eq!(chain.last(), Some(&resolved), "{chain:?}");
+    }
+});
