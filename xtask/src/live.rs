@@ -102,6 +102,7 @@ fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
         })?;
     let skipped = skipped_count(summary);
     if skipped > 0 {
+        report_leftovers(&left);
         let names: BTreeSet<&str> = teed
             .kept
             .iter()
