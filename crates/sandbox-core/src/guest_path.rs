@@ -8,7 +8,10 @@
 //! only separator and a backslash is refused outright, because a Windows guest or a careless backend would
 //! read it as one.
 //!
-//! Nothing here performs I/O: the stat is the caller's closure.
+//! Nothing here performs I/O: the stat is the caller's closure. These checks run before the method acts, so
+//! a guest may swap a checked component for a link in between; the backend's act must still reach nothing
+//! the guest program itself could not (held handles, acting with the guest's own authority, or a frozen
+//! guest).
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
