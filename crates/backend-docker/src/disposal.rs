@@ -1,0 +1,229 @@
+//! Listing and disposal from the engine's labels (docker.md §10): `list`, `dispose`,
+//! `dispose_scope`. Ownership is read back from the engine, never from process memory, so another
+//! process's sandboxes are found too. Disposal never raises.
+
+use exec_wrapper::ExitKind;
+use sandbox_core::{
+    decode_docker_key_label, fold, is_digest_label, DisposalCode, DisposalFailure, DisposeSelector,
+    SandboxError, SandboxKey, SandboxState, SandboxSummary, ScopePurge, LABEL_AGENT, LABEL_CALL,
+    LABEL_KEY_V1, LABEL_KIND, LABEL_SCOPE, LABEL_THREAD,
+};
+
+use crate::cli_seam::{tail, CallShape};
+use crate::engine_calls::{join_all, Removal, Shared};
+use crate::ownership_labels::{ContainerRecord, Selection, PROXY_SUFFIX};
+
+/// How many removals run at once.
+const REMOVAL_CONCURRENCY: usize = 4;
+
+impl Shared {
+    /// `docker ps -a` by label: `(id, name)` of every container the selection names.
+    async fn listing(&self, selection: &Selection) -> Result<Vec<(String, String)>, SandboxError> {
+        let mut args: Vec<String> = ["ps", "-a", "--no-trunc", "--format", "{{.ID}}\t{{.Names}}"]
+            .map(str::to_owned)
+            .to_vec();
+        args.extend(selection.filter_args());
+        let output = self
+            .cli
+            .run_management(
+                "docker ps",
+                args,
+                CallShape::management(self.config.command_timeout),
+            )
+            .await?;
+        if output.status != ExitKind::Exited(0) {
+            return Err(self.engine_failure("docker ps", &output.stderr));
+        }
+        let text = String::from_utf8_lossy(&output.stdout);
+        let mut found = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let Some((id, name)) = line.split_once('\t') else {
+                return Err(SandboxError::engine(format!(
+                    "docker ps answered in an unknown shape: {}",
+                    tail(line.as_bytes())
+                )));
+            };
+            found.push((id.trim().to_owned(), name.trim().to_owned()));
+        }
+        Ok(found)
+    }
+
+    /// Workloads only: phase-2 proxies are never selected as workloads.
+    fn workloads(listed: Vec<(String, String)>) -> Vec<(String, String)> {
+        listed
+            .into_iter()
+            .filter(|(_, name)| !name.ends_with(PROXY_SUFFIX))
+            .collect()
+    }
+
+    /// core.md rule 35's `list` (docker.md rule 36).
+    pub(crate) async fn list_sandboxes(
+        &self,
+        scope: &str,
+        thread: Option<&str>,
+    ) -> Result<Vec<SandboxSummary>, SandboxError> {
+        let selection = Selection {
+            scope: scope.to_owned(),
+            thread: thread.map(str::to_owned),
+            ..Selection::default()
+        };
+        let listed = Self::workloads(self.listing(&selection).await?);
+        let ids: Vec<String> = listed.into_iter().map(|(id, _)| id).collect();
+        let records = self.inspect_many(&ids).await?;
+        let mut summaries: Vec<SandboxSummary> =
+            records.iter().map(|record| self.summary(record)).collect();
+        summaries.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
+        Ok(summaries)
+    }
+
+    fn summary(&self, record: &ContainerRecord) -> SandboxSummary {
+        let labels = record.labels();
+        let readable = |label: &str| -> Option<String> {
+            labels
+                .get(label)
+                .filter(|value| !is_digest_label(value))
+                .cloned()
+        };
+        let key = labels
+            .get(LABEL_KEY_V1)
+            .filter(|label| !label.is_empty())
+            .and_then(|label| decode_docker_key_label(label))
+            .or_else(|| {
+                let call = match labels.get(LABEL_CALL) {
+                    None => Some(String::new()),
+                    Some(_) => readable(LABEL_CALL),
+                };
+                Some(SandboxKey {
+                    scope: readable(LABEL_SCOPE)?,
+                    thread_id: readable(LABEL_THREAD)?,
+                    agent_id: readable(LABEL_AGENT)?,
+                    call_id: call?,
+                })
+            });
+        let state = if self.is_retired(&record.id) {
+            SandboxState::Retired
+        } else {
+            match record.status() {
+                "running" => SandboxState::Running,
+                "created" | "exited" => SandboxState::Stopped,
+                other => SandboxState::Other(other.to_owned()),
+            }
+        };
+        SandboxSummary {
+            key,
+            kind: readable(LABEL_KIND),
+            instance_id: record.id.clone(),
+            created: record.created_at(),
+            state,
+        }
+    }
+
+    /// Removes each id, a few at a time; returns how many removals echoed their id, and the
+    /// failures.
+    async fn remove_all(&self, ids: Vec<String>) -> (u32, Vec<DisposalFailure>) {
+        let mut removed = 0u32;
+        let mut failures = Vec::new();
+        for chunk in ids.chunks(REMOVAL_CONCURRENCY) {
+            let results = join_all(chunk.iter().map(|id| self.remove(id)).collect()).await;
+            for result in results {
+                match result {
+                    Ok(Removal::Removed) => removed += 1,
+                    Ok(Removal::Absent) => {}
+                    Err(failure) => failures.push(failure),
+                }
+            }
+        }
+        (removed, failures)
+    }
+
+    /// Ids to sweep for a selection: the engine's listing, or, when it fails, what this process
+    /// remembers (reported as `unlisted` either way).
+    async fn sweep_targets(&self, selection: &Selection) -> (Vec<String>, Option<DisposalFailure>) {
+        match self.listing(selection).await {
+            Ok(listed) => (
+                Self::workloads(listed)
+                    .into_iter()
+                    .map(|(id, _)| id)
+                    .collect(),
+                None,
+            ),
+            Err(error) => {
+                let remembered = self
+                    .remembered_matching(|r| selection.matches(&r.key, &r.kind))
+                    .into_iter()
+                    .map(|(_, r)| r.id)
+                    .collect();
+                (
+                    remembered,
+                    Some(DisposalFailure::new(
+                        DisposalCode::Unlisted,
+                        format!("the engine's listing failed: {error}"),
+                    )),
+                )
+            }
+        }
+    }
+
+    /// `dispose(key, selector)` (docker.md rules 37–38). Never raises.
+    pub(crate) async fn dispose_key(
+        &self,
+        key: &SandboxKey,
+        selector: &DisposeSelector,
+    ) -> Option<DisposalFailure> {
+        if let Some(instance) = &selector.instance_id {
+            return self
+                .dispose_instance(key, selector.kind.as_deref(), instance)
+                .await;
+        }
+        let selection = Selection::of_key(key, selector.kind.as_deref());
+        let (ids, unlisted) = self.sweep_targets(&selection).await;
+        let (_, mut failures) = self.remove_all(ids).await;
+        failures.extend(unlisted);
+        fold(failures)
+    }
+
+    async fn dispose_instance(
+        &self,
+        key: &SandboxKey,
+        kind: Option<&str>,
+        id: &str,
+    ) -> Option<DisposalFailure> {
+        let record = match self.inspect(id).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return None,
+            Err(error) => return Some(failure_of(&error, id)),
+        };
+        // A stale id never selects a replacement: the removal is by this id, after the labels
+        // were found to name this key.
+        if !record.owned_by(key, kind) || record.bare_name().ends_with(PROXY_SUFFIX) {
+            return None;
+        }
+        self.remove(&record.id).await.err()
+    }
+
+    /// `dispose_scope` (docker.md rule 39). Never raises.
+    pub(crate) async fn dispose_conversation(&self, scope: &str, thread: &str) -> ScopePurge {
+        let selection = Selection {
+            scope: scope.to_owned(),
+            thread: Some(thread.to_owned()),
+            ..Selection::default()
+        };
+        let (ids, unlisted) = self.sweep_targets(&selection).await;
+        let (disposed, mut failures) = self.remove_all(ids).await;
+        failures.extend(unlisted);
+        ScopePurge {
+            disposed,
+            undisposed: fold(failures),
+        }
+    }
+}
+
+/// A failed engine call during disposal, as a disposal code (docker.md rule 40).
+fn failure_of(error: &SandboxError, id: &str) -> DisposalFailure {
+    let code = match error {
+        SandboxError::BackendUnavailable { .. } => DisposalCode::Unreachable,
+        SandboxError::EngineTimeout { .. } => DisposalCode::Timeout,
+        _ => DisposalCode::Unknown,
+    };
+    DisposalFailure::new(code, format!("{id}: {error}"))
+}

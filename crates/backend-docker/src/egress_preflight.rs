@@ -1,0 +1,203 @@
+//! The egress preflight (host-hygiene.md §4): prove from inside a closed sandbox, by content, that
+//! it reaches nothing. Fails closed: a probe that cannot run refuses the sandbox too.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use exec_wrapper::ExitKind;
+use sandbox_core::SandboxError;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::cli_seam::{tail, CallShape, SMALL_BUDGET};
+use crate::engine_calls::{GuestCall, GuestEnd, Shared};
+
+/// The whole probe's bound.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The probe's verdict exit: the sandbox reached something.
+const REACHED: i32 = 86;
+
+/// One command, every proxy variable removed and curl's own config ignored; `$1` by address,
+/// `$2` by name, `$3` the token server, `$4` the token.
+const PROBE_SCRIPT: &str = r#"unset HTTP_PROXY HTTPS_PROXY ALL_PROXY NO_PROXY http_proxy https_proxy all_proxy no_proxy
+command -v curl >/dev/null 2>&1 || exit 127
+for u in "$1" "$2"; do
+  if curl --disable --fail --silent --insecure --max-time 3 -o /dev/null "$u"; then exit 86; fi
+done
+out=$(curl --disable --silent --insecure --max-time 3 "$3" 2>/dev/null)
+case $out in *"$4"*) exit 86 ;; esac
+exit 0
+"#;
+
+/// Runs the preflight against a freshly created sandbox.
+pub(crate) async fn verify(shared: &Arc<Shared>, id: &str) -> Result<(), SandboxError> {
+    let address = match shared.config.egress_probe.token_server {
+        Some(address) => address,
+        None => bridge_gateway(shared).await?,
+    };
+    let token = fresh_token()?;
+    let server = TokenServer::start(address, token.clone()).await?;
+    let url = format!("http://{}/", server.address);
+    // The host's own fetch must see the token, or the preflight proves nothing.
+    if !host_fetch(server.address)
+        .await
+        .is_some_and(|body| body.contains(&token))
+    {
+        return Err(SandboxError::engine(format!(
+            "egress preflight: the host could not fetch its own token from {url}"
+        )));
+    }
+    let probe = &shared.config.egress_probe;
+    let argv = [
+        "sh",
+        "-c",
+        PROBE_SCRIPT,
+        "maf-egress",
+        probe.by_address.as_str(),
+        probe.by_name.as_str(),
+        url.as_str(),
+        token.as_str(),
+    ];
+    let call = GuestCall::internal("/", &argv, SMALL_BUDGET as u64, PROBE_TIMEOUT);
+    let end = shared.run_guest(id, call).await;
+    drop(server);
+    match end? {
+        GuestEnd::Ran(output) if output.exit_code == 0 => Ok(()),
+        GuestEnd::Ran(output) if output.exit_code == REACHED => Err(SandboxError::HostNotConfined(
+            "the sandbox reached the network although its egress is closed".to_owned(),
+        )),
+        GuestEnd::Ran(output) => Err(SandboxError::engine(format!(
+            "the egress preflight could not run (exit {}), so egress is unverified: {}",
+            output.exit_code,
+            tail(&output.stderr)
+        ))),
+        GuestEnd::Expired(_) | GuestEnd::Overflowed(_) => Err(SandboxError::engine(
+            "the egress preflight did not finish within 10 s, so egress is unverified",
+        )),
+    }
+}
+
+fn fresh_token() -> Result<String, SandboxError> {
+    let a = exec_wrapper::new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
+    let b = exec_wrapper::new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
+    Ok(format!("{}{}", a.as_str(), b.as_str())[..32].to_owned())
+}
+
+/// The default bridge's gateway: an address the engine can route to, on this host.
+async fn bridge_gateway(shared: &Shared) -> Result<IpAddr, SandboxError> {
+    let output = shared
+        .cli
+        .run_management(
+            "docker network inspect bridge",
+            [
+                "network",
+                "inspect",
+                "bridge",
+                "--format",
+                "{{range .IPAM.Config}}{{.Gateway}} {{end}}",
+            ],
+            CallShape::management(shared.config.command_timeout).budget(SMALL_BUDGET),
+        )
+        .await?;
+    if output.status != ExitKind::Exited(0) {
+        return Err(shared.engine_failure("docker network inspect bridge", &output.stderr));
+    }
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .filter_map(|word| word.parse::<IpAddr>().ok())
+        .find(|ip| !ip.is_unspecified())
+        .ok_or_else(|| SandboxError::engine("the default bridge reports no gateway address"))
+}
+
+/// Serves one token over plain HTTP on one address (never a wildcard) until dropped.
+struct TokenServer {
+    address: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TokenServer {
+    async fn start(ip: IpAddr, token: String) -> Result<TokenServer, SandboxError> {
+        if ip.is_unspecified() {
+            return Err(SandboxError::invalid(
+                "the egress token server never binds a wildcard address",
+            ));
+        }
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .await
+            .map_err(|source| SandboxError::Io {
+                operation: "bind the egress token server",
+                path: ip.to_string(),
+                source,
+            })?;
+        let address = listener.local_addr().map_err(|source| SandboxError::Io {
+            operation: "bind the egress token server",
+            path: ip.to_string(),
+            source,
+        })?;
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let token = token.clone();
+                tokio::spawn(async move {
+                    let mut request = [0u8; 1024];
+                    let _ = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut request))
+                        .await;
+                    let response = format!(
+                        "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{token}",
+                        token.len()
+                    );
+                    let _ = stream.write_all(response.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Ok(TokenServer { address, task })
+    }
+}
+
+impl Drop for TokenServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The host's control fetch of its own token server.
+async fn host_fetch(address: SocketAddr) -> Option<String> {
+    let fetch = async {
+        let mut stream = TcpStream::connect(address).await.ok()?;
+        stream
+            .write_all(format!("GET / HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut body = Vec::new();
+        stream.read_to_end(&mut body).await.ok()?;
+        Some(String::from_utf8_lossy(&body).into_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(3), fetch)
+        .await
+        .ok()
+        .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_token_server_serves_its_token_on_its_address_only() {
+        let token = fresh_token().unwrap();
+        assert_eq!(token.len(), 32);
+        assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
+        let server = TokenServer::start("127.0.0.1".parse().unwrap(), token.clone())
+            .await
+            .unwrap();
+        assert!(server.address.ip().is_loopback());
+        let body = host_fetch(server.address).await.unwrap();
+        assert!(body.starts_with("HTTP/1.0 200 OK"));
+        assert!(body.ends_with(&token));
+        assert!(TokenServer::start("0.0.0.0".parse().unwrap(), token)
+            .await
+            .is_err());
+    }
+}
