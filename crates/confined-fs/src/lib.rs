@@ -89,11 +89,20 @@
 //! - **Windows hosts**: no Windows walk ships. The Windows naming rules and the reparse-point
 //!   test ([`is_reparse_point`]) are pure functions for when one does.
 //!
+//! # Blocking and drop
+//!
+//! Every method is a short sequence of blocking system calls; there is no async API, so nothing
+//! here can be cancelled half-way by dropping a future. Run the methods on a blocking pool from
+//! async code. A [`ConfinedRoot`] holds one descriptor (the root) and closes it on drop; every
+//! other descriptor lives only within one call. A write interrupted by a panic or a killed
+//! process can leave a `.maf-sbx-<16 hex>.part` file beside its target, never a partial target.
+//!
 //! # Platforms
 //!
-//! Built for Unix (descriptor-relative calls through `rustix`); tested on Linux (x86-64, ext4
-//! and tmpfs). The alias check was exercised with a case-folding fake listing, since no
-//! case-folding file system was available to test on.
+//! Built for Unix (descriptor-relative calls through `rustix`); the walk, the property, race and
+//! fuzz tests were run on Linux 6.18, x86-64, on ext4, and the benchmark also on tmpfs. The
+//! alias check was exercised with a case-folding fake listing, since no case-folding file
+//! system was available to test on. The Windows rules build and are unit-tested everywhere.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
