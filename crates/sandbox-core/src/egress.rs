@@ -19,6 +19,7 @@ wire_enum! {
 }
 wire_from_str!(Egress, "egress");
 
+#[allow(clippy::derivable_impls)] // the wire_enum macro owns the derive list
 impl Default for Egress {
     fn default() -> Self {
         Egress::Closed
