@@ -22,6 +22,13 @@
 //! engine-side fingerprint of changed paths and running programs, which needs engine access this crate
 //! does not have); EGRESS needs URLs the caller serves, so [`run_backend_suites`] does not run it.
 //!
+//! # Cancel safety and drop
+//!
+//! Every suite is a future that calls the sandbox one step at a time. Dropping it stops the run between
+//! (or inside) calls: nothing is rolled back, so fixtures already planted stay in the sandbox until the
+//! caller disposes of it, and a dropped `exec` is cleaned up by the backend's own guarantees, not here.
+//! The HTTP server of `network-closed-by-content` stops when its probe ends or is dropped.
+//!
 //! # Example
 //!
 //! A backend's live test (compiled, not run here: it needs an engine):

@@ -1,0 +1,363 @@
+//! Tests of the harness itself against a scripted sandbox: gates, skips, aggregation, the refusal
+//! table and the POSIX seams.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::{
+    assert_egress, assert_exec, assert_files_delete, assert_files_out, assert_reach,
+    assert_reclaim, assert_storage_base, measure_files_delete, refused_with, ConformanceError,
+    ConformanceSubject, PosixGuestSubject, ProbeOutcome, Refusal, RefusalMismatch,
+    FILES_OUT_PROBES, STORAGE_BASE_STEPS,
+};
+use sandbox_core::{Capability, ErrorKind, SandboxError};
+use support::{exited, ScriptedSandbox};
+
+use Capability::{Exec, FilesDelete, FilesIn, FilesList, FilesOut, Reclaim};
+
+fn caps(list: &[Capability]) -> BTreeSet<Capability> {
+    list.iter().copied().collect()
+}
+
+fn subject(sandbox: Arc<ScriptedSandbox>, declared: &[Capability]) -> PosixGuestSubject {
+    PosixGuestSubject::new(sandbox, "/base/work", caps(declared)).expect("absolute wd")
+}
+
+#[tokio::test]
+async fn an_undeclared_gate_is_refused_before_anything_is_planted() {
+    let sandbox = ScriptedSandbox::obliging();
+    let s = subject(sandbox.clone(), &[Exec, FilesIn]);
+    for (result, suite, gate) in [
+        (assert_files_out(&s, false).await, "FILES_OUT", FilesOut),
+        (assert_files_delete(&s).await, "FILES_DELETE", FilesDelete),
+        (assert_reclaim(&s).await, "RECLAIM", Reclaim),
+    ] {
+        match result {
+            Err(ConformanceError::GateNotDeclared {
+                suite: got,
+                capability,
+            }) => {
+                assert_eq!(got, suite);
+                assert_eq!(capability, gate);
+            }
+            other => panic!("{suite}: expected GateNotDeclared, got {other:?}"),
+        }
+    }
+    let exec_less = subject(sandbox.clone(), &[FilesIn]);
+    assert!(matches!(
+        assert_exec(&exec_less).await,
+        Err(ConformanceError::GateNotDeclared {
+            capability: Exec,
+            ..
+        })
+    ));
+    assert_eq!(sandbox.calls(), Vec::<String>::new(), "nothing was planted");
+}
+
+#[tokio::test]
+async fn the_measurement_runs_without_a_gate_and_without_a_verdict() {
+    let sandbox = ScriptedSandbox::obliging();
+    let s = subject(sandbox.clone(), &[Exec, FilesIn]);
+    let report = measure_files_delete(&s).await.expect("no verdict");
+    assert_eq!(report.probes().len(), 10);
+    assert!(report.failed() > 0, "the obliging double removes nothing");
+    assert!(sandbox.calls().iter().any(|c| c.starts_with("remove ")));
+}
+
+#[tokio::test]
+async fn undeclared_probe_capabilities_are_skipped_and_plant_nothing() {
+    let sandbox = ScriptedSandbox::obliging();
+    let s = subject(sandbox.clone(), &[Exec]);
+    let report = assert_reach(&s).await.expect("skips are not failures");
+    assert_eq!(report.probes().len(), 2);
+    for probe in report.probes() {
+        assert_eq!(
+            probe.outcome,
+            ProbeOutcome::Skipped {
+                reason: "backend does not declare files_in".into()
+            }
+        );
+    }
+    assert!(
+        sandbox.calls().is_empty(),
+        "REACH planted with nothing to run"
+    );
+    assert!(matches!(
+        report.assert_no_skips(),
+        Err(ConformanceError::ProbesSkipped { skipped }) if skipped.len() == 2
+    ));
+}
+
+#[tokio::test]
+async fn failures_are_aggregated_with_every_probe_run() {
+    // Plants succeed, but every stat finds nothing and every other file call returns normally.
+    let sandbox = ScriptedSandbox::obliging();
+    let s = subject(sandbox.clone(), &[Exec, FilesIn, FilesOut]);
+    let error = assert_files_out(&s, false)
+        .await
+        .expect_err("nothing is refused");
+    let message = error.to_string();
+    let report = error
+        .report()
+        .expect("a conformance failure carries its report");
+    assert_eq!(report.probes().len(), FILES_OUT_PROBES);
+    assert_eq!(report.skipped(), 4, "the listing probes need files_list");
+    assert_eq!(report.failed(), 8);
+    assert!(
+        message.starts_with("8 of 12 FILES_OUT conformance probes failed"),
+        "{message}"
+    );
+    assert!(message
+        .contains("a-link-is-never-read: expected an I/O kind, but the call returned normally"));
+    assert!(message.contains("a-plain-parent-is-not-an-escape: expected NotADirectory"));
+    let planted: Vec<String> = sandbox
+        .calls()
+        .into_iter()
+        .filter(|c| c.starts_with("write ") || c.starts_with("exec ln"))
+        .collect();
+    assert_eq!(
+        planted,
+        [
+            "write /base/work/real/inside.txt /base/work/real",
+            "write /base/work/plain.txt /base/work",
+            "write /base/work-outside/secret.txt /base/work-outside",
+            "write /base/work-outside/sub/leaf.txt /base/work-outside/sub",
+            "exec ln -sfn /base/work-outside /base/work/link-dir /",
+            "exec ln -sfn /base/work-outside/secret.txt /base/work/link-file /",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn an_error_from_a_call_names_its_kind() {
+    let sandbox = ScriptedSandbox::new(
+        |_, _| exited(0, b""),
+        |op, path, _| match op {
+            "read" => Err(SandboxError::engine("the engine fell over")),
+            "stat" if path == "link-dir/secret.txt" => Err(SandboxError::confinement(path, "link")),
+            _ => Ok(()),
+        },
+    );
+    let s = subject(sandbox, &[Exec, FilesIn, FilesOut, FilesList]);
+    let report = assert_files_out(&s, false)
+        .await
+        .expect_err("failures")
+        .report()
+        .cloned()
+        .unwrap();
+    let read = report
+        .get("FILES_OUT", "read-through-a-linked-parent")
+        .unwrap();
+    match &read.outcome {
+        ProbeOutcome::Failed { why } => {
+            assert!(why.contains("returned `Engine`"), "{why}");
+            assert!(why.contains("the engine fell over"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        report
+            .get("FILES_OUT", "stat-through-a-linked-parent")
+            .unwrap()
+            .outcome,
+        ProbeOutcome::Passed
+    );
+}
+
+#[tokio::test]
+async fn the_refusal_table_translates_the_reference_classes() {
+    use ErrorKind::*;
+    let io = [
+        NotFound,
+        NotADirectory,
+        IsADirectory,
+        NotRegularFile,
+        GuestRefused,
+        Io,
+    ];
+    let not_io = [
+        Confinement,
+        Timeout,
+        TransferCapExceeded,
+        OutputLimitExceeded,
+        EngineTimeout,
+        InvalidArgument,
+    ];
+    for kind in io {
+        assert!(Refusal::AnyIo.accepts(kind), "{kind:?}");
+        assert!(!Refusal::Confinement.accepts(kind), "{kind:?}");
+        assert!(!Refusal::Timeout.accepts(kind), "{kind:?}");
+    }
+    for kind in not_io {
+        assert!(!Refusal::AnyIo.accepts(kind), "{kind:?}");
+    }
+    assert!(Refusal::Confinement.accepts(Confinement));
+    assert!(Refusal::NotADirectory.accepts(NotADirectory));
+    assert!(!Refusal::NotADirectory.accepts(IsADirectory));
+    assert!(Refusal::Timeout.accepts(Timeout));
+    assert!(!Refusal::Timeout.accepts(EngineTimeout));
+    assert!(Refusal::Exactly(InvalidArgument).accepts(InvalidArgument));
+
+    let normal = refused_with(Refusal::Confinement, async { Ok::<_, SandboxError>(3) }).await;
+    assert!(matches!(
+        normal,
+        Err(RefusalMismatch::ReturnedNormally {
+            expected: Refusal::Confinement
+        })
+    ));
+    let wrong = refused_with(Refusal::Confinement, async {
+        Err::<(), _>(SandboxError::NotFound { path: "x".into() })
+    })
+    .await
+    .unwrap_err();
+    assert!(wrong.to_string().contains("returned `NotFound`"), "{wrong}");
+}
+
+#[tokio::test]
+async fn exists_reads_exit_statuses_strictly() {
+    // test -e: 1, test -L: 0 → a dangling link is present.
+    let dangling = ScriptedSandbox::new(
+        |argv, _| exited(if argv[1] == "-L" { 0 } else { 1 }, b""),
+        |_, _, _| Ok(()),
+    );
+    assert!(subject(dangling, &[Exec]).exists("/x").await.unwrap());
+    let absent = ScriptedSandbox::new(|_, _| exited(1, b""), |_, _, _| Ok(()));
+    assert!(!subject(absent, &[Exec]).exists("/x").await.unwrap());
+    let broken = ScriptedSandbox::new(|_, _| exited(2, b""), |_, _, _| Ok(()));
+    let s = subject(broken, &[Exec]);
+    assert!(matches!(
+        s.exists("/x").await,
+        Err(ConformanceError::Harness { .. })
+    ));
+    assert!(s.plant_directory_the_guest_owns("/x").await.is_err());
+    assert!(s.the_guest_can_write("/x").await.is_err());
+    assert!(s.the_guest_can_delete("/x").await.is_err());
+    assert!(s.plant_symlink("/x", "/y").await.is_err());
+}
+
+#[tokio::test]
+async fn deletion_is_judged_only_after_rm_succeeds() {
+    // rm exits 0 and the path is gone afterwards.
+    let gone = ScriptedSandbox::new(
+        |argv, _| exited(if argv[0] == "rm" { 0 } else { 1 }, b""),
+        |_, _, _| Ok(()),
+    );
+    let s = subject(gone.clone(), &[Exec]);
+    assert!(s.the_guest_can_delete("/w/f").await.unwrap());
+    assert_eq!(
+        gone.calls(),
+        [
+            "exec rm -f /w/f /",
+            "exec test -e /w/f /",
+            "exec test -L /w/f /"
+        ]
+    );
+    // rm refuses: false, and absence is never asked.
+    let refused = ScriptedSandbox::new(|_, _| exited(1, b""), |_, _, _| Ok(()));
+    let s = subject(refused.clone(), &[Exec]);
+    assert!(!s.the_guest_can_delete("/w/f").await.unwrap());
+    assert_eq!(refused.calls(), ["exec rm -f /w/f /"]);
+    // mkdir: 0 true, 1 false.
+    let mkdir = ScriptedSandbox::new(|_, _| exited(1, b""), |_, _, _| Ok(()));
+    assert!(!subject(mkdir, &[Exec])
+        .plant_directory_the_guest_owns("/w/d")
+        .await
+        .unwrap());
+}
+
+#[tokio::test]
+async fn a_relative_subject_directory_is_refused() {
+    let result = PosixGuestSubject::new(ScriptedSandbox::obliging(), "work", caps(&[Exec]));
+    assert!(matches!(result, Err(ConformanceError::InvalidArgument(_))));
+    let base =
+        PosixGuestSubject::in_storage_base(ScriptedSandbox::obliging(), caps(&[Exec])).unwrap();
+    assert_eq!(base.working_directory(), "/base/work");
+}
+
+#[tokio::test]
+async fn the_storage_base_stops_at_its_first_failure() {
+    let sandbox = ScriptedSandbox::new(|_, _| exited(1, b""), |_, _, _| Ok(()));
+    let all = caps(&[Exec, FilesIn, FilesOut, FilesList, FilesDelete, Reclaim]);
+    let error = assert_storage_base(sandbox.as_ref(), &all)
+        .await
+        .expect_err("pwd exits 1");
+    let report = error.report().unwrap();
+    assert_eq!(report.probes().len(), STORAGE_BASE_STEPS);
+    assert_eq!(report.failed(), 1);
+    assert_eq!(report.skipped(), STORAGE_BASE_STEPS - 1);
+    assert!(error
+        .to_string()
+        .starts_with("1 of 16 STORAGE_BASE conformance probes failed: exec-runs-in-the-base"));
+    assert_eq!(
+        sandbox.calls(),
+        ["exec pwd ."],
+        "nothing ran after the failure"
+    );
+}
+
+#[tokio::test]
+async fn an_exec_cleanup_allowance_above_thirty_seconds_is_a_harness_error() {
+    let sandbox = ScriptedSandbox::obliging();
+    let s = subject(sandbox, &[Exec, FilesIn]).with_exec_cleanup_allowance(Duration::from_secs(31));
+    let error = assert_exec(&s)
+        .await
+        .expect_err("the obliging double fails");
+    let report = error.report().unwrap();
+    match &report
+        .get("EXEC", "a-timeout-raises-timeout-error")
+        .unwrap()
+        .outcome
+    {
+        ProbeOutcome::Failed { why } => assert!(why.starts_with("harness error:"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(report.probes().len(), 7, "every EXEC probe ran");
+}
+
+#[tokio::test]
+async fn egress_refuses_a_sub_second_timeout_before_any_call() {
+    let sandbox = ScriptedSandbox::obliging();
+    let s = subject(sandbox.clone(), &[Exec]);
+    let result = assert_egress(
+        &s,
+        "http://127.0.0.1:1/",
+        "http://127.0.0.1:2/",
+        Duration::from_millis(500),
+    )
+    .await;
+    assert!(matches!(result, Err(ConformanceError::InvalidArgument(_))));
+    assert!(sandbox.calls().is_empty());
+}
+
+#[tokio::test]
+async fn egress_reads_reach_from_the_status_code() {
+    // The allowed URL answers 200, the denied one 000 with curl's exit 28.
+    let sandbox = ScriptedSandbox::new(
+        |argv, _| {
+            if argv[2].contains("allowed") {
+                exited(0, b"200")
+            } else {
+                exited(28, b"000")
+            }
+        },
+        |_, _, _| Ok(()),
+    );
+    let s = subject(sandbox.clone(), &[Exec]);
+    let report = assert_egress(
+        &s,
+        "http://127.0.0.1/allowed",
+        "http://127.0.0.1/denied",
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("reached and refused as declared");
+    assert_eq!(report.passed(), 2);
+    let calls = sandbox.calls();
+    assert!(
+        calls[0].contains("--max-time 25.000 'http://127.0.0.1/allowed'"),
+        "{calls:?}"
+    );
+}
