@@ -1,0 +1,324 @@
+//! The one place that names concrete backends. Commands see only `Arc<dyn SandboxBackend>`, so a new
+//! backend joins here without changing any command.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_docker::{DockerBackend, DockerConfig, ImageOutcome, ImageRecipe, LocalImage};
+use exec_wrapper::{BoundedCommand, ExitKind};
+use sandbox_core::{
+    Command, DisposeSelector, ExecRequest, SandboxBackend, SandboxError, SandboxSpec,
+};
+use serde_json::json;
+
+use crate::cli::{BackendChoice, GlobalArgs};
+use crate::keys::generated_key;
+
+/// Connects the chosen backend.
+pub async fn connect(choice: BackendChoice) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+    match choice {
+        BackendChoice::Docker => Ok(Arc::new(
+            DockerBackend::connect(DockerConfig::default()).await?,
+        )),
+        BackendChoice::Sbx => Err(sbx_not_built()),
+    }
+}
+
+fn sbx_not_built() -> SandboxError {
+    SandboxError::NoBackend(
+        "the sbx backend is not built yet; use --backend docker --min-isolation container".into(),
+    )
+}
+
+fn recipe() -> ImageRecipe {
+    ImageRecipe::new().progress(|line| eprintln!("sandboxctl images: {line}"))
+}
+
+/// The default image's reference, built locally first when it is missing (no registry needed).
+pub async fn ensure_default_image(choice: BackendChoice) -> Result<String, SandboxError> {
+    match choice {
+        BackendChoice::Docker => {
+            let image = LocalImage::DEFAULT;
+            recipe()
+                .build(&[image])
+                .await
+                .map_err(|e| SandboxError::ImageMissing {
+                    image: image.tag().into(),
+                    hint: format!("building it locally failed: {e}"),
+                })?;
+            Ok(image.tag().to_owned())
+        }
+        BackendChoice::Sbx => Err(sbx_not_built()),
+    }
+}
+
+/// Builds the named local images (default: the default image); returns (tag, outcome) per image.
+pub async fn build_images(
+    choice: BackendChoice,
+    tags: &[String],
+) -> Result<Vec<(String, &'static str)>, SandboxError> {
+    if choice == BackendChoice::Sbx {
+        return Err(sbx_not_built());
+    }
+    let images = if tags.is_empty() {
+        vec![LocalImage::DEFAULT]
+    } else {
+        tags.iter()
+            .map(|t| LocalImage::from_tag(t).map_err(|e| SandboxError::invalid(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let reports = recipe()
+        .build(&images)
+        .await
+        .map_err(|e| SandboxError::engine(format!("image build failed: {e}")))?;
+    Ok(reports
+        .into_iter()
+        .map(|r| {
+            let outcome = match r.outcome {
+                ImageOutcome::AlreadyPresent => "already present",
+                _ => "built",
+            };
+            (r.image.tag().to_owned(), outcome)
+        })
+        .collect())
+}
+
+/// One line of `doctor`.
+struct Check {
+    id: &'static str,
+    passed: Option<bool>,
+    detail: String,
+    fix: String,
+}
+
+impl Check {
+    fn pass(id: &'static str, detail: impl Into<String>) -> Self {
+        Check {
+            id,
+            passed: Some(true),
+            detail: detail.into(),
+            fix: String::new(),
+        }
+    }
+    fn fail(id: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Check {
+            id,
+            passed: Some(false),
+            detail: detail.into(),
+            fix: fix.into(),
+        }
+    }
+    fn not_applicable(id: &'static str, detail: impl Into<String>) -> Self {
+        Check {
+            id,
+            passed: None,
+            detail: detail.into(),
+            fix: String::new(),
+        }
+    }
+}
+
+/// A bounded read-only `docker` call; returns trimmed stdout or a one-line reason.
+async fn docker_read(args: &[&str]) -> Result<String, String> {
+    let mut cmd = BoundedCommand::new("docker", Duration::from_secs(20)).args(args.iter().copied());
+    for (name, value) in std::env::vars_os() {
+        cmd = cmd.env(name, value);
+    }
+    match cmd.output_budget(1 << 20).run().await {
+        Ok(out) if out.status == ExitKind::Exited(0) => {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        }
+        Ok(out) => Err(String::from_utf8_lossy(&out.stderr)
+            .trim()
+            .lines()
+            .last()
+            .unwrap_or("failed")
+            .to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `doctor`: reads, never writes host settings; exits 0 only when every applicable item passes.
+pub async fn doctor(global: &GlobalArgs) -> u8 {
+    let mut checks = Vec::new();
+    if global.backend == BackendChoice::Sbx {
+        checks.push(Check::fail(
+            "sbx.client",
+            "the sbx backend is not built yet",
+            "use --backend docker",
+        ));
+    } else {
+        docker_checks(&mut checks).await;
+    }
+    let ok = checks.iter().all(|c| c.passed != Some(false));
+    if global.json {
+        let items: Vec<_> = checks
+            .iter()
+            .map(|c| json!({
+                "id": c.id,
+                "status": match c.passed { Some(true) => "pass", Some(false) => "fail", None => "not_applicable" },
+                "detail": c.detail,
+                "fix": c.fix,
+            }))
+            .collect();
+        crate::report::print_json(&json!({ "ok": ok, "checks": items }));
+    } else {
+        for c in &checks {
+            let word = match c.passed {
+                Some(true) => "pass",
+                Some(false) => "FAIL",
+                None => "n/a ",
+            };
+            if c.fix.is_empty() {
+                println!("{word}  {:<22} {}", c.id, c.detail);
+            } else {
+                println!("{word}  {:<22} {} (fix: {})", c.id, c.detail, c.fix);
+            }
+        }
+    }
+    u8::from(!ok)
+}
+
+async fn docker_checks(checks: &mut Vec<Check>) {
+    match docker_read(&["version", "--format", "{{.Client.Version}}"]).await {
+        Ok(v) => checks.push(Check::pass("docker.client", format!("docker client {v}"))),
+        Err(e) => {
+            checks.push(Check::fail(
+                "docker.client",
+                e,
+                "install Docker (Debian: apt-get install docker.io)",
+            ));
+            return;
+        }
+    }
+    match docker_read(&["context", "show"]).await {
+        Ok(name) => {
+            let endpoint = docker_read(&[
+                "context",
+                "inspect",
+                &name,
+                "--format",
+                "{{.Endpoints.docker.Host}}",
+            ])
+            .await
+            .unwrap_or_else(|e| format!("endpoint unknown: {e}"));
+            checks.push(Check::pass(
+                "docker.context",
+                format!("context {name} pinned at {endpoint}"),
+            ));
+        }
+        Err(e) => checks.push(Check::fail(
+            "docker.context",
+            e,
+            "docker context use default",
+        )),
+    }
+    match docker_read(&["version", "--format", "{{.Server.Os}}"]).await {
+        Ok(os) if os == "linux" => {
+            checks.push(Check::pass("docker.engine", "engine reachable"));
+            checks.push(Check::pass("docker.engine_os", "engine OS linux"));
+        }
+        Ok(os) => {
+            checks.push(Check::pass("docker.engine", "engine reachable"));
+            checks.push(Check::fail(
+                "docker.engine_os",
+                format!("engine OS {os}"),
+                "use a Linux engine",
+            ));
+        }
+        Err(e) => {
+            checks.push(Check::fail(
+                "docker.engine",
+                e,
+                "start the engine (dockerd) or fix DOCKER_HOST",
+            ));
+            return;
+        }
+    }
+    match docker_read(&["info", "--format", "{{.InitBinary}}"]).await {
+        Ok(init) if !init.is_empty() => checks.push(Check::pass(
+            "kernel.init",
+            format!("engine init binary {init} (for --init)"),
+        )),
+        Ok(_) | Err(_) => checks.push(Check::fail(
+            "kernel.init",
+            "the engine names no init binary",
+            "install docker-init (Debian: tini)",
+        )),
+    }
+    checks.push(kernel_pids_check());
+    let image = LocalImage::DEFAULT.tag();
+    match recipe().image_id(image).await {
+        Ok(Some(_)) => checks.push(Check::pass("docker.image", format!("{image} present"))),
+        Ok(None) => checks.push(Check::fail(
+            "docker.image",
+            format!("{image} missing"),
+            "sandboxctl images build",
+        )),
+        Err(e) => checks.push(Check::fail(
+            "docker.image",
+            e.to_string(),
+            "sandboxctl images build",
+        )),
+    }
+    checks.push(Check::not_applicable(
+        "sbx",
+        "the sbx backend is not built yet",
+    ));
+    checks.push(throwaway_sandbox().await);
+}
+
+/// `--pids-limit` needs the pids cgroup controller.
+fn kernel_pids_check() -> Check {
+    let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").unwrap_or_default();
+    if v2.split_whitespace().any(|c| c == "pids")
+        || std::path::Path::new("/sys/fs/cgroup/pids").exists()
+    {
+        Check::pass("kernel.pids_cgroup", "pids cgroup controller available")
+    } else {
+        Check::fail(
+            "kernel.pids_cgroup",
+            "no pids cgroup controller",
+            "boot with the pids controller enabled",
+        )
+    }
+}
+
+async fn throwaway_sandbox() -> Check {
+    let backend = match DockerBackend::connect(DockerConfig::default()).await {
+        Ok(b) => b,
+        Err(e) => return Check::fail("docker.sandbox", e.to_string(), "see the checks above"),
+    };
+    let key = generated_key();
+    let spec = match SandboxSpec::builder("doctor")
+        .image(LocalImage::DEFAULT.tag())
+        .build()
+    {
+        Ok(s) => s,
+        Err(e) => return Check::fail("docker.sandbox", e.to_string(), ""),
+    };
+    let ran = async {
+        let sandbox = backend.acquire(&key, &spec).await?;
+        let out = sandbox
+            .exec(ExecRequest::new(Command::argv(["true"])).timeout(Duration::from_secs(30)))
+            .await?;
+        Ok::<i32, SandboxError>(out.exit_code)
+    }
+    .await;
+    let disposal = backend.dispose(&key, DisposeSelector::all()).await;
+    match (ran, disposal) {
+        (Err(e), _) => Check::fail("docker.sandbox", e.to_string(), "see the checks above"),
+        (Ok(code), _) if code != 0 => {
+            Check::fail("docker.sandbox", format!("`true` exited {code}"), "")
+        }
+        (Ok(_), Some(f)) => Check::fail(
+            "docker.sandbox",
+            format!("disposal left something: {f}"),
+            "sandboxctl purge",
+        ),
+        (Ok(_), None) => Check::pass(
+            "docker.sandbox",
+            "acquire, exec and dispose of a throwaway sandbox",
+        ),
+    }
+}

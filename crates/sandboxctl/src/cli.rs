@@ -1,0 +1,289 @@
+//! The command line. Global flags are accepted before or after the subcommand's name; everything after
+//! `--` is the command's argv.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use sandbox_core::Isolation;
+
+use crate::guest_env::EnvArgs;
+use crate::keys::KeyArgs;
+
+/// Run commands in sandboxes, move files in and out, list and purge sandboxes, check a host.
+#[derive(Debug, Parser)]
+#[command(name = "sandboxctl", version, about, long_about = None)]
+pub struct Cli {
+    /// Global flags.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// The command.
+    #[command(subcommand)]
+    pub command: CommandLine,
+}
+
+/// Flags every command takes.
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// The backend.
+    #[arg(long, global = true, value_enum, default_value_t = BackendChoice::Docker)]
+    pub backend: BackendChoice,
+    /// The lowest isolation rung accepted for commands that run code or move files. The docker backend
+    /// is rung `container`, so it needs `--min-isolation container`.
+    #[arg(long, global = true, value_name = "RUNG", default_value = "microvm", value_parser = parse_rung)]
+    pub min_isolation: Isolation,
+    /// Print exactly one JSON object on stdout.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+fn parse_rung(s: &str) -> Result<Isolation, String> {
+    s.parse::<Isolation>().map_err(|e| e.to_string())
+}
+
+/// The backends sandboxctl can drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendChoice {
+    /// Docker containers (rung `container`).
+    Docker,
+    /// Docker Sandboxes microVMs through `sbx` (rung `microvm`).
+    Sbx,
+}
+
+/// Where a command runs.
+#[derive(Debug, Clone, Args)]
+pub struct RunTarget {
+    /// The sandbox kind (part of its identity).
+    #[arg(long, default_value = "default")]
+    pub kind: String,
+    /// The working directory in the guest (relative to the storage base, or absolute).
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub workdir: String,
+    /// Seconds before the command's processes are killed (exit 124).
+    #[arg(long, value_name = "SECS", default_value_t = 600.0)]
+    pub timeout: f64,
+    /// Guest environment.
+    #[command(flatten)]
+    pub env: EnvArgs,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum CommandLine {
+    /// Acquire a sandbox (a fresh key unless one is given), run a command, dispose afterwards unless
+    /// --keep or a key was given. Exits with the command's own exit code; 124 on timeout; 125 otherwise.
+    Run {
+        /// The image (default: the locally built default image, built first when missing).
+        #[arg(long)]
+        image: Option<String>,
+        /// The sandbox's key.
+        #[command(flatten)]
+        key: KeyArgs,
+        /// How and where to run.
+        #[command(flatten)]
+        target: RunTarget,
+        /// Keep the sandbox; its key is printed on stderr.
+        #[arg(long)]
+        keep: bool,
+        /// The command and its arguments.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        argv: Vec<std::ffi::OsString>,
+    },
+    /// Run a command in an existing sandbox; never creates one.
+    Exec {
+        /// The sandbox's key.
+        #[command(flatten)]
+        key: KeyArgs,
+        /// How and where to run.
+        #[command(flatten)]
+        target: RunTarget,
+        /// The command and its arguments.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        argv: Vec<std::ffi::OsString>,
+    },
+    /// Copy a local file into a sandbox.
+    CpIn {
+        /// The sandbox's key.
+        #[command(flatten)]
+        key: KeyArgs,
+        /// The sandbox kind.
+        #[arg(long, default_value = "default")]
+        kind: String,
+        /// Allow a source under a credential path (~/.ssh, ~/.aws, ...).
+        #[arg(long)]
+        allow_credential_path: bool,
+        /// The local file.
+        local: PathBuf,
+        /// The guest path (relative to the storage base, or absolute).
+        guest: String,
+    },
+    /// Copy a file out of a sandbox; a refused copy leaves no partial local file.
+    CpOut {
+        /// The sandbox's key.
+        #[command(flatten)]
+        key: KeyArgs,
+        /// The sandbox kind.
+        #[arg(long, default_value = "default")]
+        kind: String,
+        /// The largest file accepted.
+        #[arg(long, value_name = "N", default_value_t = 8 * 1024 * 1024)]
+        max_bytes: u64,
+        /// The guest path.
+        guest: String,
+        /// The local file to write.
+        local: PathBuf,
+    },
+    /// Describe a guest path (exit 66 when absent).
+    Stat {
+        /// The sandbox's key.
+        #[command(flatten)]
+        key: KeyArgs,
+        /// The sandbox kind.
+        #[arg(long, default_value = "default")]
+        kind: String,
+        /// The guest path.
+        guest: String,
+    },
+    /// List one guest directory.
+    Ls {
+        /// The sandbox's key.
+        #[command(flatten)]
+        key: KeyArgs,
+        /// The sandbox kind.
+        #[arg(long, default_value = "default")]
+        kind: String,
+        /// The guest directory (default: the storage base).
+        #[arg(default_value = ".")]
+        guest: String,
+    },
+    /// Remove a guest path.
+    Rm {
+        /// The sandbox's key.
+        #[command(flatten)]
+        key: KeyArgs,
+        /// The sandbox kind.
+        #[arg(long, default_value = "default")]
+        kind: String,
+        /// Remove a directory and everything under it.
+        #[arg(short = 'r', long)]
+        recursive: bool,
+        /// The guest path.
+        guest: String,
+    },
+    /// List sandboxes of a scope (default scope: sandboxctl).
+    List {
+        /// The scope.
+        #[arg(long, default_value = crate::keys::GENERATED_SCOPE)]
+        scope: String,
+        /// Only this conversation.
+        #[arg(long)]
+        thread: Option<String>,
+    },
+    /// Dispose of a key's sandbox.
+    Dispose {
+        /// The sandbox's key.
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Only this kind (default: every kind of the key).
+        #[arg(long)]
+        kind: Option<String>,
+    },
+    /// Dispose of every sandbox of a conversation.
+    Purge {
+        /// The scope.
+        #[arg(long)]
+        scope: String,
+        /// The conversation.
+        #[arg(long)]
+        thread: String,
+    },
+    /// Check this host: engine, context, images, kernel features.
+    Doctor,
+    /// Local images.
+    Images {
+        /// What to do with them.
+        #[command(subcommand)]
+        action: ImagesAction,
+    },
+}
+
+/// `images` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ImagesAction {
+    /// Build the local images (default: the default image), skipping those that exist.
+    Build {
+        /// Tags to build.
+        tags: Vec<String>,
+    },
+}
+
+impl CommandLine {
+    /// Whether this command's exit codes follow the `run`/`exec` table (command codes, 124, 125).
+    pub fn runs_a_command(&self) -> bool {
+        matches!(self, CommandLine::Run { .. } | CommandLine::Exec { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn global_flags_before_or_after_the_subcommand() {
+        let a = Cli::try_parse_from([
+            "sandboxctl",
+            "--json",
+            "--min-isolation",
+            "container",
+            "run",
+            "--",
+            "echo",
+            "--json",
+        ])
+        .unwrap();
+        let b = Cli::try_parse_from([
+            "sandboxctl",
+            "run",
+            "--json",
+            "--min-isolation",
+            "container",
+            "--",
+            "echo",
+            "--json",
+        ])
+        .unwrap();
+        for cli in [a, b] {
+            assert!(cli.global.json);
+            assert_eq!(cli.global.min_isolation, Isolation::Container);
+            match cli.command {
+                CommandLine::Run { argv, .. } => assert_eq!(argv, vec!["echo", "--json"]),
+                other => panic!("parsed as {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn process_is_not_a_rung() {
+        assert!(Cli::try_parse_from(["sandboxctl", "--min-isolation", "process", "list"]).is_err());
+    }
+
+    #[test]
+    fn defaults() {
+        let cli = Cli::try_parse_from(["sandboxctl", "run", "--", "true"]).unwrap();
+        assert_eq!(cli.global.backend, BackendChoice::Docker);
+        assert_eq!(cli.global.min_isolation, Isolation::Microvm);
+        match cli.command {
+            CommandLine::Run { target, keep, .. } => {
+                assert_eq!(target.timeout, 600.0);
+                assert_eq!(target.kind, "default");
+                assert!(!keep);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+}

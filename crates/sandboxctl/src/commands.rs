@@ -1,0 +1,492 @@
+//! One function per command. Each returns its exit code; nothing else in the binary picks integers.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbox_core::{
+    Command, DisposeSelector, ExecRequest, Router, RouterConfig, Sandbox, SandboxBackend,
+    SandboxError, SandboxKey, SandboxSpec,
+};
+use serde_json::{json, Value};
+
+use crate::cli::{Cli, CommandLine, GlobalArgs, ImagesAction, RunTarget};
+use crate::keys::{generated_key, KeyArgs};
+use crate::{backends, exit_codes, guest_env, report};
+
+/// Runs the parsed command line.
+pub async fn dispatch(cli: Cli) -> u8 {
+    let global = cli.global;
+    let runs = cli.command.runs_a_command();
+    let result = match cli.command {
+        CommandLine::Run {
+            image,
+            key,
+            target,
+            keep,
+            argv,
+        } => return run(&global, image, &key, &target, keep, argv).await,
+        CommandLine::Exec { key, target, argv } => return exec(&global, &key, &target, argv).await,
+        CommandLine::Images { action } => images(&global, action).await,
+        CommandLine::Doctor => return crate::backends::doctor(&global).await,
+        other => other_command(&global, other).await,
+    };
+    debug_assert!(!runs);
+    match result {
+        Ok((value, text)) => {
+            if global.json {
+                report::print_json(&value);
+            } else if !text.is_empty() {
+                print!("{text}");
+                let _ = std::io::stdout().flush();
+            }
+            0
+        }
+        Err(failure) => failure.report(&global),
+    }
+}
+
+/// A failed command other than `run`/`exec`.
+pub struct Failure {
+    error: SandboxError,
+    code: u8,
+    extra: Option<Value>,
+}
+
+impl Failure {
+    fn report(self, global: &GlobalArgs) -> u8 {
+        if global.json {
+            let mut v = json!({ "error": report::error_json(&self.error) });
+            if let Some(Value::Object(extra)) = self.extra {
+                for (k, val) in extra {
+                    v[k] = val;
+                }
+            }
+            report::print_json(&v);
+        } else {
+            eprintln!("sandboxctl: {}", one_line(&self.error.to_string()));
+        }
+        self.code
+    }
+}
+
+impl From<SandboxError> for Failure {
+    fn from(error: SandboxError) -> Self {
+        let code = exit_codes::for_kind(error.kind());
+        Failure {
+            error,
+            code,
+            extra: None,
+        }
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+type Done = Result<(Value, String), Failure>;
+
+/// The floor gates commands that run code or move files: the router refuses a backend below it.
+fn gate(global: &GlobalArgs, backend: &Arc<dyn SandboxBackend>) -> Result<(), SandboxError> {
+    let config = RouterConfig::default().min_isolation(global.min_isolation);
+    Router::new(vec![backend.clone()], config)
+        .map(|_| ())
+        .map_err(|e| match e {
+            SandboxError::NotPermitted(msg) if global.min_isolation > backend.isolation() => {
+                SandboxError::NotPermitted(format!(
+                    "{msg}; the {} backend is rung {}: pass --min-isolation {} to accept it",
+                    backend.name(),
+                    backend.isolation(),
+                    backend.isolation()
+                ))
+            }
+            other => other,
+        })
+}
+
+async fn gated_backend(global: &GlobalArgs) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+    let backend = backends::connect(global.backend).await?;
+    gate(global, &backend)?;
+    Ok(backend)
+}
+
+fn exec_request(
+    target: &RunTarget,
+    argv: Vec<std::ffi::OsString>,
+) -> Result<ExecRequest, SandboxError> {
+    use std::os::unix::ffi::OsStringExt;
+    if !(target.timeout.is_finite() && target.timeout > 0.0) {
+        return Err(SandboxError::invalid(
+            "--timeout must be a positive number of seconds",
+        ));
+    }
+    let env = target.env.build(guest_env::from_process_env)?;
+    let request = ExecRequest::new(Command::Argv(
+        argv.into_iter().map(|a| a.into_vec()).collect(),
+    ))
+    .working_directory(target.workdir.clone())
+    .timeout(Duration::from_secs_f64(target.timeout))
+    .env(env);
+    request.validate()?;
+    Ok(request)
+}
+
+/// Writes the command's result and picks the exit code of `run`/`exec`.
+fn finish_run(
+    global: &GlobalArgs,
+    result: Result<sandbox_core::ExecOutput, SandboxError>,
+    key: Option<&SandboxKey>,
+) -> u8 {
+    let key_json =
+        key.map(|k| json!({"scope": k.scope, "thread": k.thread_id, "agent": k.agent_id}));
+    match result {
+        Ok(output) => {
+            if global.json {
+                let mut v = report::exited_json(&output);
+                if let Some(k) = key_json {
+                    v["key"] = k;
+                }
+                report::print_json(&v);
+            } else {
+                let _ = std::io::stdout().write_all(&output.stdout);
+                let _ = std::io::stdout().flush();
+                let _ = std::io::stderr().write_all(&output.stderr);
+            }
+            // The command's own status, verbatim; a status outside 0..=255 cannot be an exit code.
+            u8::try_from(output.exit_code).unwrap_or(exit_codes::RUN_FAILURE)
+        }
+        Err(err) => {
+            if global.json {
+                let mut v = report::failed_run_json(&err);
+                if let Some(k) = key_json {
+                    v["key"] = k;
+                }
+                report::print_json(&v);
+            } else {
+                eprintln!("sandboxctl: {}", one_line(&err.to_string()));
+            }
+            match err {
+                SandboxError::Timeout { .. } => exit_codes::TIMEOUT,
+                _ => exit_codes::RUN_FAILURE,
+            }
+        }
+    }
+}
+
+async fn run(
+    global: &GlobalArgs,
+    image: Option<String>,
+    key: &KeyArgs,
+    target: &RunTarget,
+    keep: bool,
+    argv: Vec<std::ffi::OsString>,
+) -> u8 {
+    let given_key = match key.parse() {
+        Ok(k) => k,
+        Err(e) => return finish_run(global, Err(e.into()), None),
+    };
+    let request = match exec_request(target, argv) {
+        Ok(r) => r,
+        Err(e) => return finish_run(global, Err(e), None),
+    };
+    let backend = match gated_backend(global).await {
+        Ok(b) => b,
+        Err(e) => return finish_run(global, Err(e), None),
+    };
+    let image = match image {
+        Some(image) => image,
+        None => match backends::ensure_default_image(global.backend).await {
+            Ok(image) => image,
+            Err(e) => return finish_run(global, Err(e), None),
+        },
+    };
+    let spec = match SandboxSpec::builder(target.kind.clone())
+        .image(image)
+        .build()
+    {
+        Ok(s) => s,
+        Err(e) => return finish_run(global, Err(e), None),
+    };
+    let dispose_after = !keep && given_key.is_none();
+    let key = given_key.unwrap_or_else(generated_key);
+    if keep {
+        eprintln!(
+            "sandboxctl: kept sandbox key {}/{}/{}",
+            key.scope, key.thread_id, key.agent_id
+        );
+    }
+    let result = match backend.acquire(&key, &spec).await {
+        Ok(sandbox) => sandbox.exec(request).await,
+        Err(e) => Err(e),
+    };
+    let printed_key = (keep || !dispose_after).then_some(&key);
+    let code = finish_run(global, result, printed_key);
+    if dispose_after {
+        if let Some(failure) = backend.dispose(&key, DisposeSelector::all()).await {
+            eprintln!("sandboxctl: the sandbox could not be disposed of: {failure}");
+        }
+    }
+    code
+}
+
+async fn found(
+    backend: &Arc<dyn SandboxBackend>,
+    key: &SandboxKey,
+    kind: &str,
+) -> Result<Arc<dyn Sandbox>, SandboxError> {
+    backend
+        .find(key, kind)
+        .await?
+        .ok_or_else(|| SandboxError::NotFound {
+            path: format!("no sandbox of kind {kind:?} for key {key}"),
+        })
+}
+
+async fn exec(
+    global: &GlobalArgs,
+    key: &KeyArgs,
+    target: &RunTarget,
+    argv: Vec<std::ffi::OsString>,
+) -> u8 {
+    let outcome = async {
+        let key = key.require()?;
+        let request = exec_request(target, argv)?;
+        let backend = gated_backend(global).await?;
+        let sandbox = found(&backend, &key, &target.kind).await?;
+        sandbox.exec(request).await
+    }
+    .await;
+    finish_run(global, outcome, None)
+}
+
+async fn images(global: &GlobalArgs, action: ImagesAction) -> Done {
+    match action {
+        ImagesAction::Build { tags } => {
+            let built = backends::build_images(global.backend, &tags)
+                .await
+                .map_err(|e| Failure {
+                    code: exit_codes::ENGINE,
+                    error: e,
+                    extra: None,
+                })?;
+            let text = built
+                .iter()
+                .map(|(tag, outcome)| format!("{tag}: {outcome}\n"))
+                .collect();
+            let value = json!({ "images": built.iter().map(|(t, o)| json!({"tag": t, "outcome": o})).collect::<Vec<_>>() });
+            Ok((value, text))
+        }
+    }
+}
+
+async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
+    match command {
+        CommandLine::CpIn {
+            key,
+            kind,
+            allow_credential_path,
+            local,
+            guest,
+        } => {
+            let key = key.require().map_err(SandboxError::from)?;
+            let content = read_local_source(&local, allow_credential_path)?;
+            let backend = gated_backend(global).await?;
+            let sandbox = found(&backend, &key, &kind).await?;
+            sandbox.write_file(&guest, &content, ".").await?;
+            Ok((
+                json!({"copied": content.len(), "guest": guest}),
+                String::new(),
+            ))
+        }
+        CommandLine::CpOut {
+            key,
+            kind,
+            max_bytes,
+            guest,
+            local,
+        } => {
+            let key = key.require().map_err(SandboxError::from)?;
+            let backend = gated_backend(global).await?;
+            let sandbox = found(&backend, &key, &kind).await?;
+            let content = sandbox.read_file(&guest, ".", max_bytes).await?;
+            write_local_atomically(&local, &content)?;
+            Ok((
+                json!({"copied": content.len(), "local": local.display().to_string()}),
+                String::new(),
+            ))
+        }
+        CommandLine::Stat { key, kind, guest } => {
+            let key = key.require().map_err(SandboxError::from)?;
+            let backend = gated_backend(global).await?;
+            let sandbox = found(&backend, &key, &kind).await?;
+            match sandbox.stat_file(&guest, ".").await? {
+                Some(entry) => Ok((entry_json(&entry), entry_line(&entry))),
+                None => Err(SandboxError::NotFound { path: guest }.into()),
+            }
+        }
+        CommandLine::Ls { key, kind, guest } => {
+            let key = key.require().map_err(SandboxError::from)?;
+            let backend = gated_backend(global).await?;
+            let sandbox = found(&backend, &key, &kind).await?;
+            let entries = sandbox.list_dir(&guest, ".").await?;
+            Ok((
+                json!({"entries": entries.iter().map(entry_json).collect::<Vec<_>>()}),
+                entries.iter().map(entry_line).collect(),
+            ))
+        }
+        CommandLine::Rm {
+            key,
+            kind,
+            recursive,
+            guest,
+        } => {
+            let key = key.require().map_err(SandboxError::from)?;
+            let backend = gated_backend(global).await?;
+            let sandbox = found(&backend, &key, &kind).await?;
+            sandbox.remove(&guest, ".", recursive).await?;
+            Ok((json!({"removed": guest}), String::new()))
+        }
+        CommandLine::List { scope, thread } => {
+            let backend = backends::connect(global.backend).await?;
+            let found = backend.list(&scope, thread.as_deref()).await?;
+            let rows: Vec<Value> = found
+                .iter()
+                .map(|s| {
+                    json!({
+                        "instance_id": s.instance_id,
+                        "state": format!("{:?}", s.state),
+                        "kind": s.kind,
+                        "key": s.key.as_ref().map(|k| json!({"scope": k.scope, "thread": k.thread_id, "agent": k.agent_id, "call": k.call_id})),
+                    })
+                })
+                .collect();
+            let text = found
+                .iter()
+                .map(|s| {
+                    let key = s
+                        .key
+                        .as_ref()
+                        .map(|k| format!("{}/{}/{}", k.scope, k.thread_id, k.agent_id))
+                        .unwrap_or_else(|| "?".into());
+                    format!(
+                        "{}\t{:?}\t{}\t{}\n",
+                        s.instance_id,
+                        s.state,
+                        s.kind.as_deref().unwrap_or("?"),
+                        key
+                    )
+                })
+                .collect();
+            Ok((json!({"sandboxes": rows}), text))
+        }
+        CommandLine::Dispose { key, kind } => {
+            let key = key.require().map_err(SandboxError::from)?;
+            let backend = backends::connect(global.backend).await?;
+            let selector = kind.map(DisposeSelector::kind).unwrap_or_default();
+            match backend.dispose(&key, selector).await {
+                None => Ok((json!({"disposed": true}), String::new())),
+                Some(failure) => Err(Failure {
+                    code: exit_codes::ENGINE,
+                    error: SandboxError::engine(failure.to_string()),
+                    extra: Some(
+                        json!({"undisposed": {"code": failure.code.as_str(), "detail": failure.detail}}),
+                    ),
+                }),
+            }
+        }
+        CommandLine::Purge { scope, thread } => {
+            let backend = backends::connect(global.backend).await?;
+            let purge = backend.dispose_scope(&scope, &thread).await;
+            let value = json!({
+                "disposed": purge.disposed,
+                "undisposed": purge.undisposed.as_ref().map(|f| json!({"code": f.code.as_str(), "detail": f.detail})),
+            });
+            match purge.undisposed {
+                None => Ok((value, format!("disposed {}\n", purge.disposed))),
+                Some(failure) => Err(Failure {
+                    code: exit_codes::ENGINE,
+                    error: SandboxError::engine(format!(
+                        "disposed {}, left undisposed: {failure}",
+                        purge.disposed
+                    )),
+                    extra: Some(value),
+                }),
+            }
+        }
+        CommandLine::Run { .. }
+        | CommandLine::Exec { .. }
+        | CommandLine::Doctor
+        | CommandLine::Images { .. } => {
+            unreachable!("dispatched before")
+        }
+    }
+}
+
+fn entry_json(entry: &sandbox_core::SandboxEntry) -> Value {
+    json!({"path": entry.path(), "kind": entry.kind().as_str(), "size_bytes": entry.size_bytes()})
+}
+
+fn entry_line(entry: &sandbox_core::SandboxEntry) -> String {
+    match entry.size_bytes() {
+        Some(size) => format!("{}\t{}\t{}\n", entry.kind(), size, entry.path()),
+        None => format!("{}\t-\t{}\n", entry.kind(), entry.path()),
+    }
+}
+
+/// Reads a host file to copy in, refusing credential paths after resolving links (host-hygiene §3).
+fn read_local_source(local: &Path, allow_credential_path: bool) -> Result<Vec<u8>, Failure> {
+    let resolved = std::fs::canonicalize(local).map_err(|e| io_failure("resolve", local, e))?;
+    if !allow_credential_path {
+        let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+        let home = std::fs::canonicalize(&home)
+            .map(|p| p.display().to_string())
+            .unwrap_or(home);
+        if let Some(credential) =
+            sandbox_core::refuses_source(&home, &resolved.display().to_string())
+        {
+            return Err(SandboxError::NotPermitted(format!(
+                "{} is, contains or lies under the credential path {credential}; pass --allow-credential-path to copy it anyway",
+                local.display()
+            ))
+            .into());
+        }
+    }
+    let meta = std::fs::metadata(&resolved).map_err(|e| io_failure("stat", local, e))?;
+    if meta.is_dir() {
+        return Err(SandboxError::IsADirectory {
+            path: local.display().to_string(),
+        }
+        .into());
+    }
+    std::fs::read(&resolved).map_err(|e| io_failure("read", local, e))
+}
+
+fn io_failure(operation: &'static str, path: &Path, source: std::io::Error) -> Failure {
+    let path = path.display().to_string();
+    match source.kind() {
+        std::io::ErrorKind::NotFound => SandboxError::NotFound { path }.into(),
+        _ => SandboxError::Io {
+            operation,
+            path,
+            source,
+        }
+        .into(),
+    }
+}
+
+/// Writes beside the destination and renames on success: a refused or failed copy leaves no partial file.
+fn write_local_atomically(local: &Path, content: &[u8]) -> Result<(), Failure> {
+    let dir = match local.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let mut temp =
+        tempfile::NamedTempFile::new_in(&dir).map_err(|e| io_failure("create", &dir, e))?;
+    temp.write_all(content)
+        .map_err(|e| io_failure("write", local, e))?;
+    temp.persist(local)
+        .map_err(|e| io_failure("rename", local, e.error))?;
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! Sandbox keys from the command line (host-hygiene rule 34).
+
+use clap::Args;
+use sandbox_core::{SandboxError, SandboxKey};
+
+/// The scope of generated keys, and the default of `list`.
+pub const GENERATED_SCOPE: &str = "sandboxctl";
+
+/// How a command names its sandbox.
+#[derive(Debug, Clone, Default, Args)]
+pub struct KeyArgs {
+    /// The key as SCOPE/THREAD/AGENT (exactly three fields).
+    #[arg(long, value_name = "SCOPE/THREAD/AGENT")]
+    pub key: Option<String>,
+    /// The scope, for fields that contain `/` (with --thread and --agent).
+    #[arg(long, value_name = "S")]
+    pub scope: Option<String>,
+    /// The thread (conversation) id.
+    #[arg(long, value_name = "T")]
+    pub thread: Option<String>,
+    /// The agent id.
+    #[arg(long, value_name = "A")]
+    pub agent: Option<String>,
+    /// Makes the key call-scoped.
+    #[arg(long, value_name = "C")]
+    pub call: Option<String>,
+}
+
+/// Why a key could not be read from the flags.
+#[derive(Debug, PartialEq, Eq)]
+pub enum KeyError {
+    /// `--key` and the separate fields were both given (a usage error).
+    BothForms,
+    /// The key is malformed or incomplete (an invalid argument).
+    Invalid(String),
+}
+
+impl From<KeyError> for SandboxError {
+    fn from(e: KeyError) -> Self {
+        match e {
+            KeyError::BothForms => SandboxError::invalid(
+                "give either --key SCOPE/THREAD/AGENT or --scope/--thread/--agent, not both",
+            ),
+            KeyError::Invalid(m) => SandboxError::invalid(m),
+        }
+    }
+}
+
+impl KeyArgs {
+    /// The key the flags name, or `None` when none was given.
+    pub fn parse(&self) -> Result<Option<SandboxKey>, KeyError> {
+        let separate = self.scope.is_some() || self.thread.is_some() || self.agent.is_some();
+        let key = match (&self.key, separate) {
+            (Some(_), true) => return Err(KeyError::BothForms),
+            (Some(text), false) => {
+                let fields: Vec<&str> = text.split('/').collect();
+                let [scope, thread, agent] = fields[..] else {
+                    return Err(KeyError::Invalid(format!(
+                        "--key {text:?} must be SCOPE/THREAD/AGENT (exactly three fields; use --scope/--thread/--agent for fields containing '/')"
+                    )));
+                };
+                SandboxKey::conversation(scope, thread, agent)
+            }
+            (None, true) => match (&self.scope, &self.thread, &self.agent) {
+                (Some(s), Some(t), Some(a)) => SandboxKey::conversation(s, t, a),
+                _ => {
+                    return Err(KeyError::Invalid(
+                        "--scope, --thread and --agent must be given together".into(),
+                    ))
+                }
+            },
+            (None, false) => {
+                if self.call.is_some() {
+                    return Err(KeyError::Invalid("--call needs a key".into()));
+                }
+                return Ok(None);
+            }
+        };
+        Ok(Some(match &self.call {
+            Some(call) if call.is_empty() => {
+                return Err(KeyError::Invalid("--call must not be empty".into()))
+            }
+            Some(call) => key.with_call(call),
+            None => key,
+        }))
+    }
+
+    /// The key the flags name; a command that needs one fails without.
+    pub fn require(&self) -> Result<SandboxKey, KeyError> {
+        self.parse()?.ok_or_else(|| {
+            KeyError::Invalid(
+                "this command needs --key SCOPE/THREAD/AGENT (or --scope/--thread/--agent)".into(),
+            )
+        })
+    }
+}
+
+/// A fresh key: scope `sandboxctl`, a random thread id, agent `cli`.
+pub fn generated_key() -> SandboxKey {
+    SandboxKey::conversation(GENERATED_SCOPE, random_thread_id(), "cli")
+}
+
+fn random_thread_id() -> String {
+    // Randomness from the kernel; a thread id only needs to be unique, not secret.
+    let mut bytes = [0u8; 8];
+    let filled = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
+    if filled.is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        bytes = ((nanos as u64) ^ u64::from(std::process::id())).to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(
+        key: Option<&str>,
+        s: Option<&str>,
+        t: Option<&str>,
+        a: Option<&str>,
+        c: Option<&str>,
+    ) -> KeyArgs {
+        KeyArgs {
+            key: key.map(Into::into),
+            scope: s.map(Into::into),
+            thread: t.map(Into::into),
+            agent: a.map(Into::into),
+            call: c.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn forms() {
+        assert_eq!(
+            args(Some("s/t/a"), None, None, None, None).parse().unwrap(),
+            Some(SandboxKey::conversation("s", "t", "a"))
+        );
+        assert_eq!(
+            args(None, Some("s/x"), Some("t"), Some("a"), Some("c"))
+                .parse()
+                .unwrap(),
+            Some(SandboxKey::conversation("s/x", "t", "a").with_call("c"))
+        );
+        assert_eq!(args(None, None, None, None, None).parse().unwrap(), None);
+    }
+
+    #[test]
+    fn refusals() {
+        assert_eq!(
+            args(Some("s/t/a"), Some("s"), None, None, None).parse(),
+            Err(KeyError::BothForms)
+        );
+        for bad in ["s/t", "s/t/a/b", "st"] {
+            assert!(matches!(
+                args(Some(bad), None, None, None, None).parse(),
+                Err(KeyError::Invalid(_))
+            ));
+        }
+        assert!(matches!(
+            args(None, Some("s"), None, Some("a"), None).parse(),
+            Err(KeyError::Invalid(_))
+        ));
+        assert!(matches!(
+            args(None, None, None, None, Some("c")).parse(),
+            Err(KeyError::Invalid(_))
+        ));
+        assert!(matches!(
+            args(Some("s/t/a"), None, None, None, Some("")).parse(),
+            Err(KeyError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn generated_keys_differ() {
+        let a = generated_key();
+        let b = generated_key();
+        assert_eq!(a.scope, GENERATED_SCOPE);
+        assert_eq!(a.agent_id, "cli");
+        assert_eq!(a.thread_id.len(), 16);
+        assert_ne!(a.thread_id, b.thread_id);
+    }
+}
