@@ -361,3 +361,82 @@ async fn egress_reads_reach_from_the_status_code() {
         "{calls:?}"
     );
 }
+
+struct NoEngine;
+
+#[async_trait::async_trait]
+impl conformance::HardeningHooks for NoEngine {
+    async fn remove_behind_the_handle(
+        &self,
+        _: &dyn sandbox_core::Sandbox,
+    ) -> Result<(), ConformanceError> {
+        Err(ConformanceError::harness("HARDENING", "no engine here"))
+    }
+    async fn engine_instances_for(
+        &self,
+        _: &sandbox_core::SandboxKey,
+        _: &sandbox_core::SandboxSpec,
+    ) -> Result<usize, ConformanceError> {
+        Ok(0)
+    }
+    async fn acquire_in_child_process(
+        &self,
+        _: &sandbox_core::SandboxKey,
+        _: &sandbox_core::SandboxSpec,
+        _: usize,
+    ) -> Result<Vec<Result<conformance::AcquireOutcome, ErrorKind>>, ConformanceError> {
+        Ok(Vec::new())
+    }
+    async fn routable_host_address(&self) -> Result<std::net::IpAddr, ConformanceError> {
+        Ok("127.0.0.1".parse().unwrap())
+    }
+    fn host_rss_bytes(&self) -> Option<u64> {
+        Some(1 << 20)
+    }
+}
+
+#[tokio::test]
+async fn an_unreadable_group_poll_is_a_harness_error_never_a_pass() {
+    // The timed-out command times out as it should, but the poll answers 3 (the shell did not
+    // understand `kill -0 -"$p"`); the flood is refused, and its poll answers 1 (a survivor).
+    let sandbox = ScriptedSandbox::new(
+        |argv, _| {
+            let script = argv.get(2).map(String::as_str).unwrap_or("");
+            if script.contains("sleep 3131") {
+                Err(SandboxError::Timeout {
+                    operation: "command".into(),
+                    bound: Duration::from_secs(1),
+                    cleanup: Some(sandbox_core::GuestCleanup::Killed),
+                })
+            } else if script.contains("head -c") {
+                Err(SandboxError::OutputLimitExceeded { limit: 8 << 20 })
+            } else if script.contains("timeout-probe.pgid") {
+                exited(3, b"")
+            } else if script.contains("flood.pgid") {
+                exited(1, b"")
+            } else {
+                exited(0, b"")
+            }
+        },
+        |_, _, _| Ok(()),
+    );
+    let s = subject(sandbox, &[Exec, FilesIn]);
+    let report = conformance::assert_hardening(&s, &NoEngine)
+        .await
+        .expect_err("nothing passes on this double")
+        .report()
+        .cloned()
+        .unwrap();
+    let why = |probe: &str| match &report.get("HARDENING", probe).unwrap().outcome {
+        ProbeOutcome::Failed { why } => why.clone(),
+        other => panic!("{probe}: {other:?}"),
+    };
+    assert!(why("a-timed-out-group-is-dead").starts_with("harness error: the group-death poll"));
+    assert!(why("a-flood-is-refused-and-bounded").contains("is still alive"));
+    assert_eq!(
+        report.get("HARDENING", "argv-refuses-nul").unwrap().outcome,
+        ProbeOutcome::Passed,
+        "the NUL is refused as InvalidArgument"
+    );
+    assert!(why("argv-round-trips-bytes").contains("came back as"));
+}
