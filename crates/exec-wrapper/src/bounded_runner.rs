@@ -508,9 +508,8 @@ impl ChildGuard {
         stdout: Option<ChildStdout>,
         stderr: Option<ChildStderr>,
     ) -> Option<ExitStatus> {
-        if self.child.is_none() {
-            return None;
-        }
+        // Already reaped: nothing to kill, and the group id may no longer be ours.
+        self.child.as_ref()?;
         self.kill_group();
         let reaped = tokio::time::timeout(REAP_GRACE, self.drain_and_wait(stdout, stderr)).await;
         match reaped {

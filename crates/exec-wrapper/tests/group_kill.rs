@@ -156,7 +156,8 @@ async fn start_race_a_cancelled_command_never_runs() {
                 &[
                     b"sh",
                     b"-c",
-                    b"touch \"$1\" && exec sleep 30",
+                    // Builtins only, so no process is orphaned unreaped if the kill lands mid-way.
+                    b": >\"$1\" && exec sleep 30",
                     b"race",
                     side_effect.to_str().unwrap().as_bytes(),
                 ],
@@ -214,7 +215,8 @@ async fn a_zombie_member_reads_as_a_survivor() {
             &[
                 b"sh",
                 b"-c",
-                b"sleep 300 & echo $! >\"$1\"; wait",
+                // The leader never waits: a shell in `wait` could reap the killed child itself.
+                b"sleep 300 & echo $! >\"$1\"; exec sleep 300",
                 b"z",
                 pids_file.to_str().unwrap().as_bytes(),
             ],

@@ -180,9 +180,11 @@ async fn dropping_the_future_kills_and_reaps() {
     assert!(!alive(child));
 }
 
+type Piece = (Stream, Vec<u8>);
+
 #[tokio::test]
 async fn the_line_callback_sees_every_line_in_order() {
-    let seen: Arc<Mutex<Vec<(Stream, Vec<u8>)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Piece>>> = Arc::default();
     let sink = Arc::clone(&seen);
     let script = "printf 'one\\ntwo\\n'; printf 'e1\\n' >&2; head -c 200000 /dev/zero | tr '\\0' x; printf '\\nthree\\nlast'; printf 'e2' >&2";
     let output = sh(script, Duration::from_secs(10))
