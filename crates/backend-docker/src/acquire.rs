@@ -537,7 +537,8 @@ impl Shared {
         plan_storage_base(base, &kinds)
     }
 
-    /// One tar of directory entries on stdin to `docker cp -a - <id>:/`, each owned by the guest;
+    /// One tar of directory entries on stdin to `docker cp - <id>:/`, each owned by the guest (the
+    /// engine keeps a stdin archive's owners; `-a` would instead look the container's user up);
     /// under `docker pause` when this acquire did not create the container.
     async fn create_base_engine_side(
         self: &Arc<Self>,
@@ -571,7 +572,7 @@ impl Shared {
             .cli
             .run_management(
                 "docker cp (storage base)",
-                ["cp", "-a", "-", destination.as_str()],
+                ["cp", "-", destination.as_str()],
                 shape,
             )
             .await;

@@ -1,0 +1,259 @@
+//! Live behaviour of the docker backend beyond the shared suites: a sandbox removed behind a
+//! handle, a timed-out command's group, the tool refusal, warm acquire and spec mismatch, listing,
+//! `find` and disposal from the engine's labels, the env file, and a missing image. Every test
+//! disposes what it made (its own scope) and checks nothing is left behind.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use sandbox_core::{
+    Command, DisposeSelector, ErrorKind, ExecEnv, ExecRequest, GuestCleanup, Sandbox,
+    SandboxBackend, SandboxKey, SandboxSpec, SandboxState,
+};
+use support::{assert_nothing_left, backend, docker, unique_scope, BASE, BUSYBOX, NOTOOLS};
+
+fn spec(image: &str) -> SandboxSpec {
+    SandboxSpec::builder("live").image(image).build().unwrap()
+}
+
+async fn run(sandbox: &dyn Sandbox, argv: &[&str]) -> sandbox_core::ExecOutput {
+    sandbox
+        .exec(ExecRequest::new(Command::argv(argv)).timeout(Duration::from_secs(30)))
+        .await
+        .expect("exec runs")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_removed_behind_the_handle_is_gone_never_an_exit_code() {
+    let backend = backend(false).await;
+    let scope = unique_scope("gone");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let old = sandbox.instance_id().to_owned();
+    let removed = docker(["rm", "-f", &old]).await;
+    assert_eq!(removed.status, exec_wrapper::ExitKind::Exited(0));
+    for argv in [&["true"][..], &["sh", "-c", "exit 1"]] {
+        let error = sandbox
+            .exec(ExecRequest::new(Command::argv(argv)))
+            .await
+            .expect_err("an exec on a removed container is an error");
+        assert_eq!(error.kind(), ErrorKind::SandboxGone, "{error}");
+    }
+    let error = sandbox.stat_file("x", ".").await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::SandboxGone, "{error}");
+    let again = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    assert_ne!(again.instance_id(), old);
+    assert!(again.freshly_created());
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_timed_out_group_is_killed_and_the_container_kept() {
+    let backend = backend(false).await;
+    let scope = unique_scope("timeout");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let started = Instant::now();
+    let error = sandbox
+        .exec(
+            ExecRequest::new(Command::argv([
+                "sh",
+                "-c",
+                "echo $$ > group.pgid; sleep 3131 & sleep 3132 & sleep 3133; wait",
+            ]))
+            .timeout(Duration::from_secs(1)),
+        )
+        .await
+        .expect_err("the command outlives its bound");
+    assert_eq!(error.kind(), ErrorKind::Timeout);
+    assert_eq!(error.guest_cleanup(), Some(GuestCleanup::Killed), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(16));
+    // No member of the group survives, and the container is the same one.
+    let survivors = run(
+        sandbox.as_ref(),
+        &[
+            "sh",
+            "-c",
+            "p=$(cat group.pgid); kill -0 -\"$p\" 2>/dev/null; echo $?",
+        ],
+    )
+    .await;
+    assert_eq!(survivors.stdout_text().trim(), "1", "{survivors:?}");
+    let sleeps = run(
+        sandbox.as_ref(),
+        &[
+            "sh",
+            "-c",
+            "ps -o args 2>/dev/null | grep -c '[s]leep 313' || true",
+        ],
+    )
+    .await;
+    assert_eq!(sleeps.stdout_text().trim(), "0");
+    let again = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    assert_eq!(again.instance_id(), sandbox.instance_id());
+    assert!(!again.freshly_created());
+    assert_eq!(run(again.as_ref(), &["true"]).await.exit_code, 0);
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_without_the_wrapper_tools_is_refused_naming_them() {
+    let backend = backend(false).await;
+    let scope = unique_scope("notools");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let error = backend.acquire(&key, &spec(NOTOOLS)).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::CapabilityNotSupported, "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("base64") && message.contains("setsid"),
+        "{message}"
+    );
+    assert!(message.contains(NOTOOLS), "{message}");
+    // The container this acquire created was removed with the refusal.
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn warm_acquire_list_find_and_dispose_read_the_engine() {
+    let backend = backend(false).await;
+    let scope = unique_scope("lifecycle");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let call_key = key.clone().with_call("call-1");
+    let first = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let call = backend.acquire(&call_key, &spec(BUSYBOX)).await.unwrap();
+    assert_ne!(first.instance_id(), call.instance_id());
+
+    // A warm acquire is the same instance; changing the image or the base is refused.
+    let warm_started = Instant::now();
+    let warm = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    println!("warm acquire took {:?}", warm_started.elapsed());
+    assert_eq!(warm.instance_id(), first.instance_id());
+    assert!(first.freshly_created() && !warm.freshly_created());
+    let other_image = backend.acquire(&key, &spec(BASE)).await.unwrap_err();
+    assert_eq!(other_image.kind(), ErrorKind::SpecMismatch, "{other_image}");
+    let other_base = SandboxSpec::builder("live")
+        .image(BUSYBOX)
+        .work_dir(Some("/srv/elsewhere"))
+        .build()
+        .unwrap();
+    let error = backend.acquire(&key, &other_base).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::SpecMismatch, "{error}");
+
+    // Another process's backend (a second connect) sees the same sandboxes through the labels.
+    let other = support::backend(false).await;
+    let listed = other.list(&scope, None).await.unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(listed
+        .windows(2)
+        .all(|w| w[0].instance_id < w[1].instance_id));
+    for summary in &listed {
+        assert_eq!(summary.state, SandboxState::Running);
+        assert_eq!(summary.kind.as_deref(), Some("live"));
+        assert!(summary.created.is_some());
+    }
+    let keys: Vec<SandboxKey> = listed.iter().filter_map(|s| s.key.clone()).collect();
+    assert!(keys.contains(&key) && keys.contains(&call_key), "{keys:?}");
+    let found = other.find(&key, "live").await.unwrap().expect("found");
+    assert_eq!(found.instance_id(), first.instance_id());
+    assert!(!found.freshly_created());
+    assert_eq!(found.storage_base(), "/maf-sandbox/work");
+    assert!(other.find(&key, "another-kind").await.unwrap().is_none());
+
+    // A stale or foreign instance id selects nothing; the right one goes, the sibling stays.
+    assert!(other
+        .dispose(
+            &call_key,
+            DisposeSelector::instance("live", first.instance_id())
+        )
+        .await
+        .is_none());
+    assert_eq!(other.list(&scope, None).await.unwrap().len(), 2);
+    assert!(other
+        .dispose(&call_key, DisposeSelector::all())
+        .await
+        .is_none());
+    let left = other.list(&scope, Some("t")).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].instance_id, first.instance_id());
+    assert!(other.find(&call_key, "live").await.unwrap().is_none());
+    let error = call
+        .exec(ExecRequest::new(Command::argv(["true"])))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::SandboxGone);
+
+    let purge = backend.dispose_scope(&scope, "t").await;
+    assert_eq!(purge.disposed, 1);
+    assert!(purge.undisposed.is_none());
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_guest_env_travels_in_the_env_file_and_docker_names_are_refused() {
+    let backend = backend(false).await;
+    let scope = unique_scope("env");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let env = ExecEnv::default()
+        .set("GREETING", "hello  world =x")
+        .set("EMPTY", "");
+    let output = sandbox
+        .exec(
+            ExecRequest::new(Command::argv([
+                "sh",
+                "-c",
+                "printf '%s|%s|%s' \"$GREETING\" \"${EMPTY-unset}\" \"${HOSTNAME_UNSET-none}\"",
+            ]))
+            .env(env),
+        )
+        .await
+        .unwrap();
+    assert_eq!(output.stdout_text(), "hello  world =x||none");
+    for env in [
+        ExecEnv::default().set("DOCKER_HOST", "tcp://192.0.2.1:2375"),
+        ExecEnv::default().set("MULTI", "a\nb"),
+    ] {
+        let error = sandbox
+            .exec(ExecRequest::new(Command::argv(["true"])).env(env.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::InvalidArgument);
+        assert!(error.to_string().contains(&env.entries()[0].0));
+    }
+    // A relative working directory that escapes the base is refused; a missing one is exit 125.
+    let escape = sandbox
+        .exec(ExecRequest::new(Command::argv(["pwd"])).working_directory("../elsewhere"))
+        .await
+        .unwrap_err();
+    assert_eq!(escape.kind(), ErrorKind::Confinement);
+    let missing = sandbox
+        .exec(ExecRequest::new(Command::argv(["pwd"])).working_directory("no/such/dir"))
+        .await
+        .unwrap();
+    assert_eq!(missing.exit_code, 125);
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_absent_image_is_image_missing_naming_the_build() {
+    let backend = backend(false).await;
+    let scope = unique_scope("noimage");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let error = backend
+        // A registry on a local address where nothing listens: the pull fails without leaving the host.
+        .acquire(
+            &key,
+            &spec("127.0.0.1:9/maf-sandbox-absent-image:never-built"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::ImageMissing, "{error}");
+    let message = error.to_string();
+    assert!(message.contains("cargo xtask images"), "{message}");
+    assert!(
+        message.contains("127.0.0.1:9/maf-sandbox-absent-image:never-built"),
+        "{message}"
+    );
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}

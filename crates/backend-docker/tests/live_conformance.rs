@@ -1,0 +1,74 @@
+//! Every conformance suite this backend owes (docker.md rule 48), against the real engine and the
+//! local images: everything on the two Debian images (HARDENING and the egress preflight included,
+//! with local targets only), the reduced file and exec set on the BusyBox image. Each test asserts
+//! that no probe failed or was skipped, and that nothing is left behind.
+
+mod support;
+
+use conformance::{run_backend_suites, ConformanceReport, RunOptions};
+use sandbox_core::{SandboxBackend, SandboxKey, SandboxSpec};
+use support::{
+    assert_nothing_left, backend, threads_of, unique_scope, DockerHooks, BASE, BASE_ROOT, BUSYBOX,
+};
+
+async fn run_on(image: &str, tag: &str, full: bool) -> ConformanceReport {
+    let backend = backend(full).await;
+    let scope = unique_scope(tag);
+    let hooks = DockerHooks {
+        context: backend.context().to_owned(),
+    };
+    let options = RunOptions {
+        exec_cleanup_allowance: backend.config().exec_cleanup_timeout,
+        hardening: full.then_some(&hooks as &dyn conformance::HardeningHooks),
+        reduced: !full,
+        ..RunOptions::default()
+    };
+    let mut keys = |purpose: &str| SandboxKey::conversation(scope.clone(), purpose, "agent");
+    let started = std::time::Instant::now();
+    let report = run_backend_suites(
+        &backend,
+        &mut keys,
+        SandboxSpec::builder("conformance").image(image),
+        options,
+    )
+    .await
+    .expect("the conformance run starts");
+    println!(
+        "{image}: {report}\nwall time {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let threads = threads_of(&backend, &scope).await;
+    assert_nothing_left(&backend, &scope, &threads).await;
+    assert!(backend.declarations().capabilities.len() == 6);
+    report
+}
+
+fn assert_passed(report: &ConformanceReport, at_least: usize) {
+    assert_eq!(report.skipped(), 0, "no probe may be skipped:\n{report}");
+    if let Err(error) = report.assert_all_passed() {
+        panic!("{error}\n{report}");
+    }
+    assert!(
+        report.passed() >= at_least,
+        "only {} probes ran:\n{report}",
+        report.passed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_base_image_passes_every_suite() {
+    let report = run_on(BASE, "base", true).await;
+    assert_passed(&report, 60);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_root_image_passes_every_suite() {
+    let report = run_on(BASE_ROOT, "root", true).await;
+    assert_passed(&report, 60);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_busybox_image_passes_the_file_and_exec_suites() {
+    let report = run_on(BUSYBOX, "busybox", false).await;
+    assert_passed(&report, 40);
+}

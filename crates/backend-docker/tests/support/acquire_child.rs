@@ -1,0 +1,43 @@
+//! A helper process for the live suite's `concurrent-acquires-yield-one` probe: it builds its own
+//! backend from the same configuration and runs N concurrent acquires of one (key, spec), so the
+//! engine-level name conflict (and the adopt loop) runs, not only the in-process lock.
+//!
+//! Usage: `docker-acquire-child <context> <scope> <thread> <agent> <call> <kind> <image> <work-dir|-> <n>`.
+//! Prints one line per acquire: `ok <instance id> <freshly created>` or `err <ErrorKind>`.
+
+use backend_docker::{DockerBackend, DockerConfig};
+use sandbox_core::{SandboxBackend, SandboxKey, SandboxSpec};
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [context, scope, thread, agent, call, kind, image, work_dir, n] = args.as_slice() else {
+        eprintln!("usage: docker-acquire-child <context> <scope> <thread> <agent> <call> <kind> <image> <work-dir|-> <n>");
+        std::process::exit(2);
+    };
+    let n: usize = n.parse().expect("n is a number");
+    let mut config = DockerConfig::default();
+    config.context = Some(context.clone());
+    let backend = DockerBackend::connect(config).await.expect("connect");
+    let key = SandboxKey::conversation(scope.as_str(), thread.as_str(), agent.as_str())
+        .with_call(call.as_str());
+    let work_dir = (work_dir != "-").then(|| work_dir.clone());
+    let spec = SandboxSpec::builder(kind.as_str())
+        .image(image.as_str())
+        .work_dir(work_dir)
+        .build()
+        .expect("spec");
+    let acquires = (0..n).map(|_| {
+        let backend = backend.clone();
+        let key = key.clone();
+        let spec = spec.clone();
+        tokio::spawn(async move { backend.acquire(&key, &spec).await })
+    });
+    let handles: Vec<_> = acquires.collect();
+    for handle in handles {
+        match handle.await.expect("acquire task") {
+            Ok(sandbox) => println!("ok {} {}", sandbox.instance_id(), sandbox.freshly_created()),
+            Err(error) => println!("err {:?}", error.kind()),
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! What the live tests share: a backend on the real engine, unique scopes, the HARDENING hooks,
+//! and the leftover check. Every docker call here goes through the bounded runner too.
+#![allow(dead_code)]
+
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use backend_docker::{DockerBackend, DockerConfig, EgressProbe};
+use conformance::{AcquireOutcome, ConformanceError, HardeningHooks};
+use exec_wrapper::{BoundedCommand, ExitKind, RunOutput};
+use sandbox_core::{ErrorKind, Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
+
+/// The images of docker.md §7.
+pub const BASE: &str = "sandbox-base:local";
+pub const BASE_ROOT: &str = "sandbox-base-root:local";
+pub const BUSYBOX: &str = "sandbox-busybox:local";
+pub const NOTOOLS: &str = "sandbox-notools:local";
+
+/// A scope no other run shares, so every test disposes exactly what it made.
+pub fn unique_scope(tag: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("bd-live-{tag}-{}-{nanos:08x}", std::process::id())
+}
+
+/// A docker call from the test itself (engine-side checks), bounded like every other.
+pub async fn docker<I, A>(args: I) -> RunOutput
+where
+    I: IntoIterator<Item = A>,
+    A: Into<std::ffi::OsString>,
+{
+    BoundedCommand::new("docker", Duration::from_secs(60))
+        .args(args)
+        .envs(std::env::vars_os())
+        .run()
+        .await
+        .expect("the docker CLI runs")
+}
+
+/// The default bridge's gateway: a local address the engine routes to.
+pub async fn bridge_gateway() -> IpAddr {
+    let output = docker([
+        "network",
+        "inspect",
+        "bridge",
+        "--format",
+        "{{range .IPAM.Config}}{{.Gateway}} {{end}}",
+    ])
+    .await;
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .find_map(|w| w.parse::<IpAddr>().ok())
+        .expect("the default bridge has a gateway")
+}
+
+/// The live configuration: defaults, plus the egress preflight with local targets only.
+pub async fn config(verify_egress: bool) -> DockerConfig {
+    let mut config = DockerConfig::default();
+    if verify_egress {
+        let gateway = bridge_gateway().await;
+        config.verify_egress = true;
+        // Local targets only: the bridge gateway by address (nothing listens on the discard port)
+        // and a name nothing resolves; the token server binds the gateway.
+        config.egress_probe = EgressProbe::new(
+            format!("http://{gateway}:9/"),
+            "http://maf-egress-probe.invalid/",
+            Some(gateway),
+        );
+    }
+    config
+}
+
+pub async fn backend(verify_egress: bool) -> DockerBackend {
+    DockerBackend::connect(config(verify_egress).await)
+        .await
+        .expect("the docker backend connects to the local engine")
+}
+
+/// Disposes of the scope's conversations and asserts the engine lists nothing left for it.
+pub async fn assert_nothing_left(backend: &DockerBackend, scope: &str, threads: &[String]) {
+    for thread in threads {
+        let purge = backend.dispose_scope(scope, thread).await;
+        assert!(
+            purge.undisposed.is_none(),
+            "disposal of {scope}/{thread}: {purge:?}"
+        );
+    }
+    let left = backend.list(scope, None).await.expect("listing the scope");
+    assert!(left.is_empty(), "left behind in {scope}: {left:?}");
+    let by_label = docker([
+        "ps",
+        "-a",
+        "-q",
+        "--filter",
+        &format!("label=maf-sandbox.scope={scope}"),
+    ])
+    .await;
+    assert!(
+        String::from_utf8_lossy(&by_label.stdout).trim().is_empty(),
+        "containers left behind for {scope}"
+    );
+}
+
+/// Every thread a scope's listing names, for the final sweep.
+pub async fn threads_of(backend: &DockerBackend, scope: &str) -> Vec<String> {
+    let mut threads: Vec<String> = backend
+        .list(scope, None)
+        .await
+        .expect("listing the scope")
+        .into_iter()
+        .filter_map(|s| s.key.map(|k| k.thread_id))
+        .collect();
+    threads.sort();
+    threads.dedup();
+    threads
+}
+
+/// The engine-side hooks of the HARDENING probes.
+pub struct DockerHooks {
+    pub context: String,
+}
+
+#[async_trait]
+impl HardeningHooks for DockerHooks {
+    async fn remove_behind_the_handle(
+        &self,
+        sandbox: &dyn Sandbox,
+    ) -> Result<(), ConformanceError> {
+        let output = docker(["rm", "-f", sandbox.instance_id()]).await;
+        if output.status == ExitKind::Exited(0) {
+            Ok(())
+        } else {
+            Err(ConformanceError::harness(
+                "HARDENING",
+                format!(
+                    "docker rm -f failed: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                ),
+            ))
+        }
+    }
+
+    async fn engine_instances_for(
+        &self,
+        key: &SandboxKey,
+        spec: &SandboxSpec,
+    ) -> Result<usize, ConformanceError> {
+        let name = DockerBackend::container_name(key, spec.kind());
+        let output = docker(["ps", "-a", "-q", "--filter", &format!("name=^/{name}$")]).await;
+        Ok(String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .count())
+    }
+
+    async fn acquire_in_child_process(
+        &self,
+        key: &SandboxKey,
+        spec: &SandboxSpec,
+        n: usize,
+    ) -> Result<Vec<Result<AcquireOutcome, ErrorKind>>, ConformanceError> {
+        let image = spec.image_id().or(spec.image()).unwrap_or(BASE);
+        let output = BoundedCommand::new(
+            env!("CARGO_BIN_EXE_docker-acquire-child"),
+            Duration::from_secs(300),
+        )
+        .args([
+            self.context.as_str(),
+            &key.scope,
+            &key.thread_id,
+            &key.agent_id,
+            &key.call_id,
+            spec.kind(),
+            image,
+            spec.work_dir().unwrap_or("-"),
+            &n.to_string(),
+        ])
+        .envs(std::env::vars_os())
+        .run()
+        .await
+        .map_err(|e| ConformanceError::harness("HARDENING", format!("the child process: {e}")))?;
+        if output.status != ExitKind::Exited(0) {
+            return Err(ConformanceError::harness(
+                "HARDENING",
+                format!(
+                    "the child process failed: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                ),
+            ));
+        }
+        let mut outcomes = Vec::new();
+        for line in String::from_utf8_lossy(&output.stdout).lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["ok", id, fresh] => outcomes.push(Ok(AcquireOutcome {
+                    instance_id: (*id).to_owned(),
+                    freshly_created: *fresh == "true",
+                })),
+                ["err", kind] => outcomes.push(Err(kind_named(kind))),
+                _ => {
+                    return Err(ConformanceError::harness(
+                        "HARDENING",
+                        format!("the child process printed {line:?}"),
+                    ))
+                }
+            }
+        }
+        Ok(outcomes)
+    }
+
+    async fn routable_host_address(&self) -> Result<IpAddr, ConformanceError> {
+        Ok(bridge_gateway().await)
+    }
+}
+
+/// The error kinds a child process can report, read back from their Debug names.
+fn kind_named(name: &str) -> ErrorKind {
+    [
+        ErrorKind::Busy,
+        ErrorKind::Engine,
+        ErrorKind::EngineTimeout,
+        ErrorKind::BackendUnavailable,
+        ErrorKind::SpecMismatch,
+        ErrorKind::ImageMissing,
+        ErrorKind::SandboxGone,
+        ErrorKind::Retired,
+        ErrorKind::CapabilityNotSupported,
+        ErrorKind::InvalidArgument,
+        ErrorKind::Confinement,
+        ErrorKind::NotADirectory,
+    ]
+    .into_iter()
+    .find(|k| format!("{k:?}") == name)
+    .unwrap_or(ErrorKind::ContractViolation)
+}
