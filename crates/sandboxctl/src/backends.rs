@@ -39,6 +39,10 @@ pub async fn ensure_default_image(choice: BackendChoice) -> Result<String, Sandb
     match choice {
         BackendChoice::Docker => {
             let image = LocalImage::DEFAULT;
+            // The command's stderr is relayed byte for byte: say nothing unless a build is needed.
+            if let Ok(Some(_)) = ImageRecipe::new().image_id(image.tag()).await {
+                return Ok(image.tag().to_owned());
+            }
             recipe()
                 .build(&[image])
                 .await
