@@ -69,8 +69,10 @@ fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
         "run",
         "-p",
         "backend-docker",
+        "-p",
+        "sandboxctl",
         "--features",
-        "live",
+        "backend-docker/live,sandboxctl/live",
         "--no-fail-fast",
         // Names each skipped test, so a skip can be reported by name.
         "--status-level",
