@@ -96,7 +96,7 @@ async fn bridge_gateway(shared: &Shared) -> Result<IpAddr, SandboxError> {
                 "inspect",
                 "bridge",
                 "--format",
-                "{{range .IPAM.Config}}{{.Gateway}} {{end}}",
+                "{{range .IPAM.Config}}{{.Gateway}} {{.Subnet}} {{end}}",
             ],
             CallShape::management(shared.config.command_timeout).budget(SMALL_BUDGET),
         )
@@ -104,11 +104,26 @@ async fn bridge_gateway(shared: &Shared) -> Result<IpAddr, SandboxError> {
     if output.status != ExitKind::Exited(0) {
         return Err(shared.engine_failure("docker network inspect bridge", &output.stderr));
     }
-    String::from_utf8_lossy(&output.stdout)
-        .split_whitespace()
-        .filter_map(|word| word.parse::<IpAddr>().ok())
-        .find(|ip| !ip.is_unspecified())
+    gateway_from_ipam(&String::from_utf8_lossy(&output.stdout))
         .ok_or_else(|| SandboxError::engine("the default bridge reports no gateway address"))
+}
+
+/// The gateway from `<gateway> <subnet>` pairs: the explicit one, else (engines that leave it
+/// implicit) the subnet's first host address, which is where the engine puts it.
+pub(crate) fn gateway_from_ipam(answer: &str) -> Option<IpAddr> {
+    let words: Vec<&str> = answer.split_whitespace().collect();
+    let explicit = words
+        .iter()
+        .filter_map(|word| word.parse::<IpAddr>().ok())
+        .find(|ip| !ip.is_unspecified());
+    explicit.or_else(|| {
+        words.iter().find_map(|word| {
+            let (network, prefix) = word.split_once('/')?;
+            let network: std::net::Ipv4Addr = network.parse().ok()?;
+            let prefix: u32 = prefix.parse().ok()?;
+            (prefix < 31).then(|| IpAddr::V4((u32::from(network) + 1).into()))
+        })
+    })
 }
 
 /// Serves one token over plain HTTP on one address (never a wildcard) until dropped.

@@ -47,12 +47,22 @@ pub async fn bridge_gateway() -> IpAddr {
         "inspect",
         "bridge",
         "--format",
-        "{{range .IPAM.Config}}{{.Gateway}} {{end}}",
+        "{{range .IPAM.Config}}{{.Gateway}} {{.Subnet}} {{end}}",
     ])
     .await;
-    String::from_utf8_lossy(&output.stdout)
-        .split_whitespace()
+    let answer = String::from_utf8_lossy(&output.stdout);
+    let words: Vec<&str> = answer.split_whitespace().collect();
+    // An engine that leaves the gateway implicit puts it on the subnet's first host address.
+    words
+        .iter()
         .find_map(|w| w.parse::<IpAddr>().ok())
+        .or_else(|| {
+            words.iter().find_map(|w| {
+                let (network, _) = w.split_once('/')?;
+                let network: std::net::Ipv4Addr = network.parse().ok()?;
+                Some(IpAddr::V4((u32::from(network) + 1).into()))
+            })
+        })
         .expect("the default bridge has a gateway")
 }
 
