@@ -335,3 +335,26 @@ async fn a_backend_failure_after_a_landed_adoption_is_returned() {
     assert!(fake.instances().is_empty(), "the residue was disposed of");
     assert!(!router.is_unclean(&key()));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_acquire_holds_its_gate_until_its_cleanup_is_over() {
+    let (fake, router) = setup(RouterConfig::default());
+    fake.seed_instance(&key(), "k");
+    fake.update_faults(|f| f.dispose_delay = Some(Duration::from_secs(5)));
+    let gave_up =
+        tokio::time::timeout(Duration::from_secs(1), router.acquire(&key(), &spec("k"))).await;
+    assert!(gave_up.is_err());
+    let started = Instant::now();
+    let sandbox = router.acquire(&key(), &spec("k")).await.unwrap();
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(4),
+        "waited for the cleanup"
+    );
+    assert!(sandbox.freshly_created(), "the residue was gone by then");
+    assert_eq!(
+        fake.dispose_calls(),
+        1,
+        "no second cleanup of the same residue"
+    );
+}

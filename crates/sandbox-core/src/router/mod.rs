@@ -26,7 +26,10 @@ pub use config::{FailedCleanup, RouterConfig, Selection, DEFAULT_CLEANUP_TIMEOUT
 
 use admission::{backend_refusal, compose, spec_level, HostPolicy, Offer};
 use ledger::{State, Target};
-use locks::LockTable;
+use locks::{LockGuard, LockTable};
+
+/// The acquire gate of one (key, kind).
+type Gate = LockGuard<(SandboxKey, String)>;
 
 use crate::{
     fold, DisposalCode, DisposalFailure, IsolationScope, Sandbox, SandboxBackend, SandboxError,
@@ -321,7 +324,8 @@ impl Router {
     /// beyond the backend's own (backends clean up half-created sandboxes themselves). Once the router
     /// starts a cleanup (the disposal of an instance found while the key turned unclean, an empty-id
     /// instance, or an unfamiliar one), that cleanup runs in a spawned task and completes, ledger write
-    /// included, even if the future is dropped.
+    /// included, even if the future is dropped; the task keeps the (key, kind) gate until it is over, so
+    /// the next acquire of that identity cannot overlap it.
     pub async fn acquire(
         &self,
         key: &SandboxKey,
@@ -329,7 +333,9 @@ impl Router {
     ) -> Result<Arc<dyn Sandbox>, SandboxError> {
         let inner = &self.inner;
         let kind = spec.kind();
-        let _gate = inner.gates.lock((key.clone(), kind.to_owned())).await;
+        // The gate travels into any cleanup this acquire starts, so that a dropped acquire still keeps
+        // the next one of this identity waiting until the cleanup is over.
+        let mut gate = Some(inner.gates.lock((key.clone(), kind.to_owned())).await);
         if inner.candidates.is_empty() {
             return Err(no_backend("no backend is registered".to_owned()));
         }
@@ -357,7 +363,9 @@ impl Router {
         }
         let backend = Arc::clone(&inner.backends[index]);
         let sandbox = backend.acquire(key, spec).await?;
-        let sandbox = self.settle_acquired(key, kind, index, sandbox).await?;
+        let sandbox = self
+            .settle_acquired(key, kind, index, sandbox, &mut gate)
+            .await?;
 
         if scope == IsolationScope::Call {
             inner
@@ -387,7 +395,8 @@ impl Router {
             kind: Some(kind.to_owned()),
             instance_id: Some(id.clone()),
         };
-        if let Some(failure) = inner.cleanup(key, target).await {
+        let record = inner.config.failed_cleanup == FailedCleanup::Dispose;
+        if let Some(failure) = inner.cleanup(key, target, record, &mut gate).await {
             match inner.config.failed_cleanup {
                 FailedCleanup::Dispose => {
                     warn!(
@@ -415,7 +424,9 @@ impl Router {
             }
         }
         let sandbox = backend.acquire(key, spec).await?;
-        let sandbox = self.settle_acquired(key, kind, index, sandbox).await?;
+        let sandbox = self
+            .settle_acquired(key, kind, index, sandbox, &mut gate)
+            .await?;
         inner
             .state()
             .remember(key, kind, index, sandbox.instance_id());
@@ -430,8 +441,10 @@ impl Router {
         kind: &str,
         index: usize,
         sandbox: Arc<dyn Sandbox>,
+        gate: &mut Option<Gate>,
     ) -> Result<Arc<dyn Sandbox>, SandboxError> {
         let inner = &self.inner;
+        let record = inner.config.failed_cleanup == FailedCleanup::Dispose;
         let id = sandbox.instance_id();
         let target = Target {
             backend: index,
@@ -441,21 +454,15 @@ impl Router {
         let unclean = inner.state().unclean(key);
         if let Some(code) = unclean {
             debug!(key = %key, kind, "the key turned unclean during acquire; disposing of that instance");
-            inner.cleanup(key, target).await;
+            inner.cleanup(key, target, record, gate).await;
             let now = inner.state().unclean(key);
             let code = now.flatten().or(code);
             return Err(SandboxError::Unclean { code });
         }
         if id.is_empty() {
             let name = inner.backends[index].name().to_owned();
-            let outcome = dispose_one(
-                Arc::clone(&inner.backends[index]),
-                key.clone(),
-                target,
-                inner.config.cleanup_timeout,
-            )
-            .await;
-            if let Some(failure) = outcome {
+            // Best effort: the outcome is logged, never written to the ledger.
+            if let Some(failure) = inner.cleanup(key, target, false, gate).await {
                 warn!(backend = %name, key = %key, kind, failure = %failure,
                     "could not dispose of an instance with an empty id");
             }
@@ -813,15 +820,17 @@ impl Inner {
         })
     }
 
-    /// A cleanup the router runs itself (adoption, an instance acquired while the key turned unclean):
-    /// bounded by `cleanup_timeout`, in a task the caller cannot cancel; a failure is recorded unless
-    /// the policy is `Keep`.
+    /// A cleanup the router runs itself (adoption, an instance acquired while the key turned unclean, an
+    /// empty-id instance): bounded by `cleanup_timeout`, in a task the caller cannot cancel, which holds
+    /// the acquire gate until it is over and hands it back; a failure is recorded when `record`.
     async fn cleanup(
         self: &Arc<Self>,
         key: &SandboxKey,
         target: Target,
+        record: bool,
+        gate: &mut Option<Gate>,
     ) -> Option<DisposalFailure> {
-        let record = self.config.failed_cleanup == FailedCleanup::Dispose;
+        let held = gate.take();
         let mut guard = SettleGuard {
             inner: Arc::clone(self),
             key: key.clone(),
@@ -836,14 +845,18 @@ impl Inner {
         let operation = async move {
             let failure = dispose_one(backend, key, target.clone(), bound).await;
             guard.settle(&[(target, failure.clone())]);
-            failure
+            (failure, held)
         };
-        detached(operation).await.unwrap_or_else(|_| {
-            Some(DisposalFailure::new(
+        match detached(operation).await {
+            Ok((failure, held)) => {
+                *gate = held;
+                failure
+            }
+            Err(Detached) => Some(DisposalFailure::new(
                 DisposalCode::Unknown,
                 "the cleanup task panicked or was cancelled",
-            ))
-        })
+            )),
+        }
     }
 }
 
