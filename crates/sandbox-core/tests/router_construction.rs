@@ -121,7 +121,14 @@ fn a_zero_cleanup_timeout_is_refused() {
             ErrorKind::InvalidArgument,
         );
     }
-    // It is checked before the selected name and the floor.
+    // Even with no backend, and before the selected name and the floor.
+    refused(
+        Router::new(
+            Vec::new(),
+            RouterConfig::default().cleanup_timeout(Duration::ZERO),
+        ),
+        ErrorKind::InvalidArgument,
+    );
     refused(
         Router::new(
             backends(&[&fake("c", Isolation::Container)]),

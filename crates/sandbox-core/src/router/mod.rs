@@ -162,7 +162,7 @@ impl Router {
     /// 1. [`Selection::Fixed`] with no backends gives a router with no candidate
     ///    ([`enabled`](Self::enabled) is false; every acquire is [`SandboxError::NoBackend`]);
     /// 2. [`Selection::PerSpec`] together with `selected` → [`SandboxError::InvalidArgument`]; so is a zero
-    ///    `cleanup_timeout`;
+    ///    `cleanup_timeout` (refused whatever the backends, rule 1 included);
     /// 3. `Fixed`: a `selected` name no backend has → [`SandboxError::NoBackend`] (the message lists the
     ///    registered names); the named (or first) backend below `min_isolation` →
     ///    [`SandboxError::NotPermitted`];
@@ -175,19 +175,18 @@ impl Router {
         config: RouterConfig,
     ) -> Result<Router, SandboxError> {
         let floor = config.min_isolation;
+        if let (Selection::PerSpec, Some(selected)) = (config.selection, &config.selected) {
+            return Err(SandboxError::invalid(format!(
+                "selection per_spec cannot be combined with a selected backend ({selected:?})"
+            )));
+        }
+        if config.cleanup_timeout.is_zero() {
+            return Err(SandboxError::invalid(
+                "cleanup_timeout must be greater than zero",
+            ));
+        }
         let candidates = match config.selection {
             Selection::Fixed if backends.is_empty() => Vec::new(),
-            Selection::PerSpec if config.selected.is_some() => {
-                return Err(SandboxError::invalid(format!(
-                    "selection per_spec cannot be combined with a selected backend ({:?})",
-                    config.selected.as_deref().unwrap_or_default()
-                )));
-            }
-            _ if config.cleanup_timeout.is_zero() => {
-                return Err(SandboxError::invalid(
-                    "cleanup_timeout must be greater than zero",
-                ));
-            }
             Selection::Fixed => {
                 let index = match &config.selected {
                     None => 0,
