@@ -83,6 +83,14 @@ fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
     let teed = tee_in(workspace.root(), &mut command, |line| {
         is_summary_line(line) || is_skip_line(line)
     })?;
+    // The runnable examples are part of the suite: a README that shows them must not rot.
+    let examples = if teed.success {
+        ["quickstart", "router"].iter().try_for_each(|example| {
+            workspace.run(cargo().args(["run", "--quiet", "-p", "examples", "--example", example]))
+        })
+    } else {
+        Ok(())
+    };
     // Leftovers are checked whether or not the suite passed: a failing suite must not also
     // leave the engine dirty unnoticed.
     let after = engine_objects(workspace)?;
@@ -93,6 +101,10 @@ fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
             command: teed.command,
             status: teed.status,
         });
+    }
+    if let Err(failed) = examples {
+        report_leftovers(&left);
+        return Err(failed);
     }
     let summary = teed
         .kept
