@@ -202,8 +202,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_missing_cli_is_backend_unavailable_naming_it() {
-        let mut config = DockerConfig::default();
-        config.docker_path = "/nonexistent/docker-cli".into();
+        let config = DockerConfig {
+            docker_path: "/nonexistent/docker-cli".into(),
+            ..DockerConfig::default()
+        };
         let error = DockerBackend::connect(config).await.unwrap_err();
         assert_eq!(error.kind(), ErrorKind::BackendUnavailable);
         assert!(
@@ -214,9 +216,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_bad_config_is_refused_before_any_call() {
-        let mut config = DockerConfig::default();
-        config.docker_path = "/nonexistent/docker-cli".into();
-        config.pids_limit = 0;
+        let config = DockerConfig {
+            docker_path: "/nonexistent/docker-cli".into(),
+            pids_limit: 0,
+            ..DockerConfig::default()
+        };
         let error = DockerBackend::connect(config).await.unwrap_err();
         assert_eq!(error.kind(), ErrorKind::InvalidArgument);
     }

@@ -21,13 +21,16 @@ pub(crate) const SMALL_BUDGET: usize = 64 * 1024;
 /// How many characters of a CLI's stderr an error message quotes.
 const TAIL_CHARS: usize = 2000;
 
+/// A progress callback, handed each line of either stream.
+pub(crate) type LineCallback = Box<dyn FnMut(exec_wrapper::Stream, &[u8]) + Send>;
+
 /// One call's shape, beyond its arguments.
 pub(crate) struct CallShape {
     pub(crate) deadline: Duration,
     pub(crate) budget: usize,
     pub(crate) stdin: Option<Vec<u8>>,
     pub(crate) stop_after: Option<usize>,
-    pub(crate) on_line: Option<Box<dyn FnMut(exec_wrapper::Stream, &[u8]) + Send>>,
+    pub(crate) on_line: Option<LineCallback>,
 }
 
 impl CallShape {

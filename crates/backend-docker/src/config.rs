@@ -195,7 +195,8 @@ mod tests {
 
     #[test]
     fn refuses_meaningless_values() {
-        let cases: Vec<Box<dyn Fn(&mut DockerConfig)>> = vec![
+        type Change = Box<dyn Fn(&mut DockerConfig)>;
+        let cases: Vec<Change> = vec![
             Box::new(|c| c.command_timeout = Duration::ZERO),
             Box::new(|c| c.exec_cleanup_timeout = Duration::ZERO),
             Box::new(|c| c.pids_limit = 0),

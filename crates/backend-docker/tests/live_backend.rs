@@ -257,3 +257,42 @@ async fn an_absent_image_is_image_missing_naming_the_build() {
     );
     assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_that_does_not_land_retires_the_sandbox() {
+    let backend = backend(false).await;
+    let scope = unique_scope("retire");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let old = sandbox.instance_id().to_owned();
+    // The command tears its own group record, so the kill script cannot trust it (exit 3).
+    let error = sandbox
+        .exec(
+            ExecRequest::new(Command::argv([
+                "sh",
+                "-c",
+                "sleep 0.2; for f in /tmp/maf-sbx-*.pgid; do printf 'torn\\n' > \"$f\"; done; sleep 30",
+            ]))
+            .timeout(Duration::from_secs(1)),
+        )
+        .await
+        .expect_err("the command outlives its bound");
+    assert_eq!(error.kind(), ErrorKind::Timeout);
+    assert_eq!(
+        error.guest_cleanup(),
+        Some(GuestCleanup::Retired),
+        "{error}"
+    );
+    // Every handle to the retired instance refuses; the engine no longer has it.
+    let refused = sandbox
+        .exec(ExecRequest::new(Command::argv(["true"])))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Retired, "{refused}");
+    let inspect = docker(["container", "inspect", &old]).await;
+    assert_ne!(inspect.status, exec_wrapper::ExitKind::Exited(0));
+    let replacement = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    assert_ne!(replacement.instance_id(), old);
+    assert!(replacement.freshly_created());
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
