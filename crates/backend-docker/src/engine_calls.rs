@@ -507,12 +507,17 @@ impl Shared {
         drop(env_file);
         match result {
             Ok(output) => match parse_run_output(output, &nonce) {
-                WrapperOutcome::Ran(ran) => Ok(GuestEnd::Ran(ExecOutput {
-                    stdout: ran.stdout,
-                    stderr: ran.stderr,
-                    exit_code: ran.status,
-                    producer_owns_stderr: false,
-                })),
+                WrapperOutcome::Ran(ran) => {
+                    if ran.status > SIGNAL_STATUS_FLOOR {
+                        self.refuse_if_container_died(id, ran.status).await?;
+                    }
+                    Ok(GuestEnd::Ran(ExecOutput {
+                        stdout: ran.stdout,
+                        stderr: ran.stderr,
+                        exit_code: ran.status,
+                        producer_owns_stderr: false,
+                    }))
+                }
                 WrapperOutcome::NoNonce {
                     status,
                     stderr_tail,
@@ -649,6 +654,27 @@ pub(crate) fn classify_no_nonce(
         )
     };
     SandboxError::engine(format!("{detail}: {}", tail(stderr)))
+}
+
+/// Statuses above this are "killed by signal N" (128 + N) as `docker exec` reports them, and are
+/// also what a command reads as when its container is removed or stopped under it.
+const SIGNAL_STATUS_FLOOR: i32 = 128;
+
+impl Shared {
+    /// A signal-shaped status may be the container's death rather than the command's: one inspect
+    /// tells them apart, so a removed or stopped container never reads as an exit code.
+    async fn refuse_if_container_died(&self, id: &str, status: i32) -> Result<(), SandboxError> {
+        match self.inspect(id).await? {
+            None => Err(SandboxError::SandboxGone {
+                instance: id.to_owned(),
+            }),
+            Some(record) if record.status() != "running" => Err(SandboxError::engine(format!(
+                "container {id} stopped ({}) while the command ran; its status {status} is not the command's",
+                record.status()
+            ))),
+            Some(_) => Ok(()),
+        }
+    }
 }
 
 /// Starts the remote kill if a wrapper call's future is dropped before it ended.

@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sandbox_core::{
@@ -45,6 +46,42 @@ async fn a_sandbox_removed_behind_the_handle_is_gone_never_an_exit_code() {
     let again = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
     assert_ne!(again.instance_id(), old);
     assert!(again.freshly_created());
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_removed_while_a_command_runs_is_an_error_never_an_exit_code() {
+    let backend = backend(false).await;
+    let scope = unique_scope("gone-mid");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let id = sandbox.instance_id().to_owned();
+    let running = {
+        let sandbox = Arc::clone(&sandbox);
+        tokio::spawn(async move {
+            sandbox
+                .exec(
+                    ExecRequest::new(Command::argv(["sleep", "30"]))
+                        .timeout(Duration::from_secs(60)),
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let removed = docker(["rm", "-f", &id]).await;
+    assert_eq!(removed.status, exec_wrapper::ExitKind::Exited(0));
+    let error = running
+        .await
+        .unwrap()
+        .expect_err("the container's death is not the command's exit code");
+    assert!(
+        matches!(error.kind(), ErrorKind::SandboxGone | ErrorKind::Engine),
+        "{error}"
+    );
+    // A command that kills itself with a signal still reports its own status.
+    let again = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let own = run(again.as_ref(), &["sh", "-c", "kill -9 $$"]).await;
+    assert_eq!(own.exit_code, 137);
     assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
 }
 
