@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use backend_docker::{DockerBackend, DockerConfig, ImageOutcome, ImageRecipe, LocalImage};
+use backend_docker::{
+    DockerBackend, DockerConfig, EgressProbe, ImageOutcome, ImageRecipe, LocalImage,
+};
 use exec_wrapper::{BoundedCommand, ExitKind};
 use sandbox_core::{
     Command, DisposeSelector, ExecRequest, SandboxBackend, SandboxError, SandboxSpec,
@@ -143,8 +145,14 @@ async fn docker_read(args: &[&str]) -> Result<String, String> {
 }
 
 /// `doctor`: reads, never writes host settings; exits 0 only when every applicable item passes.
-pub async fn doctor(global: &GlobalArgs) -> u8 {
+pub async fn doctor(global: &GlobalArgs, egress_probe: &[String]) -> u8 {
     let mut checks = Vec::new();
+    if egress_probe.len() > 2 {
+        eprintln!(
+            "sandboxctl: --egress-probe takes at most two URLs (one by address, one by name)"
+        );
+        return crate::exit_codes::USAGE;
+    }
     if global.backend == BackendChoice::Sbx {
         checks.push(Check::fail(
             "sbx.client",
@@ -152,7 +160,7 @@ pub async fn doctor(global: &GlobalArgs) -> u8 {
             "use --backend docker",
         ));
     } else {
-        docker_checks(&mut checks).await;
+        docker_checks(&mut checks, egress_probe).await;
     }
     let ok = checks.iter().all(|c| c.passed != Some(false));
     if global.json {
@@ -183,9 +191,10 @@ pub async fn doctor(global: &GlobalArgs) -> u8 {
     u8::from(!ok)
 }
 
-async fn docker_checks(checks: &mut Vec<Check>) {
-    match docker_read(&["version", "--format", "{{.Client.Version}}"]).await {
-        Ok(v) => checks.push(Check::pass("docker.client", format!("docker client {v}"))),
+async fn docker_checks(checks: &mut Vec<Check>, egress_probe: &[String]) {
+    // `docker --version` answers without a daemon, so a missing engine is not read as a missing client.
+    match docker_read(&["--version"]).await {
+        Ok(v) => checks.push(Check::pass("docker.client", v)),
         Err(e) => {
             checks.push(Check::fail(
                 "docker.client",
@@ -269,7 +278,7 @@ async fn docker_checks(checks: &mut Vec<Check>) {
         "sbx",
         "the sbx backend is not built yet",
     ));
-    checks.push(throwaway_sandbox().await);
+    checks.push(throwaway_sandbox(egress_probe).await);
 }
 
 /// `--pids-limit` needs the pids cgroup controller.
@@ -288,8 +297,15 @@ fn kernel_pids_check() -> Check {
     }
 }
 
-async fn throwaway_sandbox() -> Check {
-    let backend = match DockerBackend::connect(DockerConfig::default()).await {
+/// Acquire (with the egress preflight proving the sandbox reaches nothing), one exec, dispose.
+async fn throwaway_sandbox(egress_probe: &[String]) -> Check {
+    let mut config = DockerConfig::default();
+    config.verify_egress = true;
+    if let [first, rest @ ..] = egress_probe {
+        let by_name = rest.first().unwrap_or(first);
+        config.egress_probe = EgressProbe::new(first.clone(), by_name.clone(), None);
+    }
+    let backend = match DockerBackend::connect(config).await {
         Ok(b) => b,
         Err(e) => return Check::fail("docker.sandbox", e.to_string(), "see the checks above"),
     };
@@ -322,7 +338,7 @@ async fn throwaway_sandbox() -> Check {
         ),
         (Ok(_), None) => Check::pass(
             "docker.sandbox",
-            "acquire, exec and dispose of a throwaway sandbox",
+            "acquire (egress proven closed), exec and dispose of a throwaway sandbox",
         ),
     }
 }

@@ -196,8 +196,14 @@ pub enum CommandLine {
         #[arg(long)]
         thread: String,
     },
-    /// Check this host: engine, context, images, kernel features.
-    Doctor,
+    /// Check this host: engine, context, images, kernel features, and a throwaway sandbox whose
+    /// egress is proven closed from inside. Reads, never writes, host settings.
+    Doctor {
+        /// A URL the throwaway sandbox must NOT reach (repeatable, at most two: one naming its host
+        /// by address, one by name). Replaces the defaults (https://1.1.1.1/, https://example.com/).
+        #[arg(long = "egress-probe", value_name = "URL")]
+        egress_probe: Vec<String>,
+    },
     /// Local images.
     Images {
         /// What to do with them.

@@ -29,7 +29,9 @@ pub async fn dispatch(cli: Cli) -> u8 {
         } => return run(&global, image, &key, &target, keep, argv).await,
         CommandLine::Exec { key, target, argv } => return exec(&global, &key, &target, argv).await,
         CommandLine::Images { action } => images(&global, action).await,
-        CommandLine::Doctor => return crate::backends::doctor(&global).await,
+        CommandLine::Doctor { egress_probe } => {
+            return crate::backends::doctor(&global, &egress_probe).await
+        }
         other => other_command(&global, other).await,
     };
     debug_assert!(!runs);
@@ -417,7 +419,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
         }
         CommandLine::Run { .. }
         | CommandLine::Exec { .. }
-        | CommandLine::Doctor
+        | CommandLine::Doctor { .. }
         | CommandLine::Images { .. } => {
             unreachable!("dispatched before")
         }

@@ -349,3 +349,63 @@ fn purge_leaves_nothing() {
     assert_eq!(v["undisposed"], Value::Null);
     purge_and_check(&scope, "t1");
 }
+
+#[test]
+fn doctor_passes_here_and_names_the_fix_when_the_engine_is_away() {
+    let out = ctl(&[
+        "--json",
+        "doctor",
+        "--egress-probe",
+        "http://127.0.0.1:9/",
+        "--egress-probe",
+        "http://doctor.invalid:9/",
+    ]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
+    let v = json(&out);
+    assert_eq!(v["ok"], true);
+    let ids: Vec<&str> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    for id in [
+        "docker.client",
+        "docker.context",
+        "docker.engine",
+        "docker.image",
+        "docker.sandbox",
+    ] {
+        assert!(ids.contains(&id), "{id} missing from {ids:?}");
+    }
+
+    let away = Command::new(BIN)
+        .args(["--json", "doctor"])
+        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(code(&away), 1);
+    let v = json(&away);
+    assert_eq!(v["ok"], false);
+    let engine = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "docker.engine")
+        .expect("the engine item is reported");
+    assert_eq!(engine["status"], "fail");
+    assert!(!engine["fix"].as_str().unwrap().is_empty());
+    assert_eq!(
+        code(&ctl(&[
+            "doctor",
+            "--egress-probe",
+            "a",
+            "--egress-probe",
+            "b",
+            "--egress-probe",
+            "c"
+        ])),
+        2
+    );
+}
