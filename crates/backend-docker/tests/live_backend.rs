@@ -226,6 +226,96 @@ async fn warm_acquire_list_find_and_dispose_read_the_engine() {
     assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
 }
 
+/// Every host process's command line, and the environment of every docker client, as bytes.
+fn host_exposures() -> Vec<(u32, &'static str, Vec<u8>)> {
+    let mut seen = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue; // the process ended meanwhile
+        };
+        let is_docker_client = cmdline
+            .split(|b| *b == 0)
+            .next()
+            .is_some_and(|argv0| argv0 == b"docker" || argv0.ends_with(b"/docker"));
+        if is_docker_client {
+            if let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) {
+                seen.push((pid, "environ", environ));
+            }
+        }
+        seen.push((pid, "cmdline", cmdline));
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guest_env_value_never_appears_in_any_argv_nor_the_client_environment() {
+    use base64::Engine as _;
+    let backend = backend(false).await;
+    let scope = unique_scope("argv-hygiene");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let value = format!("value-{}-{}", std::process::id(), unique_scope("v"));
+    let encodings = [
+        value.clone().into_bytes(),
+        base64::engine::general_purpose::STANDARD
+            .encode(&value)
+            .into_bytes(),
+        base64::engine::general_purpose::URL_SAFE
+            .encode(&value)
+            .into_bytes(),
+    ];
+    let running = {
+        let sandbox = Arc::clone(&sandbox);
+        let env = ExecEnv::default().set("PAYLOAD", value.as_str());
+        tokio::spawn(async move {
+            sandbox
+                .exec(
+                    ExecRequest::new(Command::argv(["sh", "-c", "sleep 4; test -n \"$PAYLOAD\""]))
+                        .env(env)
+                        .timeout(Duration::from_secs(30)),
+                )
+                .await
+        })
+    };
+    let mut scans = 0;
+    let mut saw_the_client = false;
+    while !running.is_finished() {
+        for (pid, what, bytes) in host_exposures() {
+            saw_the_client |= what == "environ";
+            for needle in &encodings {
+                assert!(
+                    !bytes.windows(needle.len()).any(|w| w == needle.as_slice()),
+                    "the guest value is visible in /proc/{pid}/{what}"
+                );
+            }
+        }
+        scans += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let output = running.await.unwrap().unwrap();
+    assert_eq!(output.exit_code, 0, "the guest got the value");
+    assert!(
+        scans >= 10,
+        "the scan ran while the command did ({scans} scans)"
+    );
+    assert!(
+        saw_the_client,
+        "the docker client's environment was scanned"
+    );
+    assert!(backend
+        .dispose(&key, DisposeSelector::all())
+        .await
+        .is_none());
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_guest_env_travels_in_the_env_file_and_docker_names_are_refused() {
     let backend = backend(false).await;
