@@ -27,30 +27,31 @@
 
 mod backend;
 mod capability;
+mod credential_paths;
 mod declarations;
 mod disposal;
 mod egress;
 mod entry;
 mod error;
 mod exec;
+mod guest_path;
 mod hygiene;
 mod isolation;
 mod key;
 mod limits;
+mod naming;
 mod router;
 mod spec;
+mod storage_base;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod wire;
-// Pure helpers (paths, naming, hygiene lists).
-mod credential_paths;
-mod guest_path;
-mod naming;
-mod storage_base;
-// end of pure helpers
 
 pub use backend::{Sandbox, SandboxBackend, SandboxState, SandboxSummary};
 pub use capability::{default_capabilities, needs_storage_base, Capability};
+pub use credential_paths::{
+    check_source, check_workspace_root, credential_paths, refuses_source, CredentialPath,
+};
 pub use declarations::BackendDeclarations;
 pub use disposal::{fold, DisposalCode, DisposalFailure, DisposeSelector, ScopePurge};
 pub use egress::{
@@ -59,24 +60,16 @@ pub use egress::{
 pub use entry::{EntryKind, SandboxEntry};
 pub use error::{BoxError, ErrorKind, GuestCleanup, ParseError, Result, SandboxError};
 pub use exec::{Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES};
-pub use hygiene::is_secret_name;
-pub use isolation::{Isolation, IsolationScope, OsFamily};
-pub use key::SandboxKey;
-pub use limits::{SandboxLimits, TransferLimits, DEFAULT_TRANSFER_LIMITS};
-pub use router::{
-    FailedCleanup, Router, RouterConfig, Selection, UncleanTarget, DEFAULT_CLEANUP_TIMEOUT,
-};
-pub use spec::{SandboxSpec, SandboxSpecBuilder, DEFAULT_WORK_DIR};
-// Pure helper re-exports.
-pub use credential_paths::{
-    check_source, check_workspace_root, credential_paths, refuses_source, CredentialPath,
-};
 pub use guest_path::{
     ancestors as guest_path_ancestors, check_delete, check_delete_async, check_list,
     check_list_async, check_read, check_read_async, check_write, check_write_async, confine,
     join as guest_path_join, norm as guest_path_norm, refuse_linked_ancestors,
     refuse_linked_ancestors_async, relative_to as guest_path_relative_to, resolve_wd,
 };
+pub use hygiene::is_secret_name;
+pub use isolation::{Isolation, IsolationScope, OsFamily};
+pub use key::SandboxKey;
+pub use limits::{SandboxLimits, TransferLimits, DEFAULT_TRANSFER_LIMITS};
 pub use naming::{
     decode_docker_key_label, docker_container_name, docker_key_label, docker_name_preimage,
     is_digest_label, label_value, python_json_list, sbx_conversation_prefix, sbx_digest,
@@ -84,5 +77,8 @@ pub use naming::{
     LABEL_EGRESS_V1, LABEL_KEY_V1, LABEL_KIND, LABEL_ROLE, LABEL_SCOPE, LABEL_THREAD,
     LABEL_USER_PREFIX, LABEL_WORK_DIR_V1,
 };
+pub use router::{
+    FailedCleanup, Router, RouterConfig, Selection, UncleanTarget, DEFAULT_CLEANUP_TIMEOUT,
+};
+pub use spec::{SandboxSpec, SandboxSpecBuilder, DEFAULT_WORK_DIR};
 pub use storage_base::{plan_storage_base, storage_base_directories, validate_base};
-// end of pure helper re-exports
