@@ -254,7 +254,16 @@ fn cp_in_refuses_credential_paths() {
     std::fs::write(ssh.join("id_ed25519"), b"not a real key").unwrap();
     let linked = home.path().join("innocent");
     std::os::unix::fs::symlink(ssh.join("id_ed25519"), &linked).unwrap();
-    for source in [ssh.join("id_ed25519"), linked, home.path().to_path_buf()] {
+    let gh = home.path().join(".config/gh");
+    std::fs::create_dir_all(&gh).unwrap();
+    std::fs::write(gh.join("hosts.yml"), b"oauth_token: not real").unwrap();
+    for source in [
+        ssh.join("id_ed25519"),
+        linked,
+        home.path().to_path_buf(),
+        gh.clone(),
+        gh.join("hosts.yml"),
+    ] {
         let out = Command::new(BIN)
             .args(["--min-isolation", "container", "cp-in", "--key", "a/b/c"])
             .arg(&source)
@@ -272,6 +281,23 @@ fn cp_in_refuses_credential_paths() {
         );
         assert!(!String::from_utf8_lossy(&out.stderr).contains("not a real key"));
     }
+    // The explicit override lifts only this refusal: the copy then fails on the absent sandbox.
+    let out = Command::new(BIN)
+        .args([
+            "--min-isolation",
+            "container",
+            "cp-in",
+            "--key",
+            "a/b/c",
+            "--allow-credential-path",
+        ])
+        .arg(ssh.join("id_ed25519"))
+        .arg("x")
+        .env("HOME", home.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 66, "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]
