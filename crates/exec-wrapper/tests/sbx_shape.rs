@@ -1,0 +1,640 @@
+//! The full sbx shape of the wrapper (`enter`, `bind`, `run`) run for real on this host, as an
+//! unprivileged caller, exactly as the sbx backend runs it inside the VM (everything from `sh`
+//! onward): a private user and mount namespace, the workspace bound at the storage base's
+//! parent, the marker check, then the command under the caller's own uid and gid. Every case
+//! runs under dash and bash (see [`shells`] for why not BusyBox).
+//!
+//! These tests need unprivileged user namespaces and util-linux `unshare` with
+//! `--map-user`/`--map-group` (2.38 or later). Without them every test here fails with a message
+//! saying so: the sbx templates need the same, so a host lacking them must not pass silently.
+//!
+//! Run as root, the caller is a fixed unprivileged uid and gid reached through `setpriv`; run as
+//! anyone else, the caller is the test process's own uid and gid.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use exec_wrapper::{
+    encode_env_file, encode_invocation, new_nonce, parse_run_output, pid_file, sbx_env_file_name,
+    sbx_wrapper_argv, BoundedCommand, ExitKind, Nonce, SbxMount, WrapperOutcome, WrapperOutput,
+    WORKSPACE_MARKER,
+};
+
+const BOUND: Duration = Duration::from_secs(20);
+
+/// The unprivileged identity used when the tests run as root. Distinct uid and gid values, so a
+/// wrapper that swapped them would be caught.
+const ROOT_RUN_UID: u32 = 47_813;
+const ROOT_RUN_GID: u32 = 47_819;
+
+/// Who runs the wrapper, and how the test process becomes them.
+#[derive(Clone)]
+struct Caller {
+    uid: u32,
+    gid: u32,
+    /// `setpriv …` in front of the shell when the test process is root; empty otherwise.
+    prefix: Vec<OsString>,
+}
+
+impl Caller {
+    fn current() -> Caller {
+        if rustix::process::geteuid().is_root() {
+            let setpriv = find_on_path("setpriv").unwrap_or_else(|| {
+                panic!("`setpriv` (util-linux) is required to run the sbx shape as an unprivileged uid")
+            });
+            Caller {
+                uid: ROOT_RUN_UID,
+                gid: ROOT_RUN_GID,
+                prefix: vec![
+                    setpriv.into(),
+                    "--reuid".into(),
+                    ROOT_RUN_UID.to_string().into(),
+                    "--regid".into(),
+                    ROOT_RUN_GID.to_string().into(),
+                    "--clear-groups".into(),
+                ],
+            }
+        } else {
+            Caller {
+                uid: rustix::process::getuid().as_raw(),
+                gid: rustix::process::getgid().as_raw(),
+                prefix: Vec::new(),
+            }
+        }
+    }
+
+    /// A bounded command running `program args…` as this caller, from `/` (as `sbx exec` would).
+    fn command(&self, program: &Path, args: impl IntoIterator<Item = OsString>) -> BoundedCommand {
+        let mut full: Vec<OsString> = self.prefix.clone();
+        full.push(program.into());
+        full.extend(args);
+        BoundedCommand::new(full.remove(0), BOUND)
+            .args(full)
+            .current_dir("/")
+    }
+
+    /// Makes `path` belong to this caller (a no-op unless the tests run as root).
+    fn own(&self, path: &Path) {
+        if !self.prefix.is_empty() {
+            std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid))
+                .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+        }
+    }
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+fn required(name: &str) -> PathBuf {
+    find_on_path(name).unwrap_or_else(|| panic!("`{name}` is required on PATH for these tests"))
+}
+
+const SYSTEM_PATH: &str = "/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// One shell under test, with a bin directory whose `sh` is that shell (so every stage's re-run
+/// of the script, and the command's inner shell, use it too).
+struct Shell {
+    name: &'static str,
+    program: PathBuf,
+    path: String,
+}
+
+/// dash and bash. The bin directories live under `site_root`, which the caller can traverse.
+///
+/// BusyBox `sh` is not among them: the Debian BusyBox build is made to prefer its own applets,
+/// so its `sh` runs BusyBox's `unshare` and `mount` whatever `PATH` says, and BusyBox's `unshare`
+/// has no `--map-user`/`--map-group`. The wrapper needs util-linux's (exec-wrapper rule 41); an
+/// image whose `sh` is such a BusyBox fails the sbx mount proof at create. The `run` stage is
+/// checked under BusyBox in `wrapper_shells.rs`.
+fn shells(site_root: &Path) -> Vec<Shell> {
+    ["dash", "bash"]
+        .into_iter()
+        .map(|name| {
+            let bin = site_root.join(format!("bin-{name}"));
+            std::fs::create_dir(&bin).unwrap();
+            std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let program = required(name);
+            std::os::unix::fs::symlink(&program, bin.join("sh")).unwrap();
+            Shell {
+                name,
+                program,
+                path: format!("{}:{SYSTEM_PATH}", bin.display()),
+            }
+        })
+        .collect()
+}
+
+/// A host layout standing in for the guest's: a workspace as sbx would mount it (owned by the
+/// caller, holding the marker and the storage base `work/`), another sandbox's workspace
+/// (no marker), and the storage base's parent as the image has it after create: a root-made
+/// directory the bind covers. The parent holds one host-only file, so a test can tell the bound
+/// view from the host's.
+struct Site {
+    root: tempfile::TempDir,
+    caller: Caller,
+    workspace: PathBuf,
+    other_workspace: PathBuf,
+    parent: PathBuf,
+    /// A directory the caller can write outside the parent, for side effects that must not
+    /// happen.
+    outside: PathBuf,
+    shells: Vec<Shell>,
+}
+
+const HOST_ONLY: &str = "host-only";
+const GREETING: &[u8] = b"hello from the workspace\n";
+
+impl Site {
+    fn new() -> Site {
+        let caller = Caller::current();
+        // Under /tmp itself, not $TMPDIR: the caller must be able to traverse every ancestor,
+        // and the wrapper's pid file lives in /tmp anyway.
+        let root = tempfile::Builder::new()
+            .prefix("exec-wrapper-sbx-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let mode = |path: &Path, mode: u32| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        mode(root.path(), 0o755);
+
+        let workspace = root.path().join("ws-0123456789ab");
+        let base = workspace.join("work");
+        let sub = base.join("a dir");
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(workspace.join(WORKSPACE_MARKER), b"").unwrap();
+        std::fs::write(base.join("greeting"), GREETING).unwrap();
+        mode(&workspace, 0o700);
+        for path in [
+            &workspace,
+            &workspace.join(WORKSPACE_MARKER),
+            &base,
+            &base.join("greeting"),
+            &sub,
+        ] {
+            caller.own(path);
+        }
+
+        let other_workspace = root.path().join("ws-ba9876543210");
+        std::fs::create_dir_all(other_workspace.join("work")).unwrap();
+        mode(&other_workspace, 0o700);
+        caller.own(&other_workspace);
+        caller.own(&other_workspace.join("work"));
+
+        let parent = root.path().join("maf-sandbox");
+        std::fs::create_dir(&parent).unwrap();
+        std::fs::write(parent.join(HOST_ONLY), b"").unwrap();
+        mode(&parent, 0o755);
+
+        let outside = root.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        caller.own(&outside);
+
+        let shells = shells(root.path());
+        let site = Site {
+            root,
+            caller,
+            workspace,
+            other_workspace,
+            parent,
+            outside,
+            shells,
+        };
+        site.require_namespaces();
+        site.assert_nothing_mounted();
+        site
+    }
+
+    fn parent_str(&self) -> &str {
+        self.parent.to_str().unwrap()
+    }
+
+    /// Fails (never skips) with a clear message when this host cannot give the caller the
+    /// namespaces the `enter` and `bind` stages need.
+    fn require_namespaces(&self) {
+        let probe = format!(
+            "unshare --user --mount --map-root-user -- \
+             unshare --user --map-user={uid} --map-group={gid} -- true",
+            uid = self.caller.uid,
+            gid = self.caller.gid
+        );
+        let dash = &self.shells[0];
+        let output = runtime().block_on(
+            self.caller
+                .command(&dash.program, ["-c".into(), probe.into()])
+                .env("PATH", &dash.path)
+                .run(),
+        );
+        match output {
+            Ok(output) if output.status == ExitKind::Exited(0) => {}
+            other => panic!(
+                "unprivileged user namespaces are unavailable to uid {} on this host, or util-linux \
+                 `unshare` lacks --map-user/--map-group (2.38 or later is needed): the sbx wrapper's \
+                 enter and bind stages cannot run. Check user.max_user_namespaces, \
+                 kernel.unprivileged_userns_clone and AppArmor's \
+                 kernel.apparmor_restrict_unprivileged_userns. Probe result: {}",
+                self.caller.uid,
+                describe(&other)
+            ),
+        }
+    }
+
+    /// Runs the real sbx argv under `shell`, as the caller, and reads it with the crate's parser.
+    async fn run(
+        &self,
+        shell: &Shell,
+        nonce: &Nonce,
+        guest_mount: &Path,
+        with_env_file: bool,
+        cwd: &[u8],
+        argv: &[&[u8]],
+    ) -> WrapperOutcome {
+        let invocation = encode_invocation(cwd, argv).unwrap();
+        let mount = SbxMount {
+            parent: self.parent_str().to_owned(),
+            guest_mount: guest_mount.to_str().unwrap().to_owned(),
+        };
+        let argv = sbx_wrapper_argv(nonce, &mount, with_env_file, &invocation).unwrap();
+        assert_eq!(argv[0], "sh", "the guest argv starts with sh");
+        assert_eq!(
+            argv[5], "enter",
+            "the real sbx argv starts at the enter stage"
+        );
+        let args = argv[1..].iter().map(OsString::from).collect::<Vec<_>>();
+        let output = self
+            .caller
+            .command(&shell.program, args)
+            .env("PATH", &shell.path)
+            .env("LANG", "C.UTF-8")
+            .run()
+            .await
+            .unwrap_or_else(|e| panic!("{}: the runner failed: {e}", shell.name));
+        parse_run_output(output, nonce)
+    }
+
+    /// No mount point at or under this site's root, as this (the host's) mount namespace sees it.
+    fn assert_nothing_mounted(&self) {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let root = self.root.path().to_str().unwrap();
+        for line in mountinfo.lines() {
+            // Field 5 is the mount point (octal escapes only for space, tab, newline and `\`,
+            // none of which this site's paths contain).
+            let mount_point = line.split(' ').nth(4).unwrap_or_default();
+            assert!(
+                mount_point != self.parent_str() && !mount_point.starts_with(root),
+                "still mounted on the host: {line}"
+            );
+        }
+    }
+
+    /// The parent as the host sees it: the one host-only file, nothing of the workspace.
+    fn assert_host_parent_unchanged(&self) {
+        assert_eq!(
+            names(&self.parent),
+            BTreeSet::from([HOST_ONLY.to_owned()]),
+            "the host's view of the parent changed"
+        );
+        let meta = std::fs::metadata(&self.parent).unwrap();
+        assert_eq!(meta.uid(), rustix::process::geteuid().as_raw());
+        assert_eq!(meta.mode() & 0o7777, 0o755);
+    }
+}
+
+fn names(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect()
+}
+
+fn describe(result: &Result<exec_wrapper::RunOutput, exec_wrapper::Error>) -> String {
+    match result {
+        Ok(output) => format!(
+            "{:?}, stderr {:?}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ),
+        Err(e) => format!("the probe did not run: {e}"),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn ran(shell: &Shell, outcome: WrapperOutcome) -> WrapperOutput {
+    match outcome {
+        WrapperOutcome::Ran(output) => output,
+        other => panic!("{}: expected a command result, got {other:?}", shell.name),
+    }
+}
+
+fn text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(bytes)
+}
+
+#[test]
+fn the_workspace_is_bound_at_the_parent_and_the_command_runs_as_the_caller() {
+    let site = Site::new();
+    let cwd = format!("{}/work/a dir", site.parent_str());
+    for shell in &site.shells {
+        let nonce = new_nonce().unwrap();
+        let written = format!("written-by-{}", shell.name);
+        // The parent's listing shows the workspace (marker, storage base), not the host-only
+        // file the bind covers; the file is written relative to the cwd, through the bind.
+        let script = "pwd; id -u; id -g; cat ../greeting; ls -A \"$1\"; \
+                      printf 'from %s' \"$2\" >\"$2\"; ls -ln \"$2\"";
+        let outcome = runtime().block_on(site.run(
+            shell,
+            &nonce,
+            &site.workspace,
+            false,
+            cwd.as_bytes(),
+            &[
+                b"sh",
+                b"-c",
+                script.as_bytes(),
+                b"sh",
+                site.parent_str().as_bytes(),
+                written.as_bytes(),
+            ],
+        ));
+        let output = ran(shell, outcome);
+        assert_eq!(
+            output.status,
+            0,
+            "{}: stderr {}",
+            shell.name,
+            text(&output.stderr)
+        );
+        assert!(
+            output.stderr.is_empty(),
+            "{}: stderr {}",
+            shell.name,
+            text(&output.stderr)
+        );
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        let mut lines = stdout.lines();
+        assert_eq!(lines.next(), Some(cwd.as_str()), "{}: cwd", shell.name);
+        assert_eq!(
+            lines.next(),
+            Some(site.caller.uid.to_string().as_str()),
+            "{}: id -u",
+            shell.name
+        );
+        assert_eq!(
+            lines.next(),
+            Some(site.caller.gid.to_string().as_str()),
+            "{}: id -g",
+            shell.name
+        );
+        assert_eq!(
+            lines.next(),
+            Some(text(GREETING).trim_end()),
+            "{}: the workspace's content at the parent",
+            shell.name
+        );
+        assert_eq!(
+            lines.next(),
+            Some(WORKSPACE_MARKER),
+            "{}: the parent's listing",
+            shell.name
+        );
+        assert_eq!(
+            lines.next(),
+            Some("work"),
+            "{}: the parent's listing",
+            shell.name
+        );
+        // `ls -ln` inside: the new file is the caller's own, with no uid or gid left unmapped.
+        let long = lines.next().unwrap_or_default();
+        let fields: Vec<&str> = long.split_whitespace().collect();
+        assert_eq!(
+            fields.get(2..4),
+            Some(
+                [
+                    site.caller.uid.to_string().as_str(),
+                    site.caller.gid.to_string().as_str()
+                ]
+                .as_slice()
+            ),
+            "{}: ownership seen inside: {long}",
+            shell.name
+        );
+        assert_eq!(lines.next(), None, "{}: {stdout}", shell.name);
+
+        // On the host the file landed in the workspace, owned by the caller.
+        let landed = site.workspace.join("work/a dir").join(&written);
+        assert_eq!(
+            std::fs::read(&landed).unwrap(),
+            format!("from {written}").as_bytes(),
+            "{}",
+            shell.name
+        );
+        let meta = std::fs::metadata(&landed).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (site.caller.uid, site.caller.gid),
+            "{}",
+            shell.name
+        );
+        assert!(
+            !Path::new(&pid_file(&nonce)).exists(),
+            "{}: the pid file stays behind",
+            shell.name
+        );
+        site.assert_nothing_mounted();
+        site.assert_host_parent_unchanged();
+    }
+}
+
+#[test]
+fn stdout_stderr_and_the_exit_status_pass_through_exactly() {
+    let site = Site::new();
+    let expect = |stdout: &[u8], stderr: &[u8], status| WrapperOutput {
+        stdout: stdout.to_vec(),
+        stderr: stderr.to_vec(),
+        status,
+    };
+    let cases: [(&[u8], WrapperOutput); 4] = [
+        (
+            b"printf 'out\\0\\377\\n'; printf 'err \\001\\n\\n' >&2; printf tail; printf etail >&2; exit 3",
+            expect(b"out\0\xff\ntail", b"err \x01\n\netail", 3),
+        ),
+        (b"printf 'only out\\n'", expect(b"only out\n", b"", 0)),
+        // 125 and 127 after the nonce are the command's, never a wrapper failure.
+        (
+            b"printf 'gone\\n' >&2; exit 125",
+            expect(b"", b"gone\n", 125),
+        ),
+        (b"exit 127", expect(b"", b"", 127)),
+    ];
+    for shell in &site.shells {
+        for (script, expected) in &cases {
+            let nonce = new_nonce().unwrap();
+            let outcome = runtime().block_on(site.run(
+                shell,
+                &nonce,
+                &site.workspace,
+                false,
+                b"/",
+                &[b"sh", b"-c", script],
+            ));
+            assert_eq!(
+                &ran(shell, outcome),
+                expected,
+                "{}: {}",
+                shell.name,
+                text(script)
+            );
+        }
+        site.assert_nothing_mounted();
+    }
+    site.assert_host_parent_unchanged();
+}
+
+#[test]
+fn a_workspace_without_the_marker_is_unmounted_and_the_command_never_runs() {
+    let site = Site::new();
+    let marker = site.workspace.join(WORKSPACE_MARKER);
+    for shell in &site.shells {
+        for case in ["another sandbox's workspace", "the marker removed"] {
+            let guest_mount = match case {
+                "another sandbox's workspace" => site.other_workspace.clone(),
+                _ => {
+                    std::fs::remove_file(&marker).unwrap();
+                    site.workspace.clone()
+                }
+            };
+            let nonce = new_nonce().unwrap();
+            let side_effect = site.outside.join(format!("ran-{}", shell.name));
+            let outcome = runtime().block_on(site.run(
+                shell,
+                &nonce,
+                &guest_mount,
+                false,
+                b"/",
+                &[b"touch", side_effect.to_str().unwrap().as_bytes()],
+            ));
+            assert_eq!(outcome, WrapperOutcome::Unmounted, "{}: {case}", shell.name);
+            assert!(
+                !side_effect.exists(),
+                "{}: {case}: the command ran",
+                shell.name
+            );
+            assert!(
+                !Path::new(&pid_file(&nonce)).exists(),
+                "{}: {case}: the run stage started",
+                shell.name
+            );
+            site.assert_nothing_mounted();
+            site.assert_host_parent_unchanged();
+            if case == "the marker removed" {
+                std::fs::write(&marker, b"").unwrap();
+                site.caller.own(&marker);
+            }
+        }
+    }
+    // The outside directory is writable by the caller: with the marker back, the same command
+    // runs and leaves its side effect, so its absence above was the marker check's doing.
+    let shell = &site.shells[0];
+    let nonce = new_nonce().unwrap();
+    let side_effect = site.outside.join("ran-with-marker");
+    let outcome = runtime().block_on(site.run(
+        shell,
+        &nonce,
+        &site.workspace,
+        false,
+        b"/",
+        &[b"touch", side_effect.to_str().unwrap().as_bytes()],
+    ));
+    assert_eq!(ran(shell, outcome).status, 0);
+    assert!(side_effect.exists());
+}
+
+#[test]
+fn a_guest_mount_that_cannot_be_bound_is_a_wrapper_failure() {
+    let site = Site::new();
+    let missing = site.root.path().join("no-such-workspace");
+    for shell in &site.shells {
+        let nonce = new_nonce().unwrap();
+        let side_effect = site.outside.join(format!("ran-{}", shell.name));
+        let outcome = runtime().block_on(site.run(
+            shell,
+            &nonce,
+            &missing,
+            false,
+            b"/",
+            &[b"touch", side_effect.to_str().unwrap().as_bytes()],
+        ));
+        assert!(
+            matches!(outcome, WrapperOutcome::NoNonce { status: 125, .. }),
+            "{}: {outcome:?}",
+            shell.name
+        );
+        assert!(!side_effect.exists(), "{}", shell.name);
+        site.assert_nothing_mounted();
+    }
+    site.assert_host_parent_unchanged();
+}
+
+#[test]
+fn the_env_file_is_read_through_the_bind_and_deleted() {
+    let site = Site::new();
+    for shell in &site.shells {
+        let nonce = new_nonce().unwrap();
+        // The host writes the env file into the workspace (0600, as the caller sees its own
+        // files through sbx's mount); the wrapper reads it at <parent>/<name> after binding.
+        let env_file = site.workspace.join(sbx_env_file_name(&nonce));
+        let env: [(&[u8], &[u8]); 2] = [
+            (b"GREETING", b"hi there\n\n"),
+            (b"SHELL_UNDER_TEST", shell.name.as_bytes()),
+        ];
+        std::fs::write(&env_file, encode_env_file(&env).unwrap()).unwrap();
+        std::fs::set_permissions(&env_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        site.caller.own(&env_file);
+
+        let outcome = runtime().block_on(site.run(
+            shell,
+            &nonce,
+            &site.workspace,
+            true,
+            b"/",
+            &[
+                b"sh",
+                b"-c",
+                b"printf '%s|%s' \"$GREETING\" \"$SHELL_UNDER_TEST\"",
+            ],
+        ));
+        let output = ran(shell, outcome);
+        assert_eq!(
+            (output.status, text(&output.stderr)),
+            (0, "".into()),
+            "{}",
+            shell.name
+        );
+        assert_eq!(
+            output.stdout,
+            [b"hi there\n\n|".as_slice(), shell.name.as_bytes()].concat(),
+            "{}",
+            shell.name
+        );
+        assert!(
+            !env_file.exists(),
+            "{}: the env file must be deleted through the bind",
+            shell.name
+        );
+        site.assert_nothing_mounted();
+    }
+    site.assert_host_parent_unchanged();
+}
