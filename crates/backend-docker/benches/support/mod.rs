@@ -1,0 +1,332 @@
+//! What the backend's benchmarks share: the paired, round-robin measurement of the backend
+//! against the raw `docker` CLI, the report line, a raw container with the backend's own
+//! hardening, and the sweep that leaves nothing on the engine.
+//!
+//! Every metric is the median of per-round ratios: each round times the backend and the raw CLI
+//! back to back, alternating which goes first, so load from other work on the machine (a CI run
+//! on the same two cores) falls on both sides alike.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use backend_docker::{DockerBackend, DockerConfig};
+use sandbox_core::SandboxBackend;
+use tokio::io::AsyncWriteExt as _;
+
+/// The image every benchmark runs on (docker.md §7; `cargo xtask images` builds it).
+pub const IMAGE: &str = "sandbox-base:local";
+
+/// The storage base the backend prepares by default, made in the raw container too.
+pub const BASE: &str = "/maf-sandbox/work";
+
+/// The label raw containers carry, valued with the run's scope, so the sweep finds them.
+const RAW_LABEL: &str = "maf-sandbox-bench";
+
+/// The deadline of each raw call, so a wedged engine fails the run instead of hanging it.
+const RAW_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A scope no other run shares (≤ 63 characters, so its label value is the scope itself).
+pub fn unique_scope(tag: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("bench-{tag}-{}-{nanos:08x}", std::process::id())
+}
+
+/// The backend as the live suites configure it, minus the egress preflight (off by default).
+pub async fn backend() -> DockerBackend {
+    DockerBackend::connect(DockerConfig::default())
+        .await
+        .expect("the docker backend connects to the local engine")
+}
+
+/// What one raw docker call printed.
+pub struct RawOutput {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// One raw `docker <args…>` (optionally with bytes on stdin), required to exit 0.
+pub async fn docker_with_stdin(args: &[&str], stdin: Option<&[u8]>) -> RawOutput {
+    let mut command = tokio::process::Command::new("docker");
+    command
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().expect("the docker CLI starts");
+    let pipe = child.stdin.take();
+    // Fed while the output is read, so neither side waits on a full pipe.
+    let feed = async move {
+        if let (Some(bytes), Some(mut pipe)) = (stdin, pipe) {
+            pipe.write_all(bytes).await.expect("stdin is written");
+        }
+    };
+    let run = async {
+        let ((), output) = tokio::join!(feed, child.wait_with_output());
+        output
+    };
+    let output = tokio::time::timeout(RAW_TIMEOUT, run)
+        .await
+        .unwrap_or_else(|_| panic!("docker {args:?} did not finish within {RAW_TIMEOUT:?}"))
+        .expect("the docker CLI runs");
+    assert!(
+        output.status.success(),
+        "docker {args:?} failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    RawOutput {
+        stdout: output.stdout,
+        stderr: output.stderr,
+    }
+}
+
+/// One raw `docker <args…>`, required to exit 0.
+pub async fn docker(args: &[&str]) -> RawOutput {
+    docker_with_stdin(args, None).await
+}
+
+/// `docker run -d` of a keep-alive container with the backend's own hardening (docker.md rules
+/// 10–11) and the raw label; returns its id.
+pub async fn run_raw_container(scope: &str) -> String {
+    let label = format!("{RAW_LABEL}={scope}");
+    let output = docker(&[
+        "run",
+        "-d",
+        "--pull=never",
+        "--init",
+        "--security-opt",
+        "no-new-privileges",
+        "--cap-drop",
+        "ALL",
+        "--pids-limit",
+        "512",
+        "--network",
+        "none",
+        "--label",
+        &label,
+        "--entrypoint",
+        "sh",
+        IMAGE,
+        "-c",
+        "while :; do sleep 3600; done",
+    ])
+    .await;
+    let id = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    assert_eq!(id.len(), 64, "docker run -d printed {id:?}");
+    id
+}
+
+/// `docker rm -f <id>`.
+pub async fn remove_raw(id: &str) {
+    docker(&["rm", "-f", id]).await;
+}
+
+/// Times one future.
+pub async fn timed<T>(work: impl Future<Output = T>) -> (T, Duration) {
+    let started = Instant::now();
+    let value = work.await;
+    (value, started.elapsed())
+}
+
+/// Times the backend's and the raw side's work of one round back to back; even rounds run the
+/// backend first, odd rounds the raw side, so neither always meets a warmer engine.
+pub async fn paired(
+    round: usize,
+    backend: impl Future<Output = ()>,
+    raw: impl Future<Output = ()>,
+) -> (Duration, Duration) {
+    let times = round_robin(round, vec![Box::pin(backend), Box::pin(raw)]).await;
+    (times[0], times[1])
+}
+
+/// Times each piece of work of one round in turn, starting with piece `round % n`, and returns
+/// the times in the pieces' own order.
+pub async fn round_robin(
+    round: usize,
+    mut work: Vec<Pin<Box<dyn Future<Output = ()> + '_>>>,
+) -> Vec<Duration> {
+    let n = work.len();
+    let mut times = vec![Duration::ZERO; n];
+    for step in 0..n {
+        let index = (round + step) % n;
+        let ((), took) = timed(work[index].as_mut()).await;
+        times[index] = took;
+    }
+    times
+}
+
+/// Pass/fail or reported only.
+#[derive(Debug, Clone, Copy)]
+pub enum Target {
+    /// The median paired ratio must be at most this.
+    AtMost(f64),
+    /// Measured and reported, never failed.
+    ReportedOnly,
+}
+
+/// The samples of one metric.
+pub struct Metric {
+    name: &'static str,
+    target: Target,
+    backend: Vec<Duration>,
+    raw: Vec<Duration>,
+}
+
+impl Metric {
+    pub fn new(name: &'static str, target: Target) -> Self {
+        Metric {
+            name,
+            target,
+            backend: Vec::new(),
+            raw: Vec::new(),
+        }
+    }
+
+    /// Records one round's pair.
+    pub fn push(&mut self, (backend, raw): (Duration, Duration)) {
+        self.backend.push(backend);
+        self.raw.push(raw);
+    }
+
+    /// Prints `name: backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`, where X and Y are
+    /// the medians (p50) of each side and Z the median of the per-round ratios; returns whether
+    /// the target (if any) is met.
+    pub fn report(&self) -> bool {
+        assert!(!self.backend.is_empty(), "{}: no rounds measured", self.name);
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let backend = median(self.backend.iter().map(|d| ms(*d)).collect());
+        let raw = median(self.raw.iter().map(|d| ms(*d)).collect());
+        let ratio = median(
+            self.backend
+                .iter()
+                .zip(&self.raw)
+                .map(|(b, r)| b.as_secs_f64() / r.as_secs_f64())
+                .collect(),
+        );
+        let (verdict, pass) = match self.target {
+            Target::AtMost(limit) if ratio <= limit => (format!("(target ≤ {limit:.2}) PASS"), true),
+            Target::AtMost(limit) => (format!("(target ≤ {limit:.2}) FAIL"), false),
+            Target::ReportedOnly => ("(reported only)".to_owned(), true),
+        };
+        println!(
+            "{}: backend {backend:.1} ms, raw {raw:.1} ms, ratio {ratio:.2} {verdict} [{} rounds]",
+            self.name,
+            self.backend.len()
+        );
+        pass
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// Ends the process with the run's verdict: non-zero when any pass/fail target was missed.
+pub fn exit_with(passed: bool) -> ! {
+    std::process::exit(if passed { 0 } else { 1 })
+}
+
+/// Removes everything a run made. [`Sweep::finish`] disposes through the backend and checks the
+/// engine lists nothing for the scope; dropping it unfinished (a panic) removes by label with
+/// blocking `docker rm -f` calls, so even a failed run leaves nothing behind.
+pub struct Sweep {
+    scope: String,
+    finished: bool,
+}
+
+impl Sweep {
+    pub fn new(scope: &str) -> Self {
+        Sweep {
+            scope: scope.to_owned(),
+            finished: false,
+        }
+    }
+
+    /// Disposes every thread of the scope through the backend, removes the raw containers, and
+    /// asserts nothing labelled with the scope remains.
+    pub async fn finish(mut self, backend: &DockerBackend, threads: &[&str]) {
+        for thread in threads {
+            let purge = backend.dispose_scope(&self.scope, thread).await;
+            assert!(
+                purge.undisposed.is_none(),
+                "disposal of {}/{thread}: {purge:?}",
+                self.scope
+            );
+        }
+        for id in self.labelled().await {
+            remove_raw(&id).await;
+        }
+        let left = backend.list(&self.scope, None).await.expect("listing the scope");
+        assert!(left.is_empty(), "left behind in {}: {left:?}", self.scope);
+        let raw_left = self.labelled().await;
+        assert!(raw_left.is_empty(), "raw containers left behind: {raw_left:?}");
+        self.finished = true;
+    }
+
+    fn filters(&self) -> [String; 2] {
+        [
+            format!("label=maf-sandbox.scope={}", self.scope),
+            format!("label={RAW_LABEL}={}", self.scope),
+        ]
+    }
+
+    async fn labelled(&self) -> Vec<String> {
+        let mut ids = Vec::new();
+        for filter in self.filters() {
+            let output = docker(&["ps", "-aq", "--no-trunc", "--filter", &filter]).await;
+            ids.extend(
+                String::from_utf8_lossy(&output.stdout)
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_owned),
+            );
+        }
+        ids
+    }
+}
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        for filter in self.filters() {
+            let Ok(output) = std::process::Command::new("docker")
+                .args(["ps", "-aq", "--no-trunc", "--filter", &filter])
+                .stdin(Stdio::null())
+                .output()
+            else {
+                eprintln!("sweep: docker ps failed for {filter}");
+                continue;
+            };
+            for id in String::from_utf8_lossy(&output.stdout).split_whitespace() {
+                let removed = std::process::Command::new("docker")
+                    .args(["rm", "-f", id])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .status();
+                if !matches!(removed, Ok(status) if status.success()) {
+                    eprintln!("sweep: could not remove {id}");
+                }
+            }
+        }
+    }
+}
