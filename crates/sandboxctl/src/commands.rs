@@ -73,6 +73,21 @@ impl Failure {
     }
 }
 
+impl From<crate::keys::KeyError> for Failure {
+    fn from(error: crate::keys::KeyError) -> Self {
+        // Both key forms at once is a usage error (2); a malformed key is an invalid argument (64).
+        let code = match error {
+            crate::keys::KeyError::BothForms => exit_codes::USAGE,
+            crate::keys::KeyError::Invalid(_) => exit_codes::INVALID_ARGUMENT,
+        };
+        Failure {
+            error: error.into(),
+            code,
+            extra: None,
+        }
+    }
+}
+
 impl From<SandboxError> for Failure {
     fn from(error: SandboxError) -> Self {
         let code = exit_codes::for_kind(error.kind());
@@ -292,7 +307,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             local,
             guest,
         } => {
-            let key = key.require().map_err(SandboxError::from)?;
+            let key = key.require()?;
             let content = read_local_source(&local, allow_credential_path)?;
             let backend = gated_backend(global).await?;
             let sandbox = found(&backend, &key, &kind).await?;
@@ -309,7 +324,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             guest,
             local,
         } => {
-            let key = key.require().map_err(SandboxError::from)?;
+            let key = key.require()?;
             let backend = gated_backend(global).await?;
             let sandbox = found(&backend, &key, &kind).await?;
             let content = sandbox.read_file(&guest, ".", max_bytes).await?;
@@ -320,7 +335,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             ))
         }
         CommandLine::Stat { key, kind, guest } => {
-            let key = key.require().map_err(SandboxError::from)?;
+            let key = key.require()?;
             let backend = gated_backend(global).await?;
             let sandbox = found(&backend, &key, &kind).await?;
             match sandbox.stat_file(&guest, ".").await? {
@@ -329,7 +344,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             }
         }
         CommandLine::Ls { key, kind, guest } => {
-            let key = key.require().map_err(SandboxError::from)?;
+            let key = key.require()?;
             let backend = gated_backend(global).await?;
             let sandbox = found(&backend, &key, &kind).await?;
             let entries = sandbox.list_dir(&guest, ".").await?;
@@ -344,7 +359,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             recursive,
             guest,
         } => {
-            let key = key.require().map_err(SandboxError::from)?;
+            let key = key.require()?;
             let backend = gated_backend(global).await?;
             let sandbox = found(&backend, &key, &kind).await?;
             sandbox.remove(&guest, ".", recursive).await?;
@@ -384,7 +399,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             Ok((json!({"sandboxes": rows}), text))
         }
         CommandLine::Dispose { key, kind } => {
-            let key = key.require().map_err(SandboxError::from)?;
+            let key = key.require()?;
             let backend = backends::connect(global.backend).await?;
             let selector = kind.map(DisposeSelector::kind).unwrap_or_default();
             match backend.dispose(&key, selector).await {

@@ -121,6 +121,17 @@ fn usage_errors() {
     assert_eq!(code(&ctl(&["run"])), 125, "run without a command");
     assert_eq!(code(&ctl(&["list", "--bogus"])), 2);
     assert_eq!(code(&ctl(&["stat", "--key", "a/b", "x"])), 64);
+    assert_eq!(
+        code(&ctl(&["stat", "--key", "a/b/c", "--scope", "a", "x"])),
+        2,
+        "both key forms"
+    );
+    assert_eq!(
+        code(&ctl(&[
+            "run", "--key", "a/b/c", "--scope", "a", "--", "true"
+        ])),
+        125
+    );
     assert_eq!(code(&ctl(&["--backend", "sbx", "list"])), 64);
 }
 
