@@ -1,0 +1,92 @@
+//! Acquire latency (docker.md rules 20 and 31).
+//!
+//! - Warm acquire, pass/fail: a second `acquire` of a running, verified container is one
+//!   `docker container inspect` (rule 20's cache), so it must stay within 1.2× one raw
+//!   `docker container inspect --format '{{json .}}'` of a container.
+//! - Cold acquire, reported only: a fresh key each round (inspect, OS re-check, image presence,
+//!   `docker run -d`, the id, the tool probe, the storage base) against a raw `docker run -d`
+//!   with the same hardening plus one `docker exec -u 0 mkdir -p` of the base (as root: the
+//!   image user cannot create it, which sends the backend to its engine-side fallback). Disposal
+//!   is not timed.
+
+mod support;
+
+use sandbox_core::{DisposeSelector, SandboxBackend, SandboxKey, SandboxSpec};
+use support::{
+    backend, docker, paired, remove_raw, run_raw_container, unique_scope, Metric, Sweep, Target,
+    BASE,
+};
+
+const WARM_WARMUP: usize = 3;
+const WARM_ROUNDS: usize = 41;
+const COLD_WARMUP: usize = 1;
+const COLD_ROUNDS: usize = 7;
+
+#[tokio::main]
+async fn main() {
+    let backend = backend().await;
+    let scope = unique_scope("acquire");
+    let sweep = Sweep::new(&scope);
+    let spec = SandboxSpec::builder("bench")
+        .image(support::IMAGE)
+        .build()
+        .expect("a valid spec");
+
+    // Warm: the key's container exists, running and verified by the first acquire.
+    let warm_key = SandboxKey::conversation(scope.as_str(), "warm", "bench");
+    let first = backend.acquire(&warm_key, &spec).await.expect("acquire");
+    let warm_id = first.instance_id().to_owned();
+    drop(first);
+    let raw = run_raw_container(&scope).await;
+    let mut warm = Metric::new("warm acquire", Target::AtMost(1.2));
+    for round in 0..WARM_WARMUP + WARM_ROUNDS {
+        let pair = paired(
+            round,
+            async {
+                let again = backend.acquire(&warm_key, &spec).await.expect("acquire");
+                assert_eq!(again.instance_id(), warm_id, "the same container is reused");
+                assert!(!again.freshly_created());
+            },
+            async {
+                docker(&["container", "inspect", "--format", "{{json .}}", &raw]).await;
+            },
+        )
+        .await;
+        if round >= WARM_WARMUP {
+            warm.push(pair);
+        }
+    }
+    remove_raw(&raw).await;
+
+    // Cold: a key never seen before against a fresh raw container, each removed untimed.
+    let mut cold = Metric::new("cold acquire", Target::ReportedOnly);
+    for round in 0..COLD_WARMUP + COLD_ROUNDS {
+        let key = SandboxKey::conversation(scope.as_str(), "cold", format!("bench-{round}"));
+        let mut raw_id = String::new();
+        let pair = paired(
+            round,
+            async {
+                let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
+                assert!(sandbox.freshly_created(), "a new key makes a new container");
+            },
+            async {
+                raw_id = run_raw_container(&scope).await;
+                // As root: the image user cannot create `/maf-sandbox`, where the backend falls
+                // back to an engine-side tar (docker.md rule 33).
+                docker(&["exec", "-u", "0", &raw_id, "mkdir", "-p", BASE]).await;
+            },
+        )
+        .await;
+        let failure = backend.dispose(&key, DisposeSelector::all()).await;
+        assert!(failure.is_none(), "disposal of the cold key: {failure:?}");
+        remove_raw(&raw_id).await;
+        if round >= COLD_WARMUP {
+            cold.push(pair);
+        }
+    }
+
+    let passed = warm.report();
+    cold.report();
+    sweep.finish(&backend, &["warm", "cold"]).await;
+    support::exit_with(passed);
+}
