@@ -23,7 +23,12 @@ const ROUNDS: usize = 45;
 async fn raw_wrapper_true(id: &str) {
     let nonce = new_nonce().expect("a nonce");
     let invocation = encode_invocation(b"/", &[b"true"]).expect("an encodable argv");
-    let mut args = vec!["exec".to_owned(), "-w".to_owned(), "/".to_owned(), id.to_owned()];
+    let mut args = vec![
+        "exec".to_owned(),
+        "-w".to_owned(),
+        "/".to_owned(),
+        id.to_owned(),
+    ];
     args.extend(docker_wrapper_argv(&nonce, &invocation));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let output = docker(&args).await;

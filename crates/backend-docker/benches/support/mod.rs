@@ -203,7 +203,11 @@ impl Metric {
     /// the medians (p50) of each side and Z the median of the per-round ratios; returns whether
     /// the target (if any) is met.
     pub fn report(&self) -> bool {
-        assert!(!self.backend.is_empty(), "{}: no rounds measured", self.name);
+        assert!(
+            !self.backend.is_empty(),
+            "{}: no rounds measured",
+            self.name
+        );
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         let backend = median(self.backend.iter().map(|d| ms(*d)).collect());
         let raw = median(self.raw.iter().map(|d| ms(*d)).collect());
@@ -215,7 +219,9 @@ impl Metric {
                 .collect(),
         );
         let (verdict, pass) = match self.target {
-            Target::AtMost(limit) if ratio <= limit => (format!("(target ≤ {limit:.2}) PASS"), true),
+            Target::AtMost(limit) if ratio <= limit => {
+                (format!("(target ≤ {limit:.2}) PASS"), true)
+            }
             Target::AtMost(limit) => (format!("(target ≤ {limit:.2}) FAIL"), false),
             Target::ReportedOnly => ("(reported only)".to_owned(), true),
         };
@@ -273,10 +279,16 @@ impl Sweep {
         for id in self.labelled().await {
             remove_raw(&id).await;
         }
-        let left = backend.list(&self.scope, None).await.expect("listing the scope");
+        let left = backend
+            .list(&self.scope, None)
+            .await
+            .expect("listing the scope");
         assert!(left.is_empty(), "left behind in {}: {left:?}", self.scope);
         let raw_left = self.labelled().await;
-        assert!(raw_left.is_empty(), "raw containers left behind: {raw_left:?}");
+        assert!(
+            raw_left.is_empty(),
+            "raw containers left behind: {raw_left:?}"
+        );
         self.finished = true;
     }
 

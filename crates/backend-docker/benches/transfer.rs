@@ -1,0 +1,263 @@
+//! File transfer (docker.md rule 31), design B: engine-side checks, data moved by the guest.
+//!
+//! - Pass/fail: a 64 MiB `write_file` and `read_file` each within 1.5× a raw `docker cp` of the
+//!   same bytes, in (host file to container) and out (container to host file).
+//! - Reported only: a 1 KiB `write_file`, `read_file` and `stat_file` three components below the
+//!   storage base (`d1/d2/small.bin`), each against one raw `docker exec` doing the same
+//!   (`cat >`, `cat`, `stat`). Each backend call walks the ancestors with engine stats
+//!   (`docker cp` in prefix mode) before it acts.
+
+mod support;
+
+use std::path::Path;
+
+use backend_docker::TRANSFER_CEILING;
+use sandbox_core::{Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
+use support::{
+    backend, docker, docker_with_stdin, paired, round_robin, run_raw_container, unique_scope,
+    Metric, Sweep, Target,
+};
+
+const MIB: usize = 1024 * 1024;
+const BIG: usize = 64 * MIB;
+const SMALL: usize = 1024;
+const BIG_WARMUP: usize = 1;
+const BIG_ROUNDS: usize = 7;
+const SMALL_WARMUP: usize = 2;
+const SMALL_ROUNDS: usize = 15;
+
+/// Where the raw container keeps its files (its user can create it).
+const RAW_WORK: &str = "/tmp/work";
+
+/// Bytes that do not compress to nothing (xorshift), so no layer can shortcut them.
+fn payload(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut bytes = Vec::with_capacity(len + 8);
+    while bytes.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        bytes.extend_from_slice(&state.to_le_bytes());
+    }
+    bytes.truncate(len);
+    bytes
+}
+
+#[tokio::main]
+async fn main() {
+    let backend = backend().await;
+    let scope = unique_scope("transfer");
+    let sweep = Sweep::new(&scope);
+    let key = SandboxKey::conversation(scope.as_str(), "t", "bench");
+    let spec = SandboxSpec::builder("bench")
+        .image(support::IMAGE)
+        .files_in(TRANSFER_CEILING)
+        .files_out(TRANSFER_CEILING)
+        .build()
+        .expect("a valid spec");
+    let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
+    let raw = run_raw_container(&scope).await;
+    docker(&["exec", &raw, "mkdir", "-p", &format!("{RAW_WORK}/d1/d2")]).await;
+    let host = tempfile::tempdir().expect("a host temp dir");
+
+    let passed = big(sandbox.as_ref(), &raw, host.path()).await;
+    small(sandbox.as_ref(), &raw).await;
+
+    drop(sandbox);
+    sweep.finish(&backend, &["t"]).await;
+    support::exit_with(passed);
+}
+
+/// 64 MiB in and out; returns whether both targets are met. Each round also times the raw
+/// CLI's own exec legs (`docker exec -i … cat >`, `docker exec … cat`) and the read's engine
+/// checks alone (`stat_file` of the same path: the same ancestor walk and leaf stat), so the
+/// report shows where the difference from `docker cp` comes from.
+async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
+    let data = payload(BIG, 0x5eed);
+    let source = host.join("big.bin");
+    std::fs::write(&source, &data).expect("the host file is written");
+    let source = source.to_str().expect("a UTF-8 temp path").to_owned();
+    let raw_file = format!("{RAW_WORK}/big.bin");
+    let raw_big = format!("{raw}:{raw_file}");
+    let raw_exec_file = format!("{RAW_WORK}/big-exec.bin");
+
+    let mut write = Metric::new("64 MiB write", Target::AtMost(1.5));
+    let mut exec_in = Metric::new(
+        "64 MiB in, raw docker exec -i vs raw docker cp",
+        Target::ReportedOnly,
+    );
+    for round in 0..BIG_WARMUP + BIG_ROUNDS {
+        let times = round_robin(
+            round,
+            vec![
+                Box::pin(async {
+                    sandbox
+                        .write_file("big.bin", &data, ".")
+                        .await
+                        .expect("write_file");
+                }),
+                Box::pin(async {
+                    docker(&["cp", &source, &raw_big]).await;
+                }),
+                Box::pin(async {
+                    docker_with_stdin(
+                        &[
+                            "exec",
+                            "-i",
+                            raw,
+                            "sh",
+                            "-c",
+                            r#"cat >"$1""#,
+                            "sh",
+                            &raw_exec_file,
+                        ],
+                        Some(&data),
+                    )
+                    .await;
+                }),
+            ],
+        )
+        .await;
+        if round >= BIG_WARMUP {
+            write.push((times[0], times[1]));
+            exec_in.push((times[2], times[1]));
+        }
+    }
+
+    let target = host.join("out.bin");
+    let target_str = target.to_str().expect("a UTF-8 temp path").to_owned();
+    let mut read = Metric::new("64 MiB read", Target::AtMost(1.5));
+    let mut exec_out = Metric::new(
+        "64 MiB out, raw docker exec cat vs raw docker cp",
+        Target::ReportedOnly,
+    );
+    let mut checks = Metric::new(
+        "64 MiB read's engine checks alone (stat_file) vs raw docker cp",
+        Target::ReportedOnly,
+    );
+    for round in 0..BIG_WARMUP + BIG_ROUNDS {
+        let mut got = Vec::new();
+        let mut raw_got = Vec::new();
+        let mut size = None;
+        let times = round_robin(
+            round,
+            vec![
+                Box::pin(async {
+                    got = sandbox
+                        .read_file("big.bin", ".", BIG as u64)
+                        .await
+                        .expect("read_file");
+                }),
+                Box::pin(async {
+                    docker(&["cp", &raw_big, &target_str]).await;
+                }),
+                Box::pin(async {
+                    raw_got = docker(&["exec", raw, "cat", &raw_file]).await.stdout;
+                }),
+                Box::pin(async {
+                    let entry = sandbox.stat_file("big.bin", ".").await.expect("stat_file");
+                    size = entry.and_then(|e| e.size_bytes());
+                }),
+            ],
+        )
+        .await;
+        assert!(got == data, "read_file returned what was written");
+        assert!(raw_got == data, "docker exec cat returned what was written");
+        assert_eq!(size, Some(BIG as u64));
+        let copied = std::fs::read(&target).expect("docker cp wrote the host file");
+        assert!(copied == data, "docker cp returned what was written");
+        std::fs::remove_file(&target).expect("the copy is removed");
+        if round >= BIG_WARMUP {
+            read.push((times[0], times[1]));
+            exec_out.push((times[2], times[1]));
+            checks.push((times[3], times[1]));
+        }
+    }
+    let write_ok = write.report();
+    exec_in.report();
+    let read_ok = read.report();
+    exec_out.report();
+    checks.report();
+    write_ok && read_ok
+}
+
+/// 1 KiB write, read and stat at depth 3, reported only.
+async fn small(sandbox: &dyn Sandbox, raw: &str) {
+    const PATH: &str = "d1/d2/small.bin";
+    let data = payload(SMALL, 0x1c1c);
+    let raw_path = format!("{RAW_WORK}/{PATH}");
+    let mut write = Metric::new("1 KiB write at depth 3", Target::ReportedOnly);
+    let mut read = Metric::new("1 KiB read at depth 3", Target::ReportedOnly);
+    let mut stat = Metric::new("1 KiB stat at depth 3", Target::ReportedOnly);
+    for round in 0..SMALL_WARMUP + SMALL_ROUNDS {
+        let write_pair = paired(
+            round,
+            async {
+                sandbox
+                    .write_file(PATH, &data, ".")
+                    .await
+                    .expect("write_file");
+            },
+            async {
+                docker_with_stdin(
+                    &[
+                        "exec",
+                        "-i",
+                        raw,
+                        "sh",
+                        "-c",
+                        r#"cat >"$1""#,
+                        "sh",
+                        &raw_path,
+                    ],
+                    Some(&data),
+                )
+                .await;
+            },
+        )
+        .await;
+        let mut got = Vec::new();
+        let mut raw_got = Vec::new();
+        let read_pair = paired(
+            round,
+            async {
+                got = sandbox
+                    .read_file(PATH, ".", SMALL as u64)
+                    .await
+                    .expect("read_file");
+            },
+            async {
+                raw_got = docker(&["exec", raw, "cat", &raw_path]).await.stdout;
+            },
+        )
+        .await;
+        assert!(
+            got == data && raw_got == data,
+            "both reads return the bytes"
+        );
+        let mut size = None;
+        let mut raw_size = String::new();
+        let stat_pair = paired(
+            round,
+            async {
+                let entry = sandbox.stat_file(PATH, ".").await.expect("stat_file");
+                size = entry.and_then(|e| e.size_bytes());
+            },
+            async {
+                let output = docker(&["exec", raw, "stat", "-c", "%s", &raw_path]).await;
+                raw_size = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+            },
+        )
+        .await;
+        assert_eq!(size, Some(SMALL as u64));
+        assert_eq!(raw_size, SMALL.to_string());
+        if round >= SMALL_WARMUP {
+            write.push(write_pair);
+            read.push(read_pair);
+            stat.push(stat_pair);
+        }
+    }
+    write.report();
+    read.report();
+    stat.report();
+}
