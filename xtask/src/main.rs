@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+mod bench;
 mod error;
 mod fuzz;
 mod live;
@@ -110,6 +111,7 @@ fn ci(workspace: &Workspace) -> Result<(), XtaskError> {
     process::run_steps("ci", &steps)
 }
 
+/// The benchmarks (not part of `ci`): confined-fs, then the Docker backend's against the raw CLI.
 fn bench(workspace: &Workspace) -> Result<(), XtaskError> {
-    workspace.run(cargo().args(["bench", "-p", "confined-fs", "--bench", "writes"]))
+    bench::run(workspace)
 }

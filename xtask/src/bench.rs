@@ -1,0 +1,135 @@
+//! `cargo xtask bench`: the benchmarks, each run to the end even when an earlier one misses a
+//! target, then a summary of every report line.
+//!
+//! The confined-fs write benchmark needs nothing but a file system. The Docker backend's
+//! benchmarks (`crates/backend-docker/benches`) need the engine and `sandbox-base:local`, which
+//! is built first when missing; each measures the backend against the raw `docker` CLI in the
+//! same run, prints one line per metric (`name: backend X ms, raw Y ms, ratio Z (target ≤ T)
+//! PASS|FAIL`) and exits non-zero when a pass/fail target is missed.
+
+use crate::error::XtaskError;
+use crate::live::build_images;
+use crate::process::{cargo, tee_in, Workspace};
+
+/// One benchmark: a name for the summary and the `cargo` arguments that run it.
+struct Bench {
+    name: &'static str,
+    args: &'static [&'static str],
+}
+
+const BENCHES: &[Bench] = &[
+    Bench {
+        name: "confined-fs writes",
+        args: &["bench", "-p", "confined-fs", "--bench", "writes"],
+    },
+    Bench {
+        name: "backend-docker exec",
+        args: &[
+            "bench",
+            "-p",
+            "backend-docker",
+            "--features",
+            "live",
+            "--bench",
+            "exec",
+        ],
+    },
+    Bench {
+        name: "backend-docker acquire",
+        args: &[
+            "bench",
+            "-p",
+            "backend-docker",
+            "--features",
+            "live",
+            "--bench",
+            "acquire",
+        ],
+    },
+    Bench {
+        name: "backend-docker transfer",
+        args: &[
+            "bench",
+            "-p",
+            "backend-docker",
+            "--features",
+            "live",
+            "--bench",
+            "transfer",
+        ],
+    },
+];
+
+/// The lines a benchmark prints as its report.
+fn is_report_line(line: &str) -> bool {
+    line.starts_with("confined-fs writes:")
+        || (line.contains(": backend ") && line.contains(" ms, raw "))
+}
+
+/// Runs every benchmark, prints the summary, and fails when any of them failed.
+pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
+    build_images(workspace, &["sandbox-base:local".to_owned()])?;
+    let mut outcomes = Vec::with_capacity(BENCHES.len());
+    for bench in BENCHES {
+        eprintln!();
+        eprintln!("==> bench: {}", bench.name);
+        let teed = tee_in(workspace.root(), cargo().args(bench.args), is_report_line)?;
+        outcomes.push((bench.name, teed));
+    }
+    eprintln!();
+    eprintln!("{}", "=".repeat(72));
+    eprintln!("bench summary");
+    let mut first_failure = None;
+    for (name, teed) in &outcomes {
+        let label = if teed.success { "ok" } else { "FAILED" };
+        eprintln!("  {label:<8} {name}");
+        for line in &teed.kept {
+            eprintln!("             {line}");
+        }
+        if !teed.success {
+            eprintln!("             `{}` ended with {}", teed.command, teed.status);
+            first_failure.get_or_insert(*name);
+        }
+    }
+    eprintln!("{}", "=".repeat(72));
+    match first_failure {
+        None => Ok(()),
+        Some(step) => Err(XtaskError::StepFailed {
+            suite: "bench",
+            step,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_lines_are_recognised() {
+        assert!(is_report_line(
+            "exec p50: backend 64.7 ms, raw 52.1 ms, ratio 1.27 (target ≤ 1.10) FAIL [45 rounds]"
+        ));
+        assert!(is_report_line(
+            "confined-fs writes: 1000 files x 4 KiB: confined 80.1 ms, std 60.2 ms, ratio 1.30"
+        ));
+        assert!(!is_report_line(
+            "     Running benches/exec.rs (target/release/deps/exec)"
+        ));
+        assert!(!is_report_line("   Compiling backend-docker v0.1.0"));
+    }
+
+    #[test]
+    fn every_docker_bench_needs_the_live_feature() {
+        for bench in BENCHES
+            .iter()
+            .filter(|b| b.args.contains(&"backend-docker"))
+        {
+            assert!(
+                bench.args.windows(2).any(|w| w == ["--features", "live"]),
+                "{}",
+                bench.name
+            );
+        }
+    }
+}
