@@ -137,5 +137,25 @@ pub use config::{
 pub use error::DockerError;
 pub use images::{ImageOutcome, ImageRecipe, ImageReport, LocalImage, ProgressSink, DEBIAN_SUITE};
 
+/// Entry points for the fuzz targets under `fuzz/`: the parsers that read what a guest can
+/// influence. Not a public API; present only with the `fuzzing` feature.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    use sandbox_core::EntryKind;
+
+    /// What the engine-side stat's tar parser makes of a stream prefix: `Ok(Some((kind, size)))`
+    /// for a first entry, `Ok(None)` when more bytes are needed, `Err` for a refused stream.
+    pub fn tar_first_entry(bytes: &[u8]) -> Result<Option<(EntryKind, Option<u64>)>, String> {
+        crate::tar_header::first_entry(bytes).map(|entry| match entry {
+            crate::tar_header::FirstEntry::Found(stat) => Some((stat.kind, stat.size)),
+            crate::tar_header::FirstEntry::NeedMore => None,
+        })
+    }
+
+    /// The longest prefix the parser ever needs.
+    pub const TAR_MAX_PREFIX: usize = crate::tar_header::MAX_PREFIX;
+}
+
 /// The backend's name.
 pub const BACKEND_NAME: &str = "docker";
