@@ -155,6 +155,18 @@ pub mod fuzzing {
 
     /// The longest prefix the parser ever needs.
     pub const TAR_MAX_PREFIX: usize = crate::tar_header::MAX_PREFIX;
+
+    /// What the host makes of a guest's one-level listing (whose output the guest controls):
+    /// `(kind letter, size, name)` per record, or why the listing is refused.
+    #[allow(clippy::type_complexity)]
+    pub fn list_records(stdout: &[u8]) -> Result<Vec<(u8, Option<u64>, Vec<u8>)>, String> {
+        crate::guest_scripts::parse_list_records(stdout).map(|records| {
+            records
+                .into_iter()
+                .map(|r| (r.kind, r.size, r.name.to_vec()))
+                .collect()
+        })
+    }
 }
 
 /// The backend's name.
