@@ -237,7 +237,21 @@ impl Sandbox for DockerSandbox {
         self.shared.refuse_retired(&self.id)?;
         let wd = self.wd(wd)?;
         let cap = max_bytes.min(self.files_out.max_bytes_per_file);
-        let (resolved, stat) = self.checked_leaf(path, &wd).await?;
+        // The read runs with the guest's own authority, so it may start while the engine-side
+        // checks run: whatever it reaches, the guest could read itself. Its bytes are used only
+        // once the checks pass; a refusal drops it, which kills its group (a FIFO never hangs the
+        // call, a link leaf's target is discarded unread by the caller).
+        let leaf = confine(path, &wd)?;
+        let read = self.guest(argv(["cat", "--", &leaf]), None, cap + READ_SLACK);
+        tokio::pin!(read);
+        let checks = self.checked_leaf(path, &wd);
+        tokio::pin!(checks);
+        let (checked, finished_read) = tokio::select! {
+            biased;
+            checked = &mut checks => (checked, None),
+            finished = &mut read => (checks.await, Some(finished)),
+        };
+        let (resolved, stat) = checked?;
         match stat {
             None => return Err(SandboxError::NotFound { path: resolved }),
             Some(TarStat {
@@ -259,10 +273,11 @@ impl Sandbox for DockerSandbox {
             }) => {}
             Some(_) => return Err(SandboxError::NotRegularFile { path: resolved }),
         }
-        match self
-            .guest(argv(["cat", "--", &resolved]), None, cap + READ_SLACK)
-            .await?
-        {
+        let finished = match finished_read {
+            Some(finished) => finished,
+            None => read.await,
+        };
+        match finished? {
             GuestEnd::Ran(output) if output.exit_code == 0 => {
                 if output.stdout.len() as u64 > cap {
                     return Err(SandboxError::TransferCapExceeded {
