@@ -358,3 +358,63 @@ async fn a_dropped_acquire_holds_its_gate_until_its_cleanup_is_over() {
         "no second cleanup of the same residue"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_acquire_outlived_by_a_whole_disposal_is_refused_and_its_instance_disposed_of() {
+    let (fake, router) = setup(RouterConfig::default());
+    fake.update_faults(|f| f.acquire_delay = Some(Duration::from_secs(2)));
+    let acquiring = {
+        let r = router.clone();
+        tokio::spawn(async move { r.acquire(&key(), &spec("k")).await })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The host's disposal starts and lands while the backend is still creating: it saw nothing to remove.
+    assert_eq!(router.dispose(&key()).await, None);
+    assert!(!router.is_unclean(&key()));
+    let err = acquiring.await.unwrap().unwrap_err();
+    assert_eq!(unclean_code(&err), None, "the disposal landed; no code");
+    let disposals = fake.disposals();
+    assert_eq!(disposals.len(), 2, "{disposals:?}");
+    assert_eq!(disposals[1].1.kind.as_deref(), Some("k"));
+    assert!(
+        disposals[1].1.instance_id.is_some(),
+        "exactly that instance"
+    );
+    assert!(
+        fake.instances().is_empty(),
+        "nothing outlives the host's disposal"
+    );
+    assert!(!router.is_unclean(&key()));
+    assert!(router
+        .acquire(&key(), &spec("k"))
+        .await
+        .unwrap()
+        .freshly_created());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_acquire_outlived_by_a_whole_scope_purge_is_refused_too() {
+    let (fake, router) = setup(RouterConfig::default());
+    fake.update_faults(|f| f.acquire_delay = Some(Duration::from_secs(2)));
+    let acquiring = {
+        let r = router.clone();
+        tokio::spawn(async move { r.acquire(&key(), &spec("k")).await })
+    };
+    let elsewhere = {
+        let r = router.clone();
+        let other = SandboxKey::conversation("prod", "thread-2", "agent");
+        tokio::spawn(async move { r.acquire(&other, &spec("k")).await })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        router.dispose_scope("prod", "thread-1").await.undisposed,
+        None
+    );
+    let err = acquiring.await.unwrap().unwrap_err();
+    assert_eq!(unclean_code(&err), None);
+    elsewhere
+        .await
+        .unwrap()
+        .expect("another conversation is not affected");
+    assert_eq!(fake.instances().len(), 1, "only the other conversation's");
+}

@@ -85,6 +85,9 @@ pub(crate) struct State {
     ledger: HashMap<SandboxKey, Entry>,
     /// Conversations (scope, thread) with a `dispose_scope` in flight, counted.
     purges: HashMap<(String, String), usize>,
+    /// Acquires in flight, by token: the key each one watches and whether that key turned unclean since
+    /// (even if it is clean again by the time the backend answers).
+    watches: HashMap<u64, (SandboxKey, bool)>,
     next_token: u64,
 }
 
@@ -126,6 +129,7 @@ impl State {
         }
         self.next_token += 1;
         let token = self.next_token;
+        self.touch_key(key);
         let entry = self.ledger.entry(key.clone()).or_default();
         entry.pending.extend(targets.iter().map(|t| Pending {
             target: t.clone(),
@@ -176,6 +180,9 @@ impl State {
                 Some(_) => {}
             }
         }
+        if !failures.is_empty() {
+            self.touch_key(key);
+        }
         if let Some(entry) = self.ledger.get_mut(key) {
             if let Some(f) = fold(failures) {
                 entry.failure = Some(f);
@@ -191,11 +198,37 @@ impl State {
         if key.is_call() || targets.is_empty() {
             return;
         }
+        self.touch_key(key);
         let entry = self.ledger.entry(key.clone()).or_default();
         for t in targets {
             entry.add_failed(t.clone());
         }
         entry.failure = Some(reason);
+    }
+
+    /// Starts watching `key` for an acquire in flight; see [`turned_unclean`](Self::turned_unclean).
+    pub(crate) fn watch(&mut self, key: &SandboxKey) -> u64 {
+        self.next_token += 1;
+        self.watches.insert(self.next_token, (key.clone(), false));
+        self.next_token
+    }
+
+    /// Whether the watched key turned unclean at any moment since [`watch`](Self::watch), including a
+    /// disposal that started and landed in between.
+    pub(crate) fn turned_unclean(&self, token: u64) -> bool {
+        self.watches.get(&token).is_some_and(|(_, turned)| *turned)
+    }
+
+    pub(crate) fn unwatch(&mut self, token: u64) {
+        self.watches.remove(&token);
+    }
+
+    fn touch_key(&mut self, key: &SandboxKey) {
+        for (watched, turned) in self.watches.values_mut() {
+            if watched == key {
+                *turned = true;
+            }
+        }
     }
 
     pub(crate) fn remember(&mut self, key: &SandboxKey, kind: &str, backend: usize, id: &str) {
@@ -224,6 +257,11 @@ impl State {
     }
 
     pub(crate) fn purge_begin(&mut self, scope: &str, thread_id: &str) {
+        for (watched, turned) in self.watches.values_mut() {
+            if watched.scope == scope && watched.thread_id == thread_id {
+                *turned = true;
+            }
+        }
         *self
             .purges
             .entry((scope.to_owned(), thread_id.to_owned()))
@@ -393,6 +431,29 @@ mod tests {
         assert_eq!(s.remembered(&key(), "node", 0), None);
         assert_eq!(s.remembered(&key(), "py", 1), Some("i3"));
         assert_eq!(s.served_by(&key(), None), BTreeSet::from([1]));
+    }
+
+    #[test]
+    fn a_watch_sees_a_disposal_that_came_and_went() {
+        let mut s = State::default();
+        let watched = s.watch(&key());
+        let call = s.watch(&key().with_call("c"));
+        let other = s.watch(&SandboxKey::conversation("s", "t", "b"));
+        let t = Target::sweep(0);
+        let token = s.begin(&key(), std::slice::from_ref(&t));
+        s.settle(&key(), token, &[(t, None)], true);
+        assert_eq!(s.unclean(&key()), None, "clean again");
+        assert!(s.turned_unclean(watched), "but it was unclean meanwhile");
+        assert!(!s.turned_unclean(call), "call keys are never unclean");
+        assert!(!s.turned_unclean(other));
+
+        s.purge_begin("s", "t");
+        s.purge_end("s", "t");
+        assert!(s.turned_unclean(call) && s.turned_unclean(other));
+        for w in [watched, call, other] {
+            s.unwatch(w);
+        }
+        assert!(s.watches.is_empty());
     }
 
     #[test]

@@ -309,7 +309,8 @@ impl Router {
     /// carrying only the code; admission (see [`ensure_can_serve`](Self::ensure_can_serve)); the effective
     /// isolation scope must match the key (`call` needs a call id, `conversation` must not have one) else
     /// [`SandboxError::InvalidArgument`]; then the backend's acquire. If the key turned unclean while that
-    /// ran, exactly that instance is disposed of and the result is `Unclean`. An empty instance id is
+    /// ran (even if the disposal that made it so has landed since: it may have missed the instance being
+    /// created), exactly that instance is disposed of and the result is `Unclean`. An empty instance id is
     /// disposed of (best effort) and reported as [`SandboxError::ContractViolation`].
     ///
     /// A conversation-scoped instance the router has not served before and that the backend did not
@@ -338,11 +339,17 @@ impl Router {
         if inner.candidates.is_empty() {
             return Err(no_backend("no backend is registered".to_owned()));
         }
-        // Bind first: a guard in an `if let` scrutinee would live through the whole block.
-        let unclean = inner.state().unclean(key);
-        if let Some(code) = unclean {
-            return Err(SandboxError::Unclean { code });
-        }
+        // Checked and watched under one lock, so nothing that makes the key unclean can slip in between.
+        let watch = {
+            let mut state = inner.state();
+            if let Some(code) = state.unclean(key) {
+                return Err(SandboxError::Unclean { code });
+            }
+            Watch {
+                token: state.watch(key),
+                inner: Arc::clone(inner),
+            }
+        };
         let index = inner.route(spec)?;
         let scope =
             IsolationScope::effective(inner.config.min_isolation_scope, spec.isolation_scope());
@@ -363,7 +370,7 @@ impl Router {
         let backend = Arc::clone(&inner.backends[index]);
         let sandbox = backend.acquire(key, spec).await?;
         let sandbox = self
-            .settle_acquired(key, kind, index, sandbox, &mut gate)
+            .settle_acquired(key, kind, index, sandbox, &watch, &mut gate)
             .await?;
 
         if scope == IsolationScope::Call {
@@ -424,7 +431,7 @@ impl Router {
         }
         let sandbox = backend.acquire(key, spec).await?;
         let sandbox = self
-            .settle_acquired(key, kind, index, sandbox, &mut gate)
+            .settle_acquired(key, kind, index, sandbox, &watch, &mut gate)
             .await?;
         inner
             .state()
@@ -433,13 +440,15 @@ impl Router {
     }
 
     /// Rules 39.7 and 39.8: an instance acquired while the key turned unclean is disposed of; so is one
-    /// with an empty id.
+    /// with an empty id. "Turned unclean" includes a disposal that started and landed while the backend
+    /// was still acquiring: it may have missed an instance being created, which must not outlive it.
     async fn settle_acquired(
         &self,
         key: &SandboxKey,
         kind: &str,
         index: usize,
         sandbox: Arc<dyn Sandbox>,
+        watch: &Watch,
         gate: &mut Option<Gate>,
     ) -> Result<Arc<dyn Sandbox>, SandboxError> {
         let inner = &self.inner;
@@ -450,7 +459,12 @@ impl Router {
             kind: Some(kind.to_owned()),
             instance_id: (!id.is_empty()).then(|| id.to_owned()),
         };
-        let unclean = inner.state().unclean(key);
+        let unclean = {
+            let state = inner.state();
+            state
+                .unclean(key)
+                .or_else(|| state.turned_unclean(watch.token).then_some(None))
+        };
         if let Some(code) = unclean {
             debug!(key = %key, kind, "the key turned unclean during acquire; disposing of that instance");
             inner.cleanup(key, target, record, gate).await;
@@ -893,6 +907,19 @@ impl Drop for SettleGuard {
                 .state()
                 .settle(&self.key, self.token, &results, self.record);
         }
+    }
+}
+
+/// Watches a key for the length of one acquire, and stops however the acquire ends (a dropped future
+/// included).
+struct Watch {
+    inner: Arc<Inner>,
+    token: u64,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.inner.state().unwatch(self.token);
     }
 }
 
