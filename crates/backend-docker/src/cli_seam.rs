@@ -275,12 +275,17 @@ pub(crate) fn object_absent(stderr: &[u8], target: &str) -> bool {
 
 /// `docker cp` said that exactly `path` does not exist: `could not find` (any case) and the path,
 /// case-sensitive, bounded by whitespace or line ends. A message about a child never reads as
-/// absence of its parents.
+/// absence of its parents. The path is matched in the whole message, not word by word, since the
+/// engine quotes it verbatim and a guest path may hold spaces or line breaks.
 pub(crate) fn path_absent(stderr: &[u8], path: &str) -> bool {
     let text = String::from_utf8_lossy(stderr);
-    text.lines().any(|line| {
-        line.to_lowercase().contains("could not find")
-            && line.split_whitespace().any(|word| word == path)
+    if path.is_empty() || !text.to_lowercase().contains("could not find") {
+        return false;
+    }
+    text.match_indices(path).any(|(start, _)| {
+        let before = text[..start].chars().next_back();
+        let after = text[start + path.len()..].chars().next();
+        before.is_none_or(char::is_whitespace) && after.is_none_or(char::is_whitespace)
     })
 }
 
@@ -362,6 +367,29 @@ mod tests {
         assert!(!path_absent(
             b"could not find the file /W in container",
             "/w"
+        ));
+    }
+
+    #[test]
+    fn path_absence_holds_for_paths_with_whitespace() {
+        // The engine quotes the path verbatim, spaces and line breaks included.
+        let id = "c11625722e5a353e2d6abbd8e262a1080b37c01e57db767b978bd0130b7b2bb1";
+        let spaced = format!(
+            "Error response from daemon: Could not find the file /tmp/a b in container {id}"
+        );
+        assert!(path_absent(spaced.as_bytes(), "/tmp/a b"));
+        assert!(!path_absent(spaced.as_bytes(), "/tmp"));
+        assert!(!path_absent(spaced.as_bytes(), "a b"));
+        let child = format!("Could not find the file /srv/a b/c in container {id}");
+        assert!(path_absent(child.as_bytes(), "/srv/a b/c"));
+        assert!(!path_absent(child.as_bytes(), "/srv/a b"));
+        let broken = format!("Could not find the file /w/a\nb in container {id}");
+        assert!(path_absent(broken.as_bytes(), "/w/a\nb"));
+        assert!(!path_absent(broken.as_bytes(), "/w"));
+        // The words must still be there.
+        assert!(!path_absent(
+            b"lstat /tmp/a b: permission denied",
+            "/tmp/a b"
         ));
     }
 

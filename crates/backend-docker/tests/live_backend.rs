@@ -423,3 +423,35 @@ async fn a_kill_that_does_not_land_retires_the_sandbox() {
     assert!(replacement.freshly_created());
     assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn missing_paths_with_spaces_are_absent_never_engine_failures() {
+    let backend = backend(false).await;
+    let scope = unique_scope("spaced");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    // The engine quotes a missing path verbatim, spaces included: still absence.
+    assert!(sandbox
+        .stat_file("no such dir/file.txt", ".")
+        .await
+        .unwrap()
+        .is_none());
+    let missing = sandbox
+        .read_file("no such dir/file.txt", ".", 1024)
+        .await
+        .unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing}");
+    sandbox
+        .write_file("new dir/with space.txt", b"spaced\n", ".")
+        .await
+        .unwrap();
+    assert_eq!(
+        sandbox
+            .read_file("new dir/with space.txt", ".", 1024)
+            .await
+            .unwrap(),
+        b"spaced\n"
+    );
+    sandbox.remove("gone dir/x", ".", false).await.unwrap();
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
