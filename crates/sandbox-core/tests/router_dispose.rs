@@ -427,3 +427,42 @@ async fn a_scope_purge_in_flight_refuses_acquires_in_that_conversation() {
         "no key of the conversation was known"
     );
 }
+
+/// Polls a future on the calling thread with no tokio runtime around it (as a host on another executor
+/// would), giving up after a bounded number of polls.
+fn poll_without_tokio<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for _ in 0..1000 {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::yield_now();
+    }
+    panic!("the future never finished");
+}
+
+#[test]
+fn disposal_outside_a_tokio_runtime_reports_a_failure_and_never_panics() {
+    let f = fakes(&["a"]);
+    let r = router(&f, RouterConfig::default());
+    let failure = poll_without_tokio(r.dispose(&key())).expect("nothing could run");
+    assert_eq!(failure.code, DisposalCode::Unknown);
+    assert!(
+        r.is_unclean(&key()),
+        "a disposal that could not run fails closed"
+    );
+    assert!(!poll_without_tokio(r.dispose_kind(
+        &key(),
+        "k",
+        None,
+        SECOND
+    )));
+    assert!(!poll_without_tokio(r.dispose_unclean(&key(), None, None, SECOND)).unwrap());
+    let purge = poll_without_tokio(r.dispose_scope("prod", "thread-1"));
+    assert_eq!(
+        purge.undisposed.map(|u| u.code),
+        Some(DisposalCode::Unknown)
+    );
+    assert_eq!(f[0].dispose_calls() + f[0].dispose_scope_calls(), 0);
+}

@@ -5,7 +5,8 @@
 //! # Runtime
 //! The async methods run on tokio and need its time driver (as `#[tokio::main]` and `#[tokio::test]`
 //! provide). Cleanups that protect a guarantee are spawned on the current runtime, so dropping a caller's
-//! future stops the wait but never the cleanup.
+//! future stops the wait but never the cleanup. Polled outside a tokio runtime, a disposal runs nothing
+//! and reports an `unknown` failure (the key is marked unclean); it never panics.
 
 mod admission;
 mod config;
@@ -668,7 +669,7 @@ impl Router {
             disposed: 0,
             undisposed: Some(DisposalFailure::new(
                 DisposalCode::Unknown,
-                "the scope purge task panicked or was cancelled",
+                "the scope purge did not run to its end (no tokio runtime, a panic, or a runtime shutting down)",
             )),
         })
     }
@@ -824,7 +825,7 @@ impl Inner {
         detached(operation).await.unwrap_or_else(|_| {
             let unknown = DisposalFailure::new(
                 DisposalCode::Unknown,
-                "the disposal task panicked or was cancelled",
+                "the disposal did not run to its end (no tokio runtime, a panic, or a runtime shutting down)",
             );
             fallback
                 .into_iter()
@@ -867,7 +868,7 @@ impl Inner {
             }
             Err(Detached) => Some(DisposalFailure::new(
                 DisposalCode::Unknown,
-                "the cleanup task panicked or was cancelled",
+                "the cleanup did not run to its end (no tokio runtime, a panic, or a runtime shutting down)",
             )),
         }
     }
@@ -938,17 +939,22 @@ impl Drop for PurgeMarker {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// The task running a detached future panicked or was cancelled by its runtime.
+/// A detached future did not complete: it panicked, its runtime cancelled it, or there was no tokio
+/// runtime to run it on.
 struct Detached;
 
-/// Runs `future` to completion whether or not the caller keeps waiting: spawned on the current tokio
-/// runtime when there is one (a panic inside becomes `Err`), else awaited in place.
+/// Runs `future` to completion whether or not the caller keeps waiting, spawned on the current tokio
+/// runtime (a panic inside becomes `Err`). With no runtime the future is not run at all and the result is
+/// `Err`: run in place, a drop could cancel it, and its timers would panic.
 async fn detached<T: Send + 'static>(
     future: impl Future<Output = T> + Send + 'static,
 ) -> Result<T, Detached> {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) => handle.spawn(future).await.map_err(|_| Detached),
-        Err(_) => Ok(future.await),
+        Err(_) => {
+            warn!("no tokio runtime: a router cleanup could not run");
+            Err(Detached)
+        }
     }
 }
 
