@@ -27,6 +27,9 @@ use crate::tar_header::TarStat;
 /// Output budget of a listing.
 const LIST_BUDGET: u64 = 8 * 1024 * 1024;
 
+/// How long a refused read may take to end on its own before it is dropped (and killed).
+const REFUSED_READ_GRACE: Duration = Duration::from_secs(2);
+
 /// Room a guest read's budget keeps beyond the file's own bytes (nonce line, stderr).
 const READ_SLACK: u64 = 64 * 1024;
 
@@ -239,8 +242,9 @@ impl Sandbox for DockerSandbox {
         let cap = max_bytes.min(self.files_out.max_bytes_per_file);
         // The read runs with the guest's own authority, so it may start while the engine-side
         // checks run: whatever it reaches, the guest could read itself. Its bytes are used only
-        // once the checks pass; a refusal drops it, which kills its group (a FIFO never hangs the
-        // call, a link leaf's target is discarded unread by the caller).
+        // once the checks pass; on a refusal it gets a short grace to end on its own, then is
+        // dropped, which kills its group (a FIFO never hangs the call, a link leaf's target is
+        // discarded unread by the caller).
         let leaf = confine(path, &wd)?;
         let read = self.guest(argv(["cat", "--", &leaf]), None, cap + READ_SLACK);
         tokio::pin!(read);
@@ -251,28 +255,38 @@ impl Sandbox for DockerSandbox {
             checked = &mut checks => (checked, None),
             finished = &mut read => (checks.await, Some(finished)),
         };
-        let (resolved, stat) = checked?;
-        match stat {
-            None => return Err(SandboxError::NotFound { path: resolved }),
+        let verdict = checked.and_then(|(resolved, stat)| match stat {
+            None => Err(SandboxError::NotFound { path: resolved }),
             Some(TarStat {
                 kind: EntryKind::Directory,
                 ..
-            }) => return Err(SandboxError::IsADirectory { path: resolved }),
+            }) => Err(SandboxError::IsADirectory { path: resolved }),
             Some(TarStat {
                 kind: EntryKind::File,
                 size: Some(size),
-            }) if size > cap => {
-                return Err(SandboxError::TransferCapExceeded {
-                    path: resolved,
-                    limit: cap,
-                })
-            }
+            }) if size > cap => Err(SandboxError::TransferCapExceeded {
+                path: resolved,
+                limit: cap,
+            }),
             Some(TarStat {
                 kind: EntryKind::File,
                 ..
-            }) => {}
-            Some(_) => return Err(SandboxError::NotRegularFile { path: resolved }),
-        }
+            }) => Ok(resolved),
+            Some(_) => Err(SandboxError::NotRegularFile { path: resolved }),
+        });
+        let resolved = match verdict {
+            Ok(resolved) => resolved,
+            Err(refusal) => {
+                let oversized = matches!(refusal, SandboxError::TransferCapExceeded { .. });
+                if finished_read.is_none() && !oversized {
+                    // A read of something absent or refused usually ends on its own at once;
+                    // dropping it after it ended would cost a kill exec and leave the kill's
+                    // cancel file in the guest's /tmp. Only one that blocks (a FIFO) is dropped.
+                    let _ = tokio::time::timeout(REFUSED_READ_GRACE, &mut read).await;
+                }
+                return Err(refusal);
+            }
+        };
         let finished = match finished_read {
             Some(finished) => finished,
             None => read.await,

@@ -455,3 +455,39 @@ async fn missing_paths_with_spaces_are_absent_never_engine_failures() {
     sandbox.remove("gone dir/x", ".", false).await.unwrap();
     assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_reads_leave_no_wrapper_files_in_the_guest() {
+    let backend = backend(false).await;
+    let scope = unique_scope("read-residue");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    sandbox
+        .write_file("dir/inside.txt", b"x", ".")
+        .await
+        .unwrap();
+    for _ in 0..8 {
+        let missing = sandbox
+            .read_file("absent.txt", ".", 1024)
+            .await
+            .unwrap_err();
+        assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing}");
+        let directory = sandbox.read_file("dir", ".", 1024).await.unwrap_err();
+        assert_eq!(directory.kind(), ErrorKind::IsADirectory, "{directory}");
+    }
+    // Give any straggling guest command time to end, then look for pid or cancel files other
+    // than this command's own pid file (which records its group, `$$`).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let residue = run(
+        sandbox.as_ref(),
+        &[
+            "sh",
+            "-c",
+            "n=0; for f in /tmp/maf-sbx-*; do [ -e \"$f\" ] || continue; \
+             [ \"$(cat \"$f\")\" = \"$$\" ] || { echo \"$f\" >&2; n=$((n + 1)); }; done; echo $n",
+        ],
+    )
+    .await;
+    assert_eq!(residue.stdout_text().trim(), "0", "{residue:?}");
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
