@@ -1,6 +1,7 @@
 //! The one place that names concrete backends. Commands see only `Arc<dyn SandboxBackend>`, so a new
 //! backend joins here without changing any command.
 
+use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,14 +17,40 @@ use serde_json::json;
 use crate::cli::{BackendChoice, GlobalArgs};
 use crate::keys::generated_key;
 
-/// Connects the chosen backend.
-pub async fn connect(choice: BackendChoice) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+/// Connects the chosen backend. `guest_names` are the `--env` names whose values are meant for the guest.
+pub async fn connect(
+    choice: BackendChoice,
+    guest_names: &[String],
+) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
     match choice {
-        BackendChoice::Docker => Ok(Arc::new(
-            DockerBackend::connect(DockerConfig::default()).await?,
-        )),
+        BackendChoice::Docker => {
+            let mut config = DockerConfig::default();
+            config.management_env = Some(management_env(std::env::vars_os(), guest_names));
+            Ok(Arc::new(DockerBackend::connect(config).await?))
+        }
         BackendChoice::Sbx => Err(sbx_not_built()),
     }
+}
+
+/// The engine client's environment: sandboxctl's own, minus the variables named by `--env`. Their values
+/// go to the guest through the backend's env file; left here they would also sit in every docker client's
+/// environment (host-hygiene rule 5). Names the client itself needs to reach its daemon stay (rule 1): a
+/// guest may be given `PATH` or `HOME` too.
+fn management_env(
+    own: impl IntoIterator<Item = (OsString, OsString)>,
+    guest_names: &[String],
+) -> Vec<(OsString, OsString)> {
+    let client_needs = |name: &str| {
+        matches!(name, "PATH" | "HOME" | "LOCALAPPDATA")
+            || name.starts_with("XDG_")
+            || name.starts_with("DOCKER_")
+    };
+    own.into_iter()
+        .filter(|(name, _)| {
+            let name = name.to_string_lossy();
+            client_needs(&name) || !guest_names.iter().any(|g| *g == name)
+        })
+        .collect()
 }
 
 fn sbx_not_built() -> SandboxError {
@@ -37,12 +64,16 @@ fn recipe() -> ImageRecipe {
 }
 
 /// The default image's reference, built locally first when it is missing (no registry needed).
-pub async fn ensure_default_image(choice: BackendChoice) -> Result<String, SandboxError> {
+/// `guest_names` as for [`connect`]: the presence check runs with the same client environment.
+pub async fn ensure_default_image(
+    choice: BackendChoice,
+    guest_names: &[String],
+) -> Result<String, SandboxError> {
     match choice {
         BackendChoice::Docker => {
             let image = LocalImage::DEFAULT;
             // The command's stderr is relayed byte for byte: say nothing unless a build is needed.
-            if let Ok(Some(_)) = ImageRecipe::new().image_id(image.tag()).await {
+            if image_present(image.tag(), guest_names).await {
                 return Ok(image.tag().to_owned());
             }
             recipe()
@@ -56,6 +87,18 @@ pub async fn ensure_default_image(choice: BackendChoice) -> Result<String, Sandb
         }
         BackendChoice::Sbx => Err(sbx_not_built()),
     }
+}
+
+/// Whether `tag` is in the engine's image store, asked with the management env of [`connect`] (the image
+/// recipe's own calls inherit all of sandboxctl's environment, `--env` values included).
+async fn image_present(tag: &str, guest_names: &[String]) -> bool {
+    let inspect = BoundedCommand::new("docker", Duration::from_secs(60))
+        .args(["image", "inspect", "--format", "{{.Id}}", tag])
+        .envs(management_env(std::env::vars_os(), guest_names))
+        .output_budget(1 << 16)
+        .run()
+        .await;
+    matches!(inspect, Ok(out) if out.status == ExitKind::Exited(0))
 }
 
 /// Builds the named local images (default: the default image); returns (tag, outcome) per image.
@@ -340,5 +383,28 @@ async fn throwaway_sandbox(egress_probe: &[String]) -> Check {
             "docker.sandbox",
             "acquire (egress proven closed), exec and dispose of a throwaway sandbox",
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_values_stay_out_of_the_client_environment() {
+        let own = [
+            ("PATH", "/usr/bin"),
+            ("HOME", "/home/u"),
+            ("DOCKER_HOST", "unix:///run/docker.sock"),
+            ("PROBE_VALUE", "guest only"),
+            ("OTHER", "kept"),
+        ]
+        .map(|(n, v)| (OsString::from(n), OsString::from(v)));
+        let guest = ["PROBE_VALUE", "PATH", "HOME"].map(String::from);
+        let names: Vec<String> = management_env(own, &guest)
+            .into_iter()
+            .map(|(n, _)| n.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["PATH", "HOME", "DOCKER_HOST", "OTHER"]);
     }
 }

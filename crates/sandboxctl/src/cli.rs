@@ -11,7 +11,7 @@ use crate::keys::KeyArgs;
 
 /// Run commands in sandboxes, move files in and out, list and purge sandboxes, check a host.
 #[derive(Debug, Parser)]
-#[command(name = "sandboxctl", version, about, long_about = None)]
+#[command(name = "sandboxctl", version, about, long_about = None, after_help = EXIT_CODES)]
 pub struct Cli {
     /// Global flags.
     #[command(flatten)]
@@ -20,6 +20,29 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: CommandLine,
 }
+
+/// The exit-code table (host-hygiene rule 37), repeated by `--help` so scripts need not guess.
+const EXIT_CODES: &str = "\
+Exit codes of run and exec:
+  0-255  the command's own exit code, verbatim
+  124    the --timeout expired (the command's processes were killed, or the sandbox retired)
+  125    anything else: a sandbox or engine error, a usage error or a refusal (one line on stderr;
+         --json tells it from a command's own 125)
+Exit codes of the other commands:
+  0      ok
+  2      usage
+  64     invalid argument
+  65     confinement refusal (an escape, a link)
+  66     not found (no sandbox for the key, an absent path)
+  67     wrong kind (is a directory, not a directory, not a regular file)
+  68     over the transfer cap (--max-bytes)
+  69     not permitted (the --min-isolation floor, a capability, a credential path, ...)
+  70     engine or sandbox error; a disposal that left something; a failed image build
+  71     retired sandbox
+  doctor exits 0 when every applicable check passes, else 1.
+
+The default --min-isolation is microvm: the docker backend (rung container) needs
+--min-isolation container.";
 
 /// Flags every command takes.
 #[derive(Debug, Clone, Args)]
@@ -45,7 +68,7 @@ fn parse_rung(s: &str) -> Result<Isolation, String> {
 pub enum BackendChoice {
     /// Docker containers (rung `container`).
     Docker,
-    /// Docker Sandboxes microVMs through `sbx` (rung `microvm`).
+    /// Docker Sandboxes microVMs through `sbx` (rung `microvm`; not built yet).
     Sbx,
 }
 

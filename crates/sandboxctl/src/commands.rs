@@ -123,8 +123,13 @@ fn gate(global: &GlobalArgs, backend: &Arc<dyn SandboxBackend>) -> Result<(), Sa
         })
 }
 
-async fn gated_backend(global: &GlobalArgs) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
-    let backend = backends::connect(global.backend).await?;
+/// The selected backend, refused below the floor. `guest_names` are the `--env` names whose values go to
+/// the guest: they stay out of the engine client's own environment (host-hygiene rule 5).
+async fn gated_backend(
+    global: &GlobalArgs,
+    guest_names: &[String],
+) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+    let backend = backends::connect(global.backend, guest_names).await?;
     gate(global, &backend)?;
     Ok(backend)
 }
@@ -134,20 +139,37 @@ fn exec_request(
     argv: Vec<std::ffi::OsString>,
 ) -> Result<ExecRequest, SandboxError> {
     use std::os::unix::ffi::OsStringExt;
-    if !(target.timeout.is_finite() && target.timeout > 0.0) {
-        return Err(SandboxError::invalid(
-            "--timeout must be a positive number of seconds",
-        ));
-    }
+    let timeout = timeout_bound(target.timeout)?;
     let env = target.env.build(guest_env::from_process_env)?;
     let request = ExecRequest::new(Command::Argv(
         argv.into_iter().map(|a| a.into_vec()).collect(),
     ))
     .working_directory(target.workdir.clone())
-    .timeout(Duration::from_secs_f64(target.timeout))
+    .timeout(timeout)
     .env(env);
     request.validate()?;
     Ok(request)
+}
+
+/// The longest `--timeout` accepted. Deadlines are computed as `now + timeout`, which overflows (a panic,
+/// not an exit code) long before `Duration` does, so the bound keeps every deadline representable.
+const MAX_TIMEOUT_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// `--timeout SECS` as a bound: positive, finite, at most [`MAX_TIMEOUT_SECS`], and not so small that it
+/// rounds to zero.
+fn timeout_bound(secs: f64) -> Result<Duration, SandboxError> {
+    let refuse = || {
+        SandboxError::invalid(format!(
+            "--timeout {secs} must be a positive number of seconds, at most {MAX_TIMEOUT_SECS} (365 days)"
+        ))
+    };
+    if !(secs.is_finite() && secs > 0.0 && secs <= MAX_TIMEOUT_SECS) {
+        return Err(refuse());
+    }
+    match Duration::try_from_secs_f64(secs) {
+        Ok(bound) if !bound.is_zero() => Ok(bound),
+        _ => Err(refuse()),
+    }
 }
 
 /// Writes the command's result and picks the exit code of `run`/`exec`.
@@ -208,13 +230,13 @@ async fn run(
         Ok(r) => r,
         Err(e) => return finish_run(global, Err(e), None),
     };
-    let backend = match gated_backend(global).await {
+    let backend = match gated_backend(global, &target.env.names).await {
         Ok(b) => b,
         Err(e) => return finish_run(global, Err(e), None),
     };
     let image = match image {
         Some(image) => image,
-        None => match backends::ensure_default_image(global.backend).await {
+        None => match backends::ensure_default_image(global.backend, &target.env.names).await {
             Ok(image) => image,
             Err(e) => return finish_run(global, Err(e), None),
         },
@@ -270,7 +292,7 @@ async fn exec(
     let outcome = async {
         let key = key.require()?;
         let request = exec_request(target, argv)?;
-        let backend = gated_backend(global).await?;
+        let backend = gated_backend(global, &target.env.names).await?;
         let sandbox = found(&backend, &key, &target.kind).await?;
         sandbox.exec(request).await
     }
@@ -281,13 +303,8 @@ async fn exec(
 async fn images(global: &GlobalArgs, action: ImagesAction) -> Done {
     match action {
         ImagesAction::Build { tags } => {
-            let built = backends::build_images(global.backend, &tags)
-                .await
-                .map_err(|e| Failure {
-                    code: exit_codes::ENGINE,
-                    error: e,
-                    extra: None,
-                })?;
+            // A failed build is an engine error (70); an unknown tag an invalid argument (64).
+            let built = backends::build_images(global.backend, &tags).await?;
             let text = built
                 .iter()
                 .map(|(tag, outcome)| format!("{tag}: {outcome}\n"))
@@ -309,7 +326,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
         } => {
             let key = key.require()?;
             let content = read_local_source(&local, allow_credential_path)?;
-            let backend = gated_backend(global).await?;
+            let backend = gated_backend(global, &[]).await?;
             let sandbox = found(&backend, &key, &kind).await?;
             sandbox.write_file(&guest, &content, ".").await?;
             Ok((
@@ -325,7 +342,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             local,
         } => {
             let key = key.require()?;
-            let backend = gated_backend(global).await?;
+            let backend = gated_backend(global, &[]).await?;
             let sandbox = found(&backend, &key, &kind).await?;
             let content = sandbox.read_file(&guest, ".", max_bytes).await?;
             write_local_atomically(&local, &content)?;
@@ -336,7 +353,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
         }
         CommandLine::Stat { key, kind, guest } => {
             let key = key.require()?;
-            let backend = gated_backend(global).await?;
+            let backend = gated_backend(global, &[]).await?;
             let sandbox = found(&backend, &key, &kind).await?;
             match sandbox.stat_file(&guest, ".").await? {
                 Some(entry) => Ok((entry_json(&entry), entry_line(&entry))),
@@ -345,7 +362,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
         }
         CommandLine::Ls { key, kind, guest } => {
             let key = key.require()?;
-            let backend = gated_backend(global).await?;
+            let backend = gated_backend(global, &[]).await?;
             let sandbox = found(&backend, &key, &kind).await?;
             let entries = sandbox.list_dir(&guest, ".").await?;
             Ok((
@@ -360,13 +377,13 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             guest,
         } => {
             let key = key.require()?;
-            let backend = gated_backend(global).await?;
+            let backend = gated_backend(global, &[]).await?;
             let sandbox = found(&backend, &key, &kind).await?;
             sandbox.remove(&guest, ".", recursive).await?;
             Ok((json!({"removed": guest}), String::new()))
         }
         CommandLine::List { scope, thread } => {
-            let backend = backends::connect(global.backend).await?;
+            let backend = backends::connect(global.backend, &[]).await?;
             let found = backend.list(&scope, thread.as_deref()).await?;
             let rows: Vec<Value> = found
                 .iter()
@@ -400,7 +417,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
         }
         CommandLine::Dispose { key, kind } => {
             let key = key.require()?;
-            let backend = backends::connect(global.backend).await?;
+            let backend = backends::connect(global.backend, &[]).await?;
             let selector = kind.map(DisposeSelector::kind).unwrap_or_default();
             match backend.dispose(&key, selector).await {
                 None => Ok((json!({"disposed": true}), String::new())),
@@ -414,7 +431,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             }
         }
         CommandLine::Purge { scope, thread } => {
-            let backend = backends::connect(global.backend).await?;
+            let backend = backends::connect(global.backend, &[]).await?;
             let purge = backend.dispose_scope(&scope, &thread).await;
             let value = json!({
                 "disposed": purge.disposed,
@@ -452,17 +469,12 @@ fn entry_line(entry: &sandbox_core::SandboxEntry) -> String {
     }
 }
 
-/// Reads a host file to copy in, refusing credential paths after resolving links (host-hygiene §3).
+/// Reads a host file to copy in, refusing credential paths after resolving links (host-hygiene §3), and
+/// anything that is not a regular file (a fifo would block the read, a device never end it).
 fn read_local_source(local: &Path, allow_credential_path: bool) -> Result<Vec<u8>, Failure> {
     let resolved = std::fs::canonicalize(local).map_err(|e| io_failure("resolve", local, e))?;
     if !allow_credential_path {
-        let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-        let home = std::fs::canonicalize(&home)
-            .map(|p| p.display().to_string())
-            .unwrap_or(home);
-        if let Some(credential) =
-            sandbox_core::refuses_source(&home, &resolved.display().to_string())
-        {
+        if let Some(credential) = credential_refusal(local, &resolved) {
             return Err(SandboxError::NotPermitted(format!(
                 "{} is, contains or lies under the credential path {credential}; pass --allow-credential-path to copy it anyway",
                 local.display()
@@ -470,14 +482,63 @@ fn read_local_source(local: &Path, allow_credential_path: bool) -> Result<Vec<u8
             .into());
         }
     }
-    let meta = std::fs::metadata(&resolved).map_err(|e| io_failure("stat", local, e))?;
-    if meta.is_dir() {
-        return Err(SandboxError::IsADirectory {
-            path: local.display().to_string(),
+    let not_regular = |meta: &std::fs::Metadata| -> Option<Failure> {
+        let path = local.display().to_string();
+        if meta.is_dir() {
+            Some(SandboxError::IsADirectory { path }.into())
+        } else if !meta.is_file() {
+            Some(SandboxError::NotRegularFile { path }.into())
+        } else {
+            None
         }
-        .into());
+    };
+    let meta = std::fs::metadata(&resolved).map_err(|e| io_failure("stat", local, e))?;
+    if let Some(refused) = not_regular(&meta) {
+        return Err(refused);
     }
-    std::fs::read(&resolved).map_err(|e| io_failure("read", local, e))
+    let mut file = std::fs::File::open(&resolved).map_err(|e| io_failure("open", local, e))?;
+    // The entry may have been swapped since the check: judge what was opened.
+    let meta = file.metadata().map_err(|e| io_failure("stat", local, e))?;
+    if let Some(refused) = not_regular(&meta) {
+        return Err(refused);
+    }
+    let mut content = Vec::new();
+    std::io::Read::read_to_end(&mut file, &mut content)
+        .map_err(|e| io_failure("read", local, e))?;
+    Ok(content)
+}
+
+/// The credential path a copy-in source touches, judged both as named and as resolved, against the home
+/// directory as named and as resolved, and against each credential entry's own resolved location: a
+/// `~/.ssh` that links to a dotfiles directory still guards what is in it.
+fn credential_refusal(local: &Path, resolved: &Path) -> Option<String> {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let mut homes = vec![home.clone()];
+    if let Ok(real_home) = std::fs::canonicalize(&home) {
+        homes.push(real_home.display().to_string());
+    }
+    let mut sources = vec![resolved.display().to_string()];
+    if let Ok(named) = std::path::absolute(local) {
+        sources.push(named.display().to_string());
+    }
+    for home in &homes {
+        for source in &sources {
+            if let Some(credential) = sandbox_core::refuses_source(home, source) {
+                return Some(credential.to_string());
+            }
+        }
+    }
+    for credential in sandbox_core::credential_paths() {
+        for home in &homes {
+            let Ok(real) = std::fs::canonicalize(credential.under(home)) else {
+                continue;
+            };
+            if resolved.starts_with(&real) || real.starts_with(resolved) {
+                return Some(credential.to_string());
+            }
+        }
+    }
+    None
 }
 
 fn io_failure(operation: &'static str, path: &Path, source: std::io::Error) -> Failure {

@@ -4,6 +4,9 @@
 //! command's own status, 124 when the caller's timeout expired, 125 for anything else; other commands
 //! exit 0, 2 (usage) or 64–71 by error kind.
 
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+
 mod backends;
 mod cli;
 mod commands;
@@ -37,25 +40,83 @@ fn main() -> ExitCode {
     ExitCode::from(runtime.block_on(commands::dispatch(cli)))
 }
 
-/// Help and version exit 0; other parse failures are usage errors: 125 for `run`/`exec` (every other
-/// integer may be the command's own), 2 for the rest.
+/// Help and version exit 0; other parse failures are usage errors: 125 with a one-line reason for
+/// `run`/`exec` (every other integer may be the command's own), 2 for the rest. With `--json` the error
+/// is also the one JSON object on stdout, so a script never has to parse clap's text.
 fn usage_error(raw: &[std::ffi::OsString], err: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
-    let _ = err.print();
-    match err.kind() {
-        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
-        _ => {
-            let before_argv = raw.iter().skip(1).take_while(|a| *a != "--");
-            let runs = before_argv
-                .filter(|a| !a.to_string_lossy().starts_with('-'))
-                .any(|a| a == "run" || a == "exec");
-            ExitCode::from(if runs {
-                exit_codes::RUN_FAILURE
-            } else {
-                exit_codes::USAGE
-            })
-        }
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    ) {
+        let _ = err.print();
+        return ExitCode::SUCCESS;
     }
+    let words = UsageWords::read(raw);
+    let reason = one_line_reason(&err.render().to_string());
+    let runs = matches!(words.subcommand.as_deref(), Some("run" | "exec"));
+    if runs {
+        eprintln!(
+            "sandboxctl: {reason} (see sandboxctl {} --help)",
+            words.subcommand.as_deref().unwrap_or_default()
+        );
+    } else {
+        let _ = err.print();
+    }
+    if words.json {
+        let error = serde_json::json!({ "kind": "Usage", "message": reason });
+        report::print_json(&if runs {
+            serde_json::json!({ "outcome": "error", "error": error })
+        } else {
+            serde_json::json!({ "error": error })
+        });
+    }
+    ExitCode::from(if runs {
+        exit_codes::RUN_FAILURE
+    } else {
+        exit_codes::USAGE
+    })
+}
+
+/// What a command line that failed to parse still tells: its subcommand and whether `--json` was asked.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct UsageWords {
+    subcommand: Option<String>,
+    json: bool,
+}
+
+impl UsageWords {
+    /// Reads the words before `--` (after it is the command's argv). The subcommand is the first word that
+    /// is neither a flag nor the value of a global flag, so `list --scope run` stays a `list`.
+    fn read(raw: &[std::ffi::OsString]) -> Self {
+        let mut words = UsageWords::default();
+        let mut args = raw.iter().skip(1).map(|a| a.to_string_lossy());
+        while let Some(arg) = args.next() {
+            match arg.as_ref() {
+                "--" => break,
+                "--json" => words.json = true,
+                "--backend" | "--min-isolation" if words.subcommand.is_none() => {
+                    args.next();
+                }
+                flag if flag.starts_with('-') => {}
+                word if words.subcommand.is_none() => words.subcommand = Some(word.to_owned()),
+                _ => {}
+            }
+        }
+        words
+    }
+}
+
+/// Clap's message without its usage block and tips, on one line.
+fn one_line_reason(rendered: &str) -> String {
+    let text: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:"))
+        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .collect();
+    let joined = text.join(" ");
+    joined.strip_prefix("error: ").unwrap_or(&joined).to_owned()
 }
 
 fn init_tracing() {
@@ -69,5 +130,57 @@ fn init_tracing() {
                     .finish(),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(args: &[&str]) -> UsageWords {
+        let raw: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+        UsageWords::read(&raw)
+    }
+
+    #[test]
+    fn the_subcommand_is_not_a_flag_value() {
+        let w = words(&[
+            "sandboxctl",
+            "--backend",
+            "docker",
+            "list",
+            "--scope",
+            "run",
+        ]);
+        assert_eq!(w.subcommand.as_deref(), Some("list"));
+        assert!(!w.json);
+        let w = words(&[
+            "sandboxctl",
+            "--min-isolation",
+            "container",
+            "run",
+            "--json",
+            "--",
+            "--json",
+        ]);
+        assert_eq!(w.subcommand.as_deref(), Some("run"));
+        assert!(w.json);
+        let w = words(&["sandboxctl", "exec", "--", "--json"]);
+        assert_eq!(w.subcommand.as_deref(), Some("exec"));
+        assert!(!w.json, "--json after -- belongs to the command");
+    }
+
+    #[test]
+    fn reasons_fit_on_one_line() {
+        let rendered = "error: the following required arguments were not provided:\n  <CMD>...\n\nUsage: sandboxctl run -- <CMD>...\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            one_line_reason(rendered),
+            "the following required arguments were not provided: <CMD>..."
+        );
+        let rendered = "error: unexpected argument '--bogus' found\n\n  tip: to pass '--bogus' as a value, use '-- --bogus'\n\nUsage: x\n";
+        assert_eq!(
+            one_line_reason(rendered),
+            "unexpected argument '--bogus' found"
+        );
     }
 }

@@ -446,3 +446,293 @@ fn doctor_passes_here_and_names_the_fix_when_the_engine_is_away() {
         2
     );
 }
+
+/// Runs sandboxctl and kills it if it has not finished within `bound` (a hang is a failure, not a wait).
+fn ctl_bounded(args: &[&str], env: &[(&str, &str)], bound: Duration) -> Output {
+    let mut child = Command::new(BIN)
+        .args(["--min-isolation", "container"])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sandboxctl starts");
+    let deadline = Instant::now() + bound;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{args:?} still running after {bound:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn stderr_lines(out: &Output) -> usize {
+    String::from_utf8_lossy(&out.stderr)
+        .trim_end()
+        .lines()
+        .count()
+}
+
+#[test]
+fn refusals_under_run_and_exec_exit_125_with_one_line() {
+    let cases: &[&[&str]] = &[
+        &["run", "--key", "a/b", "--", "true"],
+        &["exec", "--key", "a/b", "--", "true"],
+        &["run", "--bogus", "--", "true"],
+        &["exec", "--key", "a/b/c", "--bogus", "--", "true"],
+        &["run", "--timeout", "1e30", "--", "true"],
+        &["exec", "--key", "a/b/c", "--timeout", "1e30", "--", "true"],
+        &["run", "--timeout", "1e19", "--", "true"],
+    ];
+    for args in cases {
+        let out = ctl_bounded(args, &[], Duration::from_secs(60));
+        assert_eq!(
+            code(&out),
+            125,
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            stderr_lines(&out),
+            1,
+            "{args:?}: one line: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The floor refuses `ls` too (rule 45's 69 row), saying how to accept docker.
+    let out = Command::new(BIN)
+        .args(["ls", "--key", "a/b/c"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 69);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--min-isolation container"));
+}
+
+#[test]
+fn usage_errors_are_read_from_the_subcommand_not_from_a_flag_value() {
+    // `run` here is a value of --scope, not the subcommand: a usage error of `list` is 2.
+    assert_eq!(code(&ctl(&["list", "--scope", "run", "--bogus"])), 2);
+    assert_eq!(
+        code(&ctl(&[
+            "--backend",
+            "docker",
+            "list",
+            "--scope",
+            "exec",
+            "--bogus"
+        ])),
+        2
+    );
+    // A value that looks like `run` after a global flag still leaves the subcommand `list`.
+    assert_eq!(
+        code(&ctl(&["--json", "list", "--thread", "run", "--bogus"])),
+        2
+    );
+}
+
+#[test]
+fn json_usage_errors_still_print_one_object() {
+    let out = ctl(&["--json", "list", "--bogus"]);
+    assert_eq!(code(&out), 2);
+    let v = json(&out);
+    assert_eq!(v["error"]["kind"], "Usage", "{v}");
+    let out = ctl(&["run", "--json", "--bogus", "--", "true"]);
+    assert_eq!(code(&out), 125);
+    let v = json(&out);
+    assert_eq!(v["outcome"], "error", "{v}");
+    assert_eq!(v["error"]["kind"], "Usage", "{v}");
+}
+
+#[test]
+fn images_build_of_an_unknown_tag_is_an_invalid_argument() {
+    let out = ctl(&["images", "build", "no/such:tag"]);
+    assert_eq!(code(&out), 64, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sandbox-base:local"));
+}
+
+#[test]
+fn help_repeats_the_exit_code_table() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    assert_eq!(code(&out), 0);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for row in [
+        "124", "125", " 2 ", "64", "65", "66", "67", "68", "69", "70", "71",
+    ] {
+        assert!(help.contains(row), "--help lacks {row:?}:\n{help}");
+    }
+    assert!(help.contains("--min-isolation container"), "{help}");
+}
+
+#[test]
+fn missing_workdir_exits_125_as_a_command_result() {
+    let out = ctl(&["run", "--workdir", "/no/such/dir", "--", "true"]);
+    assert_eq!(code(&out), 125, "{}", String::from_utf8_lossy(&out.stderr));
+    let out = ctl(&["--json", "run", "--workdir", "/no/such/dir", "--", "true"]);
+    assert_eq!(code(&out), 125, "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json(&out);
+    assert_eq!(v["outcome"], "exited", "{v}");
+    assert_eq!(v["exit_code"], 125, "{v}");
+}
+
+/// Every host process's command line, and the docker clients' environments, as raw bytes, each with a
+/// description of where it came from.
+fn host_process_texts() -> Vec<(String, Vec<u8>)> {
+    let mut texts = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let is_pid = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
+        if !is_pid {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        let shown = format!(
+            "{}: {}",
+            entry.path().display(),
+            String::from_utf8_lossy(&cmdline).replace('\0', " ")
+        );
+        if program.ends_with(b"docker") {
+            if let Ok(environ) = std::fs::read(entry.path().join("environ")) {
+                texts.push((format!("environ of {shown}"), environ));
+            }
+        }
+        texts.push((format!("cmdline of {shown}"), cmdline));
+    }
+    texts
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn env_values_reach_the_guest_but_no_command_line() {
+    use base64::Engine as _;
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let value = format!("v{nanos:x}p{}", std::process::id());
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let needles = [
+        value.clone(),
+        b64.encode(&value),
+        b64.encode(format!("CLI_PROBE_VALUE={value}")),
+    ];
+    let mut child = Command::new(BIN)
+        .args([
+            "--min-isolation",
+            "container",
+            "run",
+            "--env",
+            "CLI_PROBE_VALUE",
+            "--",
+            "sh",
+            "-c",
+            "sleep 3; printf %s \"$CLI_PROBE_VALUE\"",
+        ])
+        .env("CLI_PROBE_VALUE", &value)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut scans = 0;
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "run never finished");
+        for (source, text) in host_process_texts() {
+            for needle in &needles {
+                assert!(
+                    !contains(&text, needle.as_bytes()),
+                    "{needle:?} found in the {source}"
+                );
+            }
+        }
+        scans += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(scans > 10, "scanned while the command ran ({scans})");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, value.as_bytes(), "the guest got the value");
+}
+
+#[test]
+fn cp_in_refuses_what_is_not_a_regular_file_without_reading_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    for source in ["/dev/null", fifo.to_str().unwrap()] {
+        let out = ctl_bounded(
+            &["cp-in", "--key", "a/b/c", source, "x"],
+            &[],
+            Duration::from_secs(20),
+        );
+        assert_eq!(
+            code(&out),
+            67,
+            "{source}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn cp_in_refuses_a_credential_directory_reached_through_a_link() {
+    // ~/.ssh is a link to a directory elsewhere, as dotfile managers arrange it.
+    let root = tempfile::tempdir().unwrap();
+    let home = root.path().join("home");
+    let store = root.path().join("dotfiles/ssh");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&store).unwrap();
+    std::fs::write(store.join("id_ed25519"), b"not a real key").unwrap();
+    std::os::unix::fs::symlink(&store, home.join(".ssh")).unwrap();
+    let home_str = home.to_str().unwrap();
+    for source in [
+        home.join(".ssh/id_ed25519"),
+        store.join("id_ed25519"),
+        store.clone(),
+    ] {
+        let out = ctl_bounded(
+            &["cp-in", "--key", "a/b/c", source.to_str().unwrap(), "x"],
+            &[("HOME", home_str)],
+            Duration::from_secs(20),
+        );
+        assert_eq!(
+            code(&out),
+            69,
+            "{}: {}",
+            source.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("not a real key"));
+    }
+    // The explicit override still lifts it: the copy then fails on the absent sandbox.
+    let out = ctl_bounded(
+        &[
+            "cp-in",
+            "--key",
+            "a/b/c",
+            "--allow-credential-path",
+            store.join("id_ed25519").to_str().unwrap(),
+            "x",
+        ],
+        &[("HOME", home_str)],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code(&out), 66, "{}", String::from_utf8_lossy(&out.stderr));
+}
