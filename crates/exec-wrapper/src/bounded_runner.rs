@@ -29,6 +29,9 @@ pub const READ_CHUNK: usize = 65_536;
 /// reaper and returning.
 pub const REAP_GRACE: Duration = Duration::from_secs(3);
 
+/// The deadline used when `now + timeout` does not fit the clock: about a century.
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// Which pipe a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Stream {
@@ -233,7 +236,13 @@ pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
         current_dir,
     } = command;
     let name = program.to_string_lossy().into_owned();
-    let deadline = deadline.unwrap_or_else(|| Instant::now() + timeout);
+    // A timeout too large for the clock is a deadline that never comes, never a panic.
+    let deadline = deadline.unwrap_or_else(|| {
+        let now = Instant::now();
+        now.checked_add(timeout)
+            .or_else(|| now.checked_add(FAR_FUTURE))
+            .unwrap_or(now)
+    });
 
     let mut process = Command::new(&program);
     process

@@ -246,3 +246,12 @@ async fn prefix_mode_stops_on_purpose() {
     assert_eq!(output.stdout, b"y\ny\ny");
     assert_eq!(output.status, ExitKind::Signaled(9));
 }
+
+#[tokio::test]
+async fn a_timeout_too_large_for_the_clock_is_no_deadline_never_a_panic() {
+    for timeout in [Duration::MAX, Duration::from_secs(u64::MAX / 2)] {
+        let output = sh("printf done", timeout).run().await.expect("runs");
+        assert_eq!(output.status, ExitKind::Exited(0));
+        assert_eq!(output.stdout, b"done");
+    }
+}
