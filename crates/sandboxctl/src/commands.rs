@@ -178,8 +178,9 @@ fn finish_run(
     result: Result<sandbox_core::ExecOutput, SandboxError>,
     key: Option<&SandboxKey>,
 ) -> u8 {
-    let key_json =
-        key.map(|k| json!({"scope": k.scope, "thread": k.thread_id, "agent": k.agent_id}));
+    let key_json = key.map(|k| {
+        json!({"scope": k.scope, "thread": k.thread_id, "agent": k.agent_id, "call": k.call_id})
+    });
     match result {
         Ok(output) => {
             if global.json {
@@ -251,10 +252,7 @@ async fn run(
     let dispose_after = !keep && given_key.is_none();
     let key = given_key.unwrap_or_else(generated_key);
     if keep {
-        eprintln!(
-            "sandboxctl: kept sandbox key {}/{}/{}",
-            key.scope, key.thread_id, key.agent_id
-        );
+        eprintln!("sandboxctl: kept sandbox key {}", key_flags(&key));
     }
     let result = match backend.acquire(&key, &spec).await {
         Ok(sandbox) => sandbox.exec(request).await,
@@ -555,16 +553,73 @@ fn io_failure(operation: &'static str, path: &Path, source: std::io::Error) -> F
 }
 
 /// Writes beside the destination and renames on success: a refused or failed copy leaves no partial file.
+/// The flags that name `key` again, quoted for a POSIX shell (fields may hold `/` or spaces).
+fn key_flags(key: &SandboxKey) -> String {
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let mut flags = format!(
+        "--scope {} --thread {} --agent {}",
+        quote(&key.scope),
+        quote(&key.thread_id),
+        quote(&key.agent_id)
+    );
+    if key.is_call() {
+        flags.push_str(&format!(" --call {}", quote(&key.call_id)));
+    }
+    flags
+}
+
 fn write_local_atomically(local: &Path, content: &[u8]) -> Result<(), Failure> {
     let dir = match local.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => std::path::PathBuf::from("."),
     };
-    let mut temp =
-        tempfile::NamedTempFile::new_in(&dir).map_err(|e| io_failure("create", &dir, e))?;
+    // Mode 0666 before the umask, as any new file gets: not the temp file's private 0600.
+    let mut temp = tempfile::Builder::new()
+        .prefix(".sandboxctl-cp-out")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+        .tempfile_in(&dir)
+        .map_err(|e| io_failure("create", &dir, e))?;
     temp.write_all(content)
         .map_err(|e| io_failure("write", local, e))?;
     temp.persist(local)
         .map_err(|e| io_failure("rename", local, e.error))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_keys_print_as_flags_that_name_them_again() {
+        let key = SandboxKey::conversation("s/x", "it's", "a b").with_call("c1");
+        assert_eq!(
+            key_flags(&key),
+            r"--scope 's/x' --thread 'it'\''s' --agent 'a b' --call 'c1'"
+        );
+        assert_eq!(
+            key_flags(&SandboxKey::conversation("s", "t", "a")),
+            "--scope 's' --thread 't' --agent 'a'"
+        );
+    }
+
+    #[test]
+    fn cp_out_files_get_the_usual_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let local = dir.path().join("out");
+        write_local_atomically(&local, b"x")
+            .map_err(|f| f.error)
+            .unwrap();
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&local).unwrap().permissions(),
+        );
+        // Whatever the umask, group or others get what it allows, never the temp file's 0600.
+        let umask_probe = dir.path().join("probe");
+        std::fs::write(&umask_probe, b"").unwrap();
+        let usual = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&umask_probe).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, usual & 0o777);
+        assert_eq!(std::fs::read(&local).unwrap(), b"x");
+    }
 }

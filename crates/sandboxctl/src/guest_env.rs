@@ -54,7 +54,6 @@ impl EnvArgs {
 fn parse_env_file(text: &[u8]) -> Result<Vec<(String, Vec<u8>)>, usize> {
     let mut out = Vec::new();
     for (i, line) in text.split(|b| *b == b'\n').enumerate() {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() || line.starts_with(b"#") {
             continue;
         }
@@ -77,13 +76,15 @@ mod tests {
 
     #[test]
     fn file_format() {
-        let parsed = parse_env_file(b"# c\n\nA=1\nB= spaced = value \nC=\r\n").unwrap();
+        let parsed = parse_env_file(b"# c\n\nA=1\nB= spaced = value \nC=\nD=crlf\r\n").unwrap();
         assert_eq!(
             parsed,
             vec![
                 ("A".into(), b"1".to_vec()),
                 ("B".into(), b" spaced = value ".to_vec()),
-                ("C".into(), b"".to_vec())
+                ("C".into(), b"".to_vec()),
+                // The rest of the line, verbatim: a carriage return stays part of the value.
+                ("D".into(), b"crlf\r".to_vec())
             ]
         );
         assert_eq!(parse_env_file(b"A=1\nnoequals\n"), Err(2));
