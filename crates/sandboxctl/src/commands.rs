@@ -172,6 +172,36 @@ fn timeout_bound(secs: f64) -> Result<Duration, SandboxError> {
     }
 }
 
+/// Runs `work` until it ends or sandboxctl is interrupted (SIGINT, SIGTERM, SIGHUP). An interrupt
+/// drops `work`: the backend then kills the command's process group inside the sandbox in a task of
+/// its own, which `main` waits for before exiting.
+async fn until_interrupted<T>(
+    work: impl std::future::Future<Output = Result<T, SandboxError>>,
+) -> Result<T, SandboxError> {
+    use tokio::signal::unix::{signal, Signal, SignalKind};
+    async fn arrival(stream: &mut Option<Signal>) {
+        if let Some(stream) = stream {
+            if stream.recv().await.is_some() {
+                return;
+            }
+        }
+        // A signal that cannot be watched never arrives.
+        std::future::pending().await
+    }
+    let mut interrupt = signal(SignalKind::interrupt()).ok();
+    let mut terminate = signal(SignalKind::terminate()).ok();
+    let mut hangup = signal(SignalKind::hangup()).ok();
+    let name = tokio::select! {
+        result = work => return result,
+        () = arrival(&mut interrupt) => "SIGINT",
+        () = arrival(&mut terminate) => "SIGTERM",
+        () = arrival(&mut hangup) => "SIGHUP",
+    };
+    Err(SandboxError::engine(format!(
+        "interrupted by {name}; the command's processes were killed"
+    )))
+}
+
 /// Writes the command's result and picks the exit code of `run`/`exec`.
 fn finish_run(
     global: &GlobalArgs,
@@ -254,10 +284,11 @@ async fn run(
     if keep {
         eprintln!("sandboxctl: kept sandbox key {}", key_flags(&key));
     }
-    let result = match backend.acquire(&key, &spec).await {
-        Ok(sandbox) => sandbox.exec(request).await,
-        Err(e) => Err(e),
-    };
+    let result = until_interrupted(async {
+        let sandbox = backend.acquire(&key, &spec).await?;
+        sandbox.exec(request).await
+    })
+    .await;
     let printed_key = (keep || !dispose_after).then_some(&key);
     let code = finish_run(global, result, printed_key);
     if dispose_after {
@@ -292,7 +323,7 @@ async fn exec(
         let request = exec_request(target, argv)?;
         let backend = gated_backend(global, &target.env.names).await?;
         let sandbox = found(&backend, &key, &target.kind).await?;
-        sandbox.exec(request).await
+        until_interrupted(sandbox.exec(request)).await
     }
     .await;
     finish_run(global, outcome, None)

@@ -37,7 +37,19 @@ fn main() -> ExitCode {
             return ExitCode::from(exit_codes::ENGINE);
         }
     };
-    ExitCode::from(runtime.block_on(commands::dispatch(cli)))
+    let code = runtime.block_on(commands::dispatch(cli));
+    // Cleanups the backend runs in tasks of their own (the remote kill of an interrupted command,
+    // the removal of a half-made sandbox) finish before the process ends, within a bound.
+    runtime.block_on(background_tasks_done(std::time::Duration::from_secs(30)));
+    ExitCode::from(code)
+}
+
+async fn background_tasks_done(bound: std::time::Duration) {
+    let handle = tokio::runtime::Handle::current();
+    let deadline = tokio::time::Instant::now() + bound;
+    while handle.metrics().num_alive_tasks() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// Help and version exit 0; other parse failures are usage errors: 125 with a one-line reason for

@@ -736,3 +736,59 @@ fn cp_in_refuses_a_credential_directory_reached_through_a_link() {
     );
     assert_eq!(code(&out), 66, "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn an_interrupted_run_kills_the_command_in_the_sandbox_and_exits_125() {
+    let scope = scope("interrupt");
+    let key = format!("{scope}/t1/agent");
+    let child = Command::new(BIN)
+        .args([
+            "--min-isolation",
+            "container",
+            "--json",
+            "run",
+            "--key",
+            &key,
+            "--",
+        ])
+        .args(["sh", "-c", "echo $$ > started; exec sleep 60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the command runs in the sandbox.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while code(&ctl(&["stat", "--key", &key, "started"])) != 0 {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let started = Instant::now();
+    let pid = child.id().to_string();
+    let sent = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    assert!(sent.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 125, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the interrupt is prompt"
+    );
+    let v = json(&out);
+    assert_eq!(v["outcome"], "error");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("SIGINT"),
+        "{v}"
+    );
+    // The sandbox was kept (a key was given) and the command's group is gone.
+    let out = ctl(&[
+        "exec",
+        "--key",
+        &key,
+        "--",
+        "sh",
+        "-c",
+        "kill -0 \"$(cat started)\"",
+    ]);
+    assert_ne!(code(&out), 0, "the interrupted command still runs");
+    purge_and_check(&scope, "t1");
+}
