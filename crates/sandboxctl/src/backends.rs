@@ -76,21 +76,54 @@ pub async fn ensure_default_image(
             if image_present(image.tag(), guest_names).await {
                 return Ok(image.tag().to_owned());
             }
-            recipe()
-                .build(&[image])
-                .await
-                .map_err(|e| SandboxError::ImageMissing {
-                    image: image.tag().into(),
-                    hint: format!("building it locally failed: {e}"),
-                })?;
+            if guest_names.is_empty() {
+                recipe()
+                    .build(&[image])
+                    .await
+                    .map_err(|e| SandboxError::ImageMissing {
+                        image: image.tag().into(),
+                        hint: format!("building it locally failed: {e}"),
+                    })?;
+            } else {
+                build_in_a_child(image, guest_names).await?;
+            }
             Ok(image.tag().to_owned())
         }
         BackendChoice::Sbx => Err(sbx_not_built()),
     }
 }
 
-/// Whether `tag` is in the engine's image store, asked with the management env of [`connect`] (the image
-/// recipe's own calls inherit all of sandboxctl's environment, `--env` values included).
+/// Builds `image` in a child `sandboxctl images build` whose environment lacks the `--env` values:
+/// the recipe's own tools inherit their process's environment, and a guest value must never sit in
+/// a host process's environment other than the guest's own.
+async fn build_in_a_child(image: LocalImage, guest_names: &[String]) -> Result<(), SandboxError> {
+    let failed = |why: String| SandboxError::ImageMissing {
+        image: image.tag().into(),
+        hint: format!("building it locally failed: {why}"),
+    };
+    let me = std::env::current_exe().map_err(|e| failed(e.to_string()))?;
+    let build = BoundedCommand::new(me, Duration::from_secs(30 * 60))
+        .args(["images", "build", image.tag()])
+        .envs(management_env(std::env::vars_os(), guest_names))
+        .output_budget(1 << 20)
+        .on_line(|_, line| {
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line);
+        })
+        .run()
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    if build.status == ExitKind::Exited(0) {
+        Ok(())
+    } else {
+        Err(failed(format!(
+            "`sandboxctl images build` ended with {:?}",
+            build.status
+        )))
+    }
+}
+
+/// Whether `tag` is in the engine's image store, asked with the management env of [`connect`], so no
+/// `--env` value reaches the docker client.
 async fn image_present(tag: &str, guest_names: &[String]) -> bool {
     let inspect = BoundedCommand::new("docker", Duration::from_secs(60))
         .args(["image", "inspect", "--format", "{{.Id}}", tag])
