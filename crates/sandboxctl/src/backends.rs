@@ -224,9 +224,11 @@ async fn docker_read(args: &[&str]) -> Result<String, String> {
 pub async fn doctor(global: &GlobalArgs, egress_probe: &[String]) -> u8 {
     let mut checks = Vec::new();
     if egress_probe.len() > 2 {
-        eprintln!(
-            "sandboxctl: --egress-probe takes at most two URLs (one by address, one by name)"
-        );
+        let message = "--egress-probe takes at most two URLs (one by address, one by name)";
+        if global.json {
+            crate::report::print_json(&json!({"error": {"kind": "Usage", "message": message}}));
+        }
+        eprintln!("sandboxctl: {message}");
         return crate::exit_codes::USAGE;
     }
     if global.backend == BackendChoice::Sbx {

@@ -433,18 +433,18 @@ fn doctor_passes_here_and_names_the_fix_when_the_engine_is_away() {
         .expect("the engine item is reported");
     assert_eq!(engine["status"], "fail");
     assert!(!engine["fix"].as_str().unwrap().is_empty());
-    assert_eq!(
-        code(&ctl(&[
-            "doctor",
-            "--egress-probe",
-            "a",
-            "--egress-probe",
-            "b",
-            "--egress-probe",
-            "c"
-        ])),
-        2
-    );
+    let three = ctl(&[
+        "--json",
+        "doctor",
+        "--egress-probe",
+        "a",
+        "--egress-probe",
+        "b",
+        "--egress-probe",
+        "c",
+    ]);
+    assert_eq!(code(&three), 2);
+    assert_eq!(json(&three)["error"]["kind"], "Usage");
 }
 
 /// Runs sandboxctl and kills it if it has not finished within `bound` (a hang is a failure, not a wait).
