@@ -262,9 +262,14 @@ impl EgressEntry {
 
     /// Same policy, ignoring the host's spelling.
     pub(crate) fn same_policy(&self, other: &EgressEntry) -> bool {
+        // A policy is what it allows: the order its lists were written in does not matter.
+        let as_set = |list: &Option<Vec<String>>| {
+            list.as_ref()
+                .map(|l| l.iter().cloned().collect::<std::collections::BTreeSet<_>>())
+        };
         let policy = |e: &EgressEntry| match e {
             EgressEntry::Host(_) => (None, None),
-            EgressEntry::Rule(r) => (r.methods.clone(), r.paths.clone()),
+            EgressEntry::Rule(r) => (as_set(&r.methods), as_set(&r.paths)),
         };
         policy(self) == policy(other)
     }

@@ -382,6 +382,25 @@ mod tests {
     }
 
     #[test]
+    fn the_same_rule_written_in_another_order_is_the_same_policy() {
+        let a =
+            EgressRule::new("api.x.com", Some(vec!["GET".into(), "POST".into()]), None).unwrap();
+        let b =
+            EgressRule::new("API.x.com", Some(vec!["POST".into(), "GET".into()]), None).unwrap();
+        let s = SandboxSpec::builder("k")
+            .egress(Egress::Allowlist)
+            .allow(EgressEntry::Rule(a.clone()))
+            .allow(EgressEntry::Rule(b))
+            .build()
+            .unwrap();
+        assert_eq!(
+            s.egress_allow(),
+            &[EgressEntry::Rule(a)],
+            "the first spelling is kept"
+        );
+    }
+
+    #[test]
     fn derived_requirements() {
         let rule =
             EgressRule::new("a.com", Some(vec!["GET".into()]), Some(vec!["/x".into()])).unwrap();
