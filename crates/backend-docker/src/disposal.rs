@@ -188,6 +188,11 @@ impl Shared {
         kind: Option<&str>,
         id: &str,
     ) -> Option<DisposalFailure> {
+        // An instance id is the engine's: hex. Anything else names no instance of this backend
+        // (and must never reach the docker CLI, where a leading `-` would read as an option).
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
         let record = match self.inspect(id).await {
             Ok(Some(record)) => record,
             Ok(None) => return None,

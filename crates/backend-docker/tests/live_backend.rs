@@ -206,6 +206,14 @@ async fn warm_acquire_list_find_and_dispose_read_the_engine() {
         .await
         .is_none());
     assert_eq!(other.list(&scope, None).await.unwrap().len(), 2);
+    // An id that is not the engine's hex is nobody's instance, never a docker option.
+    for bogus in ["--help", "-f", "", "zz", "../x"] {
+        assert!(other
+            .dispose(&key, DisposeSelector::instance("live", bogus))
+            .await
+            .is_none());
+    }
+    assert_eq!(other.list(&scope, None).await.unwrap().len(), 2);
     assert!(other
         .dispose(&call_key, DisposeSelector::all())
         .await
