@@ -223,7 +223,7 @@ pub enum CommandLine {
     /// egress is proven closed from inside. Reads, never writes, host settings.
     Doctor {
         /// A URL the throwaway sandbox must NOT reach (repeatable, at most two: one naming its host
-        /// by address, one by name). Replaces the defaults (https://1.1.1.1/, https://example.com/).
+        /// by address, one by name). Replaces the defaults (`https://1.1.1.1/`, `https://example.com/`).
         #[arg(long = "egress-probe", value_name = "URL")]
         egress_probe: Vec<String>,
     },
