@@ -1,7 +1,8 @@
 //! Project automation, run as `cargo xtask <command>` from anywhere in the workspace.
 //!
-//! - `ci`: the one test command (formatting, clippy, every test through nextest, doctests, the
-//!   fuzz targets' build, the live Docker suite), failing fast, with a timed summary;
+//! - `ci`: the one test command (formatting, clippy, every test through nextest, doctests,
+//!   rustdoc with `-D warnings`, the fuzz targets' build, the live Docker suite), failing fast,
+//!   with a timed summary;
 //! - `fuzz`: builds the fuzz targets on the stable toolchain and runs each for a while;
 //! - `images`: builds the local Docker images (the recipe in `backend_docker`);
 //! - `e2e docker`: builds the images, runs the live Docker suite, then checks the suite
@@ -99,6 +100,17 @@ fn ci(workspace: &Workspace) -> Result<(), XtaskError> {
         ),
         command_step("nextest", &["nextest", "run", "--workspace"]),
         command_step("doctests", &["test", "--doc", "--workspace"]),
+        Step {
+            // Every public item documented, every intra-doc link resolving.
+            name: "docs",
+            run: Box::new(|| {
+                workspace.run(
+                    cargo()
+                        .args(["doc", "--workspace", "--no-deps", "--all-features"])
+                        .env("RUSTDOCFLAGS", "-D warnings"),
+                )
+            }),
+        },
         Step {
             name: "fuzz build",
             run: Box::new(|| fuzz::build_all(workspace)),
