@@ -281,10 +281,21 @@ impl Shared {
     }
 
     /// `docker run` (rule 11), after the OS re-check and the image presence check.
-    async fn create(&self, plan: &Plan<'_>) -> Result<Created, SandboxError> {
+    async fn create(self: &Arc<Self>, plan: &Plan<'_>) -> Result<Created, SandboxError> {
         let (os, image) = tokio::join!(self.recheck_os(), self.ensure_image(&plan.image));
         os?;
         image?;
+        // This create's mark: a container the daemon makes after our `docker run` gave up (its
+        // deadline passed, or the acquire was dropped) is found by it and removed, and only then.
+        let mark = exec_wrapper::new_nonce()
+            .map_err(|e| SandboxError::engine(e.to_string()))?
+            .as_str()
+            .to_owned();
+        let mut guard = CreateGuard {
+            shared: Arc::clone(self),
+            name: plan.name.clone(),
+            mark: Some(mark.clone()),
+        };
         let mut args: Vec<String> = [
             "run",
             "-d",
@@ -311,9 +322,12 @@ impl Shared {
         for (label, value) in &plan.labels {
             args.extend(["--label".to_owned(), format!("{label}={value}")]);
         }
+        args.extend(["--label".to_owned(), format!("{CREATE_MARK_LABEL}={mark}")]);
         args.extend(
             ["--entrypoint", "sh", plan.image.as_str(), "-c", KEEP_ALIVE].map(str::to_owned),
         );
+        // An error here (deadline, spawn, overflow) leaves the guard armed: its task looks for
+        // what the daemon may still make under this name and this mark.
         let output = self
             .cli
             .run_management(
@@ -322,6 +336,16 @@ impl Shared {
                 CallShape::management(self.config.command_timeout),
             )
             .await?;
+        if output.status != ExitKind::Exited(0)
+            && !String::from_utf8_lossy(&output.stderr)
+                .to_lowercase()
+                .contains("already in use")
+        {
+            // A run that failed after its create (a start failure) leaves a container behind.
+            self.remove_if_marked(&plan.name, &mark, Duration::ZERO)
+                .await;
+        }
+        guard.disarm();
         if output.status == ExitKind::Exited(0) {
             let stdout = String::from_utf8_lossy(&output.stdout);
             let id = stdout
@@ -766,3 +790,73 @@ impl Drop for UnpauseOnDrop {
         }
     }
 }
+
+/// The label carrying one create's mark (a per-call nonce). Other backends ignore it.
+const CREATE_MARK_LABEL: &str = "maf-sandbox.create-mark";
+
+/// Between a `docker run` and its answer: when the call gives up (its deadline, or the acquire's
+/// future is dropped), a task the caller cannot cancel removes the container the daemon may still
+/// make under this name, if and only if it carries this create's mark. It holds the name's lock,
+/// so no acquire of the same key adopts the container meanwhile.
+struct CreateGuard {
+    shared: Arc<Shared>,
+    name: String,
+    mark: Option<String>,
+}
+
+impl CreateGuard {
+    fn disarm(&mut self) {
+        self.mark = None;
+    }
+}
+
+impl Drop for CreateGuard {
+    fn drop(&mut self) {
+        let Some(mark) = self.mark.take() else {
+            return;
+        };
+        let shared = Arc::clone(&self.shared);
+        let name = std::mem::take(&mut self.name);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let lock = shared.name_lock(&name);
+                    let _serialised = lock.lock().await;
+                    let patience = shared.config.command_timeout;
+                    shared.remove_if_marked(&name, &mark, patience).await;
+                });
+            }
+            Err(_) => tracing::warn!(
+                container = %name,
+                "a docker run was abandoned outside a tokio runtime; what it made is left for dispose_scope"
+            ),
+        }
+    }
+}
+
+impl Shared {
+    /// Removes the container named `name` if it carries `mark`, looking for up to `patience` for one
+    /// the daemon is still making. A container without the mark is another create's and is kept.
+    async fn remove_if_marked(&self, name: &str, mark: &str, patience: Duration) {
+        let until = Instant::now() + patience;
+        loop {
+            match self.inspect(name).await {
+                Ok(Some(record)) => {
+                    if record.labels().get(CREATE_MARK_LABEL).map(String::as_str) == Some(mark) {
+                        if let Err(failure) = self.remove(&record.id).await {
+                            tracing::warn!(container = %name, %failure, "an abandoned create could not be removed");
+                        }
+                    }
+                    return;
+                }
+                Ok(None) | Err(_) if Instant::now() < until => {
+                    tokio::time::sleep(ABANDONED_CREATE_POLL).await;
+                }
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+}
+
+/// How often an abandoned create is looked for.
+const ABANDONED_CREATE_POLL: Duration = Duration::from_millis(250);

@@ -86,6 +86,44 @@ async fn a_sandbox_removed_while_a_command_runs_is_an_error_never_an_exit_code()
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_docker_run_that_gives_up_leaves_no_container_behind() {
+    // A docker CLI whose `run` answers only after the backend's deadline: the daemon has made and
+    // started the container, but the backend never hears its id.
+    let dir = tempfile::tempdir().unwrap();
+    let slow = dir.path().join("slow-docker");
+    std::fs::write(
+        &slow,
+        "#!/bin/sh\nif [ \"$3\" = run ]; then docker \"$@\"; status=$?; sleep 8; exit $status; fi\nexec docker \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&slow, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut config = support::config(false).await;
+    config.docker_path = slow;
+    config.command_timeout = Duration::from_secs(4);
+    let impatient = backend_docker::DockerBackend::connect(config)
+        .await
+        .unwrap();
+    let scope = unique_scope("abandoned");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let error = impatient
+        .acquire(&key, &spec(BUSYBOX))
+        .await
+        .expect_err("the run outlives its deadline");
+    assert_eq!(error.kind(), ErrorKind::EngineTimeout, "{error}");
+    // What the daemon made under this create's mark is removed by a task of its own.
+    let backend = backend(false).await;
+    let until = Instant::now() + Duration::from_secs(30);
+    while !backend.list(&scope, None).await.unwrap().is_empty() {
+        assert!(
+            Instant::now() < until,
+            "the abandoned container was left behind"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_timed_out_group_is_killed_and_the_container_kept() {
     let backend = backend(false).await;
     let scope = unique_scope("timeout");
