@@ -363,7 +363,7 @@ pub async fn assert_concurrent_acquires_yield_one(
                         instance_id: s.instance_id().to_owned(),
                         freshly_created: s.freshly_created(),
                     })
-                    .map_err(|e| e.kind())
+                    .map_err(|e| (e.kind(), e.to_string()))
             };
             let (a, b, c, d, child) = tokio::join!(
                 one(),
@@ -378,7 +378,10 @@ pub async fn assert_concurrent_acquires_yield_one(
                 "the child process reported {} acquires, not {ACQUIRES_PER_PROCESS}",
                 child.len()
             );
-            let all: Vec<Result<AcquireOutcome, ErrorKind>> =
+            let child = child
+                .into_iter()
+                .map(|r| r.map_err(|kind| (kind, "reported by the child".to_owned())));
+            let all: Vec<Result<AcquireOutcome, (ErrorKind, String)>> =
                 [a, b, c, d].into_iter().chain(child).collect();
             let mut outcomes = Vec::new();
             for (i, result) in all.into_iter().enumerate() {
@@ -389,9 +392,9 @@ pub async fn assert_concurrent_acquires_yield_one(
                 };
                 match result {
                     Ok(outcome) => outcomes.push(outcome),
-                    Err(kind) => {
+                    Err((kind, message)) => {
                         return Err(ProbeError::Assertion(format!(
-                            "an acquire in {side} failed with `{kind:?}`"
+                            "an acquire in {side} failed with `{kind:?}`: {message}"
                         )))
                     }
                 }
