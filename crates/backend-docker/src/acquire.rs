@@ -17,7 +17,7 @@ use crate::config::check_image_reference;
 use crate::engine_calls::{join_all, GuestCall, GuestEnd, Remembered, Shared, WarmEntry};
 use crate::guest_scripts::{BASE_EXIT_FALLBACK, BASE_SCRIPT};
 use crate::handle::DockerSandbox;
-use crate::ownership_labels::{workload_labels, Verdict};
+use crate::ownership_labels::{workload_labels, ContainerRecord, Verdict};
 use crate::tar_header::directory_entry;
 
 /// The body every workload runs, so any image stays alive whatever its entrypoint.
@@ -114,7 +114,10 @@ impl Shared {
                 self.replace(&existing.id).await?;
                 continue;
             }
-            let arrival = if adopted {
+            // A container made moments ago by another process is adopted as from a lost create
+            // race, whether or not this call saw the conflict: its creator may still be preparing
+            // the storage base, which must not be frozen under it (rule 33's pause).
+            let arrival = if adopted || self.is_young(&existing) {
                 Arrival::Adopted
             } else {
                 Arrival::Found
@@ -441,6 +444,14 @@ impl Shared {
             ))),
             _ => Ok(()),
         }
+    }
+
+    /// Whether the container was created within the adopt budget (one command timeout) of now.
+    fn is_young(&self, record: &ContainerRecord) -> bool {
+        record
+            .created_at()
+            .and_then(|created| std::time::SystemTime::now().duration_since(created).ok())
+            .is_some_and(|age| age < self.config.command_timeout)
     }
 
     /// `docker start|unpause <id>`; a failure is Engine.

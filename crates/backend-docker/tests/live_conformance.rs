@@ -72,3 +72,32 @@ async fn the_busybox_image_passes_the_file_and_exec_suites() {
     let report = run_on(BUSYBOX, "busybox", false).await;
     assert_passed(&report, 40);
 }
+
+/// Race stress for the cross-process create race on an image whose storage base the guest cannot
+/// make (so it is made engine-side, under a pause for any process but the creator): round after
+/// round, four acquires here and four in a child process must yield one instance, and no acquire may
+/// trip over another process's pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_acquires_across_processes_stay_one_instance_round_after_round() {
+    use sandbox_core::DisposeSelector;
+    let backend = backend(false).await;
+    let scope = unique_scope("race");
+    let hooks = DockerHooks {
+        context: backend.context().to_owned(),
+    };
+    let spec = SandboxSpec::builder("race").image(BASE).build().unwrap();
+    for round in 0..8 {
+        let key = SandboxKey::conversation(scope.clone(), format!("round-{round}"), "agent");
+        let report =
+            conformance::assert_concurrent_acquires_yield_one(&backend, &key, &spec, &hooks)
+                .await
+                .expect("the probe runs");
+        assert!(backend
+            .dispose(&key, DisposeSelector::all())
+            .await
+            .is_none());
+        assert_passed(&report, 1);
+    }
+    let threads = threads_of(&backend, &scope).await;
+    assert_nothing_left(&backend, &scope, &threads).await;
+}
