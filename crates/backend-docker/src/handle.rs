@@ -191,13 +191,7 @@ impl Sandbox for DockerSandbox {
             });
         }
         let target = check_write_async(|p| self.stat_kind(p), path, &wd).await?;
-        let argv = vec![
-            b"sh".to_vec(),
-            b"-c".to_vec(),
-            WRITE_SCRIPT.as_bytes().to_vec(),
-            b"maf-write".to_vec(),
-            target.as_bytes().to_vec(),
-        ];
+        let argv = argv(["sh", "-c", WRITE_SCRIPT, "maf-write", &target]);
         match self
             .guest(argv, Some(content.to_vec()), SMALL_BUDGET as u64)
             .await?
@@ -330,13 +324,7 @@ impl Sandbox for DockerSandbox {
         self.shared.refuse_retired(&self.id)?;
         let wd = self.wd(wd)?;
         let directory = check_list_async(|p| self.stat_kind(p), path, &wd).await?;
-        let argv = vec![
-            b"sh".to_vec(),
-            b"-c".to_vec(),
-            LIST_SCRIPT.as_bytes().to_vec(),
-            b"maf-list".to_vec(),
-            directory.as_bytes().to_vec(),
-        ];
+        let argv = argv(["sh", "-c", LIST_SCRIPT, "maf-list", &directory]);
         let output = match self.guest(argv, None, LIST_BUDGET).await? {
             GuestEnd::Ran(output) => output,
             GuestEnd::Overflowed(_) => {
