@@ -169,10 +169,7 @@ impl ConfinedRoot {
             return Err(is_a_directory(path.shown()));
         };
         let walk = self.walk(&path, Operation::Read);
-        let parent = match walk.open_dirs(leaf, false)? {
-            Reached::Dir(parent) => parent,
-            Reached::Missing(index) => return Err(not_found(walk.shown(index))),
-        };
+        let parent = walk.open_existing_dirs(leaf, false)?;
         let parent = parent.as_fd();
         let Some(stat) = walk.lstat_entry(parent, leaf)? else {
             return Err(not_found(path.shown()));
@@ -211,10 +208,7 @@ impl ConfinedRoot {
             return Err(is_a_directory(path.shown()));
         };
         let walk = self.walk(&path, Operation::Write);
-        let parent = match walk.open_dirs(leaf, true)? {
-            Reached::Dir(parent) => parent,
-            Reached::Missing(index) => return Err(not_found(walk.shown(index))),
-        };
+        let parent = walk.open_existing_dirs(leaf, true)?;
         let parent = parent.as_fd();
         if let Some(stat) = walk.lstat_entry(parent, leaf)? {
             if entry_kind(&stat) == EntryKind::Directory {
@@ -244,10 +238,7 @@ impl ConfinedRoot {
     pub fn make_dirs(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = self.parse(path.as_ref())?;
         let walk = self.walk(&path, Operation::MakeDirs);
-        match walk.open_dirs(path.parts().len(), true)? {
-            Reached::Dir(_) => Ok(()),
-            Reached::Missing(index) => Err(not_found(walk.shown(index))),
-        }
+        walk.open_existing_dirs(path.parts().len(), true).map(drop)
     }
 
     /// Lists the directory `path`, one level, sorted by name; links are listed as links.
@@ -257,10 +248,7 @@ impl ConfinedRoot {
     pub fn list(&self, path: impl AsRef<Path>) -> Result<Vec<DirEntry>, Error> {
         let path = self.parse(path.as_ref())?;
         let walk = self.walk(&path, Operation::List);
-        let dir = match walk.open_dirs(path.parts().len(), false)? {
-            Reached::Dir(dir) => dir,
-            Reached::Missing(index) => return Err(not_found(walk.shown(index))),
-        };
+        let dir = walk.open_existing_dirs(path.parts().len(), false)?;
         let dir = dir.as_fd();
         let mut names = KernelListing::names(dir)
             .map_err(|source| io_error(Operation::List, path.shown(), source))?;
@@ -301,10 +289,7 @@ impl ConfinedRoot {
             return Err(confinement(path.shown(), ConfinementReason::Root));
         };
         let walk = self.walk(&path, Operation::Remove);
-        let parent = match walk.open_dirs(leaf, false)? {
-            Reached::Dir(parent) => parent,
-            Reached::Missing(index) => return Err(not_found(walk.shown(index))),
-        };
+        let parent = walk.open_existing_dirs(leaf, false)?;
         let parent = parent.as_fd();
         let Some(stat) = walk.lstat_entry(parent, leaf)? else {
             return Err(not_found(path.shown()));

@@ -94,6 +94,19 @@ pub(crate) struct Walk<'a> {
 }
 
 impl<'a> Walk<'a> {
+    /// [`Walk::open_dirs`] for operations that need the directory: a missing component is
+    /// `NotFound`, naming it.
+    pub(crate) fn open_existing_dirs(
+        &self,
+        depth: usize,
+        create: bool,
+    ) -> Result<HeldDir<'a>, Error> {
+        match self.open_dirs(depth, create)? {
+            Reached::Dir(held) => Ok(held),
+            Reached::Missing(index) => Err(not_found(self.shown(index))),
+        }
+    }
+
     /// Opens the directory named by the first `depth` components, each relative to the last.
     ///
     /// A missing component is created (0700) when `create`, else reported as
