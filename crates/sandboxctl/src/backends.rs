@@ -125,13 +125,12 @@ async fn build_in_a_child(image: LocalImage, guest_names: &[String]) -> Result<(
 /// Whether `tag` is in the engine's image store, asked with the management env of [`connect`], so no
 /// `--env` value reaches the docker client.
 async fn image_present(tag: &str, guest_names: &[String]) -> bool {
-    let inspect = BoundedCommand::new("docker", Duration::from_secs(60))
-        .args(["image", "inspect", "--format", "{{.Id}}", tag])
-        .envs(management_env(std::env::vars_os(), guest_names))
-        .output_budget(1 << 16)
-        .run()
-        .await;
-    matches!(inspect, Ok(out) if out.status == ExitKind::Exited(0))
+    docker_read(
+        &["image", "inspect", "--format", "{{.Id}}", tag],
+        guest_names,
+    )
+    .await
+    .is_ok()
 }
 
 /// Builds the named local images (default: the default image); returns (tag, outcome) per image.
@@ -200,13 +199,16 @@ impl Check {
     }
 }
 
-/// A bounded read-only `docker` call; returns trimmed stdout or a one-line reason.
-async fn docker_read(args: &[&str]) -> Result<String, String> {
-    let mut cmd = BoundedCommand::new("docker", Duration::from_secs(20)).args(args.iter().copied());
-    for (name, value) in std::env::vars_os() {
-        cmd = cmd.env(name, value);
-    }
-    match cmd.output_budget(1 << 20).run().await {
+/// A bounded read-only `docker` call with the management env (minus the `guest_names`); returns
+/// trimmed stdout or a one-line reason.
+async fn docker_read(args: &[&str], guest_names: &[String]) -> Result<String, String> {
+    let read = BoundedCommand::new("docker", Duration::from_secs(20))
+        .args(args.iter().copied())
+        .envs(management_env(std::env::vars_os(), guest_names))
+        .output_budget(1 << 20)
+        .run()
+        .await;
+    match read {
         Ok(out) if out.status == ExitKind::Exited(0) => {
             Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
         }
@@ -271,7 +273,7 @@ pub async fn doctor(global: &GlobalArgs, egress_probe: &[String]) -> u8 {
 
 async fn docker_checks(checks: &mut Vec<Check>, egress_probe: &[String]) {
     // `docker --version` answers without a daemon, so a missing engine is not read as a missing client.
-    match docker_read(&["--version"]).await {
+    match docker_read(&["--version"], &[]).await {
         Ok(v) => checks.push(Check::pass("docker.client", v)),
         Err(e) => {
             checks.push(Check::fail(
@@ -282,15 +284,18 @@ async fn docker_checks(checks: &mut Vec<Check>, egress_probe: &[String]) {
             return;
         }
     }
-    match docker_read(&["context", "show"]).await {
+    match docker_read(&["context", "show"], &[]).await {
         Ok(name) => {
-            let endpoint = docker_read(&[
-                "context",
-                "inspect",
-                &name,
-                "--format",
-                "{{.Endpoints.docker.Host}}",
-            ])
+            let endpoint = docker_read(
+                &[
+                    "context",
+                    "inspect",
+                    &name,
+                    "--format",
+                    "{{.Endpoints.docker.Host}}",
+                ],
+                &[],
+            )
             .await
             .unwrap_or_else(|e| format!("endpoint unknown: {e}"));
             checks.push(Check::pass(
@@ -304,7 +309,7 @@ async fn docker_checks(checks: &mut Vec<Check>, egress_probe: &[String]) {
             "docker context use default",
         )),
     }
-    match docker_read(&["version", "--format", "{{.Server.Os}}"]).await {
+    match docker_read(&["version", "--format", "{{.Server.Os}}"], &[]).await {
         Ok(os) if os == "linux" => {
             checks.push(Check::pass("docker.engine", "engine reachable"));
             checks.push(Check::pass("docker.engine_os", "engine OS linux"));
@@ -326,7 +331,7 @@ async fn docker_checks(checks: &mut Vec<Check>, egress_probe: &[String]) {
             return;
         }
     }
-    match docker_read(&["info", "--format", "{{.InitBinary}}"]).await {
+    match docker_read(&["info", "--format", "{{.InitBinary}}"], &[]).await {
         Ok(init) if !init.is_empty() => checks.push(Check::pass(
             "kernel.init",
             format!("engine init binary {init} (for --init)"),
