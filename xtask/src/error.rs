@@ -79,6 +79,22 @@ pub enum XtaskError {
         listing: String,
     },
 
+    /// `cargo metadata` printed something the layering check cannot read.
+    #[error("cannot read `cargo metadata`: {reason}")]
+    Metadata {
+        /// What did not parse.
+        reason: String,
+    },
+
+    /// A crate depends on one it may not (`docs/architecture.md#layering-rules`).
+    #[error("{count} layering violation(s):\n{listing}")]
+    Layering {
+        /// How many.
+        count: usize,
+        /// One line per violation.
+        listing: String,
+    },
+
     /// `cargo fuzz list` named no target.
     #[error("`cargo fuzz list` in {dir} named no fuzz target")]
     NoFuzzTargets {

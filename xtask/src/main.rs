@@ -1,13 +1,14 @@
 //! Project automation, run as `cargo xtask <command>` from anywhere in the workspace.
 //!
-//! - `ci`: the one test command (formatting, clippy, every test through nextest, doctests,
+//! - `ci`: the one test command (formatting, the layering rules, clippy, every test through nextest, doctests,
 //!   rustdoc with `-D warnings`, the fuzz targets' build, the live Docker suite), failing fast,
 //!   with a timed summary;
 //! - `fuzz`: builds the fuzz targets on the stable toolchain and runs each for a while;
 //! - `images`: builds the local Docker images (the recipe in `backend_docker`);
 //! - `e2e docker`: builds the images, runs the live Docker suite, then checks the suite
 //!   skipped nothing and left nothing behind on the engine;
-//! - `bench`: runs the benchmarks.
+//! - `bench`: runs the benchmarks;
+//! - `layering`: checks which crate depends on which (also a `ci` step).
 //!
 //! Every child process inherits this process's stdout and stderr, so its output streams as it
 //! comes; xtask exits non-zero when any step fails. It does not install system packages or
@@ -18,6 +19,7 @@
 mod bench;
 mod error;
 mod fuzz;
+mod layering;
 mod live;
 mod process;
 
@@ -53,6 +55,8 @@ enum Command {
     },
     /// Runs the benchmarks and prints their reports.
     Bench,
+    /// Fails when a crate depends on one it may not (docs/architecture.md#layering-rules).
+    Layering,
 }
 
 fn main() -> ExitCode {
@@ -63,6 +67,7 @@ fn main() -> ExitCode {
         Command::Images { tags } => live::build_images(&workspace, &tags),
         Command::E2e { suite } => live::run(&workspace, &suite),
         Command::Bench => bench(&workspace),
+        Command::Layering => layering::run(&workspace),
     });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -86,6 +91,7 @@ fn ci(workspace: &Workspace) -> Result<(), XtaskError> {
     };
     let steps = vec![
         command_step("fmt", &["fmt", "--all", "--check"]),
+        layering::step(workspace),
         command_step(
             "clippy",
             &[
