@@ -210,11 +210,11 @@ fn violations(packages: &[Package]) -> Vec<String> {
             if let Some(allowed) = allowed {
                 if !allowed.contains(&dependency.name.as_str()) {
                     found.push(format!(
-                        "`{}` has a {} dependency on `{}`, but may depend only on {}",
+                        "`{}` has a {} dependency on `{}`, but may depend {}",
                         package.name,
                         dependency.kind_label(),
                         dependency.name,
-                        describe_allowed(allowed)
+                        may_depend_on(allowed)
                     ));
                 }
             }
@@ -236,6 +236,15 @@ fn violations(packages: &[Package]) -> Vec<String> {
         }
     }
     found
+}
+
+/// How an allowed set reads after "may depend": on nothing of ours, or only on the named crates.
+fn may_depend_on(allowed: &[&str]) -> String {
+    if allowed.is_empty() {
+        "on nothing of ours".to_owned()
+    } else {
+        format!("only on {}", describe_allowed(allowed))
+    }
 }
 
 fn describe_allowed(allowed: &[&str]) -> String {
@@ -458,8 +467,8 @@ mod tests {
         assert_eq!(
             found,
             vec![
-                "`exec-wrapper` has a normal dependency on `sandbox-core`, but may depend only \
-                 on nothing of ours"
+                "`exec-wrapper` has a normal dependency on `sandbox-core`, but may depend on \
+                 nothing of ours"
             ]
         );
     }

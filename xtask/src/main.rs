@@ -1,8 +1,8 @@
 //! Project automation, run as `cargo xtask <command>` from anywhere in the workspace.
 //!
-//! - `ci`: the one test command (formatting, the layering rules, clippy, every test through nextest, doctests,
-//!   rustdoc with `-D warnings`, the fuzz targets' build, the live Docker suite), failing fast,
-//!   with a timed summary;
+//! - `ci`: the one test command (formatting, the layering rules, clippy, every test through
+//!   nextest, doctests, rustdoc with `-D warnings`, the fuzz targets' build, the live Docker
+//!   suite), failing fast, with a timed summary;
 //! - `fuzz`: builds the fuzz targets on the stable toolchain and runs each for a while;
 //! - `images`: builds the local Docker images (the recipe in `backend_docker`);
 //! - `e2e docker`: builds the images, runs the live Docker suite, then checks the suite
