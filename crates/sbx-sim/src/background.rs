@@ -235,7 +235,11 @@ async fn run_create(home: &StateHome, docker: &Docker, request: &CreateRequest) 
     let created = rfc3339(std::time::SystemTime::now());
     let exec_user = owner_of(Path::new(&request.workspace))?;
     let out = docker
-        .call("run", CREATE_TIMEOUT, run_argv(home, request, &id, &created))
+        .call(
+            "run",
+            CREATE_TIMEOUT,
+            run_argv(home, request, &id, &created),
+        )
         .await?;
     if out.status != exec_wrapper::ExitKind::Exited(0) {
         let detail = failure_detail(&out);
@@ -248,7 +252,9 @@ async fn run_create(home: &StateHome, docker: &Docker, request: &CreateRequest) 
         }
         // `docker run` may leave a created container behind; remove it only if it is ours.
         remove_if_ours(home, docker, &request.name, &id).await;
-        if lower.contains("executable file not found") || lower.contains("no such file or directory") {
+        if lower.contains("executable file not found")
+            || lower.contains("no such file or directory")
+        {
             return Err(SimError::TemplateCannotStart);
         }
         return Err(SimError::docker("run", detail));
@@ -281,13 +287,21 @@ async fn prepare(
     exec_user: &str,
 ) -> Result<()> {
     let kit = docker
-        .call("exec", CALL_TIMEOUT, ["exec", "-u", "0:0", container, "/bin/sh", "-c", KIT_CHECK])
+        .call(
+            "exec",
+            CALL_TIMEOUT,
+            ["exec", "-u", "0:0", container, "/bin/sh", "-c", KIT_CHECK],
+        )
         .await?;
     if kit.status != exec_wrapper::ExitKind::Exited(0) {
         return Err(SimError::TemplateCannotStart);
     }
     let userns = docker
-        .call("exec", CALL_TIMEOUT, ["exec", "-u", exec_user, container, "sh", "-c", USERNS_CHECK])
+        .call(
+            "exec",
+            CALL_TIMEOUT,
+            ["exec", "-u", exec_user, container, "sh", "-c", USERNS_CHECK],
+        )
         .await?;
     if userns.status != exec_wrapper::ExitKind::Exited(0) {
         return Err(SimError::NoUserNamespaces {
@@ -310,7 +324,11 @@ async fn prepare(
             }
         };
         docker
-            .checked("exec", CALL_TIMEOUT, ["exec", "-u", "0:0", container, "sh", "-c", script])
+            .checked(
+                "exec",
+                CALL_TIMEOUT,
+                ["exec", "-u", "0:0", container, "sh", "-c", script],
+            )
             .await?;
     }
     Ok(())
@@ -361,7 +379,9 @@ pub async fn idle_watch(home: &StateHome, docker: &Docker, name: &str) -> Result
         }
         if let Some(container) = docker.inspect_one(&container_name).await? {
             if container.running {
-                let out = docker.call("kill", CALL_TIMEOUT, ["kill", container.id.as_str()]).await?;
+                let out = docker
+                    .call("kill", CALL_TIMEOUT, ["kill", container.id.as_str()])
+                    .await?;
                 if out.status != exec_wrapper::ExitKind::Exited(0) {
                     eprintln!("idle stop of {name}: {}", failure_detail(&out));
                 }

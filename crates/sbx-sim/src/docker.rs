@@ -80,7 +80,12 @@ impl Docker {
     /// # Errors
     ///
     /// The runner's: not started, past the deadline, over the output cap.
-    pub async fn call<I, A>(&self, what: &'static str, timeout: Duration, args: I) -> Result<RunOutput>
+    pub async fn call<I, A>(
+        &self,
+        what: &'static str,
+        timeout: Duration,
+        args: I,
+    ) -> Result<RunOutput>
     where
         I: IntoIterator<Item = A>,
         A: Into<OsString>,
@@ -99,7 +104,12 @@ impl Docker {
     /// # Errors
     ///
     /// As [`Docker::call`], or [`SimError::Docker`] with the stderr tail on a non-zero exit.
-    pub async fn checked<I, A>(&self, what: &'static str, timeout: Duration, args: I) -> Result<Vec<u8>>
+    pub async fn checked<I, A>(
+        &self,
+        what: &'static str,
+        timeout: Duration,
+        args: I,
+    ) -> Result<Vec<u8>>
     where
         I: IntoIterator<Item = A>,
         A: Into<OsString>,
@@ -204,7 +214,10 @@ pub fn failure_detail(out: &RunOutput) -> String {
         };
     }
     let count = trimmed.chars().count();
-    trimmed.chars().skip(count.saturating_sub(DETAIL_CHARS)).collect()
+    trimmed
+        .chars()
+        .skip(count.saturating_sub(DETAIL_CHARS))
+        .collect()
 }
 
 /// Reads `docker container inspect` output: a JSON array of objects with `Id`, `State.Running`,
@@ -281,7 +294,10 @@ mod tests {
             stderr: stderr.to_vec(),
             truncated: false,
         };
-        assert_eq!(failure_detail(&out(b"  \n", ExitKind::Exited(125))), "exit 125");
+        assert_eq!(
+            failure_detail(&out(b"  \n", ExitKind::Exited(125))),
+            "exit 125"
+        );
         assert_eq!(failure_detail(&out(b"boom\n", ExitKind::Exited(1))), "boom");
         let long = "x".repeat(5000) + "END";
         let detail = failure_detail(&out(long.as_bytes(), ExitKind::Exited(1)));
