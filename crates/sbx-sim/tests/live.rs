@@ -235,6 +235,36 @@ fn version_names_the_stand_in_and_bad_command_lines_are_usage_errors() {
             env!("CARGO_PKG_VERSION")
         )
     );
+    // Under another name (as `sbx` on PATH), the detached create worker still starts.
+    let bin = home.dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(SIM, bin.join("sbx")).unwrap();
+    let ws = home.workspace("named", None);
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let as_sbx = |args: &[&OsStr]| {
+        Command::new("sbx")
+            .args(args)
+            .env("SBX_SIM_HOME", home.path())
+            .env("PATH", &path)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = as_sbx(&[
+        "create".as_ref(),
+        "shell".as_ref(),
+        "--name".as_ref(),
+        "named".as_ref(),
+        ws.as_os_str(),
+    ]);
+    assert_eq!(out.stdout, b"Created sandbox named\n", "{out:?}");
+    let out = as_sbx(&["exec".as_ref(), "named".as_ref(), "pwd".as_ref()]);
+    assert_eq!(out.stdout, format!("{}\n", ws.display()).into_bytes());
+    let out = as_sbx(&["bogus".as_ref()]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Usage: sbx "),
+        "{out:?}"
+    );
     for args in [
         &["bogus"][..],
         &["exec", "sb"],
@@ -403,7 +433,13 @@ fn create_ls_exec_rm_round_trip_with_the_container_mapping() {
     // rm: running without --force is refused; the workspace is never touched.
     std::fs::write(ws.join("kept"), b"x").unwrap();
     home.fails(["rm", "main"], "running");
-    assert_eq!(home.ok(["rm", "--force", "main"]), "Removed sandbox main\n");
+    let killed = Command::new("docker")
+        .args(["kill", &home.container_name("main")])
+        .output()
+        .unwrap();
+    assert!(killed.status.success());
+    assert_eq!(home.row("main").unwrap()["status"], "stopped");
+    assert_eq!(home.ok(["rm", "main"]), "Removed sandbox main\n");
     assert!(home.ls().is_empty());
     assert!(ws.join("kept").exists());
     home.fails(["rm", "-f", "main"], "sandbox main not found");
