@@ -315,14 +315,7 @@ async fn prepare(
         (None, false) => None,
     };
     if let Some(kind) = socket {
-        let script = match kind {
-            AgentSocket::File => {
-                "mkdir -p /run && rm -f /run/ssh-agent.sock && : > /run/ssh-agent.sock && chmod 0666 /run/ssh-agent.sock"
-            }
-            AgentSocket::Link => {
-                "mkdir -p /run && rm -f /run/ssh-agent.sock && ln -s /run/sbx-sim-agent/missing.sock /run/ssh-agent.sock"
-            }
-        };
+        let script = agent_socket_script(kind);
         docker
             .checked(
                 "exec",
@@ -332,6 +325,19 @@ async fn prepare(
             .await?;
     }
     Ok(())
+}
+
+/// The root script leaving what a daemon that forwards the SSH agent leaves at
+/// `/run/ssh-agent.sock`: an empty 0666 file, or a link to nothing.
+fn agent_socket_script(kind: AgentSocket) -> &'static str {
+    match kind {
+        AgentSocket::File => {
+            "mkdir -p /run && rm -f /run/ssh-agent.sock && : > /run/ssh-agent.sock && chmod 0666 /run/ssh-agent.sock"
+        }
+        AgentSocket::Link => {
+            "mkdir -p /run && rm -f /run/ssh-agent.sock && ln -s /run/sbx-sim-agent/missing.sock /run/ssh-agent.sock"
+        }
+    }
 }
 
 async fn remove_if_ours(home: &StateHome, docker: &Docker, name: &str, id: &str) {
@@ -432,6 +438,24 @@ mod tests {
             ..request
         };
         assert!(!run_argv(&home, &open, "ID", "T").contains(&"--network".to_owned()));
+    }
+
+    #[test]
+    fn the_guest_scripts_are_pinned() {
+        insta::assert_snapshot!(
+            "guest_scripts",
+            [
+                ("keep-alive", KEEP_ALIVE),
+                ("kit check", KIT_CHECK),
+                ("user namespace check", USERNS_CHECK),
+                ("agent socket file", agent_socket_script(AgentSocket::File)),
+                ("agent socket link", agent_socket_script(AgentSocket::Link)),
+            ]
+            .iter()
+            .map(|(what, script)| format!("{what}:\n  {script}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+        );
     }
 
     #[test]

@@ -780,6 +780,56 @@ mod tests {
     }
 
     #[test]
+    fn an_ls_row_has_the_listing_shape() {
+        let temp = tempfile::tempdir().unwrap();
+        let home = StateHome::open(temp.path().to_path_buf()).unwrap();
+        let labels = json!({
+            "sbx-sim.home": home.digest(),
+            "sbx-sim.name": "sb",
+            "sbx-sim.id": "0123456789abcdef0123456789abcdef",
+            "sbx-sim.workspace": "/w/ws-0123456789ab",
+            "sbx-sim.template": "shell",
+            "sbx-sim.created": "2026-11-30T16:52:39Z",
+        });
+        let container = Container {
+            id: "c0ffee".into(),
+            running: false,
+            labels: labels.as_object().unwrap().clone(),
+            nano_cpus: 1_500_000_000,
+            memory_bytes: 536_870_912,
+        };
+        // Without a record, the limits come from the engine.
+        let row = ls_row(&home, &container).unwrap();
+        insta::assert_snapshot!(
+            "ls_row_from_engine",
+            serde_json::to_string_pretty(&row).unwrap()
+        );
+        let lock = home.lock().unwrap();
+        let record = crate::state::SandboxRecord {
+            id: "0123456789abcdef0123456789abcdef".into(),
+            exec_user: "1000:1000".into(),
+            template: "shell".into(),
+            created: "2026-11-30T16:52:39Z".into(),
+            cpus: 2,
+            memory: "2g".into(),
+        };
+        home.write_json(&lock, "sandboxes/sb.json", &record)
+            .unwrap();
+        let row = ls_row(
+            &home,
+            &Container {
+                running: true,
+                ..container
+            },
+        )
+        .unwrap();
+        insta::assert_snapshot!(
+            "ls_row_with_record",
+            serde_json::to_string_pretty(&row).unwrap()
+        );
+    }
+
+    #[test]
     fn memory_sizes_are_checked() {
         for good in ["2g", "512m", "2G", "1073741824", "64k", "100b"] {
             assert!(is_valid_memory(good), "{good}");

@@ -286,6 +286,18 @@ mod tests {
         assert!(parse_inspect(b"[oops").is_err());
     }
 
+    proptest::proptest! {
+        #[test]
+        fn no_byte_string_makes_the_inspect_parser_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = parse_inspect(&bytes);
+        }
+
+        #[test]
+        fn no_json_value_makes_the_inspect_parser_panic(text in r#"\[(\{("Id"|"State"|"Running"|"Config"|"Labels"|"HostConfig"|"NanoCpus"|:|,|\{|\}|true|false|1|-1|"x"|null)*\}?,?)*\]?"#) {
+            let _ = parse_inspect(text.as_bytes());
+        }
+    }
+
     #[test]
     fn the_failure_detail_is_the_stderr_tail_or_the_status() {
         let out = |stderr: &[u8], status| RunOutput {

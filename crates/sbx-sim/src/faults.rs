@@ -364,6 +364,17 @@ mod tests {
         assert!(!set.remove("login-lapsed"));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_switch_text_parses_or_is_refused_without_panic(text in "\\PC{0,40}") {
+            if let Ok(fault) = Fault::parse(&text) {
+                proptest::prop_assert!(FAULT_NAMES.contains(&fault.name()));
+            }
+            let mut set = FaultSet::default();
+            let _ = set.add_env(&text);
+        }
+    }
+
     #[test]
     fn hung_exec_matches_only_its_substring() {
         let mut set = FaultSet::default();
