@@ -15,8 +15,8 @@ use crate::docker::{failure_detail, Docker, CALL_TIMEOUT, CREATE_TIMEOUT};
 use crate::error::{Result, SimError};
 use crate::faults::SocketKind;
 use crate::state::{
-    idle_remaining, now_millis, random_hex, read_json_at, rfc3339, write_json_at, FileLock,
-    SandboxRecord, StateHome,
+    idle_remaining, now_millis, process_lives, random_hex, read_json_at, rfc3339, write_json_at,
+    FileLock, SandboxRecord, StateHome,
 };
 
 /// What the foreground of `create` hands its worker.
@@ -42,6 +42,8 @@ pub struct CreateRequest {
     pub delay_millis: u64,
     /// What to leave at `/run/ssh-agent.sock`, if anything.
     pub agent_socket: Option<AgentSocket>,
+    /// The foreground's pid: when it is gone, nobody reads the result.
+    pub client_pid: u32,
 }
 
 /// The stored form of [`SocketKind`].
@@ -217,7 +219,14 @@ pub async fn create_worker(home: &StateHome, docker: &Docker, request_path: &Pat
     let result = CreateResult {
         error: outcome.as_ref().err().map(ToString::to_string),
     };
-    write_json_at(&result_path(request_path), &result)?;
+    let result_file = result_path(request_path);
+    write_json_at(&result_file, &result)?;
+    if !process_lives(request.client_pid) {
+        // The client was killed before the end (the create still happened, as with sbx):
+        // nobody will read or remove these.
+        let _ = std::fs::remove_file(&result_file);
+        let _ = std::fs::remove_file(request_path);
+    }
     if outcome.is_ok() {
         ensure_idle_watch(home, &request.name)?;
     }
@@ -420,6 +429,7 @@ mod tests {
             network_none: true,
             delay_millis: 0,
             agent_socket: None,
+            client_pid: 1,
         };
         let argv = run_argv(&home, &request, "ID", "T");
         let d = home.digest();
@@ -473,6 +483,7 @@ mod tests {
             network_none: false,
             delay_millis: 1500,
             agent_socket: Some(AgentSocket::Link),
+            client_pid: 42,
         };
         write_json_at(&path, &request).unwrap();
         assert_eq!(read_json_at::<CreateRequest>(&path).unwrap(), Some(request));

@@ -293,6 +293,7 @@ async fn create(
         network_none: args.deny_network.iter().any(|r| r == "**"),
         delay_millis: u64::try_from(faults.create_delay().as_millis()).unwrap_or(u64::MAX),
         agent_socket: faults.agent_socket().map(Into::into),
+        client_pid: std::process::id(),
     };
     let request_id = random_hex(8)?;
     let workers = home.workers_dir();
@@ -405,9 +406,7 @@ async fn exec(
         let lock = home.lock()?;
         home.add_lease(&lock, &args.name, pid)?;
     }
-    // A watcher from the start too: a client killed mid-exec never reaches the end.
-    ensure_idle_watch(home, &args.name)?;
-    let outcome = relay_exec(docker, &container, &user, &workdir, &args).await;
+    let outcome = leased_exec(home, docker, &container.id, &user, &workdir, &args).await;
     {
         let lock = home.lock()?;
         home.end_lease(&lock, &args.name, pid)?;
@@ -416,8 +415,35 @@ async fn exec(
     outcome
 }
 
-/// Starts a stopped sandbox, then runs `docker exec` with this process's stdio (stdin only
-/// with `-i`), so the bytes pass untouched and unbuffered; returns its status.
+/// The exec under its lease. The state is read again now that the lease holds off the idle
+/// watcher: it may have stopped the sandbox since the first look.
+async fn leased_exec(
+    home: &StateHome,
+    docker: &Docker,
+    id: &str,
+    user: &str,
+    workdir: &str,
+    args: &ExecArgs,
+) -> Result<i32> {
+    let container = docker
+        .inspect_one(id)
+        .await?
+        .ok_or_else(|| SimError::NotFound {
+            name: args.name.clone(),
+        })?;
+    if !container.running {
+        docker
+            .checked("start", CALL_TIMEOUT, ["start", container.id.as_str()])
+            .await?;
+        // The watcher that stopped it has ended; a client killed mid-exec never reaches the
+        // end, so the restarted sandbox gets its watcher now.
+        ensure_idle_watch(home, &args.name)?;
+    }
+    relay_exec(docker, &container, user, workdir, args).await
+}
+
+/// Runs `docker exec` with this process's stdio (stdin only with `-i`), so the bytes pass
+/// untouched and unbuffered; returns its status.
 async fn relay_exec(
     docker: &Docker,
     container: &Container,
@@ -425,11 +451,6 @@ async fn relay_exec(
     workdir: &str,
     args: &ExecArgs,
 ) -> Result<i32> {
-    if !container.running {
-        docker
-            .checked("start", CALL_TIMEOUT, ["start", container.id.as_str()])
-            .await?;
-    }
     let mut argv: Vec<OsString> = vec!["exec".into()];
     if args.interactive {
         argv.push("-i".into());

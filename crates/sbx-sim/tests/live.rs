@@ -879,6 +879,13 @@ fn a_create_whose_client_is_killed_still_appears() {
         home.ok(["exec", "orphan", "sh", "-c", "pwd -P"]),
         format!("{}\n", ws.display())
     );
+    // Nobody reads the orphaned worker's result: it does not pile up in the state directory.
+    let leftovers: Vec<String> = std::fs::read_dir(home.path().join("workers"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".request") || n.ends_with(".result"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
     home.finish();
 }
 
