@@ -429,6 +429,7 @@ fn create_ls_exec_rm_round_trip_with_the_container_mapping() {
     );
     home.fails(["exec", "", "true"], "empty argument at position 0");
     home.fails(["exec", "nosuch", "true"], "sandbox nosuch not found");
+    assert!(!home.path().join("sessions/nosuch").exists());
 
     // rm: running without --force is refused; the workspace is never touched.
     std::fs::write(ws.join("kept"), b"x").unwrap();
