@@ -372,27 +372,15 @@ fn create_ls_exec_rm_round_trip_with_the_container_mapping() {
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(out.stdout, b"out\n");
     assert_eq!(out.stderr, b"err\n");
-    // The wrapper's user namespace works for the default user and for root.
-    home.ok([
-        "exec",
-        "main",
-        "unshare",
-        "--user",
-        "--mount",
-        "--map-root-user",
-        "true",
-    ]);
-    home.ok([
-        "exec",
-        "-u",
-        "root",
-        "main",
-        "unshare",
-        "--user",
-        "--mount",
-        "--map-root-user",
-        "true",
-    ]);
+    // What the exec wrapper does, a user namespace with a bind mount in it, works for the
+    // default user and for root.
+    let bind = "d=$(mktemp -d) && mkdir $d/a $d/b && touch $d/a/seen && \
+                unshare --user --mount --map-root-user sh -c \"mount --bind $d/a $d/b && ls $d/b\"";
+    assert_eq!(home.ok(["exec", "main", "sh", "-c", bind]), "seen\n");
+    assert_eq!(
+        home.ok(["exec", "-u", "root", "main", "sh", "-c", bind]),
+        "seen\n"
+    );
     // No network beyond loopback.
     assert_eq!(home.ok(["exec", "main", "ls", "/sys/class/net"]), "lo\n");
     // stdin reaches the command only with -i.
