@@ -325,11 +325,12 @@ async fn create(
         }
         tokio::time::sleep(RESULT_POLL).await;
     };
-    let _ = std::fs::remove_file(&request_path);
-    let _ = std::fs::remove_file(&result_file);
+    // The result carries the failure, so the log is not kept either way.
+    for done in [&request_path, &result_file, &log] {
+        let _ = std::fs::remove_file(done);
+    }
     match result.error {
         None => {
-            let _ = std::fs::remove_file(&log);
             println!("Created sandbox {}", args.name);
             Ok(0)
         }

@@ -521,6 +521,13 @@ fn a_template_without_bash_cannot_start_and_leaves_nothing() {
         "kit startup exited with code 127",
     );
     assert!(home.engine_containers().is_empty());
+    // A failed create leaves no request, result or log behind.
+    assert_eq!(
+        std::fs::read_dir(home.path().join("workers"))
+            .unwrap()
+            .count(),
+        0
+    );
     // A template image that is not there is never pulled.
     home.fails(
         [
