@@ -310,3 +310,144 @@ pub fn classify(call: Call, name: Option<&str>, detail: String) -> Error {
 pub fn classify_output(call: Call, name: Option<&str>, status: ExitKind, stderr: &[u8]) -> Error {
     classify(call, name, failure_detail(status, stderr))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The short name of a classification, for the table.
+    fn kind(err: &Error) -> &'static str {
+        match err {
+            Error::DaemonFault { .. } => "DaemonFault",
+            Error::LoginRequired { .. } => "LoginRequired",
+            Error::TemplateCannotStart { .. } => "TemplateCannotStart",
+            Error::AlreadyExists { .. } => "AlreadyExists",
+            Error::NotFound { .. } => "NotFound",
+            Error::Failed { .. } => "Failed",
+            other => panic!("classify never returns {other:?}"),
+        }
+    }
+
+    #[test]
+    fn classification_table() {
+        use Call::*;
+        let table: &[(Call, &str, &str)] = &[
+            // 1. A lost VM backend wins over everything, login included.
+            (Ls, "ERROR: backend unavailable: sandboxd cannot reach its engine", "DaemonFault"),
+            (Create, "Backend Unavailable; run sbx login", "DaemonFault"),
+            (Exec, "sandbox x not found: backend unavailable", "DaemonFault"),
+            // 2. Every login wording, in any case.
+            (Ls, "ERROR: You are not logged in. Run 'sbx login' to sign in.", "LoginRequired"),
+            (Version, "please run SBX LOGIN", "LoginRequired"),
+            (Rm, "you must log in first", "LoginRequired"),
+            (McpLs, "401 Unauthorized", "LoginRequired"),
+            (SecretLs, "rpc error: Unauthenticated", "LoginRequired"),
+            (Exec, "not logged in; sandbox not found", "LoginRequired"),
+            // 3. A template without a shell.
+            (Create, "ERROR: kit startup exited with code 127", "TemplateCannotStart"),
+            (Exec, "Kit startup exited with code 127", "TemplateCannotStart"),
+            (Create, "kit startup exited with code 1", "Failed"),
+            // 4. Call-specific wordings only for their calls.
+            (Create, "ERROR: sandbox maf-1 already exists", "AlreadyExists"),
+            (Exec, "ERROR: sandbox maf-1 not found", "NotFound"),
+            (Rm, "Error: Sandbox Not Found", "NotFound"),
+            (Ls, "sandbox not found", "Failed"),
+            (Create, "template not found", "Failed"),
+            (Rm, "already exists", "Failed"),
+            (Exec, "already exists", "Failed"),
+            // 5. Anything else.
+            (Ls, "exit 1", "Failed"),
+            (Create, "no space left on device", "Failed"),
+            (PolicyCheck, "", "Failed"),
+        ];
+        for (call, detail, want) in table {
+            let got = classify(*call, Some("maf-1"), (*detail).to_owned());
+            assert_eq!(kind(&got), *want, "{call} with {detail:?}: {got}");
+            assert_eq!(got.call(), Some(*call));
+        }
+    }
+
+    #[test]
+    fn every_message_names_its_fix() {
+        let cases = [
+            (classify(Call::Ls, None, "backend unavailable".into()), "sbx daemon restart"),
+            (classify(Call::Ls, None, "not logged in".into()), "run `sbx login`"),
+            (
+                classify(Call::Create, None, "kit startup exited with code 127".into()),
+                "/bin/sh and /bin/bash",
+            ),
+            (
+                classify(Call::Create, Some("maf-1"), "already exists".into()),
+                "sbx rm --force maf-1",
+            ),
+            (classify(Call::Rm, Some("maf-1"), "not found".into()), "sbx ls"),
+            (classify(Call::Ls, None, "disk full".into()), "disk full"),
+        ];
+        for (err, fix) in cases {
+            assert!(err.to_string().contains(fix), "{err} lacks {fix:?}");
+        }
+    }
+
+    #[test]
+    fn runner_errors_map_to_their_variants() {
+        let path = std::path::Path::new("/opt/sbx/bin/sbx");
+        let spawn = Error::from_runner(
+            Call::Ls,
+            path,
+            exec_wrapper::Error::Spawn {
+                program: "sbx".into(),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            },
+        );
+        assert!(matches!(spawn, Error::SpawnFailed { .. }), "{spawn:?}");
+        assert!(spawn.to_string().contains("/opt/sbx/bin/sbx"), "{spawn}");
+        assert_eq!(spawn.call(), None);
+
+        let deadline = Error::from_runner(
+            Call::Exec,
+            path,
+            exec_wrapper::Error::Deadline {
+                program: "sbx".into(),
+                bound: Duration::from_secs(7),
+            },
+        );
+        assert!(
+            matches!(deadline, Error::Timeout { call: Call::Exec, bound } if bound == Duration::from_secs(7)),
+            "{deadline:?}"
+        );
+
+        let flood = Error::from_runner(
+            Call::Ls,
+            path,
+            exec_wrapper::Error::OutputLimit {
+                program: "sbx".into(),
+                budget: 99,
+            },
+        );
+        assert!(
+            matches!(flood, Error::OutputLimit { call: Call::Ls, budget: 99 }),
+            "{flood:?}"
+        );
+    }
+
+    #[test]
+    fn failure_detail_is_the_trimmed_tail_or_the_status() {
+        assert_eq!(failure_detail(ExitKind::Exited(3), b""), "exit 3");
+        assert_eq!(failure_detail(ExitKind::Exited(3), b" \n\t"), "exit 3");
+        assert_eq!(failure_detail(ExitKind::Signaled(9), b""), "signal 9");
+        assert_eq!(failure_detail(ExitKind::Exited(1), b"\n  boom \n"), "boom");
+        assert_eq!(
+            failure_detail(ExitKind::Exited(1), b"bad \xff byte"),
+            "bad \u{fffd} byte"
+        );
+
+        // The tail counts characters, not bytes: a multi-byte character is never split.
+        let long = format!("{}{}", "x".repeat(10), "é".repeat(STDERR_TAIL_CHARS));
+        let tail = failure_detail(ExitKind::Exited(1), long.as_bytes());
+        assert_eq!(tail.chars().count(), STDERR_TAIL_CHARS);
+        assert!(tail.chars().all(|c| c == 'é'));
+
+        let exact = "y".repeat(STDERR_TAIL_CHARS);
+        assert_eq!(failure_detail(ExitKind::Exited(1), exact.as_bytes()), exact);
+    }
+}

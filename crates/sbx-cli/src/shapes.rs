@@ -267,7 +267,14 @@ impl<'a> Fields<'a> {
             .iter()
             .map(|item| match item {
                 Value::String(text) => Ok(text.clone()),
-                other => Err(self.wrong(key, "an array of strings", other)),
+                other => Err(Error::malformed(
+                    self.call,
+                    format!(
+                        "{}: `{key}` holds {}, not only strings",
+                        self.place,
+                        kind(other)
+                    ),
+                )),
             })
             .collect()
     }
