@@ -333,22 +333,46 @@ mod tests {
         use Call::*;
         let table: &[(Call, &str, &str)] = &[
             // 1. A lost VM backend wins over everything, login included.
-            (Ls, "ERROR: backend unavailable: sandboxd cannot reach its engine", "DaemonFault"),
+            (
+                Ls,
+                "ERROR: backend unavailable: sandboxd cannot reach its engine",
+                "DaemonFault",
+            ),
             (Create, "Backend Unavailable; run sbx login", "DaemonFault"),
-            (Exec, "sandbox x not found: backend unavailable", "DaemonFault"),
+            (
+                Exec,
+                "sandbox x not found: backend unavailable",
+                "DaemonFault",
+            ),
             // 2. Every login wording, in any case.
-            (Ls, "ERROR: You are not logged in. Run 'sbx login' to sign in.", "LoginRequired"),
+            (
+                Ls,
+                "ERROR: You are not logged in. Run 'sbx login' to sign in.",
+                "LoginRequired",
+            ),
             (Version, "please run SBX LOGIN", "LoginRequired"),
             (Rm, "you must log in first", "LoginRequired"),
             (McpLs, "401 Unauthorized", "LoginRequired"),
             (SecretLs, "rpc error: Unauthenticated", "LoginRequired"),
             (Exec, "not logged in; sandbox not found", "LoginRequired"),
             // 3. A template without a shell.
-            (Create, "ERROR: kit startup exited with code 127", "TemplateCannotStart"),
-            (Exec, "Kit startup exited with code 127", "TemplateCannotStart"),
+            (
+                Create,
+                "ERROR: kit startup exited with code 127",
+                "TemplateCannotStart",
+            ),
+            (
+                Exec,
+                "Kit startup exited with code 127",
+                "TemplateCannotStart",
+            ),
             (Create, "kit startup exited with code 1", "Failed"),
             // 4. Call-specific wordings only for their calls.
-            (Create, "ERROR: sandbox maf-1 already exists", "AlreadyExists"),
+            (
+                Create,
+                "ERROR: sandbox maf-1 already exists",
+                "AlreadyExists",
+            ),
             (Exec, "ERROR: sandbox maf-1 not found", "NotFound"),
             (Rm, "Error: Sandbox Not Found", "NotFound"),
             (Ls, "sandbox not found", "Failed"),
@@ -370,17 +394,30 @@ mod tests {
     #[test]
     fn every_message_names_its_fix() {
         let cases = [
-            (classify(Call::Ls, None, "backend unavailable".into()), "sbx daemon restart"),
-            (classify(Call::Ls, None, "not logged in".into()), "run `sbx login`"),
             (
-                classify(Call::Create, None, "kit startup exited with code 127".into()),
+                classify(Call::Ls, None, "backend unavailable".into()),
+                "sbx daemon restart",
+            ),
+            (
+                classify(Call::Ls, None, "not logged in".into()),
+                "run `sbx login`",
+            ),
+            (
+                classify(
+                    Call::Create,
+                    None,
+                    "kit startup exited with code 127".into(),
+                ),
                 "/bin/sh and /bin/bash",
             ),
             (
                 classify(Call::Create, Some("maf-1"), "already exists".into()),
                 "sbx rm --force maf-1",
             ),
-            (classify(Call::Rm, Some("maf-1"), "not found".into()), "sbx ls"),
+            (
+                classify(Call::Rm, Some("maf-1"), "not found".into()),
+                "sbx ls",
+            ),
             (classify(Call::Ls, None, "disk full".into()), "disk full"),
         ];
         for (err, fix) in cases {
@@ -425,7 +462,13 @@ mod tests {
             },
         );
         assert!(
-            matches!(flood, Error::OutputLimit { call: Call::Ls, budget: 99 }),
+            matches!(
+                flood,
+                Error::OutputLimit {
+                    call: Call::Ls,
+                    budget: 99
+                }
+            ),
             "{flood:?}"
         );
     }

@@ -61,9 +61,8 @@ fn mcp_ls_shapes() {
     )
     .unwrap();
     insta::assert_debug_snapshot!(array);
-    let keyed =
-        parse_mcp_ls(br#"{"servers":[{"name":"sim-mcp","url":"http://127.0.0.1:9/mcp"}]}"#)
-            .unwrap();
+    let keyed = parse_mcp_ls(br#"{"servers":[{"name":"sim-mcp","url":"http://127.0.0.1:9/mcp"}]}"#)
+        .unwrap();
     assert_eq!(keyed.len(), 1);
     assert_eq!(keyed[0], array[0]);
 }
@@ -82,9 +81,17 @@ fn policy_ls_shape() {
     .unwrap();
     insta::assert_debug_snapshot!(list);
     let name = SbxName::new("maf-1").unwrap();
-    let mine: Vec<bool> = list.rules.iter().map(|rule| rule.belongs_to(&name)).collect();
+    let mine: Vec<bool> = list
+        .rules
+        .iter()
+        .map(|rule| rule.belongs_to(&name))
+        .collect();
     assert_eq!(mine, [false, true, false]);
-    let global: Vec<bool> = list.rules.iter().map(|r| r.is_active_global_allow()).collect();
+    let global: Vec<bool> = list
+        .rules
+        .iter()
+        .map(|r| r.is_active_global_allow())
+        .collect();
     assert_eq!(global, [true, false, false]);
 }
 
@@ -149,7 +156,11 @@ fn wrong_shapes_are_malformed_never_empty() {
         ("policy", policy, r#"{"rules":[{"resources":"x"}]}"#),
         ("policy", policy, r#"{"rules":[{"http_targets":[{}]}]}"#),
         ("check", check, "{}"),
-        ("check", check, r#"{"allowed":"yes","governance":{"active":false}}"#),
+        (
+            "check",
+            check,
+            r#"{"allowed":"yes","governance":{"active":false}}"#,
+        ),
         ("check", check, r#"{"allowed":true}"#),
         ("check", check, r#"{"allowed":true,"governance":true}"#),
         ("check", check, r#"{"allowed":true,"governance":{}}"#),
@@ -159,7 +170,11 @@ fn wrong_shapes_are_malformed_never_empty() {
         ("secret", secret, r#"{"secrets":[1]}"#),
         ("secret", secret, r#"{"secrets":[],"env_only_count":-1}"#),
         ("secret", secret, r#"{"secrets":[],"env_only_count":"2"}"#),
-        ("secret", secret, r#"{"secrets":[],"custom_secrets":[{"targets":"x"}]}"#),
+        (
+            "secret",
+            secret,
+            r#"{"secrets":[],"custom_secrets":[{"targets":"x"}]}"#,
+        ),
     ];
     let mut report = String::new();
     for (what, parse, input) in cases {
