@@ -249,7 +249,7 @@ async fn sandbox_lifecycle() {
         row.id.as_deref().is_some_and(|id| id.len() == 32),
         "{row:?}"
     );
-    assert_eq!(row.workspaces, [workspace.clone()]);
+    assert_eq!(row.workspaces, std::slice::from_ref(&workspace));
     assert_eq!(row.status.as_deref(), Some("running"));
     assert_eq!(row.cpus, Some(1));
 
