@@ -188,11 +188,13 @@ impl SbxCliBuilder {
 /// `sbx.exe`, searched on the management environment's `PATH` when it is a bare name; a path
 /// with any extension is used as given. Elsewhere the path is used as given.
 fn program_path(sbx_path: &Path) -> OsString {
-    #[cfg(windows)]
-    {
-        if sbx_path.extension().is_none() {
-            return sbx_path.with_extension("exe").into_os_string();
-        }
+    program_for(sbx_path, cfg!(windows))
+}
+
+/// [`program_path`] with the platform as an argument, so both rules are tested on every host.
+fn program_for(sbx_path: &Path, windows: bool) -> OsString {
+    if windows && sbx_path.extension().is_none() {
+        return sbx_path.with_extension("exe").into_os_string();
     }
     sbx_path.as_os_str().to_owned()
 }
@@ -872,4 +874,52 @@ fn args<const N: usize>(words: [&str; N]) -> Vec<OsString> {
 
 fn trimmed_text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).trim().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_adds_exe_only_to_a_path_without_extension() {
+        let cases = [
+            ("sbx", "sbx.exe", "sbx"),
+            ("tools/sbx", "tools/sbx.exe", "tools/sbx"),
+            ("sbx.exe", "sbx.exe", "sbx.exe"),
+            ("sbx.cmd", "sbx.cmd", "sbx.cmd"),
+            ("my.tools/sbx", "my.tools/sbx.exe", "my.tools/sbx"),
+        ];
+        for (given, on_windows, elsewhere) in cases {
+            assert_eq!(
+                program_for(Path::new(given), true),
+                OsString::from(on_windows)
+            );
+            assert_eq!(
+                program_for(Path::new(given), false),
+                OsString::from(elsewhere)
+            );
+        }
+    }
+
+    #[test]
+    fn exec_argv_puts_options_before_the_name() {
+        let name = SbxName::new("maf-1").unwrap();
+        let deadline = Instant::now();
+        let plain = ExecRequest::new(name.clone(), ["sh", "-c", ":"], deadline);
+        assert_eq!(
+            plain.sbx_args().unwrap(),
+            args(["exec", "maf-1", "sh", "-c", ":"])
+        );
+        let all = plain.clone().as_root().stdin(b"x".to_vec());
+        assert_eq!(
+            all.sbx_args().unwrap(),
+            args(["exec", "-i", "-u", "root", "maf-1", "sh", "-c", ":"])
+        );
+        // Arguments after the program may look like options: they belong to the command.
+        let dashes = ExecRequest::new(name, ["ls", "-la", "--", "-u"], deadline);
+        assert_eq!(
+            dashes.sbx_args().unwrap(),
+            args(["exec", "maf-1", "ls", "-la", "--", "-u"])
+        );
+    }
 }

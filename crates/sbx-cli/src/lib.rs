@@ -71,6 +71,17 @@
 //! searched on the management environment's `PATH` when it is a bare name); a path with any
 //! extension is used as given.
 //!
+//! ## Threat model
+//!
+//! `sbx` and its daemon are trusted to do what they say, but their output is treated as
+//! untrusted bytes: every parser is total (no input panics it; a property test feeds it arbitrary
+//! bytes and JSON), every call is bounded in time and output, and quoted stderr is a 2000
+//! character tail. Arguments cannot smuggle options: names are [`SbxName`]s, free-text words
+//! (setting keys, hosts, templates) and the program of an `exec` may not start with `-`, empty
+//! arguments and NUL bytes are refused before anything runs. The management environment never
+//! reaches an `exec` call unfiltered. A child's environment is exactly the configured one (by
+//! default a snapshot taken when the driver is built), never what this process holds later.
+//!
 //! ## What this crate does not do
 //!
 //! - It knows nothing of keys, specs, sandboxes' contents or the workspace layout: it passes

@@ -554,8 +554,17 @@ async fn gone(pid: &str) -> bool {
     false
 }
 
+/// The pid a fake wrote to `path`, waiting up to 5 s for it on a busy machine.
 fn read_pid(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap().trim().to_owned()
+    for _ in 0..50 {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if text.ends_with('\n') {
+                return text.trim().to_owned();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{} never held a pid", path.display());
 }
 
 #[tokio::test]
@@ -722,4 +731,20 @@ async fn a_long_stderr_is_quoted_by_its_tail() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[tokio::test]
+async fn dropping_a_call_kills_its_process_group() {
+    let fake = Fake::new("sleep 60 & echo $! > \"$d/helper\"; wait");
+    let sbx = fake.driver();
+    let request = ExecRequest::new(name("maf-1"), ["sleep", "60"], soon());
+    let abandoned = tokio::time::timeout(Duration::from_millis(500), sbx.exec(&request)).await;
+    assert!(
+        abandoned.is_err(),
+        "the call should still have been running"
+    );
+    assert!(
+        gone(&read_pid(&fake.file("helper"))).await,
+        "the dropped call left its sbx helper running"
+    );
 }
