@@ -748,3 +748,33 @@ async fn dropping_a_call_kills_its_process_group() {
         "the dropped call left its sbx helper running"
     );
 }
+
+#[tokio::test]
+async fn ls_within_ends_at_the_callers_earlier_deadline() {
+    let fake = Fake::new("sleep 60");
+    let sbx = fake.driver();
+    assert_eq!(sbx.command_timeout(), Duration::from_secs(60));
+    let started = std::time::Instant::now();
+    let err = sbx
+        .ls_within(Instant::now() + Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    match err {
+        Error::Timeout {
+            call: Call::Ls,
+            bound,
+        } => assert!(bound <= Duration::from_millis(300)),
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn the_default_management_env_is_this_process_environment() {
+    let sbx = SbxCli::builder("sbx", |_: &OsStr| true)
+        .no_telemetry(false)
+        .build()
+        .unwrap();
+    let snapshot: Vec<_> = std::env::vars_os().collect();
+    assert_eq!(sbx.management_env(), &snapshot[..]);
+}
