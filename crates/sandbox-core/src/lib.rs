@@ -65,6 +65,7 @@ pub use guest_path::{
     check_list_async, check_read, check_read_async, check_write, check_write_async, confine,
     join as guest_path_join, norm as guest_path_norm, refuse_linked_ancestors,
     refuse_linked_ancestors_async, relative_to as guest_path_relative_to, resolve_wd,
+    MAX_CONCURRENT_STATS, MAX_GUEST_PATH_BYTES, MAX_GUEST_PATH_COMPONENTS,
 };
 pub use hygiene::is_secret_name;
 pub use isolation::{Isolation, IsolationScope, OsFamily};
