@@ -50,7 +50,8 @@ mod wire;
 pub use backend::{Sandbox, SandboxBackend, SandboxState, SandboxSummary};
 pub use capability::{default_capabilities, needs_storage_base, Capability};
 pub use credential_paths::{
-    check_source, check_workspace_root, credential_paths, refuses_source, CredentialPath,
+    check_source, check_workspace_root, credential_paths, passwd_homes, refuses_source,
+    system_credential_paths, CredentialGuard, CredentialPath, SystemCredentialPath,
 };
 pub use declarations::BackendDeclarations;
 pub use disposal::{fold, DisposalCode, DisposalFailure, DisposeSelector, ScopePurge};
