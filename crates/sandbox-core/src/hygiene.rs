@@ -261,7 +261,7 @@ mod tests {
             "JWT",
             "SSHKEY",
         ] {
-            let env = ExecEnv::default().set(name, b"postgres://u:p@db/x".to_vec());
+            let env = ExecEnv::default().set(name, b"postgres://u:p@db/x");
             let e = env.validate().unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidArgument);
             assert!(e.to_string().contains(name), "{e}");
