@@ -420,3 +420,122 @@ fn help_documents_the_credential_refusals() {
         assert!(help.contains("credential"), "{command}:\n{help}");
     }
 }
+
+/// The most `docker` children `sandboxctl` (pid `parent`) had at once while it ran, and its output.
+fn run_counting_docker_children(args: &[&str]) -> (Output, usize) {
+    let mut child = Command::new(BIN)
+        .args(["--min-isolation", "container"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let parent = child.id().to_string();
+    let mut peak = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "{args:?} never finished");
+        let children = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+                status.lines().any(|l| l == format!("PPid:\t{parent}"))
+                    && status
+                        .lines()
+                        .any(|l| l.starts_with("Name:") && l.contains("docker"))
+            })
+            .count();
+        peak = peak.max(children);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    (child.wait_with_output().unwrap(), peak)
+}
+
+#[test]
+fn deep_guest_paths_are_refused_before_any_engine_call() {
+    let sandbox = KeptSandbox::new("deep", "mkdir -p d");
+    let deep = format!("{}x", "d/".repeat(400));
+    let long = format!("d/{}", "a".repeat(5000));
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("f");
+    std::fs::write(&local, b"x").unwrap();
+    let local = local.to_str().unwrap();
+    for path in [deep.as_str(), long.as_str()] {
+        for args in [
+            vec!["stat", "--key", &sandbox.key, path],
+            vec!["ls", "--key", &sandbox.key, path],
+            vec!["rm", "--key", &sandbox.key, path],
+            vec!["cp-in", "--key", &sandbox.key, local, path],
+        ] {
+            let (out, peak) = run_counting_docker_children(&args);
+            assert_eq!(code(&out), 64, "{}: {}", args[0], stderr(&out));
+            // Finding the sandbox takes an engine call or two; one per component would be hundreds.
+            assert!(peak <= 2, "{}: {peak} docker children at once", args[0]);
+        }
+    }
+}
+
+#[test]
+fn library_guest_paths_with_a_nul_are_invalid_before_any_engine_call() {
+    use sandbox_core::{DisposeSelector, ErrorKind, SandboxBackend, SandboxKey, SandboxSpec};
+    let key = SandboxKey::conversation(scope("nul"), "t1", "agent");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let backend = runtime
+        .block_on(backend_docker::DockerBackend::connect(
+            backend_docker::DockerConfig::default(),
+        ))
+        .unwrap();
+    let spec = SandboxSpec::builder("default")
+        .image("sandbox-base:local")
+        .build()
+        .unwrap();
+    let sandbox = runtime.block_on(backend.acquire(&key, &spec)).unwrap();
+    let kinds = runtime.block_on(async {
+        let mut kinds = Vec::new();
+        for path in ["a\0b", "\0"] {
+            kinds.push(
+                sandbox
+                    .write_file(path, b"x", ".")
+                    .await
+                    .map_err(|e| e.kind()),
+            );
+            kinds.push(
+                sandbox
+                    .read_file(path, ".", 10)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.kind()),
+            );
+            kinds.push(
+                sandbox
+                    .stat_file(path, ".")
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.kind()),
+            );
+            kinds.push(
+                sandbox
+                    .list_dir(path, ".")
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.kind()),
+            );
+            kinds.push(sandbox.remove(path, ".", true).await.map_err(|e| e.kind()));
+        }
+        kinds.push(
+            sandbox
+                .stat_file("x", "/w\0")
+                .await
+                .map(drop)
+                .map_err(|e| e.kind()),
+        );
+        kinds
+    });
+    let disposed = runtime.block_on(backend.dispose(&key, DisposeSelector::all()));
+    assert!(disposed.is_none(), "{disposed:?}");
+    for kind in kinds {
+        assert_eq!(kind, Err(ErrorKind::InvalidArgument));
+    }
+}
