@@ -181,7 +181,7 @@ impl Destination {
     /// is replaced, never written through.
     pub fn write_atomically(&self, content: &[u8]) -> Result<(), SandboxError> {
         let (temp_name, temp) = self.create_temp()?;
-        let written = File::from(temp).write_all_and_sync(content);
+        let written = write_and_sync(File::from(temp), content);
         let renamed = written.and_then(|()| {
             rustix::fs::renameat(&self.directory, &temp_name, &self.directory, &self.leaf)
                 .map_err(std::io::Error::from)
@@ -217,15 +217,10 @@ impl Destination {
     }
 }
 
-trait WriteAllAndSync {
-    fn write_all_and_sync(self, content: &[u8]) -> std::io::Result<()>;
-}
-
-impl WriteAllAndSync for File {
-    fn write_all_and_sync(mut self, content: &[u8]) -> std::io::Result<()> {
-        std::io::Write::write_all(&mut self, content)?;
-        self.sync_all()
-    }
+/// Writes all of `content` and waits for it to reach the disk, so the rename never publishes a short file.
+fn write_and_sync(mut file: File, content: &[u8]) -> std::io::Result<()> {
+    std::io::Write::write_all(&mut file, content)?;
+    file.sync_all()
 }
 
 /// Reads a regular file of at most `cap` bytes, reading at most `cap + 1`. A fifo cannot block the open,
@@ -418,5 +413,56 @@ fn io_error(operation: &'static str, path: &str, source: std::io::Error) -> Sand
             path: path.to_owned(),
             source,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guard_covers_what_this_caller_can_read() {
+        let guard = credential_guard();
+        let is_root = rustix::process::geteuid().is_root();
+        assert_eq!(guard.guards_system_paths(), is_root);
+        if is_root {
+            let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+            for home in sandbox_core::passwd_homes(&passwd) {
+                assert!(
+                    guard
+                        .homes()
+                        .contains(&sandbox_core::guest_path_norm(&home)),
+                    "{home} is not guarded"
+                );
+                let key = format!("{home}/.ssh/id_ed25519");
+                assert!(guard.refusal(&key).is_some(), "{key}");
+            }
+            assert!(guard.refusal("/etc/shadow").is_some());
+        }
+    }
+
+    #[test]
+    fn a_source_at_the_cap_is_read_and_one_byte_more_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"12345").unwrap();
+        let guard = CredentialGuard::for_user("/nonexistent-home");
+        let open = || Source::open(&path, &guard, false).unwrap();
+        assert_eq!(open().read_capped(5).unwrap(), b"12345");
+        let e = open().read_capped(4).unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::TransferCapExceeded);
+    }
+
+    #[test]
+    fn a_destination_must_name_a_file() {
+        let guard = CredentialGuard::for_user("/nonexistent-home");
+        for local in ["/tmp/", "..", "/"] {
+            let e = Destination::open(Path::new(local), &guard, false).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                sandbox_core::ErrorKind::InvalidArgument,
+                "{local}"
+            );
+        }
     }
 }
