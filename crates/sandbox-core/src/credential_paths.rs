@@ -1,4 +1,6 @@
-//! Credential paths a host never exposes (host-hygiene §3), from one data file, and pure matchers over them.
+//! Credential paths a host never exposes, from one data file, and pure matchers over them: entries below
+//! every home directory guarded, and for a root caller system entries (`/etc/shadow`, SSH host keys) and
+//! every home of the password database ([`CredentialGuard`]).
 //!
 //! The list lives in `credential_paths.txt` beside this file so that every consumer (both backends and the
 //! operator CLI) shares it and it cannot drift. The matchers are lexical: callers resolve links first (a
@@ -44,9 +46,65 @@ impl fmt::Display for CredentialPath {
     }
 }
 
+/// One absolute credential path guarded for a root caller (`/etc/shadow`), possibly ending in a `*` that
+/// matches any rest of its last component (`/etc/ssh/ssh_host_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SystemCredentialPath {
+    pattern: &'static str,
+}
+
+impl SystemCredentialPath {
+    /// The path as listed, `*` included.
+    pub fn pattern(&self) -> &'static str {
+        self.pattern
+    }
+
+    /// The directory holding the entry and the entry's last component without its `*`, and whether it had
+    /// one.
+    fn parts(&self) -> (&'static str, &'static str, bool) {
+        let (dir, last) = self.pattern.rsplit_once('/').unwrap_or(("", self.pattern));
+        let dir = if dir.is_empty() { "/" } else { dir };
+        match last.strip_suffix('*') {
+            Some(prefix) => (dir, prefix, true),
+            None => (dir, last, false),
+        }
+    }
+
+    /// Whether the absolute, normalised `path` is this entry, contains it, or lies under it.
+    fn touches(&self, path: &str) -> bool {
+        let (dir, last, glob) = self.parts();
+        // `path` contains the entry when it is the entry's directory or an ancestor of it.
+        if is_within(dir, path) {
+            return true;
+        }
+        let Some(rest) = relative_to(path, dir) else {
+            return false;
+        };
+        let first = rest.split('/').next().unwrap_or_default();
+        if glob {
+            first.starts_with(last)
+        } else {
+            first == last
+        }
+    }
+}
+
+impl fmt::Display for SystemCredentialPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.pattern)
+    }
+}
+
+/// The data file's two lists.
+struct Parsed {
+    home: Vec<CredentialPath>,
+    system: Vec<SystemCredentialPath>,
+}
+
 /// Parses the data file. A malformed line is a build defect, caught by this module's tests.
-fn parse(data: &'static str) -> Result<Vec<CredentialPath>, String> {
+fn parse(data: &'static str) -> Result<Parsed, String> {
     let mut out: Vec<CredentialPath> = Vec::new();
+    let mut system: Vec<SystemCredentialPath> = Vec::new();
     for (number, line) in data.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -60,6 +118,22 @@ fn parse(data: &'static str) -> Result<Vec<CredentialPath>, String> {
         let whole_tree = match kind {
             "tree" => true,
             "file" => false,
+            "system" => {
+                let bare = relative.strip_suffix('*').unwrap_or(relative);
+                let normal = relative.starts_with('/')
+                    && norm(bare) == bare
+                    && bare != "/"
+                    && !bare.contains('*')
+                    && system.iter().all(|p| p.pattern != relative);
+                if !normal {
+                    return Err(format!(
+                        "line {}: {relative:?} is not a normalised absolute path listed once",
+                        number + 1
+                    ));
+                }
+                system.push(SystemCredentialPath { pattern: relative });
+                continue;
+            }
             other => return Err(format!("line {}: unknown kind {other:?}", number + 1)),
         };
         let normal = relative_to(relative, ".").is_some()
@@ -80,15 +154,155 @@ fn parse(data: &'static str) -> Result<Vec<CredentialPath>, String> {
             whole_tree,
         });
     }
-    Ok(out)
+    Ok(Parsed { home: out, system })
 }
 
-/// Every credential path of host-hygiene rules 11 and 12, in file order (home directories first).
-pub fn credential_paths() -> &'static [CredentialPath] {
-    static PARSED: OnceLock<Vec<CredentialPath>> = OnceLock::new();
+fn parsed() -> &'static Parsed {
+    static PARSED: OnceLock<Parsed> = OnceLock::new();
     PARSED.get_or_init(|| {
         parse(DATA).unwrap_or_else(|e| panic!("credential_paths.txt is malformed: {e}"))
     })
+}
+
+/// Every credential path below a home directory, in file order (the home directories never exposed first,
+/// then the credential entries).
+pub fn credential_paths() -> &'static [CredentialPath] {
+    &parsed().home
+}
+
+/// The absolute credential paths guarded for a root caller: `/etc/shadow`, `/etc/gshadow` and the SSH host
+/// keys `/etc/ssh/ssh_host_*`.
+pub fn system_credential_paths() -> &'static [SystemCredentialPath] {
+    &parsed().system
+}
+
+/// The home directories of a password database (`/etc/passwd` text): the sixth field of every well-formed
+/// line, absolute ones only, in order, each once. Comments, blank and malformed lines are skipped.
+///
+/// ```
+/// use sandbox_core::passwd_homes;
+/// let text = "root:x:0:0:root:/root:/bin/bash\nbob:x:1000:1000::/home/bob:/bin/sh\n# c\nbad\n";
+/// assert_eq!(passwd_homes(text), ["/root", "/home/bob"]);
+/// ```
+pub fn passwd_homes(text: &str) -> Vec<String> {
+    let mut homes: Vec<String> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let fields: Vec<&str> = line.split(':').collect();
+        let [_, _, _, _, _, home, _] = fields[..] else {
+            continue;
+        };
+        if home.starts_with('/') && !homes.iter().any(|h| h == home) {
+            homes.push(home.to_owned());
+        }
+    }
+    homes
+}
+
+/// The credential paths guarded for one caller: those below each of its home directories, and for a root
+/// caller the system ones ([`system_credential_paths`]) and every home of the password database.
+///
+/// ```
+/// use sandbox_core::CredentialGuard;
+/// let user = CredentialGuard::for_user("/home/u");
+/// assert_eq!(user.refusal("/home/u/.ssh/id_rsa").as_deref(), Some("~/.ssh"));
+/// assert_eq!(user.refusal("/etc/shadow"), None);
+/// let root = CredentialGuard::for_root("/root", ["/home/bob"]);
+/// assert_eq!(root.refusal("/etc/shadow").as_deref(), Some("/etc/shadow"));
+/// assert_eq!(root.refusal("/home/bob/.aws/credentials").as_deref(), Some("/home/bob/.aws"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialGuard {
+    /// The caller's own home first (named `~` in refusals), then the others.
+    homes: Vec<String>,
+    system: bool,
+}
+
+impl CredentialGuard {
+    /// The guard of a caller that is not root: its own home directory.
+    pub fn for_user(home: impl Into<String>) -> Self {
+        CredentialGuard {
+            homes: vec![norm(&home.into())],
+            system: false,
+        }
+    }
+
+    /// The guard of a root caller: its own home, every other home given (the password database's, see
+    /// [`passwd_homes`]), and the system credential paths.
+    pub fn for_root(
+        home: impl Into<String>,
+        other_homes: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        let mut guard = CredentialGuard::for_user(home);
+        guard.add_homes(other_homes);
+        guard.system = true;
+        guard
+    }
+
+    /// Guards more home directories (another spelling of one already guarded, such as its resolved path).
+    pub fn add_homes(&mut self, homes: impl IntoIterator<Item = impl Into<String>>) {
+        for home in homes {
+            let home = norm(&home.into());
+            if home.starts_with('/') && !self.homes.contains(&home) {
+                self.homes.push(home);
+            }
+        }
+    }
+
+    /// The home directories guarded, the caller's own first.
+    pub fn homes(&self) -> &[String] {
+        &self.homes
+    }
+
+    /// Whether the system credential paths are guarded (a root caller).
+    pub fn guards_system_paths(&self) -> bool {
+        self.system
+    }
+
+    /// Every absolute path this guard protects, as listed (a `*` kept): for reading where each really
+    /// lives, since a listed path may itself be a link.
+    pub fn listed_paths(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .homes
+            .iter()
+            .flat_map(|home| credential_paths().iter().map(move |c| c.under(home)))
+            .collect();
+        if self.system {
+            out.extend(
+                system_credential_paths()
+                    .iter()
+                    .map(|p| p.pattern.to_owned()),
+            );
+        }
+        out
+    }
+
+    /// The credential path the already-resolved absolute `path` is, contains or lies under, described for
+    /// people (`~/.ssh` below the caller's own home, the absolute path below another); `None` when it
+    /// touches none or is relative. Purely lexical: resolve links before asking.
+    pub fn refusal(&self, path: &str) -> Option<String> {
+        if !path.starts_with('/') {
+            return None;
+        }
+        let path = norm(path);
+        for (index, home) in self.homes.iter().enumerate() {
+            if let Some(credential) = refuses_source(home, &path) {
+                return Some(if index == 0 {
+                    credential.to_string()
+                } else {
+                    credential.under(home)
+                });
+            }
+        }
+        if self.system {
+            if let Some(entry) = system_credential_paths().iter().find(|e| e.touches(&path)) {
+                return Some(entry.to_string());
+            }
+        }
+        None
+    }
 }
 
 /// Whether `inner` is `outer` or lies under it (both absolute and normalised).
@@ -218,10 +432,15 @@ mod tests {
             "tree .",
             "tree a b",
             "tree .aws\nfile .aws",
+            "system etc/shadow",
+            "system /etc/../shadow",
+            "system /",
+            "system /etc/*/x",
+            "system /etc/shadow\nsystem /etc/shadow",
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
-        assert_eq!(parse("# c\n\n  file  .npmrc  \n").unwrap().len(), 1);
+        assert_eq!(parse("# c\n\n  file  .npmrc  \n").unwrap().home.len(), 1);
     }
 
     #[test]
@@ -307,5 +526,77 @@ mod tests {
         }
         assert!(check_workspace_root(HOME, "rel/ws").is_err());
         assert!(check_workspace_root("rel", "/srv/ws").is_err());
+    }
+
+    #[test]
+    fn system_paths_are_listed() {
+        let listed: Vec<&str> = system_credential_paths()
+            .iter()
+            .map(|p| p.pattern())
+            .collect();
+        assert_eq!(
+            listed,
+            ["/etc/shadow", "/etc/gshadow", "/etc/ssh/ssh_host_*"]
+        );
+    }
+
+    #[test]
+    fn root_guard_table() {
+        let root = CredentialGuard::for_root("/root", ["/root", "/home/bob", "/srv/svc", "rel"]);
+        assert_eq!(root.homes(), ["/root", "/home/bob", "/srv/svc"]);
+        let user = CredentialGuard::for_user("/home/u");
+        let cases: &[(&str, Option<&str>, Option<&str>)] = &[
+            // path, refusal for root, refusal for an ordinary user
+            ("/etc/shadow", Some("/etc/shadow"), None),
+            ("/etc/gshadow", Some("/etc/gshadow"), None),
+            ("/etc/shadow-", None, None),
+            (
+                "/etc/ssh/ssh_host_ed25519_key",
+                Some("/etc/ssh/ssh_host_*"),
+                None,
+            ),
+            (
+                "/etc/ssh/ssh_host_rsa_key.pub",
+                Some("/etc/ssh/ssh_host_*"),
+                None,
+            ),
+            ("/etc/ssh", Some("/etc/ssh/ssh_host_*"), None),
+            ("/etc", Some("/etc/shadow"), None),
+            ("/etc/ssh/sshd_config", None, None),
+            ("/etc/passwd", None, None),
+            ("/etc/hosts", None, None),
+            ("/root/.ssh/id_rsa", Some("~/.ssh"), None),
+            (
+                "/home/bob/.ssh/authorized_keys",
+                Some("/home/bob/.ssh"),
+                None,
+            ),
+            (
+                "/srv/svc/.config/gh/hosts.yml",
+                Some("/srv/svc/.config/gh"),
+                None,
+            ),
+            ("/home/bob/notes.txt", None, None),
+            ("/home/u/.aws/config", None, Some("~/.aws")),
+            ("/home/u/src/main.rs", None, None),
+        ];
+        for (path, as_root, as_user) in cases {
+            assert_eq!(root.refusal(path).as_deref(), *as_root, "root: {path}");
+            assert_eq!(user.refusal(path).as_deref(), *as_user, "user: {path}");
+        }
+        assert_eq!(root.refusal("etc/shadow"), None);
+    }
+
+    #[test]
+    fn passwd_homes_table() {
+        let text = "root:x:0:0:root:/root:/bin/bash\n\
+                    daemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n\
+                    # a comment:x:2:2::/nope:/bin/sh\n\
+                    \n\
+                    short:x:3\n\
+                    rel:x:4:4::relative/home:/bin/sh\n\
+                    bob:x:1000:1000:Bob,,,:/home/bob:/bin/bash\n\
+                    twin:x:1001:1001::/home/bob:/bin/bash\n";
+        assert_eq!(passwd_homes(text), ["/root", "/usr/sbin", "/home/bob"]);
     }
 }

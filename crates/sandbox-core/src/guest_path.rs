@@ -98,11 +98,70 @@ pub fn relative_to(path: &str, base: &str) -> Option<String> {
     rest.map(str::to_owned)
 }
 
+/// The longest guest path accepted, in bytes (Linux's `PATH_MAX`), as given and once resolved.
+pub const MAX_GUEST_PATH_BYTES: usize = 4096;
+
+/// The most components a guest path may have, as given (`.` and `..` count) and once resolved.
+///
+/// Every component of a path is one stat of the ancestor walk, so this bounds the work one argument
+/// can start.
+pub const MAX_GUEST_PATH_COMPONENTS: usize = 255;
+
+/// The most stats of one asynchronous ancestor walk in flight at once.
+pub const MAX_CONCURRENT_STATS: usize = 16;
+
+/// Refuses a path no guest file system accepts before anything acts on it: a NUL byte (it would end the
+/// path early in every system call), more than [`MAX_GUEST_PATH_BYTES`] bytes, or more than
+/// [`MAX_GUEST_PATH_COMPONENTS`] components. [`SandboxError::InvalidArgument`], naming `what`.
+fn check_shape(what: &str, path: &str) -> Result<(), SandboxError> {
+    let shown = || {
+        let mut end = path.len().min(64);
+        while !path.is_char_boundary(end) {
+            end -= 1;
+        }
+        let ellipsis = if end < path.len() { "..." } else { "" };
+        format!("{:?}{ellipsis}", &path[..end])
+    };
+    if path.contains('\0') {
+        return Err(SandboxError::invalid(format!(
+            "{what} {} contains a NUL byte",
+            shown()
+        )));
+    }
+    if path.len() > MAX_GUEST_PATH_BYTES {
+        return Err(SandboxError::invalid(format!(
+            "{what} {} is {} bytes long, over the limit of {MAX_GUEST_PATH_BYTES}",
+            shown(),
+            path.len()
+        )));
+    }
+    let components = path.split('/').filter(|c| !c.is_empty()).count();
+    if components > MAX_GUEST_PATH_COMPONENTS {
+        return Err(SandboxError::invalid(format!(
+            "{what} {} has {components} components, over the limit of {MAX_GUEST_PATH_COMPONENTS}",
+            shown()
+        )));
+    }
+    Ok(())
+}
+
 /// Confines `path` to `wd` by name and returns the resolved, normalised path.
 ///
-/// Refused with [`SandboxError::Confinement`]: a backslash anywhere in `path`, or a resolved path outside
-/// `wd`. `""` and `.` resolve to `wd` itself. This check is lexical only; links are the ancestor walk's job.
+/// Refused with [`SandboxError::InvalidArgument`] before anything else: a NUL byte in `path` or `wd`, or
+/// either of them, or the resolved path, longer than [`MAX_GUEST_PATH_BYTES`] or with more than
+/// [`MAX_GUEST_PATH_COMPONENTS`] components. Refused with [`SandboxError::Confinement`]: a backslash
+/// anywhere in `path`, or a resolved path outside `wd`. `""` and `.` resolve to `wd` itself. This check is
+/// lexical only; links are the ancestor walk's job.
+///
+/// ```
+/// use sandbox_core::{confine, ErrorKind};
+/// assert_eq!(confine("a/../b", "/w").unwrap(), "/w/b");
+/// assert_eq!(confine("a\0b", "/w").unwrap_err().kind(), ErrorKind::InvalidArgument);
+/// assert_eq!(confine(&"d/".repeat(300), "/w").unwrap_err().kind(), ErrorKind::InvalidArgument);
+/// ```
 pub fn confine(path: &str, wd: &str) -> Result<String, SandboxError> {
+    check_shape("guest path", path)?;
+    check_shape("working directory", wd)?;
     if path.contains('\\') {
         return Err(SandboxError::confinement(
             path,
@@ -111,6 +170,7 @@ pub fn confine(path: &str, wd: &str) -> Result<String, SandboxError> {
     }
     let wd = norm(wd);
     let resolved = norm(&join(&wd, path));
+    check_shape("resolved guest path", &resolved)?;
     if relative_to(&resolved, &wd).is_none() {
         return Err(SandboxError::confinement(
             path,
@@ -242,8 +302,9 @@ where
     Ok(())
 }
 
-/// Runs every stat concurrently (polled together in the calling task; nothing is spawned) and decides as
-/// soon as the outermost-first prefix of finished stats decides, exactly as [`walk_sync`] would.
+/// Runs the stats concurrently, at most [`MAX_CONCURRENT_STATS`] in flight, issued outermost first (polled
+/// together in the calling task; nothing is spawned) and decides as soon as the outermost-first prefix of
+/// finished stats decides, exactly as [`walk_sync`] would.
 async fn walk_async<F, Fut>(
     mut stat: F,
     steps: &[(String, Role)],
@@ -253,28 +314,36 @@ where
     F: FnMut(String) -> Fut,
     Fut: Future<Output = Result<Option<EntryKind>, SandboxError>>,
 {
-    let mut pending: Vec<Option<Pin<Box<Fut>>>> = steps
-        .iter()
-        .map(|(component, _)| Some(Box::pin(stat(component.clone()))))
-        .collect();
-    // Every stat has been issued; not holding the closure keeps the future `Send` whenever the stats are.
-    drop(stat);
+    let mut pending: Vec<Option<Pin<Box<Fut>>>> = steps.iter().map(|_| None).collect();
     let mut done: Vec<Option<Result<Option<EntryKind>, SandboxError>>> =
         steps.iter().map(|_| None).collect();
+    // Index of the next step whose stat has not been issued.
+    let mut issued_up_to = 0;
     // Index of the first step whose verdict is not yet known; everything before it was a directory.
     let mut decided_up_to = 0;
-    poll_fn(|cx| {
+    poll_fn(|cx| loop {
+        let in_flight = pending.iter().filter(|slot| slot.is_some()).count();
+        let room = MAX_CONCURRENT_STATS.saturating_sub(in_flight);
+        for _ in 0..room {
+            let Some((component, _)) = steps.get(issued_up_to) else {
+                break;
+            };
+            pending[issued_up_to] = Some(Box::pin(stat(component.clone())));
+            issued_up_to += 1;
+        }
+        let mut finished_any = false;
         for (slot, result) in pending.iter_mut().zip(done.iter_mut()).skip(decided_up_to) {
             if let Some(fut) = slot {
                 if let Poll::Ready(r) = fut.as_mut().poll(cx) {
                     *result = Some(r);
                     *slot = None;
+                    finished_any = true;
                 }
             }
         }
         while decided_up_to < steps.len() {
             let Some(result) = done[decided_up_to].take() else {
-                return Poll::Pending;
+                break;
             };
             let (component, role) = &steps[decided_up_to];
             match judge(*role, component, caller_path, result) {
@@ -283,7 +352,13 @@ where
                 Step::Refuse(e) => return Poll::Ready(Err(e)),
             }
         }
-        Poll::Ready(Ok(()))
+        if decided_up_to == steps.len() {
+            return Poll::Ready(Ok(()));
+        }
+        // A finished stat freed room: issue the next ones now rather than wait for another wake-up.
+        if !(finished_any && issued_up_to < steps.len()) {
+            return Poll::Pending;
+        }
     })
     .await
 }
@@ -309,13 +384,14 @@ where
     walk_sync(stat, &plan(&resolved, wd, include_self, false), guest_path)
 }
 
-/// [`refuse_linked_ancestors`] with an asynchronous stat, every component statted concurrently.
+/// [`refuse_linked_ancestors`] with an asynchronous stat, the components statted concurrently.
 ///
-/// All stat futures are created up front and polled together in the calling task (nothing is spawned, so
-/// no runtime is required). The verdict is the sequential walk's: it is decided outermost first, and a
-/// finding below a missing component, a link or a non-directory is ignored. Because every component is
-/// statted, a stat of a component below a link may follow that link on the host; it reads metadata only and
-/// never changes the verdict.
+/// Stat futures are created outermost first, at most [`MAX_CONCURRENT_STATS`] pending at once, and polled
+/// together in the calling task (nothing is spawned, so no runtime is required); the path bounds of
+/// [`confine`] cap how many there are in all. The verdict is the sequential walk's: it is decided
+/// outermost first, and a finding below a missing component, a link or a non-directory is ignored. Because
+/// components below an undecided one are statted too, a stat of a component below a link may follow that
+/// link on the host; it reads metadata only and never changes the verdict.
 ///
 /// Cancel safety: dropping the returned future drops every stat future still pending; nothing is left
 /// half-done by this function itself. It also returns (dropping the remaining stats) as soon as the verdict
@@ -475,6 +551,7 @@ where
 /// exist yet). A relative `wd` is confined to `base` by [`confine`].
 pub fn resolve_wd(wd: &str, base: &str) -> Result<String, SandboxError> {
     if wd.starts_with('/') {
+        check_shape("working directory", wd)?;
         Ok(wd.to_owned())
     } else {
         confine(wd, base)
@@ -896,5 +973,102 @@ mod tests {
         check_list_async(stat, "c/d", "/a/b").await.unwrap();
         // Four stats of one second each, run together.
         assert_eq!(started.elapsed(), Duration::from_secs(1));
+    }
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use std::cell::Cell;
+
+    /// A stat that records that it ran; every path it sees is a directory.
+    fn counting(
+        calls: &Cell<usize>,
+    ) -> impl FnMut(&str) -> Result<Option<EntryKind>, SandboxError> + '_ {
+        move |_| {
+            calls.set(calls.get() + 1);
+            Ok(Some(EntryKind::Directory))
+        }
+    }
+
+    #[test]
+    fn oversized_paths_are_invalid_before_any_stat() {
+        let deep = "d/".repeat(400) + "x";
+        let long = "a".repeat(4097);
+        let exactly_255 = vec!["c"; 254].join("/");
+        for path in [deep.as_str(), long.as_str(), "a\0b", "\0"] {
+            let calls = Cell::new(0);
+            for result in [
+                check_read(counting(&calls), path, "/w"),
+                check_write(counting(&calls), path, "/w"),
+                check_list(counting(&calls), path, "/w"),
+                check_delete(counting(&calls), path, "/w"),
+                confine(path, "/w"),
+            ] {
+                assert_eq!(
+                    result.unwrap_err().kind(),
+                    ErrorKind::InvalidArgument,
+                    "{:?}",
+                    &path[..path.len().min(20)]
+                );
+            }
+            assert_eq!(calls.get(), 0, "no stat ran");
+        }
+        // The bounds count the resolved path too: /w plus 254 components is 255, one more is refused.
+        assert!(confine(&exactly_255, "/w").is_ok());
+        assert_eq!(
+            confine(&format!("{exactly_255}/c"), "/w")
+                .unwrap_err()
+                .kind(),
+            ErrorKind::InvalidArgument
+        );
+        // `..` does not buy room: a path of 300 components is refused even if it normalises to few.
+        let climbing = "a/../".repeat(150);
+        assert_eq!(
+            confine(&climbing, "/w").unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        // A NUL in the working directory is refused the same way.
+        assert_eq!(
+            confine("x", "/w\0").unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            resolve_wd("/abs\0", "/base").unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn a_path_at_the_bounds_is_accepted() {
+        let at_bytes = format!("/w/{}", "a".repeat(4093));
+        assert_eq!(at_bytes.len(), 4096);
+        assert!(confine(&at_bytes, "/w").is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn async_walk_keeps_a_bounded_number_of_stats_in_flight() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        use std::time::Duration;
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let stat = |_: String| {
+            let in_flight = in_flight.clone();
+            let peak = peak.clone();
+            async move {
+                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                Ok(Some(EntryKind::Directory))
+            }
+        };
+        let deep = vec!["d"; 250].join("/");
+        check_list_async(stat, &deep, "/w").await.unwrap();
+        let peak = peak.load(Ordering::SeqCst);
+        assert!(peak <= MAX_CONCURRENT_STATS, "{peak} stats ran at once");
+        assert!(peak > 1, "stats still overlap ({peak})");
     }
 }

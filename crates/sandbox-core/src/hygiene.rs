@@ -1,6 +1,7 @@
 //! The secret-name denylist: a second layer behind "the guest gets only what the caller names".
 
-/// Substrings that mark a name as secret-looking anywhere in it.
+/// Substrings that mark a name as secret-looking anywhere in it. They are matched against the name with
+/// its separators (`_`, `-`, `.`) removed, so `API_KEY`, `APIKEY` and `api-key` read alike.
 const DENIED_SUBSTRINGS: &[&str] = &[
     "TOKEN",
     "SECRET",
@@ -9,15 +10,26 @@ const DENIED_SUBSTRINGS: &[&str] = &[
     "PASSPHRASE",
     "CREDENTIAL",
     "APIKEY",
-    "API_KEY",
-    "PRIVATE_KEY",
-    "ACCESS_KEY",
+    "PRIVATEKEY",
+    "ACCESSKEY",
+    "SSHKEY",
+    // JSON web tokens are bearer credentials whatever the rest of the name says.
+    "JWT",
+    // SSH private key file names, as variables that hold one.
+    "IDRSA",
+    "IDED25519",
+    "IDECDSA",
+    "IDDSA",
+    // Connection strings carry a user and a password.
+    "CONNSTR",
+    "CONNECTIONSTRING",
 ];
 
 /// Whole words (split on `_`, `-`, `.`) that mark a name. `SESSION` is deliberately absent:
-/// `DBUS_SESSION_BUS_ADDRESS` may be what a CLI needs to reach its keychain.
+/// `DBUS_SESSION_BUS_ADDRESS` may be what a CLI needs to reach its keychain. `PWD` marks a name only as one
+/// word among others (`DB_PWD`): the shell's own `PWD` is the working directory.
 const DENIED_WORDS: &[&str] = &[
-    "KEY", "KEYS", "PAT", "PASS", "AUTH", "COOKIE", "COOKIES", "CREDS", "OTP",
+    "KEY", "KEYS", "PAT", "PASS", "PWD", "AUTH", "COOKIE", "COOKIES", "CREDS", "OTP", "DSN",
 ];
 
 /// Cloud, CI-runtime and secret-manager families.
@@ -38,17 +50,79 @@ const DENIED_EXACT: &[&str] = &[
     "DOCKER_PAT",
 ];
 
+/// Names never matched, though a rule above would: the shell's working directory.
+const ALLOWED_EXACT: &[&str] = &["PWD"];
+
+/// Words naming a data store or a message broker: a `…_URL` or `…_URI` with one of them is a connection
+/// URL, which conventionally carries `user:password@` (`DATABASE_URL`, `REDIS_URL`).
+const DATA_STORE_WORDS: &[&str] = &[
+    "DATABASE",
+    "DB",
+    "POSTGRES",
+    "POSTGRESQL",
+    "PG",
+    "PSQL",
+    "MYSQL",
+    "MARIADB",
+    "MSSQL",
+    "SQL",
+    "SQLSERVER",
+    "SQLALCHEMY",
+    "MONGO",
+    "MONGODB",
+    "REDIS",
+    "VALKEY",
+    "MEMCACHED",
+    "RABBITMQ",
+    "AMQP",
+    "BROKER",
+    "KAFKA",
+    "NATS",
+    "CLICKHOUSE",
+    "COCKROACH",
+    "COCKROACHDB",
+    "CASSANDRA",
+    "NEO4J",
+    "ELASTICSEARCH",
+    "OPENSEARCH",
+    "SUPABASE",
+    "CONNECTION",
+    "CONN",
+];
+
+/// Last words of a name that holds a URL.
+const URL_WORDS: &[&str] = &["URL", "URI", "URLS", "URIS"];
+
 /// Whether an environment variable name looks like it carries a secret.
 ///
-/// The name is upper-cased and split into words on `_`, `-` and `.`. It is denied when it contains a
-/// secret-looking substring, has a secret-looking word, starts with a cloud or secret-manager prefix, or is
-/// one of a few exact names. `PWD`, `OLDPWD` and `KEYBOARD_*` are not matched.
+/// The name is upper-cased and split into words on `_`, `-` and `.`. It is denied when, with its
+/// separators removed, it contains a secret-looking substring (`TOKEN`, `PASSWORD`, `APIKEY`,
+/// `PRIVATEKEY`, `SSHKEY`, `JWT`, ...); when it has a secret-looking word (`KEY`, `PASS`, `PWD`, `AUTH`,
+/// `DSN`, ...); when it names a connection URL of a data store or broker (`DATABASE_URL`, `REDIS_URL`);
+/// when it starts with a cloud or secret-manager prefix; or when it is one of a few exact names.
+/// `PWD`, `OLDPWD` and `KEYBOARD_*` are not matched, nor a URL of anything else (`API_URL`).
+///
+/// ```
+/// use sandbox_core::is_secret_name;
+/// assert!(is_secret_name("DATABASE_URL") && is_secret_name("DB_PWD") && is_secret_name("SENTRY_DSN"));
+/// assert!(!is_secret_name("PWD") && !is_secret_name("API_URL") && !is_secret_name("KEYBOARD_LAYOUT"));
+/// ```
 pub fn is_secret_name(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
-    DENIED_SUBSTRINGS.iter().any(|s| upper.contains(s))
-        || upper
-            .split(['_', '-', '.'])
-            .any(|word| DENIED_WORDS.contains(&word))
+    if ALLOWED_EXACT.contains(&upper.as_str()) {
+        return false;
+    }
+    let words: Vec<&str> = upper
+        .split(['_', '-', '.'])
+        .filter(|w| !w.is_empty())
+        .collect();
+    let compact: String = words.concat();
+    let connection_url = words.len() > 1
+        && words.last().is_some_and(|last| URL_WORDS.contains(last))
+        && words.iter().any(|w| DATA_STORE_WORDS.contains(w));
+    DENIED_SUBSTRINGS.iter().any(|s| compact.contains(s))
+        || words.iter().any(|word| DENIED_WORDS.contains(word))
+        || connection_url
         || DENIED_PREFIXES.iter().any(|p| upper.starts_with(p))
         || DENIED_EXACT.contains(&upper.as_str())
 }
@@ -99,6 +173,39 @@ mod tests {
             "github_token",
             "npm_config__auth",
             "SECRET",
+            // Passwords spelled short, keys spelled as one word, tokens by their format, and connection
+            // strings that carry credentials.
+            "DB_PWD",
+            "MYSQL_PWD",
+            "PGPASSWORD",
+            "MY_PRIVATEKEY",
+            "PRIVATEKEY",
+            "SSHKEY",
+            "SSH_KEY_PATH",
+            "GIT_SSH_KEY",
+            "ID_RSA",
+            "ID_ED25519",
+            "JWT",
+            "AUTH_JWT",
+            "JWT_SIGNING",
+            "DATABASE_URL",
+            "DATABASE_URI",
+            "DB_URL",
+            "POSTGRES_URL",
+            "POSTGRESQL_URI",
+            "PG_URL",
+            "MYSQL_URL",
+            "MONGODB_URI",
+            "MONGO_URL",
+            "REDIS_URL",
+            "AMQP_URL",
+            "RABBITMQ_URL",
+            "CELERY_BROKER_URL",
+            "SENTRY_DSN",
+            "DSN",
+            "DB_CONNECTION_STRING",
+            "SQL_CONN_STR",
+            "database-url",
         ] {
             assert!(is_secret_name(name), "{name} was not denied");
         }
@@ -127,8 +234,38 @@ mod tests {
             "DOCKER_HOST",
             "CARGO_HOME",
             "PYTHONPATH",
+            "OLDPWD",
+            "PWDX_HOME",
+            "HOME_URL",
+            "API_URL",
+            "SERVICE_URL",
+            "DOCS_URI",
+            "PIP_INDEX_URL",
+            "CONDA_PREFIX",
+            "DISPLAY",
+            "TZ",
+            "USER",
         ] {
             assert!(!is_secret_name(name), "{name} was denied");
+        }
+    }
+
+    #[test]
+    fn widened_names_are_refused_by_name_and_pass_when_allowed() {
+        use crate::{ErrorKind, ExecEnv};
+        for name in [
+            "DATABASE_URL",
+            "DB_PWD",
+            "SENTRY_DSN",
+            "MY_PRIVATEKEY",
+            "JWT",
+            "SSHKEY",
+        ] {
+            let env = ExecEnv::default().set(name, b"postgres://u:p@db/x");
+            let e = env.validate().unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+            assert!(e.to_string().contains(name), "{e}");
+            assert!(env.allow_secret_name(name).validate().is_ok(), "{name}");
         }
     }
 }

@@ -50,7 +50,8 @@ mod wire;
 pub use backend::{Sandbox, SandboxBackend, SandboxState, SandboxSummary};
 pub use capability::{default_capabilities, needs_storage_base, Capability};
 pub use credential_paths::{
-    check_source, check_workspace_root, credential_paths, refuses_source, CredentialPath,
+    check_source, check_workspace_root, credential_paths, passwd_homes, refuses_source,
+    system_credential_paths, CredentialGuard, CredentialPath, SystemCredentialPath,
 };
 pub use declarations::BackendDeclarations;
 pub use disposal::{fold, DisposalCode, DisposalFailure, DisposeSelector, ScopePurge};
@@ -65,6 +66,7 @@ pub use guest_path::{
     check_list_async, check_read, check_read_async, check_write, check_write_async, confine,
     join as guest_path_join, norm as guest_path_norm, refuse_linked_ancestors,
     refuse_linked_ancestors_async, relative_to as guest_path_relative_to, resolve_wd,
+    MAX_CONCURRENT_STATS, MAX_GUEST_PATH_BYTES, MAX_GUEST_PATH_COMPONENTS,
 };
 pub use hygiene::is_secret_name;
 pub use isolation::{Isolation, IsolationScope, OsFamily};

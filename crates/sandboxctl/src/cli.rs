@@ -11,7 +11,7 @@ use crate::keys::KeyArgs;
 
 /// Run commands in sandboxes, move files in and out, list and purge sandboxes, check a host.
 #[derive(Debug, Parser)]
-#[command(name = "sandboxctl", version, about, long_about = None, after_help = EXIT_CODES)]
+#[command(name = "sandboxctl", version, about, long_about = None, after_help = AFTER_HELP)]
 pub struct Cli {
     /// Global flags.
     #[command(flatten)]
@@ -21,8 +21,8 @@ pub struct Cli {
     pub command: CommandLine,
 }
 
-/// The exit-code table (host-hygiene rule 37), repeated by `--help` so scripts need not guess.
-const EXIT_CODES: &str = "\
+/// The exit-code table, repeated by `--help` so scripts need not guess, and the host files refused.
+const AFTER_HELP: &str = "\
 Exit codes of run and exec:
   0-255  the command's own exit code, verbatim
   124    the --timeout expired (the command's processes were killed, or the sandbox retired)
@@ -42,7 +42,21 @@ Exit codes of the other commands:
   doctor exits 0 when every applicable check passes, else 1.
 
 The default --min-isolation is microvm: the docker backend (rung container) needs
---min-isolation container.";
+--min-isolation container.
+
+Host files refused (exit 69):
+  cp-in never copies a source that is, contains or lies under a credential path, judged by
+  where the opened file really is (links resolved, so a swapped link cannot slip one in):
+  ~/.ssh ~/.aws ~/.docker ~/.kube ~/.gnupg ~/.netrc ~/.gitconfig ~/.git-credentials,
+  ~/.config/gh and other tool credential files; run as root, also every home directory of
+  /etc/passwd, /etc/shadow, /etc/gshadow and /etc/ssh/ssh_host_*.
+  cp-out never writes a destination under one either (judged on its opened parent directory),
+  so a guest cannot plant ~/.ssh/authorized_keys.
+  --allow-credential-path (cp-in and cp-out only) lifts this one refusal.
+  cp-in also refuses files of pseudo file systems (procfs such as /proc/self/environ, sysfs,
+  devtmpfs, debugfs, securityfs, cgroup, ...), whatever the flag says, and anything but a
+  regular file (67); at most the transfer cap plus one byte is ever read (68 over it).
+  --env-file takes a regular file of at most 1 MiB.";
 
 /// Flags every command takes.
 #[derive(Debug, Clone, Args)]
@@ -123,7 +137,9 @@ pub enum CommandLine {
         #[arg(last = true, required = true, value_name = "CMD")]
         argv: Vec<std::ffi::OsString>,
     },
-    /// Copy a local file into a sandbox.
+    /// Copy a local file into a sandbox. Refuses credential paths (~/.ssh, ~/.aws, ...; as root also
+    /// /etc/shadow and every user's home) unless --allow-credential-path, and files of pseudo file
+    /// systems (/proc, /sys, /dev) always (exit 69).
     CpIn {
         /// The sandbox's key.
         #[command(flatten)]
@@ -131,7 +147,7 @@ pub enum CommandLine {
         /// The sandbox kind.
         #[arg(long, default_value = "default")]
         kind: String,
-        /// Allow a source under a credential path (~/.ssh, ~/.aws, ...).
+        /// Allow a source under a credential path (~/.ssh, ~/.aws, ...). Pseudo file systems stay refused.
         #[arg(long)]
         allow_credential_path: bool,
         /// The local file.
@@ -139,7 +155,9 @@ pub enum CommandLine {
         /// The guest path (relative to the storage base, or absolute).
         guest: String,
     },
-    /// Copy a file out of a sandbox; a refused copy leaves no partial local file.
+    /// Copy a file out of a sandbox; a refused copy leaves no partial local file. Refuses a destination
+    /// under a credential path (~/.ssh/authorized_keys, ~/.gitconfig, ...) unless
+    /// --allow-credential-path (exit 69).
     CpOut {
         /// The sandbox's key.
         #[command(flatten)]
@@ -147,6 +165,9 @@ pub enum CommandLine {
         /// The sandbox kind.
         #[arg(long, default_value = "default")]
         kind: String,
+        /// Allow a destination under a credential path (~/.ssh/authorized_keys, ~/.gitconfig, ...).
+        #[arg(long)]
+        allow_credential_path: bool,
         /// The largest file accepted.
         #[arg(long, value_name = "N", default_value_t = 8 * 1024 * 1024)]
         max_bytes: u64,

@@ -1,7 +1,6 @@
 //! One function per command. Each returns its exit code; nothing else in the binary picks integers.
 
 use std::io::Write as _;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +11,8 @@ use sandbox_core::{
 use serde_json::{json, Value};
 
 use crate::cli::{Cli, CommandLine, GlobalArgs, ImagesAction, RunTarget};
-use crate::keys::{generated_key, KeyArgs};
+use crate::host_files::{credential_guard, Destination, Source};
+use crate::keys::{check_field, generated_key, KeyArgs};
 use crate::{backends, exit_codes, guest_env, report};
 
 /// Runs the parsed command line.
@@ -99,8 +99,10 @@ impl From<SandboxError> for Failure {
     }
 }
 
+/// A message on one line: whitespace runs become one space, and any other control character (a guest's
+/// name may be quoted in it) is escaped.
 fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    report::escape_controls(&text.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 type Done = Result<(Value, String), Failure>;
@@ -354,9 +356,12 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             guest,
         } => {
             let key = key.require()?;
-            let content = read_local_source(&local, allow_credential_path)?;
+            let source = Source::open(&local, &credential_guard(), allow_credential_path)?;
             let backend = gated_backend(global, &[]).await?;
             let sandbox = found(&backend, &key, &kind).await?;
+            // No sandbox of this backend takes more in one file: never read more than that.
+            let cap = backend.declarations().limits.files_in.max_bytes_per_file;
+            let content = source.read_capped(cap)?;
             sandbox.write_file(&guest, &content, ".").await?;
             Ok((
                 json!({"copied": content.len(), "guest": guest}),
@@ -366,15 +371,18 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
         CommandLine::CpOut {
             key,
             kind,
+            allow_credential_path,
             max_bytes,
             guest,
             local,
         } => {
             let key = key.require()?;
+            let destination =
+                Destination::open(&local, &credential_guard(), allow_credential_path)?;
             let backend = gated_backend(global, &[]).await?;
             let sandbox = found(&backend, &key, &kind).await?;
             let content = sandbox.read_file(&guest, ".", max_bytes).await?;
-            write_local_atomically(&local, &content)?;
+            destination.write_atomically(&content)?;
             Ok((
                 json!({"copied": content.len(), "local": local.display().to_string()}),
                 String::new(),
@@ -412,6 +420,10 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             Ok((json!({"removed": guest}), String::new()))
         }
         CommandLine::List { scope, thread } => {
+            check_field("scope", &scope)?;
+            if let Some(thread) = &thread {
+                check_field("thread", thread)?;
+            }
             let backend = backends::connect(global.backend, &[]).await?;
             let found = backend.list(&scope, thread.as_deref()).await?;
             let rows: Vec<Value> = found
@@ -425,23 +437,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
                     })
                 })
                 .collect();
-            let text = found
-                .iter()
-                .map(|s| {
-                    let key = s
-                        .key
-                        .as_ref()
-                        .map(|k| format!("{}/{}/{}", k.scope, k.thread_id, k.agent_id))
-                        .unwrap_or_else(|| "?".into());
-                    format!(
-                        "{}\t{:?}\t{}\t{}\n",
-                        s.instance_id,
-                        s.state,
-                        s.kind.as_deref().unwrap_or("?"),
-                        key
-                    )
-                })
-                .collect();
+            let text = found.iter().map(summary_line).collect();
             Ok((json!({"sandboxes": rows}), text))
         }
         CommandLine::Dispose { key, kind } => {
@@ -460,6 +456,8 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             }
         }
         CommandLine::Purge { scope, thread } => {
+            check_field("scope", &scope)?;
+            check_field("thread", &thread)?;
             let backend = backends::connect(global.backend, &[]).await?;
             let purge = backend.dispose_scope(&scope, &thread).await;
             let value = json!({
@@ -491,99 +489,39 @@ fn entry_json(entry: &sandbox_core::SandboxEntry) -> Value {
     json!({"path": entry.path(), "kind": entry.kind().as_str(), "size_bytes": entry.size_bytes()})
 }
 
+/// One tab-separated line per entry; the guest chose the name, so it is escaped (`ls -b`).
 fn entry_line(entry: &sandbox_core::SandboxEntry) -> String {
+    let path = report::escape_name(entry.path());
     match entry.size_bytes() {
-        Some(size) => format!("{}\t{}\t{}\n", entry.kind(), size, entry.path()),
-        None => format!("{}\t-\t{}\n", entry.kind(), entry.path()),
+        Some(size) => format!("{}\t{}\t{}\n", entry.kind(), size, path),
+        None => format!("{}\t-\t{}\n", entry.kind(), path),
     }
 }
 
-/// Reads a host file to copy in, refusing credential paths after resolving links (host-hygiene §3), and
-/// anything that is not a regular file (a fifo would block the read, a device never end it).
-fn read_local_source(local: &Path, allow_credential_path: bool) -> Result<Vec<u8>, Failure> {
-    let resolved = std::fs::canonicalize(local).map_err(|e| io_failure("resolve", local, e))?;
-    if !allow_credential_path {
-        if let Some(credential) = credential_refusal(local, &resolved) {
-            return Err(SandboxError::NotPermitted(format!(
-                "{} is, contains or lies under the credential path {credential}; pass --allow-credential-path to copy it anyway",
-                local.display()
-            ))
-            .into());
-        }
-    }
-    let not_regular = |meta: &std::fs::Metadata| -> Option<Failure> {
-        let path = local.display().to_string();
-        if meta.is_dir() {
-            Some(SandboxError::IsADirectory { path }.into())
-        } else if !meta.is_file() {
-            Some(SandboxError::NotRegularFile { path }.into())
-        } else {
-            None
-        }
-    };
-    let meta = std::fs::metadata(&resolved).map_err(|e| io_failure("stat", local, e))?;
-    if let Some(refused) = not_regular(&meta) {
-        return Err(refused);
-    }
-    let mut file = std::fs::File::open(&resolved).map_err(|e| io_failure("open", local, e))?;
-    // The entry may have been swapped since the check: judge what was opened.
-    let meta = file.metadata().map_err(|e| io_failure("stat", local, e))?;
-    if let Some(refused) = not_regular(&meta) {
-        return Err(refused);
-    }
-    let mut content = Vec::new();
-    std::io::Read::read_to_end(&mut file, &mut content)
-        .map_err(|e| io_failure("read", local, e))?;
-    Ok(content)
+/// One tab-separated line per sandbox; key fields and kinds decoded from labels are escaped (`ls -b`).
+fn summary_line(summary: &sandbox_core::SandboxSummary) -> String {
+    let key = summary
+        .key
+        .as_ref()
+        .map(|k| {
+            [&k.scope, &k.thread_id, &k.agent_id]
+                .map(|field| report::escape_name(field))
+                .join("/")
+        })
+        .unwrap_or_else(|| "?".into());
+    format!(
+        "{}\t{:?}\t{}\t{}\n",
+        report::escape_name(&summary.instance_id),
+        summary.state,
+        summary
+            .kind
+            .as_deref()
+            .map(report::escape_name)
+            .unwrap_or_else(|| "?".into()),
+        key
+    )
 }
 
-/// The credential path a copy-in source touches, judged both as named and as resolved, against the home
-/// directory as named and as resolved, and against each credential entry's own resolved location: a
-/// `~/.ssh` that links to a dotfiles directory still guards what is in it.
-fn credential_refusal(local: &Path, resolved: &Path) -> Option<String> {
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let mut homes = vec![home.clone()];
-    if let Ok(real_home) = std::fs::canonicalize(&home) {
-        homes.push(real_home.display().to_string());
-    }
-    let mut sources = vec![resolved.display().to_string()];
-    if let Ok(named) = std::path::absolute(local) {
-        sources.push(named.display().to_string());
-    }
-    for home in &homes {
-        for source in &sources {
-            if let Some(credential) = sandbox_core::refuses_source(home, source) {
-                return Some(credential.to_string());
-            }
-        }
-    }
-    for credential in sandbox_core::credential_paths() {
-        for home in &homes {
-            let Ok(real) = std::fs::canonicalize(credential.under(home)) else {
-                continue;
-            };
-            if resolved.starts_with(&real) || real.starts_with(resolved) {
-                return Some(credential.to_string());
-            }
-        }
-    }
-    None
-}
-
-fn io_failure(operation: &'static str, path: &Path, source: std::io::Error) -> Failure {
-    let path = path.display().to_string();
-    match source.kind() {
-        std::io::ErrorKind::NotFound => SandboxError::NotFound { path }.into(),
-        _ => SandboxError::Io {
-            operation,
-            path,
-            source,
-        }
-        .into(),
-    }
-}
-
-/// Writes beside the destination and renames on success: a refused or failed copy leaves no partial file.
 /// The flags that name `key` again, quoted for a POSIX shell (fields may hold `/` or spaces).
 fn key_flags(key: &SandboxKey) -> String {
     let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
@@ -599,27 +537,10 @@ fn key_flags(key: &SandboxKey) -> String {
     flags
 }
 
-fn write_local_atomically(local: &Path, content: &[u8]) -> Result<(), Failure> {
-    let dir = match local.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    // Mode 0666 before the umask, as any new file gets: not the temp file's private 0600.
-    let mut temp = tempfile::Builder::new()
-        .prefix(".sandboxctl-cp-out")
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
-        .tempfile_in(&dir)
-        .map_err(|e| io_failure("create", &dir, e))?;
-    temp.write_all(content)
-        .map_err(|e| io_failure("write", local, e))?;
-    temp.persist(local)
-        .map_err(|e| io_failure("rename", local, e.error))?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn kept_keys_print_as_flags_that_name_them_again() {
@@ -638,8 +559,10 @@ mod tests {
     fn cp_out_files_get_the_usual_mode() {
         let dir = tempfile::tempdir().unwrap();
         let local = dir.path().join("out");
-        write_local_atomically(&local, b"x")
-            .map_err(|f| f.error)
+        let guard = sandbox_core::CredentialGuard::for_user("/nonexistent-home");
+        Destination::open(&local, &guard, false)
+            .unwrap()
+            .write_atomically(b"x")
             .unwrap();
         let mode = std::os::unix::fs::PermissionsExt::mode(
             &std::fs::metadata(&local).unwrap().permissions(),
@@ -652,5 +575,71 @@ mod tests {
         );
         assert_eq!(mode & 0o777, usual & 0o777);
         assert_eq!(std::fs::read(&local).unwrap(), b"x");
+    }
+
+    /// A source directory swapped for a link to `~/.ssh` while cp-in checks and reads it: the key must
+    /// never be what is read.
+    #[test]
+    fn a_source_swapped_for_a_credential_link_is_never_read() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let root = tempfile::tempdir().unwrap();
+        let home = root.path().join("home");
+        let ssh = home.join(".ssh");
+        std::fs::create_dir_all(&ssh).unwrap();
+        std::fs::write(ssh.join("id_ed25519"), b"PRIVATE KEY").unwrap();
+        // `dir` is a real directory holding a harmless file, and in turns a link to ~/.ssh.
+        let dir = root.path().join("dir");
+        let real_spare = root.path().join("real-spare");
+        let link_spare = root.path().join("link-spare");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("id_ed25519"), b"harmless").unwrap();
+        std::os::unix::fs::symlink(&ssh, &link_spare).unwrap();
+        let source = root.path().join("dir/id_ed25519");
+        assert_eq!(copy_in_source(&source, &home).unwrap(), b"harmless");
+        let stop = Arc::new(AtomicBool::new(false));
+        let flipper = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut flips = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let (away, back) = if flips % 2 == 0 {
+                        (&real_spare, &link_spare)
+                    } else {
+                        (&link_spare, &real_spare)
+                    };
+                    std::fs::rename(&dir, away).unwrap();
+                    std::fs::rename(back, &dir).unwrap();
+                    flips += 1;
+                    // Hold each state a little, a different while each time, so checks and reads
+                    // land on both sides of a swap.
+                    std::thread::sleep(std::time::Duration::from_micros(flips % 7 * 20));
+                }
+                flips
+            })
+        };
+        let mut leaked = 0;
+        let mut copied = 0;
+        for _ in 0..3000 {
+            if let Ok(content) = copy_in_source(&source, &home) {
+                copied += 1;
+                if content == b"PRIVATE KEY" {
+                    leaked += 1;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let flips = flipper.join().unwrap();
+        assert!(flips > 100, "the swap raced ({flips} flips)");
+        assert!(copied > 0, "the harmless file was copied at times");
+        assert_eq!(
+            leaked, 0,
+            "the private key was read {leaked} times of {copied} copies"
+        );
+    }
+
+    fn copy_in_source(local: &Path, home: &Path) -> Result<Vec<u8>, SandboxError> {
+        let guard = sandbox_core::CredentialGuard::for_user(home.display().to_string());
+        crate::host_files::Source::open(local, &guard, false)?.read_capped(1 << 20)
     }
 }

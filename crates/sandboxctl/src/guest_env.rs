@@ -5,13 +5,16 @@ use std::path::PathBuf;
 use clap::Args;
 use sandbox_core::{ExecEnv, SandboxError};
 
+use crate::host_files::MAX_ENV_FILE_BYTES;
+
 /// Guest environment flags.
 #[derive(Debug, Clone, Default, Args)]
 pub struct EnvArgs {
     /// Pass NAME with its value from sandboxctl's own environment (repeatable). Values never go in argv.
     #[arg(long = "env", value_name = "NAME")]
     pub names: Vec<String>,
-    /// Read NAME=VALUE lines from a file (blank lines and lines starting with # skipped).
+    /// Read NAME=VALUE lines from a file (blank lines and lines starting with # skipped): a regular file
+    /// of at most 1 MiB.
     #[arg(long = "env-file", value_name = "PATH")]
     pub file: Option<PathBuf>,
     /// Let NAME through the secret-name denylist (repeatable).
@@ -30,9 +33,10 @@ impl EnvArgs {
             env = env.set(name.clone(), value);
         }
         if let Some(path) = &self.file {
-            let text = std::fs::read(path).map_err(|e| {
-                SandboxError::invalid(format!("--env-file {}: {e}", path.display()))
-            })?;
+            // A regular file of bounded size: `/dev/zero` or a fifo must not take the host's memory or hang.
+            let text = crate::host_files::read_regular_capped(path, MAX_ENV_FILE_BYTES).map_err(
+                |why| SandboxError::invalid(format!("--env-file {}: {why}", path.display())),
+            )?;
             for (name, value) in parse_env_file(&text).map_err(|line| {
                 SandboxError::invalid(format!(
                     "--env-file {}: line {line} is not NAME=VALUE",
@@ -113,5 +117,47 @@ mod tests {
         assert!(args.build(lookup).is_err());
         args.allowed_secret_names.push("GITHUB_TOKEN".into());
         assert!(args.build(lookup).is_ok());
+    }
+
+    #[test]
+    fn env_files_are_small_regular_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let at_limit = dir.path().join("at-limit.env");
+        let line = b"A=".to_vec();
+        let mut content = line.clone();
+        content.resize(MAX_ENV_FILE_BYTES as usize, b'x');
+        std::fs::write(&at_limit, &content).unwrap();
+        let over = dir.path().join("over.env");
+        content.push(b'x');
+        std::fs::write(&over, &content).unwrap();
+        let fifo = dir.path().join("fifo");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let build = |file: &std::path::Path| {
+            EnvArgs {
+                file: Some(file.to_path_buf()),
+                ..Default::default()
+            }
+            .build(|_| None)
+        };
+        assert!(build(&at_limit).is_ok());
+        for refused in [
+            over.as_path(),
+            fifo.as_path(),
+            std::path::Path::new("/dev/zero"),
+            dir.path(),
+        ] {
+            let e = build(refused).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                sandbox_core::ErrorKind::InvalidArgument,
+                "{}",
+                refused.display()
+            );
+            assert!(e.to_string().contains("--env-file"), "{e}");
+        }
     }
 }

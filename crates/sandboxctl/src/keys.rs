@@ -76,11 +76,14 @@ impl KeyArgs {
                 return Ok(None);
             }
         };
+        check_field("scope", &key.scope)?;
+        check_field("thread", &key.thread_id)?;
+        check_field("agent", &key.agent_id)?;
         Ok(Some(match &self.call {
-            Some(call) if call.is_empty() => {
-                return Err(KeyError::Invalid("--call must not be empty".into()))
+            Some(call) => {
+                check_field("call", call)?;
+                key.with_call(call)
             }
-            Some(call) => key.with_call(call),
             None => key,
         }))
     }
@@ -93,6 +96,21 @@ impl KeyArgs {
             )
         })
     }
+}
+
+/// Refuses a key field the CLI does not accept: empty, or holding a control character (a newline, a
+/// tab, an escape sequence would forge or garble the lines that print it). The library accepts both, so
+/// keys made elsewhere stay reachable through the API.
+pub fn check_field(field: &str, value: &str) -> Result<(), KeyError> {
+    if value.is_empty() {
+        return Err(KeyError::Invalid(format!("the {field} must not be empty")));
+    }
+    if let Some(c) = value.chars().find(|c| c.is_control()) {
+        return Err(KeyError::Invalid(format!(
+            "the {field} {value:?} holds the control character {c:?}"
+        )));
+    }
+    Ok(())
 }
 
 /// A fresh key: scope `sandboxctl`, a random thread id, agent `cli`.
@@ -184,5 +202,36 @@ mod tests {
         assert_eq!(a.agent_id, "cli");
         assert_eq!(a.thread_id.len(), 16);
         assert_ne!(a.thread_id, b.thread_id);
+    }
+
+    #[test]
+    fn empty_and_control_fields_are_refused() {
+        for (key, call) in [
+            ("scope//", None),
+            ("/t/a", None),
+            ("s//a", None),
+            ("s/t/", None),
+            ("s/t\u{1b}[31m/a", None),
+            ("s\n/t/a", None),
+            ("s/t/a\t", None),
+            ("s/t/a\u{85}", None),
+            ("s/t/a", Some("c\n")),
+        ] {
+            assert!(
+                matches!(
+                    args(Some(key), None, None, None, call).parse(),
+                    Err(KeyError::Invalid(_))
+                ),
+                "{key:?} {call:?}"
+            );
+        }
+        assert!(matches!(
+            args(None, Some(""), Some("t"), Some("a"), None).parse(),
+            Err(KeyError::Invalid(_))
+        ));
+        // Spaces, slashes in separate fields and non-ASCII letters stay accepted.
+        assert!(args(None, Some("s/x y"), Some("thé"), Some("a"), None)
+            .parse()
+            .is_ok());
     }
 }

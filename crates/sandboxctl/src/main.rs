@@ -12,6 +12,7 @@ mod cli;
 mod commands;
 mod exit_codes;
 mod guest_env;
+mod host_files;
 mod keys;
 mod report;
 

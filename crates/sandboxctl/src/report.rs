@@ -36,6 +36,54 @@ pub fn failed_run_json(err: &SandboxError) -> Value {
     }
 }
 
+/// A guest-controlled name for a line of text output, escaped the way `ls -b` does: a backslash, a space
+/// and the C escapes (`\n`, `\t`, ...) as such, every other control character (C0, DEL, C1) and the
+/// bidirectional-text controls as `\ooo` octal bytes. Nothing printed can end a line, split a field,
+/// reach the terminal as an escape sequence or reorder what is shown; `--json` carries the exact name.
+pub fn escape_name(name: &str) -> String {
+    escape(name, true)
+}
+
+/// A message for one line of stderr: control characters escaped as in [`escape_name`], spaces and
+/// backslashes kept.
+pub fn escape_controls(text: &str) -> String {
+    escape(text, false)
+}
+
+fn escape(text: &str, as_name: bool) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let named = match c {
+            '\\' if as_name => "\\\\",
+            ' ' if as_name => "\\ ",
+            '\u{7}' => "\\a",
+            '\u{8}' => "\\b",
+            '\u{c}' => "\\f",
+            '\n' => "\\n",
+            '\r' => "\\r",
+            '\t' => "\\t",
+            '\u{b}' => "\\v",
+            _ => "",
+        };
+        if !named.is_empty() {
+            out.push_str(named);
+        } else if c.is_control() || is_bidi_control(c) {
+            for byte in c.encode_utf8(&mut [0; 4]).bytes() {
+                let _ = write!(out, "\\{byte:03o}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Characters that reorder how the text around them is displayed.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// Prints one JSON object on stdout.
 pub fn print_json(value: &Value) {
     println!("{value}");
@@ -66,5 +114,26 @@ mod tests {
             instance: "abc".into(),
         };
         insta::assert_json_snapshot!("error", failed_run_json(&gone));
+    }
+
+    #[test]
+    fn names_are_escaped_as_ls_b_does() {
+        let cases = [
+            ("plain.txt", "plain.txt"),
+            ("two words", "two\\ words"),
+            ("back\\slash", "back\\\\slash"),
+            (
+                "a\nfile\t999999\tFORGED-ENTRY\n\u{1b}[31mRED",
+                "a\\nfile\\t999999\\tFORGED-ENTRY\\n\\033[31mRED",
+            ),
+            ("\u{7}\u{8}\u{b}\u{c}\r\u{7f}", "\\a\\b\\v\\f\\r\\177"),
+            ("csi\u{9b}x", "csi\\302\\233x"),
+            ("rtl\u{202e}txt", "rtl\\342\\200\\256txt"),
+            ("thé", "thé"),
+        ];
+        for (name, want) in cases {
+            assert_eq!(escape_name(name), want, "{name:?}");
+        }
+        assert_eq!(escape_controls("a b\\c\u{1b}"), "a b\\c\\033");
     }
 }

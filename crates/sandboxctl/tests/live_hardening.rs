@@ -1,0 +1,553 @@
+//! End-to-end tests of what `sandboxctl` refuses on the host's behalf, against the real Docker engine:
+//! pseudo-file-system and credential sources, credential destinations, unbounded reads, forged listing
+//! lines and malformed keys. Each test that makes a sandbox uses its own scope and purges it.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sandboxctl");
+
+fn scope(test: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("hardening-{test}-{}-{nanos}", std::process::id())
+}
+
+/// Runs sandboxctl (docker accepted) with extra environment, killed if it outlives `bound`.
+fn ctl_env(args: &[&str], env: &[(&str, &str)], bound: Duration) -> Output {
+    let mut child = Command::new(BIN)
+        .args(["--min-isolation", "container"])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sandboxctl starts");
+    let deadline = Instant::now() + bound;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{args:?} still running after {bound:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn ctl(args: &[&str]) -> Output {
+    ctl_env(args, &[], Duration::from_secs(120))
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().unwrap_or_else(|| {
+        panic!(
+            "sandboxctl was killed by a signal: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is one JSON object ({e}): {:?} / stderr {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            stderr(out)
+        )
+    })
+}
+
+/// A kept sandbox for one test, purged when the test ends (pass or fail).
+struct KeptSandbox {
+    scope: String,
+    key: String,
+}
+
+impl KeptSandbox {
+    fn new(test: &str, setup: &str) -> Self {
+        let scope = scope(test);
+        let key = format!("{scope}/t1/agent");
+        let out = ctl(&["run", "--key", &key, "--", "sh", "-c", setup]);
+        assert_eq!(code(&out), 0, "setup: {}", stderr(&out));
+        KeptSandbox { scope, key }
+    }
+}
+
+impl Drop for KeptSandbox {
+    fn drop(&mut self) {
+        let _ = ctl(&["purge", "--scope", &self.scope, "--thread", "t1"]);
+    }
+}
+
+#[test]
+fn cp_in_refuses_pseudo_file_system_sources() {
+    let secret = format!("audit-{}", std::process::id());
+    let mut sources = vec!["/proc/self/environ".to_owned(), "/proc/version".to_owned()];
+    // A regular file of sysfs, whichever this host has.
+    if let Some(sysfs) = [
+        "/sys/kernel/mm/transparent_hugepage/enabled",
+        "/sys/devices/system/cpu/online",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).is_file())
+    {
+        sources.push(sysfs.to_owned());
+    }
+    for source in &sources {
+        let out = ctl_env(
+            &["cp-in", "--key", "a/b/c", source, "x"],
+            &[("AUDIT_API_TOKEN", &secret)],
+            Duration::from_secs(30),
+        );
+        assert_eq!(code(&out), 69, "{source}: {}", stderr(&out));
+        let text = stderr(&out);
+        assert!(text.contains("file system"), "{source}: {text}");
+        assert!(!text.contains(&secret));
+        // Even the override for credential paths does not lift it.
+        let out = ctl(&[
+            "cp-in",
+            "--key",
+            "a/b/c",
+            "--allow-credential-path",
+            source,
+            "x",
+        ]);
+        assert_eq!(code(&out), 69, "{source}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn cp_in_reads_at_most_the_cap_of_a_huge_source() {
+    let sandbox = KeptSandbox::new("cap", "true");
+    let dir = tempfile::tempdir().unwrap();
+    let huge = dir.path().join("sparse");
+    // A 1 GiB hole: no disk, but a whole read would take 1 GiB of memory.
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let mut child = Command::new(BIN)
+        .args([
+            "--min-isolation",
+            "container",
+            "cp-in",
+            "--key",
+            &sandbox.key,
+        ])
+        .arg(&huge)
+        .arg("big")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = format!("/proc/{}/status", child.id());
+    let mut peak_kib = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "cp-in never finished");
+        if let Ok(text) = std::fs::read_to_string(&status) {
+            if let Some(kib) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            {
+                peak_kib = peak_kib.max(kib);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 68, "{}", stderr(&out));
+    assert!(
+        peak_kib < 160 * 1024,
+        "sandboxctl's resident memory peaked at {peak_kib} KiB for a refused 1 GiB source"
+    );
+    assert_eq!(code(&ctl(&["stat", "--key", &sandbox.key, "big"])), 66);
+}
+
+#[test]
+fn env_files_are_small_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.env");
+    std::fs::write(&big, format!("A={}\n", "x".repeat(2 << 20))).unwrap();
+    // The address-space limit stops an unbounded read quickly, instead of letting it take the host's memory.
+    for file in ["/dev/zero", big.to_str().unwrap()] {
+        let out = Command::new("sh")
+            .args(["-c", "ulimit -v 1048576; exec \"$@\"", "sh", BIN])
+            .args([
+                "--min-isolation",
+                "container",
+                "--json",
+                "exec",
+                "--key",
+                "a/b/c",
+            ])
+            .args(["--env-file", file, "--", "true"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 125, "{file}: {}", stderr(&out));
+        let v = json(&out);
+        assert_eq!(v["error"]["kind"], "InvalidArgument", "{file}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("--env-file"),
+            "{v}"
+        );
+    }
+}
+
+#[test]
+fn cp_out_refuses_credential_destinations() {
+    let sandbox = KeptSandbox::new("cpout", "printf 'ssh-ed25519 AAAA guest-key' > k");
+    let root = tempfile::tempdir().unwrap();
+    let home = root.path().join("home");
+    let ssh = home.join(".ssh");
+    std::fs::create_dir_all(&ssh).unwrap();
+    std::os::unix::fs::symlink(&ssh, home.join("innocent")).unwrap();
+    let home_env = [("HOME", home.to_str().unwrap())];
+    let bound = Duration::from_secs(60);
+    for dest in [
+        ssh.join("authorized_keys"),
+        home.join("innocent/authorized_keys"),
+        home.join(".gitconfig"),
+        home.join(".config/gh/hosts.yml"),
+    ] {
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent).unwrap();
+        }
+        let out = ctl_env(
+            &["cp-out", "--key", &sandbox.key, "k", dest.to_str().unwrap()],
+            &home_env,
+            bound,
+        );
+        assert_eq!(code(&out), 69, "{}: {}", dest.display(), stderr(&out));
+        assert!(
+            stderr(&out).contains("--allow-credential-path"),
+            "{}",
+            stderr(&out)
+        );
+        assert!(!dest.exists(), "{} was written", dest.display());
+    }
+    assert_eq!(
+        std::fs::read_dir(&ssh).unwrap().count(),
+        0,
+        "nothing left in ~/.ssh"
+    );
+    // An ordinary destination is written; the explicit override lifts the refusal.
+    let plain = home.join("out.txt");
+    let out = ctl_env(
+        &[
+            "cp-out",
+            "--key",
+            &sandbox.key,
+            "k",
+            plain.to_str().unwrap(),
+        ],
+        &home_env,
+        bound,
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let dest = ssh.join("authorized_keys");
+    let out = ctl_env(
+        &[
+            "cp-out",
+            "--key",
+            &sandbox.key,
+            "--allow-credential-path",
+            "k",
+            dest.to_str().unwrap(),
+        ],
+        &home_env,
+        bound,
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(std::fs::read(&dest).unwrap(), b"ssh-ed25519 AAAA guest-key");
+}
+
+#[test]
+fn root_callers_guard_system_credentials() {
+    let is_root = rustix::process::geteuid().is_root();
+    let sources: Vec<&str> = ["/etc/shadow", "/etc/gshadow"]
+        .into_iter()
+        .filter(|s| std::path::Path::new(s).exists())
+        .collect();
+    assert!(
+        !sources.is_empty(),
+        "this host has no /etc/shadow to test with"
+    );
+    for source in sources {
+        let out = ctl(&["cp-in", "--key", "a/b/c", source, "x"]);
+        let text = stderr(&out);
+        if is_root {
+            assert_eq!(code(&out), 69, "{source}: {text}");
+            assert!(
+                text.contains(source) && text.contains("credential path"),
+                "{text}"
+            );
+        } else {
+            // Another user cannot open it at all: the guard is root's, the refusal the kernel's.
+            assert_eq!(code(&out), 70, "{source}: {text}");
+            assert!(!text.contains("credential path"), "{text}");
+        }
+    }
+}
+
+#[test]
+fn guest_names_cannot_forge_listing_lines() {
+    let forged = "a\nfile\t999999\tFORGED-ENTRY\n\u{1b}[31mRED";
+    let sandbox = KeptSandbox::new(
+        "ls",
+        "mkdir d && printf x > \"d/$(printf 'a\\nfile\\t999999\\tFORGED-ENTRY\\n\\033[31mRED')\" && printf y > 'd/two words'",
+    );
+    let out = ctl(&["ls", "--key", &sandbox.key, "d"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout.clone()).unwrap();
+    assert_eq!(text.lines().count(), 2, "one line per entry: {text:?}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "no raw escape reaches the terminal: {text:?}"
+    );
+    assert!(!text.contains("\tFORGED"), "{text:?}");
+    assert!(
+        text.contains(r"a\nfile\t999999\tFORGED-ENTRY\n\033[31mRED"),
+        "{text:?}"
+    );
+    assert!(text.contains(r"two\ words"), "{text:?}");
+    // JSON carries the exact names.
+    let v = json(&ctl(&["--json", "ls", "--key", &sandbox.key, "d"]));
+    let names: Vec<&str> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(names.iter().any(|n| n.ends_with(forged)), "{names:?}");
+    // `stat` prints its one line the same way.
+    let out = ctl(&["stat", "--key", &sandbox.key, &format!("d/{forged}")]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text:?}");
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+}
+
+#[test]
+fn list_escapes_decoded_keys() {
+    use sandbox_core::{DisposeSelector, SandboxBackend, SandboxKey, SandboxSpec};
+    let scope = scope("listkeys");
+    let thread = "t\u{1b}[31m\tFORGED";
+    let key = SandboxKey::conversation(scope.clone(), thread, "a\nb");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let backend = runtime
+        .block_on(backend_docker::DockerBackend::connect(
+            backend_docker::DockerConfig::default(),
+        ))
+        .unwrap();
+    let spec = SandboxSpec::builder("default")
+        .image("sandbox-base:local")
+        .build()
+        .unwrap();
+    runtime.block_on(backend.acquire(&key, &spec)).unwrap();
+    let out = ctl(&["list", "--scope", &scope]);
+    let json_out = ctl(&["--json", "list", "--scope", &scope]);
+    let disposed = runtime.block_on(backend.dispose(&key, DisposeSelector::all()));
+    assert!(disposed.is_none(), "{disposed:?}");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text:?}");
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+    assert!(text.contains(r"t\033[31m\tFORGED/a\nb"), "{text:?}");
+    let v = json(&json_out);
+    assert_eq!(v["sandboxes"][0]["key"]["thread"], thread, "{v}");
+    assert_eq!(v["sandboxes"][0]["key"]["agent"], "a\nb", "{v}");
+}
+
+#[test]
+fn the_cli_refuses_empty_and_control_key_fields() {
+    let cases: &[&[&str]] = &[
+        &["stat", "--key", "scope//", "x"],
+        &["stat", "--key", "/t/a", "x"],
+        &["stat", "--key", "s/t\u{1b}[31m/a", "x"],
+        &["stat", "--key", "s/t/a\n", "x"],
+        &["stat", "--scope", "", "--thread", "t", "--agent", "a", "x"],
+        &["stat", "--scope", "s", "--thread", "t", "--agent", "", "x"],
+        &["stat", "--key", "s/t/a", "--call", "c\t1", "x"],
+        &["list", "--scope", ""],
+        &["list", "--scope", "s", "--thread", ""],
+        &["purge", "--scope", "s\u{7}", "--thread", "t"],
+        &["purge", "--scope", "s", "--thread", ""],
+        &["dispose", "--key", "s//a"],
+    ];
+    for args in cases {
+        let out = ctl(args);
+        assert_eq!(code(&out), 64, "{args:?}: {}", stderr(&out));
+    }
+    // Under run and exec the same refusal exits 125 with one line.
+    let out = ctl(&["run", "--key", "scope//", "--", "true"]);
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    let out = ctl(&["--json", "exec", "--key", "s/\u{1b}/a", "--", "true"]);
+    assert_eq!(code(&out), 125);
+    assert_eq!(json(&out)["error"]["kind"], "InvalidArgument");
+}
+
+#[test]
+fn help_documents_the_credential_refusals() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "--allow-credential-path",
+        "~/.ssh",
+        "/etc/shadow",
+        "cp-out",
+        "file system",
+    ] {
+        assert!(help.contains(needle), "--help lacks {needle:?}:\n{help}");
+    }
+    for command in ["cp-in", "cp-out"] {
+        let out = Command::new(BIN)
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            help.contains("--allow-credential-path"),
+            "{command}:\n{help}"
+        );
+        assert!(help.contains("credential"), "{command}:\n{help}");
+    }
+}
+
+/// The most `docker` children `sandboxctl` (pid `parent`) had at once while it ran, and its output.
+fn run_counting_docker_children(args: &[&str]) -> (Output, usize) {
+    let mut child = Command::new(BIN)
+        .args(["--min-isolation", "container"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let parent = child.id().to_string();
+    let mut peak = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "{args:?} never finished");
+        let children = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+                status.lines().any(|l| l == format!("PPid:\t{parent}"))
+                    && status
+                        .lines()
+                        .any(|l| l.starts_with("Name:") && l.contains("docker"))
+            })
+            .count();
+        peak = peak.max(children);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    (child.wait_with_output().unwrap(), peak)
+}
+
+#[test]
+fn deep_guest_paths_are_refused_before_any_engine_call() {
+    let sandbox = KeptSandbox::new("deep", "mkdir -p d");
+    let deep = format!("{}x", "d/".repeat(400));
+    let long = format!("d/{}", "a".repeat(5000));
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("f");
+    std::fs::write(&local, b"x").unwrap();
+    let local = local.to_str().unwrap();
+    for path in [deep.as_str(), long.as_str()] {
+        for args in [
+            vec!["stat", "--key", &sandbox.key, path],
+            vec!["ls", "--key", &sandbox.key, path],
+            vec!["rm", "--key", &sandbox.key, path],
+            vec!["cp-in", "--key", &sandbox.key, local, path],
+        ] {
+            let (out, peak) = run_counting_docker_children(&args);
+            assert_eq!(code(&out), 64, "{}: {}", args[0], stderr(&out));
+            // Finding the sandbox takes an engine call or two; one per component would be hundreds.
+            assert!(peak <= 2, "{}: {peak} docker children at once", args[0]);
+        }
+    }
+}
+
+#[test]
+fn library_guest_paths_with_a_nul_are_invalid_before_any_engine_call() {
+    use sandbox_core::{DisposeSelector, ErrorKind, SandboxBackend, SandboxKey, SandboxSpec};
+    let key = SandboxKey::conversation(scope("nul"), "t1", "agent");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let backend = runtime
+        .block_on(backend_docker::DockerBackend::connect(
+            backend_docker::DockerConfig::default(),
+        ))
+        .unwrap();
+    let spec = SandboxSpec::builder("default")
+        .image("sandbox-base:local")
+        .build()
+        .unwrap();
+    let sandbox = runtime.block_on(backend.acquire(&key, &spec)).unwrap();
+    let kinds = runtime.block_on(async {
+        let mut kinds = Vec::new();
+        for path in ["a\0b", "\0"] {
+            kinds.push(
+                sandbox
+                    .write_file(path, b"x", ".")
+                    .await
+                    .map_err(|e| e.kind()),
+            );
+            kinds.push(
+                sandbox
+                    .read_file(path, ".", 10)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.kind()),
+            );
+            kinds.push(
+                sandbox
+                    .stat_file(path, ".")
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.kind()),
+            );
+            kinds.push(
+                sandbox
+                    .list_dir(path, ".")
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.kind()),
+            );
+            kinds.push(sandbox.remove(path, ".", true).await.map_err(|e| e.kind()));
+        }
+        kinds.push(
+            sandbox
+                .stat_file("x", "/w\0")
+                .await
+                .map(drop)
+                .map_err(|e| e.kind()),
+        );
+        kinds
+    });
+    let disposed = runtime.block_on(backend.dispose(&key, DisposeSelector::all()));
+    assert!(disposed.is_none(), "{disposed:?}");
+    for kind in kinds {
+        assert_eq!(kind, Err(ErrorKind::InvalidArgument));
+    }
+}
