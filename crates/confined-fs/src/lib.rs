@@ -104,28 +104,24 @@
 //! alias check was exercised with a case-folding fake listing, since no case-folding file
 //! system was available to test on. The Windows rules build and are unit-tested everywhere.
 #![deny(missing_docs)]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
-// The descriptor walk is Unix-only; the Windows rules, entries and errors build everywhere.
-#[cfg(unix)]
+#[cfg(not(any(unix, windows)))]
+compile_error!("confined-fs confines paths on Unix and Windows hosts only");
+
 mod alias_listing;
-#[cfg(unix)]
 mod confined_root;
-#[cfg(unix)]
-mod descriptor_walk;
 mod entries;
 mod error;
-#[cfg(unix)]
+mod host_metadata;
 mod lexical_path;
+mod no_follow_walk;
 mod windows_rules;
 
-#[cfg(unix)]
-pub use crate::alias_listing::{DirectoryListing, KernelListing};
-#[cfg(unix)]
+pub use crate::alias_listing::{DirectoryHandle, DirectoryListing, KernelListing};
 pub use crate::confined_root::{ConfinedRoot, RootOptions, MAX_REMOVE_DEPTH};
 pub use crate::entries::{DirEntry, EntryKind, Stat};
 pub use crate::error::{ConfinementReason, Error, Irregular, Operation};
-#[cfg(unix)]
 pub use crate::lexical_path::NameRules;
 pub use crate::windows_rules::{
     is_reparse_point, windows_device_name, windows_name_problem, WindowsNameProblem,
