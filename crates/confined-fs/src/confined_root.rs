@@ -39,7 +39,8 @@ pub const MAX_REMOVE_DEPTH: usize = 512;
 /// How many times a recursive remove re-examines entries the guest changed under it.
 const REMOVE_RACE_BUDGET: u32 = 10_000;
 
-/// Temporary files are private to the host user (Unix; Windows has no modes).
+/// Temporary files are private to the host user (Windows has no modes).
+#[cfg(unix)]
 const PRIVATE_FILE: u32 = 0o600;
 
 /// How a [`ConfinedRoot`] is opened.

@@ -16,8 +16,9 @@ use crate::error::{
 use crate::host_metadata::{entry_kind, open_stopped_at_link};
 use crate::lexical_path::GuestPath;
 
-/// Directories the walk creates are private to the host user (Unix; Windows has no modes).
-pub(crate) const PRIVATE_DIRECTORY: u32 = 0o700;
+/// Directories the walk creates are private to the host user (Windows has no modes).
+#[cfg(unix)]
+const PRIVATE_DIRECTORY: u32 = 0o700;
 
 /// How a missing directory is created: one level, private.
 fn private_directory() -> DirBuilder {

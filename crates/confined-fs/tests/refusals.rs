@@ -1,3 +1,4 @@
+#![cfg(unix)]
 //! What a caller sees at the edges: the kernel's answer to the alias check, which errors are
 //! refusals and which are host failures, and that looking never creates anything.
 
@@ -6,7 +7,9 @@ use std::fs;
 use std::os::fd::AsFd;
 use std::path::Path;
 
-use confined_fs::{ConfinedRoot, DirectoryListing, Error, KernelListing};
+use confined_fs::{
+    ConfinedRoot, DirectoryListing, EntryKind, Error, Irregular, KernelListing, Stat,
+};
 
 #[test]
 fn the_kernel_listing_answers_for_the_exact_spelling_only() {
@@ -129,4 +132,96 @@ fn a_recursive_remove_empties_every_level_however_wide() {
     }
     root.remove("tree", true).unwrap();
     assert!(names(dir.path()).is_empty());
+}
+
+#[test]
+fn special_files_are_described_as_other_and_never_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = ConfinedRoot::open(dir.path()).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        dir.path().join("pipe"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind(dir.path().join("socket")).unwrap();
+    for name in ["pipe", "socket"] {
+        assert_eq!(
+            root.lstat(name).unwrap(),
+            Some(Stat {
+                kind: EntryKind::Other,
+                size: None
+            }),
+            "{name}"
+        );
+    }
+    assert!(matches!(
+        root.read("socket", 10),
+        Err(Error::NotRegularFile {
+            found: Irregular::Socket,
+            ..
+        })
+    ));
+    let listed: Vec<_> = root
+        .list(".")
+        .unwrap()
+        .into_iter()
+        .map(|entry| (entry.name, entry.stat.kind))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (OsString::from("pipe"), EntryKind::Other),
+            (OsString::from("socket"), EntryKind::Other)
+        ]
+    );
+}
+
+#[test]
+fn devices_are_refused_by_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = ConfinedRoot::open(dir.path()).unwrap();
+    // The same device numbers as /dev/null and /dev/loop0; creating them needs CAP_MKNOD.
+    let devices = [
+        (
+            "char",
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::makedev(1, 3),
+        ),
+        (
+            "block",
+            rustix::fs::FileType::BlockDevice,
+            rustix::fs::makedev(7, 0),
+        ),
+    ];
+    for (name, kind, number) in devices {
+        if let Err(errno) = rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dir.path().join(name),
+            kind,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            number,
+        ) {
+            // Without the capability the refusal by kind cannot be set up here.
+            assert_eq!(errno, rustix::io::Errno::PERM);
+            eprintln!("skipping {name}: mknod needs CAP_MKNOD");
+            continue;
+        }
+        let expected = if name == "char" {
+            Irregular::CharDevice
+        } else {
+            Irregular::BlockDevice
+        };
+        let outcome = root.read(name, 10);
+        assert!(
+            matches!(outcome, Err(Error::NotRegularFile { found, .. }) if found == expected),
+            "{name}: {outcome:?}"
+        );
+        assert_eq!(
+            root.lstat(name).unwrap().map(|s| s.kind),
+            Some(EntryKind::Other)
+        );
+    }
 }

@@ -1,3 +1,4 @@
+#![cfg(unix)]
 //! Deterministic races: the alias check's listing is consulted right after each successful
 //! no-follow lstat, which is exactly the window a racing guest aims for. A listing that swaps
 //! the entry it is asked about (for a link, a pipe, a directory, a hard link, a file) makes
