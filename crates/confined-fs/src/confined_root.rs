@@ -400,13 +400,12 @@ fn read_capped(mut file: File, size_hint: u64, max: u64) -> Result<Vec<u8>, Read
     }
 }
 
-/// How a temporary file is created: exclusive, never through a link, private.
+/// How a temporary file is created: exclusive and private. An exclusive create never goes
+/// through a link: it fails on any existing name, a dangling link included (`O_CREAT | O_EXCL`
+/// on Unix; cap-std opens the reparse point itself on Windows), so no-follow would add nothing.
 fn temp_options() -> OpenOptions {
     let mut options = OpenOptions::new();
-    options
-        .write(true)
-        .create_new(true)
-        .follow(FollowSymlinks::No);
+    options.write(true).create_new(true);
     #[cfg(unix)]
     cap_std::fs::OpenOptionsExt::mode(&mut options, PRIVATE_FILE);
     options
@@ -554,4 +553,47 @@ fn remove_tree(parent: &Dir, name: &OsStr, shown: &str) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_temporary_file_is_never_created_through_a_planted_name() {
+        let base = tempfile::tempdir().unwrap();
+        let outside = base.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(base.path().join("taken"), b"planted").unwrap();
+        std::os::unix::fs::symlink(
+            outside.join("created-through-link"),
+            base.path().join("dangling"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(base.path().join("taken"), base.path().join("to-file")).unwrap();
+        let dir = Dir::open_ambient_dir(base.path(), cap_std::ambient_authority()).unwrap();
+        for planted in ["taken", "dangling", "to-file"] {
+            let error = dir.open_with(planted, &temp_options()).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::AlreadyExists, "{planted}");
+        }
+        assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
+        assert_eq!(
+            std::fs::read(base.path().join("taken")).unwrap(),
+            b"planted"
+        );
+
+        let (name, mut file) = create_temp(&dir).unwrap();
+        file.write_all(b"fresh").unwrap();
+        let name = name.into_string().unwrap();
+        assert!(
+            name.starts_with(TEMP_PREFIX) && name.ends_with(TEMP_SUFFIX),
+            "{name}"
+        );
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(base.path().join(&name))
+                .unwrap()
+                .permissions(),
+        );
+        assert_eq!(mode & 0o777, PRIVATE_FILE, "{mode:o}");
+    }
 }
