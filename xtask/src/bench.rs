@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: the benchmarks, each run to the end even when an earlier one misses a
 //! target, then a summary of every report line.
 //!
-//! The confined-fs write benchmark needs nothing but a file system. The Docker backend's
+//! The confined-fs write-and-read benchmark needs nothing but a file system. The Docker backend's
 //! benchmarks (`crates/backend-docker/benches`) need the engine and `sandbox-base:local`, which
 //! is built first when missing; each measures the backend against the raw `docker` CLI in the
 //! same run, prints one line per metric (`name: backend X ms, raw Y ms, ratio Z (target ≤ T)
@@ -63,6 +63,7 @@ const BENCHES: &[Bench] = &[
 /// The lines a benchmark prints as its report.
 fn is_report_line(line: &str) -> bool {
     line.starts_with("confined-fs writes:")
+        || line.starts_with("confined-fs reads:")
         || (line.contains(": backend ") && line.contains(" ms, raw "))
 }
 
@@ -112,6 +113,9 @@ mod tests {
         ));
         assert!(is_report_line(
             "confined-fs writes: 1000 files x 4 KiB: confined 80.1 ms, std 60.2 ms, ratio 1.30"
+        ));
+        assert!(is_report_line(
+            "confined-fs reads: 1000 files x 4 KiB: confined 40.1 ms, std 9.2 ms, ratio 4.36"
         ));
         assert!(!is_report_line(
             "     Running benches/exec.rs (target/release/deps/exec)"

@@ -1,5 +1,6 @@
 //! Writing 1,000 files of 4 KiB through `ConfinedRoot::write`, against plain `std::fs` writes
-//! with the same temporary-file-and-rename pattern. Each round times both back to back; the line
+//! with the same temporary-file-and-rename pattern, then reading them back through
+//! `ConfinedRoot::read` against `std::fs::read`. Each round times both back to back; each line
 //! printed gives the best time of each and the median of the per-round ratios, which resists the
 //! noise of a shared machine better than a ratio of two independent minima.
 
@@ -41,33 +42,83 @@ fn std_round(base: &Path, round: usize, contents: &[u8]) -> Duration {
     start.elapsed()
 }
 
+fn confined_read_round(root: &ConfinedRoot, round: usize) -> Duration {
+    let start = Instant::now();
+    for index in 0..FILES {
+        let contents = root
+            .read(format!("confined-{round}/file-{index}"), FILE_SIZE as u64)
+            .expect("a confined read succeeds");
+        assert_eq!(contents.len(), FILE_SIZE);
+    }
+    start.elapsed()
+}
+
+fn std_read_round(base: &Path, round: usize) -> Duration {
+    let start = Instant::now();
+    let dir = base.join(format!("std-{round}"));
+    for index in 0..FILES {
+        let contents = fs::read(dir.join(format!("file-{index}"))).expect("a plain read succeeds");
+        assert_eq!(contents.len(), FILE_SIZE);
+    }
+    start.elapsed()
+}
+
+/// The best of each side and the median ratio, over rounds of (confined, plain) times.
+struct Summary {
+    confined: Duration,
+    plain: Duration,
+    ratios: Vec<f64>,
+}
+
+impl Summary {
+    fn new() -> Self {
+        Self {
+            confined: Duration::MAX,
+            plain: Duration::MAX,
+            ratios: Vec::with_capacity(ROUNDS),
+        }
+    }
+
+    fn add(&mut self, confined: Duration, plain: Duration) {
+        self.confined = self.confined.min(confined);
+        self.plain = self.plain.min(plain);
+        self.ratios
+            .push(confined.as_secs_f64() / plain.as_secs_f64());
+    }
+
+    fn print(mut self, what: &str) {
+        self.ratios.sort_by(f64::total_cmp);
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        println!(
+            "confined-fs {what}: {FILES} files x {} KiB: confined {:.1} ms, std {:.1} ms, ratio {:.2}",
+            FILE_SIZE / 1024,
+            ms(self.confined),
+            ms(self.plain),
+            self.ratios[self.ratios.len() / 2]
+        );
+    }
+}
+
 fn main() {
     let workspace = tempfile::tempdir().expect("a temporary directory");
     let root = ConfinedRoot::open(workspace.path()).expect("the root opens");
     let contents = vec![0x5a_u8; FILE_SIZE];
-    let mut confined = Duration::MAX;
-    let mut plain = Duration::MAX;
-    let mut ratios = Vec::with_capacity(ROUNDS);
+    let mut writes = Summary::new();
+    let mut reads = Summary::new();
     for round in 0..ROUNDS {
         // Alternate the order so neither side always runs on a warmer cache.
-        let (confined_time, plain_time) = if round % 2 == 0 {
+        if round % 2 == 0 {
             let c = confined_round(&root, round, &contents);
-            (c, std_round(workspace.path(), round, &contents))
+            writes.add(c, std_round(workspace.path(), round, &contents));
+            let c = confined_read_round(&root, round);
+            reads.add(c, std_read_round(workspace.path(), round));
         } else {
             let p = std_round(workspace.path(), round, &contents);
-            (confined_round(&root, round, &contents), p)
-        };
-        confined = confined.min(confined_time);
-        plain = plain.min(plain_time);
-        ratios.push(confined_time.as_secs_f64() / plain_time.as_secs_f64());
+            writes.add(confined_round(&root, round, &contents), p);
+            let p = std_read_round(workspace.path(), round);
+            reads.add(confined_read_round(&root, round), p);
+        }
     }
-    ratios.sort_by(f64::total_cmp);
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "confined-fs writes: {FILES} files x {} KiB: confined {:.1} ms, std {:.1} ms, ratio {:.2}",
-        FILE_SIZE / 1024,
-        ms(confined),
-        ms(plain),
-        ratios[ROUNDS / 2]
-    );
+    writes.print("writes");
+    reads.print("reads");
 }

@@ -2,27 +2,25 @@
 
 use std::collections::hash_map::RandomState;
 use std::ffi::{OsStr, OsString};
-use std::fs::File;
 use std::hash::BuildHasher;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rustix::fs::{fstat, openat, renameat, statat, unlinkat, AtFlags, Mode, OFlags};
-use rustix::io::Errno;
+use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt};
+use cap_std::fs::{Dir, File, Metadata, OpenOptions};
 
-use crate::alias_listing::{DirectoryListing, KernelListing};
-use crate::descriptor_walk::{entry_kind, file_size, irregularity, Reached, Walk, DIRECTORY_FLAGS};
+use crate::alias_listing::{names_of, DirectoryListing, KernelListing};
 use crate::entries::{DirEntry, EntryKind, Stat};
 use crate::error::{
     confinement, io_error, is_a_directory, not_a_directory, not_found, not_regular, too_large,
     ConfinementReason, Error, Irregular, Operation,
 };
+use crate::host_metadata::{entry_kind, file_size, irregularity, open_stopped_at_link};
 use crate::lexical_path::{GuestPath, NameRules};
+use crate::no_follow_walk::{open_dir_no_follow, HeldDir, OpenedDir, Reached, Walk};
 
 /// Largest chunk a read asks the kernel for.
 const READ_CHUNK: u64 = 1 << 20;
@@ -40,6 +38,10 @@ pub const MAX_REMOVE_DEPTH: usize = 512;
 
 /// How many times a recursive remove re-examines entries the guest changed under it.
 const REMOVE_RACE_BUDGET: u32 = 10_000;
+
+/// Temporary files are private to the host user (Windows has no modes).
+#[cfg(unix)]
+const PRIVATE_FILE: u32 = 0o600;
 
 /// How a [`ConfinedRoot`] is opened.
 #[derive(Debug, Clone)]
@@ -74,14 +76,14 @@ impl RootOptions {
 /// A directory on the host, held open, through which every operation stays confined.
 ///
 /// Every path is relative to the root and `/`-separated. Each component is opened relative to
-/// its parent's descriptor with `O_NOFOLLOW`, so a link anywhere on the way is refused rather
-/// than followed, even when the guest swaps one in between two system calls.
+/// its parent's handle with cap-std's no-follow opens, so a link anywhere on the way is refused
+/// rather than followed, even when the guest swaps one in between two system calls.
 ///
 /// All methods are blocking system calls; run them on a blocking pool from async code. The
-/// handle is `Send + Sync` and holds one descriptor (the root) between calls.
+/// handle is `Send + Sync` and holds one directory handle (the root) between calls.
 #[derive(Debug)]
 pub struct ConfinedRoot {
-    root: OwnedFd,
+    root: Dir,
     host_path: PathBuf,
     name_rules: NameRules,
     listing: Arc<dyn DirectoryListing>,
@@ -90,8 +92,8 @@ pub struct ConfinedRoot {
 impl ConfinedRoot {
     /// Opens `host_path` as the root, with the default options.
     ///
-    /// The last component of `host_path` must be a real directory, not a link; the ones above it
-    /// are the host's own and are resolved by the kernel.
+    /// The last component of `host_path` must be a real directory, not a link (nor, on Windows,
+    /// any reparse point); the ones above it are the host's own and are resolved by the host.
     pub fn open(host_path: impl AsRef<Path>) -> Result<Self, Error> {
         Self::open_with(host_path, RootOptions::default())
     }
@@ -100,24 +102,12 @@ impl ConfinedRoot {
     pub fn open_with(host_path: impl AsRef<Path>, options: RootOptions) -> Result<Self, Error> {
         let host_path = host_path.as_ref().to_path_buf();
         let shown = host_path.display().to_string();
-        let root = match rustix::fs::open(&host_path, DIRECTORY_FLAGS, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(Errno::LOOP | Errno::MLINK) => {
-                return Err(confinement(shown, ConfinementReason::Link))
-            }
-            // Linux answers ENOTDIR for a link opened with O_DIRECTORY | O_NOFOLLOW.
-            Err(Errno::NOTDIR) => {
-                let is_link = rustix::fs::lstat(&host_path)
-                    .is_ok_and(|stat| entry_kind(&stat) == EntryKind::Symlink);
-                return Err(if is_link {
-                    confinement(shown, ConfinementReason::Link)
-                } else {
-                    not_a_directory(shown)
-                });
-            }
-            Err(Errno::NOENT) => return Err(not_found(shown)),
-            Err(errno) => return Err(io_error(Operation::OpenRoot, shown, errno)),
-        };
+        let root = open_root(&host_path).map_err(|failure| match failure {
+            RootFailure::Link => confinement(&shown, ConfinementReason::Link),
+            RootFailure::NotADirectory => not_a_directory(&shown),
+            RootFailure::Missing => not_found(&shown),
+            RootFailure::Io(source) => io_error(Operation::OpenRoot, &shown, source),
+        })?;
         Ok(Self {
             root,
             host_path,
@@ -148,13 +138,9 @@ impl ConfinedRoot {
         let Reached::Dir(parent) = walk.open_dirs(leaf, false)? else {
             return Ok(None);
         };
-        Ok(walk.lstat_entry(parent.as_fd(), leaf)?.map(|stat| {
-            let kind = entry_kind(&stat);
-            Stat {
-                kind,
-                size: (kind == EntryKind::File).then(|| file_size(&stat)),
-            }
-        }))
+        Ok(walk
+            .lstat_entry(&parent, leaf)?
+            .map(|metadata| stat_of(&metadata)))
     }
 
     /// Reads the regular file at `path`, refusing it whole when it holds more than `max` bytes.
@@ -170,28 +156,29 @@ impl ConfinedRoot {
         };
         let walk = self.walk(&path, Operation::Read);
         let parent = walk.open_existing_dirs(leaf, false)?;
-        let parent = parent.as_fd();
-        let Some(stat) = walk.lstat_entry(parent, leaf)? else {
+        let Some(metadata) = walk.lstat_entry(&parent, leaf)? else {
             return Err(not_found(path.shown()));
         };
         // Judge by the lstat first, so a device or pipe is never even opened unless it was
-        // swapped in since; the fstat below catches that.
-        refuse_unreadable(&path, &stat)?;
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-        let fd = match openat(parent, walk.name(leaf), flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(Errno::LOOP | Errno::MLINK) => {
+        // swapped in since; the check of the open file below catches that.
+        refuse_unreadable(&path, &metadata)?;
+        let file = match parent.open_with(walk.name(leaf), &read_options()) {
+            Ok(file) => file,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                return Err(not_found(path.shown()))
+            }
+            // A link swapped in since the lstat: the no-follow open refused it.
+            Err(error) if open_stopped_at_link(&error) => {
                 return Err(not_regular(path.shown(), Irregular::Symlink))
             }
-            Err(Errno::NOENT) => return Err(not_found(path.shown())),
-            Err(errno) => return Err(walk.io(leaf, errno)),
+            Err(error) => return Err(walk.io(leaf, error)),
         };
-        let stat = fstat(&fd).map_err(|errno| walk.io(leaf, errno))?;
-        refuse_unreadable(&path, &stat)?;
-        if file_size(&stat) > max {
+        let metadata = file.metadata().map_err(|error| walk.io(leaf, error))?;
+        refuse_unreadable(&path, &metadata)?;
+        if file_size(&metadata) > max {
             return Err(too_large(path.shown(), max));
         }
-        read_capped(File::from(fd), file_size(&stat), max).map_err(|failure| match failure {
+        read_capped(file, file_size(&metadata), max).map_err(|failure| match failure {
             ReadFailure::OverCap => too_large(path.shown(), max),
             ReadFailure::Io(source) => io_error(Operation::Read, path.shown(), source),
         })
@@ -209,27 +196,30 @@ impl ConfinedRoot {
         };
         let walk = self.walk(&path, Operation::Write);
         let parent = walk.open_existing_dirs(leaf, true)?;
-        let parent = parent.as_fd();
-        if let Some(stat) = walk.lstat_entry(parent, leaf)? {
-            if entry_kind(&stat) == EntryKind::Directory {
+        if let Some(metadata) = walk.lstat_entry(&parent, leaf)? {
+            if entry_kind(&metadata) == EntryKind::Directory {
                 return Err(is_a_directory(path.shown()));
             }
         }
-        let (temp_name, temp) = create_temp(parent).map_err(|errno| walk.io(leaf, errno))?;
-        let written = File::from(temp).write_all(contents);
+        let (temp_name, mut temp) = create_temp(&parent).map_err(|error| walk.io(leaf, error))?;
+        let written = temp.write_all(contents);
+        // Closed before the rename: Windows refuses to rename a file that is open.
+        drop(temp);
         let outcome = match written {
-            Ok(()) => {
-                renameat(parent, &temp_name, parent, walk.name(leaf)).map_err(|errno| match errno {
+            Ok(()) => parent
+                .rename(&temp_name, &parent, walk.name(leaf))
+                .map_err(|error| match error.kind() {
                     // A directory appeared at the destination since the lstat.
-                    Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST => is_a_directory(path.shown()),
-                    errno => walk.io(leaf, errno),
-                })
-            }
+                    io::ErrorKind::IsADirectory
+                    | io::ErrorKind::DirectoryNotEmpty
+                    | io::ErrorKind::AlreadyExists => is_a_directory(path.shown()),
+                    _ => walk.io(leaf, error),
+                }),
             Err(source) => Err(io_error(Operation::Write, path.shown(), source)),
         };
         if outcome.is_err() {
             // Best effort: the error already says what went wrong.
-            let _ = unlinkat(parent, &temp_name, AtFlags::empty());
+            let _ = parent.remove_file(&temp_name);
         }
         outcome
     }
@@ -249,28 +239,23 @@ impl ConfinedRoot {
         let path = self.parse(path.as_ref())?;
         let walk = self.walk(&path, Operation::List);
         let dir = walk.open_existing_dirs(path.parts().len(), false)?;
-        let dir = dir.as_fd();
-        let mut names = KernelListing::names(dir)
-            .map_err(|source| io_error(Operation::List, path.shown(), source))?;
-        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        let mut names =
+            names_of(&dir).map_err(|source| io_error(Operation::List, path.shown(), source))?;
+        names.sort_by(|a, b| a.as_encoded_bytes().cmp(b.as_encoded_bytes()));
         let mut entries = Vec::with_capacity(names.len());
         for name in names {
-            if name.as_bytes().contains(&b'\\') {
+            if name.as_encoded_bytes().contains(&b'\\') {
                 tracing::warn!(directory = %path.shown(), name = ?name, "skipping a name with a backslash");
                 continue;
             }
-            let stat = match statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(stat) => stat,
-                Err(Errno::NOENT) => continue,
-                Err(errno) => return Err(io_error(Operation::List, path.shown(), errno)),
+            let metadata = match dir.symlink_metadata(&name) {
+                Ok(metadata) => metadata,
+                Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
+                Err(error) => return Err(io_error(Operation::List, path.shown(), error)),
             };
-            let kind = entry_kind(&stat);
             entries.push(DirEntry {
                 name,
-                stat: Stat {
-                    kind,
-                    size: (kind == EntryKind::File).then(|| file_size(&stat)),
-                },
+                stat: stat_of(&metadata),
             });
         }
         Ok(entries)
@@ -290,23 +275,24 @@ impl ConfinedRoot {
         };
         let walk = self.walk(&path, Operation::Remove);
         let parent = walk.open_existing_dirs(leaf, false)?;
-        let parent = parent.as_fd();
-        let Some(stat) = walk.lstat_entry(parent, leaf)? else {
+        let Some(metadata) = walk.lstat_entry(&parent, leaf)? else {
             return Err(not_found(path.shown()));
         };
-        if entry_kind(&stat) != EntryKind::Directory {
-            match unlinkat(parent, walk.name(leaf), AtFlags::empty()) {
+        if entry_kind(&metadata) != EntryKind::Directory {
+            match parent.remove_file_or_symlink(walk.name(leaf)) {
                 Ok(()) => return Ok(()),
-                Err(Errno::NOENT) => return Err(not_found(path.shown())),
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                    return Err(not_found(path.shown()))
+                }
                 // Swapped for a directory since the lstat: handled as one below.
-                Err(Errno::ISDIR) => {}
-                Err(errno) => return Err(walk.io(leaf, errno)),
+                Err(error) if error.kind() == io::ErrorKind::IsADirectory => {}
+                Err(error) => return Err(walk.io(leaf, error)),
             }
         }
         if !recursive {
             return Err(is_a_directory(path.shown()));
         }
-        remove_tree(parent, walk.name(leaf), &path.shown())
+        remove_tree(&parent, walk.name(leaf), &path.shown())
     }
 
     fn parse(&self, path: &Path) -> Result<GuestPath, Error> {
@@ -315,7 +301,7 @@ impl ConfinedRoot {
 
     fn walk<'a>(&'a self, path: &'a GuestPath, operation: Operation) -> Walk<'a> {
         Walk {
-            root: self.root.as_fd(),
+            root: &self.root,
             listing: self.listing.as_ref(),
             path,
             operation,
@@ -323,15 +309,69 @@ impl ConfinedRoot {
     }
 }
 
+/// Why the root could not be opened.
+enum RootFailure {
+    Link,
+    NotADirectory,
+    Missing,
+    Io(io::Error),
+}
+
+/// Opens the root: the directory above it through the host's own resolution (the host's
+/// ancestors are trusted), the root itself with a no-follow open.
+fn open_root(host_path: &Path) -> Result<Dir, RootFailure> {
+    let ambient = |path: &Path| {
+        Dir::open_ambient_dir(path, cap_std::ambient_authority()).map_err(|error| {
+            match error.kind() {
+                io::ErrorKind::NotFound => RootFailure::Missing,
+                io::ErrorKind::NotADirectory => RootFailure::NotADirectory,
+                _ => RootFailure::Io(error),
+            }
+        })
+    };
+    // `/`, `..` and the like name no entry of a parent: nothing of the guest's to refuse there.
+    let Some(name) = host_path.file_name() else {
+        return ambient(host_path);
+    };
+    let parent = match host_path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    match open_dir_no_follow(&ambient(parent)?, name) {
+        Ok(OpenedDir::Dir(root)) => Ok(root),
+        Ok(OpenedDir::NotADirectory(EntryKind::Symlink)) => Err(RootFailure::Link),
+        Ok(OpenedDir::NotADirectory(_)) => Err(RootFailure::NotADirectory),
+        Ok(OpenedDir::Missing) => Err(RootFailure::Missing),
+        Err(error) => Err(RootFailure::Io(error)),
+    }
+}
+
+/// What `lstat` and `list` report for an entry.
+fn stat_of(metadata: &Metadata) -> Stat {
+    let kind = entry_kind(metadata);
+    Stat {
+        kind,
+        size: (kind == EntryKind::File).then(|| file_size(metadata)),
+    }
+}
+
 /// Refuses a directory and anything but a singly linked regular file.
-fn refuse_unreadable(path: &GuestPath, stat: &rustix::fs::Stat) -> Result<(), Error> {
-    if entry_kind(stat) == EntryKind::Directory {
+fn refuse_unreadable(path: &GuestPath, metadata: &Metadata) -> Result<(), Error> {
+    if entry_kind(metadata) == EntryKind::Directory {
         return Err(is_a_directory(path.shown()));
     }
-    match irregularity(stat) {
+    match irregularity(metadata) {
         Some(found) => Err(not_regular(path.shown(), found)),
         None => Ok(()),
     }
+}
+
+/// How a file is opened for reading: never through a link, and without blocking, so a pipe
+/// swapped in since the lstat cannot hang the open.
+fn read_options() -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options.read(true).follow(FollowSymlinks::No).nonblock(true);
+    options
 }
 
 enum ReadFailure {
@@ -360,22 +400,33 @@ fn read_capped(mut file: File, size_hint: u64, max: u64) -> Result<Vec<u8>, Read
     }
 }
 
-/// Creates a fresh temporary file in `dir`: exclusive, never through a link, 0600.
-fn create_temp(dir: BorrowedFd<'_>) -> Result<(OsString, OwnedFd), Errno> {
-    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let mut last = Errno::EXIST;
+/// How a temporary file is created: exclusive and private. An exclusive create never goes
+/// through a link: it fails on any existing name, a dangling link included (`O_CREAT | O_EXCL`
+/// on Unix; cap-std opens the reparse point itself on Windows), so no-follow would add nothing.
+fn temp_options() -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    cap_std::fs::OpenOptionsExt::mode(&mut options, PRIVATE_FILE);
+    options
+}
+
+/// Creates a fresh temporary file in `dir`.
+fn create_temp(dir: &Dir) -> io::Result<(OsString, File)> {
+    let options = temp_options();
+    let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
     for _ in 0..TEMP_ATTEMPTS {
         let name = temp_name();
-        match openat(dir, &name, flags, Mode::RUSR | Mode::WUSR) {
-            Ok(fd) => return Ok((name, fd)),
-            Err(Errno::EXIST) => last = Errno::EXIST,
-            Err(errno) => return Err(errno),
+        match dir.open_with(&name, &options) {
+            Ok(file) => return Ok((name, file)),
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => last = error,
+            Err(error) => return Err(error),
         }
     }
     Err(last)
 }
 
-/// A temporary name no other writer is likely to pick (`O_EXCL` settles a collision).
+/// A temporary name no other writer is likely to pick (an exclusive create settles a collision).
 fn temp_name() -> OsString {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -386,36 +437,43 @@ fn temp_name() -> OsString {
     OsString::from(format!("{TEMP_PREFIX}{digest:016x}{TEMP_SUFFIX}"))
 }
 
-/// One directory being emptied by [`remove_tree`].
-struct Frame {
-    dir: OwnedFd,
+/// One directory being emptied by [`remove_tree`]: the directory holding the tree first (never
+/// removed), then one frame per level being descended.
+struct Frame<'a> {
+    dir: HeldDir<'a>,
     name: OsString,
     pending: Vec<OsString>,
 }
 
 /// Removes the directory `name` inside `parent` and everything under it, depth first, each
-/// entry unlinked relative to its own directory's descriptor.
-fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr, shown: &str) -> Result<(), Error> {
+/// entry removed relative to its own directory's handle.
+fn remove_tree(parent: &Dir, name: &OsStr, shown: &str) -> Result<(), Error> {
     let io = |source: io::Error| io_error(Operation::Remove, shown, source);
-    let io_errno = |errno: Errno| io_error(Operation::Remove, shown, errno);
-    let top = match openat(parent, name, DIRECTORY_FLAGS, Mode::empty()) {
-        Ok(fd) => fd,
-        Err(Errno::NOENT) => return Err(not_found(shown)),
+    let top = match open_dir_no_follow(parent, name).map_err(io)? {
+        OpenedDir::Dir(top) => top,
+        OpenedDir::Missing => return Err(not_found(shown)),
         // Swapped for a link or a file since the lstat: the name goes, nothing is followed.
-        Err(Errno::LOOP | Errno::MLINK | Errno::NOTDIR) => {
-            return match unlinkat(parent, name, AtFlags::empty()) {
-                Ok(()) | Err(Errno::NOENT) => Ok(()),
-                Err(errno) => Err(io_errno(errno)),
+        OpenedDir::NotADirectory(_) => {
+            return match parent.remove_file_or_symlink(name) {
+                Ok(()) => Ok(()),
+                Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(error) => Err(io(error)),
             };
         }
-        Err(errno) => return Err(io_errno(errno)),
     };
-    let pending = KernelListing::names(top.as_fd()).map_err(io)?;
-    let mut stack = vec![Frame {
-        dir: top,
-        name: name.to_owned(),
-        pending,
-    }];
+    let pending = names_of(&top).map_err(io)?;
+    let mut stack = vec![
+        Frame {
+            dir: HeldDir::Root(parent),
+            name: OsString::new(),
+            pending: Vec::new(),
+        },
+        Frame {
+            dir: HeldDir::Opened(top),
+            name: name.to_owned(),
+            pending,
+        },
+    ];
     let mut budget = REMOVE_RACE_BUDGET;
     let mut spend = || {
         budget = budget.checked_sub(1).ok_or_else(|| {
@@ -425,62 +483,117 @@ fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr, shown: &str) -> Result<(), 
         })?;
         Ok::<(), Error>(())
     };
-    while let Some(top_index) = stack.len().checked_sub(1) {
+    // The holder frame (index 0) is never emptied: once it is the only one left, all is gone.
+    while stack.len() > 1 {
+        let top_index = stack.len() - 1;
         let Some(entry) = stack[top_index].pending.pop() else {
             let Some(done) = stack.pop() else { break };
-            let holder = stack.last().map_or(parent, |frame| frame.dir.as_fd());
-            match unlinkat(holder, &done.name, AtFlags::REMOVEDIR) {
-                Ok(()) | Err(Errno::NOENT) => {}
-                // The guest added entries meanwhile: empty it again.
-                Err(Errno::NOTEMPTY | Errno::EXIST) => {
+            // Closed before its removal: Windows refuses to remove a directory that is open.
+            let Frame { dir, name, .. } = done;
+            drop(dir);
+            let holder = &stack[top_index - 1];
+            match holder.dir.remove_dir(&name) {
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                // The guest added entries meanwhile (or swapped something in): look again.
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        io::ErrorKind::DirectoryNotEmpty
+                            | io::ErrorKind::AlreadyExists
+                            | io::ErrorKind::NotADirectory
+                    ) =>
+                {
                     spend()?;
-                    let pending = KernelListing::names(done.dir.as_fd()).map_err(io)?;
-                    stack.push(Frame { pending, ..done });
+                    stack[top_index - 1].pending.push(name);
                 }
-                Err(errno) => return Err(io_errno(errno)),
+                Err(error) => return Err(io(error)),
             }
             continue;
         };
-        let dir = stack[top_index].dir.as_fd();
-        let stat = match statat(dir, &entry, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(stat) => stat,
-            Err(Errno::NOENT) => continue,
-            Err(errno) => return Err(io_errno(errno)),
+        let dir = &stack[top_index].dir;
+        let metadata = match dir.symlink_metadata(&entry) {
+            Ok(metadata) => metadata,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
+            Err(error) => return Err(io(error)),
         };
-        if entry_kind(&stat) == EntryKind::Directory {
-            match openat(dir, &entry, DIRECTORY_FLAGS, Mode::empty()) {
-                Ok(child) => {
-                    if stack.len() >= MAX_REMOVE_DEPTH {
+        if entry_kind(&metadata) == EntryKind::Directory {
+            match open_dir_no_follow(dir, &entry).map_err(io)? {
+                OpenedDir::Dir(child) => {
+                    if stack.len() > MAX_REMOVE_DEPTH {
                         return Err(io(io::Error::other(format!(
                             "the tree is deeper than {MAX_REMOVE_DEPTH} levels"
                         ))));
                     }
-                    let pending = KernelListing::names(child.as_fd()).map_err(io)?;
+                    let pending = names_of(&child).map_err(io)?;
                     stack.push(Frame {
-                        dir: child,
+                        dir: HeldDir::Opened(child),
                         name: entry,
                         pending,
                     });
                 }
-                Err(Errno::NOENT) => {}
+                OpenedDir::Missing => {}
                 // Swapped since the stat: look again.
-                Err(Errno::LOOP | Errno::MLINK | Errno::NOTDIR) => {
+                OpenedDir::NotADirectory(_) => {
                     spend()?;
                     stack[top_index].pending.push(entry);
                 }
-                Err(errno) => return Err(io_errno(errno)),
             }
         } else {
-            match unlinkat(dir, &entry, AtFlags::empty()) {
-                Ok(()) | Err(Errno::NOENT) => {}
+            match dir.remove_file_or_symlink(&entry) {
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
                 // Swapped for a directory since the stat: look again.
-                Err(Errno::ISDIR) => {
+                Err(error) if error.kind() == io::ErrorKind::IsADirectory => {
                     spend()?;
                     stack[top_index].pending.push(entry);
                 }
-                Err(errno) => return Err(io_errno(errno)),
+                Err(error) => return Err(io(error)),
             }
         }
     }
     Ok(())
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_temporary_file_is_never_created_through_a_planted_name() {
+        let base = tempfile::tempdir().unwrap();
+        let outside = base.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(base.path().join("taken"), b"planted").unwrap();
+        std::os::unix::fs::symlink(
+            outside.join("created-through-link"),
+            base.path().join("dangling"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(base.path().join("taken"), base.path().join("to-file")).unwrap();
+        let dir = Dir::open_ambient_dir(base.path(), cap_std::ambient_authority()).unwrap();
+        for planted in ["taken", "dangling", "to-file"] {
+            let error = dir.open_with(planted, &temp_options()).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::AlreadyExists, "{planted}");
+        }
+        assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
+        assert_eq!(
+            std::fs::read(base.path().join("taken")).unwrap(),
+            b"planted"
+        );
+
+        let (name, mut file) = create_temp(&dir).unwrap();
+        file.write_all(b"fresh").unwrap();
+        let name = name.into_string().unwrap();
+        assert!(
+            name.starts_with(TEMP_PREFIX) && name.ends_with(TEMP_SUFFIX),
+            "{name}"
+        );
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(base.path().join(&name))
+                .unwrap()
+                .permissions(),
+        );
+        assert_eq!(mode & 0o777, PRIVATE_FILE, "{mode:o}");
+    }
 }

@@ -1,11 +1,10 @@
 //! Lexical confinement: turning a caller's path into checked components, before any system call.
 
-use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::OsString;
 use std::path::Path;
 
 use crate::error::{confinement, ConfinementReason, Error};
-use crate::windows_rules::windows_name_problem;
+use crate::windows_rules::{windows_name_problem, WindowsNameProblem};
 
 /// Which naming rules every component must meet, on top of the POSIX ones (no NUL, no `\`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -15,8 +14,20 @@ pub enum NameRules {
     #[default]
     Posix,
     /// Also the Windows rules: reserved and control characters, a trailing dot or space, and
-    /// device names (see [`windows_name_problem`]).
+    /// device names (see [`windows_name_problem`]). A Windows host applies them whatever the
+    /// root was opened with.
     Windows,
+}
+
+impl NameRules {
+    /// The rules in force on this host: a Windows host always adds the Windows ones.
+    fn on_this_host(self) -> Self {
+        if cfg!(windows) {
+            Self::Windows
+        } else {
+            self
+        }
+    }
 }
 
 /// A path relative to the root, normalised and checked: no component is empty, `.` or `..`.
@@ -32,7 +43,10 @@ impl GuestPath {
     /// refused. Links are never consulted here: `a/../b` is `b` even when `a` is a link, and the
     /// walk later refuses any link it meets.
     pub(crate) fn parse(path: &Path, rules: NameRules) -> Result<Self, Error> {
-        let bytes = path.as_os_str().as_bytes();
+        let rules = rules.on_this_host();
+        // Bytes on Unix; WTF-8 on Windows, where `/`, `\`, `.` and NUL are the ASCII bytes
+        // they are on Unix and an unpaired surrogate never validates as UTF-8.
+        let bytes = path.as_os_str().as_encoded_bytes();
         let shown = || String::from_utf8_lossy(bytes).into_owned();
         if bytes.contains(&b'\\') {
             return Err(confinement(shown(), ConfinementReason::Backslash));
@@ -53,16 +67,22 @@ impl GuestPath {
                     }
                 }
                 name => {
+                    let refuse = |problem| {
+                        Err(confinement(
+                            shown(),
+                            ConfinementReason::ReservedName(problem),
+                        ))
+                    };
                     if rules == NameRules::Windows {
                         if let Some(problem) = windows_name_problem(&String::from_utf8_lossy(name))
                         {
-                            return Err(confinement(
-                                shown(),
-                                ConfinementReason::ReservedName(problem),
-                            ));
+                            return refuse(problem);
                         }
                     }
-                    parts.push(OsStr::from_bytes(name).to_owned());
+                    match component(name) {
+                        Some(part) => parts.push(part),
+                        None => return refuse(WindowsNameProblem::NotUnicode),
+                    }
                 }
             }
         }
@@ -94,6 +114,20 @@ impl GuestPath {
     pub(crate) fn shown(&self) -> String {
         self.shown_prefix(self.parts.len())
     }
+}
+
+/// One component from its bytes, as this host spells names.
+#[cfg(unix)]
+fn component(bytes: &[u8]) -> Option<OsString> {
+    use std::os::unix::ffi::OsStrExt;
+    Some(std::ffi::OsStr::from_bytes(bytes).to_owned())
+}
+
+/// One component from its WTF-8 bytes: only a Unicode name converts back without unsafe code,
+/// and Windows names that are not Unicode are refused anyway.
+#[cfg(windows)]
+fn component(bytes: &[u8]) -> Option<OsString> {
+    std::str::from_utf8(bytes).ok().map(OsString::from)
 }
 
 #[cfg(test)]
@@ -152,8 +186,14 @@ mod tests {
     }
 
     #[test]
-    fn windows_rules_apply_only_when_asked() {
+    fn windows_rules_apply_when_asked_and_always_on_windows() {
+        #[cfg(not(windows))]
         assert_eq!(parts("nul.txt/aux").unwrap(), ["nul.txt", "aux"]);
+        #[cfg(windows)]
+        assert!(matches!(
+            reason("nul.txt/aux", NameRules::Posix),
+            ConfinementReason::ReservedName(_)
+        ));
         assert!(matches!(
             reason("dir/nul.txt", NameRules::Windows),
             ConfinementReason::ReservedName(crate::WindowsNameProblem::DeviceName(_))

@@ -5,7 +5,7 @@
 //! create names that alias others on a case-folding file system. [`ConfinedRoot`] holds that
 //! directory open and performs `lstat`, `read`, `write`, `make_dirs`, `list` and `remove` on
 //! paths relative to it, such that no operation reads, writes, lists or removes anything
-//! outside it, whatever the guest does meanwhile.
+//! outside it, whatever the guest does meanwhile. It runs on Linux, macOS and Windows hosts.
 //!
 //! ```
 //! use confined_fs::{ConfinedRoot, ConfinementReason, EntryKind, Error};
@@ -13,7 +13,7 @@
 //! let workspace = tempfile::tempdir()?;
 //! let root = ConfinedRoot::open(workspace.path())?;
 //!
-//! root.write("notes/today.txt", b"hello")?; // `notes` is created, private (0700)
+//! root.write("notes/today.txt", b"hello")?; // `notes` is created, private (0700 on Unix)
 //! assert_eq!(root.read("notes/today.txt", 1024)?, b"hello");
 //! assert_eq!(root.lstat("notes")?.map(|s| s.kind), Some(EntryKind::Directory));
 //!
@@ -21,11 +21,14 @@
 //! assert!(matches!(root.read("notes/today.txt", 4), Err(Error::TooLarge { cap: 4, .. })));
 //!
 //! // A link planted by the guest is never followed.
-//! std::os::unix::fs::symlink("/etc", workspace.path().join("etc"))?;
-//! assert!(matches!(
-//!     root.read("etc/passwd", 1 << 20),
-//!     Err(Error::Confinement { reason: ConfinementReason::Link, .. })
-//! ));
+//! #[cfg(unix)]
+//! {
+//!     std::os::unix::fs::symlink("/etc", workspace.path().join("etc"))?;
+//!     assert!(matches!(
+//!         root.read("etc/passwd", 1 << 20),
+//!         Err(Error::Confinement { reason: ConfinementReason::Link, .. })
+//!     ));
+//! }
 //! // Nor can a path climb out.
 //! assert!(matches!(root.list("notes/../.."), Err(Error::Confinement { reason: ConfinementReason::Escape, .. })));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -35,29 +38,55 @@
 //!
 //! - A path is normalised lexically first: `.` and empty segments dropped, `..` popping the
 //!   previous component; a `..` with nothing to pop, an absolute path, a backslash or a NUL is
-//!   [`Error::Confinement`] before any system call. With [`NameRules::Windows`], every
-//!   component must also meet the Windows naming rules ([`windows_name_problem`]).
-//! - The root is opened once with `O_DIRECTORY | O_NOFOLLOW`. Each component is then
-//!   `lstat`ed (`AT_SYMLINK_NOFOLLOW`) and opened (`O_DIRECTORY | O_NOFOLLOW`) relative to the
-//!   descriptor of its parent, so the kernel never resolves more than one name and never
-//!   follows a link. A link among the components is [`Error::Confinement`] (even one that
-//!   points inside the root); a file where a directory must be is [`Error::NotADirectory`].
-//!   Missing directories are created with `mkdirat`, mode 0700, when writing.
-//! - **Alias check**: a name that `lstat` resolves must appear verbatim in its directory's
-//!   listing, else [`ConfinementReason::Alias`]. The listing is the [`DirectoryListing`] seam,
-//!   [`KernelListing`] by default.
-//! - `read` opens the leaf `O_NOFOLLOW | O_NONBLOCK` (a pipe cannot block the open), refuses
-//!   anything but a regular file with one link after `fstat`, and refuses a file over the cap
-//!   whole, reading at most one byte past it.
-//! - `write` writes a fresh `O_EXCL | O_NOFOLLOW` temporary file (0600) beside the target and
-//!   `renameat`s it over the target: what stood there (a file, a link) is replaced, never
-//!   written through.
-//! - `remove` unlinks relative to the held parent; a recursive remove descends through
-//!   no-follow descriptors and unlinks links as links.
+//!   [`Error::Confinement`] before any system call. With [`NameRules::Windows`], and always on
+//!   a Windows host, every component must also meet the Windows naming rules
+//!   ([`windows_name_problem`]: reserved characters, device names, a trailing dot or space).
+//! - The root is a cap-std [`Dir`](cap_std::fs::Dir): the directory above it is opened with
+//!   the host's own resolution (the host's ancestors are trusted), the root itself with cap-std's
+//!   no-follow directory open, so a root that is a link is refused.
+//! - **The walk** opens one component at a time, relative to the held `Dir` of its parent: a
+//!   no-follow `symlink_metadata` of the single name, the alias check, then
+//!   `cap_fs_ext::DirExt::open_dir_nofollow` of the single name. No call is ever given more
+//!   than one component, so cap-std never resolves a link anywhere: its in-root link following
+//!   happens only for multi-component paths, which this crate never passes. A link among the
+//!   components is [`Error::Confinement`] (even one that points inside the root); a file where
+//!   a directory must be is [`Error::NotADirectory`]. Missing directories are created one level
+//!   at a time (`create_dir_with`, mode 0700 on Unix) when writing.
+//! - **Alias check**: a name whose metadata resolves must appear verbatim in its directory's
+//!   listing, else [`ConfinementReason::Alias`]. This is what refuses `README` asked as
+//!   `readme` on a case-insensitive volume (APFS, NTFS), `é` asked decomposed when stored
+//!   composed (APFS), and `PROGRA~1` (an NTFS 8.3 short name). The listing is the
+//!   [`DirectoryListing`] seam, [`KernelListing`] (cap-std's directory entries) by default.
+//! - `read` opens the leaf with cap-std's no-follow, nonblocking open (a pipe cannot block the
+//!   open), refuses anything but a regular file with one link from the open file's metadata,
+//!   and refuses a file over the cap whole, reading at most one byte past it.
+//! - `write` writes a fresh exclusive, no-follow temporary file (0600 on Unix) beside the
+//!   target and renames it over the target: what stood there (a file, a link) is replaced,
+//!   never written through.
+//! - `remove` removes the name relative to the held parent (`remove_file_or_symlink`, which
+//!   also removes a Windows directory link as a link); a recursive remove descends through
+//!   no-follow opens and removes links as links.
 //!
-//! Cap-std is deliberately not used for resolution: it resolves a multi-component path by
-//! following links that stay inside the root, and a link anywhere in a path must be a refusal
-//! here (a test pins this down).
+//! ## Platform differences
+//!
+//! - **Linux**: cap-std resolves each single name with `openat2(RESOLVE_BENEATH)` and
+//!   `O_NOFOLLOW`, and stats it with `AT_SYMLINK_NOFOLLOW`; every call is relative to a held
+//!   descriptor. No alias can arise on the usual file systems (case-folding ext4 directories
+//!   would be caught by the alias check).
+//! - **macOS**: the same descriptor-relative calls (`openat` with `O_NOFOLLOW`). APFS is
+//!   normally case-insensitive and normalisation-insensitive but preserving: a name that
+//!   resolves under another case or normalisation is an alias and refused. On HFS+, which
+//!   stores names decomposed, a composed name this crate wrote is refused on the next lookup
+//!   (it is listed decomposed): use decomposed names there.
+//! - **Windows**: every entry is judged by its attribute word: a reparse point of any kind
+//!   (symbolic link, junction, mount point, cloud placeholder) is a link (pure decision:
+//!   [`is_reparse_point`]), never traversed or read, and every directory handle the walk opens
+//!   is checked again for the attribute, so a reparse point swapped in after the metadata is
+//!   still refused. Lookups and opens are relative to the held handle (`NtCreateFile`), and
+//!   opens never follow a reparse point. The Windows naming rules always apply.
+//! - **Where rustix is used** (Unix only): to read the errno of a failed no-follow open
+//!   (`ELOOP`, `EMLINK`), which std cannot name on stable. Everything else goes through
+//!   cap-std and cap-fs-ext.
 //!
 //! # Threat model
 //!
@@ -82,50 +111,60 @@
 //! - **Resource exhaustion**: huge directories, deep trees (a recursive remove stops at
 //!   [`MAX_REMOVE_DEPTH`]), a full disk, or exhausted descriptors give [`Error::Io`]; reads are
 //!   bounded only by the caller's cap.
-//! - **Mounts**: a mount point inside the root (which a guest cannot create on the host) would
-//!   be crossed like a directory.
-//! - **Devices**: `read` refuses a device seen by `lstat` without opening it, but one swapped in
-//!   between the `lstat` and the `open` is opened (without blocking) before `fstat` refuses it.
-//! - **Windows hosts**: no Windows walk ships. The Windows naming rules and the reparse-point
-//!   test ([`is_reparse_point`]) are pure functions for when one does.
+//! - **Mounts**: on Unix a mount point inside the root (which a guest cannot create on the
+//!   host) would be crossed like a directory. On Windows it is a reparse point and refused.
+//! - **Devices**: `read` refuses a device seen by the metadata without opening it, but one
+//!   swapped in between the metadata and the open is opened (without blocking) before the open
+//!   file's metadata refuses it.
+//! - **No exact-case open (Windows, macOS)**: neither host can open a name case-sensitively
+//!   (nor, on APFS, normalisation-sensitively). The alias check is a separate listing, so a
+//!   guest that renames `readme` to `README` between the check and the open makes the
+//!   operation act on `README`: the same entry under another spelling, inside the root.
+//! - **Windows residual**: cap-std performs directory listings, creations, renames and
+//!   removals on Windows through the held directory's final path (`GetFinalPathNameByHandle`
+//!   joined with the name), not through the handle. It holds every directory it opens without
+//!   `FILE_SHARE_DELETE`, so the held directory cannot be renamed or removed meanwhile, and
+//!   NTFS refuses to rename a directory with open handles beneath it; on a file system that
+//!   allowed that rename (some network redirectors), a guest racing an ancestor's rename could
+//!   retarget one of these calls. A listing so retargeted only answers the alias check wrongly.
+//!   The lookups and opens, which decide what is read or traversed, are handle-relative.
+//!   Removing a cloud placeholder directory fails with [`Error::Io`] (it is a reparse point,
+//!   removed as a name, which Windows refuses for a directory that is not a link).
 //!
 //! # Blocking and drop
 //!
 //! Every method is a short sequence of blocking system calls; there is no async API, so nothing
 //! here can be cancelled half-way by dropping a future. Run the methods on a blocking pool from
-//! async code. A [`ConfinedRoot`] holds one descriptor (the root) and closes it on drop; every
-//! other descriptor lives only within one call. A write interrupted by a panic or a killed
+//! async code. A [`ConfinedRoot`] holds one directory handle (the root) and closes it on drop;
+//! every other handle lives only within one call. A write interrupted by a panic or a killed
 //! process can leave a `.maf-sbx-<16 hex>.part` file beside its target, never a partial target.
 //!
 //! # Platforms
 //!
-//! Built for Unix (descriptor-relative calls through `rustix`); the walk, the property, race and
-//! fuzz tests were run on Linux 6.18, x86-64, on ext4, and the benchmark also on tmpfs. The
-//! alias check was exercised with a case-folding fake listing, since no case-folding file
-//! system was available to test on. The Windows rules build and are unit-tested everywhere.
+//! Built for Unix and Windows on cap-std. The walk, the property, race and fuzz tests were run
+//! on Linux 6.18, x86-64, on ext4, and the benchmark also on tmpfs. The macOS and Windows paths
+//! were not run here: the Windows naming and reparse decisions are pure functions unit-tested
+//! on every platform, and the alias check was exercised with a case-folding fake listing,
+//! since no case-folding file system was available to test on.
 #![deny(missing_docs)]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
-// The descriptor walk is Unix-only; the Windows rules, entries and errors build everywhere.
-#[cfg(unix)]
+#[cfg(not(any(unix, windows)))]
+compile_error!("confined-fs confines paths on Unix and Windows hosts only");
+
 mod alias_listing;
-#[cfg(unix)]
 mod confined_root;
-#[cfg(unix)]
-mod descriptor_walk;
 mod entries;
 mod error;
-#[cfg(unix)]
+mod host_metadata;
 mod lexical_path;
+mod no_follow_walk;
 mod windows_rules;
 
-#[cfg(unix)]
-pub use crate::alias_listing::{DirectoryListing, KernelListing};
-#[cfg(unix)]
+pub use crate::alias_listing::{DirectoryHandle, DirectoryListing, KernelListing};
 pub use crate::confined_root::{ConfinedRoot, RootOptions, MAX_REMOVE_DEPTH};
 pub use crate::entries::{DirEntry, EntryKind, Stat};
 pub use crate::error::{ConfinementReason, Error, Irregular, Operation};
-#[cfg(unix)]
 pub use crate::lexical_path::NameRules;
 pub use crate::windows_rules::{
     is_reparse_point, windows_device_name, windows_name_problem, WindowsNameProblem,

@@ -1,15 +1,28 @@
-//! Windows naming rules and the reparse-point test, as pure functions.
+//! Windows naming rules and the reparse-point decisions, as pure functions.
 //!
-//! They are compiled and tested on every platform. No Windows file-system walk ships with them
-//! (no CI could build it); a root opened with [`NameRules::Windows`](crate::NameRules::Windows)
-//! applies them to every component on any host, which keeps a tree written on Linux
-//! addressable from a Windows host.
+//! They are compiled and tested on every platform. On a Windows host the walk applies them to
+//! every component and judges every entry by its attribute word; on any other host a root
+//! opened with [`NameRules::Windows`](crate::NameRules::Windows) applies the naming rules too,
+//! which keeps a tree written on Linux addressable from a Windows host.
 
 use std::fmt;
+
+use crate::entries::EntryKind;
+use crate::error::Irregular;
 
 /// `FILE_ATTRIBUTE_REPARSE_POINT`: the attribute bit Windows sets on links, junctions and
 /// every other reparse point.
 pub const FILE_ATTRIBUTE_REPARSE_POINT: u32 = 0x400;
+
+/// `FILE_ATTRIBUTE_DIRECTORY`.
+// Called by the walk on Windows only; unit-tested everywhere.
+#[cfg_attr(not(windows), allow(dead_code))]
+const FILE_ATTRIBUTE_DIRECTORY: u32 = 0x10;
+
+/// `FILE_ATTRIBUTE_DEVICE`: reserved for the system; never a file a guest should be read.
+// Called by the walk on Windows only; unit-tested everywhere.
+#[cfg_attr(not(windows), allow(dead_code))]
+const FILE_ATTRIBUTE_DEVICE: u32 = 0x40;
 
 /// Characters Windows refuses in a file name (`/` and `\` are separators there).
 const RESERVED_CHARACTERS: &[char] = &['<', '>', ':', '"', '|', '?', '*', '/', '\\'];
@@ -62,6 +75,8 @@ pub enum WindowsNameProblem {
     TrailingDotOrSpace,
     /// The name designates a device (`NUL`, `com1.txt`, `CONOUT$`, …); holds the device.
     DeviceName(String),
+    /// The name holds an unpaired UTF-16 surrogate, which no Unicode name can spell.
+    NotUnicode,
 }
 
 impl fmt::Display for WindowsNameProblem {
@@ -79,6 +94,7 @@ impl fmt::Display for WindowsNameProblem {
                 f.write_str("a trailing dot or space is stripped on Windows")
             }
             Self::DeviceName(device) => write!(f, "{device} is a Windows device name"),
+            Self::NotUnicode => f.write_str("an unpaired surrogate is not a Unicode name"),
         }
     }
 }
@@ -113,6 +129,38 @@ pub fn windows_device_name(name: &str) -> Option<&'static str> {
 /// such an entry is treated as a link and never traversed.
 pub fn is_reparse_point(attributes: u32) -> bool {
     attributes & FILE_ATTRIBUTE_REPARSE_POINT != 0
+}
+
+/// The kind a Windows entry is given from its attribute word alone.
+///
+/// A reparse point of any kind (symbolic link, junction, mount point, cloud placeholder, or
+/// a tag no one has met yet) is a [`EntryKind::Symlink`], whatever else the word says: it is
+/// described, removed as a name, and never traversed, opened for reading or written through.
+// Called by the walk on Windows only; unit-tested everywhere.
+#[cfg_attr(not(windows), allow(dead_code))]
+pub(crate) fn windows_entry_kind(attributes: u32) -> EntryKind {
+    if is_reparse_point(attributes) {
+        EntryKind::Symlink
+    } else if attributes & FILE_ATTRIBUTE_DIRECTORY != 0 {
+        EntryKind::Directory
+    } else if attributes & FILE_ATTRIBUTE_DEVICE != 0 {
+        EntryKind::Other
+    } else {
+        EntryKind::File
+    }
+}
+
+/// Why a Windows entry with this attribute word and link count is not a readable file, if it
+/// is not one (see [`windows_entry_kind`]; a directory is for the caller to refuse first).
+// Called by the walk on Windows only; unit-tested everywhere.
+#[cfg_attr(not(windows), allow(dead_code))]
+pub(crate) fn windows_irregularity(attributes: u32, links: u64) -> Option<Irregular> {
+    match windows_entry_kind(attributes) {
+        EntryKind::Symlink => Some(Irregular::Symlink),
+        EntryKind::File if links > 1 => Some(Irregular::HardLinked { links }),
+        EntryKind::File => None,
+        EntryKind::Directory | EntryKind::Other => Some(Irregular::Unknown),
+    }
 }
 
 #[cfg(test)]
@@ -227,5 +275,78 @@ mod tests {
         assert!(!is_reparse_point(0x20 | 0x80)); // archive, normal
         assert!(!is_reparse_point(0));
         assert!(!is_reparse_point(!FILE_ATTRIBUTE_REPARSE_POINT));
+    }
+
+    /// Attribute words as Windows reports them for the entries a guest can plant.
+    const SYMLINK_TO_FILE: u32 = 0x20 | 0x400;
+    const SYMLINK_TO_DIRECTORY: u32 = 0x10 | 0x400;
+    const JUNCTION: u32 = 0x10 | 0x400;
+    /// A OneDrive placeholder: offline, recall on data access, sparse, a reparse point.
+    const CLOUD_PLACEHOLDER_FILE: u32 = 0x0040_0000 | 0x1000 | 0x200 | 0x20 | 0x400;
+    const CLOUD_PLACEHOLDER_DIRECTORY: u32 = 0x0040_0000 | 0x10 | 0x400;
+    const PLAIN_FILE: u32 = 0x20;
+    const READ_ONLY_HIDDEN_FILE: u32 = 0x1 | 0x2 | 0x20;
+    const NORMAL_FILE: u32 = 0x80;
+    const PLAIN_DIRECTORY: u32 = 0x10;
+
+    #[test]
+    fn every_reparse_point_is_a_link_whatever_else_it_is() {
+        for attributes in [
+            SYMLINK_TO_FILE,
+            SYMLINK_TO_DIRECTORY,
+            JUNCTION,
+            CLOUD_PLACEHOLDER_FILE,
+            CLOUD_PLACEHOLDER_DIRECTORY,
+            FILE_ATTRIBUTE_REPARSE_POINT,
+            FILE_ATTRIBUTE_REPARSE_POINT | FILE_ATTRIBUTE_DEVICE,
+            u32::MAX,
+        ] {
+            assert_eq!(
+                windows_entry_kind(attributes),
+                EntryKind::Symlink,
+                "{attributes:#x}"
+            );
+            assert_eq!(
+                windows_irregularity(attributes, 1),
+                Some(Irregular::Symlink),
+                "{attributes:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn plain_entries_are_judged_by_their_attributes() {
+        for attributes in [PLAIN_FILE, READ_ONLY_HIDDEN_FILE, NORMAL_FILE, 0] {
+            assert_eq!(windows_entry_kind(attributes), EntryKind::File);
+            assert_eq!(windows_irregularity(attributes, 1), None);
+        }
+        assert_eq!(windows_entry_kind(PLAIN_DIRECTORY), EntryKind::Directory);
+        assert_eq!(windows_entry_kind(0x10 | 0x2), EntryKind::Directory);
+        assert_eq!(windows_entry_kind(FILE_ATTRIBUTE_DEVICE), EntryKind::Other);
+        assert_eq!(
+            windows_irregularity(FILE_ATTRIBUTE_DEVICE, 1),
+            Some(Irregular::Unknown)
+        );
+        assert_eq!(
+            windows_irregularity(PLAIN_DIRECTORY, 1),
+            Some(Irregular::Unknown)
+        );
+    }
+
+    #[test]
+    fn a_file_with_another_name_is_refused_for_reading() {
+        assert_eq!(
+            windows_irregularity(PLAIN_FILE, 2),
+            Some(Irregular::HardLinked { links: 2 })
+        );
+        assert_eq!(
+            windows_irregularity(NORMAL_FILE, 1024),
+            Some(Irregular::HardLinked { links: 1024 })
+        );
+        // A link is a link first, however many names its target has.
+        assert_eq!(
+            windows_irregularity(SYMLINK_TO_FILE, 3),
+            Some(Irregular::Symlink)
+        );
     }
 }

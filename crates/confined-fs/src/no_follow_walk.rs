@@ -1,0 +1,233 @@
+//! The no-follow walk: each component is looked up relative to the held directory of its
+//! parent with cap-std's no-follow calls, never by a path resolved from the root.
+
+use std::ffi::OsStr;
+use std::io;
+use std::ops::Deref;
+
+use cap_fs_ext::DirExt;
+use cap_std::fs::{Dir, DirBuilder, Metadata};
+
+use crate::alias_listing::{handle_of, DirectoryListing};
+use crate::entries::EntryKind;
+use crate::error::{
+    confinement, io_error, not_a_directory, not_found, ConfinementReason, Error, Operation,
+};
+use crate::host_metadata::{entry_kind, open_stopped_at_link};
+use crate::lexical_path::GuestPath;
+
+/// Directories the walk creates are private to the host user (Windows has no modes).
+#[cfg(unix)]
+const PRIVATE_DIRECTORY: u32 = 0o700;
+
+/// How a missing directory is created: one level, private.
+fn private_directory() -> DirBuilder {
+    #[allow(unused_mut)]
+    let mut builder = DirBuilder::new();
+    #[cfg(unix)]
+    cap_std::fs::DirBuilderExt::mode(&mut builder, PRIVATE_DIRECTORY);
+    builder
+}
+
+/// A held directory: the root (borrowed from the [`ConfinedRoot`](crate::ConfinedRoot)) or one
+/// the walk opened.
+#[derive(Debug)]
+pub(crate) enum HeldDir<'a> {
+    Root(&'a Dir),
+    Opened(Dir),
+}
+
+impl Deref for HeldDir<'_> {
+    type Target = Dir;
+
+    fn deref(&self) -> &Dir {
+        match self {
+            Self::Root(dir) => dir,
+            Self::Opened(dir) => dir,
+        }
+    }
+}
+
+/// What a no-follow directory open found.
+pub(crate) enum OpenedDir {
+    /// A real directory, now held.
+    Dir(Dir),
+    /// Something else stands there: a link (or any reparse point), a file, a pipe.
+    NotADirectory(EntryKind),
+    /// Nothing stands there.
+    Missing,
+}
+
+/// Opens `name` inside `parent` as a directory without following it, and says what stood there
+/// when it is not one. On Windows the opened handle's own attributes are checked, so a reparse
+/// point of a kind cap-std would open (a cloud placeholder, a mount point) is never held.
+pub(crate) fn open_dir_no_follow(parent: &Dir, name: &OsStr) -> io::Result<OpenedDir> {
+    match parent.open_dir_nofollow(name) {
+        Ok(dir) => {
+            #[cfg(windows)]
+            if crate::windows_rules::is_reparse_point(crate::host_metadata::attributes(
+                &dir.dir_metadata()?,
+            )) {
+                return Ok(OpenedDir::NotADirectory(EntryKind::Symlink));
+            }
+            Ok(OpenedDir::Dir(dir))
+        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(OpenedDir::Missing),
+        // The error does not say portably what stood there (ELOOP or ENOTDIR for a link on
+        // Linux, EMLINK on the BSDs, a symlink error on Windows): look again, without following.
+        Err(error) => match parent.symlink_metadata(name) {
+            Ok(metadata) => match entry_kind(&metadata) {
+                // A directory again, but the open met something else: swapped back meanwhile.
+                EntryKind::Directory if open_stopped_at_link(&error) => {
+                    Ok(OpenedDir::NotADirectory(EntryKind::Symlink))
+                }
+                EntryKind::Directory if error.kind() == io::ErrorKind::NotADirectory => {
+                    Ok(OpenedDir::NotADirectory(EntryKind::Other))
+                }
+                EntryKind::Directory => Err(error),
+                kind => Ok(OpenedDir::NotADirectory(kind)),
+            },
+            Err(again) if again.kind() == io::ErrorKind::NotFound => Ok(OpenedDir::Missing),
+            Err(_) => Err(error),
+        },
+    }
+}
+
+/// Where a walk through directories ended.
+pub(crate) enum Reached<'a> {
+    /// Every component was a directory; the last one is held.
+    Dir(HeldDir<'a>),
+    /// Component `index` does not exist.
+    Missing(usize),
+}
+
+/// One walk of one path for one operation.
+pub(crate) struct Walk<'a> {
+    pub(crate) root: &'a Dir,
+    pub(crate) listing: &'a dyn DirectoryListing,
+    pub(crate) path: &'a GuestPath,
+    pub(crate) operation: Operation,
+}
+
+impl<'a> Walk<'a> {
+    /// [`Walk::open_dirs`] for operations that need the directory: a missing component is
+    /// `NotFound`, naming it.
+    pub(crate) fn open_existing_dirs(
+        &self,
+        depth: usize,
+        create: bool,
+    ) -> Result<HeldDir<'a>, Error> {
+        match self.open_dirs(depth, create)? {
+            Reached::Dir(held) => Ok(held),
+            Reached::Missing(index) => Err(not_found(self.shown(index))),
+        }
+    }
+
+    /// Opens the directory named by the first `depth` components, each relative to the last.
+    ///
+    /// A missing component is created (0700) when `create`, else reported as
+    /// [`Reached::Missing`]. A link is [`ConfinementReason::Link`]; any other non-directory is
+    /// `NotADirectory`.
+    pub(crate) fn open_dirs(&self, depth: usize, create: bool) -> Result<Reached<'a>, Error> {
+        let mut held = HeldDir::Root(self.root);
+        for index in 0..depth {
+            match self.enter(&held, index, create)? {
+                // Dropping the parent here closes it: only one directory is held at a time.
+                Some(child) => held = HeldDir::Opened(child),
+                None => return Ok(Reached::Missing(index)),
+            }
+        }
+        Ok(Reached::Dir(held))
+    }
+
+    /// Steps into component `index` of the path, a directory inside `parent`.
+    fn enter(&self, parent: &Dir, index: usize, create: bool) -> Result<Option<Dir>, Error> {
+        match self.lstat_entry(parent, index)? {
+            Some(metadata) => match entry_kind(&metadata) {
+                EntryKind::Directory => {}
+                EntryKind::Symlink => {
+                    return Err(confinement(self.shown(index), ConfinementReason::Link))
+                }
+                EntryKind::File | EntryKind::Other => {
+                    return Err(not_a_directory(self.shown(index)))
+                }
+            },
+            None if !create => return Ok(None),
+            None => match parent.create_dir_with(self.name(index), &private_directory()) {
+                Ok(()) => {}
+                // Someone made it meanwhile; whatever it is, the no-follow open below judges it,
+                // and it must not be an alias either.
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                    self.check_listed(parent, index)?
+                }
+                Err(error) => return Err(self.io(index, error)),
+            },
+        }
+        match self.open_child_dir(parent, index)? {
+            Some(child) => Ok(Some(child)),
+            None if create => Err(not_found(self.shown(index))),
+            None => Ok(None),
+        }
+    }
+
+    /// Opens component `index` as a directory without following it; `Ok(None)` when it vanished.
+    pub(crate) fn open_child_dir(&self, parent: &Dir, index: usize) -> Result<Option<Dir>, Error> {
+        match open_dir_no_follow(parent, self.name(index)) {
+            Ok(OpenedDir::Dir(dir)) => Ok(Some(dir)),
+            Ok(OpenedDir::Missing) => Ok(None),
+            // Swapped since the lstat: tell a link apart from anything else.
+            Ok(OpenedDir::NotADirectory(EntryKind::Symlink)) => {
+                Err(confinement(self.shown(index), ConfinementReason::Link))
+            }
+            Ok(OpenedDir::NotADirectory(_)) => Err(not_a_directory(self.shown(index))),
+            Err(error) => Err(self.io(index, error)),
+        }
+    }
+
+    /// No-follow lstat of component `index` inside `parent`, with the alias check.
+    /// `Ok(None)` when it does not exist.
+    pub(crate) fn lstat_entry(
+        &self,
+        parent: &Dir,
+        index: usize,
+    ) -> Result<Option<Metadata>, Error> {
+        match parent.symlink_metadata(self.name(index)) {
+            Ok(metadata) => {
+                self.check_listed(parent, index)?;
+                Ok(Some(metadata))
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) if error.kind() == io::ErrorKind::NotADirectory => {
+                Err(not_a_directory(self.shown(index)))
+            }
+            Err(error) => Err(self.io(index, error)),
+        }
+    }
+
+    /// Refuses component `index` unless `parent` lists it verbatim.
+    pub(crate) fn check_listed(&self, parent: &Dir, index: usize) -> Result<(), Error> {
+        match self
+            .listing
+            .lists_verbatim(handle_of(parent), self.name(index))
+        {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(confinement(self.shown(index), ConfinementReason::Alias)),
+            Err(source) => Err(io_error(self.operation, self.shown(index), source)),
+        }
+    }
+
+    /// Component `index`.
+    pub(crate) fn name(&self, index: usize) -> &'a OsStr {
+        &self.path.parts()[index]
+    }
+
+    /// The path up to and including component `index`, for messages.
+    pub(crate) fn shown(&self, index: usize) -> String {
+        self.path.shown_prefix(index + 1)
+    }
+
+    /// An I/O error about component `index`.
+    pub(crate) fn io(&self, index: usize, error: io::Error) -> Error {
+        io_error(self.operation, self.shown(index), error)
+    }
+}
