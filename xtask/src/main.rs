@@ -1,16 +1,17 @@
 //! Project automation, run as `cargo xtask <command>` from anywhere in the workspace.
 //!
 //! - `ci`: the one test command (formatting, clippy, every test through nextest, doctests,
-//!   rustdoc with `-D warnings`, the fuzz targets' build, the live Docker suite), failing fast,
-//!   with a timed summary;
+//!   rustdoc with `-D warnings`, the fuzz targets' build, the Windows and macOS type checks, the
+//!   live Docker suite), failing fast, with a timed summary;
 //! - `fuzz`: builds the fuzz targets on the stable toolchain and runs each for a while;
 //! - `images`: builds the local Docker images (the recipe in `backend_docker`);
 //! - `e2e docker`: builds the images, runs the live Docker suite, then checks the suite
 //!   skipped nothing and left nothing behind on the engine;
+//! - `check-targets`: type-checks the crates a Windows or macOS host builds, for those targets,
+//!   with a Debian toolchain in a cached chroot (see `targets.rs`);
 //! - `bench`: runs the benchmarks.
 //!
-//! Every child process inherits this process's stdout and stderr, so its output streams as it
-//! comes; xtask exits non-zero when any step fails. It does not install system packages or
+//! Every child process's output streams to this process's as it comes; xtask exits non-zero when any step fails. It does not install system packages or
 //! start a Docker engine: `.ci/run` does that before calling `cargo xtask ci`.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
@@ -20,6 +21,7 @@ mod error;
 mod fuzz;
 mod live;
 mod process;
+mod targets;
 
 use std::process::ExitCode;
 
@@ -53,6 +55,8 @@ enum Command {
     },
     /// Runs the benchmarks and prints their reports.
     Bench,
+    /// Type-checks the crates a Windows or macOS host builds, for those targets.
+    CheckTargets,
 }
 
 fn main() -> ExitCode {
@@ -63,6 +67,7 @@ fn main() -> ExitCode {
         Command::Images { tags } => live::build_images(&workspace, &tags),
         Command::E2e { suite } => live::run(&workspace, &suite),
         Command::Bench => bench(&workspace),
+        Command::CheckTargets => targets::run(&workspace),
     });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -114,6 +119,10 @@ fn ci(workspace: &Workspace) -> Result<(), XtaskError> {
         Step {
             name: "fuzz build",
             run: Box::new(|| fuzz::build_all(workspace)),
+        },
+        Step {
+            name: "check targets",
+            run: Box::new(|| targets::run(workspace)),
         },
         Step {
             name: "e2e docker",
