@@ -11,8 +11,9 @@
 //!   with a Debian toolchain in a cached chroot (see `targets.rs`);
 //! - `bench`: runs the benchmarks.
 //!
-//! Every child process's output streams to this process's as it comes; xtask exits non-zero when any step fails. It does not install system packages or
-//! start a Docker engine: `.ci/run` does that before calling `cargo xtask ci`.
+//! Every child process's output streams to this process's as it comes; xtask exits non-zero
+//! when any step fails. It does not install system packages on the host (only into its own
+//! toolchain root) or start a Docker engine: `.ci/run` does that before calling `cargo xtask ci`.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
