@@ -95,6 +95,66 @@ pub enum XtaskError {
         listing: String,
     },
 
+    /// A bounded child process could not run to its end (spawn failure, deadline, output budget).
+    #[error("`{command}`: {source}")]
+    Bounded {
+        /// The command line.
+        command: String,
+        /// What the runner reported.
+        #[source]
+        source: exec_wrapper::Error,
+    },
+
+    /// A file-system operation failed.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// To what.
+        path: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A program xtask needs is not installed.
+    #[error("`{program}` is not installed (Debian package `{package}`)")]
+    MissingTool {
+        /// The program.
+        program: String,
+        /// The Debian package that provides it.
+        package: String,
+    },
+
+    /// No Debian mirror was found to bootstrap the target-check toolchain from.
+    #[error("the target-check toolchain root: {0}")]
+    NoMirror(#[source] backend_docker::DockerError),
+
+    /// A tool printed something xtask cannot read.
+    #[error("cannot read {what}")]
+    Malformed {
+        /// What was read.
+        what: &'static str,
+    },
+
+    /// Crates listed for the target checks are not in the workspace.
+    #[error(
+        "the target checks list crates the workspace does not have: {missing} (workspace: {known})"
+    )]
+    UnknownHostCrates {
+        /// The listed crates that are missing.
+        missing: String,
+        /// The workspace's packages.
+        known: String,
+    },
+
+    /// Type-checking for other targets failed; the output above says why.
+    #[error("the crates do not type-check for: {targets}")]
+    TargetsFailed {
+        /// The targets that failed.
+        targets: String,
+    },
+
     /// `cargo fuzz list` named no target.
     #[error("`cargo fuzz list` in {dir} named no fuzz target")]
     NoFuzzTargets {

@@ -1,18 +1,20 @@
 //! Project automation, run as `cargo xtask <command>` from anywhere in the workspace.
 //!
 //! - `ci`: the one test command (formatting, the layering rules, clippy, every test through
-//!   nextest, doctests, rustdoc with `-D warnings`, the fuzz targets' build, the live Docker
-//!   suite), failing fast, with a timed summary;
+//!   nextest, doctests, rustdoc with `-D warnings`, the fuzz targets' build, the Windows and
+//!   macOS type checks, the live suites), failing fast, with a timed summary;
 //! - `fuzz`: builds the fuzz targets on the stable toolchain and runs each for a while;
 //! - `images`: builds the local Docker images (the recipe in `backend_docker`);
 //! - `e2e docker`: builds the images, runs the live Docker suite, then checks the suite
 //!   skipped nothing and left nothing behind on the engine;
+//! - `check-targets`: type-checks the crates a Windows or macOS host builds, for those targets,
+//!   with a Debian toolchain in a cached chroot (see `targets.rs`);
 //! - `bench`: runs the benchmarks;
 //! - `layering`: checks which crate depends on which (also a `ci` step).
 //!
-//! Every child process inherits this process's stdout and stderr, so its output streams as it
-//! comes; xtask exits non-zero when any step fails. It does not install system packages or
-//! start a Docker engine: `.ci/run` does that before calling `cargo xtask ci`.
+//! Every child process's output streams to this process's as it comes; xtask exits non-zero
+//! when any step fails. It does not install system packages on the host (only into its own
+//! toolchain root) or start a Docker engine: `.ci/run` does that before calling `cargo xtask ci`.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
@@ -22,6 +24,7 @@ mod fuzz;
 mod layering;
 mod live;
 mod process;
+mod targets;
 
 use std::process::ExitCode;
 
@@ -57,6 +60,8 @@ enum Command {
     Bench,
     /// Fails when a crate depends on one it may not (docs/architecture.md#layering-rules).
     Layering,
+    /// Type-checks the crates a Windows or macOS host builds, for those targets.
+    CheckTargets,
 }
 
 fn main() -> ExitCode {
@@ -68,6 +73,7 @@ fn main() -> ExitCode {
         Command::E2e { suite } => live::run(&workspace, &suite),
         Command::Bench => bench(&workspace),
         Command::Layering => layering::run(&workspace),
+        Command::CheckTargets => targets::run(&workspace),
     });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -120,6 +126,10 @@ fn ci(workspace: &Workspace) -> Result<(), XtaskError> {
         Step {
             name: "fuzz build",
             run: Box::new(|| fuzz::build_all(workspace)),
+        },
+        Step {
+            name: "check targets",
+            run: Box::new(|| targets::run(workspace)),
         },
         Step {
             name: "e2e docker",

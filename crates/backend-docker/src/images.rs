@@ -856,8 +856,14 @@ fn effective_uid_from_status(status: &str) -> Option<u32> {
 const APT_SOURCE_FILES: &str =
     "/etc/apt/sources.list, /etc/apt/sources.list.d/*.list and *.sources";
 
-/// The Debian mirror in the host's apt sources to bootstrap [`DEBIAN_SUITE`] from.
-fn mirror_from_apt_sources() -> Result<String, DockerError> {
+/// The Debian mirror in the host's apt sources to bootstrap [`DEBIAN_SUITE`] from: the first
+/// `deb … main` source listing that suite, else the first plain Debian archive (a URI ending in
+/// `/debian`), which serves every suite.
+///
+/// # Errors
+///
+/// [`DockerError::NoDebianMirror`] when no source qualifies.
+pub fn mirror_from_apt_sources() -> Result<String, DockerError> {
     let mut files = Vec::new();
     let main = PathBuf::from("/etc/apt/sources.list");
     if let Ok(text) = std::fs::read_to_string(&main) {

@@ -135,7 +135,10 @@ pub use config::{
     DEFAULT_IMAGE, DEFAULT_PIDS_LIMIT, DEFAULT_PULL_TIMEOUT,
 };
 pub use error::DockerError;
-pub use images::{ImageOutcome, ImageRecipe, ImageReport, LocalImage, ProgressSink, DEBIAN_SUITE};
+pub use images::{
+    mirror_from_apt_sources, ImageOutcome, ImageRecipe, ImageReport, LocalImage, ProgressSink,
+    DEBIAN_SUITE,
+};
 
 /// Entry points for the fuzz targets under `fuzz/`: the parsers that read what a guest can
 /// influence. Not a public API; present only with the `fuzzing` feature.

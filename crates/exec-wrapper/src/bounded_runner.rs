@@ -2,22 +2,22 @@
 //!
 //! One call = one child with an explicit environment, stdin `/dev/null` unless bytes are given,
 //! both pipes read concurrently against one combined output budget, a deadline, and a kill of the
-//! child's whole process group plus a bounded reap on every early exit.
+//! child's whole process tree (its process group on Unix, its Job object on Windows) plus a
+//! bounded reap on every early exit.
 
 use std::ffi::OsString;
 use std::io;
-use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
 use std::pin::pin;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use rustix::process::{kill_process_group, Pid, Signal};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::process_tree::ProcessTree;
 
 /// Default output budget: 8 MiB for stdout and stderr combined.
 pub const DEFAULT_OUTPUT_BUDGET: usize = 8 * 1024 * 1024;
@@ -46,7 +46,7 @@ pub enum Stream {
 pub enum ExitKind {
     /// It exited with this status.
     Exited(i32),
-    /// It was killed by this signal.
+    /// It was killed by this signal (Unix only: on Windows every end is an exit code).
     Signaled(i32),
 }
 
@@ -205,21 +205,23 @@ impl BoundedCommand {
 /// Runs one bounded command.
 ///
 /// Completion means EOF on both pipes **and** an exit status, all before the deadline (a
-/// grandchild holding a pipe open keeps the call open until the deadline). The child starts in a
-/// process group of its own, so helpers it spawns are killed with it.
+/// grandchild holding a pipe open keeps the call open until the deadline). The child's process
+/// tree is its own (a process group on Unix, a Job object on Windows), so helpers it spawns are
+/// killed with it; on a normal exit, what it left running is not killed.
 ///
 /// # Errors
 ///
 /// [`Error::Spawn`] when the program cannot start; [`Error::Deadline`] when the deadline passes;
 /// [`Error::OutputLimit`] when stdout and stderr together exceed the budget; [`Error::Io`] when a
-/// pipe or the wait fails. No error carries partial output. On each of them the child's process
-/// group has been sent SIGKILL, and the child has been reaped, or handed to a background task
-/// that reaps it, when this returns.
+/// pipe or the wait fails, or (Windows) the child cannot be put in a Job object. No error
+/// carries partial output. On each of them the child's process tree has been killed (SIGKILL to
+/// the group; the job terminated), and the child has been reaped, or handed to a background
+/// task that reaps it, when this returns.
 ///
 /// # Cancel safety and drop
 ///
 /// Not cancel safe in the sense of keeping output: dropping the future discards it. Dropping it
-/// is safe for the host: the child's process group is sent SIGKILL at once and the child is
+/// is safe for the host: the child's process tree is killed at once and the child is
 /// reaped by a background task on the current tokio runtime (or, without one, by tokio's
 /// kill-on-drop and orphan reaping). No call ever blocks on that reaping.
 pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
@@ -256,8 +258,8 @@ pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .process_group(0);
+        .kill_on_drop(true);
+    ProcessTree::prepare(&mut process);
     if let Some(dir) = &current_dir {
         process.current_dir(dir);
     }
@@ -266,6 +268,10 @@ pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
         source,
     })?;
     let mut guard = ChildGuard::new(child);
+    if let Err(source) = guard.attach_tree() {
+        guard.kill_and_reap(None, None).await;
+        return Err(io_error(&name, "taking hold of the process tree", source));
+    }
     let (stdin_pipe, stdout, stderr) = guard.take_pipes();
     let (Some(mut stdout), Some(mut stderr)) = (stdout, stderr) else {
         guard.kill_and_reap(None, None).await;
@@ -390,7 +396,9 @@ fn io_error(program: &str, during: &'static str, source: io::Error) -> Error {
     }
 }
 
+#[cfg(unix)]
 fn exit_kind(status: ExitStatus) -> ExitKind {
+    use std::os::unix::process::ExitStatusExt as _;
     match (status.code(), status.signal()) {
         (Some(code), _) => ExitKind::Exited(code),
         (None, Some(signal)) => ExitKind::Signaled(signal),
@@ -398,6 +406,13 @@ fn exit_kind(status: ExitStatus) -> ExitKind {
         // an exit code.
         (None, None) => ExitKind::Signaled(status.into_raw()),
     }
+}
+
+#[cfg(windows)]
+fn exit_kind(status: ExitStatus) -> ExitKind {
+    // Windows has no signals: every end, a job termination included, sets an exit code, and
+    // `code` always returns it there.
+    ExitKind::Exited(status.code().unwrap_or(i32::MIN))
 }
 
 async fn feed_stdin(pipe: Option<ChildStdin>, bytes: Vec<u8>) -> io::Result<()> {
@@ -460,25 +475,28 @@ impl Kept {
     }
 }
 
-/// Owns the child until it is reaped; dropping it unreaped kills the group and hands the child to
-/// a background reaper.
+/// Owns the child until it is reaped; dropping it unreaped kills the process tree and hands the
+/// child to a background reaper.
 struct ChildGuard {
     child: Option<Child>,
-    /// The child's process group (= its pid, from `process_group(0)`). Only signalled while the
-    /// child is unreaped, so the id cannot have been reused.
-    group: Option<Pid>,
+    /// Held only while the child is unreaped (see [`ProcessTree::release`]).
+    tree: Option<ProcessTree>,
 }
 
 impl ChildGuard {
     fn new(child: Child) -> Self {
-        let group = child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .and_then(Pid::from_raw);
         ChildGuard {
             child: Some(child),
-            group,
+            tree: None,
         }
+    }
+
+    /// Takes hold of the child's process tree; until then an early exit kills the child alone.
+    fn attach_tree(&mut self) -> io::Result<()> {
+        if let Some(child) = &mut self.child {
+            self.tree = Some(ProcessTree::attach(child)?);
+        }
+        Ok(())
     }
 
     fn take_pipes(&mut self) -> (Option<ChildStdin>, Option<ChildStdout>, Option<ChildStderr>) {
@@ -488,28 +506,29 @@ impl ChildGuard {
         }
     }
 
-    /// Waits for the exit; once it is known, the group is never signalled again.
+    /// Waits for the exit; once it is known, the tree is never killed again.
     async fn wait(&mut self) -> io::Result<ExitStatus> {
         let Some(child) = &mut self.child else {
             return Err(io::ErrorKind::NotFound.into());
         };
         let status = child.wait().await?;
-        self.group = None;
+        if let Some(tree) = self.tree.take() {
+            tree.release();
+        }
         self.child = None;
         Ok(status)
     }
 
-    fn kill_group(&mut self) {
-        if let Some(group) = self.group {
-            // ESRCH (the group is already empty) is the expected case for a fast exit.
-            let _ = kill_process_group(group, Signal::KILL);
+    fn kill_tree(&mut self) {
+        if let Some(tree) = &self.tree {
+            tree.kill();
         }
         if let Some(child) = &mut self.child {
             let _ = child.start_kill();
         }
     }
 
-    /// SIGKILL to the group, then drain the pipes (discarding) and wait for the exit, for at most
+    /// Kills the process tree, then drain the pipes (discarding) and wait for the exit, for at most
     /// [`REAP_GRACE`]; past that the child goes to a background reaper. Returns the exit status
     /// if it was reaped here.
     async fn kill_and_reap(
@@ -519,7 +538,7 @@ impl ChildGuard {
     ) -> Option<ExitStatus> {
         // Already reaped: nothing to kill, and the group id may no longer be ours.
         self.child.as_ref()?;
-        self.kill_group();
+        self.kill_tree();
         let reaped = tokio::time::timeout(REAP_GRACE, self.drain_and_wait(stdout, stderr)).await;
         match reaped {
             Ok(Ok(status)) => Some(status),
@@ -558,7 +577,8 @@ impl ChildGuard {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        self.group = None;
+        // Killed already; on Windows closing the job also ends whatever the kill missed.
+        self.tree = None;
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
@@ -585,7 +605,7 @@ async fn read_some<R: tokio::io::AsyncRead + Unpin>(
 impl Drop for ChildGuard {
     fn drop(&mut self) {
         if self.child.is_some() {
-            self.kill_group();
+            self.kill_tree();
             self.hand_to_reaper();
         }
     }

@@ -26,7 +26,25 @@
 //!    needs that a guest lacks, before the first wrapper call.
 //! 7. **The runner** ([`run_bounded`]): explicit environment, stdin closed unless it carries
 //!    bytes, both pipes read concurrently against one budget, a deadline, the child's process
-//!    group killed and reaped on every early exit, an optional line callback.
+//!    tree killed and reaped on every early exit, an optional line callback.
+//!
+//! ## Platforms
+//!
+//! The host side builds for Linux, macOS and Windows hosts. What differs is how the runner holds
+//! the child's process tree:
+//!
+//! - **Unix** (Linux, macOS): the child starts in a process group of its own; an early exit sends
+//!   SIGKILL to the group. [`ExitKind::Signaled`] reports a death by signal.
+//! - **Windows**: right after the spawn the child is assigned to a new Job object, which its
+//!   descendants join as they start; an early exit terminates the job. The job also kills its
+//!   members when its last handle closes, so a host that dies mid-call takes the tree with it;
+//!   once the child has exited normally that limit is lifted, so what it left running keeps
+//!   running, as on Unix. Every end is an exit code ([`ExitKind::Exited`]). A process the child
+//!   starts in the instant between its spawn and its assignment is outside the job. This is the
+//!   crate's only `unsafe` code, in one module.
+//!
+//! The guest side (the wrapper, kill and probe scripts) is POSIX `sh` run inside the guest
+//! whatever the host is; the example below runs it with the host's own `sh`, so it is Unix-only.
 //!
 //! ## Limits
 //!
@@ -82,8 +100,8 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
-#[cfg(not(unix))]
-compile_error!("exec-wrapper supports Unix hosts only: it relies on process groups and `sh`");
+#[cfg(not(any(unix, windows)))]
+compile_error!("exec-wrapper supports Unix and Windows hosts: it ends process trees with process groups or Job objects");
 
 mod argv_encoding;
 mod bounded_runner;
@@ -91,6 +109,7 @@ mod call_identity;
 mod error;
 mod group_kill;
 mod nonce_result;
+mod process_tree;
 mod tool_probe;
 mod wrapper_scripts;
 
