@@ -1,0 +1,1 @@
+//! Live tests (written next).
