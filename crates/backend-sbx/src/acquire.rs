@@ -92,9 +92,15 @@ async fn read_record(host: &SbxHost, target: &Target) -> Result<Option<Record>, 
         })
 }
 
-/// Asks a recorded sandbox that `ls` does not list whether it exists: `Ok(())` when it is
-/// confirmed absent; it answering means the daemon lost track of it.
-async fn confirm_absent(host: &SbxHost, target: &Target) -> Result<(), SandboxError> {
+/// Whether a recorded sandbox that `ls` does not list answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Presence {
+    Absent,
+    Answers,
+}
+
+/// Asks a recorded sandbox that `ls` does not list whether it exists (`sh -c :`).
+async fn presence(host: &SbxHost, target: &Target) -> Result<Presence, SandboxError> {
     let output = short_exec(
         &host.cli,
         &target.sbx,
@@ -105,11 +111,7 @@ async fn confirm_absent(host: &SbxHost, target: &Target) -> Result<(), SandboxEr
     .await
     .map_err(to_sandbox_error)?;
     if output.status == ExitKind::Exited(0) {
-        return Err(SandboxError::DaemonFault(format!(
-            "the sandbox {} answers but is missing from `sbx ls`; the daemon lost track of its \
-             VMs; fix with `sbx daemon restart`",
-            target.name
-        )));
+        return Ok(Presence::Answers);
     }
     match sbx_cli::classify_output(
         sbx_cli::Call::Exec,
@@ -117,9 +119,18 @@ async fn confirm_absent(host: &SbxHost, target: &Target) -> Result<(), SandboxEr
         output.status,
         &output.stderr,
     ) {
-        CliError::NotFound { .. } => Ok(()),
+        CliError::NotFound { .. } => Ok(Presence::Absent),
         other => Err(to_sandbox_error(other)),
     }
+}
+
+#[cold]
+fn lost_track(target: &Target) -> SandboxError {
+    SandboxError::DaemonFault(format!(
+        "the sandbox {} answers but is missing from `sbx ls`; the daemon lost track of its VMs; \
+         fix with `sbx daemon restart`",
+        target.name
+    ))
 }
 
 /// Gets or creates the sandbox of (key, spec kind).
@@ -165,16 +176,58 @@ pub(crate) async fn acquire(
             row = None;
             record = read_record(host, &target).await?;
         }
-    } else if let Some(stale) = &record {
-        confirm_absent(host, &target).await?;
-        // Confirmed gone: its recorded generation is of no use to anyone.
-        let dir = target.dir(host);
-        let generation = stale.workspace.clone();
-        let _ = tokio::task::spawn_blocking(move || layout::clear(&dir, &[generation])).await;
+    } else if let Some(stale) = record.clone() {
+        match (presence(host, &target).await?, stale.instance_id.is_some()) {
+            (Presence::Answers, true) => return Err(lost_track(&target)),
+            // A create in progress in another process: wait for it, then look again.
+            (Presence::Answers, false) => {
+                record = wait_for_creator(host, &target).await?;
+                let rows = host.cli.ls().await.map_err(to_sandbox_error)?;
+                row = rows.into_iter().find(|row| row.name == target.name);
+                if row.is_none() {
+                    return Err(lost_track(&target));
+                }
+            }
+            // Confirmed gone. A finished instance's generation is of no use to anyone; an
+            // unfinished create's workspace is kept (its daemon may still finish it), only its
+            // record goes so the new create can claim the name's record.
+            (Presence::Absent, finished) => {
+                let dir = target.dir(host);
+                let generation = stale.workspace.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    if finished {
+                        layout::clear(&dir, &[generation])
+                    } else {
+                        layout::remove_record(&dir)
+                    }
+                })
+                .await;
+                record = None;
+            }
+        }
+    }
+    if let (Some(_), Some(found)) = (&row, &record) {
+        if found.instance_id.is_none() {
+            record = wait_for_creator(host, &target).await?;
+        }
     }
     match row {
         None => create(host, &target, spec).await,
         Some(row) => adopt(host, &target, &row, record, Some(spec), false).await,
+    }
+}
+
+/// Another process is making this sandbox ready (its record has no instance id yet): wait for
+/// it, bounded by the command timeout, re-reading the record every 250 ms.
+async fn wait_for_creator(host: &SbxHost, target: &Target) -> Result<Option<Record>, SandboxError> {
+    let end = Instant::now() + host.config.command_timeout;
+    loop {
+        let record = read_record(host, target).await?;
+        let unfinished = record.as_ref().is_some_and(|r| r.instance_id.is_none());
+        if !unfinished || Instant::now() >= end {
+            return Ok(record);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -191,11 +244,13 @@ pub(crate) async fn find(
     let row = rows.into_iter().find(|row| row.name == probe.name);
     let record = read_record(host, &probe).await?;
     let Some(row) = row else {
-        if record.is_none() {
-            return Ok(None);
-        }
-        confirm_absent(host, &probe).await?;
-        return Ok(None);
+        return match record {
+            Some(record) if record.instance_id.is_some() => match presence(host, &probe).await? {
+                Presence::Answers => Err(lost_track(&probe)),
+                Presence::Absent => Ok(None),
+            },
+            _ => Ok(None),
+        };
     };
     let target = match &record {
         Some(record) => Target::new(host, key, kind, &record.work_dir)?,
@@ -277,6 +332,7 @@ async fn adopt(
 pub(crate) enum Refusal {
     Engine(String),
     SpecMismatch(String),
+    Busy(String),
 }
 
 impl Refusal {
@@ -289,6 +345,7 @@ impl Refusal {
             Refusal::SpecMismatch(why) => {
                 SandboxError::SpecMismatch(format!("sandbox {name}: {why}"))
             }
+            Refusal::Busy(why) => SandboxError::Busy(format!("sandbox {name}: {why}")),
         }
     }
 }
@@ -308,6 +365,13 @@ pub(crate) fn judge_adoption(
                 .into(),
         ));
     };
+    if record.instance_id.is_none() {
+        return Err(Refusal::Busy(
+            "another process is still creating it; retry the acquire (or dispose of it if no \
+             create is running)"
+                .into(),
+        ));
+    }
     if !layout::is_generation_name(&record.workspace) {
         return Err(Refusal::Engine(format!(
             "the record names workspace {:?}, which is not a bare ws-… name",
@@ -534,6 +598,15 @@ async fn create(
             source,
         })?;
     let workspace = target.dir(host).join(&generation);
+    // The draft is on disk before the create, so another process that sees the new row also
+    // sees a create in progress; it never replaces a record already there.
+    let claimed = {
+        let (dir, draft) = (target.dir(host), draft(target, spec, &generation));
+        tokio::task::spawn_blocking(move || layout::claim_record(&dir, &draft)).await
+    };
+    if !matches!(claimed, Ok(Ok(_))) {
+        tracing::warn!(sandbox = %target.name, "could not write the draft record before create");
+    }
     let cpus = std::num::NonZeroU32::new(host.config.cpus)
         .ok_or_else(|| SandboxError::invalid("cpus must be at least 1"))?;
     let memory = MemorySize::new(host.config.memory.clone()).map_err(to_sandbox_error)?;
@@ -598,7 +671,7 @@ async fn adopt_race_winner(
             target.name
         )));
     };
-    let record = read_record(host, target).await?;
+    let record = wait_for_creator(host, target).await?;
     let ready = record
         .as_ref()
         .is_some_and(|r| r.instance_id.is_some() && r.instance_id == row.id);

@@ -164,6 +164,22 @@ pub(crate) fn remove_dir_if_empty(dir: &Path) -> io::Result<()> {
 /// Writes the record atomically: `.meta.json.<16 hex>.part`, fsync, rename over `meta.json`,
 /// then fsync the directory so the rename itself survives a crash.
 pub(crate) fn write_record(dir: &Path, record: &Record) -> io::Result<()> {
+    place_record(dir, record, Placing::Replace).map(drop)
+}
+
+/// Writes the record only when there is none (a hard link, which never replaces): `Ok(false)`
+/// when another record was already there, which is then left as it is.
+pub(crate) fn claim_record(dir: &Path, record: &Record) -> io::Result<bool> {
+    place_record(dir, record, Placing::IfAbsent)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Placing {
+    Replace,
+    IfAbsent,
+}
+
+fn place_record(dir: &Path, record: &Record, placing: Placing) -> io::Result<bool> {
     let bytes = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
     let temp = dir.join(format!(".{RECORD}.{}.part", random_hex(16)?));
     let mut options = fs::OpenOptions::new();
@@ -177,17 +193,36 @@ pub(crate) fn write_record(dir: &Path, record: &Record) -> io::Result<()> {
         let mut file = options.open(&temp)?;
         file.write_all(&bytes)?;
         file.sync_all()?;
-        fs::rename(&temp, dir.join(RECORD))
+        match placing {
+            Placing::Replace => fs::rename(&temp, dir.join(RECORD)).map(|()| true),
+            Placing::IfAbsent => {
+                let linked = match fs::hard_link(&temp, dir.join(RECORD)) {
+                    Ok(()) => Ok(true),
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+                    Err(e) => Err(e),
+                };
+                fs::remove_file(&temp)?;
+                linked
+            }
+        }
     })();
     if written.is_err() {
         let _ = fs::remove_file(&temp);
     }
-    written?;
+    let placed = written?;
     #[cfg(unix)]
     {
         fs::File::open(dir)?.sync_all()?;
     }
-    Ok(())
+    Ok(placed)
+}
+
+/// Removes the record (missing is fine).
+pub(crate) fn remove_record(dir: &Path) -> io::Result<()> {
+    match fs::remove_file(dir.join(RECORD)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// Reads `<dir>/meta.json`: `Ok(None)` when there is none; a record that does not parse is
@@ -383,7 +418,10 @@ mod tests {
             }
         }
         assert_eq!(read_record(&dir).unwrap(), None);
-        write_record(&dir, &record(&generation, None)).unwrap();
+        assert!(claim_record(&dir, &record(&generation, None)).unwrap());
+        // A second claim never replaces the first.
+        assert!(!claim_record(&dir, &record("ws-aaaaaaaaaaaa", None)).unwrap());
+        assert_eq!(read_record(&dir).unwrap().unwrap().workspace, generation);
         write_record(&dir, &record(&generation, Some("id1"))).unwrap();
         assert_eq!(
             read_record(&dir).unwrap().unwrap().instance_id.as_deref(),
