@@ -142,11 +142,17 @@ pub(crate) fn new_generation(root: &Path, name: &str) -> io::Result<String> {
     }
 }
 
-/// Removes a generation this call made (recursively, never following links) and the name
-/// directory when nothing else is left in it.
+/// Removes a generation this call made (recursively, never following links), the record when
+/// it names that generation (a draft of this call), and the name directory when nothing else is
+/// left in it.
 pub(crate) fn drop_generation(root: &Path, name: &str, generation: &str) -> io::Result<()> {
     let dir = name_dir(root, name);
     remove_entry(&dir, generation)?;
+    if let Ok(Some(record)) = read_record(&dir) {
+        if record.workspace == generation && record.instance_id.is_none() {
+            remove_record(&dir)?;
+        }
+    }
     remove_dir_if_empty(&dir)
 }
 
@@ -482,6 +488,7 @@ mod tests {
         let root = temp.path();
         let first = new_generation(root, "n").unwrap();
         let second = new_generation(root, "n").unwrap();
+        assert!(claim_record(&name_dir(root, "n"), &record(&second, None)).unwrap());
         drop_generation(root, "n", &second).unwrap();
         assert_eq!(
             entry_names(&name_dir(root, "n")).unwrap(),
