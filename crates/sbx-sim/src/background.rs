@@ -15,8 +15,8 @@ use crate::docker::{failure_detail, Docker, CALL_TIMEOUT, CREATE_TIMEOUT};
 use crate::error::{Result, SimError};
 use crate::faults::SocketKind;
 use crate::state::{
-    idle_remaining, now_millis, random_hex, read_json_at, rfc3339, write_json_at, FileLock,
-    SandboxRecord, StateHome,
+    idle_remaining, now_millis, process_lives, random_hex, read_json_at, rfc3339, write_json_at,
+    FileLock, SandboxRecord, StateHome,
 };
 
 /// What the foreground of `create` hands its worker.
@@ -42,6 +42,8 @@ pub struct CreateRequest {
     pub delay_millis: u64,
     /// What to leave at `/run/ssh-agent.sock`, if anything.
     pub agent_socket: Option<AgentSocket>,
+    /// The foreground's pid: when it is gone, nobody reads the result.
+    pub client_pid: u32,
 }
 
 /// The stored form of [`SocketKind`].
@@ -217,7 +219,14 @@ pub async fn create_worker(home: &StateHome, docker: &Docker, request_path: &Pat
     let result = CreateResult {
         error: outcome.as_ref().err().map(ToString::to_string),
     };
-    write_json_at(&result_path(request_path), &result)?;
+    let result_file = result_path(request_path);
+    write_json_at(&result_file, &result)?;
+    if !process_lives(request.client_pid) {
+        // The client was killed before the end (the create still happened, as with sbx):
+        // nobody will read or remove these.
+        let _ = std::fs::remove_file(&result_file);
+        let _ = std::fs::remove_file(request_path);
+    }
     if outcome.is_ok() {
         ensure_idle_watch(home, &request.name)?;
     }
@@ -235,7 +244,11 @@ async fn run_create(home: &StateHome, docker: &Docker, request: &CreateRequest) 
     let created = rfc3339(std::time::SystemTime::now());
     let exec_user = owner_of(Path::new(&request.workspace))?;
     let out = docker
-        .call("run", CREATE_TIMEOUT, run_argv(home, request, &id, &created))
+        .call(
+            "run",
+            CREATE_TIMEOUT,
+            run_argv(home, request, &id, &created),
+        )
         .await?;
     if out.status != exec_wrapper::ExitKind::Exited(0) {
         let detail = failure_detail(&out);
@@ -248,7 +261,9 @@ async fn run_create(home: &StateHome, docker: &Docker, request: &CreateRequest) 
         }
         // `docker run` may leave a created container behind; remove it only if it is ours.
         remove_if_ours(home, docker, &request.name, &id).await;
-        if lower.contains("executable file not found") || lower.contains("no such file or directory") {
+        if lower.contains("executable file not found")
+            || lower.contains("no such file or directory")
+        {
             return Err(SimError::TemplateCannotStart);
         }
         return Err(SimError::docker("run", detail));
@@ -281,13 +296,21 @@ async fn prepare(
     exec_user: &str,
 ) -> Result<()> {
     let kit = docker
-        .call("exec", CALL_TIMEOUT, ["exec", "-u", "0:0", container, "/bin/sh", "-c", KIT_CHECK])
+        .call(
+            "exec",
+            CALL_TIMEOUT,
+            ["exec", "-u", "0:0", container, "/bin/sh", "-c", KIT_CHECK],
+        )
         .await?;
     if kit.status != exec_wrapper::ExitKind::Exited(0) {
         return Err(SimError::TemplateCannotStart);
     }
     let userns = docker
-        .call("exec", CALL_TIMEOUT, ["exec", "-u", exec_user, container, "sh", "-c", USERNS_CHECK])
+        .call(
+            "exec",
+            CALL_TIMEOUT,
+            ["exec", "-u", exec_user, container, "sh", "-c", USERNS_CHECK],
+        )
         .await?;
     if userns.status != exec_wrapper::ExitKind::Exited(0) {
         return Err(SimError::NoUserNamespaces {
@@ -301,19 +324,29 @@ async fn prepare(
         (None, false) => None,
     };
     if let Some(kind) = socket {
-        let script = match kind {
-            AgentSocket::File => {
-                "mkdir -p /run && rm -f /run/ssh-agent.sock && : > /run/ssh-agent.sock && chmod 0666 /run/ssh-agent.sock"
-            }
-            AgentSocket::Link => {
-                "mkdir -p /run && rm -f /run/ssh-agent.sock && ln -s /run/sbx-sim-agent/missing.sock /run/ssh-agent.sock"
-            }
-        };
+        let script = agent_socket_script(kind);
         docker
-            .checked("exec", CALL_TIMEOUT, ["exec", "-u", "0:0", container, "sh", "-c", script])
+            .checked(
+                "exec",
+                CALL_TIMEOUT,
+                ["exec", "-u", "0:0", container, "sh", "-c", script],
+            )
             .await?;
     }
     Ok(())
+}
+
+/// The root script leaving what a daemon that forwards the SSH agent leaves at
+/// `/run/ssh-agent.sock`: an empty 0666 file, or a link to nothing.
+fn agent_socket_script(kind: AgentSocket) -> &'static str {
+    match kind {
+        AgentSocket::File => {
+            "mkdir -p /run && rm -f /run/ssh-agent.sock && : > /run/ssh-agent.sock && chmod 0666 /run/ssh-agent.sock"
+        }
+        AgentSocket::Link => {
+            "mkdir -p /run && rm -f /run/ssh-agent.sock && ln -s /run/sbx-sim-agent/missing.sock /run/ssh-agent.sock"
+        }
+    }
 }
 
 async fn remove_if_ours(home: &StateHome, docker: &Docker, name: &str, id: &str) {
@@ -361,7 +394,9 @@ pub async fn idle_watch(home: &StateHome, docker: &Docker, name: &str) -> Result
         }
         if let Some(container) = docker.inspect_one(&container_name).await? {
             if container.running {
-                let out = docker.call("kill", CALL_TIMEOUT, ["kill", container.id.as_str()]).await?;
+                let out = docker
+                    .call("kill", CALL_TIMEOUT, ["kill", container.id.as_str()])
+                    .await?;
                 if out.status != exec_wrapper::ExitKind::Exited(0) {
                     eprintln!("idle stop of {name}: {}", failure_detail(&out));
                 }
@@ -394,6 +429,7 @@ mod tests {
             network_none: true,
             delay_millis: 0,
             agent_socket: None,
+            client_pid: 1,
         };
         let argv = run_argv(&home, &request, "ID", "T");
         let d = home.digest();
@@ -415,6 +451,24 @@ mod tests {
     }
 
     #[test]
+    fn the_guest_scripts_are_pinned() {
+        insta::assert_snapshot!(
+            "guest_scripts",
+            [
+                ("keep-alive", KEEP_ALIVE),
+                ("kit check", KIT_CHECK),
+                ("user namespace check", USERNS_CHECK),
+                ("agent socket file", agent_socket_script(AgentSocket::File)),
+                ("agent socket link", agent_socket_script(AgentSocket::Link)),
+            ]
+            .iter()
+            .map(|(what, script)| format!("{what}:\n  {script}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+        );
+    }
+
+    #[test]
     fn requests_round_trip_through_their_file() {
         let temp = tempfile::tempdir().unwrap();
         let path = temp.path().join("r.request");
@@ -429,6 +483,7 @@ mod tests {
             network_none: false,
             delay_millis: 1500,
             agent_socket: Some(AgentSocket::Link),
+            client_pid: 42,
         };
         write_json_at(&path, &request).unwrap();
         assert_eq!(read_json_at::<CreateRequest>(&path).unwrap(), Some(request));

@@ -369,12 +369,27 @@ mod tests {
             &["ls", "--json"],
             &["ls"],
             &[
-                "create", "shell", "--name", "maf-a", "--cpus", "2", "--memory", "2g", "--skills",
-                "off", "--deny-network", "**", "--template", "img:tag", "/tmp/ws",
+                "create",
+                "shell",
+                "--name",
+                "maf-a",
+                "--cpus",
+                "2",
+                "--memory",
+                "2g",
+                "--skills",
+                "off",
+                "--deny-network",
+                "**",
+                "--template",
+                "img:tag",
+                "/tmp/ws",
             ],
             &["exec", "sb", "sh", "-c", "pwd -P"],
             &["exec", "-u", "root", "sb", "sh", "-c", "x", "maf-sbx", "/p"],
-            &["exec", "-i", "-w", "/", "-e", "A=1", "-e", "B=2", "sb", "cat"],
+            &[
+                "exec", "-i", "-w", "/", "-e", "A=1", "-e", "B=2", "sb", "cat",
+            ],
             &["rm", "--force", "sb"],
             &["rm", "-f", "a", "b"],
             &["rm", "--all", "--force"],
@@ -386,13 +401,46 @@ mod tests {
             &["policy", "ls", "--json"],
             &["policy", "ls", "sb", "--json"],
             &["policy", "check", "network", "--json", "example.com"],
-            &["policy", "deny", "network", "--sandbox", "sb", "--protocol", "tcp,udp", "**"],
-            &["policy", "allow", "network", "--sandbox", "sb", "a.com,b.com"],
             &[
-                "policy", "allow", "network", "--sandbox", "sb", "a.com", "--method", "GET",
-                "--path", "/x",
+                "policy",
+                "deny",
+                "network",
+                "--sandbox",
+                "sb",
+                "--protocol",
+                "tcp,udp",
+                "**",
             ],
-            &["policy", "rm", "network", "--sandbox", "sb", "--resource", "**", "--force"],
+            &[
+                "policy",
+                "allow",
+                "network",
+                "--sandbox",
+                "sb",
+                "a.com,b.com",
+            ],
+            &[
+                "policy",
+                "allow",
+                "network",
+                "--sandbox",
+                "sb",
+                "a.com",
+                "--method",
+                "GET",
+                "--path",
+                "/x",
+            ],
+            &[
+                "policy",
+                "rm",
+                "network",
+                "--sandbox",
+                "sb",
+                "--resource",
+                "**",
+                "--force",
+            ],
             &["sim", "fault", "set", "slow-create=3"],
             &["sim", "fault", "clear"],
             &["sim", "fault", "clear", "hung-exec"],
@@ -409,7 +457,19 @@ mod tests {
 
     #[test]
     fn the_exec_command_is_passed_through_verbatim() {
-        let cli = parse(&["exec", "-u", "root", "sb", "sh", "-c", "echo -n x", "--", "-e", ""]).unwrap();
+        let cli = parse(&[
+            "exec",
+            "-u",
+            "root",
+            "sb",
+            "sh",
+            "-c",
+            "echo -n x",
+            "--",
+            "-e",
+            "",
+        ])
+        .unwrap();
         let Command::Exec(exec) = cli.command else {
             panic!("not exec")
         };
@@ -439,7 +499,10 @@ mod tests {
         for line in lines {
             let err = parse(line).expect_err(&format!("{line:?}"));
             assert!(
-                !matches!(err.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion),
+                !matches!(
+                    err.kind(),
+                    ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+                ),
                 "{line:?}"
             );
             assert_eq!(err.exit_code(), 2, "{line:?}");

@@ -53,9 +53,7 @@ pub async fn dispatch(cli: Cli, raw_args: &[OsString]) -> Result<i32> {
     let docker = Docker::from_env();
     match cli.command {
         Command::Version => Ok(0),
-        Command::Login {
-            password_stdin, ..
-        } => login(&home, password_stdin),
+        Command::Login { password_stdin, .. } => login(&home, password_stdin),
         Command::Sim { action } => sim(&home, &docker, action).await,
         gated => {
             let faults = home.faults()?;
@@ -174,7 +172,10 @@ async fn ls(home: &StateHome, docker: &Docker, faults: &FaultSet, as_json: bool)
         }
         return Ok(0);
     }
-    println!("{:<40} {:<8} {:<24} WORKSPACE", "NAME", "STATUS", "TEMPLATE");
+    println!(
+        "{:<40} {:<8} {:<24} WORKSPACE",
+        "NAME", "STATUS", "TEMPLATE"
+    );
     for row in rows {
         println!(
             "{:<40} {:<8} {:<24} {}",
@@ -207,19 +208,30 @@ pub fn check_workspace(path: &Path) -> Result<String> {
         .to_str()
         .ok_or_else(|| SimError::invalid(format!("workspace {} is not UTF-8", path.display())))?;
     if !path.is_absolute() {
-        return Err(SimError::invalid(format!("workspace {text} is not an absolute path")));
+        return Err(SimError::invalid(format!(
+            "workspace {text} is not an absolute path"
+        )));
     }
     if text.contains([':', ',']) {
-        return Err(SimError::invalid(format!("workspace {text} contains ':' or ','")));
+        return Err(SimError::invalid(format!(
+            "workspace {text} contains ':' or ','"
+        )));
     }
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_dir() => Ok(text.to_owned()),
-        Ok(_) => Err(SimError::invalid(format!("workspace {text} is not a directory"))),
+        Ok(_) => Err(SimError::invalid(format!(
+            "workspace {text} is not a directory"
+        ))),
         Err(e) => Err(SimError::invalid(format!("workspace {text}: {e}"))),
     }
 }
 
-async fn create(home: &StateHome, docker: &Docker, faults: &FaultSet, args: CreateArgs) -> Result<i32> {
+async fn create(
+    home: &StateHome,
+    docker: &Docker,
+    faults: &FaultSet,
+    args: CreateArgs,
+) -> Result<i32> {
     if faults.has("lost-engine") {
         return Err(SimError::BackendUnavailable);
     }
@@ -236,7 +248,12 @@ async fn create(home: &StateHome, docker: &Docker, faults: &FaultSet, args: Crea
         .parse::<u32>()
         .ok()
         .filter(|c| *c >= 1)
-        .ok_or_else(|| SimError::invalid(format!("--cpus takes a whole number ≥ 1 (got {:?})", args.cpus)))?;
+        .ok_or_else(|| {
+            SimError::invalid(format!(
+                "--cpus takes a whole number ≥ 1 (got {:?})",
+                args.cpus
+            ))
+        })?;
     if !is_valid_memory(&args.memory) {
         return Err(SimError::invalid(format!(
             "--memory takes a size such as 2g or 512m (got {:?})",
@@ -263,7 +280,8 @@ async fn create(home: &StateHome, docker: &Docker, faults: &FaultSet, args: Crea
         // The create never happens and the client waits until it gives up.
         std::future::pending::<()>().await;
     }
-    let host_cpus = std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX));
+    let host_cpus = std::thread::available_parallelism()
+        .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX));
     let request = CreateRequest {
         name: args.name.clone(),
         cpus,
@@ -275,6 +293,7 @@ async fn create(home: &StateHome, docker: &Docker, faults: &FaultSet, args: Crea
         network_none: args.deny_network.iter().any(|r| r == "**"),
         delay_millis: u64::try_from(faults.create_delay().as_millis()).unwrap_or(u64::MAX),
         agent_socket: faults.agent_socket().map(Into::into),
+        client_pid: std::process::id(),
     };
     let request_id = random_hex(8)?;
     let workers = home.workers_dir();
@@ -282,7 +301,11 @@ async fn create(home: &StateHome, docker: &Docker, faults: &FaultSet, args: Crea
     let log = workers.join(format!("create-{request_id}.log"));
     write_json_at(&request_path, &request)?;
     let mut worker = spawn_detached(
-        &["sim".as_ref(), "create-worker".as_ref(), request_path.as_os_str()],
+        &[
+            "sim".as_ref(),
+            "create-worker".as_ref(),
+            request_path.as_os_str(),
+        ],
         &log,
     )?;
     let result_file = result_path(&request_path);
@@ -334,7 +357,9 @@ async fn exec(
         ));
     }
     if let Some(position) = first_empty_argument(&args.name, &args.command) {
-        return Err(SimError::invalid(format!("empty argument at position {position}")));
+        return Err(SimError::invalid(format!(
+            "empty argument at position {position}"
+        )));
     }
     for entry in &args.env {
         if entry.split_once('=').is_none_or(|(key, _)| key.is_empty()) {
@@ -381,7 +406,7 @@ async fn exec(
         let lock = home.lock()?;
         home.add_lease(&lock, &args.name, pid)?;
     }
-    let outcome = relay_exec(docker, &container, &user, &workdir, &args).await;
+    let outcome = leased_exec(home, docker, &container.id, &user, &workdir, &args).await;
     {
         let lock = home.lock()?;
         home.end_lease(&lock, &args.name, pid)?;
@@ -390,8 +415,35 @@ async fn exec(
     outcome
 }
 
-/// Starts a stopped sandbox, then runs `docker exec` with this process's stdio (stdin only
-/// with `-i`), so the bytes pass untouched and unbuffered; returns its status.
+/// The exec under its lease. The state is read again now that the lease holds off the idle
+/// watcher: it may have stopped the sandbox since the first look.
+async fn leased_exec(
+    home: &StateHome,
+    docker: &Docker,
+    id: &str,
+    user: &str,
+    workdir: &str,
+    args: &ExecArgs,
+) -> Result<i32> {
+    let container = docker
+        .inspect_one(id)
+        .await?
+        .ok_or_else(|| SimError::NotFound {
+            name: args.name.clone(),
+        })?;
+    if !container.running {
+        docker
+            .checked("start", CALL_TIMEOUT, ["start", container.id.as_str()])
+            .await?;
+        // The watcher that stopped it has ended; a client killed mid-exec never reaches the
+        // end, so the restarted sandbox gets its watcher now.
+        ensure_idle_watch(home, &args.name)?;
+    }
+    relay_exec(docker, &container, user, workdir, args).await
+}
+
+/// Runs `docker exec` with this process's stdio (stdin only with `-i`), so the bytes pass
+/// untouched and unbuffered; returns its status.
 async fn relay_exec(
     docker: &Docker,
     container: &Container,
@@ -399,11 +451,6 @@ async fn relay_exec(
     workdir: &str,
     args: &ExecArgs,
 ) -> Result<i32> {
-    if !container.running {
-        docker
-            .checked("start", CALL_TIMEOUT, ["start", container.id.as_str()])
-            .await?;
-    }
     let mut argv: Vec<OsString> = vec!["exec".into()];
     if args.interactive {
         argv.push("-i".into());
@@ -421,7 +468,9 @@ async fn relay_exec(
     };
     // The one docker call not captured by the bounded runner: its output is the command's
     // own, relayed byte for byte, and its deadline is the client's.
-    std::io::stdout().flush().map_err(|e| SimError::state("stdout", e))?;
+    std::io::stdout()
+        .flush()
+        .map_err(|e| SimError::state("stdout", e))?;
     let status = tokio::process::Command::new(docker.program())
         .args(&argv)
         .env_clear()
@@ -603,7 +652,11 @@ fn policy(home: &StateHome, action: PolicyAction) -> Result<i32> {
     }
 }
 
-fn record_policy(home: &StateHome, decision: &str, rule: &crate::cli::PolicyNetworkArgs) -> Result<i32> {
+fn record_policy(
+    home: &StateHome,
+    decision: &str,
+    rule: &crate::cli::PolicyNetworkArgs,
+) -> Result<i32> {
     let lock = home.lock()?;
     let mut recorded: Vec<Value> = home.read_json("policy.json")?.unwrap_or_default();
     recorded.push(json!({"decision": decision, "rule": rule}));
@@ -669,14 +722,25 @@ async fn doctor(home: &StateHome, docker: &Docker) -> Result<i32> {
             failed.push(what.to_owned());
         }
     };
-    report("state directory", Ok(format!("{} (home {})", home.dir().display(), home.digest())));
+    report(
+        "state directory",
+        Ok(format!("{} (home {})", home.dir().display(), home.digest())),
+    );
     let server = docker
-        .checked("version", CALL_TIMEOUT, ["version", "--format", "{{.Server.Version}}"])
+        .checked(
+            "version",
+            CALL_TIMEOUT,
+            ["version", "--format", "{{.Server.Version}}"],
+        )
         .await
         .map(|out| format!("engine {}", String::from_utf8_lossy(&out).trim()));
     report("docker", server);
     let image = docker
-        .checked("image inspect", CALL_TIMEOUT, ["image", "inspect", "--format", "{{.Id}}", SHELL_IMAGE])
+        .checked(
+            "image inspect",
+            CALL_TIMEOUT,
+            ["image", "inspect", "--format", "{{.Id}}", SHELL_IMAGE],
+        )
         .await
         .map(|out| format!("{SHELL_IMAGE} {}", String::from_utf8_lossy(&out).trim()));
     report("template image", image);
@@ -718,7 +782,10 @@ async fn doctor(home: &StateHome, docker: &Docker) -> Result<i32> {
     if failed.is_empty() {
         Ok(0)
     } else {
-        Err(SimError::invalid(format!("sim doctor: failed: {}", failed.join(", "))))
+        Err(SimError::invalid(format!(
+            "sim doctor: failed: {}",
+            failed.join(", ")
+        )))
     }
 }
 
@@ -731,6 +798,56 @@ mod tests {
         let line = version_line();
         assert!(line.starts_with("sbx-sim "), "{line}");
         assert!(line.ends_with("(stand-in for sbx; emulates v0.45.1; isolation: container)"));
+    }
+
+    #[test]
+    fn an_ls_row_has_the_listing_shape() {
+        let temp = tempfile::tempdir().unwrap();
+        let home = StateHome::open(temp.path().to_path_buf()).unwrap();
+        let labels = json!({
+            "sbx-sim.home": home.digest(),
+            "sbx-sim.name": "sb",
+            "sbx-sim.id": "0123456789abcdef0123456789abcdef",
+            "sbx-sim.workspace": "/w/ws-0123456789ab",
+            "sbx-sim.template": "shell",
+            "sbx-sim.created": "2026-11-30T16:52:39Z",
+        });
+        let container = Container {
+            id: "c0ffee".into(),
+            running: false,
+            labels: labels.as_object().unwrap().clone(),
+            nano_cpus: 1_500_000_000,
+            memory_bytes: 536_870_912,
+        };
+        // Without a record, the limits come from the engine.
+        let row = ls_row(&home, &container).unwrap();
+        insta::assert_snapshot!(
+            "ls_row_from_engine",
+            serde_json::to_string_pretty(&row).unwrap()
+        );
+        let lock = home.lock().unwrap();
+        let record = crate::state::SandboxRecord {
+            id: "0123456789abcdef0123456789abcdef".into(),
+            exec_user: "1000:1000".into(),
+            template: "shell".into(),
+            created: "2026-11-30T16:52:39Z".into(),
+            cpus: 2,
+            memory: "2g".into(),
+        };
+        home.write_json(&lock, "sandboxes/sb.json", &record)
+            .unwrap();
+        let row = ls_row(
+            &home,
+            &Container {
+                running: true,
+                ..container
+            },
+        )
+        .unwrap();
+        insta::assert_snapshot!(
+            "ls_row_with_record",
+            serde_json::to_string_pretty(&row).unwrap()
+        );
     }
 
     #[test]

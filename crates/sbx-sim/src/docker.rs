@@ -80,7 +80,12 @@ impl Docker {
     /// # Errors
     ///
     /// The runner's: not started, past the deadline, over the output cap.
-    pub async fn call<I, A>(&self, what: &'static str, timeout: Duration, args: I) -> Result<RunOutput>
+    pub async fn call<I, A>(
+        &self,
+        what: &'static str,
+        timeout: Duration,
+        args: I,
+    ) -> Result<RunOutput>
     where
         I: IntoIterator<Item = A>,
         A: Into<OsString>,
@@ -99,7 +104,12 @@ impl Docker {
     /// # Errors
     ///
     /// As [`Docker::call`], or [`SimError::Docker`] with the stderr tail on a non-zero exit.
-    pub async fn checked<I, A>(&self, what: &'static str, timeout: Duration, args: I) -> Result<Vec<u8>>
+    pub async fn checked<I, A>(
+        &self,
+        what: &'static str,
+        timeout: Duration,
+        args: I,
+    ) -> Result<Vec<u8>>
     where
         I: IntoIterator<Item = A>,
         A: Into<OsString>,
@@ -204,7 +214,10 @@ pub fn failure_detail(out: &RunOutput) -> String {
         };
     }
     let count = trimmed.chars().count();
-    trimmed.chars().skip(count.saturating_sub(DETAIL_CHARS)).collect()
+    trimmed
+        .chars()
+        .skip(count.saturating_sub(DETAIL_CHARS))
+        .collect()
 }
 
 /// Reads `docker container inspect` output: a JSON array of objects with `Id`, `State.Running`,
@@ -273,6 +286,18 @@ mod tests {
         assert!(parse_inspect(b"[oops").is_err());
     }
 
+    proptest::proptest! {
+        #[test]
+        fn no_byte_string_makes_the_inspect_parser_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = parse_inspect(&bytes);
+        }
+
+        #[test]
+        fn no_json_value_makes_the_inspect_parser_panic(text in r#"\[(\{("Id"|"State"|"Running"|"Config"|"Labels"|"HostConfig"|"NanoCpus"|:|,|\{|\}|true|false|1|-1|"x"|null)*\}?,?)*\]?"#) {
+            let _ = parse_inspect(text.as_bytes());
+        }
+    }
+
     #[test]
     fn the_failure_detail_is_the_stderr_tail_or_the_status() {
         let out = |stderr: &[u8], status| RunOutput {
@@ -281,7 +306,10 @@ mod tests {
             stderr: stderr.to_vec(),
             truncated: false,
         };
-        assert_eq!(failure_detail(&out(b"  \n", ExitKind::Exited(125))), "exit 125");
+        assert_eq!(
+            failure_detail(&out(b"  \n", ExitKind::Exited(125))),
+            "exit 125"
+        );
         assert_eq!(failure_detail(&out(b"boom\n", ExitKind::Exited(1))), "boom");
         let long = "x".repeat(5000) + "END";
         let detail = failure_detail(&out(long.as_bytes(), ExitKind::Exited(1)));

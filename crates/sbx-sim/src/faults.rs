@@ -25,7 +25,7 @@ pub enum Fault {
     /// Every gated command fails as if the login lapsed.
     LoginLapsed,
     /// Every gated command fails as if the daemon lost its VM backend.
-    DaemonFault,
+    DaemonLostBackend,
     /// `settings get ssh.agentForwardingEnabled` says `true`.
     AgentForwarding,
     /// New sandboxes get `/run/ssh-agent.sock`, as from a daemon not restarted.
@@ -92,7 +92,7 @@ impl Fault {
         };
         match name {
             "login-lapsed" => no_value(Fault::LoginLapsed),
-            "daemon-fault" => no_value(Fault::DaemonFault),
+            "daemon-fault" => no_value(Fault::DaemonLostBackend),
             "agent-forwarding" => no_value(Fault::AgentForwarding),
             "mcp-server" => no_value(Fault::McpServer),
             "lost-engine" => no_value(Fault::LostEngine),
@@ -120,7 +120,9 @@ impl Fault {
             "ls-shape" | "mcp-shape" => match value {
                 Some("keyed") if name == "ls-shape" => Ok(Fault::LsShapeKeyed),
                 Some("keyed") => Ok(Fault::McpShapeKeyed),
-                _ => Err(SimError::invalid(format!("fault {name} takes the value keyed"))),
+                _ => Err(SimError::invalid(format!(
+                    "fault {name} takes the value keyed"
+                ))),
             },
             other => Err(SimError::invalid(format!(
                 "unknown fault {other:?}; known: {}",
@@ -133,7 +135,7 @@ impl Fault {
     pub fn name(&self) -> &'static str {
         match self {
             Fault::LoginLapsed => "login-lapsed",
-            Fault::DaemonFault => "daemon-fault",
+            Fault::DaemonLostBackend => "daemon-fault",
             Fault::AgentForwarding => "agent-forwarding",
             Fault::AgentSocket(_) => "agent-socket",
             Fault::McpServer => "mcp-server",
@@ -196,9 +198,8 @@ impl FaultSet {
     /// An entry that is not a valid switch, named with the variable.
     pub fn add_env(&mut self, text: &str) -> Result<()> {
         for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let fault = Fault::parse(entry).map_err(|e| {
-                SimError::invalid(format!("{FAULTS_ENV}: {}", e.to_string()))
-            })?;
+            let fault =
+                Fault::parse(entry).map_err(|e| SimError::invalid(format!("{FAULTS_ENV}: {e}")))?;
             self.insert(fault);
         }
         Ok(())
@@ -355,12 +356,23 @@ mod tests {
     fn the_gate_reports_a_lapsed_login_before_a_daemon_fault() {
         let mut set = FaultSet::default();
         assert!(set.gate().is_ok());
-        set.insert(Fault::DaemonFault);
+        set.insert(Fault::DaemonLostBackend);
         assert!(matches!(set.gate(), Err(SimError::BackendUnavailable)));
         set.insert(Fault::LoginLapsed);
         assert!(matches!(set.gate(), Err(SimError::NotLoggedIn)));
         assert!(set.remove("login-lapsed"));
         assert!(!set.remove("login-lapsed"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_switch_text_parses_or_is_refused_without_panic(text in "\\PC{0,40}") {
+            if let Ok(fault) = Fault::parse(&text) {
+                proptest::prop_assert!(FAULT_NAMES.contains(&fault.name()));
+            }
+            let mut set = FaultSet::default();
+            let _ = set.add_env(&text);
+        }
     }
 
     #[test]

@@ -372,7 +372,12 @@ impl StateHome {
     /// # Errors
     ///
     /// The file cannot be written or renamed.
-    pub fn write_json<T: Serialize>(&self, _lock: &StateLock, relative: &str, value: &T) -> Result<()> {
+    pub fn write_json<T: Serialize>(
+        &self,
+        _lock: &StateLock,
+        relative: &str,
+        value: &T,
+    ) -> Result<()> {
         write_json_at(&self.dir.join(relative), value)
     }
 
@@ -470,7 +475,11 @@ impl StateHome {
         let mut names = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|e| SimError::state(&dir, e))?;
-            if let Some(name) = entry.file_name().to_str().and_then(|n| n.strip_suffix(".json")) {
+            if let Some(name) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".json"))
+            {
                 names.push(name.to_owned());
             }
         }
@@ -538,7 +547,11 @@ impl StateHome {
         let mut live = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|e| SimError::state(&dir, e))?;
-            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
                 continue;
             };
             if process_lives(pid) {
@@ -553,7 +566,10 @@ impl StateHome {
 
 /// Whether a process of this pid exists (a signal-0 probe).
 pub fn process_lives(pid: u32) -> bool {
-    let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else {
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
         return false;
     };
     match rustix::process::test_kill_process(pid) {
@@ -598,7 +614,10 @@ pub fn write_json_at<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let mut bytes = serde_json::to_vec_pretty(value)
         .map_err(|e| SimError::state(path, std::io::Error::other(e)))?;
     bytes.push(b'\n');
-    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let temp = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
     let written = OpenOptions::new()
         .create(true)
@@ -641,8 +660,14 @@ mod tests {
         let d = |a: Option<&str>, b: Option<&str>, c: Option<&str>| {
             resolve_dir(a.map(OsStr::new), b.map(OsStr::new), c.map(OsStr::new))
         };
-        assert_eq!(d(Some("/s"), Some("/x"), Some("/h")).unwrap(), Path::new("/s"));
-        assert_eq!(d(Some(""), Some("/x"), Some("/h")).unwrap(), Path::new("/x/sbx-sim"));
+        assert_eq!(
+            d(Some("/s"), Some("/x"), Some("/h")).unwrap(),
+            Path::new("/s")
+        );
+        assert_eq!(
+            d(Some(""), Some("/x"), Some("/h")).unwrap(),
+            Path::new("/x/sbx-sim")
+        );
         assert_eq!(
             d(None, None, Some("/h")).unwrap(),
             Path::new("/h/.local/state/sbx-sim")
@@ -654,10 +679,25 @@ mod tests {
 
     #[test]
     fn names_follow_the_pattern() {
-        for good in ["a", "0", "maf-0123456789ab-0123456789-01234567", &"a".repeat(63)] {
+        for good in [
+            "a",
+            "0",
+            "maf-0123456789ab-0123456789-01234567",
+            &"a".repeat(63),
+        ] {
             assert!(is_valid_name(good), "{good}");
         }
-        for bad in ["", "-a", "A", "a_b", "a.b", "a b", "é", &"a".repeat(64), "a/b"] {
+        for bad in [
+            "",
+            "-a",
+            "A",
+            "a_b",
+            "a.b",
+            "a b",
+            "é",
+            &"a".repeat(64),
+            "a/b",
+        ] {
             assert!(!is_valid_name(bad), "{bad}");
             assert!(check_name(bad).is_err());
         }
@@ -694,7 +734,11 @@ mod tests {
         settings.set(AGENT_FORWARDING_KEY, "TRUE").unwrap();
         assert!(settings.set(IDLE_STOP_KEY, "-1").is_err());
         assert!(settings.set(AGENT_FORWARDING_KEY, "yes").is_err());
-        assert!(settings.set("no.such", "1").unwrap_err().to_string().contains("unknown setting"));
+        assert!(settings
+            .set("no.such", "1")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown setting"));
         assert!(settings.get("no.such").is_err());
         let lock = home.lock().unwrap();
         home.write_json(&lock, "settings.json", &settings).unwrap();
@@ -722,7 +766,10 @@ mod tests {
         fs::write(home.dir().join("faults.json"), br#"{"bogus": null}"#).unwrap();
         assert!(home.stored_faults().is_err());
         fs::write(home.dir().join("faults.json"), br#"{"slow-create": "2"}"#).unwrap();
-        assert_eq!(home.stored_faults().unwrap().create_delay(), Duration::from_secs(2));
+        assert_eq!(
+            home.stored_faults().unwrap().create_delay(),
+            Duration::from_secs(2)
+        );
     }
 
     #[test]
@@ -733,7 +780,10 @@ mod tests {
         home.add_lease(&lock, "sb", std::process::id()).unwrap();
         // A pid far above any pid_max is never alive.
         home.add_lease(&lock, "sb", 999_999_999).unwrap();
-        assert_eq!(home.live_leases(&lock, "sb").unwrap(), vec![std::process::id()]);
+        assert_eq!(
+            home.live_leases(&lock, "sb").unwrap(),
+            vec![std::process::id()]
+        );
         home.end_lease(&lock, "sb", std::process::id()).unwrap();
         assert!(home.live_leases(&lock, "sb").unwrap().is_empty());
         assert!(home.last_activity("sb").unwrap().is_some());
