@@ -188,22 +188,18 @@ pub(crate) async fn acquire(
                     return Err(lost_track(&target));
                 }
             }
-            // Confirmed gone. A finished instance's generation is of no use to anyone; an
-            // unfinished create's workspace is kept (its daemon may still finish it), only its
-            // record goes so the new create can claim the name's record.
-            (Presence::Absent, finished) => {
+            // Confirmed gone: a finished instance's generation is of no use to anyone. An
+            // unfinished create's record stays (a create in another process may be just
+            // starting, and a create of ours overwrites it once it owns the name), and so does
+            // its workspace (its daemon may still finish it).
+            (Presence::Absent, true) => {
                 let dir = target.dir(host);
                 let generation = stale.workspace.clone();
-                let _ = tokio::task::spawn_blocking(move || {
-                    if finished {
-                        layout::clear(&dir, &[generation])
-                    } else {
-                        layout::remove_record(&dir)
-                    }
-                })
-                .await;
+                let _ =
+                    tokio::task::spawn_blocking(move || layout::clear(&dir, &[generation])).await;
                 record = None;
             }
+            (Presence::Absent, false) => {}
         }
     }
     if let (Some(_), Some(found)) = (&row, &record) {
@@ -632,12 +628,14 @@ async fn create(
         }
         Err(CliError::AlreadyExists { .. }) => {
             cleanup.stage = Stage::Done;
-            drop_generation(host, target, &generation).await;
+            // The draft record stays: it may be the only sign of the winner's create until the
+            // winner writes its own.
+            drop_generation(host, target, &generation, KeepRecord::Yes).await;
             return adopt_race_winner(host, target, spec).await;
         }
         Err(error) => {
             cleanup.stage = Stage::Done;
-            drop_generation(host, target, &generation).await;
+            drop_generation(host, target, &generation, KeepRecord::No).await;
             return Err(to_sandbox_error(error));
         }
     }
@@ -646,12 +644,20 @@ async fn create(
     Ok(sandbox)
 }
 
-async fn drop_generation(host: &SbxHost, target: &Target, generation: &str) {
+/// Whether dropping a generation that never became a sandbox also drops its draft record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeepRecord {
+    Yes,
+    No,
+}
+
+async fn drop_generation(host: &SbxHost, target: &Target, generation: &str, keep: KeepRecord) {
     let root = host.config.root.clone();
     let (name, generation) = (target.name.clone(), generation.to_owned());
-    let dropped =
-        tokio::task::spawn_blocking(move || layout::drop_generation(&root, &name, &generation))
-            .await;
+    let dropped = tokio::task::spawn_blocking(move || {
+        layout::drop_generation(&root, &name, &generation, keep == KeepRecord::Yes)
+    })
+    .await;
     if !matches!(dropped, Ok(Ok(()))) {
         tracing::warn!(sandbox = %target.name, "could not remove the workspace of a create that did not happen");
     }

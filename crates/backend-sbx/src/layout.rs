@@ -143,11 +143,19 @@ pub(crate) fn new_generation(root: &Path, name: &str) -> io::Result<String> {
 }
 
 /// Removes a generation this call made (recursively, never following links), the record when
-/// it names that generation (a draft of this call), and the name directory when nothing else is
-/// left in it.
-pub(crate) fn drop_generation(root: &Path, name: &str, generation: &str) -> io::Result<()> {
+/// it names that generation (a draft of this call) unless `keep_record`, and the name directory
+/// when nothing else is left in it.
+pub(crate) fn drop_generation(
+    root: &Path,
+    name: &str,
+    generation: &str,
+    keep_record: bool,
+) -> io::Result<()> {
     let dir = name_dir(root, name);
     remove_entry(&dir, generation)?;
+    if keep_record {
+        return remove_dir_if_empty(&dir);
+    }
     if let Ok(Some(record)) = read_record(&dir) {
         if record.workspace == generation && record.instance_id.is_none() {
             remove_record(&dir)?;
@@ -489,12 +497,12 @@ mod tests {
         let first = new_generation(root, "n").unwrap();
         let second = new_generation(root, "n").unwrap();
         assert!(claim_record(&name_dir(root, "n"), &record(&second, None)).unwrap());
-        drop_generation(root, "n", &second).unwrap();
+        drop_generation(root, "n", &second, false).unwrap();
         assert_eq!(
             entry_names(&name_dir(root, "n")).unwrap(),
             vec![first.clone()]
         );
-        drop_generation(root, "n", &first).unwrap();
+        drop_generation(root, "n", &first, false).unwrap();
         assert!(!name_dir(root, "n").exists());
     }
 
