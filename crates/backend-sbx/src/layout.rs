@@ -343,7 +343,7 @@ pub(crate) fn clear(dir: &Path, held: &[String]) -> io::Result<()> {
         Ok(()) => {
             let record = read_record_file(&detached);
             let belongs_elsewhere = match &record {
-                Ok(Some(record)) => !held.iter().any(|h| *h == record.workspace),
+                Ok(Some(record)) => !held.contains(&record.workspace),
                 // An unreadable record names nothing held: keep it rather than lose it.
                 Ok(None) | Err(_) => held.is_empty(),
             };
