@@ -357,9 +357,13 @@ async fn remove_if_ours(home: &StateHome, docker: &Docker, name: &str, id: &str)
     }
 }
 
+/// How often an idle watcher looks again while it waits.
+const WATCH_POLL: Duration = Duration::from_secs(1);
+
 /// Stops the sandbox `name` once it has been idle for `sim.idleStopSeconds` with no live
-/// exec lease; exits when it is stopped or gone, or idle stop is off. One watcher per name:
-/// a second one returns at once.
+/// exec lease; exits once it has stopped it, or when the sandbox's record is gone (removed,
+/// reset, or the state directory deleted) or idle stop is off. One watcher per name: a second
+/// one returns at once.
 ///
 /// # Errors
 ///
@@ -371,25 +375,22 @@ pub async fn idle_watch(home: &StateHome, docker: &Docker, name: &str) -> Result
     };
     let started = now_millis();
     let container_name = home.container_name(name);
+    let mut state_lock;
     loop {
+        // Every decision is taken under the state lock, where exec adds and ends its leases
+        // and create writes its record.
+        state_lock = home.lock()?;
         let idle_seconds = home.settings()?.idle_stop_seconds;
-        if idle_seconds == 0 {
-            return Ok(());
+        if idle_seconds == 0 || !home.has_record(name) {
+            break;
         }
         let idle = Duration::from_secs(idle_seconds);
         let last = home.last_activity(name)?.unwrap_or(started);
         let wait = idle_remaining(last, idle, now_millis());
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-            continue;
-        }
-        let state_lock = home.lock()?;
-        if home.last_activity(name)?.unwrap_or(started) != last {
-            continue;
-        }
-        if !home.live_leases(&state_lock, name)?.is_empty() {
+        let busy = wait.is_zero() && !home.live_leases(&state_lock, name)?.is_empty();
+        if !wait.is_zero() || busy {
             drop(state_lock);
-            tokio::time::sleep(idle.min(Duration::from_secs(2))).await;
+            tokio::time::sleep(if busy { idle } else { wait }.min(WATCH_POLL)).await;
             continue;
         }
         if let Some(container) = docker.inspect_one(&container_name).await? {
@@ -402,12 +403,13 @@ pub async fn idle_watch(home: &StateHome, docker: &Docker, name: &str) -> Result
                 }
             }
         }
-        // The watcher's own lock goes before the state lock: an exec that starts the sandbox
-        // again takes the state lock first, so its new watcher always finds this one gone.
-        drop(watcher_lock);
-        drop(state_lock);
-        return Ok(());
+        break;
     }
+    // The watcher's own lock goes before the state lock: an exec or a create that needs a new
+    // watcher takes the state lock first, so the watcher it starts always finds this one gone.
+    drop(watcher_lock);
+    drop(state_lock);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -466,6 +468,35 @@ mod tests {
             .collect::<Vec<_>>()
             .join("\n")
         );
+    }
+
+    #[tokio::test]
+    async fn a_watcher_ends_without_a_record_and_a_second_one_at_once() {
+        let temp = tempfile::tempdir().unwrap();
+        let home = StateHome::open(temp.path().to_path_buf()).unwrap();
+        // A docker that cannot run: a watcher with nothing to stop never calls it.
+        let docker = Docker::with_program("/nonexistent/docker");
+        let watch = |name: &'static str| {
+            let (home, docker) = (home.clone(), docker.clone());
+            async move {
+                tokio::time::timeout(Duration::from_secs(5), idle_watch(&home, &docker, name))
+                    .await
+                    .expect("the watcher did not end")
+            }
+        };
+        watch("gone").await.unwrap();
+        // Its lock was released on the way out.
+        let lock_path = home.workers_dir().join("idle-gone.lock");
+        let held = FileLock::try_take(&lock_path)
+            .unwrap()
+            .expect("lock released");
+        // With a record, and another watcher holding the lock, it returns at once.
+        let lock = home.lock().unwrap();
+        home.write_json(&lock, "sandboxes/gone.json", &"record")
+            .unwrap();
+        drop(lock);
+        watch("gone").await.unwrap();
+        drop(held);
     }
 
     #[test]

@@ -325,11 +325,12 @@ async fn create(
         }
         tokio::time::sleep(RESULT_POLL).await;
     };
-    let _ = std::fs::remove_file(&request_path);
-    let _ = std::fs::remove_file(&result_file);
+    // The result carries the failure, so the log is not kept either way.
+    for done in [&request_path, &result_file, &log] {
+        let _ = std::fs::remove_file(done);
+    }
     match result.error {
         None => {
-            let _ = std::fs::remove_file(&log);
             println!("Created sandbox {}", args.name);
             Ok(0)
         }
@@ -378,16 +379,37 @@ async fn exec(
         // A wedged exec: nothing runs and nothing returns.
         std::future::pending::<()>().await;
     }
-    let not_found = || SimError::NotFound {
-        name: args.name.clone(),
-    };
     if !is_valid_name(&args.name) {
-        return Err(not_found());
+        return Err(SimError::NotFound { name: args.name });
     }
+    // The lease comes first: from then on the idle watcher leaves the sandbox running, so the
+    // state read next stays true until the command has run.
+    let pid = std::process::id();
+    {
+        let lock = home.lock()?;
+        home.add_lease(&lock, &args.name, pid)?;
+    }
+    let outcome = leased_exec(home, docker, &args).await;
+    let lock = home.lock()?;
+    if matches!(outcome, Err(SimError::NotFound { .. })) {
+        // No such sandbox: drop the lease directory just made, and any stale record.
+        home.forget(&lock, &args.name)?;
+        return outcome;
+    }
+    home.end_lease(&lock, &args.name, pid)?;
+    drop(lock);
+    ensure_idle_watch(home, &args.name)?;
+    outcome
+}
+
+/// The exec under its lease: find the sandbox, start it when stopped, relay the command.
+async fn leased_exec(home: &StateHome, docker: &Docker, args: &ExecArgs) -> Result<i32> {
     let container = docker
         .inspect_one(&home.container_name(&args.name))
         .await?
-        .ok_or_else(not_found)?;
+        .ok_or_else(|| SimError::NotFound {
+            name: args.name.clone(),
+        })?;
     let workspace = container.label("sbx-sim.workspace").to_owned();
     let user = match args.user.as_deref() {
         Some("root") => "0:0".to_owned(),
@@ -400,37 +422,7 @@ async fn exec(
             None => owner_of(Path::new(&workspace))?,
         },
     };
-    let workdir = args.workdir.clone().unwrap_or_else(|| workspace.clone());
-    let pid = std::process::id();
-    {
-        let lock = home.lock()?;
-        home.add_lease(&lock, &args.name, pid)?;
-    }
-    let outcome = leased_exec(home, docker, &container.id, &user, &workdir, &args).await;
-    {
-        let lock = home.lock()?;
-        home.end_lease(&lock, &args.name, pid)?;
-    }
-    ensure_idle_watch(home, &args.name)?;
-    outcome
-}
-
-/// The exec under its lease. The state is read again now that the lease holds off the idle
-/// watcher: it may have stopped the sandbox since the first look.
-async fn leased_exec(
-    home: &StateHome,
-    docker: &Docker,
-    id: &str,
-    user: &str,
-    workdir: &str,
-    args: &ExecArgs,
-) -> Result<i32> {
-    let container = docker
-        .inspect_one(id)
-        .await?
-        .ok_or_else(|| SimError::NotFound {
-            name: args.name.clone(),
-        })?;
+    let workdir = args.workdir.clone().unwrap_or(workspace);
     if !container.running {
         docker
             .checked("start", CALL_TIMEOUT, ["start", container.id.as_str()])
@@ -439,7 +431,7 @@ async fn leased_exec(
         // end, so the restarted sandbox gets its watcher now.
         ensure_idle_watch(home, &args.name)?;
     }
-    relay_exec(docker, &container, user, workdir, args).await
+    relay_exec(docker, &container, &user, &workdir, args).await
 }
 
 /// Runs `docker exec` with this process's stdio (stdin only with `-i`), so the bytes pass

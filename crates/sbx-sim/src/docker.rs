@@ -65,6 +65,15 @@ impl Docker {
         }
     }
 
+    /// A given CLI, with this process's environment.
+    #[cfg(test)]
+    pub fn with_program(program: &str) -> Docker {
+        Docker {
+            program: program.into(),
+            env: std::env::vars_os().collect(),
+        }
+    }
+
     /// The CLI's path as configured.
     pub fn program(&self) -> &OsStr {
         &self.program

@@ -139,3 +139,33 @@ impl SimError {
 
 /// Shorthand for this crate's results.
 pub type Result<T, E = SimError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_line_is_one_line_with_the_prefix() {
+        let err = SimError::docker("run", "first\r\nsecond\n\nthird");
+        assert_eq!(
+            err.error_line(),
+            "ERROR: docker run failed: first second third"
+        );
+        assert_eq!(
+            SimError::NotFound { name: "sb".into() }.error_line(),
+            "ERROR: sandbox sb not found"
+        );
+        assert_eq!(
+            SimError::NotLoggedIn.error_line(),
+            "ERROR: You are not logged in. Run 'sbx login' to sign in."
+        );
+        assert_eq!(
+            SimError::BackendUnavailable.error_line(),
+            "ERROR: backend unavailable: sandboxd cannot reach its engine"
+        );
+        assert_eq!(
+            SimError::TemplateCannotStart.error_line(),
+            "ERROR: kit startup exited with code 127"
+        );
+    }
+}

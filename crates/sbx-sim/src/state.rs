@@ -450,6 +450,14 @@ impl StateHome {
         self.read_json(&format!("sandboxes/{name}.json"))
     }
 
+    /// Whether a sandbox has a record (its create finished and it was not removed since).
+    pub fn has_record(&self, name: &str) -> bool {
+        self.dir
+            .join("sandboxes")
+            .join(format!("{name}.json"))
+            .is_file()
+    }
+
     /// Removes a sandbox's record and its session directory (absence is fine).
     ///
     /// # Errors

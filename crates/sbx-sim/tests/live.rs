@@ -372,27 +372,15 @@ fn create_ls_exec_rm_round_trip_with_the_container_mapping() {
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(out.stdout, b"out\n");
     assert_eq!(out.stderr, b"err\n");
-    // The wrapper's user namespace works for the default user and for root.
-    home.ok([
-        "exec",
-        "main",
-        "unshare",
-        "--user",
-        "--mount",
-        "--map-root-user",
-        "true",
-    ]);
-    home.ok([
-        "exec",
-        "-u",
-        "root",
-        "main",
-        "unshare",
-        "--user",
-        "--mount",
-        "--map-root-user",
-        "true",
-    ]);
+    // What the exec wrapper does, a user namespace with a bind mount in it, works for the
+    // default user and for root.
+    let bind = "d=$(mktemp -d) && mkdir $d/a $d/b && touch $d/a/seen && \
+                unshare --user --mount --map-root-user sh -c \"mount --bind $d/a $d/b && ls $d/b\"";
+    assert_eq!(home.ok(["exec", "main", "sh", "-c", bind]), "seen\n");
+    assert_eq!(
+        home.ok(["exec", "-u", "root", "main", "sh", "-c", bind]),
+        "seen\n"
+    );
     // No network beyond loopback.
     assert_eq!(home.ok(["exec", "main", "ls", "/sys/class/net"]), "lo\n");
     // stdin reaches the command only with -i.
@@ -429,6 +417,7 @@ fn create_ls_exec_rm_round_trip_with_the_container_mapping() {
     );
     home.fails(["exec", "", "true"], "empty argument at position 0");
     home.fails(["exec", "nosuch", "true"], "sandbox nosuch not found");
+    assert!(!home.path().join("sessions/nosuch").exists());
 
     // rm: running without --force is refused; the workspace is never touched.
     std::fs::write(ws.join("kept"), b"x").unwrap();
@@ -532,6 +521,13 @@ fn a_template_without_bash_cannot_start_and_leaves_nothing() {
         "kit startup exited with code 127",
     );
     assert!(home.engine_containers().is_empty());
+    // A failed create leaves no request, result or log behind.
+    assert_eq!(
+        std::fs::read_dir(home.path().join("workers"))
+            .unwrap()
+            .count(),
+        0
+    );
     // A template image that is not there is never pulled.
     home.fails(
         [
