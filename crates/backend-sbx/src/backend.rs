@@ -183,6 +183,23 @@ impl SbxBackend {
     pub fn sbx_path(&self) -> &PathBuf {
         &self.host.config.sbx_path
     }
+
+    /// The host checks every acquire runs, alone (for a doctor): SSH agent forwarding off and no
+    /// MCP server registered, read and never written; then `sbx ls`, whose failure tells a lapsed
+    /// login or a faulted daemon.
+    ///
+    /// # Errors
+    ///
+    /// [`SandboxError::HostNotConfined`] naming the fix, [`SandboxError::LoginRequired`],
+    /// [`SandboxError::DaemonFault`], or the classified failure of a call.
+    ///
+    /// # Cancel safety and drop
+    ///
+    /// Dropping the future kills the running `sbx` calls; nothing is changed on the host.
+    pub async fn check_host(&self) -> Result<(), SandboxError> {
+        self.host.check_host().await?;
+        self.host.cli.ls().await.map(drop).map_err(to_sandbox_error)
+    }
 }
 
 impl SbxHost {
