@@ -889,6 +889,156 @@ async fn check_sandbox(host: &SbxHost, target: &Target) -> Result<(), SandboxErr
 mod tests {
     use super::*;
 
+    fn target() -> Target {
+        let key = SandboxKey::conversation("s", "t", "a");
+        let name = sbx_sandbox_name(&sandbox_core::NamePrefix::default(), &key, "k");
+        Target {
+            key,
+            kind: "k".into(),
+            sbx: sbx_name(&name).unwrap(),
+            name,
+            base: "/maf-sandbox/work".into(),
+            parent: "/maf-sandbox".into(),
+        }
+    }
+
+    fn ready_record() -> Record {
+        Record {
+            version: RECORD_VERSION,
+            key: ["s".into(), "t".into(), "a".into(), "".into()],
+            kind: "k".into(),
+            work_dir: "/maf-sandbox/work".into(),
+            image: None,
+            image_id: None,
+            workspace: "ws-0123456789ab".into(),
+            guest_mount: Some("/r/ws".into()),
+            egress_allow: None,
+            egress_plan: None,
+            instance_id: Some("id-1".into()),
+            retired: None,
+            retired_reason: None,
+        }
+    }
+
+    fn row(target: &Target, id: Option<&str>, workspace: &str) -> LsRow {
+        let json = serde_json::json!([{
+            "name": target.name,
+            "id": id,
+            "workspaces": [format!("/r/{}/{workspace}", target.name)],
+        }]);
+        sbx_cli::parse_ls(json.to_string().as_bytes())
+            .unwrap()
+            .remove(0)
+    }
+
+    #[test]
+    fn adoption_refuses_on_the_first_mismatch() {
+        let root = std::path::Path::new("/r");
+        let t = target();
+        let good_row = row(&t, Some("id-1"), "ws-0123456789ab");
+        let spec = SandboxSpec::builder("k").build().unwrap();
+        assert!(judge_adoption(root, &t, &good_row, Some(ready_record()), Some(&spec)).is_ok());
+        let cases: Vec<(&str, LsRow, Option<Record>, &str)> = vec![
+            ("no record", good_row.clone(), None, "engine"),
+            (
+                "unfinished",
+                good_row.clone(),
+                Some(Record {
+                    instance_id: None,
+                    ..ready_record()
+                }),
+                "busy",
+            ),
+            (
+                "workspace name",
+                good_row.clone(),
+                Some(Record {
+                    workspace: "../x".into(),
+                    ..ready_record()
+                }),
+                "engine",
+            ),
+            (
+                "other root",
+                row(&t, Some("id-1"), "ws-ba9876543210"),
+                Some(ready_record()),
+                "engine",
+            ),
+            (
+                "no id",
+                row(&t, None, "ws-0123456789ab"),
+                Some(ready_record()),
+                "engine",
+            ),
+            (
+                "other instance",
+                row(&t, Some("id-2"), "ws-0123456789ab"),
+                Some(ready_record()),
+                "engine",
+            ),
+            (
+                "other key",
+                good_row.clone(),
+                Some(Record {
+                    key: ["s".into(), "t".into(), "b".into(), "".into()],
+                    ..ready_record()
+                }),
+                "engine",
+            ),
+            (
+                "other base",
+                good_row.clone(),
+                Some(Record {
+                    work_dir: "/srv/work".into(),
+                    ..ready_record()
+                }),
+                "spec",
+            ),
+            (
+                "other image",
+                good_row.clone(),
+                Some(Record {
+                    image: Some("x".into()),
+                    ..ready_record()
+                }),
+                "spec",
+            ),
+            (
+                "allowlist",
+                good_row.clone(),
+                Some(Record {
+                    egress_allow: Some(serde_json::json!([["h", null, null]])),
+                    ..ready_record()
+                }),
+                "spec",
+            ),
+            (
+                "no guest mount",
+                good_row.clone(),
+                Some(Record {
+                    guest_mount: None,
+                    ..ready_record()
+                }),
+                "engine",
+            ),
+        ];
+        for (what, row, record, expected) in cases {
+            let refusal = judge_adoption(root, &t, &row, record, Some(&spec)).unwrap_err();
+            let got = match refusal {
+                Refusal::Engine(_) => "engine",
+                Refusal::SpecMismatch(_) => "spec",
+                Refusal::Busy(_) => "busy",
+            };
+            assert_eq!(got, expected, "{what}");
+        }
+        // Without a spec (find), only the record and the row are compared.
+        let other_base = Record {
+            work_dir: "/srv/work".into(),
+            ..ready_record()
+        };
+        assert!(judge_adoption(root, &t, &good_row, Some(other_base), None).is_ok());
+    }
+
     #[test]
     fn base_parents() {
         assert_eq!(base_parent("/maf-sandbox/work").unwrap(), "/maf-sandbox");
