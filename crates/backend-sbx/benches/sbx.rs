@@ -157,6 +157,8 @@ async fn main() {
     let disposal = backend.dispose(&key, DisposeSelector::all()).await;
     assert!(disposal.is_none(), "{disposal:?}");
     host.assert_nothing_left().await;
+    // Exiting skips destructors: the temporary directories go first.
+    drop(host);
     if !(exec_ok && files_ok) {
         std::process::exit(1);
     }
