@@ -16,8 +16,9 @@ use sandbox_core::{
     ExecRequest, Sandbox, SandboxEntry, SandboxError, TransferLimits,
 };
 
-use crate::cli_seam::{tail, SMALL_BUDGET};
-use crate::engine_calls::{GuestCall, GuestEnd, Shared};
+use crate::connection::quote as tail;
+use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
+use crate::state::BackendState;
 use crate::guest_scripts::{
     parse_list_records, LIST_EXIT_CANNOT_ENTER, LIST_SCRIPT, WRITE_EXIT_IS_DIRECTORY,
     WRITE_EXIT_IS_LINK, WRITE_SCRIPT,
@@ -36,7 +37,7 @@ const READ_SLACK: u64 = 64 * 1024;
 /// A handle to one container, by id: a replacement under the same name is never reached.
 #[derive(Debug)]
 pub(crate) struct DockerSandbox {
-    shared: Arc<Shared>,
+    shared: Arc<BackendState>,
     id: String,
     base: String,
     fresh: bool,
@@ -46,7 +47,7 @@ pub(crate) struct DockerSandbox {
 
 impl DockerSandbox {
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        shared: Arc<BackendState>,
         id: String,
         base: String,
         fresh: bool,
