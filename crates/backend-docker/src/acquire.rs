@@ -15,10 +15,10 @@ use crate::config::check_image_reference;
 use crate::connection::quote;
 use crate::containers::{ContainerShape, Created, Lifecycle};
 use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
-use crate::state::{bounded_join, shielded, BackendState, CleanupOnDrop, Remembered, WarmEntry};
 use crate::guest_scripts::{BASE_EXIT_FALLBACK, BASE_SCRIPT};
 use crate::handle::DockerSandbox;
 use crate::ownership_labels::{workload_labels, ContainerRecord, Verdict};
+use crate::state::{bounded_join, shielded, BackendState, CleanupOnDrop, Remembered, WarmEntry};
 use crate::tar_header::directory_entry;
 
 /// The body every workload runs, so any image stays alive whatever its entrypoint.
@@ -478,13 +478,16 @@ impl BackendState {
             self.lifecycle(Lifecycle::Pause, id).await?;
             let state = Arc::clone(self);
             let id = id.to_owned();
-            Some(CleanupOnDrop::armed("the unpause after the storage base", async move {
-                let _ = state.lifecycle(Lifecycle::Unpause, &id).await;
-            }))
+            Some(CleanupOnDrop::armed(
+                "the unpause after the storage base",
+                async move {
+                    let _ = state.lifecycle(Lifecycle::Unpause, &id).await;
+                },
+            ))
         } else {
             None
         };
-        let result = self.put_archive(id, archive).await;
+        let result = self.put_archive(id, "/", archive).await;
         if let Some(mut guard) = frozen {
             guard.disarm();
             let state = Arc::clone(self);

@@ -11,7 +11,7 @@ use sandbox_core::{
 };
 
 use crate::config::{DockerConfig, Resources};
-use crate::connection::{EngineConnection, Endpoint};
+use crate::connection::{Endpoint, EngineConnection};
 use crate::containers::engine_facts;
 use crate::state::BackendState;
 use crate::BACKEND_NAME;
@@ -217,7 +217,9 @@ mod tests {
         let error = DockerBackend::connect(config).await.unwrap_err();
         assert_eq!(error.kind(), ErrorKind::BackendUnavailable);
         assert!(
-            error.to_string().contains("unix:///nonexistent/docker.sock"),
+            error
+                .to_string()
+                .contains("unix:///nonexistent/docker.sock"),
             "{error}"
         );
         assert!(error.to_string().contains("DOCKER_HOST"), "{error}");

@@ -214,7 +214,11 @@ fn from_context(
         )));
     };
     let digest = hex(&Sha256::digest(name.as_bytes()));
-    let meta_path = dir.join("contexts").join("meta").join(&digest).join("meta.json");
+    let meta_path = dir
+        .join("contexts")
+        .join("meta")
+        .join(&digest)
+        .join("meta.json");
     let text = read_small(&meta_path)?.ok_or_else(|| {
         unavailable(format!(
             "context {name:?} not found: {} does not exist",
@@ -235,7 +239,11 @@ fn from_context(
             meta.endpoints.docker.host
         )));
     }
-    let tls_dir = dir.join("contexts").join("tls").join(&digest).join("docker");
+    let tls_dir = dir
+        .join("contexts")
+        .join("tls")
+        .join(&digest)
+        .join("docker");
     let tls = (meta.endpoints.docker.host.starts_with("tcp://")
         && !meta.endpoints.docker.skip_tls_verify
         && tls_dir.join("ca.pem").exists())
@@ -280,6 +288,8 @@ pub(crate) enum ApiFailure {
     Status { code: u16, message: String },
     /// The call's deadline passed.
     Deadline(Duration),
+    /// A streamed answer was malformed or refused by this side's parser.
+    Stream(String),
     /// The transport failed (connection refused, reset, protocol error…).
     Transport(bollard::errors::Error),
 }
@@ -314,6 +324,7 @@ impl From<bollard::errors::Error> for ApiFailure {
                 code: status_code,
                 message,
             },
+            bollard::errors::Error::DockerStreamError { error } => ApiFailure::Stream(error),
             other => ApiFailure::Transport(other),
         }
     }
@@ -360,8 +371,8 @@ impl EngineConnection {
                  (unix://, tcp:// and ssh:// are)"
             )));
         };
-        let client =
-            client.map_err(|e| unavailable(format!("cannot open the engine at {endpoint}: {e}")))?;
+        let client = client
+            .map_err(|e| unavailable(format!("cannot open the engine at {endpoint}: {e}")))?;
         let negotiated = match tokio::time::timeout(deadline, client.negotiate_version()).await {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => {
@@ -425,6 +436,9 @@ impl EngineConnection {
                 operation: operation.to_owned(),
                 bound,
             },
+            ApiFailure::Stream(why) => {
+                SandboxError::engine(format!("{operation}: {}", quote(why.as_bytes())))
+            }
             ApiFailure::Transport(error) => SandboxError::BackendUnavailable {
                 backend: BACKEND_NAME.to_owned(),
                 detail: format!(
@@ -541,7 +555,10 @@ mod tests {
         // DOCKER_CONFIG moves the whole client configuration.
         let elsewhere = tempfile::tempdir().unwrap();
         let moved = Endpoint::resolve(
-            &env(&[home_var, ("DOCKER_CONFIG", elsewhere.path().to_str().unwrap())]),
+            &env(&[
+                home_var,
+                ("DOCKER_CONFIG", elsewhere.path().to_str().unwrap()),
+            ]),
             None,
         )
         .unwrap();

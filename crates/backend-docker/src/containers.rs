@@ -54,7 +54,10 @@ pub(crate) struct EngineFacts {
 
 impl BackendState {
     /// One container by name or id; `None` when the engine says it is absent.
-    pub(crate) async fn inspect(&self, target: &str) -> Result<Option<ContainerRecord>, SandboxError> {
+    pub(crate) async fn inspect(
+        &self,
+        target: &str,
+    ) -> Result<Option<ContainerRecord>, SandboxError> {
         let answer = self
             .engine
             .call(
@@ -119,7 +122,9 @@ impl BackendState {
                     .next()
                     .unwrap_or_default();
                 if id.is_empty() {
-                    return Err(SandboxError::engine("the container list named a container without an id"));
+                    return Err(SandboxError::engine(
+                        "the container list named a container without an id",
+                    ));
                 }
                 Ok((id, name.trim_start_matches('/').to_owned()))
             })
@@ -151,7 +156,9 @@ impl BackendState {
             host_config: Some(host_config),
             ..ContainerCreateBody::default()
         };
-        let options = CreateContainerOptionsBuilder::new().name(shape.name).build();
+        let options = CreateContainerOptionsBuilder::new()
+            .name(shape.name)
+            .build();
         let created = self
             .engine
             .call(
@@ -181,11 +188,18 @@ impl BackendState {
         let api = self.engine.api();
         let deadline = self.config.command_timeout;
         let result = match verb {
-            Lifecycle::Start => self.engine.call(deadline, api.start_container(id, None)).await,
+            Lifecycle::Start => {
+                self.engine
+                    .call(deadline, api.start_container(id, None))
+                    .await
+            }
             Lifecycle::Pause => self.engine.call(deadline, api.pause_container(id)).await,
             Lifecycle::Unpause => self.engine.call(deadline, api.unpause_container(id)).await,
         };
-        result.map_err(|f| self.engine.failure(&format!("container {} {id}", verb.word()), f))
+        result.map_err(|f| {
+            self.engine
+                .failure(&format!("container {} {id}", verb.word()), f)
+        })
     }
 
     /// Force-removes one container. Never raises: a failure is a disposal code.
@@ -204,16 +218,22 @@ impl BackendState {
             Err(ApiFailure::Deadline(bound)) => {
                 return Err(DisposalFailure::new(
                     DisposalCode::Timeout,
-                    format!("{id}: the removal did not finish within {} s", bound.as_secs()),
+                    format!(
+                        "{id}: the removal did not finish within {} s",
+                        bound.as_secs()
+                    ),
                 ))
             }
             Err(ApiFailure::Transport(error)) => {
                 return Err(DisposalFailure::new(
                     DisposalCode::Unreachable,
-                    format!("{id}: the engine at {} is unreachable: {error}", self.engine.endpoint()),
+                    format!(
+                        "{id}: the engine at {} is unreachable: {error}",
+                        self.engine.endpoint()
+                    ),
                 ))
             }
-            Err(ApiFailure::Status { message, .. }) => {
+            Err(ApiFailure::Status { message, .. } | ApiFailure::Stream(message)) => {
                 return Err(DisposalFailure::new(
                     DisposalCode::Refused,
                     format!("{id}: {}", quote(message.as_bytes())),

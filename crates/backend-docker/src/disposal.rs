@@ -9,8 +9,8 @@ use sandbox_core::{
 };
 
 use crate::containers::Removal;
-use crate::state::{bounded_join, BackendState};
 use crate::ownership_labels::{ContainerRecord, Selection, PROXY_SUFFIX};
+use crate::state::{bounded_join, BackendState};
 
 /// How many removals run at once.
 const REMOVAL_CONCURRENCY: usize = 4;

@@ -5,7 +5,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-
 use sandbox_core::SandboxError;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
@@ -92,10 +91,10 @@ async fn bridge_gateway(state: &BackendState) -> Result<IpAddr, SandboxError> {
         .engine
         .call(
             state.config.command_timeout,
-            state
-                .engine
-                .api()
-                .inspect_network("bridge", None::<bollard::query_parameters::InspectNetworkOptions>),
+            state.engine.api().inspect_network(
+                "bridge",
+                None::<bollard::query_parameters::InspectNetworkOptions>,
+            ),
         )
         .await
         .map_err(|f| state.engine.failure("network inspect bridge", f))?;

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use exec_wrapper::{
     docker_wrapper_argv, encode_invocation, kill_argv, new_nonce, parse_result, pid_file,
     read_tool_probe, tool_probe_argv, ExitKind, KillFailure, KillOutcome, ToolProbeOutcome,
@@ -247,15 +247,12 @@ impl BackendState {
         let nonce = new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
         let pid_file = pid_file(&nonce);
         let argv = docker_wrapper_argv(&nonce, &invocation);
-        let mut kill_if_dropped = CleanupOnDrop::armed(
-            "the remote kill of a dropped command",
-            {
-                let kill = Arc::clone(self).kill_group(id.to_owned(), pid_file.clone());
-                async move {
-                    kill.await;
-                }
-            },
-        );
+        let mut kill_if_dropped = CleanupOnDrop::armed("the remote kill of a dropped command", {
+            let kill = Arc::clone(self).kill_group(id.to_owned(), pid_file.clone());
+            async move {
+                kill.await;
+            }
+        });
         let ran = tokio::time::timeout(
             call.timeout,
             self.exec_collect(id, argv, env, call.stdin, call.budget),
@@ -265,7 +262,9 @@ impl BackendState {
         let collected = match ran {
             Err(_) => return Ok(GuestEnd::Expired(self.kill_shielded(id, &pid_file).await)),
             Ok(Err(ExecFailure::OverBudget)) => {
-                return Ok(GuestEnd::Overflowed(self.kill_shielded(id, &pid_file).await))
+                return Ok(GuestEnd::Overflowed(
+                    self.kill_shielded(id, &pid_file).await,
+                ))
             }
             Ok(Err(failure @ ExecFailure::Broken(_))) => {
                 // The stream is gone but the command may not be: kill its group all the same.

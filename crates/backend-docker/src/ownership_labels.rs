@@ -175,18 +175,10 @@ impl ContainerRecord {
         self.state.as_ref().is_some_and(|s| s.oom_killed)
     }
 
-    /// Parses one inspect line.
+    /// Parses one inspect answer.
+    #[cfg(test)]
     pub(crate) fn parse(line: &[u8]) -> Result<ContainerRecord, String> {
         serde_json::from_slice(line).map_err(|e| format!("unreadable inspect answer: {e}"))
-    }
-
-    /// Parses every line of a multi-target inspect.
-    pub(crate) fn parse_lines(stdout: &[u8]) -> Result<Vec<ContainerRecord>, String> {
-        stdout
-            .split(|b| *b == b'\n')
-            .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
-            .map(ContainerRecord::parse)
-            .collect()
     }
 
     /// The engine's status word (`running`, `exited`, ...).

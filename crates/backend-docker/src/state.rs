@@ -43,6 +43,8 @@ struct ProcessMemory {
     remembered: HashMap<String, Remembered>,
     /// Ids whose engine record already said `OOMKilled`, so a later kill is not blamed on it.
     oom_seen: HashSet<String>,
+    /// The guest user's uid and gid per id, for files the engine writes on its behalf.
+    guest_ids: HashMap<String, (u64, u64)>,
 }
 
 /// Everything one [`DockerBackend`](crate::DockerBackend) and its handles share.
@@ -85,12 +87,6 @@ impl BackendState {
     /// Waits for the process-wide lock of one container name.
     pub(crate) async fn lock_name(&self, name: &str) -> NameGuard {
         self.name_locks.lock(name).await
-    }
-
-    /// How many names have a lock slot (held or awaited).
-    #[cfg(test)]
-    pub(crate) fn name_slots(&self) -> usize {
-        self.name_locks.slots().len()
     }
 
     pub(crate) fn is_retired(&self, id: &str) -> bool {
@@ -140,6 +136,14 @@ impl BackendState {
         self.memory().oom_seen.insert(id.to_owned())
     }
 
+    pub(crate) fn known_guest_ids(&self, id: &str) -> Option<(u64, u64)> {
+        self.memory().guest_ids.get(id).copied()
+    }
+
+    pub(crate) fn remember_guest_ids(&self, id: &str, ids: (u64, u64)) {
+        self.memory().guest_ids.insert(id.to_owned(), ids);
+    }
+
     pub(crate) fn warm_entry(&self, id: &str) -> Option<WarmEntry> {
         self.memory().warm.get(id).cloned()
     }
@@ -175,6 +179,7 @@ impl BackendState {
         memory.warm.remove(id);
         memory.probed.remove(id);
         memory.oom_seen.remove(id);
+        memory.guest_ids.remove(id);
         memory.remembered.retain(|_, r| r.id != id);
         if !memory.unremovable.contains(id) {
             memory.retired.remove(id);

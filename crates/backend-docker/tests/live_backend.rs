@@ -91,7 +91,8 @@ async fn a_create_that_gives_up_leaves_no_container_behind() {
     // container, but the backend never hears its id.
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("slow-engine.sock");
-    let _proxy = support::DelayingProxy::start(&socket, "POST /containers/create", Duration::from_secs(8));
+    let _proxy =
+        support::DelayingProxy::start(&socket, "POST /containers/create", Duration::from_secs(8));
     let mut config = support::config(false).await;
     config.management_env = Some(vec![(
         "DOCKER_HOST".into(),
