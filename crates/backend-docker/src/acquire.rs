@@ -104,10 +104,7 @@ impl BackendState {
             existing
                 .verify(key, plan.kind, Some(&plan.base), Some(&plan.image))
                 .map_err(|verdict| refusal(&plan.name, verdict))?;
-            if existing.oom_killed() {
-                // An earlier kill is not blamed on a later command.
-                self.note_oom(&existing.id);
-            }
+
             if self.is_retired(&existing.id) {
                 self.replace(&existing.id).await?;
                 continue;

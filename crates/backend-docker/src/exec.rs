@@ -253,6 +253,7 @@ impl BackendState {
                 kill.await;
             }
         });
+        let started = std::time::SystemTime::now();
         let ran = tokio::time::timeout(
             call.timeout,
             self.exec_collect(id, argv, env, call.stdin, call.budget),
@@ -282,7 +283,8 @@ impl BackendState {
         ) {
             WrapperOutcome::Ran(ran) => {
                 if ran.status > SIGNAL_STATUS_FLOOR {
-                    self.refuse_if_container_died(id, ran.status).await?;
+                    self.refuse_if_container_died(id, ran.status, started)
+                        .await?;
                 }
                 Ok(GuestEnd::Ran(ExecOutput {
                     stdout: ran.stdout,
@@ -393,9 +395,53 @@ impl BackendState {
         }
     }
 
+    /// Whether the engine recorded an OOM kill in container `id` since `started` (its `oom`
+    /// events; an engine's `State.OOMKilled` is only set when the container itself exits).
+    async fn oom_since(
+        &self,
+        id: &str,
+        started: std::time::SystemTime,
+    ) -> Result<bool, SandboxError> {
+        let since = started
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let until = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs()
+            + 1;
+        let options = bollard::query_parameters::EventsOptions {
+            since: Some(since.as_secs().to_string()),
+            until: Some(until.to_string()),
+            filters: Some(std::collections::HashMap::from([
+                ("container".to_owned(), vec![id.to_owned()]),
+                ("event".to_owned(), vec!["oom".to_owned()]),
+            ])),
+        };
+        let events = async {
+            let mut stream = self.engine.api().events(Some(options));
+            let mut seen = false;
+            while let Some(event) = stream.next().await {
+                let event = event?;
+                let at = event.time_nano.unwrap_or(i64::MAX);
+                seen |= i128::from(at) >= since.as_nanos() as i128;
+            }
+            Ok(seen)
+        };
+        self.engine
+            .call(self.config.command_timeout, events)
+            .await
+            .map_err(|f| self.engine.failure("engine events (oom)", f))
+    }
+
     /// A signal-shaped status may be the container's death, or the kernel's OOM kill, rather than
     /// the command's own: an inspect tells them apart, so neither reads as a bare exit code.
-    async fn refuse_if_container_died(&self, id: &str, status: i32) -> Result<(), SandboxError> {
+    async fn refuse_if_container_died(
+        &self,
+        id: &str,
+        status: i32,
+        started: std::time::SystemTime,
+    ) -> Result<(), SandboxError> {
         let mut record = self.inspect(id).await?;
         if status == SIGKILL_STATUS && record.as_ref().is_some_and(|r| r.status() == "running") {
             // A container's own kill ends the exec before the engine records the container as
@@ -411,9 +457,7 @@ impl BackendState {
                 "container {id} stopped ({}) while the command ran; its status {status} is not the command's",
                 record.status()
             ))),
-            Some(record)
-                if status == SIGKILL_STATUS && record.oom_killed() && self.note_oom(id) =>
-            {
+            Some(_) if status == SIGKILL_STATUS && self.oom_since(id, started).await? => {
                 Err(SandboxError::engine(format!(
                     "the command was killed for exceeding the sandbox's memory limit of {} MiB \
                      (the kernel's OOM killer; the engine reports OOMKilled)",

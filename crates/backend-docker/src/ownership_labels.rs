@@ -117,8 +117,6 @@ pub(crate) struct ContainerRecord {
 pub(crate) struct StateRecord {
     #[serde(rename = "Status", default)]
     pub(crate) status: String,
-    #[serde(rename = "OOMKilled", default)]
-    pub(crate) oom_killed: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -168,11 +166,6 @@ impl ContainerRecord {
         serde_json::to_value(answer)
             .and_then(serde_json::from_value)
             .map_err(|e| format!("unreadable inspect answer: {e}"))
-    }
-
-    /// Whether the engine says a process of this container was killed for its memory limit.
-    pub(crate) fn oom_killed(&self) -> bool {
-        self.state.as_ref().is_some_and(|s| s.oom_killed)
     }
 
     /// Parses one inspect answer.

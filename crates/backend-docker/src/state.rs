@@ -41,8 +41,6 @@ struct ProcessMemory {
     warm: HashMap<String, WarmEntry>,
     /// Name → what this process made or adopted under it.
     remembered: HashMap<String, Remembered>,
-    /// Ids whose engine record already said `OOMKilled`, so a later kill is not blamed on it.
-    oom_seen: HashSet<String>,
     /// The guest user's uid and gid per id, for files the engine writes on its behalf.
     guest_ids: HashMap<String, (u64, u64)>,
 }
@@ -131,11 +129,6 @@ impl BackendState {
         self.memory().probed.insert(id.to_owned());
     }
 
-    /// Records that the engine says `OOMKilled` for `id`; true when this is news.
-    pub(crate) fn note_oom(&self, id: &str) -> bool {
-        self.memory().oom_seen.insert(id.to_owned())
-    }
-
     pub(crate) fn known_guest_ids(&self, id: &str) -> Option<(u64, u64)> {
         self.memory().guest_ids.get(id).copied()
     }
@@ -178,7 +171,6 @@ impl BackendState {
         let mut memory = self.memory();
         memory.warm.remove(id);
         memory.probed.remove(id);
-        memory.oom_seen.remove(id);
         memory.guest_ids.remove(id);
         memory.remembered.retain(|_, r| r.id != id);
         if !memory.unremovable.contains(id) {

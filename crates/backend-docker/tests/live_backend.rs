@@ -541,3 +541,56 @@ async fn refused_reads_leave_no_wrapper_files_in_the_guest() {
     assert_eq!(residue.stdout_text().trim(), "0", "{residue:?}");
     assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxes_get_two_cpus_and_two_gib_and_an_oom_kill_says_so() {
+    let backend = backend(false).await;
+    let scope = unique_scope("resources");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let inspect = docker([
+        "container",
+        "inspect",
+        "--format",
+        "{{.HostConfig.NanoCpus}} {{.HostConfig.Memory}} {{.HostConfig.MemorySwap}} {{.HostConfig.PidsLimit}}",
+        sandbox.instance_id(),
+    ])
+    .await;
+    let (cpus, memory) = backend.sandbox_resources();
+    let expected = format!("{} {memory} {memory} 512", (cpus * 1e9).round() as i64);
+    assert_eq!(String::from_utf8_lossy(&inspect.stdout).trim(), expected);
+    assert!(cpus <= 2.0 && memory <= 2 << 30, "{cpus} {memory}");
+    assert!(backend_docker::DEFAULT_MEMORY_BYTES == 2 << 30 && backend_docker::DEFAULT_CPUS == 2.0);
+    drop(sandbox);
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+
+    // A guest over a small limit is killed by the kernel, and the error names the limit.
+    let mut config = support::config(false).await;
+    config.memory_bytes = 32 << 20;
+    let small = backend_docker::DockerBackend::connect(config)
+        .await
+        .unwrap();
+    let key = SandboxKey::conversation(scope.as_str(), "small", "agent");
+    let sandbox = small.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let error = sandbox
+        .exec(
+            ExecRequest::new(Command::argv([
+                "sh",
+                "-c",
+                "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}",
+            ]))
+            .timeout(Duration::from_secs(60)),
+        )
+        .await
+        .expect_err("the allocation outgrows the limit");
+    assert_eq!(error.kind(), ErrorKind::Engine, "{error}");
+    assert!(
+        error.to_string().contains("memory limit of 32 MiB"),
+        "{error}"
+    );
+    // The sandbox stays usable, and a later kill of the command's own is its exit code again.
+    let own = run(sandbox.as_ref(), &["sh", "-c", "kill -9 $$"]).await;
+    assert_eq!(own.exit_code, 137);
+    drop(sandbox);
+    assert_nothing_left(&small, &scope, &["small".to_owned()]).await;
+}
