@@ -1,4 +1,4 @@
-//! Names, labels and ownership (docker.md §4, rules 8, 9 and 14): what a container is labelled
+//! Names, labels and ownership: what a container is labelled
 //! with at create, how a listing selects by label, and how an inspected container is judged.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,7 +40,7 @@ pub(crate) fn workload_labels(
     labels
 }
 
-/// Which containers a listing selects (docker.md rule 36).
+/// Which containers a listing selects.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Selection {
     pub(crate) scope: String,
@@ -63,12 +63,12 @@ impl Selection {
         }
     }
 
-    /// `docker ps` filter arguments, each value through `label_value`.
-    pub(crate) fn filter_args(&self) -> Vec<String> {
+    /// The container listing's `label` filters (`name=value`, each value through `label_value`);
+    /// the engine selects containers carrying all of them.
+    pub(crate) fn label_filters(&self) -> Vec<String> {
         let mut args = Vec::new();
         let mut push = |label: &str, raw: &str| {
-            args.push("--filter".to_owned());
-            args.push(format!("label={label}={}", label_value(raw)));
+            args.push(format!("{label}={}", label_value(raw)));
         };
         push(LABEL_SCOPE, &self.scope);
         for (label, value) in [
@@ -147,32 +147,31 @@ pub(crate) struct HostConfigRecord {
     port_bindings: Option<serde_json::Value>,
 }
 
-/// How a container fails rule 14, first failure first.
+/// How a container fails the ownership rules, first failure first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Rule 14.1: its labels do not name this key and kind.
+    /// Ownership 1: its labels do not name this key and kind.
     NotOurs,
-    /// Rule 14.2: it records another storage base (or none).
+    /// Ownership 2: it records another storage base (or none).
     OtherBase(Option<String>),
-    /// Rule 14.3: it runs another image.
+    /// Ownership 3: it runs another image.
     OtherImage(Option<String>),
-    /// Rule 14.4: its runtime policy differs.
+    /// Ownership 4: its runtime policy differs.
     OtherPolicy(String),
 }
 
 impl ContainerRecord {
-    /// Parses one inspect line.
-    pub(crate) fn parse(line: &[u8]) -> Result<ContainerRecord, String> {
-        serde_json::from_slice(line).map_err(|e| format!("unreadable inspect answer: {e}"))
+    /// Reads an engine answer about one container.
+    pub(crate) fn from_api<T: serde::Serialize>(answer: &T) -> Result<ContainerRecord, String> {
+        serde_json::to_value(answer)
+            .and_then(serde_json::from_value)
+            .map_err(|e| format!("unreadable inspect answer: {e}"))
     }
 
-    /// Parses every line of a multi-target inspect.
-    pub(crate) fn parse_lines(stdout: &[u8]) -> Result<Vec<ContainerRecord>, String> {
-        stdout
-            .split(|b| *b == b'\n')
-            .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
-            .map(ContainerRecord::parse)
-            .collect()
+    /// Parses one inspect answer.
+    #[cfg(test)]
+    pub(crate) fn parse(line: &[u8]) -> Result<ContainerRecord, String> {
+        serde_json::from_slice(line).map_err(|e| format!("unreadable inspect answer: {e}"))
     }
 
     /// The engine's status word (`running`, `exited`, ...).
@@ -203,7 +202,7 @@ impl ContainerRecord {
         self.labels().get(LABEL_WORK_DIR_V1).cloned()
     }
 
-    /// Rule 14.1: scope, thread, agent and kind labels equal this key's; the call label present
+    /// Ownership 1: scope, thread, agent and kind labels equal this key's; the call label present
     /// and equal for a call key, absent for a conversation key.
     pub(crate) fn owned_by(&self, key: &SandboxKey, kind: Option<&str>) -> bool {
         let labels = self.labels();
@@ -220,7 +219,7 @@ impl ContainerRecord {
             && call_ok
     }
 
-    /// Rule 14.4: every capability dropped, none added, not privileged, network `none`, `--init`,
+    /// Ownership 4: every capability dropped, none added, not privileged, network `none`, `--init`,
     /// no bind, mount or published port. `None` when the policy holds, else what differs.
     pub(crate) fn policy_difference(&self) -> Option<String> {
         let Some(host) = &self.host_config else {
@@ -272,7 +271,7 @@ impl ContainerRecord {
         None
     }
 
-    /// Rule 14 in order, first failure wins. `image` is `None` for `find`, which has no spec.
+    /// The ownership rules in order, first failure wins. `image` is `None` for `find`, which has no spec.
     pub(crate) fn verify(
         &self,
         key: &SandboxKey,
@@ -408,15 +407,12 @@ mod tests {
     #[test]
     fn filters_use_label_values() {
         let sel = Selection::of_key(&key().with_call("c"), Some("py thon"));
-        let args = sel.filter_args();
-        assert_eq!(args[1], "label=maf-sandbox.scope=prod");
-        assert!(args.contains(&"label=maf-sandbox.call=c".to_owned()));
-        assert!(args.contains(&format!(
-            "label=maf-sandbox.kind={}",
-            label_value("py thon")
-        )));
+        let args = sel.label_filters();
+        assert_eq!(args[0], "maf-sandbox.scope=prod");
+        assert!(args.contains(&"maf-sandbox.call=c".to_owned()));
+        assert!(args.contains(&format!("maf-sandbox.kind={}", label_value("py thon"))));
         let conversation = Selection::of_key(&key(), None);
-        assert_eq!(conversation.filter_args().len(), 6);
+        assert_eq!(conversation.label_filters().len(), 3);
         assert!(conversation.matches(&key().with_call("x"), "any"));
         assert!(!Selection::of_key(&key().with_call("x"), None).matches(&key(), "k"));
     }
