@@ -333,7 +333,7 @@ pub fn refuses_source(home: &str, path: &str) -> Option<&'static CredentialPath>
     })
 }
 
-/// Refuses a host source to copy into a sandbox (rule 10): a relative path or home →
+/// Refuses a host source to copy into a sandbox : a relative path or home →
 /// [`SandboxError::InvalidArgument`]; a source that is, contains or lies under a credential path →
 /// [`SandboxError::Confinement`] naming it. Resolve links before asking.
 pub fn check_source(home: &str, path: &str) -> Result<(), SandboxError> {
@@ -348,7 +348,7 @@ pub fn check_source(home: &str, path: &str) -> Result<(), SandboxError> {
     }
 }
 
-/// Refuses an sbx workspace root (rule 13): relative, `/`, the home directory or an ancestor of it, or a path
+/// Refuses an sbx workspace root: relative, `/`, the home directory or an ancestor of it, or a path
 /// inside any credential path → [`SandboxError::InvalidArgument`].
 pub fn check_workspace_root(home: &str, root: &str) -> Result<(), SandboxError> {
     require_absolute("home directory", home)?;
@@ -396,11 +396,7 @@ mod tests {
     #[test]
     fn data_file_parses_with_both_lists() {
         let all = credential_paths();
-        assert_eq!(
-            all.len(),
-            40,
-            "8 home entries (rule 11) and 32 credential entries (rule 12)"
-        );
+        assert_eq!(all.len(), 40, "8 home entries and 32 credential entries");
         let find = |r: &str| all.iter().find(|p| p.relative() == r).copied();
         for home_entry in [
             ".aws",

@@ -126,7 +126,8 @@ fn gate(global: &GlobalArgs, backend: &Arc<dyn SandboxBackend>) -> Result<(), Sa
 }
 
 /// The selected backend, refused below the floor. `guest_names` are the `--env` names whose values go to
-/// the guest: they stay out of the engine client's own environment (host-hygiene rule 5).
+/// the guest: they stay out of the engine client's own environment, so a secret given to the guest is
+/// not also inherited by every engine client process.
 async fn gated_backend(
     global: &GlobalArgs,
     guest_names: &[String],
