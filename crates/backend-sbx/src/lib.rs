@@ -67,7 +67,7 @@
 //! - `sbx rm` takes only a name: a disposal by instance checks the id in `ls` first, and a
 //!   process that replaces the sandbox in between loses the replacement.
 #![deny(missing_docs)]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod acquire;
 mod backend;
