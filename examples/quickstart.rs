@@ -1,6 +1,7 @@
 //! Quickstart: acquire a Docker sandbox for a key, run a command, move a file in and out, dispose.
 //!
 //! Needs a Docker engine and the default image (`cargo xtask images sandbox-base:local`).
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 

@@ -2,6 +2,7 @@
 //!
 //! The candidates are the in-process fake backend (rung `none`, for tests) and Docker containers
 //! (rung `container`). Needs a Docker engine and the default image.
+#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,4 +3,4 @@
 //! Run them with `cargo run -p examples --example quickstart` (a Docker engine and the local images
 //! are needed: `cargo xtask images`).
 #![deny(missing_docs)]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]

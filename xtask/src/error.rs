@@ -95,6 +95,15 @@ pub enum XtaskError {
         listing: String,
     },
 
+    /// Code comments cite documents outside the repository (`crate::citations`).
+    #[error(
+        "{} comment line(s) cite a document outside the repository; cite docs/<file>.md#<section> \
+         or say it in place:\n{}",
+        .0.len(),
+        .0.join("\n")
+    )]
+    StaleCitations(Vec<String>),
+
     /// A bounded child process could not run to its end (spawn failure, deadline, output budget).
     #[error("`{command}`: {source}")]
     Bounded {

@@ -78,7 +78,8 @@ pub fn step(workspace: &Workspace) -> Step<'_> {
     }
 }
 
-/// Reads the workspace's metadata and checks it against the rules.
+/// Reads the workspace's metadata and checks it against the rules, then checks that no code
+/// comment cites a document outside the repository ([`crate::citations`]).
 pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     let packages = read_packages(workspace)?;
     check(&packages)?;
@@ -87,6 +88,9 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         packages.len(),
         internal_edge_count(&packages)
     );
+    // Not a dependency rule, but the same kind of structural check, cheap enough to ride along.
+    crate::citations::check(workspace.root())?;
+    eprintln!("layering: no comment cites a document outside the repository");
     Ok(())
 }
 

@@ -11,7 +11,7 @@ use clap::Subcommand;
 use crate::error::XtaskError;
 use crate::process::{capture_in, cargo, tee_in, Workspace};
 
-/// The label every workload of the Docker backend carries (docker.md rule 9): ownership is
+/// The label every workload of the Docker backend carries (docs/docker-backend.md#names-and-labels): ownership is
 /// read back from the engine by it.
 const OWNERSHIP_LABEL: &str = "maf-sandbox.scope";
 

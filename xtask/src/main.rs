@@ -13,15 +13,17 @@
 //! - `check-targets`: type-checks the crates a Windows or macOS host builds, for those targets,
 //!   with a Debian toolchain in a cached chroot (see `targets.rs`);
 //! - `bench`: runs the benchmarks;
-//! - `layering`: checks which crate depends on which (also a `ci` step).
+//! - `layering`: checks which crate depends on which, and that no code comment cites a document
+//!   outside the repository (also a `ci` step).
 //!
 //! Every child process's output streams to this process's as it comes; xtask exits non-zero
 //! when any step fails. It does not install system packages on the host (only into its own
 //! toolchain root) or start a Docker engine: `.ci/run` does that before calling `cargo xtask ci`.
 #![deny(missing_docs)]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod bench;
+mod citations;
 mod error;
 mod fuzz;
 mod layering;
@@ -61,7 +63,8 @@ enum Command {
     },
     /// Runs the benchmarks and prints their reports.
     Bench,
-    /// Fails when a crate depends on one it may not (docs/architecture.md#layering-rules).
+    /// Fails when a crate depends on one it may not (docs/architecture.md#layering-rules), or when
+    /// a code comment cites a document outside the repository.
     Layering,
     /// Type-checks the crates a Windows or macOS host builds, for those targets.
     CheckTargets,

@@ -33,7 +33,13 @@ use crate::error::XtaskError;
 use crate::process::{capture_in, cargo, seconds, Workspace};
 
 /// The crates a Windows or macOS host builds. Each must exist in the workspace.
-pub const HOST_CRATES: &[&str] = &["exec-wrapper", "confined-fs", "sandbox-core", "sbx-cli"];
+pub const HOST_CRATES: &[&str] = &[
+    "exec-wrapper",
+    "confined-fs",
+    "sandbox-core",
+    "sbx-cli",
+    "backend-sbx",
+];
 
 /// The targets they are checked for.
 pub const TARGETS: &[&str] = &["x86_64-pc-windows-gnu", "aarch64-apple-darwin"];

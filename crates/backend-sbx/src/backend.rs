@@ -122,18 +122,12 @@ impl SbxBackend {
     /// [`SandboxError::InvalidArgument`] for a configuration that fails its checks (prefix,
     /// memory, timeouts, a workspace root that is `/`, the home directory or above it, inside a
     /// credential directory or inside sbx's own store), or for the simulator when
-    /// `simulator_ok` is false; [`SandboxError::Unsupported`] on a host without the Unix host
-    /// plane.
+    /// `simulator_ok` is false.
     ///
     /// # Cancel safety and drop
     ///
     /// Dropping the future kills the `sbx version` child; nothing else has happened yet.
     pub async fn connect(config: SbxConfig) -> Result<SbxBackend, SandboxError> {
-        if !cfg!(unix) {
-            return Err(SandboxError::Unsupported(
-                "the sbx backend's host plane exists only on Unix hosts so far".into(),
-            ));
-        }
         let config = config.check()?;
         let cli = SbxCli::builder(config.sbx_path.clone(), |name| {
             name.to_str()

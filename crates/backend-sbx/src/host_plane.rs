@@ -45,8 +45,7 @@ pub(crate) fn placement(guest_root: &str, guest: &str) -> Result<Placement, Sand
     ))
 }
 
-#[cfg(unix)]
-mod posix {
+mod confined {
     use std::path::Path;
 
     use confined_fs::{ConfinedRoot, EntryKind as PlaneKind, Error as PlaneError};
@@ -240,64 +239,7 @@ mod posix {
     }
 }
 
-#[cfg(unix)]
-pub(crate) use posix::HostPlane;
-
-#[cfg(not(unix))]
-mod unsupported {
-    use std::path::Path;
-
-    use sandbox_core::{EntryKind, SandboxError};
-
-    use super::PlaneStat;
-
-    /// The host plane needs a descriptor-relative, no-follow walk that only exists on Unix hosts
-    /// so far; elsewhere every operation is refused.
-    #[derive(Debug)]
-    pub(crate) struct HostPlane {
-        _never: std::convert::Infallible,
-    }
-
-    #[cold]
-    fn refused() -> SandboxError {
-        SandboxError::Unsupported(
-            "the sbx host plane exists only on Unix hosts; Windows is not supported yet".into(),
-        )
-    }
-
-    impl HostPlane {
-        pub(crate) fn open(_host_root: &Path, _guest_root: &str) -> Result<Self, SandboxError> {
-            Err(refused())
-        }
-        pub(crate) fn lstat(&self, _guest: &str) -> Result<Option<PlaneStat>, SandboxError> {
-            match self._never {}
-        }
-        pub(crate) fn lstat_kind(&self, _guest: &str) -> Result<Option<EntryKind>, SandboxError> {
-            match self._never {}
-        }
-        pub(crate) fn read(&self, _guest: &str, _max: u64) -> Result<Vec<u8>, SandboxError> {
-            match self._never {}
-        }
-        pub(crate) fn write(&self, _guest: &str, _bytes: &[u8]) -> Result<(), SandboxError> {
-            match self._never {}
-        }
-        pub(crate) fn make_dirs(&self, _guest: &str) -> Result<(), SandboxError> {
-            match self._never {}
-        }
-        pub(crate) fn list(&self, _guest: &str) -> Result<Vec<(String, PlaneStat)>, SandboxError> {
-            match self._never {}
-        }
-        pub(crate) fn write_own(&self, _name: &str, _bytes: &[u8]) -> Result<(), SandboxError> {
-            match self._never {}
-        }
-        pub(crate) fn remove_own(&self, _name: &str) -> Result<(), SandboxError> {
-            match self._never {}
-        }
-    }
-}
-
-#[cfg(not(unix))]
-pub(crate) use unsupported::HostPlane;
+pub(crate) use confined::HostPlane;
 
 #[cfg(test)]
 mod tests {

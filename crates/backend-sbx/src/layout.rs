@@ -94,6 +94,9 @@ pub(crate) fn random_hex(len: usize) -> io::Result<String> {
     Ok(out)
 }
 
+/// A builder for directories only the user can enter: mode 0700 on POSIX. Windows has no mode
+/// bits; a directory there inherits the ACL of its parent, which for the default root under
+/// `%LOCALAPPDATA%` is the user profile's (the user, SYSTEM and Administrators only).
 fn private_dir_builder() -> fs::DirBuilder {
     let mut builder = fs::DirBuilder::new();
     #[cfg(unix)]
@@ -104,7 +107,8 @@ fn private_dir_builder() -> fs::DirBuilder {
     builder
 }
 
-/// Creates the root with its parents and makes it private (0700 on POSIX).
+/// Creates the root with its parents and makes it private: 0700 on POSIX; on Windows it keeps
+/// the ACL inherited from its parent (the user profile's, under the default `%LOCALAPPDATA%`).
 pub(crate) fn ensure_root(root: &Path) -> io::Result<()> {
     fs::create_dir_all(root)?;
     #[cfg(unix)]
@@ -224,6 +228,8 @@ fn place_record(dir: &Path, record: &Record, placing: Placing) -> io::Result<boo
         let _ = fs::remove_file(&temp);
     }
     let placed = written?;
+    // Makes the rename or link durable. Windows cannot open a directory as a `File` through
+    // std; NTFS journals the metadata change itself.
     #[cfg(unix)]
     {
         fs::File::open(dir)?.sync_all()?;

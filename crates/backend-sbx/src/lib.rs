@@ -57,8 +57,9 @@
 //!
 //! - Egress allowlists: only closed egress (`--deny-network "**"`); an allowlist spec is
 //!   refused with EgressNotEnforced.
-//! - The egress verification preflight, the call isolation scope, and Windows hosts (the host
-//!   plane needs a descriptor-relative walk that exists only on Unix so far: `connect` refuses).
+//! - The egress verification preflight and the call isolation scope.
+//! - POSIX modes on Windows hosts: there the workspace root keeps the ACL it inherits (the user
+//!   profile's, under the default `%LOCALAPPDATA%` root) instead of being set to 0700.
 //! - `sbx-sim` is not isolation: it is accepted only with `simulator_ok`, and then declares
 //!   the `container` rung.
 //! - Background processes never survive between calls (sbx stops an idle VM after 30 s, and
@@ -66,7 +67,7 @@
 //! - `sbx rm` takes only a name: a disposal by instance checks the id in `ls` first, and a
 //!   process that replaces the sandbox in between loses the replacement.
 #![deny(missing_docs)]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod acquire;
 mod backend;

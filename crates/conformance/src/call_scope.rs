@@ -1,4 +1,4 @@
-//! CALL_SCOPE (spec §12): two calls of one conversation never share a sandbox's contents.
+//! CALL_SCOPE (docs/conformance.md#the-suites): two calls of one conversation never share a sandbox's contents.
 
 use std::future::Future;
 

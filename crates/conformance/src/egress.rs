@@ -1,4 +1,4 @@
-//! EGRESS (spec §11): an allowlisted host is reachable and any other host is not.
+//! EGRESS (docs/conformance.md#the-suites): an allowlisted host is reachable and any other host is not.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! EXEC (spec §7): argv fidelity, exit codes, working directory, separate byte-exact streams, timeouts.
+//! EXEC (docs/conformance.md#the-suites): argv fidelity, exit codes, working directory, separate byte-exact streams, timeouts.
 //!
 //! Runs last among the reference suites on a shared sandbox: its timeout probe may cost the sandbox on a
 //! backend that discards one whose kill did not land.

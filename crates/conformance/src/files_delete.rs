@@ -1,4 +1,4 @@
-//! FILES_DELETE (spec §8): removal takes exactly its target, never through or past a link.
+//! FILES_DELETE (docs/conformance.md#the-suites): removal takes exactly its target, never through or past a link.
 
 use sandbox_core::Capability;
 

@@ -1,4 +1,4 @@
-//! FILES_IN (spec §6): writes land where asked, byte-exact, and never through a link or outside.
+//! FILES_IN (docs/conformance.md#the-suites): writes land where asked, byte-exact, and never through a link or outside.
 
 use sandbox_core::Capability;
 

@@ -1,4 +1,4 @@
-//! FILES_OUT (spec §5): stat, read and list must never leave the working directory or follow a link.
+//! FILES_OUT (docs/conformance.md#the-suites): stat, read and list must never leave the working directory or follow a link.
 
 use sandbox_core::{Capability, EntryKind};
 

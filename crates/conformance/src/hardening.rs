@@ -1,4 +1,4 @@
-//! HARDENING (spec §14): the probes this project adds beyond the reference suites.
+//! HARDENING (docs/conformance.md#hardening): the probes this project adds beyond the reference suites.
 //!
 //! Four run on a shared sandbox after EXEC ([`assert_hardening`]); three need sandboxes or keys of their
 //! own ([`assert_engine_failure_is_not_an_exit_code`], [`assert_concurrent_acquires_yield_one`],
@@ -95,7 +95,7 @@ pub trait HardeningHooks: Send + Sync {
     }
 }
 
-/// The group-death poll of spec §14: exits 0 once no member of the group recorded in `pgid_file` is
+/// The group-death poll of `a-timed-out-group-is-dead` (docs/conformance.md#hardening): exits 0 once no member of the group recorded in `pgid_file` is
 /// left, 1 when one survives 50 polls 0.1 s apart, 3 when the record or the shell's `kill` cannot be read.
 pub fn group_death_poll(pgid_file: &str) -> String {
     format!(

@@ -68,7 +68,7 @@
 //! assert_eq!(ConformancePaths::under("/w").beyond("t"), "../w-outside/t");
 //! ```
 #![deny(missing_docs)]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod backend_run;
 mod call_scope;

@@ -1,4 +1,4 @@
-//! Fresh acquire (spec §3) and instance disposal (spec §4).
+//! Fresh acquire and instance disposal (docs/conformance.md#the-suites).
 
 use std::collections::BTreeSet;
 use std::future::Future;

@@ -1,6 +1,6 @@
 //! Where the suites plant their fixtures, derived from the subject's working directory.
 
-/// Lexical normal form of a guest path (core rule 43): `.` and empty segments dropped, `..` pops (dropped
+/// Lexical normal form of a guest path: `.` and empty segments dropped, `..` pops (dropped
 /// at the root, kept in a relative path with nothing to pop), leading slashes folded into one, `.` for
 /// the empty result.
 ///
@@ -44,7 +44,7 @@ pub(crate) fn parent(path: &str) -> String {
     }
 }
 
-/// The fixture paths of one subject (spec §1.3).
+/// The fixture paths of one subject.
 ///
 /// `outside` is a string-prefix **sibling** of `work` (`/w` and `/w-outside`), so a backend that checks
 /// containment by string prefix is caught.

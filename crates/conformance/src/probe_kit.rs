@@ -102,7 +102,8 @@ pub(crate) async fn expect_gone(
     Ok(())
 }
 
-/// Plants the empty `work/.probe-cwd`, which creates the working directory (spec §1.6).
+/// Plants the empty `work/.probe-cwd`, which creates the working directory: a probe
+/// then runs in a directory that exists without planting anything else.
 pub(crate) async fn plant_nothing(
     subject: &dyn ConformanceSubject,
     paths: &ConformancePaths,

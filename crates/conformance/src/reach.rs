@@ -1,4 +1,4 @@
-//! REACH (spec §10): the file plane must not reach what the guest program itself could not.
+//! REACH (docs/conformance.md#the-suites): the file plane must not reach what the guest program itself could not.
 //!
 //! Leaves the undeletable `reach-delete/held` behind, so it runs late on a shared sandbox.
 

@@ -1,4 +1,4 @@
-//! RECLAIM (spec §9): a call's directory goes with everything under it, links unlinked, never followed.
+//! RECLAIM (docs/conformance.md#the-suites): a call's directory goes with everything under it, links unlinked, never followed.
 
 use sandbox_core::Capability;
 

@@ -1,4 +1,4 @@
-//! Storage base (spec §2): relative addressing against a fresh sandbox's own base.
+//! Storage base (docs/conformance.md#the-suites): relative addressing against a fresh sandbox's own base.
 
 use std::collections::BTreeSet;
 

@@ -66,7 +66,7 @@ pub trait ConformanceSubject: Send + Sync {
     async fn the_guest_can_delete(&self, absolute: &str) -> Result<bool, ConformanceError>;
 }
 
-/// A subject whose seams use only the sandbox's own surface, for POSIX guests (spec §1.2).
+/// A subject whose seams use only the sandbox's own surface, for POSIX guests.
 ///
 /// `plant_file` is `write_file(abs, bytes, wd = parent of abs)`, so the backend's `write_file` must
 /// accept an absolute working directory outside the storage base and create it. Every other seam runs a

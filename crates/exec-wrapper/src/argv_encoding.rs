@@ -74,7 +74,8 @@ pub fn encode_invocation<A: AsRef<[u8]>>(cwd: &[u8], argv: &[A]) -> Result<Encod
     Ok(EncodedInvocation { cwd, argv })
 }
 
-/// The sbx env file body: one `x<base64(NAME=VALUE)>` line per entry (exec-wrapper rule 10).
+/// The sbx env file body: one `x<base64(NAME=VALUE)>` line per entry
+/// (docs/wrapper-protocol.md#environment-delivery).
 ///
 /// The wrapper exports each line with `export "NAME=VALUE"` semantics: no `eval`, no word
 /// splitting. Names are expected to be validated by the caller already; this function refuses

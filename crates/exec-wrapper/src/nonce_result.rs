@@ -47,7 +47,7 @@ pub enum WrapperOutcome {
     },
 }
 
-/// Reads a wrapper call's result (exec-wrapper rules 15 to 17).
+/// Reads a wrapper call's result (docs/wrapper-protocol.md#reading-the-result).
 ///
 /// The first occurrence of `<nonce>\n` in stderr splits it: bytes before are transport noise
 /// (logged at debug level, never returned), bytes after are the command's. Without it,

@@ -8,12 +8,12 @@
 use crate::bounded_runner::ExitKind;
 use crate::error::{Error, Result};
 
-/// Tools an sbx template must have besides `sh` (exec-wrapper rule 41).
+/// Tools an sbx template must have besides `sh` (docs/wrapper-protocol.md#the-tool-probe).
 pub const SBX_TOOLS: &[&str] = &[
     "base64", "setsid", "unshare", "mount", "mkdir", "cat", "rm", "sleep", "bash",
 ];
 
-/// Tools a docker image must have besides `sh` (exec-wrapper rule 42).
+/// Tools a docker image must have besides `sh` (docs/wrapper-protocol.md#the-tool-probe).
 pub const DOCKER_TOOLS: &[&str] = &[
     "base64", "setsid", "cat", "rm", "sleep", "mkdir", "mv", "mktemp", "chmod", "stat", "id",
 ];

@@ -110,7 +110,7 @@ struct Shell {
 ///
 /// BusyBox `sh` is not among them: the Debian BusyBox build is made to prefer its own applets,
 /// so its `sh` runs BusyBox's `unshare` and `mount` whatever `PATH` says, and BusyBox's `unshare`
-/// has no `--map-user`/`--map-group`. The wrapper needs util-linux's (exec-wrapper rule 41); an
+/// has no `--map-user`/`--map-group`. The wrapper needs util-linux's (docs/wrapper-protocol.md#the-tool-probe); an
 /// image whose `sh` is such a BusyBox fails the sbx mount proof at create. The `run` stage is
 /// checked under BusyBox in `wrapper_shells.rs`.
 fn shells(site_root: &Path) -> Vec<Shell> {

@@ -95,6 +95,31 @@ pub enum SandboxState {
     Other(String),
 }
 
+impl SandboxState {
+    /// The wire string: `running`, `stopped`, `retired`, `unlisted`, or the engine's own word.
+    ///
+    /// ```
+    /// use sandbox_core::SandboxState;
+    /// assert_eq!(SandboxState::Unlisted.as_str(), "unlisted");
+    /// assert_eq!(SandboxState::Other("paused".into()).to_string(), "paused");
+    /// ```
+    pub fn as_str(&self) -> &str {
+        match self {
+            SandboxState::Running => "running",
+            SandboxState::Stopped => "stopped",
+            SandboxState::Retired => "retired",
+            SandboxState::Unlisted => "unlisted",
+            SandboxState::Other(word) => word,
+        }
+    }
+}
+
+impl std::fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One sandbox found by [`SandboxBackend::list`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxSummary {

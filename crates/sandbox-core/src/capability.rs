@@ -54,7 +54,7 @@ pub fn default_capabilities() -> BTreeSet<Capability> {
     BTreeSet::from([Capability::Exec, Capability::FilesIn])
 }
 
-/// Capabilities that need a prepared storage base (core rule 52).
+/// Capabilities that need a prepared storage base: each one addresses paths relative to it.
 pub(crate) const STORAGE_CAPABILITIES: [Capability; 5] = [
     Capability::Exec,
     Capability::FilesIn,

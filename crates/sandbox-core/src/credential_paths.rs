@@ -333,22 +333,22 @@ pub fn refuses_source(home: &str, path: &str) -> Option<&'static CredentialPath>
     })
 }
 
-/// Refuses a host source to copy into a sandbox (rule 10): a relative path or home →
+/// Refuses a host source to copy into a sandbox: a relative path or home →
 /// [`SandboxError::InvalidArgument`]; a source that is, contains or lies under a credential path →
-/// [`SandboxError::Confinement`] naming it. Resolve links before asking.
+/// [`SandboxError::NotPermitted`] naming it (the path is not escaping anything: the host's policy
+/// forbids copying it, as `sandboxctl cp-in` reports). Resolve links before asking.
 pub fn check_source(home: &str, path: &str) -> Result<(), SandboxError> {
     require_absolute("home directory", home)?;
     require_absolute("source", path)?;
     match refuses_source(home, path) {
         None => Ok(()),
-        Some(credential) => Err(SandboxError::confinement(
-            path,
-            format!("it is, contains or lies under the credential path {credential}"),
-        )),
+        Some(credential) => Err(SandboxError::NotPermitted(format!(
+            "{path} is, contains or lies under the credential path {credential}"
+        ))),
     }
 }
 
-/// Refuses an sbx workspace root (rule 13): relative, `/`, the home directory or an ancestor of it, or a path
+/// Refuses an sbx workspace root: relative, `/`, the home directory or an ancestor of it, or a path
 /// inside any credential path → [`SandboxError::InvalidArgument`].
 pub fn check_workspace_root(home: &str, root: &str) -> Result<(), SandboxError> {
     require_absolute("home directory", home)?;
@@ -396,11 +396,7 @@ mod tests {
     #[test]
     fn data_file_parses_with_both_lists() {
         let all = credential_paths();
-        assert_eq!(
-            all.len(),
-            40,
-            "8 home entries (rule 11) and 32 credential entries (rule 12)"
-        );
+        assert_eq!(all.len(), 40, "8 home entries and 32 credential entries");
         let find = |r: &str| all.iter().find(|p| p.relative() == r).copied();
         for home_entry in [
             ".aws",
@@ -483,7 +479,7 @@ mod tests {
             assert_eq!(check_source(HOME, path).is_ok(), want.is_none(), "{path:?}");
         }
         let e = check_source(HOME, "/home/u/.aws/config").unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Confinement);
+        assert_eq!(e.kind(), ErrorKind::NotPermitted);
         assert!(e.to_string().contains("~/.aws"), "{e}");
     }
 

@@ -91,7 +91,8 @@ pub enum ErrorKind {
     ImageMissing,
     /// No backend is registered, or the selected one does not exist.
     NoBackend,
-    /// The backend's isolation rung is below the floor.
+    /// The host's policy forbids it: a backend whose isolation rung is below the floor, or a host
+    /// path that is, contains or lies under a credential path.
     NotPermitted,
     /// The backend does not declare a capability the spec requires.
     CapabilityNotSupported,
@@ -316,7 +317,7 @@ pub enum SandboxError {
     #[error("no backend: {0}")]
     NoBackend(String),
     /// See [`ErrorKind::NotPermitted`].
-    #[error("backend not permitted: {0}")]
+    #[error("not permitted: {0}")]
     NotPermitted(String),
     /// See [`ErrorKind::CapabilityNotSupported`].
     #[error("capability not supported: {0}")]

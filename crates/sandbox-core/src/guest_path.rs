@@ -363,7 +363,7 @@ where
     .await
 }
 
-/// Refuses a path reached through a link or a non-directory (rule 48), with a synchronous stat.
+/// Refuses a path reached through a link or a non-directory, with a synchronous stat.
 ///
 /// `stat` must be an **unconfined, no-follow** stat that the guest does not answer: `Ok(None)` for a missing
 /// path. The walk covers `ancestors(deepest, wd)` outermost first, where `deepest` is `guest_path` when
@@ -410,7 +410,7 @@ where
     walk_async(stat, &plan(&resolved, wd, include_self, false), guest_path).await
 }
 
-/// One method policy of rule 49.
+/// Which file method a check serves: each plans its own stats (`check_write`, `check_read`, ...).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Policy {
     Write,
@@ -545,7 +545,7 @@ where
     Policy::Delete.check_async(stat, path, wd).await
 }
 
-/// Resolves a call's working directory against the storage base (rule 50).
+/// Resolves a call's working directory against the storage base.
 ///
 /// An absolute `wd` is used verbatim (legacy guest-native addressing: it may lie outside the base and may not
 /// exist yet). A relative `wd` is confined to `base` by [`confine`].

@@ -23,7 +23,7 @@
 //! assert!(Isolation::Microvm.meets_floor(Some(Isolation::Container)));
 //! ```
 #![deny(missing_docs)]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod backend;
 mod capability;

@@ -52,7 +52,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
     out
 }
 
-/// Python's `json.dumps` (default arguments) of a list of strings (rule 56).
+/// Python's `json.dumps` (default arguments) of a list of strings, so digests match the Python backend's.
 ///
 /// Items are joined by `", "`; `"` and `\` are escaped, `\b \f \n \r \t` use their short escapes, every
 /// other code point outside U+0020..U+007E becomes `\uXXXX` in lowercase hex (astral code points as a
@@ -175,7 +175,7 @@ fn parse_json_string_list(text: &str) -> Option<Vec<String>> {
     chars.next().is_none().then_some(items)
 }
 
-/// The docker container name of a sandbox (rule 57).
+/// The docker container name of a sandbox (docs/docker-backend.md#names-and-labels).
 ///
 /// SHA-256 over each part as `<UTF-8 byte length in decimal>:<bytes>`, parts = scope, thread id, agent id,
 /// kind, then `egress_id` if non-empty, then `call:<call_id>` if the key names a call; the name is
@@ -226,7 +226,7 @@ pub fn is_digest_label(value: &str) -> bool {
     })
 }
 
-/// The docker label value of a raw field (rule 58): the raw string when it is 1..=63 characters of
+/// The docker label value of a raw field (docs/docker-backend.md#names-and-labels): the raw string when it is 1..=63 characters of
 /// `[A-Za-z0-9._-]` and not digest-shaped, else `sha256-` + the first 48 hex digits of its SHA-256.
 ///
 /// Never truncated, so two values sharing a long prefix never share a label. Used identically on write and
@@ -251,7 +251,7 @@ pub fn label_value(raw: &str) -> String {
     }
 }
 
-/// The docker key label `maf-sandbox.key.v1` (rule 59): base64url, with `=` padding, of the Python JSON of
+/// The docker key label `maf-sandbox.key.v1` (docs/docker-backend.md#names-and-labels): base64url, with `=` padding, of the Python JSON of
 /// `[scope, thread_id, agent_id, call_id]`; `""` when the fields hold more than 4096 characters in all or
 /// the encoding is longer than 4096.
 ///
@@ -295,7 +295,7 @@ pub fn decode_docker_key_label(label: &str) -> Option<SandboxKey> {
     })
 }
 
-/// The sbx digest `d(n, parts)` (rule 60): the first `n` lowercase hex digits (at most 64) of SHA-256 over
+/// The sbx digest `d(n, parts)` (docs/sbx-backend.md#naming): the first `n` lowercase hex digits (at most 64) of SHA-256 over
 /// the Python JSON of the parts.
 ///
 /// ```
@@ -371,7 +371,7 @@ pub fn sbx_key_prefix(prefix: &NamePrefix, key: &SandboxKey) -> String {
     )
 }
 
-/// The sbx sandbox name (rule 60): the key prefix + d(8, kind). At most 49 characters.
+/// The sbx sandbox name (docs/sbx-backend.md#naming): the key prefix + d(8, kind). At most 49 characters.
 ///
 /// ```
 /// use sandbox_core::{sbx_sandbox_name, NamePrefix, SandboxKey};

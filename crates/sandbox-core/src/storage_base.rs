@@ -8,7 +8,7 @@ use crate::entry::EntryKind;
 use crate::error::SandboxError;
 use crate::guest_path::norm;
 
-/// Checks a storage base (rule 53) and returns its normal form.
+/// Checks a storage base and returns its normal form.
 ///
 /// The base must be absolute and free of NUL, else [`SandboxError::InvalidArgument`]. The normal form
 /// (see [`guest_path_norm`](crate::guest_path_norm)) is what backends record and compare.
@@ -49,7 +49,7 @@ pub fn storage_base_directories(base: &str) -> Result<Vec<String>, SandboxError>
     Ok(out)
 }
 
-/// Decides what to create for a storage base (rule 54), from the no-follow stats of its directories.
+/// Decides what to create for a storage base, from the no-follow stats of its directories.
 ///
 /// `stats[i]` answers [`storage_base_directories`]`(base)[i]` (`None` = missing). Walking outermost first:
 /// a directory → next; missing → the result is this directory and every deeper one, outermost first (the

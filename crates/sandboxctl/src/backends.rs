@@ -46,7 +46,7 @@ async fn connect_sbx(
 
 /// The engine client's environment: sandboxctl's own, minus the variables named by `--env`. Their values
 /// go to the guest through the backend's env file; left here they would also sit in every docker client's
-/// environment (host-hygiene rule 5). Names the client itself needs to reach its daemon stay (rule 1): a
+/// environment. Names the client itself needs to reach its daemon stay, or it could not connect: a
 /// guest may be given `PATH` or `HOME` too.
 fn management_env(
     own: impl IntoIterator<Item = (OsString, OsString)>,

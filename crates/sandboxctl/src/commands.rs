@@ -126,7 +126,8 @@ fn gate(global: &GlobalArgs, backend: &Arc<dyn SandboxBackend>) -> Result<(), Sa
 }
 
 /// The selected backend, refused below the floor. `guest_names` are the `--env` names whose values go to
-/// the guest: they stay out of the engine client's own environment (host-hygiene rule 5).
+/// the guest: they stay out of the engine client's own environment, so a secret given to the guest is
+/// not also inherited by every engine client process.
 async fn gated_backend(
     global: &GlobalArgs,
     guest_names: &[String],
@@ -427,17 +428,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             }
             let backend = backends::connect(global, &[]).await?;
             let found = backend.list(&scope, thread.as_deref()).await?;
-            let rows: Vec<Value> = found
-                .iter()
-                .map(|s| {
-                    json!({
-                        "instance_id": s.instance_id,
-                        "state": format!("{:?}", s.state),
-                        "kind": s.kind,
-                        "key": s.key.as_ref().map(|k| json!({"scope": k.scope, "thread": k.thread_id, "agent": k.agent_id, "call": k.call_id})),
-                    })
-                })
-                .collect();
+            let rows: Vec<Value> = found.iter().map(summary_json).collect();
             let text = found.iter().map(summary_line).collect();
             Ok((json!({"sandboxes": rows}), text))
         }
@@ -500,6 +491,24 @@ fn entry_line(entry: &sandbox_core::SandboxEntry) -> String {
 }
 
 /// One tab-separated line per sandbox; key fields and kinds decoded from labels are escaped (`ls -b`).
+/// One `list --json` row. `state` is the wire string; `created` is whole seconds since the Unix
+/// epoch, or null when the engine did not say (or said a time before the epoch).
+fn summary_json(summary: &sandbox_core::SandboxSummary) -> Value {
+    let created = summary.created.and_then(|created| {
+        created
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|since| since.as_secs())
+    });
+    json!({
+        "instance_id": summary.instance_id,
+        "state": summary.state.as_str(),
+        "created": created,
+        "kind": summary.kind,
+        "key": summary.key.as_ref().map(|k| json!({"scope": k.scope, "thread": k.thread_id, "agent": k.agent_id, "call": k.call_id})),
+    })
+}
+
 fn summary_line(summary: &sandbox_core::SandboxSummary) -> String {
     let key = summary
         .key
@@ -511,9 +520,9 @@ fn summary_line(summary: &sandbox_core::SandboxSummary) -> String {
         })
         .unwrap_or_else(|| "?".into());
     format!(
-        "{}\t{:?}\t{}\t{}\n",
+        "{}\t{}\t{}\t{}\n",
         report::escape_name(&summary.instance_id),
-        summary.state,
+        report::escape_name(summary.state.as_str()),
         summary
             .kind
             .as_deref()
@@ -554,6 +563,42 @@ mod tests {
             key_flags(&SandboxKey::conversation("s", "t", "a")),
             "--scope 's' --thread 't' --agent 'a'"
         );
+    }
+
+    #[test]
+    fn list_rows_carry_the_wire_state_and_the_creation_time() {
+        use sandbox_core::{SandboxState, SandboxSummary};
+        let summary = |state, created| SandboxSummary {
+            key: Some(SandboxKey::conversation("s", "t", "a")),
+            kind: Some("shell".into()),
+            instance_id: "id1".into(),
+            created,
+            state,
+        };
+        let created = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let row = summary_json(&summary(SandboxState::Unlisted, Some(created)));
+        assert_eq!(
+            row,
+            json!({
+                "instance_id": "id1",
+                "state": "unlisted",
+                "created": 1_700_000_000u64,
+                "kind": "shell",
+                "key": {"scope": "s", "thread": "t", "agent": "a", "call": ""},
+            })
+        );
+        for (state, wire) in [
+            (SandboxState::Running, "running"),
+            (SandboxState::Stopped, "stopped"),
+            (SandboxState::Retired, "retired"),
+            (SandboxState::Other("paused".into()), "paused"),
+        ] {
+            let row = summary_json(&summary(state, None));
+            assert_eq!(row["state"], wire);
+            assert_eq!(row["created"], Value::Null);
+        }
+        let line = summary_line(&summary(SandboxState::Running, None));
+        assert_eq!(line, "id1\trunning\tshell\ts/t/a\n");
     }
 
     #[test]

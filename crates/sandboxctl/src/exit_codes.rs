@@ -1,4 +1,4 @@
-//! The only place integers are chosen (host-hygiene rule 37).
+//! The only place exit-code integers are chosen, so scripts see one stable table.
 
 use sandbox_core::ErrorKind;
 

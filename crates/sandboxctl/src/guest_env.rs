@@ -1,4 +1,5 @@
-//! The guest environment from the command line (host-hygiene rule 35): never a value in argv.
+//! The guest environment from the command line: never a value in argv, where any local user could read
+//! it in the process table.
 
 use std::path::PathBuf;
 

@@ -1,4 +1,4 @@
-//! Sandbox keys from the command line (host-hygiene rule 34).
+//! Sandbox keys from the command line.
 
 use clap::Args;
 use sandbox_core::{SandboxError, SandboxKey};

@@ -5,7 +5,7 @@
 //! exit 0, 2 (usage) or 64–71 by error kind.
 
 #![deny(missing_docs)]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod backends;
 mod cli;

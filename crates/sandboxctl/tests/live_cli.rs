@@ -528,7 +528,7 @@ fn refusals_under_run_and_exec_exit_125_with_one_line() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    // The floor refuses `ls` too (rule 45's 69 row), saying how to accept docker.
+    // The floor refuses `ls` too (exit 69, as for every command), saying how to accept docker.
     let out = Command::new(BIN)
         .args(["ls", "--key", "a/b/c"])
         .stdin(Stdio::null())

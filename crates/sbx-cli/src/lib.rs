@@ -95,7 +95,7 @@
 //!   only the local `sbx` client.
 //! - It holds no secret-name denylist of its own: the guest filter is the caller's.
 #![deny(missing_docs)]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod driver;
 mod error;

@@ -34,7 +34,7 @@
 //! and the daemon's own state machine beyond what the faults mimic.
 
 #![deny(missing_docs)]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod background;
 mod cli;

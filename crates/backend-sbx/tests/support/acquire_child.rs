@@ -6,6 +6,7 @@
 //! Usage: `sbx-acquire-child <sbx path> <workspace root> <scope> <thread> <agent> <call> <kind>
 //! <image|-> <work-dir|-> <n>`; `SBX_SIM_HOME` comes from the environment. Prints one line per
 //! acquire: `ok <instance id> <freshly created>` or `err <ErrorKind>`.
+#![forbid(unsafe_code)]
 
 use backend_sbx::{SbxBackend, SbxConfig};
 use sandbox_core::{SandboxKey, SandboxSpec};

@@ -163,7 +163,7 @@ impl Router {
     /// 1. [`Selection::Fixed`] with no backends gives a router with no candidate
     ///    ([`enabled`](Self::enabled) is false; every acquire is [`SandboxError::NoBackend`]);
     /// 2. [`Selection::PerSpec`] together with `selected` → [`SandboxError::InvalidArgument`]; so is a zero
-    ///    `cleanup_timeout` (refused whatever the backends, rule 1 included);
+    ///    `cleanup_timeout` (refused whatever the backends, even when none is registered);
     /// 3. `Fixed`: a `selected` name no backend has → [`SandboxError::NoBackend`] (the message lists the
     ///    registered names); the named (or first) backend below `min_isolation` →
     ///    [`SandboxError::NotPermitted`];
