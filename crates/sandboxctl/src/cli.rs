@@ -359,6 +359,44 @@ mod tests {
     }
 
     #[test]
+    fn file_commands_default_to_the_storage_base_and_take_a_workdir() {
+        for command in ["stat", "ls", "rm", "reclaim"] {
+            let parsed = |extra: &[&str]| {
+                let mut args = vec!["sandboxctl", command, "--key", "s/t/a"];
+                args.extend_from_slice(extra);
+                args.push("x");
+                match Cli::try_parse_from(args).unwrap().command {
+                    CommandLine::Stat { target, .. }
+                    | CommandLine::Ls { target, .. }
+                    | CommandLine::Rm { target, .. }
+                    | CommandLine::Reclaim { target, .. } => target,
+                    other => panic!("parsed as {other:?}"),
+                }
+            };
+            assert_eq!(parsed(&[]).workdir, ".", "{command}");
+            assert_eq!(parsed(&[]).kind, "default", "{command}");
+            assert_eq!(parsed(&["--workdir", "/w/o"]).workdir, "/w/o", "{command}");
+        }
+        let cli =
+            Cli::try_parse_from(["sandboxctl", "reclaim", "--key", "s/t/a", "calls/c1"]).unwrap();
+        assert!(
+            matches!(cli.command, CommandLine::Reclaim { timeout, directory, .. } if timeout == 60.0 && directory == "calls/c1")
+        );
+        let cli = Cli::try_parse_from([
+            "sandboxctl",
+            "dispose",
+            "--key",
+            "s/t/a",
+            "--instance",
+            "abc",
+        ])
+        .unwrap();
+        assert!(
+            matches!(cli.command, CommandLine::Dispose { kind: None, instance: Some(id), .. } if id == "abc")
+        );
+    }
+
+    #[test]
     fn process_is_not_a_rung() {
         assert!(Cli::try_parse_from(["sandboxctl", "--min-isolation", "process", "list"]).is_err());
     }

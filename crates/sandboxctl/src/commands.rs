@@ -222,11 +222,12 @@ pub enum Ran {
 ///
 /// The wrapper reports a failed `cd` as status 125 after its nonce line, the same status a command
 /// may exit with, so the output alone cannot tell them apart. Only an output of that shape (status
-/// 125, no stdout, the shell's `cd` message on stderr) costs one more guest call: the working
-/// directory is described the way the exec resolved it. Missing or not a directory means the
-/// command never started. A link, an error or an existing directory leaves the command's own
-/// result as it is. A command can only pass off its own result this way (by removing its working
-/// directory and printing a `cd` message), never someone else's.
+/// 125, no stdout, a shell's `cd:` message on stderr) costs more guest calls: `true`, which never
+/// exits 125 itself, is run in the same working directory, and a 125 from it means the directory
+/// cannot be entered. `stat` then says why when the backend's file plane reaches the directory
+/// (missing, or not a directory). Any error keeps the command's own result. A command can only pass
+/// off its own result this way (by making its working directory unusable and printing a `cd`
+/// message), never another's.
 async fn started_or_not(
     sandbox: &dyn Sandbox,
     workdir: &str,
@@ -238,30 +239,40 @@ async fn started_or_not(
     if !shaped_like_a_failed_cd {
         return Ran::Exited(output);
     }
-    let described = || workdir.to_owned();
+    let probe = ExecRequest::new(Command::argv(["true"]))
+        .working_directory(workdir)
+        .timeout(CD_PROBE_BOUND);
+    match sandbox.exec(probe).await {
+        Ok(probed) if probed.exit_code == exec_wrapper::WRAPPER_FAILURE_EXIT => {}
+        _ => return Ran::Exited(output),
+    }
+    let path = workdir.to_owned();
     let reason = match sandbox.stat_file(".", workdir).await {
-        Ok(None) => SandboxError::NotFound { path: described() },
+        Ok(None) => SandboxError::NotFound { path },
+        Err(e) if e.kind() == sandbox_core::ErrorKind::NotFound => SandboxError::NotFound { path },
         Ok(Some(entry))
             if matches!(
                 entry.kind(),
                 sandbox_core::EntryKind::File | sandbox_core::EntryKind::Other
             ) =>
         {
-            SandboxError::NotADirectory { path: described() }
-        }
-        Err(e) if e.kind() == sandbox_core::ErrorKind::NotFound => {
-            SandboxError::NotFound { path: described() }
+            SandboxError::NotADirectory { path }
         }
         Err(e) if e.kind() == sandbox_core::ErrorKind::NotADirectory => {
-            SandboxError::NotADirectory { path: described() }
+            SandboxError::NotADirectory { path }
         }
-        _ => return Ran::Exited(output),
+        _ => SandboxError::invalid(format!(
+            "the working directory {path:?} cannot be entered in the guest"
+        )),
     };
     Ran::NotStarted {
         reason,
         wrapper_stderr: output.stderr,
     }
 }
+
+/// How long the `true` that tells a failed `cd` apart may take.
+const CD_PROBE_BOUND: Duration = Duration::from_secs(30);
 
 /// What `run` adds to its `--json` object: the key it kept, and whether the acquire created the
 /// sandbox.

@@ -591,7 +591,10 @@ fn kept_with(key: &str, script: &str) {
 fn a_missing_workdir_is_not_started_not_the_commands_125() {
     let scope = scope("notstarted");
     let key = format!("{scope}/t1/agent");
-    kept_with(&key, "printf x > plain && mkdir own");
+    kept_with(
+        &key,
+        "printf x > plain && mkdir own && mkdir locked && chmod 000 locked",
+    );
 
     let out = ctl(&[
         "exec",
@@ -651,6 +654,25 @@ fn a_missing_workdir_is_not_started_not_the_commands_125() {
     ]));
     assert_eq!(v["outcome"], "not_started", "{v}");
     assert_eq!(v["error"]["kind"], "NotADirectory", "{v}");
+    // A directory the guest user cannot enter.
+    let v = json(&ctl(&[
+        "--json",
+        "exec",
+        "--key",
+        &key,
+        "--workdir",
+        "locked",
+        "--",
+        "true",
+    ]));
+    assert_eq!(v["outcome"], "not_started", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be entered"),
+        "{v}"
+    );
     // `run` reports it the same way, and still disposes of its generated sandbox.
     let out = ctl(&["--json", "run", "--workdir", "/no/such/dir", "--", "true"]);
     assert_eq!(code(&out), 125);
