@@ -234,9 +234,8 @@ pub enum CommandLine {
         /// The guest path: relative to --workdir, or absolute and under it.
         guest: String,
     },
-    /// Remove a call's directory and everything under it, within a bound (the directory may be
-    /// --workdir-relative, or absolute and canonical with at least two components; never --workdir
-    /// itself).
+    /// Remove a call's directory and everything under it, within a bound: a directory strictly under
+    /// --workdir, or an absolute one the backend's placement guards accept; never --workdir itself.
     Reclaim {
         /// The sandbox's key.
         #[command(flatten)]
@@ -259,7 +258,7 @@ pub enum CommandLine {
         #[arg(long)]
         thread: Option<String>,
     },
-    /// Dispose of a key's sandbox.
+    /// Dispose of a key's sandboxes: every kind, one kind (--kind) or one instance (--instance).
     Dispose {
         /// The sandbox's key.
         #[command(flatten)]
