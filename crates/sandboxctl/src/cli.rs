@@ -26,8 +26,9 @@ const AFTER_HELP: &str = "\
 Exit codes of run and exec:
   0-255  the command's own exit code, verbatim
   124    the --timeout expired (the command's processes were killed, or the sandbox retired)
-  125    anything else: a sandbox or engine error, a usage error or a refusal (one line on stderr;
-         --json tells it from a command's own 125)
+  125    anything else: a sandbox or engine error, a usage error, a refusal, or a command that
+         never started (its --workdir missing in the guest); one line on stderr, and --json
+         tells it from a command's own 125 (outcome error or not_started)
 Exit codes of the other commands:
   0      ok
   2      usage
@@ -99,7 +100,8 @@ pub struct RunTarget {
     /// The sandbox kind (part of its identity).
     #[arg(long, default_value = "default")]
     pub kind: String,
-    /// The working directory in the guest (relative to the storage base, or absolute).
+    /// The working directory in the guest: relative to the storage base, or absolute (the guest's own
+    /// directory, which may lie outside the storage base). A missing one is reported as not started.
     #[arg(long, value_name = "DIR", default_value = ".")]
     pub workdir: String,
     /// Seconds before the command's processes are killed (exit 124).
@@ -108,6 +110,18 @@ pub struct RunTarget {
     /// Guest environment.
     #[command(flatten)]
     pub env: EnvArgs,
+}
+
+/// Which sandbox a file command works on, and the guest directory its paths resolve against.
+#[derive(Debug, Clone, Args)]
+pub struct FileTarget {
+    /// The sandbox kind (part of its identity).
+    #[arg(long, default_value = "default")]
+    pub kind: String,
+    /// The guest directory guest paths resolve against and must stay under: relative to the storage
+    /// base, or absolute (the guest's own directory, which may lie outside the storage base).
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub workdir: String,
 }
 
 /// The commands.
@@ -151,15 +165,15 @@ pub enum CommandLine {
         /// The sandbox's key.
         #[command(flatten)]
         key: KeyArgs,
-        /// The sandbox kind.
-        #[arg(long, default_value = "default")]
-        kind: String,
+        /// The sandbox kind and the guest working directory.
+        #[command(flatten)]
+        target: FileTarget,
         /// Allow a source under a credential path (~/.ssh, ~/.aws, ...). Pseudo file systems stay refused.
         #[arg(long)]
         allow_credential_path: bool,
         /// The local file.
         local: PathBuf,
-        /// The guest path (relative to the storage base, or absolute).
+        /// The guest path: relative to --workdir, or absolute and under it.
         guest: String,
     },
     /// Copy a file out of a sandbox; a refused copy leaves no partial local file. Refuses a destination
@@ -169,16 +183,16 @@ pub enum CommandLine {
         /// The sandbox's key.
         #[command(flatten)]
         key: KeyArgs,
-        /// The sandbox kind.
-        #[arg(long, default_value = "default")]
-        kind: String,
+        /// The sandbox kind and the guest working directory.
+        #[command(flatten)]
+        target: FileTarget,
         /// Allow a destination under a credential path (~/.ssh/authorized_keys, ~/.gitconfig, ...).
         #[arg(long)]
         allow_credential_path: bool,
         /// The largest file accepted.
         #[arg(long, value_name = "N", default_value_t = 8 * 1024 * 1024)]
         max_bytes: u64,
-        /// The guest path.
+        /// The guest path: relative to --workdir, or absolute and under it.
         guest: String,
         /// The local file to write.
         local: PathBuf,
@@ -188,10 +202,10 @@ pub enum CommandLine {
         /// The sandbox's key.
         #[command(flatten)]
         key: KeyArgs,
-        /// The sandbox kind.
-        #[arg(long, default_value = "default")]
-        kind: String,
-        /// The guest path.
+        /// The sandbox kind and the guest working directory.
+        #[command(flatten)]
+        target: FileTarget,
+        /// The guest path: relative to --workdir, or absolute and under it.
         guest: String,
     },
     /// List one guest directory.
@@ -199,10 +213,10 @@ pub enum CommandLine {
         /// The sandbox's key.
         #[command(flatten)]
         key: KeyArgs,
-        /// The sandbox kind.
-        #[arg(long, default_value = "default")]
-        kind: String,
-        /// The guest directory (default: the storage base).
+        /// The sandbox kind and the guest working directory.
+        #[command(flatten)]
+        target: FileTarget,
+        /// The guest directory: relative to --workdir (default: --workdir itself), or absolute and under it.
         #[arg(default_value = ".")]
         guest: String,
     },
@@ -211,14 +225,29 @@ pub enum CommandLine {
         /// The sandbox's key.
         #[command(flatten)]
         key: KeyArgs,
-        /// The sandbox kind.
-        #[arg(long, default_value = "default")]
-        kind: String,
+        /// The sandbox kind and the guest working directory.
+        #[command(flatten)]
+        target: FileTarget,
         /// Remove a directory and everything under it.
         #[arg(short = 'r', long)]
         recursive: bool,
-        /// The guest path.
+        /// The guest path: relative to --workdir, or absolute and under it.
         guest: String,
+    },
+    /// Remove a call's directory and everything under it, within a bound: a directory strictly under
+    /// --workdir, or an absolute one the backend's placement guards accept; never --workdir itself.
+    Reclaim {
+        /// The sandbox's key.
+        #[command(flatten)]
+        key: KeyArgs,
+        /// The sandbox kind and the guest working directory.
+        #[command(flatten)]
+        target: FileTarget,
+        /// Seconds the removal may take (exit 70 when it expires).
+        #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+        timeout: f64,
+        /// The directory to remove.
+        directory: String,
     },
     /// List sandboxes of a scope (default scope: sandboxctl).
     List {
@@ -229,7 +258,7 @@ pub enum CommandLine {
         #[arg(long)]
         thread: Option<String>,
     },
-    /// Dispose of a key's sandbox.
+    /// Dispose of a key's sandboxes: every kind, one kind (--kind) or one instance (--instance).
     Dispose {
         /// The sandbox's key.
         #[command(flatten)]
@@ -237,6 +266,10 @@ pub enum CommandLine {
         /// Only this kind (default: every kind of the key).
         #[arg(long)]
         kind: Option<String>,
+        /// Only this physical instance (an id from `list` or `run --json`); a stale id disposes of
+        /// nothing, never of its replacement.
+        #[arg(long, value_name = "ID")]
+        instance: Option<String>,
     },
     /// Dispose of every sandbox of a conversation.
     Purge {
@@ -322,6 +355,44 @@ mod tests {
                 other => panic!("parsed as {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn file_commands_default_to_the_storage_base_and_take_a_workdir() {
+        for command in ["stat", "ls", "rm", "reclaim"] {
+            let parsed = |extra: &[&str]| {
+                let mut args = vec!["sandboxctl", command, "--key", "s/t/a"];
+                args.extend_from_slice(extra);
+                args.push("x");
+                match Cli::try_parse_from(args).unwrap().command {
+                    CommandLine::Stat { target, .. }
+                    | CommandLine::Ls { target, .. }
+                    | CommandLine::Rm { target, .. }
+                    | CommandLine::Reclaim { target, .. } => target,
+                    other => panic!("parsed as {other:?}"),
+                }
+            };
+            assert_eq!(parsed(&[]).workdir, ".", "{command}");
+            assert_eq!(parsed(&[]).kind, "default", "{command}");
+            assert_eq!(parsed(&["--workdir", "/w/o"]).workdir, "/w/o", "{command}");
+        }
+        let cli =
+            Cli::try_parse_from(["sandboxctl", "reclaim", "--key", "s/t/a", "calls/c1"]).unwrap();
+        assert!(
+            matches!(cli.command, CommandLine::Reclaim { timeout, directory, .. } if timeout == 60.0 && directory == "calls/c1")
+        );
+        let cli = Cli::try_parse_from([
+            "sandboxctl",
+            "dispose",
+            "--key",
+            "s/t/a",
+            "--instance",
+            "abc",
+        ])
+        .unwrap();
+        assert!(
+            matches!(cli.command, CommandLine::Dispose { kind: None, instance: Some(id), .. } if id == "abc")
+        );
     }
 
     #[test]

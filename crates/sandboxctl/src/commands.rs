@@ -10,7 +10,7 @@ use sandbox_core::{
 };
 use serde_json::{json, Value};
 
-use crate::cli::{Cli, CommandLine, GlobalArgs, ImagesAction, RunTarget};
+use crate::cli::{Cli, CommandLine, FileTarget, GlobalArgs, ImagesAction, RunTarget};
 use crate::host_files::{credential_guard, Destination, Source};
 use crate::keys::{check_field, generated_key, KeyArgs};
 use crate::{backends, exit_codes, guest_env, report};
@@ -205,22 +205,99 @@ async fn until_interrupted<T>(
     )))
 }
 
+/// How a `run`/`exec` that reached the sandbox ended.
+pub enum Ran {
+    /// The command ran; its own status and streams.
+    Exited(sandbox_core::ExecOutput),
+    /// The wrapper failed before the command could start: its `cd` to the working directory failed
+    /// because the directory is missing or not a directory.
+    NotStarted {
+        /// Why, as the library's error kind for the working directory.
+        reason: SandboxError,
+        /// The shell's own message about the failed `cd`.
+        wrapper_stderr: Vec<u8>,
+    },
+}
+
+/// Tells a wrapper's failed `cd` apart from a command's own 125.
+///
+/// The wrapper reports a failed `cd` as status 125 after its nonce line, the same status a command
+/// may exit with, so the output alone cannot tell them apart. Only an output of that shape (status
+/// 125, no stdout, a shell's `cd:` message on stderr) costs more guest calls: `true`, which never
+/// exits 125 itself, is run in the same working directory, and a 125 from it means the directory
+/// cannot be entered. `stat` then says why when the backend's file plane reaches the directory
+/// (missing, or not a directory). Any error keeps the command's own result. A command can only pass
+/// off its own result this way (by making its working directory unusable and printing a `cd`
+/// message), never another's.
+async fn started_or_not(
+    sandbox: &dyn Sandbox,
+    workdir: &str,
+    output: sandbox_core::ExecOutput,
+) -> Ran {
+    let shaped_like_a_failed_cd = output.exit_code == exec_wrapper::WRAPPER_FAILURE_EXIT
+        && output.stdout.is_empty()
+        && output.stderr.windows(3).any(|w| w == b"cd:");
+    if !shaped_like_a_failed_cd {
+        return Ran::Exited(output);
+    }
+    let probe = ExecRequest::new(Command::argv(["true"]))
+        .working_directory(workdir)
+        .timeout(CD_PROBE_BOUND);
+    match sandbox.exec(probe).await {
+        Ok(probed) if probed.exit_code == exec_wrapper::WRAPPER_FAILURE_EXIT => {}
+        _ => return Ran::Exited(output),
+    }
+    let path = workdir.to_owned();
+    let reason = match sandbox.stat_file(".", workdir).await {
+        Ok(None) => SandboxError::NotFound { path },
+        Err(e) if e.kind() == sandbox_core::ErrorKind::NotFound => SandboxError::NotFound { path },
+        Ok(Some(entry))
+            if matches!(
+                entry.kind(),
+                sandbox_core::EntryKind::File | sandbox_core::EntryKind::Other
+            ) =>
+        {
+            SandboxError::NotADirectory { path }
+        }
+        Err(e) if e.kind() == sandbox_core::ErrorKind::NotADirectory => {
+            SandboxError::NotADirectory { path }
+        }
+        _ => SandboxError::invalid(format!(
+            "the working directory {path:?} cannot be entered in the guest"
+        )),
+    };
+    Ran::NotStarted {
+        reason,
+        wrapper_stderr: output.stderr,
+    }
+}
+
+/// How long the `true` that tells a failed `cd` apart may take.
+const CD_PROBE_BOUND: Duration = Duration::from_secs(30);
+
+/// What `run` adds to its `--json` object: the key it kept, and whether the acquire created the
+/// sandbox.
+#[derive(Default)]
+struct RunFacts<'a> {
+    key: Option<&'a SandboxKey>,
+    fresh: Option<bool>,
+}
+
 /// Writes the command's result and picks the exit code of `run`/`exec`.
-fn finish_run(
-    global: &GlobalArgs,
-    result: Result<sandbox_core::ExecOutput, SandboxError>,
-    key: Option<&SandboxKey>,
-) -> u8 {
-    let key_json = key.map(|k| {
-        json!({"scope": k.scope, "thread": k.thread_id, "agent": k.agent_id, "call": k.call_id})
-    });
+fn finish_run(global: &GlobalArgs, result: Result<Ran, SandboxError>, facts: RunFacts<'_>) -> u8 {
+    let add_facts = |v: &mut Value| {
+        if let Some(k) = facts.key {
+            v["key"] = json!({"scope": k.scope, "thread": k.thread_id, "agent": k.agent_id, "call": k.call_id});
+        }
+        if let Some(fresh) = facts.fresh {
+            v["fresh"] = json!(fresh);
+        }
+    };
     match result {
-        Ok(output) => {
+        Ok(Ran::Exited(output)) => {
             if global.json {
                 let mut v = report::exited_json(&output);
-                if let Some(k) = key_json {
-                    v["key"] = k;
-                }
+                add_facts(&mut v);
                 report::print_json(&v);
             } else {
                 let _ = std::io::stdout().write_all(&output.stdout);
@@ -230,12 +307,27 @@ fn finish_run(
             // The command's own status, verbatim; a status outside 0..=255 cannot be an exit code.
             u8::try_from(output.exit_code).unwrap_or(exit_codes::RUN_FAILURE)
         }
+        Ok(Ran::NotStarted {
+            reason,
+            wrapper_stderr,
+        }) => {
+            if global.json {
+                let mut v = report::not_started_json(&reason, &wrapper_stderr);
+                add_facts(&mut v);
+                report::print_json(&v);
+            } else {
+                eprintln!(
+                    "sandboxctl: the command did not start, its working directory is unusable: {} ({})",
+                    one_line(&reason.to_string()),
+                    one_line(&String::from_utf8_lossy(&wrapper_stderr))
+                );
+            }
+            exit_codes::RUN_FAILURE
+        }
         Err(err) => {
             if global.json {
                 let mut v = report::failed_run_json(&err);
-                if let Some(k) = key_json {
-                    v["key"] = k;
-                }
+                add_facts(&mut v);
                 report::print_json(&v);
             } else {
                 eprintln!("sandboxctl: {}", one_line(&err.to_string()));
@@ -256,23 +348,24 @@ async fn run(
     keep: bool,
     argv: Vec<std::ffi::OsString>,
 ) -> u8 {
+    let refused = |e: SandboxError| finish_run(global, Err(e), RunFacts::default());
     let given_key = match key.parse() {
         Ok(k) => k,
-        Err(e) => return finish_run(global, Err(e.into()), None),
+        Err(e) => return refused(e.into()),
     };
     let request = match exec_request(target, argv) {
         Ok(r) => r,
-        Err(e) => return finish_run(global, Err(e), None),
+        Err(e) => return refused(e),
     };
     let backend = match gated_backend(global, &target.env.names).await {
         Ok(b) => b,
-        Err(e) => return finish_run(global, Err(e), None),
+        Err(e) => return refused(e),
     };
     let image = match image {
         Some(image) => Some(image),
         None => match backends::ensure_default_image(global.backend, &target.env.names).await {
             Ok(image) => image,
-            Err(e) => return finish_run(global, Err(e), None),
+            Err(e) => return refused(e),
         },
     };
     let mut builder = SandboxSpec::builder(target.kind.clone());
@@ -281,20 +374,26 @@ async fn run(
     }
     let spec = match builder.build() {
         Ok(s) => s,
-        Err(e) => return finish_run(global, Err(e), None),
+        Err(e) => return refused(e),
     };
     let dispose_after = !keep && given_key.is_none();
     let key = given_key.unwrap_or_else(generated_key);
     if keep {
         eprintln!("sandboxctl: kept sandbox key {}", key_flags(&key));
     }
+    let mut fresh = None;
     let result = until_interrupted(async {
         let sandbox = backend.acquire(&key, &spec).await?;
-        sandbox.exec(request).await
+        fresh = Some(sandbox.freshly_created());
+        let output = sandbox.exec(request).await?;
+        Ok(started_or_not(&*sandbox, &target.workdir, output).await)
     })
     .await;
-    let printed_key = (keep || !dispose_after).then_some(&key);
-    let code = finish_run(global, result, printed_key);
+    let facts = RunFacts {
+        key: (keep || !dispose_after).then_some(&key),
+        fresh,
+    };
+    let code = finish_run(global, result, facts);
     if dispose_after {
         if let Some(failure) = backend.dispose(&key, DisposeSelector::all()).await {
             eprintln!("sandboxctl: the sandbox could not be disposed of: {failure}");
@@ -316,6 +415,17 @@ async fn found(
         })
 }
 
+/// The existing sandbox a file command names, on a backend at or above the floor.
+async fn found_gated(
+    global: &GlobalArgs,
+    key: KeyArgs,
+    target: &FileTarget,
+) -> Result<Arc<dyn Sandbox>, Failure> {
+    let key = key.require()?;
+    let backend = gated_backend(global, &[]).await?;
+    Ok(found(&backend, &key, &target.kind).await?)
+}
+
 async fn exec(
     global: &GlobalArgs,
     key: &KeyArgs,
@@ -327,10 +437,14 @@ async fn exec(
         let request = exec_request(target, argv)?;
         let backend = gated_backend(global, &target.env.names).await?;
         let sandbox = found(&backend, &key, &target.kind).await?;
-        until_interrupted(sandbox.exec(request)).await
+        until_interrupted(async {
+            let output = sandbox.exec(request).await?;
+            Ok(started_or_not(&*sandbox, &target.workdir, output).await)
+        })
+        .await
     }
     .await;
-    finish_run(global, outcome, None)
+    finish_run(global, outcome, RunFacts::default())
 }
 
 async fn images(global: &GlobalArgs, action: ImagesAction) -> Done {
@@ -348,11 +462,53 @@ async fn images(global: &GlobalArgs, action: ImagesAction) -> Done {
     }
 }
 
+/// A confinement refusal of an absolute guest path under the default `--workdir` says how to reach
+/// it: guest paths stay under the working directory, and only an absolute `--workdir` leaves the
+/// storage base.
+fn with_workdir_hint(error: SandboxError, guest: &str, target: &FileTarget) -> SandboxError {
+    match error {
+        SandboxError::Confinement { path, reason } if guest.starts_with('/') && target.workdir == "." => {
+            SandboxError::Confinement {
+                path,
+                reason: format!(
+                    "{reason}; guest paths stay under --workdir, which defaults to the storage base: \
+                     pass an absolute --workdir to address the guest's own directories"
+                ),
+            }
+        }
+        other => other,
+    }
+}
+
 async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
+    let hinted = match &command {
+        CommandLine::CpIn { guest, target, .. }
+        | CommandLine::CpOut { guest, target, .. }
+        | CommandLine::Stat { guest, target, .. }
+        | CommandLine::Ls { guest, target, .. }
+        | CommandLine::Rm { guest, target, .. }
+        | CommandLine::Reclaim {
+            directory: guest,
+            target,
+            ..
+        } => Some((guest.clone(), target.clone())),
+        _ => None,
+    };
+    file_or_other_command(global, command)
+        .await
+        .map_err(|mut failure| {
+            if let Some((guest, target)) = hinted {
+                failure.error = with_workdir_hint(failure.error, &guest, &target);
+            }
+            failure
+        })
+}
+
+async fn file_or_other_command(global: &GlobalArgs, command: CommandLine) -> Done {
     match command {
         CommandLine::CpIn {
             key,
-            kind,
+            target,
             allow_credential_path,
             local,
             guest,
@@ -360,11 +516,13 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             let key = key.require()?;
             let source = Source::open(&local, &credential_guard(), allow_credential_path)?;
             let backend = gated_backend(global, &[]).await?;
-            let sandbox = found(&backend, &key, &kind).await?;
+            let sandbox = found(&backend, &key, &target.kind).await?;
             // No sandbox of this backend takes more in one file: never read more than that.
             let cap = backend.declarations().limits.files_in.max_bytes_per_file;
             let content = source.read_capped(cap)?;
-            sandbox.write_file(&guest, &content, ".").await?;
+            sandbox
+                .write_file(&guest, &content, &target.workdir)
+                .await?;
             Ok((
                 json!({"copied": content.len(), "guest": guest}),
                 String::new(),
@@ -372,7 +530,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
         }
         CommandLine::CpOut {
             key,
-            kind,
+            target,
             allow_credential_path,
             max_bytes,
             guest,
@@ -382,28 +540,26 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             let destination =
                 Destination::open(&local, &credential_guard(), allow_credential_path)?;
             let backend = gated_backend(global, &[]).await?;
-            let sandbox = found(&backend, &key, &kind).await?;
-            let content = sandbox.read_file(&guest, ".", max_bytes).await?;
+            let sandbox = found(&backend, &key, &target.kind).await?;
+            let content = sandbox
+                .read_file(&guest, &target.workdir, max_bytes)
+                .await?;
             destination.write_atomically(&content)?;
             Ok((
                 json!({"copied": content.len(), "local": local.display().to_string()}),
                 String::new(),
             ))
         }
-        CommandLine::Stat { key, kind, guest } => {
-            let key = key.require()?;
-            let backend = gated_backend(global, &[]).await?;
-            let sandbox = found(&backend, &key, &kind).await?;
-            match sandbox.stat_file(&guest, ".").await? {
+        CommandLine::Stat { key, target, guest } => {
+            let sandbox = found_gated(global, key, &target).await?;
+            match sandbox.stat_file(&guest, &target.workdir).await? {
                 Some(entry) => Ok((entry_json(&entry), entry_line(&entry))),
                 None => Err(SandboxError::NotFound { path: guest }.into()),
             }
         }
-        CommandLine::Ls { key, kind, guest } => {
-            let key = key.require()?;
-            let backend = gated_backend(global, &[]).await?;
-            let sandbox = found(&backend, &key, &kind).await?;
-            let entries = sandbox.list_dir(&guest, ".").await?;
+        CommandLine::Ls { key, target, guest } => {
+            let sandbox = found_gated(global, key, &target).await?;
+            let entries = sandbox.list_dir(&guest, &target.workdir).await?;
             Ok((
                 json!({"entries": entries.iter().map(entry_json).collect::<Vec<_>>()}),
                 entries.iter().map(entry_line).collect(),
@@ -411,15 +567,24 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
         }
         CommandLine::Rm {
             key,
-            kind,
+            target,
             recursive,
             guest,
         } => {
-            let key = key.require()?;
-            let backend = gated_backend(global, &[]).await?;
-            let sandbox = found(&backend, &key, &kind).await?;
-            sandbox.remove(&guest, ".", recursive).await?;
+            let sandbox = found_gated(global, key, &target).await?;
+            sandbox.remove(&guest, &target.workdir, recursive).await?;
             Ok((json!({"removed": guest}), String::new()))
+        }
+        CommandLine::Reclaim {
+            key,
+            target,
+            timeout,
+            directory,
+        } => {
+            let bound = timeout_bound(timeout)?;
+            let sandbox = found_gated(global, key, &target).await?;
+            sandbox.reclaim(&directory, &target.workdir, bound).await?;
+            Ok((json!({"reclaimed": directory}), String::new()))
         }
         CommandLine::List { scope, thread } => {
             check_field("scope", &scope)?;
@@ -432,10 +597,17 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             let text = found.iter().map(summary_line).collect();
             Ok((json!({"sandboxes": rows}), text))
         }
-        CommandLine::Dispose { key, kind } => {
+        CommandLine::Dispose {
+            key,
+            kind,
+            instance,
+        } => {
             let key = key.require()?;
             let backend = backends::connect(global, &[]).await?;
-            let selector = kind.map(DisposeSelector::kind).unwrap_or_default();
+            let selector = DisposeSelector {
+                kind,
+                instance_id: instance,
+            };
             match backend.dispose(&key, selector).await {
                 None => Ok((json!({"disposed": true}), String::new())),
                 Some(failure) => Err(Failure {

@@ -22,6 +22,16 @@ pub fn exited_json(output: &ExecOutput) -> Value {
     })
 }
 
+/// The JSON object of a `run` or `exec` whose command never started: the wrapper's `cd` to the
+/// working directory failed. `error` says why; `wrapper_stderr` is the shell's own message.
+pub fn not_started_json(reason: &SandboxError, wrapper_stderr: &[u8]) -> Value {
+    json!({
+        "outcome": "not_started",
+        "error": error_json(reason),
+        "wrapper_stderr": String::from_utf8_lossy(wrapper_stderr),
+    })
+}
+
 /// The JSON object of a `run` or `exec` that failed: `timeout` (with `guest`) or `error`.
 pub fn failed_run_json(err: &SandboxError) -> Value {
     match err {
@@ -114,6 +124,13 @@ mod tests {
             instance: "abc".into(),
         };
         insta::assert_json_snapshot!("error", failed_run_json(&gone));
+        let missing = SandboxError::NotFound {
+            path: "/missing".into(),
+        };
+        insta::assert_json_snapshot!(
+            "not_started",
+            not_started_json(&missing, b"sh: 1: cd: can't cd to /missing\n")
+        );
     }
 
     #[test]

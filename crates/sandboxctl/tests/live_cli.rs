@@ -593,15 +593,345 @@ fn help_repeats_the_exit_code_table() {
     assert!(help.contains("--min-isolation container"), "{help}");
 }
 
+/// Runs `sh -c script` in a new kept sandbox of `key`, asserting it exits 0.
+fn kept_with(key: &str, script: &str) {
+    let out = ctl(&["run", "--key", key, "--", "sh", "-c", script]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
-fn missing_workdir_exits_125_as_a_command_result() {
-    let out = ctl(&["run", "--workdir", "/no/such/dir", "--", "true"]);
+fn a_missing_workdir_is_not_started_not_the_commands_125() {
+    let scope = scope("notstarted");
+    let key = format!("{scope}/t1/agent");
+    kept_with(
+        &key,
+        "printf x > plain && mkdir own && mkdir locked && chmod 000 locked",
+    );
+
+    let out = ctl(&[
+        "exec",
+        "--key",
+        &key,
+        "--workdir",
+        "/no/such/dir",
+        "--",
+        "true",
+    ]);
     assert_eq!(code(&out), 125, "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("sandboxctl: the command did not start"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("/no/such/dir"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(out.stdout.is_empty());
+
+    let v = json(&ctl(&[
+        "--json",
+        "exec",
+        "--key",
+        &key,
+        "--workdir",
+        "/no/such/dir",
+        "--",
+        "true",
+    ]));
+    assert_eq!(v["outcome"], "not_started", "{v}");
+    assert_eq!(v["error"]["kind"], "NotFound", "{v}");
+    assert!(v.get("exit_code").is_none(), "{v}");
+    assert!(v["wrapper_stderr"].as_str().unwrap().contains("cd"), "{v}");
+    // Relative to the storage base, and a regular file where a directory should be.
+    let v = json(&ctl(&[
+        "--json",
+        "exec",
+        "--key",
+        &key,
+        "--workdir",
+        "gone",
+        "--",
+        "true",
+    ]));
+    assert_eq!(v["outcome"], "not_started", "{v}");
+    assert_eq!(v["error"]["kind"], "NotFound", "{v}");
+    let v = json(&ctl(&[
+        "--json",
+        "exec",
+        "--key",
+        &key,
+        "--workdir",
+        "plain",
+        "--",
+        "true",
+    ]));
+    assert_eq!(v["outcome"], "not_started", "{v}");
+    assert_eq!(v["error"]["kind"], "NotADirectory", "{v}");
+    // A directory the guest user cannot enter.
+    let v = json(&ctl(&[
+        "--json",
+        "exec",
+        "--key",
+        &key,
+        "--workdir",
+        "locked",
+        "--",
+        "true",
+    ]));
+    assert_eq!(v["outcome"], "not_started", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be entered"),
+        "{v}"
+    );
+    // `run` reports it the same way, and still disposes of its generated sandbox.
     let out = ctl(&["--json", "run", "--workdir", "/no/such/dir", "--", "true"]);
-    assert_eq!(code(&out), 125, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(code(&out), 125);
+    assert_eq!(json(&out)["outcome"], "not_started");
+
+    // A command's own 125, even one that prints a `cd` message, stays the command's.
+    let out = ctl(&[
+        "--json",
+        "exec",
+        "--key",
+        &key,
+        "--workdir",
+        "own",
+        "--",
+        "sh",
+        "-c",
+        "echo 'sh: 1: cd: can'\\''t cd to /x' >&2; exit 125",
+    ]);
+    assert_eq!(code(&out), 125);
     let v = json(&out);
     assert_eq!(v["outcome"], "exited", "{v}");
     assert_eq!(v["exit_code"], 125, "{v}");
+    let out = ctl(&["exec", "--key", &key, "--", "sh", "-c", "exit 125"]);
+    assert_eq!(code(&out), 125);
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    purge_and_check(&scope, "t1");
+}
+
+#[test]
+fn file_commands_resolve_guest_paths_against_the_workdir() {
+    let scope = scope("workdir");
+    let key = format!("{scope}/t1/agent");
+    kept_with(&key, "mkdir -p sub && mkdir -p /maf-sandbox/work-outside");
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("in.txt");
+    std::fs::write(&local, b"inside\n").unwrap();
+    let local = local.to_str().unwrap();
+
+    // An absolute guest path outside the storage base: refused under the default working
+    // directory, with the way out named; accepted under an absolute --workdir.
+    let out = ctl(&["cp-in", "--key", &key, local, "/maf-sandbox/work-outside/x"]);
+    assert_eq!(code(&out), 65, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--workdir"));
+    let outside = ["--workdir", "/maf-sandbox/work-outside"];
+    let with = |command: &str, rest: &[&str]| {
+        let mut args = vec!["--json", command, "--key", key.as_str()];
+        args.extend_from_slice(&outside);
+        args.extend_from_slice(rest);
+        ctl(&args)
+    };
+    assert_eq!(code(&with("cp-in", &[local, "x"])), 0);
+    assert_eq!(
+        code(&with("cp-in", &[local, "/maf-sandbox/work-outside/y"])),
+        0
+    );
+    let v = json(&with("stat", &["x"]));
+    assert_eq!(v["kind"], "file", "{v}");
+    assert_eq!(v["size_bytes"], 7, "{v}");
+    let v = json(&with("ls", &[]));
+    let names: Vec<&str> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.ends_with('x')) && names.iter().any(|n| n.ends_with('y')),
+        "{v}"
+    );
+    let back = dir.path().join("back.txt");
+    assert_eq!(code(&with("cp-out", &["y", back.to_str().unwrap()])), 0);
+    assert_eq!(std::fs::read(&back).unwrap(), b"inside\n");
+    // The guest saw the files where the working directory put them.
+    let out = ctl(&[
+        "exec",
+        "--key",
+        &key,
+        "--",
+        "cat",
+        "/maf-sandbox/work-outside/x",
+    ]);
+    assert_eq!(out.stdout, b"inside\n");
+    assert_eq!(code(&with("rm", &["x"])), 0);
+    assert_eq!(code(&with("stat", &["x"])), 66);
+    // Paths stay under the working directory, whichever it is.
+    assert_eq!(code(&with("stat", &["../work/sub"])), 65);
+
+    // A relative --workdir is under the storage base.
+    let sub = ["--workdir", "sub"];
+    assert_eq!(
+        code(&ctl(
+            &[&["cp-in", "--key", &key][..], &sub, &[local, "z"]].concat()
+        )),
+        0
+    );
+    let out = ctl(&["exec", "--key", &key, "--", "cat", "sub/z"]);
+    assert_eq!(out.stdout, b"inside\n");
+    let v = json(&ctl(&[&["--json", "ls", "--key", &key][..], &sub].concat()));
+    assert_eq!(v["entries"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(
+        code(&ctl(
+            &[&["stat", "--key", &key][..], &sub, &["../z"]].concat()
+        )),
+        65
+    );
+    assert_eq!(
+        code(&ctl(&[&["rm", "--key", &key][..], &sub, &["z"]].concat())),
+        0
+    );
+    assert_eq!(code(&ctl(&["stat", "--key", &key, "sub/z"])), 66);
+    // Escaping the storage base through a relative --workdir is refused.
+    assert_eq!(
+        code(&ctl(&["stat", "--key", &key, "--workdir", "..", "x"])),
+        65
+    );
+    purge_and_check(&scope, "t1");
+}
+
+#[test]
+fn reclaim_removes_a_directory_within_its_bound() {
+    let scope = scope("reclaim");
+    let key = format!("{scope}/t1/agent");
+    kept_with(
+        &key,
+        "mkdir -p calls/c1/deep/er && printf x > calls/c1/deep/er/f && ln -s /etc calls/c1/l \
+         && mkdir -p /maf-sandbox/work-outside/c2/a",
+    );
+    let v = json(&ctl(&[
+        "--json",
+        "reclaim",
+        "--key",
+        &key,
+        "--timeout",
+        "30",
+        "calls/c1",
+    ]));
+    assert_eq!(v["reclaimed"], "calls/c1", "{v}");
+    assert_eq!(code(&ctl(&["stat", "--key", &key, "calls/c1"])), 66);
+    // The link's target was not followed.
+    let out = ctl(&["exec", "--key", &key, "--", "test", "-f", "/etc/passwd"]);
+    assert_eq!(code(&out), 0);
+    // Absent is fine; the working directory itself and an escape are refused; so is no bound.
+    assert_eq!(code(&ctl(&["reclaim", "--key", &key, "calls/c1"])), 0);
+    assert_eq!(
+        code(&ctl(&["reclaim", "--key", &key, "--workdir", "calls", "."])),
+        65
+    );
+    assert_eq!(code(&ctl(&["reclaim", "--key", &key, "../x"])), 65);
+    assert_eq!(
+        code(&ctl(&["reclaim", "--key", &key, "--timeout", "0", "calls"])),
+        64
+    );
+    // Under an absolute working directory outside the storage base.
+    let out = ctl(&[
+        "reclaim",
+        "--key",
+        &key,
+        "--workdir",
+        "/maf-sandbox/work-outside",
+        "c2",
+    ]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let out = ctl(&[
+        "exec",
+        "--key",
+        &key,
+        "--",
+        "test",
+        "-e",
+        "/maf-sandbox/work-outside/c2",
+    ]);
+    assert_eq!(code(&out), 1);
+    // No sandbox for the key.
+    let none = format!("{scope}/t2/agent");
+    assert_eq!(code(&ctl(&["reclaim", "--key", &none, "calls"])), 66);
+    purge_and_check(&scope, "t1");
+}
+
+/// The instance ids `list` shows for `scope`.
+fn instance_ids(scope: &str) -> Vec<String> {
+    let listed = json(&ctl(&["--json", "list", "--scope", scope]));
+    listed["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["instance_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn run_says_whether_it_created_and_dispose_takes_one_instance() {
+    let scope = scope("fresh");
+    let key = format!("{scope}/t1/agent");
+    let first = json(&ctl(&["--json", "run", "--key", &key, "--", "true"]));
+    assert_eq!(first["fresh"], true, "{first}");
+    let again = json(&ctl(&["--json", "run", "--key", &key, "--", "true"]));
+    assert_eq!(again["fresh"], false, "{again}");
+    // A generated key's sandbox is always new.
+    let generated = json(&ctl(&["--json", "run", "--", "true"]));
+    assert_eq!(generated["fresh"], true, "{generated}");
+
+    let ids = instance_ids(&scope);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    // A stale id disposes of nothing, never of the live instance.
+    let out = ctl(&[
+        "--json",
+        "dispose",
+        "--key",
+        &key,
+        "--instance",
+        "0123456789ab",
+    ]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(instance_ids(&scope), ids);
+    let out = ctl(&[
+        "dispose",
+        "--key",
+        &key,
+        "--kind",
+        "default",
+        "--instance",
+        &ids[0],
+    ]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(instance_ids(&scope).is_empty());
+    let after = json(&ctl(&["--json", "run", "--key", &key, "--", "true"]));
+    assert_eq!(after["fresh"], true, "{after}");
+    purge_and_check(&scope, "t1");
+}
+
+#[test]
+fn help_shows_workdir_and_reclaim() {
+    let help = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert_eq!(code(&out), 0);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(help(&["--help"]).contains("reclaim"));
+    for command in ["cp-in", "cp-out", "stat", "ls", "rm", "reclaim"] {
+        let text = help(&[command, "--help"]);
+        assert!(text.contains("--workdir"), "{command}: {text}");
+    }
+    assert!(help(&["dispose", "--help"]).contains("--instance"));
 }
 
 /// Every host process's command line, and the docker clients' environments, as raw bytes, each with a
