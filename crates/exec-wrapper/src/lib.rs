@@ -95,7 +95,8 @@ mod tool_probe;
 mod wrapper_scripts;
 
 pub use argv_encoding::{
-    decode_arg, encode_arg, encode_env_file, encode_invocation, EncodedInvocation,
+    decode_arg, encode_arg, encode_env_file, encode_invocation, raw_invocation, EncodedInvocation,
+    RawInvocation,
 };
 pub use bounded_runner::{
     run_bounded, BoundedCommand, ExitKind, RunOutput, Stream, DEFAULT_OUTPUT_BUDGET, READ_CHUNK,
@@ -106,17 +107,22 @@ pub use call_identity::{
 };
 pub use error::{Error, Result};
 pub use group_kill::{
-    KillFailure, KillOutcome, KILL_EXIT_BAD_RECORD, KILL_EXIT_KILLED, KILL_EXIT_NEVER_STARTED,
+    KillFailure, KillMode, KillOutcome, KillReport, KILL_EXIT_BAD_RECORD, KILL_EXIT_KILLED,
+    KILL_EXIT_KILLED_NAMESPACE, KILL_EXIT_KILLED_TREE, KILL_EXIT_NEVER_STARTED,
     KILL_EXIT_NO_CANCEL_FILE, KILL_EXIT_SURVIVOR, KILL_OUTPUT_BUDGET,
 };
 pub use nonce_result::{
-    parse_result, parse_run_output, WrapperOutcome, WrapperOutput, STDERR_TAIL_BYTES,
+    nonce_line_seen, parse_result, parse_run_output, WrapperOutcome, WrapperOutput,
+    STDERR_TAIL_BYTES,
 };
 pub use tool_probe::{
     missing_tools, read_tool_probe, tool_probe_argv, ToolProbeOutcome, DOCKER_TOOLS,
     PROBE_OUTPUT_BUDGET, SBX_TOOLS, TOOL_PROBE_SCRIPT,
 };
 pub use wrapper_scripts::{
-    docker_wrapper_argv, kill_argv, sbx_wrapper_argv, SbxMount, DOCKER_WRAPPER, KILL_SCRIPT,
-    SBX_WRAPPER, SCRIPT_NAME, WORKSPACE_MARKER, WRAPPER_FAILURE_EXIT,
+    docker_init_probe_argv, docker_init_wrapper_argv, docker_wrapper_argv, kill_argv,
+    namespace_kill_argv, pid_namespace_probe_argv, read_kill_mode_probe,
+    sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, tree_kill_argv, SbxMount, DOCKER_INIT_PATH,
+    DOCKER_INIT_WRAPPER, DOCKER_WRAPPER, KILL_SCRIPT, NAMESPACE_KILL_SCRIPT, SBX_WRAPPER,
+    SCRIPT_NAME, TREE_KILL_SCRIPT, WORKSPACE_MARKER, WRAPPER_FAILURE_EXIT,
 };
