@@ -173,10 +173,7 @@ fn hostile_cases(has_perl: bool) -> Vec<(&'static str, String)> {
             "nohup in the background",
             "nohup sleep 604 >/dev/null 2>&1 & sleep 600".to_owned(),
         ),
-        (
-            "a tight fork loop",
-            "while :; do (: &); done".to_owned(),
-        ),
+        ("a tight fork loop", "while :; do (: &); done".to_owned()),
         (
             "every file in /tmp removed",
             "while :; do rm -rf /tmp/* /tmp/.[!.]* 2>/dev/null; sleep 0.05; done".to_owned(),
