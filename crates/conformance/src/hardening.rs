@@ -1,6 +1,7 @@
 //! HARDENING (spec §14): the probes this project adds beyond the reference suites.
 //!
-//! Four run on a shared sandbox after EXEC ([`assert_hardening`]); three need sandboxes or keys of their
+//! Ten run on a shared sandbox after EXEC ([`assert_hardening`]), six of them hostile commands a
+//! timeout must end completely ([`HOSTILE_TIMEOUT_CASES`]); three need sandboxes or keys of their
 //! own ([`assert_engine_failure_is_not_an_exit_code`], [`assert_concurrent_acquires_yield_one`],
 //! [`assert_network_closed_by_content`]). The engine-side facts come from a [`HardeningHooks`] the
 //! backend's test module provides.
@@ -30,8 +31,44 @@ use crate::suite_runner::{ensure, refused_with, ProbeError, Refusal, SuiteRun, V
 /// The suite label.
 pub const HARDENING: &str = "HARDENING";
 
-/// How many probes [`assert_hardening`] runs on the shared sandbox.
-pub const HARDENING_SHARED_PROBES: usize = 4;
+/// How many probes [`assert_hardening`] runs on the shared sandbox: four, then one per
+/// [`HOSTILE_TIMEOUT_CASES`] entry.
+pub const HARDENING_SHARED_PROBES: usize = 4 + HOSTILE_TIMEOUT_CASES.len();
+
+/// The commands a timeout must end completely: (probe name, `sh -c` script). Each runs as
+/// `sh -c <script> sleep <marker>`, so every process it starts carries `sleep<marker>` in its
+/// command line (`$1` is the marker), which the check from a second exec looks for.
+pub const HOSTILE_TIMEOUT_CASES: [(&str, &str); 6] = [
+    (
+        "a-timeout-kills-a-child-in-its-own-group",
+        r#"if command -v perl >/dev/null; then exec perl -e 'if(fork){sleep 600}else{setpgrp(0,0);exec "sleep",$ARGV[1]}' sleep "$1"; fi; (setsid sleep "$1" &); exec sleep "$1""#,
+    ),
+    (
+        "a-timeout-kills-a-command-that-deletes-its-records",
+        r#"rm -f /tmp/maf-sbx-*; exec sleep "$1""#,
+    ),
+    (
+        "a-timeout-kills-a-double-fork-daemon",
+        r#"(setsid sh -c 'sleep "$1" & exit 0' sleep "$1" &); exec sleep "$1""#,
+    ),
+    (
+        "a-timeout-kills-nohup-jobs",
+        r#"nohup sleep "$1" >/dev/null 2>&1 & exec sleep "$1""#,
+    ),
+    (
+        "a-timeout-kills-a-tight-fork-loop",
+        r#"while :; do (: &); done"#,
+    ),
+    (
+        "a-timeout-kills-a-command-that-empties-tmp",
+        r#"while :; do rm -f /tmp/* /tmp/.[!.]* 2>/dev/null; sleep 0.05; done"#,
+    ),
+];
+
+/// Lists, from a second exec, every process whose command line carries `sleep<$1$2>` (the marker
+/// in two pieces, so the checker's own command line never matches). Reads `/proc` with shell
+/// builtins only; `read` drops the NUL separators.
+const SURVIVOR_CHECK: &str = r#"for d in /proc/[0-9]*; do c=; IFS= read -r c 2>/dev/null <"$d/cmdline"; case $c in *"sleep$1$2"*) printf '%s %s\n' "${d#/proc/}" "$c" ;; esac; done; exit 0"#;
 
 /// The concurrent acquires of `concurrent-acquires-yield-one`: this many in this process, as many in a
 /// child process.
@@ -142,8 +179,9 @@ async fn expect_handle_works(
     Ok(())
 }
 
-/// Runs the four shared-sandbox probes, in the order the spec gives: argv-round-trips-bytes,
-/// argv-refuses-nul, a-timed-out-group-is-dead, a-flood-is-refused-and-bounded. Gate `exec`. Run after
+/// Runs the shared-sandbox probes, in the order the spec gives: argv-round-trips-bytes,
+/// argv-refuses-nul, a-timed-out-group-is-dead, a-flood-is-refused-and-bounded, then one per
+/// [`HOSTILE_TIMEOUT_CASES`] entry. Gate `exec`. Run after
 /// EXEC; needs `sh`, a `sleep` accepting fractions and `head -c` in the image.
 pub async fn assert_hardening(
     subject: &dyn ConformanceSubject,
@@ -267,7 +305,69 @@ pub async fn assert_hardening(
         })
         .await;
 
+    for (index, (name, script)) in HOSTILE_TIMEOUT_CASES.iter().enumerate() {
+        suite
+            .probe(name, &[], async {
+                a_timeout_leaves_nothing(subject, work, script, 31411 + index).await
+            })
+            .await;
+    }
+
     suite.finish()
+}
+
+/// Starts a sibling, then `script` with a 2 s timeout; checks the timeout killed the command
+/// (the sandbox kept), that no process carrying its marker remains, that the sibling completes,
+/// and that the sandbox keeps serving.
+async fn a_timeout_leaves_nothing(
+    subject: &dyn ConformanceSubject,
+    work: &str,
+    script: &str,
+    marker: usize,
+) -> Result<(), ProbeError> {
+    let instance_id = subject.sandbox().instance_id().to_owned();
+    let sibling = run_argv(subject, &["sh", "-c", "sleep 4; echo sibling-done"], work);
+    let hostile = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let marker = marker.to_string();
+        let request = ExecRequest::new(Command::argv(["sh", "-c", script, "sleep", &marker]))
+            .working_directory(work)
+            .timeout(Duration::from_secs(2));
+        let refused = refused_with(Refusal::Timeout, subject.sandbox().exec(request)).await?;
+        ensure!(
+            refused.guest_cleanup() == Some(sandbox_core::GuestCleanup::Killed),
+            "the timeout's kill reported {:?}, not Killed ({refused})",
+            refused.guest_cleanup()
+        );
+        let (head, tail) = marker.split_at(marker.len() - 1);
+        let check = run_argv(
+            subject,
+            &["sh", "-c", SURVIVOR_CHECK, "check", head, tail],
+            work,
+        )
+        .await?;
+        ensure!(
+            check.exit_code == 0,
+            "the survivor check exited {}",
+            check.exit_code
+        );
+        ensure!(
+            check.stdout.is_empty(),
+            "processes the timed-out command started are still running: {}",
+            String::from_utf8_lossy(&check.stdout)
+        );
+        Ok::<(), ProbeError>(())
+    };
+    let (sibling, hostile) = tokio::join!(sibling, hostile);
+    hostile?;
+    let sibling = sibling?;
+    ensure!(
+        sibling.exit_code == 0 && sibling.stdout == b"sibling-done\n",
+        "the sibling started before the timed-out command ended with {} and {:?}",
+        sibling.exit_code,
+        String::from_utf8_lossy(&sibling.stdout)
+    );
+    expect_handle_works(subject, work, &instance_id).await
 }
 
 /// Acquires (key, spec), retrying a `Busy` result up to 3 times 1 s apart. A child process of
