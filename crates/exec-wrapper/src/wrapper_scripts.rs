@@ -221,8 +221,11 @@ macro_rules! exact_kill_fallback {
 /// line is `/sbin/docker-init -s -- sh -c <wrapper> maf-sbx <nonce> …`. It stops the init, so it
 /// can neither reap nor exit and every orphan of the tree is re-parented to it; then, until the
 /// tree holds no live process, it collects every descendant from `/proc`, stops them all (so
-/// none forks between the scan and the kill) and kills them all; then it kills the init. Exit
-/// 10: killed; 6: the tree was not empty after 50 rounds (a process the kill may not signal). No
+/// none forks between the scan and the kill) and kills them all; then it kills the init. It
+/// starts no process of its own on that path (only `read`, `kill` and `case`, builtins in dash,
+/// BusyBox and bash), so a command that exhausts the container's pids limit cannot make it fail
+/// half-way (a failed fork ends dash and BusyBox `sh`). Exit 10: killed; 6: the tree was not
+/// empty after 200 rounds (a process the kill may not signal). No
 /// such init: the group kill of the same call runs instead (a wrapper without the init), so a
 /// call whose init is gone reads as "never started" (exit 4), which the host turns into a kill
 /// that did not land once it has seen the nonce line ([`crate::KillReport::after_start`]).
@@ -266,10 +269,9 @@ if [ -n "$r" ]; then
     done
     [ -n "$l" ] || break
     t=$((t + 1))
-    [ "$t" -le 50 ] || exit 6
+    [ "$t" -le 200 ] || exit 6
     kill -STOP $l 2>/dev/null
     kill -KILL $l 2>/dev/null
-    [ "$t" -eq 1 ] || sleep 0.1
   done
   kill -KILL $r 2>/dev/null
   exit 10
@@ -285,8 +287,10 @@ fi
 /// a command starts lives in the command's own, nested namespace, so none can pass for it) whose
 /// command line is `unshare --user --mount --pid --fork --kill-child=KILL --map-root-user -- env
 /// -u maf-sbx-<nonce> …`. It kills that process and its child, the namespace's first process;
-/// the kernel then kills every process in the namespace. Exit 11 once both are gone; 6 if
-/// either is still alive after 30 polls. No such `unshare`: the group kill of the same call runs
+/// the kernel then kills every process in the namespace. Exit 11 once both are gone (the pid
+/// file the namespace's wrapper wrote is removed; the cancel file stays, in case the `unshare`
+/// was caught between its fork and its child's parent-death signal); 6 if either is still alive
+/// after 30 polls. No such `unshare`: the group kill of the same call runs
 /// instead (a wrapper entered without a PID namespace), with the same reading of "never started"
 /// as [`TREE_KILL_SCRIPT`].
 pub const NAMESPACE_KILL_SCRIPT: &str = concat!(
@@ -319,7 +323,10 @@ if [ -n "$r" ]; then
       s=${s##*) }
       [ "${s%% *}" = Z ] || v=1
     done
-    [ -n "$v" ] || exit 11
+    if [ -z "$v" ]; then
+      rm -f -- "/tmp/maf-sbx-$n.pgid"
+      exit 11
+    fi
     t=$((t + 1))
     [ "$t" -lt 30 ] || exit 6
     sleep 0.1

@@ -229,6 +229,18 @@ async fn the_hostile_cases_leave_nothing_behind(
         assert_eq!(report.outcome, KillOutcome::Killed, "{label}: {kill:?}");
         assert_eq!(report.mode, Some(shape.mode()), "{label}");
         eprintln!("{label}: killed in {kill_took:?} (kill exec included)");
+        if shape == Shape::SbxPidNamespace {
+            // The namespace's wrapper was killed before it could remove its pid file; the kill
+            // removes it.
+            let record = exec_wrapper::pid_file(&nonce);
+            let argv = ["sh", "-c", r#"[ ! -e "$1" ]"#, "x", &record].map(str::to_owned);
+            let gone = container.exec(&argv, BOUND).run().await.unwrap();
+            assert_eq!(
+                gone.status,
+                exec_wrapper::ExitKind::Exited(0),
+                "{label}: {record} left behind"
+            );
+        }
 
         let sibling = sibling.await.unwrap().expect("the sibling call completes");
         match parse_run_output(sibling, &sibling_nonce) {
