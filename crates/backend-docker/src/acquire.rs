@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use exec_wrapper::{ExitKind, Stream};
 use sandbox_core::{
     docker_container_name, needs_storage_base, plan_storage_base, storage_base_directories,
     validate_base, Egress, EntryKind, SandboxError, SandboxKey, SandboxSpec, TransferLimits,
@@ -12,12 +11,14 @@ use sandbox_core::{
 };
 use tokio::time::Instant;
 
-use crate::cli_seam::{daemon_unreachable, object_absent, tail, CallShape, SMALL_BUDGET};
 use crate::config::check_image_reference;
-use crate::engine_calls::{join_all, GuestCall, GuestEnd, Remembered, Shared, WarmEntry};
+use crate::connection::quote;
+use crate::containers::{ContainerShape, Created, Lifecycle};
+use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
 use crate::guest_scripts::{BASE_EXIT_FALLBACK, BASE_SCRIPT};
 use crate::handle::DockerSandbox;
 use crate::ownership_labels::{workload_labels, ContainerRecord, Verdict};
+use crate::state::{bounded_join, shielded, BackendState, CleanupOnDrop, Remembered, WarmEntry};
 use crate::tar_header::directory_entry;
 
 /// The body every workload runs, so any image stays alive whatever its entrypoint.
@@ -43,12 +44,6 @@ struct Plan<'a> {
     files_out: TransferLimits,
 }
 
-/// What `docker run` said.
-enum Created {
-    Id(String),
-    Conflict(String),
-}
-
 /// How an existing container came to be served.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Arrival {
@@ -62,7 +57,7 @@ enum Arrival {
     Adopted,
 }
 
-impl Shared {
+impl BackendState {
     /// docker.md rules 12–21.
     pub(crate) async fn acquire_sandbox(
         self: &Arc<Self>,
@@ -70,8 +65,7 @@ impl Shared {
         spec: &SandboxSpec,
     ) -> Result<Arc<DockerSandbox>, SandboxError> {
         let plan = self.plan(key, spec)?;
-        let lock = self.name_lock(&plan.name);
-        let _serialised = lock.lock().await;
+        let _serialised = self.lock_name(&plan.name).await;
         self.sweep_unremovable().await;
 
         let adopt_deadline = Instant::now() + self.config.command_timeout;
@@ -110,6 +104,7 @@ impl Shared {
             existing
                 .verify(key, plan.kind, Some(&plan.base), Some(&plan.image))
                 .map_err(|verdict| refusal(&plan.name, verdict))?;
+
             if self.is_retired(&existing.id) {
                 self.replace(&existing.id).await?;
                 continue;
@@ -136,13 +131,13 @@ impl Shared {
                 }
                 "paused" => {
                     self.forget_warm(&existing.id);
-                    self.lifecycle("unpause", &existing.id).await?;
+                    self.lifecycle(Lifecycle::Unpause, &existing.id).await?;
                     return self.finish(&plan, &existing.id, Arrival::Revived).await;
                 }
                 "created" | "exited" => {
                     self.forget_warm(&existing.id);
                     self.recheck_os().await?;
-                    if let Err(error) = self.lifecycle("start", &existing.id).await {
+                    if let Err(error) = self.lifecycle(Lifecycle::Start, &existing.id).await {
                         tracing::warn!(container = %existing.id, %error, "start failed; replacing");
                         self.replace(&existing.id).await?;
                         continue;
@@ -192,7 +187,10 @@ impl Shared {
             key,
             kind: spec.kind(),
             name: docker_container_name(key, spec.kind(), ""),
-            policy: format!("{image}|{}", self.config.hardening_fingerprint()),
+            policy: format!(
+                "{image}|{}",
+                self.config.hardening_fingerprint(self.resources)
+            ),
             labels: workload_labels(key, spec.kind(), spec.labels(), &base),
             needs_base: needs_storage_base(&spec.required_capabilities()),
             image,
@@ -230,7 +228,13 @@ impl Shared {
     ) -> Result<Arc<DockerSandbox>, SandboxError> {
         let fresh = arrival == Arrival::Created;
         // A container this call created is removed on any failure, even if the caller drops us.
-        let mut discard = fresh.then(|| DiscardOnDrop::armed(self, id));
+        let mut discard = fresh.then(|| {
+            let state = Arc::clone(self);
+            let id = id.to_owned();
+            CleanupOnDrop::armed("the removal of a half-made sandbox", async move {
+                let _ = state.remove(&id).await;
+            })
+        });
         let result = self.prepare(plan, id, arrival).await;
         match result {
             Ok(base_ready) => {
@@ -283,152 +287,46 @@ impl Shared {
         Ok(plan.needs_base)
     }
 
-    /// `docker run` (rule 11), after the OS re-check and the image presence check.
+    /// Creates and starts the container, after the OS re-check and the image presence check.
     async fn create(self: &Arc<Self>, plan: &Plan<'_>) -> Result<Created, SandboxError> {
         let (os, image) = tokio::join!(self.recheck_os(), self.ensure_image(&plan.image));
         os?;
         image?;
-        // This create's mark: a container the daemon makes after our `docker run` gave up (its
+        // This create's mark: a container the engine makes after our create gave up (its
         // deadline passed, or the acquire was dropped) is found by it and removed, and only then.
         let mark = exec_wrapper::new_nonce()
             .map_err(|e| SandboxError::engine(e.to_string()))?
             .as_str()
             .to_owned();
-        let mut guard = CreateGuard {
-            shared: Arc::clone(self),
-            name: plan.name.clone(),
-            mark: Some(mark.clone()),
+        let mut labels: std::collections::HashMap<String, String> =
+            plan.labels.iter().cloned().collect();
+        labels.insert(CREATE_MARK_LABEL.to_owned(), mark.clone());
+        let shape = ContainerShape {
+            name: &plan.name,
+            image: &plan.image,
+            labels,
+            keep_alive: KEEP_ALIVE,
         };
-        let mut args: Vec<String> = [
-            "run",
-            "-d",
-            "--pull=never",
-            "--init",
-            "--name",
-            plan.name.as_str(),
-            "--security-opt",
-            "no-new-privileges",
-            "--cap-drop",
-            "ALL",
-            "--pids-limit",
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        args.push(self.config.pids_limit.to_string());
-        if let Some(memory) = &self.config.memory {
-            args.extend(["--memory".to_owned(), memory.clone()]);
-        }
-        if let Some(cpus) = &self.config.cpus {
-            args.extend(["--cpus".to_owned(), cpus.clone()]);
-        }
-        args.extend(["--network".to_owned(), "none".to_owned()]);
-        for (label, value) in &plan.labels {
-            args.extend(["--label".to_owned(), format!("{label}={value}")]);
-        }
-        args.extend(["--label".to_owned(), format!("{CREATE_MARK_LABEL}={mark}")]);
-        args.extend(
-            ["--entrypoint", "sh", plan.image.as_str(), "-c", KEEP_ALIVE].map(str::to_owned),
-        );
-        // An error here (deadline, spawn, overflow) leaves the guard armed: its task looks for
-        // what the daemon may still make under this name and this mark.
-        let output = self
-            .cli
-            .run_management(
-                "docker run",
-                args,
-                CallShape::management(self.config.command_timeout),
-            )
-            .await?;
-        if output.status != ExitKind::Exited(0)
-            && !String::from_utf8_lossy(&output.stderr)
-                .to_lowercase()
-                .contains("already in use")
-        {
-            // A run that failed after its create (a start failure) leaves a container behind.
-            self.remove_if_marked(&plan.name, &mark, Duration::ZERO)
-                .await;
-        }
-        guard.disarm();
-        if output.status == ExitKind::Exited(0) {
-            let stdout = String::from_utf8_lossy(&output.stdout);
-            let id = stdout
-                .lines()
-                .map(str::trim)
-                .rfind(|l| !l.is_empty())
-                .unwrap_or("");
-            if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Ok(Created::Id(id.to_owned()));
-            }
-            // Created but unreadable: find it by name, remove it, report.
-            if let Ok(Some(record)) = self.inspect(&plan.name).await {
-                let _ = self.remove(&record.id).await;
-            }
-            return Err(SandboxError::engine(format!(
-                "docker run answered no container id: {}",
-                tail(&output.stdout)
-            )));
-        }
-        let stderr = String::from_utf8_lossy(&output.stderr).to_lowercase();
-        if stderr.contains("already in use") {
-            return Ok(Created::Conflict(tail(&output.stderr)));
-        }
-        if stderr.contains("no such image") {
-            return Err(self.image_missing(&plan.image, &tail(&output.stderr)));
-        }
-        Err(self.engine_failure("docker run", &output.stderr))
-    }
-
-    /// Rule 26: inspect, then an explicit bounded pull with progress; ImageMissing when it fails.
-    async fn ensure_image(&self, image: &str) -> Result<(), SandboxError> {
-        let output = self
-            .cli
-            .run_management(
-                "docker image inspect",
-                ["image", "inspect", "--format", "{{.Id}}", image],
-                CallShape::management(self.config.command_timeout).budget(SMALL_BUDGET),
-            )
-            .await?;
-        if output.status == ExitKind::Exited(0) {
-            return Ok(());
-        }
-        if !object_absent(&output.stderr, image) {
-            return Err(self.engine_failure("docker image inspect", &output.stderr));
-        }
-        tracing::info!(image, "image absent; pulling it explicitly");
-        let progress_image = image.to_owned();
-        let shape = CallShape {
-            deadline: self.config.pull_timeout,
-            budget: crate::cli_seam::MANAGEMENT_BUDGET,
-            stdin: None,
-            stop_after: None,
-            on_line: Some(Box::new(move |_stream: Stream, line: &[u8]| {
-                tracing::info!(image = %progress_image, "pull: {}", String::from_utf8_lossy(line).trim_end());
-            })),
+        // Between the create request and its answer: when the call gives up, a task the caller
+        // cannot cancel removes what the engine may still make under this name and this mark. It
+        // takes the name's lock, so no acquire of the same key adopts the container meanwhile.
+        let mut abandoned = {
+            let state = Arc::clone(self);
+            let name = plan.name.clone();
+            let mark = mark.clone();
+            CleanupOnDrop::armed("the removal of an abandoned create", async move {
+                let _serialised = state.lock_name(&name).await;
+                let patience = state.config.command_timeout;
+                state.remove_if_marked(&name, &mark, patience).await;
+            })
         };
-        match self.cli.run(["pull", image], shape).await {
-            Ok(output) if output.status == ExitKind::Exited(0) => Ok(()),
-            Ok(output) if daemon_unreachable(&output.stderr) => {
-                Err(self.engine_failure("docker pull", &output.stderr))
-            }
-            Ok(output) => Err(self.image_missing(image, &tail(&output.stderr))),
-            Err(exec_wrapper::Error::Deadline { bound, .. }) => Err(self.image_missing(
-                image,
-                &format!("the pull did not finish within {} s", bound.as_secs()),
-            )),
-            Err(error) => Err(self.cli.runner_error("docker pull", error)),
+        let created = self.create_container(&shape).await;
+        if matches!(created, Err(SandboxError::EngineTimeout { .. })) {
+            // Leave the guard armed: its task looks for what the engine may still make.
+            return created;
         }
-    }
-
-    #[cold]
-    fn image_missing(&self, image: &str, reason: &str) -> SandboxError {
-        SandboxError::ImageMissing {
-            image: image.to_owned(),
-            hint: format!(
-                "it is not present on the engine (context {}) and could not be pulled: {reason}; \
-                 build the local images with `sandboxctl images build` (or, in a checkout, `cargo xtask images`)",
-                self.cli.context()
-            ),
-        }
+        abandoned.disarm();
+        created
     }
 
     /// Rule 17: before a cold create or start, when os_families was declared, a readable answer
@@ -437,10 +335,10 @@ impl Shared {
         if self.declarations.os_families.is_empty() {
             return Ok(());
         }
-        match crate::backend::engine_os(&self.cli, self.config.command_timeout).await {
+        match self.engine_os().await {
             Some(os) if os != "linux" => Err(SandboxError::OsFamilyNotSupported(format!(
-                "the engine of context {} now reports OS {os:?}, not linux",
-                self.cli.context()
+                "the engine at {} now reports OS {os:?}, not linux",
+                self.engine.endpoint()
             ))),
             _ => Ok(()),
         }
@@ -452,23 +350,6 @@ impl Shared {
             .created_at()
             .and_then(|created| std::time::SystemTime::now().duration_since(created).ok())
             .is_some_and(|age| age < self.config.command_timeout)
-    }
-
-    /// `docker start|unpause <id>`; a failure is Engine.
-    pub(crate) async fn lifecycle(&self, verb: &str, id: &str) -> Result<(), SandboxError> {
-        let output = self
-            .cli
-            .run_management(
-                &format!("docker {verb}"),
-                [verb, id],
-                CallShape::management(self.config.command_timeout).budget(SMALL_BUDGET),
-            )
-            .await?;
-        if output.status == ExitKind::Exited(0) {
-            Ok(())
-        } else {
-            Err(self.engine_failure(&format!("docker {verb} {id}"), &output.stderr))
-        }
     }
 
     /// Removes a container that cannot serve, before a create takes its name.
@@ -512,7 +393,7 @@ impl Shared {
                     let (Some(Ok(uid)), Some(Ok(gid))) = (numbers.next(), numbers.next()) else {
                         return Err(SandboxError::engine(format!(
                             "the guest's `id -u`/`id -g` answered {:?}",
-                            tail(&output.stdout)
+                            quote(&output.stdout)
                         )));
                     };
                     self.create_base_engine_side(
@@ -528,7 +409,7 @@ impl Shared {
                 code => {
                     return Err(SandboxError::engine(format!(
                         "preparing the storage base {base} as the guest failed (exit {code}): {}",
-                        tail(&output.stderr)
+                        quote(&output.stderr)
                     )))
                 }
             }
@@ -554,11 +435,12 @@ impl Shared {
     /// The engine-side walk of the base's directories, decided by the core (rule 54).
     async fn plan_base(&self, id: &str, base: &str) -> Result<Vec<String>, SandboxError> {
         let directories = storage_base_directories(base)?;
-        let stats = join_all(
+        let stats = bounded_join(
             directories
                 .iter()
                 .map(|d| self.stat_kind(id, d.clone()))
                 .collect(),
+            crate::archive::STAT_CONCURRENCY,
         )
         .await;
         let mut kinds: Vec<Option<EntryKind>> = Vec::new();
@@ -572,9 +454,9 @@ impl Shared {
         plan_storage_base(base, &kinds)
     }
 
-    /// One tar of directory entries on stdin to `docker cp - <id>:/`, each owned by the guest (the
-    /// engine keeps a stdin archive's owners; `-a` would instead look the container's user up);
-    /// under `docker pause` when this acquire did not create the container.
+    /// One tar of directory entries extracted at `/` by the engine, each owned by the guest (the
+    /// engine keeps an uploaded archive's owners); under a pause when this acquire did not create
+    /// the container.
     async fn create_base_engine_side(
         self: &Arc<Self>,
         id: &str,
@@ -590,44 +472,26 @@ impl Shared {
         }
         archive.extend([0u8; 1024]);
         let frozen = if freeze {
-            self.lifecycle("pause", id).await?;
-            Some(UnpauseOnDrop::armed(self, id))
+            self.lifecycle(Lifecycle::Pause, id).await?;
+            let state = Arc::clone(self);
+            let id = id.to_owned();
+            Some(CleanupOnDrop::armed(
+                "the unpause after the storage base",
+                async move {
+                    let _ = state.lifecycle(Lifecycle::Unpause, &id).await;
+                },
+            ))
         } else {
             None
         };
-        let shape = CallShape {
-            deadline: self.config.command_timeout,
-            budget: SMALL_BUDGET,
-            stdin: Some(archive),
-            stop_after: None,
-            on_line: None,
-        };
-        let destination = format!("{id}:/");
-        let result = self
-            .cli
-            .run_management(
-                "docker cp (storage base)",
-                ["cp", "-", destination.as_str()],
-                shape,
-            )
-            .await;
+        let result = self.put_archive(id, "/", archive).await;
         if let Some(mut guard) = frozen {
             guard.disarm();
-            self.unpause_shielded(id).await?;
+            let state = Arc::clone(self);
+            let id = id.to_owned();
+            shielded(async move { state.lifecycle(Lifecycle::Unpause, &id).await }).await??;
         }
-        let output = result?;
-        if output.status != ExitKind::Exited(0) {
-            return Err(self.engine_failure("docker cp (storage base)", &output.stderr));
-        }
-        Ok(())
-    }
-
-    async fn unpause_shielded(self: &Arc<Self>, id: &str) -> Result<(), SandboxError> {
-        let shared = Arc::clone(self);
-        let id = id.to_owned();
-        tokio::spawn(async move { shared.lifecycle("unpause", &id).await })
-            .await
-            .unwrap_or_else(|e| Err(SandboxError::engine(format!("unpause task failed: {e}"))))
+        result
     }
 
     /// A backend-internal command through the wrapper, cwd `/`, under the command timeout.
@@ -657,8 +521,7 @@ impl Shared {
         kind: &str,
     ) -> Result<Option<Arc<DockerSandbox>>, SandboxError> {
         let name = docker_container_name(key, kind, "");
-        let lock = self.name_lock(&name);
-        let _serialised = lock.lock().await;
+        let _serialised = self.lock_name(&name).await;
         let Some(record) = self.inspect(&name).await? else {
             return Ok(None);
         };
@@ -675,12 +538,12 @@ impl Shared {
             "running" => {}
             "paused" => {
                 self.forget_warm(&record.id);
-                self.lifecycle("unpause", &record.id).await?;
+                self.lifecycle(Lifecycle::Unpause, &record.id).await?;
             }
             "created" | "exited" => {
                 self.forget_warm(&record.id);
                 self.recheck_os().await?;
-                self.lifecycle("start", &record.id).await?;
+                self.lifecycle(Lifecycle::Start, &record.id).await?;
             }
             other => {
                 return Err(SandboxError::engine(format!(
@@ -744,108 +607,10 @@ fn refusal(name: &str, verdict: Verdict) -> SandboxError {
     }
 }
 
-/// Removes a container this acquire created if the acquire's future is dropped before it ends.
-struct DiscardOnDrop {
-    pending: Option<(Arc<Shared>, String)>,
-}
-
-impl DiscardOnDrop {
-    fn armed(shared: &Arc<Shared>, id: &str) -> Self {
-        DiscardOnDrop {
-            pending: Some((Arc::clone(shared), id.to_owned())),
-        }
-    }
-
-    fn disarm(&mut self) {
-        self.pending = None;
-    }
-}
-
-impl Drop for DiscardOnDrop {
-    fn drop(&mut self) {
-        if let Some((shared, id)) = self.pending.take() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    let _ = shared.remove(&id).await;
-                });
-            }
-        }
-    }
-}
-
-/// Unpauses a container frozen for the storage-base fallback if the future is dropped.
-struct UnpauseOnDrop {
-    pending: Option<(Arc<Shared>, String)>,
-}
-
-impl UnpauseOnDrop {
-    fn armed(shared: &Arc<Shared>, id: &str) -> Self {
-        UnpauseOnDrop {
-            pending: Some((Arc::clone(shared), id.to_owned())),
-        }
-    }
-
-    fn disarm(&mut self) {
-        self.pending = None;
-    }
-}
-
-impl Drop for UnpauseOnDrop {
-    fn drop(&mut self) {
-        if let Some((shared, id)) = self.pending.take() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    let _ = shared.lifecycle("unpause", &id).await;
-                });
-            }
-        }
-    }
-}
-
 /// The label carrying one create's mark (a per-call nonce). Other backends ignore it.
 const CREATE_MARK_LABEL: &str = "maf-sandbox.create-mark";
 
-/// Between a `docker run` and its answer: when the call gives up (its deadline, or the acquire's
-/// future is dropped), a task the caller cannot cancel removes the container the daemon may still
-/// make under this name, if and only if it carries this create's mark. It holds the name's lock,
-/// so no acquire of the same key adopts the container meanwhile.
-struct CreateGuard {
-    shared: Arc<Shared>,
-    name: String,
-    mark: Option<String>,
-}
-
-impl CreateGuard {
-    fn disarm(&mut self) {
-        self.mark = None;
-    }
-}
-
-impl Drop for CreateGuard {
-    fn drop(&mut self) {
-        let Some(mark) = self.mark.take() else {
-            return;
-        };
-        let shared = Arc::clone(&self.shared);
-        let name = std::mem::take(&mut self.name);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    let lock = shared.name_lock(&name);
-                    let _serialised = lock.lock().await;
-                    let patience = shared.config.command_timeout;
-                    shared.remove_if_marked(&name, &mark, patience).await;
-                });
-            }
-            Err(_) => tracing::warn!(
-                container = %name,
-                "a docker run was abandoned outside a tokio runtime; what it made is left for dispose_scope"
-            ),
-        }
-    }
-}
-
-impl Shared {
+impl BackendState {
     /// Removes the container named `name` if it carries `mark`, looking for up to `patience` for one
     /// the daemon is still making. A container without the mark is another create's and is kept.
     async fn remove_if_marked(&self, name: &str, mark: &str, patience: Duration) {

@@ -2,19 +2,18 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use exec_wrapper::ExitKind;
 use sandbox_core::{
     BackendDeclarations, Capability, DisposalFailure, DisposeSelector, Egress, Isolation,
     IsolationScope, OsFamily, Sandbox, SandboxBackend, SandboxError, SandboxKey, SandboxLimits,
     SandboxSpec, SandboxSummary, ScopePurge, TransferLimits,
 };
 
-use crate::cli_seam::{CallShape, DockerCli, SMALL_BUDGET};
-use crate::config::DockerConfig;
-use crate::engine_calls::Shared;
+use crate::config::{DockerConfig, Resources};
+use crate::connection::{Endpoint, EngineConnection};
+use crate::containers::engine_facts;
+use crate::state::BackendState;
 use crate::BACKEND_NAME;
 
 const MIB: u64 = 1024 * 1024;
@@ -26,52 +25,54 @@ pub const TRANSFER_CEILING: TransferLimits = TransferLimits {
     max_files: 256,
 };
 
-/// The container backend: one hardened container per (key, kind), driven through the `docker`
-/// CLI pinned to one context.
+/// The container backend: one hardened container per (key, kind), driven through the Docker
+/// Engine API on one endpoint pinned at connect.
 ///
-/// Cheap to clone: clones share the pinned CLI, the per-name locks, the warm cache and the set of
-/// retired instances.
+/// Cheap to clone: clones share the connection, the per-name locks, the warm cache and the set
+/// of retired instances.
 #[derive(Debug, Clone)]
 pub struct DockerBackend {
-    shared: Arc<Shared>,
+    state: Arc<BackendState>,
 }
 
 impl DockerBackend {
-    /// Validates `config`, snapshots the management environment, resolves and pins the context,
-    /// and asks the engine's OS (`linux` declares os_families {posix}; anything else, or no
-    /// answer, declares none and logs a warning).
+    /// Validates `config`, resolves the endpoint once from the management environment and pins
+    /// it, negotiates the API version, and asks the engine's OS and size (`linux` declares
+    /// os_families {posix}; anything else, or no answer, declares none and logs a warning; the
+    /// per-sandbox CPU and memory limits are clamped to the engine host).
     ///
     /// # Errors
-    /// InvalidArgument for a bad configuration; BackendUnavailable when the CLI cannot be started
-    /// or the context cannot be resolved (not cached: a later `connect` tries again).
+    /// InvalidArgument for a bad configuration; BackendUnavailable naming the endpoint when it
+    /// cannot be resolved or does not answer (not cached: a later `connect` tries again).
     ///
     /// # Cancel safety
-    /// Dropping the future kills any docker call in flight; nothing is created by `connect`.
+    /// Dropping the future drops the request in flight; nothing is created by `connect`.
     pub async fn connect(config: DockerConfig) -> Result<DockerBackend, SandboxError> {
         config.validate()?;
         let env = config
             .management_env
             .clone()
             .unwrap_or_else(|| std::env::vars_os().collect());
-        let cli = DockerCli::resolve(
-            &config.docker_path,
-            config.context.as_deref(),
-            env,
-            config.command_timeout,
-        )
-        .await?;
-        let os = engine_os(&cli, config.command_timeout).await;
+        let endpoint = Endpoint::resolve(&env, config.context.as_deref())?;
+        let engine = EngineConnection::open(endpoint, config.command_timeout).await?;
+        let facts = engine_facts(&engine, config.command_timeout).await.ok();
+        let os = facts.as_ref().and_then(|f| f.os.clone());
         let os_families = match os.as_deref() {
             Some("linux") => BTreeSet::from([OsFamily::Posix]),
             other => {
                 tracing::warn!(
-                    context = cli.context(),
+                    endpoint = %engine.endpoint(),
                     os = ?other,
                     "the engine does not report linux; declaring no OS family"
                 );
                 BTreeSet::new()
             }
         };
+        let resources = Resources::clamped(
+            &config,
+            facts.as_ref().map_or(0, |f| f.cpus),
+            facts.as_ref().map_or(0, |f| f.memory),
+        );
         let declarations = BackendDeclarations {
             capabilities: BTreeSet::from([
                 Capability::Exec,
@@ -91,50 +92,54 @@ impl DockerBackend {
             ..BackendDeclarations::default()
         };
         tracing::debug!(
-            context = cli.context(),
-            endpoint = cli.endpoint(),
-            "docker context pinned"
+            endpoint = %engine.endpoint(),
+            api_version = %engine.api_version(),
+            "engine endpoint pinned"
         );
         Ok(DockerBackend {
-            shared: Arc::new(Shared::new(config, cli, declarations)),
+            state: Arc::new(BackendState::new(config, engine, declarations, resources)),
         })
     }
 
-    /// The pinned context's name.
+    /// The pinned endpoint's context name: the named context, or `default` when the endpoint
+    /// came from `DOCKER_HOST` or the default socket.
     pub fn context(&self) -> &str {
-        self.shared.cli.context()
+        match &self.state.engine.endpoint().source {
+            crate::EndpointSource::Context(name) => name,
+            _ => "default",
+        }
     }
 
-    /// The pinned context's docker endpoint.
+    /// The pinned endpoint's address (`unix://…`, `tcp://…`, `ssh://…`).
     pub fn endpoint(&self) -> &str {
-        self.shared.cli.endpoint()
+        &self.state.engine.endpoint().host
+    }
+
+    /// The pinned endpoint: address, what chose it, TLS material.
+    pub fn pinned_endpoint(&self) -> &Endpoint {
+        self.state.engine.endpoint()
+    }
+
+    /// The API version negotiated with the engine (`1.41` for an Engine 20.10).
+    pub fn api_version(&self) -> String {
+        self.state.engine.api_version()
+    }
+
+    /// The CPUs and memory (bytes) every new sandbox gets, after clamping to the engine host.
+    pub fn sandbox_resources(&self) -> (f64, u64) {
+        let r = self.state.resources;
+        (r.nano_cpus as f64 / 1e9, r.memory_bytes as u64)
     }
 
     /// The configuration this backend runs with.
     pub fn config(&self) -> &DockerConfig {
-        &self.shared.config
+        &self.state.config
     }
 
-    /// The container name of (key, kind) (core.md rule 57; egress closed).
+    /// The container name of (key, kind) (egress closed).
     pub fn container_name(key: &SandboxKey, kind: &str) -> String {
         sandbox_core::docker_container_name(key, kind, "")
     }
-}
-
-/// `docker version --format '{{.Server.Os}}'`; `None` when unreadable.
-pub(crate) async fn engine_os(cli: &DockerCli, deadline: Duration) -> Option<String> {
-    let output = cli
-        .run(
-            ["version", "--format", "{{.Server.Os}}"],
-            CallShape::management(deadline).budget(SMALL_BUDGET),
-        )
-        .await
-        .ok()?;
-    if output.status != ExitKind::Exited(0) {
-        return None;
-    }
-    let os = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    (!os.is_empty()).then_some(os)
 }
 
 #[async_trait]
@@ -150,7 +155,7 @@ impl SandboxBackend for DockerBackend {
     }
 
     fn declarations(&self) -> &BackendDeclarations {
-        &self.shared.declarations
+        &self.state.declarations
     }
 
     async fn acquire(
@@ -158,7 +163,7 @@ impl SandboxBackend for DockerBackend {
         key: &SandboxKey,
         spec: &SandboxSpec,
     ) -> Result<Arc<dyn Sandbox>, SandboxError> {
-        let handle = self.shared.acquire_sandbox(key, spec).await?;
+        let handle = self.state.acquire_sandbox(key, spec).await?;
         Ok(handle)
     }
 
@@ -168,7 +173,7 @@ impl SandboxBackend for DockerBackend {
         kind: &str,
     ) -> Result<Option<Arc<dyn Sandbox>>, SandboxError> {
         Ok(self
-            .shared
+            .state
             .find_sandbox(key, kind)
             .await?
             .map(|handle| handle as Arc<dyn Sandbox>))
@@ -179,11 +184,11 @@ impl SandboxBackend for DockerBackend {
         key: &SandboxKey,
         selector: DisposeSelector,
     ) -> Option<DisposalFailure> {
-        self.shared.dispose_key(key, &selector).await
+        self.state.dispose_key(key, &selector).await
     }
 
     async fn dispose_scope(&self, scope: &str, thread_id: &str) -> ScopePurge {
-        self.shared.dispose_conversation(scope, thread_id).await
+        self.state.dispose_conversation(scope, thread_id).await
     }
 
     async fn list(
@@ -191,7 +196,7 @@ impl SandboxBackend for DockerBackend {
         scope: &str,
         thread_id: Option<&str>,
     ) -> Result<Vec<SandboxSummary>, SandboxError> {
-        self.shared.list_sandboxes(scope, thread_id).await
+        self.state.list_sandboxes(scope, thread_id).await
     }
 }
 
@@ -201,23 +206,32 @@ mod tests {
     use sandbox_core::ErrorKind;
 
     #[tokio::test]
-    async fn a_missing_cli_is_backend_unavailable_naming_it() {
+    async fn an_absent_socket_is_backend_unavailable_naming_it() {
         let config = DockerConfig {
-            docker_path: "/nonexistent/docker-cli".into(),
+            management_env: Some(vec![(
+                "DOCKER_HOST".into(),
+                "unix:///nonexistent/docker.sock".into(),
+            )]),
             ..DockerConfig::default()
         };
         let error = DockerBackend::connect(config).await.unwrap_err();
         assert_eq!(error.kind(), ErrorKind::BackendUnavailable);
         assert!(
-            error.to_string().contains("/nonexistent/docker-cli"),
+            error
+                .to_string()
+                .contains("unix:///nonexistent/docker.sock"),
             "{error}"
         );
+        assert!(error.to_string().contains("DOCKER_HOST"), "{error}");
     }
 
     #[tokio::test]
     async fn a_bad_config_is_refused_before_any_call() {
         let config = DockerConfig {
-            docker_path: "/nonexistent/docker-cli".into(),
+            management_env: Some(vec![(
+                "DOCKER_HOST".into(),
+                "unix:///nonexistent/docker.sock".into(),
+            )]),
             pids_limit: 0,
             ..DockerConfig::default()
         };

@@ -2,7 +2,6 @@
 
 use std::ffi::OsString;
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use sandbox_core::SandboxError;
@@ -10,7 +9,7 @@ use sandbox_core::SandboxError;
 /// The image used when a spec names neither `image_id` nor `image`.
 pub const DEFAULT_IMAGE: &str = "sandbox-base:local";
 
-/// Deadline of every docker call but `exec` (and the explicit pull).
+/// Deadline of every engine call but `exec` (and the explicit pull).
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Deadline of the kill call after an expired exec.
@@ -21,6 +20,45 @@ pub const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The pids limit every container gets unless configured otherwise.
 pub const DEFAULT_PIDS_LIMIT: u32 = 512;
+
+/// CPUs per sandbox unless configured otherwise (clamped to the engine host's count).
+pub const DEFAULT_CPUS: f64 = 2.0;
+
+/// Memory per sandbox unless configured otherwise, 2 GiB (clamped to the engine host's memory).
+pub const DEFAULT_MEMORY_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+
+/// The smallest memory limit the engine accepts (6 MiB).
+const MIN_MEMORY_BYTES: u64 = 6 * 1024 * 1024;
+
+/// The per-sandbox limits actually applied, after clamping to the engine host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Resources {
+    /// `HostConfig.NanoCpus`.
+    pub(crate) nano_cpus: i64,
+    /// `HostConfig.Memory` (and `MemorySwap`, so the guest cannot swap past it), in bytes.
+    pub(crate) memory_bytes: i64,
+}
+
+impl Resources {
+    /// The configured limits, clamped to what the engine host has (`NCPU`, `MemTotal`); an
+    /// unknown host size (0) leaves the configured value.
+    pub(crate) fn clamped(config: &DockerConfig, host_cpus: i64, host_memory: i64) -> Resources {
+        let mut cpus = config.cpus;
+        if host_cpus > 0 {
+            cpus = cpus.min(host_cpus as f64);
+        }
+        let mut memory = config.memory_bytes;
+        if let Ok(host) = u64::try_from(host_memory) {
+            if host > 0 {
+                memory = memory.min(host);
+            }
+        }
+        Resources {
+            nano_cpus: (cpus * 1e9).round() as i64,
+            memory_bytes: i64::try_from(memory.max(MIN_MEMORY_BYTES)).unwrap_or(i64::MAX),
+        }
+    }
+}
 
 /// Where the egress preflight (host-hygiene.md §4) knocks, from inside a closed sandbox.
 ///
@@ -69,45 +107,47 @@ impl EgressProbe {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct DockerConfig {
-    /// The Docker CLI (default `docker`, looked up on the management env's `PATH`).
-    pub docker_path: PathBuf,
-    /// The context to pin; `None` = the CLI's current context, resolved once at connect.
+    /// The context to pin, as `docker --context` would; `None` = resolved once at connect from
+    /// `DOCKER_HOST`, `DOCKER_CONTEXT`, the client configuration's current context, or the
+    /// default socket (see [`Endpoint::resolve`](crate::Endpoint::resolve)).
     pub context: Option<String>,
     /// The image for specs that name none.
     pub default_image: String,
-    /// Deadline of every docker call but `exec`.
+    /// Deadline of every engine call but `exec`.
     pub command_timeout: Duration,
     /// Deadline of the kill call after an expired exec.
     pub exec_cleanup_timeout: Duration,
     /// Deadline of the explicit pull of an absent image.
     pub pull_timeout: Duration,
-    /// `--pids-limit` of every container.
+    /// The pids limit of every container.
     pub pids_limit: u32,
-    /// `--memory`, when set.
-    pub memory: Option<String>,
-    /// `--cpus`, when set.
-    pub cpus: Option<String>,
+    /// Memory limit of every container, in bytes (swap included: the guest cannot swap past
+    /// it); clamped to the engine host's memory. A guest over it is killed by the kernel and the
+    /// exec reports that kill as an error naming the limit.
+    pub memory_bytes: u64,
+    /// CPUs of every container (fractions allowed); clamped to the engine host's CPU count.
+    pub cpus: f64,
     /// Run the egress preflight on every created sandbox (needs `curl` in the image).
     pub verify_egress: bool,
     /// The preflight's targets.
     pub egress_probe: EgressProbe,
-    /// The environment of every docker call; `None` = a snapshot of this process's environment
-    /// taken at connect. Never read again afterwards.
+    /// The environment the endpoint is resolved from (`DOCKER_HOST`, `DOCKER_CONTEXT`,
+    /// `DOCKER_CONFIG`, `HOME`, the TLS variables); `None` = a snapshot of this process's
+    /// environment taken at connect. Never read again afterwards.
     pub management_env: Option<Vec<(OsString, OsString)>>,
 }
 
 impl Default for DockerConfig {
     fn default() -> Self {
         DockerConfig {
-            docker_path: PathBuf::from("docker"),
             context: None,
             default_image: DEFAULT_IMAGE.to_owned(),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             exec_cleanup_timeout: DEFAULT_EXEC_CLEANUP_TIMEOUT,
             pull_timeout: DEFAULT_PULL_TIMEOUT,
             pids_limit: DEFAULT_PIDS_LIMIT,
-            memory: None,
-            cpus: None,
+            memory_bytes: DEFAULT_MEMORY_BYTES,
+            cpus: DEFAULT_CPUS,
             verify_egress: false,
             egress_probe: EgressProbe::default(),
             management_env: None,
@@ -118,9 +158,6 @@ impl Default for DockerConfig {
 impl DockerConfig {
     /// Refuses what would make a docker argument ambiguous or a bound meaningless.
     pub(crate) fn validate(&self) -> Result<(), SandboxError> {
-        if self.docker_path.as_os_str().is_empty() {
-            return Err(SandboxError::invalid("docker_path is empty"));
-        }
         for (name, value) in [
             ("command_timeout", self.command_timeout),
             ("exec_cleanup_timeout", self.exec_cleanup_timeout),
@@ -139,27 +176,32 @@ impl DockerConfig {
             check_cli_word("context", context)?;
         }
         check_image_reference(&self.default_image)?;
-        for (name, value) in [("memory", &self.memory), ("cpus", &self.cpus)] {
-            if let Some(value) = value {
-                check_cli_word(name, value)?;
-            }
+        if !(self.cpus.is_finite() && self.cpus >= 0.01) {
+            return Err(SandboxError::invalid(format!(
+                "cpus must be at least 0.01, not {}",
+                self.cpus
+            )));
+        }
+        if self.memory_bytes < MIN_MEMORY_BYTES {
+            return Err(SandboxError::invalid(format!(
+                "memory_bytes must be at least {MIN_MEMORY_BYTES} (6 MiB), not {}",
+                self.memory_bytes
+            )));
         }
         Ok(())
     }
 
     /// A short fingerprint of the hardening this configuration applies, part of the warm cache's
     /// policy (docker.md rule 20).
-    pub(crate) fn hardening_fingerprint(&self) -> String {
+    pub(crate) fn hardening_fingerprint(&self, resources: Resources) -> String {
         format!(
-            "pids={};memory={};cpus={}",
-            self.pids_limit,
-            self.memory.as_deref().unwrap_or("-"),
-            self.cpus.as_deref().unwrap_or("-")
+            "pids={};memory={};nanocpus={}",
+            self.pids_limit, resources.memory_bytes, resources.nano_cpus
         )
     }
 }
 
-/// A value passed as one docker argument: non-empty, no NUL, no whitespace, no leading `-`.
+/// A name the engine takes as one word: non-empty, no NUL, no whitespace, no leading `-`.
 fn check_cli_word(name: &str, value: &str) -> Result<(), SandboxError> {
     if value.is_empty()
         || value.starts_with('-')
@@ -202,10 +244,10 @@ mod tests {
             Box::new(|c| c.pids_limit = 0),
             Box::new(|c| c.default_image = "--privileged".into()),
             Box::new(|c| c.default_image = String::new()),
-            Box::new(|c| c.memory = Some("1g --privileged".into())),
-            Box::new(|c| c.cpus = Some("-1".into())),
+            Box::new(|c| c.memory_bytes = 1024),
+            Box::new(|c| c.cpus = -1.0),
+            Box::new(|c| c.cpus = f64::NAN),
             Box::new(|c| c.context = Some(String::new())),
-            Box::new(|c| c.docker_path = PathBuf::new()),
         ];
         for change in cases {
             let mut config = DockerConfig::default();
@@ -218,11 +260,18 @@ mod tests {
     }
 
     #[test]
-    fn fingerprint_names_every_hardening_knob() {
-        let mut config = DockerConfig::default();
-        let plain = config.hardening_fingerprint();
-        config.memory = Some("512m".into());
-        assert_ne!(plain, config.hardening_fingerprint());
-        assert!(config.hardening_fingerprint().contains("512m"));
+    fn resources_default_to_two_cpus_and_two_gib_clamped_to_the_host() {
+        let config = DockerConfig::default();
+        let big_host = Resources::clamped(&config, 64, 256 << 30);
+        assert_eq!(big_host.nano_cpus, 2_000_000_000);
+        assert_eq!(big_host.memory_bytes, 2 << 30);
+        let small_host = Resources::clamped(&config, 1, 1 << 30);
+        assert_eq!(small_host.nano_cpus, 1_000_000_000);
+        assert_eq!(small_host.memory_bytes, 1 << 30);
+        let unknown_host = Resources::clamped(&config, 0, 0);
+        assert_eq!(unknown_host, big_host);
+        let fingerprint = config.hardening_fingerprint(big_host);
+        assert_ne!(fingerprint, config.hardening_fingerprint(small_host));
+        assert!(fingerprint.contains("memory=2147483648"), "{fingerprint}");
     }
 }

@@ -2,52 +2,20 @@
 //! `dispose_scope`. Ownership is read back from the engine, never from process memory, so another
 //! process's sandboxes are found too. Disposal never raises.
 
-use exec_wrapper::ExitKind;
 use sandbox_core::{
     decode_docker_key_label, fold, is_digest_label, DisposalCode, DisposalFailure, DisposeSelector,
     SandboxError, SandboxKey, SandboxState, SandboxSummary, ScopePurge, LABEL_AGENT, LABEL_CALL,
     LABEL_KEY_V1, LABEL_KIND, LABEL_SCOPE, LABEL_THREAD,
 };
 
-use crate::cli_seam::{tail, CallShape};
-use crate::engine_calls::{join_all, Removal, Shared};
+use crate::containers::Removal;
 use crate::ownership_labels::{ContainerRecord, Selection, PROXY_SUFFIX};
+use crate::state::{bounded_join, BackendState};
 
 /// How many removals run at once.
 const REMOVAL_CONCURRENCY: usize = 4;
 
-impl Shared {
-    /// `docker ps -a` by label: `(id, name)` of every container the selection names.
-    async fn listing(&self, selection: &Selection) -> Result<Vec<(String, String)>, SandboxError> {
-        let mut args: Vec<String> = ["ps", "-a", "--no-trunc", "--format", "{{.ID}}\t{{.Names}}"]
-            .map(str::to_owned)
-            .to_vec();
-        args.extend(selection.filter_args());
-        let output = self
-            .cli
-            .run_management(
-                "docker ps",
-                args,
-                CallShape::management(self.config.command_timeout),
-            )
-            .await?;
-        if output.status != ExitKind::Exited(0) {
-            return Err(self.engine_failure("docker ps", &output.stderr));
-        }
-        let text = String::from_utf8_lossy(&output.stdout);
-        let mut found = Vec::new();
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let Some((id, name)) = line.split_once('\t') else {
-                return Err(SandboxError::engine(format!(
-                    "docker ps answered in an unknown shape: {}",
-                    tail(line.as_bytes())
-                )));
-            };
-            found.push((id.trim().to_owned(), name.trim().to_owned()));
-        }
-        Ok(found)
-    }
-
+impl BackendState {
     /// Workloads only: phase-2 proxies are never selected as workloads.
     fn workloads(listed: Vec<(String, String)>) -> Vec<(String, String)> {
         listed
@@ -118,19 +86,21 @@ impl Shared {
         }
     }
 
-    /// Removes each id, a few at a time; returns how many removals echoed their id, and the
-    /// failures.
+    /// Removes each id, a few at a time; returns how many the engine removed in this call, and
+    /// the failures.
     async fn remove_all(&self, ids: Vec<String>) -> (u32, Vec<DisposalFailure>) {
         let mut removed = 0u32;
         let mut failures = Vec::new();
-        for chunk in ids.chunks(REMOVAL_CONCURRENCY) {
-            let results = join_all(chunk.iter().map(|id| self.remove(id)).collect()).await;
-            for result in results {
-                match result {
-                    Ok(Removal::Removed) => removed += 1,
-                    Ok(Removal::Absent) => {}
-                    Err(failure) => failures.push(failure),
-                }
+        let results = bounded_join(
+            ids.iter().map(|id| self.remove(id)).collect(),
+            REMOVAL_CONCURRENCY,
+        )
+        .await;
+        for result in results {
+            match result {
+                Ok(Removal::Removed) => removed += 1,
+                Ok(Removal::Absent) => {}
+                Err(failure) => failures.push(failure),
             }
         }
         (removed, failures)

@@ -5,13 +5,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use exec_wrapper::ExitKind;
 use sandbox_core::SandboxError;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::cli_seam::{tail, CallShape, SMALL_BUDGET};
-use crate::engine_calls::{GuestCall, GuestEnd, Shared};
+use crate::connection::quote as tail;
+use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
+use crate::state::BackendState;
 
 /// The whole probe's bound.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -32,7 +32,7 @@ exit 0
 "#;
 
 /// Runs the preflight against a freshly created sandbox.
-pub(crate) async fn verify(shared: &Arc<Shared>, id: &str) -> Result<(), SandboxError> {
+pub(crate) async fn verify(shared: &Arc<BackendState>, id: &str) -> Result<(), SandboxError> {
     let address = match shared.config.egress_probe.token_server {
         Some(address) => address,
         None => bridge_gateway(shared).await?,
@@ -86,25 +86,32 @@ fn fresh_token() -> Result<String, SandboxError> {
 }
 
 /// The default bridge's gateway: an address the engine can route to, on this host.
-async fn bridge_gateway(shared: &Shared) -> Result<IpAddr, SandboxError> {
-    let output = shared
-        .cli
-        .run_management(
-            "docker network inspect bridge",
-            [
-                "network",
-                "inspect",
+async fn bridge_gateway(state: &BackendState) -> Result<IpAddr, SandboxError> {
+    let network = state
+        .engine
+        .call(
+            state.config.command_timeout,
+            state.engine.api().inspect_network(
                 "bridge",
-                "--format",
-                "{{range .IPAM.Config}}{{.Gateway}} {{.Subnet}} {{end}}",
-            ],
-            CallShape::management(shared.config.command_timeout).budget(SMALL_BUDGET),
+                None::<bollard::query_parameters::InspectNetworkOptions>,
+            ),
         )
-        .await?;
-    if output.status != ExitKind::Exited(0) {
-        return Err(shared.engine_failure("docker network inspect bridge", &output.stderr));
-    }
-    gateway_from_ipam(&String::from_utf8_lossy(&output.stdout))
+        .await
+        .map_err(|f| state.engine.failure("network inspect bridge", f))?;
+    let answer: String = network
+        .ipam
+        .and_then(|ipam| ipam.config)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|config| {
+            format!(
+                "{} {} ",
+                config.gateway.unwrap_or_default(),
+                config.subnet.unwrap_or_default()
+            )
+        })
+        .collect();
+    gateway_from_ipam(&answer)
         .ok_or_else(|| SandboxError::engine("the default bridge reports no gateway address"))
 }
 

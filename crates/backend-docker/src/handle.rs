@@ -1,10 +1,15 @@
-//! The handle to one container: exec and the file methods (docker.md §6, §8, §9), design B.
+//! The handle to one container: exec and the file methods.
 //!
-//! Every file method checks its path with the core's bundle, walking the ancestors with the
-//! engine-side stat (`docker cp` in prefix mode: unconfined, no-follow, never answered by the
-//! guest), then moves data or deletes with the **guest's own authority** through the wrapper.
-//! A guest that swaps a checked component for a link between check and act can only redirect the
-//! action to what it could reach itself (core.md rule 51).
+//! Every file method checks its path with the core's bundle first, walking the ancestors with the
+//! engine-side stat (the archive `HEAD`: unconfined, no-follow, never answered by the guest), so
+//! a refused path moves no data. Reads and writes then go through the archive endpoints (one
+//! `GET` streamed through the strict tar parser, one `PUT` of a tar built in memory, owned by the
+//! guest user); listing and removal act with the guest's own authority through the wrapper.
+//!
+//! What the archive endpoints do not give: the engine acts inside the container's root with more
+//! authority than a non-root guest, so a guest that swaps a checked component for a link between
+//! the check and the transfer can redirect that one transfer to another path inside its own
+//! container (never outside it: the engine resolves links within the container root).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,27 +21,19 @@ use sandbox_core::{
     ExecRequest, Sandbox, SandboxEntry, SandboxError, TransferLimits,
 };
 
-use crate::cli_seam::{tail, SMALL_BUDGET};
-use crate::engine_calls::{GuestCall, GuestEnd, Shared};
-use crate::guest_scripts::{
-    parse_list_records, LIST_EXIT_CANNOT_ENTER, LIST_SCRIPT, WRITE_EXIT_IS_DIRECTORY,
-    WRITE_EXIT_IS_LINK, WRITE_SCRIPT,
-};
+use crate::connection::quote as tail;
+use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
+use crate::guest_scripts::{parse_list_records, LIST_EXIT_CANNOT_ENTER, LIST_SCRIPT};
+use crate::state::BackendState;
 use crate::tar_header::TarStat;
 
 /// Output budget of a listing.
 const LIST_BUDGET: u64 = 8 * 1024 * 1024;
 
-/// How long a refused read may take to end on its own before it is dropped (and killed).
-const REFUSED_READ_GRACE: Duration = Duration::from_secs(2);
-
-/// Room a guest read's budget keeps beyond the file's own bytes (nonce line, stderr).
-const READ_SLACK: u64 = 64 * 1024;
-
 /// A handle to one container, by id: a replacement under the same name is never reached.
 #[derive(Debug)]
 pub(crate) struct DockerSandbox {
-    shared: Arc<Shared>,
+    state: Arc<BackendState>,
     id: String,
     base: String,
     fresh: bool,
@@ -46,7 +43,7 @@ pub(crate) struct DockerSandbox {
 
 impl DockerSandbox {
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        state: Arc<BackendState>,
         id: String,
         base: String,
         fresh: bool,
@@ -54,7 +51,7 @@ impl DockerSandbox {
         files_out: TransferLimits,
     ) -> Self {
         DockerSandbox {
-            shared,
+            state,
             id,
             base,
             fresh,
@@ -69,11 +66,11 @@ impl DockerSandbox {
     }
 
     async fn stat_kind(&self, path: String) -> Result<Option<EntryKind>, SandboxError> {
-        self.shared.stat_kind(&self.id, path).await
+        self.state.stat_kind(&self.id, path).await
     }
 
     async fn stat(&self, path: &str) -> Result<Option<TarStat>, SandboxError> {
-        self.shared.engine_stat(&self.id, path).await
+        self.state.engine_stat(&self.id, path).await
     }
 
     /// The resolved leaf of a read-bundle check and its engine stat, run concurrently.
@@ -105,21 +102,52 @@ impl DockerSandbox {
             env: None,
             stdin,
             budget,
-            timeout: self.shared.config.command_timeout,
+            timeout: self.state.config.command_timeout,
         };
-        self.shared.run_guest(&self.id, call).await
+        self.state.run_guest(&self.id, call).await
+    }
+
+    /// The guest user's uid and gid, asked once per container.
+    async fn guest_ids(&self) -> Result<(u64, u64), SandboxError> {
+        if let Some(ids) = self.state.known_guest_ids(&self.id) {
+            return Ok(ids);
+        }
+        let output = self
+            .state
+            .guest_internal(&self.id, &["sh", "-c", "id -u && id -g"])
+            .await?;
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let mut numbers = text.split_whitespace().map(str::parse::<u64>);
+        match (output.exit_code, numbers.next(), numbers.next()) {
+            (0, Some(Ok(uid)), Some(Ok(gid))) => {
+                self.state.remember_guest_ids(&self.id, (uid, gid));
+                Ok((uid, gid))
+            }
+            _ => Err(SandboxError::engine(format!(
+                "the guest's `id -u`/`id -g` answered {:?}",
+                tail(&output.stdout)
+            ))),
+        }
     }
 
     fn engine_timeout(&self, operation: &str) -> SandboxError {
         SandboxError::EngineTimeout {
             operation: operation.to_owned(),
-            bound: self.shared.config.command_timeout,
+            bound: self.state.config.command_timeout,
         }
     }
 }
 
 fn argv<const N: usize>(parts: [&str; N]) -> Vec<Vec<u8>> {
     parts.iter().map(|p| p.as_bytes().to_vec()).collect()
+}
+
+/// The parent of an absolute normalised guest path (`/` for `/` and top-level entries).
+fn guest_path_parent(path: &str) -> String {
+    match path.trim_end_matches('/').rfind('/') {
+        Some(0) | None => "/".to_owned(),
+        Some(i) => path[..i].to_owned(),
+    }
 }
 
 /// The path an entry reports: relative to the working directory, `.` for the directory itself.
@@ -166,7 +194,7 @@ impl Sandbox for DockerSandbox {
             budget,
             timeout: bound,
         };
-        match self.shared.run_guest(&self.id, call).await? {
+        match self.state.run_guest(&self.id, call).await? {
             GuestEnd::Ran(output) => Ok(output),
             GuestEnd::Expired(cleanup) => Err(SandboxError::Timeout {
                 operation: "command".to_owned(),
@@ -181,7 +209,7 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn write_file(&self, path: &str, content: &[u8], wd: &str) -> Result<(), SandboxError> {
-        self.shared.refuse_retired(&self.id)?;
+        self.state.refuse_retired(&self.id)?;
         let wd = self.wd(wd)?;
         let limit = self.files_in.max_bytes_per_file;
         if content.len() as u64 > limit {
@@ -190,36 +218,81 @@ impl Sandbox for DockerSandbox {
                 limit,
             });
         }
-        let target = check_write_async(|p| self.stat_kind(p), path, &wd).await?;
-        let argv = argv(["sh", "-c", WRITE_SCRIPT, "maf-write", &target]);
-        match self
-            .guest(argv, Some(content.to_vec()), SMALL_BUDGET as u64)
-            .await?
-        {
-            GuestEnd::Ran(output) => match output.exit_code {
-                0 => Ok(()),
-                WRITE_EXIT_IS_DIRECTORY => Err(SandboxError::IsADirectory { path: target }),
-                WRITE_EXIT_IS_LINK => Err(SandboxError::confinement(
-                    path,
-                    "the target became a link; a write never goes through one",
-                )),
-                code => Err(guest_refused(
-                    &target,
-                    format!(
-                        "the guest could not write it (exit {code}): {}",
-                        tail(&output.stderr)
-                    ),
-                )),
+        let seen = std::sync::Mutex::new(std::collections::HashMap::new());
+        let target = check_write_async(
+            |p| {
+                let seen = &seen;
+                async move {
+                    let kind = self.stat_kind(p.clone()).await?;
+                    seen.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(p, kind);
+                    Ok(kind)
+                }
             },
-            GuestEnd::Expired(_) => Err(self.engine_timeout("write_file")),
-            GuestEnd::Overflowed(_) => {
-                Err(SandboxError::engine("the guest writer flooded its output"))
+            path,
+            &wd,
+        )
+        .await?;
+        let seen = seen.into_inner().unwrap_or_else(|e| e.into_inner());
+        match self.stat(&target).await? {
+            Some(TarStat {
+                kind: EntryKind::Directory,
+                ..
+            }) => return Err(SandboxError::IsADirectory { path: target }),
+            Some(TarStat {
+                kind: EntryKind::Symlink,
+                ..
+            }) => {
+                return Err(SandboxError::confinement(
+                    path,
+                    "the target is a link; a write never goes through one",
+                ))
+            }
+            _ => {}
+        }
+        // The deepest existing ancestor is the upload point; the ones below it are created by the
+        // same upload, owned by the guest.
+        let mut missing = Vec::new();
+        let mut at = guest_path_parent(&target);
+        loop {
+            let kind = match seen.get(&at) {
+                Some(kind) => *kind,
+                None => self.stat_kind(at.clone()).await?,
+            };
+            match kind {
+                Some(EntryKind::Directory) => break,
+                Some(_) => return Err(SandboxError::NotADirectory { path: at }),
+                None if at == "/" => return Err(SandboxError::NotFound { path: at }),
+                None => {
+                    missing.push(at.clone());
+                    at = guest_path_parent(&at);
+                }
             }
         }
+        missing.reverse();
+        let relative = |p: &str| guest_path_relative_to(p, &at).unwrap_or_else(|| p.to_owned());
+        let missing: Vec<String> = missing.iter().map(|m| relative(m)).collect();
+        let (uid, gid) = self.guest_ids().await?;
+        let archive =
+            crate::archive::write_archive(&missing, &relative(&target), content, uid, gid)?;
+        self.state
+            .put_archive(&self.id, &at, archive)
+            .await
+            .map_err(|error| match error {
+                SandboxError::Engine { detail, .. }
+                    if detail.to_lowercase().contains("cannot overwrite") =>
+                {
+                    SandboxError::IsADirectory {
+                        path: target.clone(),
+                    }
+                }
+                other => other,
+            })
     }
 
     async fn stat_file(&self, path: &str, wd: &str) -> Result<Option<SandboxEntry>, SandboxError> {
-        self.shared.refuse_retired(&self.id)?;
+        self.state.refuse_retired(&self.id)?;
         let wd = self.wd(wd)?;
         let (resolved, stat) = self.checked_leaf(path, &wd).await?;
         Ok(stat.map(|s| SandboxEntry::new(reported(&resolved, &wd), s.kind, s.size)))
@@ -231,25 +304,14 @@ impl Sandbox for DockerSandbox {
         wd: &str,
         max_bytes: u64,
     ) -> Result<Vec<u8>, SandboxError> {
-        self.shared.refuse_retired(&self.id)?;
+        self.state.refuse_retired(&self.id)?;
         let wd = self.wd(wd)?;
         let cap = max_bytes.min(self.files_out.max_bytes_per_file);
-        // The read runs with the guest's own authority, so it may start while the engine-side
-        // checks run: whatever it reaches, the guest could read itself. Its bytes are used only
-        // once the checks pass; on a refusal it gets a short grace to end on its own, then is
-        // dropped, which kills its group (a FIFO never hangs the call, a link leaf's target is
-        // discarded unread by the caller).
-        let leaf = confine(path, &wd)?;
-        let read = self.guest(argv(["cat", "--", &leaf]), None, cap + READ_SLACK);
-        tokio::pin!(read);
-        let checks = self.checked_leaf(path, &wd);
-        tokio::pin!(checks);
-        let (checked, finished_read) = tokio::select! {
-            biased;
-            checked = &mut checks => (checked, None),
-            finished = &mut read => (checks.await, Some(finished)),
-        };
-        let verdict = checked.and_then(|(resolved, stat)| match stat {
+        // Check before reading: a refused path (absent, a directory, a link, a FIFO, over the
+        // cap) moves no data. The archive read judges the entry's header again, so a file
+        // swapped or grown after the check is refused from its header, before its data is kept.
+        let (resolved, stat) = self.checked_leaf(path, &wd).await?;
+        match stat {
             None => Err(SandboxError::NotFound { path: resolved }),
             Some(TarStat {
                 kind: EntryKind::Directory,
@@ -265,63 +327,13 @@ impl Sandbox for DockerSandbox {
             Some(TarStat {
                 kind: EntryKind::File,
                 ..
-            }) => Ok(resolved),
+            }) => self.state.read_archive_file(&self.id, &resolved, cap).await,
             Some(_) => Err(SandboxError::NotRegularFile { path: resolved }),
-        });
-        let resolved = match verdict {
-            Ok(resolved) => resolved,
-            Err(refusal) => {
-                let oversized = matches!(refusal, SandboxError::TransferCapExceeded { .. });
-                if finished_read.is_none() && !oversized {
-                    // A read of something absent or refused usually ends on its own at once;
-                    // dropping it after it ended would cost a kill exec and leave the kill's
-                    // cancel file in the guest's /tmp. Only one that blocks (a FIFO) is dropped.
-                    let _ = tokio::time::timeout(REFUSED_READ_GRACE, &mut read).await;
-                }
-                return Err(refusal);
-            }
-        };
-        let finished = match finished_read {
-            Some(finished) => finished,
-            None => read.await,
-        };
-        match finished? {
-            GuestEnd::Ran(output) if output.exit_code == 0 => {
-                if output.stdout.len() as u64 > cap {
-                    return Err(SandboxError::TransferCapExceeded {
-                        path: resolved,
-                        limit: cap,
-                    });
-                }
-                Ok(output.stdout)
-            }
-            GuestEnd::Ran(output) => {
-                let message = String::from_utf8_lossy(&output.stderr).to_lowercase();
-                if message.contains("no such file") {
-                    Err(SandboxError::NotFound { path: resolved })
-                } else if message.contains("is a directory") {
-                    Err(SandboxError::IsADirectory { path: resolved })
-                } else if message.contains("permission denied") {
-                    Err(guest_refused(&resolved, tail(&output.stderr)))
-                } else {
-                    Err(SandboxError::engine(format!(
-                        "reading {resolved} failed (exit {}): {}",
-                        output.exit_code,
-                        tail(&output.stderr)
-                    )))
-                }
-            }
-            // The file grew past the cap after its header was judged.
-            GuestEnd::Overflowed(_) => Err(SandboxError::TransferCapExceeded {
-                path: resolved,
-                limit: cap,
-            }),
-            GuestEnd::Expired(_) => Err(self.engine_timeout("read_file")),
         }
     }
 
     async fn list_dir(&self, path: &str, wd: &str) -> Result<Vec<SandboxEntry>, SandboxError> {
-        self.shared.refuse_retired(&self.id)?;
+        self.state.refuse_retired(&self.id)?;
         let wd = self.wd(wd)?;
         let directory = check_list_async(|p| self.stat_kind(p), path, &wd).await?;
         let argv = argv(["sh", "-c", LIST_SCRIPT, "maf-list", &directory]);
@@ -378,7 +390,7 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn remove(&self, path: &str, wd: &str, recursive: bool) -> Result<(), SandboxError> {
-        self.shared.refuse_retired(&self.id)?;
+        self.state.refuse_retired(&self.id)?;
         let wd = self.wd(wd)?;
         let leaf = confine(path, &wd)?;
         let (checked, stat) = tokio::join!(
@@ -428,7 +440,7 @@ impl Sandbox for DockerSandbox {
         wd: &str,
         timeout: Duration,
     ) -> Result<(), SandboxError> {
-        self.shared.refuse_retired(&self.id)?;
+        self.state.refuse_retired(&self.id)?;
         if timeout.is_zero() {
             return Err(SandboxError::invalid(
                 "reclaim timeout must be greater than zero",
@@ -469,7 +481,7 @@ impl Sandbox for DockerSandbox {
             bound: timeout,
             cleanup,
         };
-        match self.shared.run_guest(&self.id, call).await? {
+        match self.state.run_guest(&self.id, call).await? {
             GuestEnd::Ran(output) if output.exit_code == 0 => {}
             GuestEnd::Ran(output) => {
                 return Err(guest_refused(

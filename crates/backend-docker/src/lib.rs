@@ -116,24 +116,28 @@
 #![deny(unsafe_code)]
 
 mod acquire;
+mod archive;
 mod backend;
-mod cli_seam;
 mod config;
+mod connection;
+mod containers;
 mod disposal;
 mod egress_preflight;
-mod engine_calls;
 mod error;
+mod exec;
 mod guest_scripts;
 mod handle;
 mod images;
 mod ownership_labels;
+mod state;
 mod tar_header;
 
 pub use backend::{DockerBackend, TRANSFER_CEILING};
 pub use config::{
-    DockerConfig, EgressProbe, DEFAULT_COMMAND_TIMEOUT, DEFAULT_EXEC_CLEANUP_TIMEOUT,
-    DEFAULT_IMAGE, DEFAULT_PIDS_LIMIT, DEFAULT_PULL_TIMEOUT,
+    DockerConfig, EgressProbe, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CPUS, DEFAULT_EXEC_CLEANUP_TIMEOUT,
+    DEFAULT_IMAGE, DEFAULT_MEMORY_BYTES, DEFAULT_PIDS_LIMIT, DEFAULT_PULL_TIMEOUT,
 };
+pub use connection::{Endpoint, EndpointSource, TlsFiles, DEFAULT_DOCKER_HOST};
 pub use error::DockerError;
 pub use images::{ImageOutcome, ImageRecipe, ImageReport, LocalImage, ProgressSink, DEBIAN_SUITE};
 

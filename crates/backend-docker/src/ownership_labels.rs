@@ -63,12 +63,12 @@ impl Selection {
         }
     }
 
-    /// `docker ps` filter arguments, each value through `label_value`.
-    pub(crate) fn filter_args(&self) -> Vec<String> {
+    /// The container listing's `label` filters (`name=value`, each value through `label_value`);
+    /// the engine selects containers carrying all of them.
+    pub(crate) fn label_filters(&self) -> Vec<String> {
         let mut args = Vec::new();
         let mut push = |label: &str, raw: &str| {
-            args.push("--filter".to_owned());
-            args.push(format!("label={label}={}", label_value(raw)));
+            args.push(format!("{label}={}", label_value(raw)));
         };
         push(LABEL_SCOPE, &self.scope);
         for (label, value) in [
@@ -161,18 +161,17 @@ pub(crate) enum Verdict {
 }
 
 impl ContainerRecord {
-    /// Parses one inspect line.
-    pub(crate) fn parse(line: &[u8]) -> Result<ContainerRecord, String> {
-        serde_json::from_slice(line).map_err(|e| format!("unreadable inspect answer: {e}"))
+    /// Reads an engine answer about one container.
+    pub(crate) fn from_api<T: serde::Serialize>(answer: &T) -> Result<ContainerRecord, String> {
+        serde_json::to_value(answer)
+            .and_then(serde_json::from_value)
+            .map_err(|e| format!("unreadable inspect answer: {e}"))
     }
 
-    /// Parses every line of a multi-target inspect.
-    pub(crate) fn parse_lines(stdout: &[u8]) -> Result<Vec<ContainerRecord>, String> {
-        stdout
-            .split(|b| *b == b'\n')
-            .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
-            .map(ContainerRecord::parse)
-            .collect()
+    /// Parses one inspect answer.
+    #[cfg(test)]
+    pub(crate) fn parse(line: &[u8]) -> Result<ContainerRecord, String> {
+        serde_json::from_slice(line).map_err(|e| format!("unreadable inspect answer: {e}"))
     }
 
     /// The engine's status word (`running`, `exited`, ...).
@@ -408,15 +407,12 @@ mod tests {
     #[test]
     fn filters_use_label_values() {
         let sel = Selection::of_key(&key().with_call("c"), Some("py thon"));
-        let args = sel.filter_args();
-        assert_eq!(args[1], "label=maf-sandbox.scope=prod");
-        assert!(args.contains(&"label=maf-sandbox.call=c".to_owned()));
-        assert!(args.contains(&format!(
-            "label=maf-sandbox.kind={}",
-            label_value("py thon")
-        )));
+        let args = sel.label_filters();
+        assert_eq!(args[0], "maf-sandbox.scope=prod");
+        assert!(args.contains(&"maf-sandbox.call=c".to_owned()));
+        assert!(args.contains(&format!("maf-sandbox.kind={}", label_value("py thon"))));
         let conversation = Selection::of_key(&key(), None);
-        assert_eq!(conversation.filter_args().len(), 6);
+        assert_eq!(conversation.label_filters().len(), 3);
         assert!(conversation.matches(&key().with_call("x"), "any"));
         assert!(!Selection::of_key(&key().with_call("x"), None).matches(&key(), "k"));
     }

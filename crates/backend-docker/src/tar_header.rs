@@ -1,9 +1,10 @@
-//! The strict tar header parser behind the engine-side stat (docker.md rule 29).
+//! The strict tar header parser behind reads from the container archive endpoint.
 //!
-//! `docker cp <id>:<path> -` answers with a tar stream whose first real entry describes the path
-//! itself, without following a link leaf. Only that entry is read: at most [`MAX_HEADERS`]
+//! The archive `GET` answers with a tar stream whose first real entry describes the path itself,
+//! without following a link leaf. Only that entry's header is parsed: at most [`MAX_HEADERS`]
 //! headers and [`MAX_METADATA`] bytes of extended metadata, every checksum verified, every PAX
-//! record exact. Anything unexpected is an engine failure, never a guess.
+//! record exact. Anything unexpected is an engine failure, never a guess. The entry's data starts
+//! at the offset [`first_entry_at`] reports.
 
 use sandbox_core::EntryKind;
 
@@ -37,13 +38,19 @@ pub(crate) enum FirstEntry {
 }
 
 /// Reads the first real entry of a tar stream prefix. `Err` carries why the stream is refused.
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn first_entry(bytes: &[u8]) -> Result<FirstEntry, String> {
+    first_entry_at(bytes).map(|(entry, _)| entry)
+}
+
+/// [`first_entry`], with the offset where the entry's data starts (meaningful for `Found`).
+pub(crate) fn first_entry_at(bytes: &[u8]) -> Result<(FirstEntry, usize), String> {
     let mut offset = 0usize;
     let mut metadata = 0usize;
     let mut pax_size: Option<u64> = None;
     for _ in 0..MAX_HEADERS {
         let Some(header) = bytes.get(offset..offset + BLOCK) else {
-            return Ok(FirstEntry::NeedMore);
+            return Ok((FirstEntry::NeedMore, offset));
         };
         if header.iter().all(|b| *b == 0) {
             return Err("the archive ends before any entry".to_owned());
@@ -61,7 +68,7 @@ pub(crate) fn first_entry(bytes: &[u8]) -> Result<FirstEntry, String> {
                     .ok_or("more extended metadata than allowed")?;
                 let padded = size.div_ceil(BLOCK) * BLOCK;
                 let Some(payload) = bytes.get(offset..offset + size) else {
-                    return Ok(FirstEntry::NeedMore);
+                    return Ok((FirstEntry::NeedMore, offset));
                 };
                 if typeflag == b'x' || typeflag == b'g' {
                     let records = pax_records(payload)?;
@@ -75,14 +82,15 @@ pub(crate) fn first_entry(bytes: &[u8]) -> Result<FirstEntry, String> {
             }
             b'S' => return Err("a GNU sparse entry".to_owned()),
             b'0' | 0 => {
-                return Ok(FirstEntry::Found(TarStat {
+                let stat = TarStat {
                     kind: EntryKind::File,
                     size: Some(pax_size.unwrap_or(size)),
-                }))
+                };
+                return Ok((FirstEntry::Found(stat), offset));
             }
-            b'5' => return Ok(found(EntryKind::Directory)),
-            b'2' => return Ok(found(EntryKind::Symlink)),
-            _ => return Ok(found(EntryKind::Other)),
+            b'5' => return Ok((found(EntryKind::Directory), offset)),
+            b'2' => return Ok((found(EntryKind::Symlink), offset)),
+            _ => return Ok((found(EntryKind::Other), offset)),
         }
     }
     Err(format!("no entry within {MAX_HEADERS} headers"))
@@ -345,6 +353,21 @@ mod tests {
         let sum: u32 = h.iter().map(|b| u32::from(*b)).sum();
         h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
         assert_eq!(first_entry(&h).unwrap_err(), "a header size is not octal");
+    }
+
+    #[test]
+    fn the_data_offset_follows_the_entry_header() {
+        let mut bytes = pax(&[("size", "3")]);
+        bytes.extend(header("f", tar::EntryType::Regular, 3));
+        let header_end = bytes.len();
+        bytes.extend(b"abc");
+        let (entry, offset) = first_entry_at(&bytes).unwrap();
+        assert!(matches!(
+            entry,
+            FirstEntry::Found(TarStat { size: Some(3), .. })
+        ));
+        assert_eq!(offset, header_end);
+        assert_eq!(&bytes[offset..offset + 3], b"abc");
     }
 
     #[test]

@@ -86,31 +86,35 @@ async fn a_sandbox_removed_while_a_command_runs_is_an_error_never_an_exit_code()
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_docker_run_that_gives_up_leaves_no_container_behind() {
-    // A docker CLI whose `run` answers only after the backend's deadline: the daemon has made and
-    // started the container, but the backend never hears its id.
+async fn a_create_that_gives_up_leaves_no_container_behind() {
+    // An engine whose create answers only after the backend's deadline: the engine has made the
+    // container, but the backend never hears its id.
     let dir = tempfile::tempdir().unwrap();
-    let slow = dir.path().join("slow-docker");
-    std::fs::write(
-        &slow,
-        "#!/bin/sh\nif [ \"$3\" = run ]; then docker \"$@\"; status=$?; sleep 8; exit $status; fi\nexec docker \"$@\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&slow, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let socket = dir.path().join("slow-engine.sock");
+    let _proxy =
+        support::DelayingProxy::start(&socket, "POST /containers/create", Duration::from_secs(8));
     let mut config = support::config(false).await;
-    config.docker_path = slow;
+    config.management_env = Some(vec![(
+        "DOCKER_HOST".into(),
+        format!("unix://{}", socket.display()).into(),
+    )]);
     config.command_timeout = Duration::from_secs(4);
     let impatient = backend_docker::DockerBackend::connect(config)
         .await
         .unwrap();
+    assert_eq!(
+        impatient.endpoint(),
+        format!("unix://{}", socket.display()),
+        "the endpoint is pinned from DOCKER_HOST"
+    );
     let scope = unique_scope("abandoned");
     let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
     let error = impatient
         .acquire(&key, &spec(BUSYBOX))
         .await
-        .expect_err("the run outlives its deadline");
+        .expect_err("the create outlives its deadline");
     assert_eq!(error.kind(), ErrorKind::EngineTimeout, "{error}");
-    // What the daemon made under this create's mark is removed by a task of its own.
+    // What the engine made under this create's mark is removed by a task of its own.
     let backend = backend(false).await;
     let until = Instant::now() + Duration::from_secs(30);
     while !backend.list(&scope, None).await.unwrap().is_empty() {
@@ -272,7 +276,8 @@ async fn warm_acquire_list_find_and_dispose_read_the_engine() {
     assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
 }
 
-/// Every host process's command line, and the environment of every docker client, as bytes.
+/// Every host process's command line, and the environment of this process and of every docker
+/// client (there should be none), as bytes.
 fn host_exposures() -> Vec<(u32, &'static str, Vec<u8>)> {
     let mut seen = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -290,7 +295,7 @@ fn host_exposures() -> Vec<(u32, &'static str, Vec<u8>)> {
             .split(|b| *b == 0)
             .next()
             .is_some_and(|argv0| argv0 == b"docker" || argv0.ends_with(b"/docker"));
-        if is_docker_client {
+        if is_docker_client || pid == std::process::id() {
             if let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) {
                 seen.push((pid, "environ", environ));
             }
@@ -351,10 +356,7 @@ async fn a_guest_env_value_never_appears_in_any_argv_nor_the_client_environment(
         scans >= 10,
         "the scan ran while the command did ({scans} scans)"
     );
-    assert!(
-        saw_the_client,
-        "the docker client's environment was scanned"
-    );
+    assert!(saw_the_client, "this process's environment was scanned");
     assert!(backend
         .dispose(&key, DisposeSelector::all())
         .await
@@ -363,37 +365,39 @@ async fn a_guest_env_value_never_appears_in_any_argv_nor_the_client_environment(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_guest_env_travels_in_the_env_file_and_docker_names_are_refused() {
+async fn the_guest_env_travels_in_the_exec_request_verbatim() {
     let backend = backend(false).await;
     let scope = unique_scope("env");
     let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
     let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
     let env = ExecEnv::default()
         .set("GREETING", "hello  world =x")
-        .set("EMPTY", "");
+        .set("EMPTY", "")
+        .set("MULTI", "a\nb")
+        .set("DOCKER_HOST", "tcp://192.0.2.1:2375");
     let output = sandbox
         .exec(
             ExecRequest::new(Command::argv([
                 "sh",
                 "-c",
-                "printf '%s|%s|%s' \"$GREETING\" \"${EMPTY-unset}\" \"${HOSTNAME_UNSET-none}\"",
+                "printf '%s|%s|%s|%s|%s' \"$GREETING\" \"${EMPTY-unset}\" \"${HOSTNAME_UNSET-none}\" \"$MULTI\" \"$DOCKER_HOST\"",
             ]))
             .env(env),
         )
         .await
         .unwrap();
-    assert_eq!(output.stdout_text(), "hello  world =x||none");
-    for env in [
-        ExecEnv::default().set("DOCKER_HOST", "tcp://192.0.2.1:2375"),
-        ExecEnv::default().set("MULTI", "a\nb"),
-    ] {
-        let error = sandbox
-            .exec(ExecRequest::new(Command::argv(["true"])).env(env.clone()))
-            .await
-            .unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::InvalidArgument);
-        assert!(error.to_string().contains(&env.entries()[0].0));
-    }
+    // No client reads the environment any more: every value reaches the guest as given.
+    assert_eq!(
+        output.stdout_text(),
+        "hello  world =x||none|a\nb|tcp://192.0.2.1:2375"
+    );
+    let env = ExecEnv::default().set("BINARY", b"\xff\xfe".as_slice());
+    let error = sandbox
+        .exec(ExecRequest::new(Command::argv(["true"])).env(env))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidArgument);
+    assert!(error.to_string().contains("BINARY"), "{error}");
     // A relative working directory that escapes the base is refused; a missing one is exit 125.
     let escape = sandbox
         .exec(ExecRequest::new(Command::argv(["pwd"])).working_directory("../elsewhere"))
@@ -536,4 +540,57 @@ async fn refused_reads_leave_no_wrapper_files_in_the_guest() {
     .await;
     assert_eq!(residue.stdout_text().trim(), "0", "{residue:?}");
     assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxes_get_two_cpus_and_two_gib_and_an_oom_kill_says_so() {
+    let backend = backend(false).await;
+    let scope = unique_scope("resources");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let inspect = docker([
+        "container",
+        "inspect",
+        "--format",
+        "{{.HostConfig.NanoCpus}} {{.HostConfig.Memory}} {{.HostConfig.MemorySwap}} {{.HostConfig.PidsLimit}}",
+        sandbox.instance_id(),
+    ])
+    .await;
+    let (cpus, memory) = backend.sandbox_resources();
+    let expected = format!("{} {memory} {memory} 512", (cpus * 1e9).round() as i64);
+    assert_eq!(String::from_utf8_lossy(&inspect.stdout).trim(), expected);
+    // This machine's engine host has at least 2 CPUs and 2 GiB, so nothing is clamped here.
+    assert_eq!((cpus, memory), (2.0, 2 << 30));
+    drop(sandbox);
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+
+    // A guest over a small limit is killed by the kernel, and the error names the limit.
+    let mut config = support::config(false).await;
+    config.memory_bytes = 32 << 20;
+    let small = backend_docker::DockerBackend::connect(config)
+        .await
+        .unwrap();
+    let key = SandboxKey::conversation(scope.as_str(), "small", "agent");
+    let sandbox = small.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let error = sandbox
+        .exec(
+            ExecRequest::new(Command::argv([
+                "sh",
+                "-c",
+                "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}",
+            ]))
+            .timeout(Duration::from_secs(60)),
+        )
+        .await
+        .expect_err("the allocation outgrows the limit");
+    assert_eq!(error.kind(), ErrorKind::Engine, "{error}");
+    assert!(
+        error.to_string().contains("memory limit of 32 MiB"),
+        "{error}"
+    );
+    // The sandbox stays usable, and a later kill of the command's own is its exit code again.
+    let own = run(sandbox.as_ref(), &["sh", "-c", "kill -9 $$"]).await;
+    assert_eq!(own.exit_code, 137);
+    drop(sandbox);
+    assert_nothing_left(&small, &scope, &["small".to_owned()]).await;
 }

@@ -246,3 +246,73 @@ fn kind_named(name: &str) -> ErrorKind {
     .find(|k| format!("{k:?}") == name)
     .unwrap_or(ErrorKind::ContractViolation)
 }
+
+/// A Unix-socket proxy to the default engine socket that holds back the engine's answer to every
+/// request whose head contains `marker` for `delay`: an engine slower than the backend's deadline.
+pub struct DelayingProxy {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DelayingProxy {
+    pub fn start(socket: &std::path::Path, marker: &'static str, delay: Duration) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::UnixListener::bind(socket).expect("the proxy socket binds");
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(engine) = tokio::net::UnixStream::connect("/var/run/docker.sock").await
+                    else {
+                        return;
+                    };
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut engine_read, mut engine_write) = engine.into_split();
+                    let hold = Arc::new(AtomicBool::new(false));
+                    let hold_up = Arc::clone(&hold);
+                    let upstream = async move {
+                        let mut buffer = vec![0u8; 65536];
+                        while let Ok(n) = client_read.read(&mut buffer).await {
+                            if n == 0 {
+                                break;
+                            }
+                            if buffer[..n]
+                                .windows(marker.len())
+                                .any(|w| w == marker.as_bytes())
+                            {
+                                hold_up.store(true, Ordering::SeqCst);
+                            }
+                            if engine_write.write_all(&buffer[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                        let _ = engine_write.shutdown().await;
+                    };
+                    let downstream = async move {
+                        let mut buffer = vec![0u8; 65536];
+                        while let Ok(n) = engine_read.read(&mut buffer).await {
+                            if n == 0 {
+                                break;
+                            }
+                            if hold.swap(false, Ordering::SeqCst) {
+                                tokio::time::sleep(delay).await;
+                            }
+                            if client_write.write_all(&buffer[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                        let _ = client_write.shutdown().await;
+                    };
+                    tokio::join!(upstream, downstream);
+                });
+            }
+        });
+        DelayingProxy { task }
+    }
+}
+
+impl Drop for DelayingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

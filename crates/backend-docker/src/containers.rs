@@ -1,0 +1,353 @@
+//! Containers and images through the Engine API: inspect, list by label, create, start, pause,
+//! unpause, remove, the image presence check and the engine's own facts (OS, host size).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ListContainersOptionsBuilder,
+    RemoveContainerOptionsBuilder,
+};
+use futures_util::StreamExt as _;
+use sandbox_core::{DisposalCode, DisposalFailure, SandboxError};
+
+use crate::connection::{quote, ApiFailure};
+use crate::ownership_labels::{ContainerRecord, Selection};
+use crate::state::{bounded_join, BackendState};
+
+/// How many inspects of a listing run at once.
+const INSPECT_CONCURRENCY: usize = 8;
+
+/// How a removal ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Removal {
+    /// The engine removed it in this call.
+    Removed,
+    /// It was not there.
+    Absent,
+}
+
+/// What a create said.
+pub(crate) enum Created {
+    /// The new container's id.
+    Id(String),
+    /// Another container holds the name (the engine's message).
+    Conflict(String),
+}
+
+/// The hardened shape of every workload container.
+pub(crate) struct ContainerShape<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) image: &'a str,
+    pub(crate) labels: HashMap<String, String>,
+    pub(crate) keep_alive: &'a str,
+}
+
+/// What the engine says about itself.
+pub(crate) struct EngineFacts {
+    pub(crate) os: Option<String>,
+    pub(crate) cpus: i64,
+    pub(crate) memory: i64,
+}
+
+impl BackendState {
+    /// One container by name or id; `None` when the engine says it is absent.
+    pub(crate) async fn inspect(
+        &self,
+        target: &str,
+    ) -> Result<Option<ContainerRecord>, SandboxError> {
+        let answer = self
+            .engine
+            .call(
+                self.config.command_timeout,
+                self.engine.api().inspect_container(target, None),
+            )
+            .await;
+        match answer {
+            Ok(response) => ContainerRecord::from_api(&response)
+                .map(Some)
+                .map_err(SandboxError::engine),
+            Err(failure) if failure.is_not_found() => Ok(None),
+            Err(failure) => Err(self.engine.failure("container inspect", failure)),
+        }
+    }
+
+    /// Several containers; ids gone in between are skipped.
+    pub(crate) async fn inspect_many(
+        &self,
+        ids: &[String],
+    ) -> Result<Vec<ContainerRecord>, SandboxError> {
+        let answers = bounded_join(
+            ids.iter().map(|id| self.inspect(id)).collect(),
+            INSPECT_CONCURRENCY,
+        )
+        .await;
+        let mut records = Vec::new();
+        for answer in answers {
+            if let Some(record) = answer? {
+                records.push(record);
+            }
+        }
+        Ok(records)
+    }
+
+    /// `(id, name)` of every container, running or not, carrying all the selection's labels.
+    pub(crate) async fn listing(
+        &self,
+        selection: &Selection,
+    ) -> Result<Vec<(String, String)>, SandboxError> {
+        let filters = HashMap::from([("label".to_owned(), selection.label_filters())]);
+        let options = ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let listed = self
+            .engine
+            .call(
+                self.config.command_timeout,
+                self.engine.api().list_containers(Some(options)),
+            )
+            .await
+            .map_err(|f| self.engine.failure("container list", f))?;
+        listed
+            .into_iter()
+            .map(|summary| {
+                let id = summary.id.unwrap_or_default();
+                let name = summary
+                    .names
+                    .unwrap_or_default()
+                    .into_iter()
+                    .next()
+                    .unwrap_or_default();
+                if id.is_empty() {
+                    return Err(SandboxError::engine(
+                        "the container list named a container without an id",
+                    ));
+                }
+                Ok((id, name.trim_start_matches('/').to_owned()))
+            })
+            .collect()
+    }
+
+    /// Creates and starts one hardened container. A start that fails removes what the create
+    /// made.
+    pub(crate) async fn create_container(
+        &self,
+        shape: &ContainerShape<'_>,
+    ) -> Result<Created, SandboxError> {
+        let host_config = HostConfig {
+            init: Some(true),
+            cap_drop: Some(vec!["ALL".to_owned()]),
+            security_opt: Some(vec!["no-new-privileges".to_owned()]),
+            pids_limit: Some(i64::from(self.config.pids_limit)),
+            memory: Some(self.resources.memory_bytes),
+            memory_swap: Some(self.resources.memory_bytes),
+            nano_cpus: Some(self.resources.nano_cpus),
+            network_mode: Some("none".to_owned()),
+            ..HostConfig::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(shape.image.to_owned()),
+            entrypoint: Some(vec!["sh".to_owned()]),
+            cmd: Some(vec!["-c".to_owned(), shape.keep_alive.to_owned()]),
+            labels: Some(shape.labels.clone()),
+            host_config: Some(host_config),
+            ..ContainerCreateBody::default()
+        };
+        let options = CreateContainerOptionsBuilder::new()
+            .name(shape.name)
+            .build();
+        let created = self
+            .engine
+            .call(
+                self.config.command_timeout,
+                self.engine.api().create_container(Some(options), body),
+            )
+            .await;
+        let id = match created {
+            Ok(response) => response.id,
+            Err(failure) if failure.is_conflict() => {
+                return Ok(Created::Conflict(quote(failure.message().as_bytes())))
+            }
+            Err(failure) if failure.is_not_found() => {
+                return Err(self.image_missing(shape.image, failure.message()))
+            }
+            Err(failure) => return Err(self.engine.failure("container create", failure)),
+        };
+        if let Err(error) = self.lifecycle(Lifecycle::Start, &id).await {
+            let _ = self.remove(&id).await;
+            return Err(error);
+        }
+        Ok(Created::Id(id))
+    }
+
+    /// Start, pause or unpause one container; a failure is Engine.
+    pub(crate) async fn lifecycle(&self, verb: Lifecycle, id: &str) -> Result<(), SandboxError> {
+        let api = self.engine.api();
+        let deadline = self.config.command_timeout;
+        let result = match verb {
+            Lifecycle::Start => {
+                self.engine
+                    .call(deadline, api.start_container(id, None))
+                    .await
+            }
+            Lifecycle::Pause => self.engine.call(deadline, api.pause_container(id)).await,
+            Lifecycle::Unpause => self.engine.call(deadline, api.unpause_container(id)).await,
+        };
+        result.map_err(|f| {
+            self.engine
+                .failure(&format!("container {} {id}", verb.word()), f)
+        })
+    }
+
+    /// Force-removes one container. Never raises: a failure is a disposal code.
+    pub(crate) async fn remove(&self, id: &str) -> Result<Removal, DisposalFailure> {
+        let options = RemoveContainerOptionsBuilder::new().force(true).build();
+        let answer = self
+            .engine
+            .call(
+                self.config.command_timeout,
+                self.engine.api().remove_container(id, Some(options)),
+            )
+            .await;
+        let removal = match answer {
+            Ok(()) => Removal::Removed,
+            Err(failure) if failure.is_not_found() => Removal::Absent,
+            Err(ApiFailure::Deadline(bound)) => {
+                return Err(DisposalFailure::new(
+                    DisposalCode::Timeout,
+                    format!(
+                        "{id}: the removal did not finish within {} s",
+                        bound.as_secs()
+                    ),
+                ))
+            }
+            Err(ApiFailure::Transport(error)) => {
+                return Err(DisposalFailure::new(
+                    DisposalCode::Unreachable,
+                    format!(
+                        "{id}: the engine at {} is unreachable: {error}",
+                        self.engine.endpoint()
+                    ),
+                ))
+            }
+            Err(ApiFailure::Status { message, .. } | ApiFailure::Stream(message)) => {
+                return Err(DisposalFailure::new(
+                    DisposalCode::Refused,
+                    format!("{id}: {}", quote(message.as_bytes())),
+                ))
+            }
+        };
+        self.forget_instance(id);
+        Ok(removal)
+    }
+
+    /// Removes a container this call created and must not leave behind, in a task the caller's
+    /// drop cannot cancel.
+    pub(crate) async fn remove_shielded(self: &Arc<Self>, id: &str) {
+        let state = Arc::clone(self);
+        let id = id.to_owned();
+        let _ = crate::state::shielded(async move {
+            if let Err(failure) = state.remove(&id).await {
+                tracing::warn!(container = %id, %failure, "could not remove a half-made sandbox");
+            }
+        })
+        .await;
+    }
+
+    /// Present locally, or one explicit bounded pull; ImageMissing when that fails.
+    pub(crate) async fn ensure_image(&self, image: &str) -> Result<(), SandboxError> {
+        let answer = self
+            .engine
+            .call(
+                self.config.command_timeout,
+                self.engine.api().inspect_image(image),
+            )
+            .await;
+        match answer {
+            Ok(_) => return Ok(()),
+            Err(failure) if failure.is_not_found() => {}
+            Err(failure) => return Err(self.engine.failure("image inspect", failure)),
+        }
+        tracing::info!(image, "image absent; pulling it explicitly");
+        let options = CreateImageOptionsBuilder::new().from_image(image).build();
+        let pull = async {
+            let mut progress = self.engine.api().create_image(Some(options), None, None);
+            while let Some(step) = progress.next().await {
+                let step = step?;
+                if let Some(status) = step.status {
+                    tracing::info!(image, "pull: {status}");
+                }
+            }
+            Ok(())
+        };
+        match self.engine.call(self.config.pull_timeout, pull).await {
+            Ok(()) => Ok(()),
+            Err(ApiFailure::Deadline(bound)) => Err(self.image_missing(
+                image,
+                &format!("the pull did not finish within {} s", bound.as_secs()),
+            )),
+            Err(failure @ ApiFailure::Transport(_)) => {
+                Err(self.engine.failure("image pull", failure))
+            }
+            Err(failure) => Err(self.image_missing(image, failure.message())),
+        }
+    }
+
+    #[cold]
+    pub(crate) fn image_missing(&self, image: &str, reason: &str) -> SandboxError {
+        SandboxError::ImageMissing {
+            image: image.to_owned(),
+            hint: format!(
+                "it is not present on the engine at {} and could not be pulled: {}; \
+                 build the local images with `sandboxctl images build` (or, in a checkout, `cargo xtask images`)",
+                self.engine.endpoint(),
+                quote(reason.as_bytes())
+            ),
+        }
+    }
+
+    /// The engine's OS; `None` when unreadable.
+    pub(crate) async fn engine_os(&self) -> Option<String> {
+        engine_facts(&self.engine, self.config.command_timeout)
+            .await
+            .ok()
+            .and_then(|facts| facts.os)
+    }
+}
+
+/// The engine's OS and host size, from one `info` call.
+pub(crate) async fn engine_facts(
+    engine: &crate::connection::EngineConnection,
+    deadline: Duration,
+) -> Result<EngineFacts, SandboxError> {
+    let info = engine
+        .call(deadline, engine.api().info())
+        .await
+        .map_err(|f| engine.failure("engine info", f))?;
+    Ok(EngineFacts {
+        os: info.os_type.filter(|os| !os.is_empty()),
+        cpus: info.ncpu.unwrap_or(0),
+        memory: info.mem_total.unwrap_or(0),
+    })
+}
+
+/// The lifecycle verbs the backend uses (never `stop`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lifecycle {
+    Start,
+    Pause,
+    Unpause,
+}
+
+impl Lifecycle {
+    fn word(self) -> &'static str {
+        match self {
+            Lifecycle::Start => "start",
+            Lifecycle::Pause => "pause",
+            Lifecycle::Unpause => "unpause",
+        }
+    }
+}

@@ -1,0 +1,518 @@
+//! Commands in a container through the Engine API: exec create, attached start with stdout and
+//! stderr demultiplexed and the output budget enforced while streaming, the exit code from the
+//! exec inspect, and the remote kill that follows an expired or dropped command.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use exec_wrapper::{
+    docker_wrapper_argv, encode_invocation, kill_argv, new_nonce, parse_result, pid_file,
+    read_tool_probe, tool_probe_argv, ExitKind, KillFailure, KillOutcome, ToolProbeOutcome,
+    WrapperOutcome, DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
+};
+use futures_util::StreamExt as _;
+use sandbox_core::{ExecEnv, ExecOutput, GuestCleanup, SandboxError};
+use tokio::io::AsyncWriteExt as _;
+
+use crate::connection::{quote, ApiFailure};
+use crate::state::{shielded, BackendState, CleanupOnDrop};
+
+/// One command through the exec wrapper.
+pub(crate) struct GuestCall<'a> {
+    pub(crate) cwd: &'a str,
+    pub(crate) argv: Vec<Vec<u8>>,
+    pub(crate) env: Option<&'a ExecEnv>,
+    pub(crate) stdin: Option<Vec<u8>>,
+    pub(crate) budget: u64,
+    pub(crate) timeout: Duration,
+}
+
+impl<'a> GuestCall<'a> {
+    /// A backend-internal command: cwd as given, no env, no stdin.
+    pub(crate) fn internal<A: AsRef<[u8]>>(
+        cwd: &'a str,
+        argv: &[A],
+        budget: u64,
+        timeout: Duration,
+    ) -> Self {
+        GuestCall {
+            cwd,
+            argv: argv.iter().map(|a| a.as_ref().to_vec()).collect(),
+            env: None,
+            stdin: None,
+            budget,
+            timeout,
+        }
+    }
+}
+
+/// How a wrapper call ended.
+#[derive(Debug)]
+pub(crate) enum GuestEnd {
+    /// The command ran to completion (any exit status).
+    Ran(ExecOutput),
+    /// The deadline passed; the guest side ended as the cleanup says.
+    Expired(GuestCleanup),
+    /// The output budget was exceeded; the guest side ended as the cleanup says.
+    Overflowed(GuestCleanup),
+}
+
+/// Output budget of backend-internal commands whose answer is a line or two.
+pub(crate) const SMALL_BUDGET: usize = 64 * 1024;
+
+/// What one attached exec collected.
+struct Collected {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    exit_code: i32,
+}
+
+/// How an attached exec failed.
+enum ExecFailure {
+    /// The engine refused the create or the start: the command never ran.
+    NotStarted(ApiFailure),
+    /// The stream broke after the start: the command may still run.
+    Broken(ApiFailure),
+    /// Stdout and stderr together passed the budget.
+    OverBudget,
+}
+
+/// Statuses above this are "killed by signal N" (128 + N), and are also what a command reads as
+/// when its container is removed or stopped under it.
+const SIGNAL_STATUS_FLOOR: i32 = 128;
+
+/// 128 + SIGKILL: what a command killed by the kernel's OOM killer, or by its container's
+/// removal, reports.
+const SIGKILL_STATUS: i32 = 137;
+
+/// How long the engine may take to record a killed container as stopped after its exec ended.
+const CONTAINER_DEATH_LAG: Duration = Duration::from_millis(300);
+
+impl BackendState {
+    /// Runs `argv` attached in container `id`, the guest environment only in the exec request's
+    /// own `Env`, collecting at most `budget` bytes of output. The caller bounds the time.
+    async fn exec_collect(
+        &self,
+        id: &str,
+        argv: Vec<String>,
+        env: Vec<String>,
+        stdin: Option<Vec<u8>>,
+        budget: u64,
+    ) -> Result<Collected, ExecFailure> {
+        let api = self.engine.api();
+        let options = CreateExecOptions::<String> {
+            cmd: Some(argv),
+            env: (!env.is_empty()).then_some(env),
+            attach_stdin: Some(stdin.is_some()),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            working_dir: Some("/".to_owned()),
+            ..CreateExecOptions::default()
+        };
+        let created = api
+            .create_exec(id, options)
+            .await
+            .map_err(|e| ExecFailure::NotStarted(e.into()))?;
+        let start = StartExecOptions {
+            detach: false,
+            tty: false,
+            output_capacity: None,
+        };
+        let started = api
+            .start_exec(&created.id, Some(start))
+            .await
+            .map_err(|e| ExecFailure::NotStarted(e.into()))?;
+        let StartExecResults::Attached {
+            mut output,
+            mut input,
+        } = started
+        else {
+            return Err(ExecFailure::Broken(ApiFailure::Status {
+                code: 500,
+                message: "the engine detached an attached exec".to_owned(),
+            }));
+        };
+        let feed = async move {
+            if let Some(bytes) = stdin {
+                // A command that exits without reading its stdin closes the stream under us.
+                let _ = input.write_all(&bytes).await;
+                let _ = input.shutdown().await;
+            }
+        };
+        tokio::pin!(feed);
+        let mut fed = false;
+        let mut stdout = Vec::new();
+        let mut stderr = Vec::new();
+        loop {
+            tokio::select! {
+                item = output.next() => {
+                    let chunk = match item {
+                        None => break,
+                        Some(Ok(chunk)) => chunk,
+                        Some(Err(error)) => return Err(ExecFailure::Broken(error.into())),
+                    };
+                    let (is_stdout, message) = match chunk {
+                        LogOutput::StdOut { message } | LogOutput::Console { message } => (true, message),
+                        LogOutput::StdErr { message } => (false, message),
+                        LogOutput::StdIn { .. } => continue,
+                    };
+                    if (stdout.len() + stderr.len() + message.len()) as u64 > budget {
+                        return Err(ExecFailure::OverBudget);
+                    }
+                    if is_stdout {
+                        stdout.extend_from_slice(&message);
+                    } else {
+                        stderr.extend_from_slice(&message);
+                    }
+                }
+                () = &mut feed, if !fed => fed = true,
+            }
+        }
+        let inspected = api
+            .inspect_exec(&created.id)
+            .await
+            .map_err(|e| ExecFailure::Broken(e.into()))?;
+        let exit_code = inspected
+            .exit_code
+            .and_then(|code| i32::try_from(code).ok())
+            .ok_or_else(|| {
+                ExecFailure::Broken(ApiFailure::Status {
+                    code: 500,
+                    message: "the exec inspect reported no exit code".to_owned(),
+                })
+            })?;
+        Ok(Collected {
+            stdout,
+            stderr,
+            exit_code,
+        })
+    }
+
+    /// The tool probe, once per id; a pass is cached, a refusal is not.
+    pub(crate) async fn probe_tools(&self, id: &str, image: &str) -> Result<(), SandboxError> {
+        if self.is_probed(id) {
+            return Ok(());
+        }
+        let argv =
+            tool_probe_argv(DOCKER_TOOLS).map_err(|e| SandboxError::invalid(e.to_string()))?;
+        let deadline = self.config.command_timeout;
+        let probe = self.exec_collect(id, argv, Vec::new(), None, PROBE_OUTPUT_BUDGET as u64);
+        let collected = match tokio::time::timeout(deadline, probe).await {
+            Ok(Ok(collected)) => collected,
+            Ok(Err(failure)) => return Err(self.exec_failure(id, "tool probe", failure)),
+            Err(_) => {
+                return Err(SandboxError::EngineTimeout {
+                    operation: "tool probe".to_owned(),
+                    bound: deadline,
+                })
+            }
+        };
+        match read_tool_probe(ExitKind::Exited(collected.exit_code), &collected.stdout) {
+            ToolProbeOutcome::AllPresent => {
+                self.mark_probed(id);
+                Ok(())
+            }
+            ToolProbeOutcome::Missing(tools) => Err(missing_tools(image, &tools.join(", "))),
+            ToolProbeOutcome::NoShell => Err(missing_tools(image, "sh")),
+            ToolProbeOutcome::Failed { status } => Err(SandboxError::engine(format!(
+                "the tool probe failed before it could answer ({status:?}): {}",
+                quote(&collected.stderr)
+            ))),
+        }
+    }
+
+    /// Runs one command through the exec wrapper.
+    ///
+    /// On an expired deadline or an exceeded budget, the command's process group is killed by a
+    /// second exec in a task the caller cannot cancel; the container is kept when the kill lands
+    /// and retired when it does not.
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes the attached stream and starts the same remote kill in a
+    /// background task.
+    pub(crate) async fn run_guest(
+        self: &Arc<Self>,
+        id: &str,
+        call: GuestCall<'_>,
+    ) -> Result<GuestEnd, SandboxError> {
+        self.refuse_retired(id)?;
+        let invocation = encode_invocation(call.cwd.as_bytes(), &call.argv)
+            .map_err(|e| SandboxError::invalid(e.to_string()))?;
+        let env = match call.env {
+            Some(env) => guest_env(env)?,
+            None => Vec::new(),
+        };
+        let nonce = new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
+        let pid_file = pid_file(&nonce);
+        let argv = docker_wrapper_argv(&nonce, &invocation);
+        let mut kill_if_dropped = CleanupOnDrop::armed("the remote kill of a dropped command", {
+            let kill = Arc::clone(self).kill_group(id.to_owned(), pid_file.clone());
+            async move {
+                kill.await;
+            }
+        });
+        let started = std::time::SystemTime::now();
+        let ran = tokio::time::timeout(
+            call.timeout,
+            self.exec_collect(id, argv, env, call.stdin, call.budget),
+        )
+        .await;
+        kill_if_dropped.disarm();
+        let collected = match ran {
+            Err(_) => return Ok(GuestEnd::Expired(self.kill_shielded(id, &pid_file).await)),
+            Ok(Err(ExecFailure::OverBudget)) => {
+                return Ok(GuestEnd::Overflowed(
+                    self.kill_shielded(id, &pid_file).await,
+                ))
+            }
+            Ok(Err(failure @ ExecFailure::Broken(_))) => {
+                // The stream is gone but the command may not be: kill its group all the same.
+                let _ = self.kill_shielded(id, &pid_file).await;
+                return Err(self.exec_failure(id, "exec", failure));
+            }
+            Ok(Err(failure)) => return Err(self.exec_failure(id, "exec", failure)),
+            Ok(Ok(collected)) => collected,
+        };
+        match parse_result(
+            collected.stdout,
+            &collected.stderr,
+            ExitKind::Exited(collected.exit_code),
+            &nonce,
+        ) {
+            WrapperOutcome::Ran(ran) => {
+                if ran.status > SIGNAL_STATUS_FLOOR {
+                    self.refuse_if_container_died(id, ran.status, started)
+                        .await?;
+                }
+                Ok(GuestEnd::Ran(ExecOutput {
+                    stdout: ran.stdout,
+                    stderr: ran.stderr,
+                    exit_code: ran.status,
+                    producer_owns_stderr: false,
+                }))
+            }
+            WrapperOutcome::NoNonce {
+                status,
+                stderr_tail,
+            } => Err(SandboxError::engine(format!(
+                "the exec wrapper failed before the command started (exit {status}): {}",
+                quote(&stderr_tail)
+            ))),
+            WrapperOutcome::ClientKilled { signal, .. } => Err(SandboxError::engine(format!(
+                "the exec ended by signal {signal} before its result"
+            ))),
+            WrapperOutcome::Unmounted => Err(SandboxError::engine(
+                "the wrapper reported an unmounted workspace, which docker never has",
+            )),
+        }
+    }
+
+    /// Names an exec failure: an absent container is SandboxGone, a stopped or paused one says
+    /// so, anything else is the engine's.
+    fn exec_failure(&self, id: &str, operation: &str, failure: ExecFailure) -> SandboxError {
+        let failure = match failure {
+            ExecFailure::NotStarted(failure) | ExecFailure::Broken(failure) => failure,
+            ExecFailure::OverBudget => {
+                return SandboxError::engine(format!("{operation} wrote more than its budget"))
+            }
+        };
+        if failure.is_not_found() {
+            return SandboxError::SandboxGone {
+                instance: id.to_owned(),
+            };
+        }
+        let lower = failure.message().to_lowercase();
+        if failure.is_conflict() && lower.contains("is not running") {
+            return SandboxError::engine(format!(
+                "the container was stopped; acquire again: {}",
+                quote(failure.message().as_bytes())
+            ));
+        }
+        if failure.is_conflict() && lower.contains("is paused") {
+            return SandboxError::engine(format!(
+                "the container is paused; acquire again: {}",
+                quote(failure.message().as_bytes())
+            ));
+        }
+        self.engine.failure(operation, failure)
+    }
+
+    /// Runs the kill in a spawned task and waits for it; the caller's drop cannot cancel it.
+    async fn kill_shielded(self: &Arc<Self>, id: &str, pid_file: &str) -> GuestCleanup {
+        shielded(Arc::clone(self).kill_group(id.to_owned(), pid_file.to_owned()))
+            .await
+            .unwrap_or(GuestCleanup::Retired)
+    }
+
+    /// The kill call and what follows it: keep, or retire.
+    async fn kill_group(self: Arc<Self>, id: String, pid_file: String) -> GuestCleanup {
+        let kill = self.exec_collect(
+            &id,
+            kill_argv(&pid_file),
+            Vec::new(),
+            None,
+            KILL_OUTPUT_BUDGET as u64,
+        );
+        let outcome = match tokio::time::timeout(self.config.exec_cleanup_timeout, kill).await {
+            Ok(Ok(collected)) => KillOutcome::from_exit(collected.exit_code),
+            Ok(Err(_)) | Err(_) => KillOutcome::NotLanded(KillFailure::CallFailed),
+        };
+        match outcome {
+            KillOutcome::Killed => GuestCleanup::Killed,
+            KillOutcome::NeverStarted => GuestCleanup::NeverStarted,
+            KillOutcome::NotLanded(why) => {
+                tracing::warn!(container = %id, ?why, "the kill did not land; retiring the sandbox");
+                self.retire(&id).await;
+                GuestCleanup::Retired
+            }
+        }
+    }
+
+    /// Retires an instance: removed by id, so every process creates a replacement; when the
+    /// removal fails too, every handle refuses and the next acquire removes it first.
+    pub(crate) async fn retire(&self, id: &str) {
+        self.mark_retired(id);
+        match self.remove(id).await {
+            Ok(_) => {
+                // `remove` forgot the instance; keep it retired so old handles say so.
+                self.mark_retired(id);
+            }
+            Err(failure) => {
+                tracing::warn!(container = %id, %failure, "a retired sandbox could not be removed");
+                self.mark_unremovable(id);
+            }
+        }
+    }
+
+    /// Removes retired instances whose removal failed before, before anything else.
+    pub(crate) async fn sweep_unremovable(&self) {
+        for id in self.unremovable() {
+            if self.remove(&id).await.is_ok() {
+                self.clear_unremovable(&id);
+            }
+        }
+    }
+
+    /// Whether the engine recorded an OOM kill in container `id` since `started` (its `oom`
+    /// events; an engine's `State.OOMKilled` is only set when the container itself exits).
+    async fn oom_since(
+        &self,
+        id: &str,
+        started: std::time::SystemTime,
+    ) -> Result<bool, SandboxError> {
+        let since = started
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let until = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs()
+            + 1;
+        let options = bollard::query_parameters::EventsOptions {
+            since: Some(since.as_secs().to_string()),
+            until: Some(until.to_string()),
+            filters: Some(std::collections::HashMap::from([
+                ("container".to_owned(), vec![id.to_owned()]),
+                ("event".to_owned(), vec!["oom".to_owned()]),
+            ])),
+        };
+        let events = async {
+            let mut stream = self.engine.api().events(Some(options));
+            let mut seen = false;
+            while let Some(event) = stream.next().await {
+                let event = event?;
+                let at = event.time_nano.unwrap_or(i64::MAX);
+                seen |= i128::from(at) >= since.as_nanos() as i128;
+            }
+            Ok(seen)
+        };
+        self.engine
+            .call(self.config.command_timeout, events)
+            .await
+            .map_err(|f| self.engine.failure("engine events (oom)", f))
+    }
+
+    /// A signal-shaped status may be the container's death, or the kernel's OOM kill, rather than
+    /// the command's own: an inspect tells them apart, so neither reads as a bare exit code.
+    async fn refuse_if_container_died(
+        &self,
+        id: &str,
+        status: i32,
+        started: std::time::SystemTime,
+    ) -> Result<(), SandboxError> {
+        let mut record = self.inspect(id).await?;
+        if status == SIGKILL_STATUS && record.as_ref().is_some_and(|r| r.status() == "running") {
+            // A container's own kill ends the exec before the engine records the container as
+            // stopped: look once more after the engine has had time to notice.
+            tokio::time::sleep(CONTAINER_DEATH_LAG).await;
+            record = self.inspect(id).await?;
+        }
+        match record {
+            None => Err(SandboxError::SandboxGone {
+                instance: id.to_owned(),
+            }),
+            Some(record) if record.status() != "running" => Err(SandboxError::engine(format!(
+                "container {id} stopped ({}) while the command ran; its status {status} is not the command's",
+                record.status()
+            ))),
+            Some(_) if status == SIGKILL_STATUS && self.oom_since(id, started).await? => {
+                Err(SandboxError::engine(format!(
+                    "the command was killed for exceeding the sandbox's memory limit of {} MiB \
+                     (the kernel's OOM killer; the engine reports OOMKilled)",
+                    self.resources.memory_bytes / (1024 * 1024)
+                )))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+#[cold]
+fn missing_tools(image: &str, tools: &str) -> SandboxError {
+    SandboxError::CapabilityNotSupported(format!(
+        "image {image} lacks {tools}; the exec wrapper needs them"
+    ))
+}
+
+/// The exec request's `Env` entries, `NAME=VALUE`, after the core's checks. The request is JSON,
+/// so a value must be UTF-8; every refusal names the variable, never its value.
+pub(crate) fn guest_env(env: &ExecEnv) -> Result<Vec<String>, SandboxError> {
+    env.validate()?;
+    env.entries()
+        .iter()
+        .map(|(name, value)| match std::str::from_utf8(value) {
+            Ok(text) => Ok(format!("{name}={text}")),
+            Err(_) => Err(SandboxError::invalid(format!(
+                "environment variable {name} is refused: its value is not valid UTF-8, which the \
+                 engine's exec request cannot carry"
+            ))),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_core::ErrorKind;
+
+    #[test]
+    fn guest_env_entries_and_refusals() {
+        let env = ExecEnv::default()
+            .set("A", "1 2 ")
+            .set("B", "")
+            .set("C", "x\ny");
+        assert_eq!(guest_env(&env).unwrap(), ["A=1 2 ", "B=", "C=x\ny"]);
+        for env in [
+            ExecEnv::default().set("A", b"\xffhunter2".as_slice()),
+            ExecEnv::default().set("GITHUB_TOKEN", "hunter2"),
+        ] {
+            let error = guest_env(&env).unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::InvalidArgument);
+            assert!(!error.to_string().contains("hunter2"), "{error}");
+            let name = &env.entries()[0].0;
+            assert!(error.to_string().contains(name.as_str()), "{error}");
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! The state every sandbox of one backend shares: the pinned engine connection, the
+//! configuration, the per-name locks, and what this process remembers about the containers it
+//! made, verified or retired.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use sandbox_core::{BackendDeclarations, SandboxError, SandboxKey};
+use tokio::sync::OwnedMutexGuard;
+
+use crate::config::DockerConfig;
+use crate::connection::EngineConnection;
+
+/// What the process remembers about a container it verified (the warm cache).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WarmEntry {
+    pub(crate) base: String,
+    pub(crate) policy: String,
+    pub(crate) base_ready: bool,
+}
+
+/// A container this process made or adopted, for disposal when a listing fails.
+#[derive(Debug, Clone)]
+pub(crate) struct Remembered {
+    pub(crate) key: SandboxKey,
+    pub(crate) kind: String,
+    pub(crate) id: String,
+}
+
+#[derive(Debug, Default)]
+struct ProcessMemory {
+    /// Retired ids, with the name they had when known.
+    retired: HashMap<String, Option<String>>,
+    /// Retired ids whose removal failed: the next acquire removes them first.
+    unremovable: HashSet<String>,
+    /// Ids whose tool probe passed.
+    probed: HashSet<String>,
+    /// Ids verified for a warm acquire.
+    warm: HashMap<String, WarmEntry>,
+    /// Name → what this process made or adopted under it.
+    remembered: HashMap<String, Remembered>,
+    /// The guest user's uid and gid per id, for files the engine writes on its behalf.
+    guest_ids: HashMap<String, (u64, u64)>,
+}
+
+/// Everything one [`DockerBackend`](crate::DockerBackend) and its handles share.
+#[derive(Debug)]
+pub(crate) struct BackendState {
+    pub(crate) config: DockerConfig,
+    pub(crate) engine: EngineConnection,
+    pub(crate) declarations: BackendDeclarations,
+    /// Resolved per-sandbox limits (CPUs in nano-CPUs, memory in bytes), clamped to the host.
+    pub(crate) resources: crate::config::Resources,
+    /// Bounds the engine stats in flight (see [`crate::archive::STAT_CONCURRENCY`]).
+    pub(crate) stat_slots: tokio::sync::Semaphore,
+    name_locks: Arc<NameLocks>,
+    memory: Mutex<ProcessMemory>,
+}
+
+impl BackendState {
+    pub(crate) fn new(
+        config: DockerConfig,
+        engine: EngineConnection,
+        declarations: BackendDeclarations,
+        resources: crate::config::Resources,
+    ) -> Self {
+        BackendState {
+            config,
+            engine,
+            declarations,
+            resources,
+            stat_slots: tokio::sync::Semaphore::new(crate::archive::STAT_CONCURRENCY),
+            name_locks: Arc::default(),
+            memory: Mutex::new(ProcessMemory::default()),
+        }
+    }
+
+    fn memory(&self) -> MutexGuard<'_, ProcessMemory> {
+        // A panic while holding this lock leaves plain sets behind; they stay usable.
+        self.memory.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits for the process-wide lock of one container name.
+    pub(crate) async fn lock_name(&self, name: &str) -> NameGuard {
+        self.name_locks.lock(name).await
+    }
+
+    pub(crate) fn is_retired(&self, id: &str) -> bool {
+        self.memory().retired.contains_key(id)
+    }
+
+    /// Refuses any call on a retired instance.
+    pub(crate) fn refuse_retired(&self, id: &str) -> Result<(), SandboxError> {
+        if self.is_retired(id) {
+            return Err(SandboxError::Retired {
+                instance: id.to_owned(),
+                reason: "a timed-out command's kill did not land; acquire again".to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn mark_retired(&self, id: &str) {
+        let mut memory = self.memory();
+        let name = memory
+            .remembered
+            .iter()
+            .find(|(_, r)| r.id == id)
+            .map(|(n, _)| n.clone());
+        memory.retired.insert(id.to_owned(), name);
+        memory.warm.remove(id);
+    }
+
+    pub(crate) fn mark_unremovable(&self, id: &str) {
+        self.memory().unremovable.insert(id.to_owned());
+    }
+
+    pub(crate) fn clear_unremovable(&self, id: &str) {
+        self.memory().unremovable.remove(id);
+    }
+
+    pub(crate) fn is_probed(&self, id: &str) -> bool {
+        self.memory().probed.contains(id)
+    }
+
+    pub(crate) fn mark_probed(&self, id: &str) {
+        self.memory().probed.insert(id.to_owned());
+    }
+
+    pub(crate) fn known_guest_ids(&self, id: &str) -> Option<(u64, u64)> {
+        self.memory().guest_ids.get(id).copied()
+    }
+
+    pub(crate) fn remember_guest_ids(&self, id: &str, ids: (u64, u64)) {
+        self.memory().guest_ids.insert(id.to_owned(), ids);
+    }
+
+    pub(crate) fn warm_entry(&self, id: &str) -> Option<WarmEntry> {
+        self.memory().warm.get(id).cloned()
+    }
+
+    pub(crate) fn remember_warm(&self, id: &str, entry: WarmEntry) {
+        self.memory().warm.insert(id.to_owned(), entry);
+    }
+
+    pub(crate) fn forget_warm(&self, id: &str) {
+        self.memory().warm.remove(id);
+    }
+
+    pub(crate) fn remember(&self, name: &str, entry: Remembered) {
+        self.memory().remembered.insert(name.to_owned(), entry);
+    }
+
+    /// What this process remembers under names matching `select`.
+    pub(crate) fn remembered_matching(
+        &self,
+        select: impl Fn(&Remembered) -> bool,
+    ) -> Vec<(String, Remembered)> {
+        self.memory()
+            .remembered
+            .iter()
+            .filter(|(_, r)| select(r))
+            .map(|(n, r)| (n.clone(), r.clone()))
+            .collect()
+    }
+
+    /// Forgets everything about a container that is gone.
+    pub(crate) fn forget_instance(&self, id: &str) {
+        let mut memory = self.memory();
+        memory.warm.remove(id);
+        memory.probed.remove(id);
+        memory.guest_ids.remove(id);
+        memory.remembered.retain(|_, r| r.id != id);
+        if !memory.unremovable.contains(id) {
+            memory.retired.remove(id);
+        }
+    }
+
+    /// Retired ids whose removal failed earlier.
+    pub(crate) fn unremovable(&self) -> Vec<String> {
+        self.memory().unremovable.iter().cloned().collect()
+    }
+}
+
+type Slot = Arc<tokio::sync::Mutex<()>>;
+
+/// Per-name async locks whose slots disappear when nobody holds or awaits them, so a long-lived
+/// backend serving many keys does not grow a lock per name it ever saw.
+#[derive(Debug, Default)]
+struct NameLocks {
+    slots: Mutex<HashMap<String, Slot>>,
+}
+
+impl NameLocks {
+    fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
+        // A poisoned table still holds valid slots: nothing is left half-written under it.
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Cancel safe: dropping the future while it waits gives up its place and prunes the slot if
+    /// nobody else uses it.
+    async fn lock(self: &Arc<Self>, name: &str) -> NameGuard {
+        let slot = self.slots().entry(name.to_owned()).or_default().clone();
+        let mut guard = NameGuard {
+            table: Arc::clone(self),
+            name: name.to_owned(),
+            held: None,
+            slot: Some(Arc::clone(&slot)),
+        };
+        guard.held = Some(slot.lock_owned().await);
+        guard
+    }
+}
+
+/// Holds one name's lock; its release drops the slot when nobody else holds or awaits it.
+#[derive(Debug)]
+pub(crate) struct NameGuard {
+    table: Arc<NameLocks>,
+    name: String,
+    held: Option<OwnedMutexGuard<()>>,
+    slot: Option<Slot>,
+}
+
+impl Drop for NameGuard {
+    fn drop(&mut self) {
+        self.held.take();
+        self.slot.take();
+        let mut slots = self.table.slots();
+        // Every holder or waiter clones the slot out of the table under this same lock, so a
+        // count of one (the table's own) means nobody else can be using it.
+        if slots
+            .get(&self.name)
+            .is_some_and(|slot| Arc::strong_count(slot) == 1)
+        {
+            slots.remove(&self.name);
+        }
+    }
+}
+
+/// A cleanup that must happen even if the future that armed it is dropped: unless disarmed, it is
+/// spawned on the runtime when the guard drops, where no caller can cancel it.
+pub(crate) struct CleanupOnDrop {
+    what: &'static str,
+    pending: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl CleanupOnDrop {
+    pub(crate) fn armed(
+        what: &'static str,
+        cleanup: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        CleanupOnDrop {
+            what,
+            pending: Some(Box::pin(cleanup)),
+        }
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.pending = None;
+    }
+}
+
+impl Drop for CleanupOnDrop {
+    fn drop(&mut self) {
+        if let Some(cleanup) = self.pending.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(cleanup);
+                }
+                Err(_) => tracing::warn!(
+                    cleanup = self.what,
+                    "dropped outside a tokio runtime; the cleanup could not run"
+                ),
+            }
+        }
+    }
+}
+
+/// Runs `task` to its end in a task of its own, so the caller's drop cannot cancel it.
+pub(crate) async fn shielded<T: Send + 'static>(
+    task: impl Future<Output = T> + Send + 'static,
+) -> Result<T, SandboxError> {
+    tokio::spawn(task)
+        .await
+        .map_err(|e| SandboxError::engine(format!("a cleanup task failed: {e}")))
+}
+
+/// Runs the futures with at most `limit` in flight, outputs in input order.
+pub(crate) async fn bounded_join<F: Future>(futures: Vec<F>, limit: usize) -> Vec<F::Output> {
+    use futures_util::StreamExt as _;
+    futures_util::stream::iter(futures)
+        .buffered(limit.max(1))
+        .collect()
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn name_locks_serialise_and_prune() {
+        let table: Arc<NameLocks> = Arc::default();
+        let first = table.lock("a").await;
+        let other = table.lock("b").await;
+        assert_eq!(table.slots().len(), 2);
+        drop(other);
+        assert_eq!(table.slots().len(), 1);
+        let waiter = {
+            let table = Arc::clone(&table);
+            tokio::spawn(async move { table.lock("a").await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!waiter.is_finished());
+        drop(first);
+        let second = waiter.await.unwrap();
+        assert_eq!(table.slots().len(), 1);
+        drop(second);
+        assert_eq!(table.slots().len(), 0);
+        // A waiter dropped while it waits leaves nothing behind.
+        let held = table.lock("c").await;
+        let abandoned = tokio::time::timeout(Duration::from_millis(5), table.lock("c")).await;
+        assert!(abandoned.is_err());
+        drop(held);
+        assert_eq!(table.slots().len(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_cleanup_runs_when_dropped_armed_and_not_when_disarmed() {
+        let ran = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let counter = Arc::clone(&ran);
+        drop(CleanupOnDrop::armed("test", async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let _ = tx.send(());
+        }));
+        rx.await.unwrap();
+        let counter = Arc::clone(&ran);
+        let mut disarmed = CleanupOnDrop::armed("test", async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        disarmed.disarm();
+        drop(disarmed);
+        tokio::task::yield_now().await;
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn bounded_join_keeps_order_and_the_bound() {
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let futures: Vec<_> = (0..20u64)
+            .map(|i| {
+                let in_flight = Arc::clone(&in_flight);
+                let peak = Arc::clone(&peak);
+                async move {
+                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5 * (20 - i))).await;
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    i
+                }
+            })
+            .collect();
+        assert_eq!(bounded_join(futures, 4).await, (0..20).collect::<Vec<_>>());
+        assert!(peak.load(Ordering::SeqCst) <= 4);
+    }
+}
