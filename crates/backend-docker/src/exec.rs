@@ -9,11 +9,10 @@ use std::time::Duration;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use exec_wrapper::{
-    docker_init_probe_argv, docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation,
-    new_nonce, nonce_line_seen, parse_result, raw_invocation, read_kill_mode_probe,
-    read_tool_probe, tool_probe_argv, tree_kill_argv, ExitKind, KillFailure, KillOutcome,
-    KillReport, Nonce, ToolProbeOutcome, WrapperOutcome, DOCKER_TOOLS, KILL_OUTPUT_BUDGET,
-    PROBE_OUTPUT_BUDGET,
+    docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, new_nonce, nonce_line_seen,
+    parse_result, raw_invocation, read_tool_probe, tool_probe_argv, tree_kill_argv, ExitKind,
+    KillFailure, KillOutcome, KillReport, Nonce, ToolProbeOutcome, WrapperOutcome,
+    DOCKER_INIT_PATH, DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
 };
 use futures_util::StreamExt as _;
 use sandbox_core::{ExecEnv, ExecOutput, GuestCleanup, SandboxError};
@@ -213,13 +212,17 @@ impl BackendState {
         })
     }
 
-    /// The tool probe, once per id; a pass is cached, a refusal is not.
+    /// The tool probe, once per id; a pass is cached, a refusal is not. The same call asks for
+    /// the engine's init ([`DOCKER_INIT_PATH`]): where it is, every call runs under it as a
+    /// subreaper and a timeout kills the call's whole process tree; where it is not, the group
+    /// shape, and a timeout kills the command's process group only.
     pub(crate) async fn probe_tools(&self, id: &str, image: &str) -> Result<(), SandboxError> {
         if self.is_probed(id) {
             return Ok(());
         }
-        let argv =
-            tool_probe_argv(DOCKER_TOOLS).map_err(|e| SandboxError::invalid(e.to_string()))?;
+        let mut tools = DOCKER_TOOLS.to_vec();
+        tools.push(DOCKER_INIT_PATH);
+        let argv = tool_probe_argv(&tools).map_err(|e| SandboxError::invalid(e.to_string()))?;
         let deadline = self.config.command_timeout;
         let probe = self.exec_collect(id, argv, Vec::new(), None, PROBE_OUTPUT_BUDGET as u64);
         let collected = match tokio::time::timeout(deadline, probe).await {
@@ -234,52 +237,31 @@ impl BackendState {
         };
         match read_tool_probe(ExitKind::Exited(collected.exit_code), &collected.stdout) {
             ToolProbeOutcome::AllPresent => {
-                self.probe_subreaper(id).await?;
+                self.mark_subreaper(id);
                 self.mark_probed(id);
                 Ok(())
             }
-            ToolProbeOutcome::Missing(tools) => Err(missing_tools(image, &tools.join(", "))),
+            ToolProbeOutcome::Missing(mut missing) => {
+                let init_missing = missing.iter().any(|tool| tool == DOCKER_INIT_PATH);
+                missing.retain(|tool| tool != DOCKER_INIT_PATH);
+                if !missing.is_empty() {
+                    return Err(missing_tools(image, &missing.join(", ")));
+                }
+                if init_missing {
+                    tracing::warn!(
+                        container = %id,
+                        "no engine init at {DOCKER_INIT_PATH}: a timeout kills the command's process group only"
+                    );
+                }
+                self.mark_probed(id);
+                Ok(())
+            }
             ToolProbeOutcome::NoShell => Err(missing_tools(image, "sh")),
             ToolProbeOutcome::Failed { status } => Err(SandboxError::engine(format!(
                 "the tool probe failed before it could answer ({status:?}): {}",
                 quote(&collected.stderr)
             ))),
         }
-    }
-
-    /// Whether the container's engine init runs as a subreaper: then every call runs under it
-    /// and a timeout kills the call's whole process tree; otherwise the group shape. Asked once
-    /// per id, with the tool probe; an engine failure is an error (asked again next time), never
-    /// a silent downgrade.
-    async fn probe_subreaper(&self, id: &str) -> Result<(), SandboxError> {
-        let deadline = self.config.command_timeout;
-        let probe = self.exec_collect(
-            id,
-            docker_init_probe_argv(),
-            Vec::new(),
-            None,
-            PROBE_OUTPUT_BUDGET as u64,
-        );
-        let collected = match tokio::time::timeout(deadline, probe).await {
-            Ok(Ok(collected)) => collected,
-            Ok(Err(failure)) => return Err(self.exec_failure(id, "init probe", failure)),
-            Err(_) => {
-                return Err(SandboxError::EngineTimeout {
-                    operation: "init probe".to_owned(),
-                    bound: deadline,
-                })
-            }
-        };
-        if read_kill_mode_probe(ExitKind::Exited(collected.exit_code)) {
-            self.mark_subreaper(id);
-        } else {
-            tracing::warn!(
-                container = %id,
-                status = collected.exit_code,
-                "the engine's init does not run as a subreaper here; a timeout kills the command's process group only"
-            );
-        }
-        Ok(())
     }
 
     /// Runs one command through the exec wrapper.
