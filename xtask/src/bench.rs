@@ -63,12 +63,17 @@ const BENCHES: &[Bench] = &[
 /// The lines a benchmark prints as its report.
 fn is_report_line(line: &str) -> bool {
     line.starts_with("confined-fs writes:")
+        || line.starts_with("flood:")
         || (line.contains(": backend ") && line.contains(" ms, raw "))
 }
 
 /// Runs every benchmark, prints the summary, and fails when any of them failed.
 pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     build_images(workspace, &["sandbox-base:local".to_owned()])?;
+    // The Docker benches append one JSON row per line; the run's rows become report.json.
+    let bench_dir = workspace.root().join("target/bench");
+    let rows = bench_dir.join("rows.jsonl");
+    let _ = std::fs::remove_file(&rows);
     let mut outcomes = Vec::with_capacity(BENCHES.len());
     for bench in BENCHES {
         eprintln!();
@@ -92,6 +97,15 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         }
     }
     eprintln!("{}", "=".repeat(72));
+    let lines = std::fs::read_to_string(&rows).unwrap_or_default();
+    let report = report_json(&lines);
+    match std::fs::write(bench_dir.join("report.json"), report) {
+        Ok(()) => eprintln!(
+            "rows written to {}",
+            bench_dir.join("report.json").display()
+        ),
+        Err(error) => eprintln!("could not write target/bench/report.json: {error}"),
+    }
     match first_failure {
         None => Ok(()),
         Some(step) => Err(XtaskError::StepFailed {
@@ -101,9 +115,27 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     }
 }
 
+/// The rows (one JSON object per line) as one JSON list.
+fn report_json(lines: &str) -> String {
+    let rows: Vec<&str> = lines
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    format!("[\n  {}\n]\n", rows.join(",\n  "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_become_one_list() {
+        assert_eq!(
+            report_json("{\"name\":\"a\"}\n\n{\"name\":\"b\"}\n"),
+            "[\n  {\"name\":\"a\"},\n  {\"name\":\"b\"}\n]\n"
+        );
+    }
 
     #[test]
     fn report_lines_are_recognised() {

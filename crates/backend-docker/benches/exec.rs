@@ -1,41 +1,70 @@
-//! Exec latency (docker.md rule 31): `sandbox.exec(["true"])` through the exec wrapper against a
-//! raw `docker exec <id> true` on a container started with the same hardening. Pass/fail: the
-//! backend's p50 at most 1.10× the raw p50, judged on the median of paired per-round ratios.
+//! Exec latency: `sandbox.exec(["echo", "hi"])` through the exec wrapper against a raw `docker
+//! exec <id> echo hi` on a container started with the same hardening, and against a bare Engine
+//! API exec (create, attached start, inspect) of the same command with the same client library.
+//! Pass/fail: p50 and p95 at most 0.90× the CLI's, p50 at most 1.10× the bare API exec's.
 //!
-//! Two more lines split the difference, reported only: the same wrapper invocation sent through
-//! the raw CLI (what the guest-side wrapper costs over a bare `true`), and the backend against
-//! that (what the host side adds: nonce, encoding, the bounded runner, the pinned context).
+//! Then the flood: a guest printing 1 GiB must be refused with the output-limit error while the
+//! host's resident memory grows by at most 24 MiB.
 
 mod support;
 
 use std::time::Duration;
 
-use exec_wrapper::{docker_wrapper_argv, encode_invocation, new_nonce};
-use sandbox_core::{Command, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec};
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use futures_util::StreamExt as _;
+use sandbox_core::{Command, ErrorKind, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec};
 use support::{
-    backend, docker, round_robin, run_raw_container, unique_scope, Metric, Sweep, Target,
+    backend, docker, record_row, round_robin, run_raw_container, unique_scope, Metric, Sweep,
+    Target,
 };
 
 const WARMUP: usize = 3;
 const ROUNDS: usize = 45;
 
-/// `docker exec -w / <id> sh -c <wrapper> … true`, as the backend sends it, through the raw CLI.
-async fn raw_wrapper_true(id: &str) {
-    let nonce = new_nonce().expect("a nonce");
-    let invocation = encode_invocation(b"/", &[b"true"]).expect("an encodable argv");
-    let mut args = vec![
-        "exec".to_owned(),
-        "-w".to_owned(),
-        "/".to_owned(),
-        id.to_owned(),
-    ];
-    args.extend(docker_wrapper_argv(&nonce, &invocation));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let output = docker(&args).await;
-    assert!(
-        String::from_utf8_lossy(&output.stderr).starts_with(nonce.as_str()),
-        "the wrapper printed its nonce first"
-    );
+/// One bare Engine API exec of `echo hi`: create, attached start read to the end, inspect.
+async fn bare_api_exec(docker: &bollard::Docker, id: &str) {
+    let created = docker
+        .create_exec(
+            id,
+            CreateExecOptions::<String> {
+                cmd: Some(vec!["echo".to_owned(), "hi".to_owned()]),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                ..CreateExecOptions::default()
+            },
+        )
+        .await
+        .expect("exec create");
+    let start = StartExecOptions {
+        detach: false,
+        tty: false,
+        output_capacity: None,
+    };
+    if let StartExecResults::Attached { mut output, .. } = docker
+        .start_exec(&created.id, Some(start))
+        .await
+        .expect("exec start")
+    {
+        while output.next().await.is_some() {}
+    }
+    let inspected = docker
+        .inspect_exec(&created.id)
+        .await
+        .expect("exec inspect");
+    assert_eq!(inspected.exit_code, Some(0));
+}
+
+/// This process's peak resident memory in KiB (`VmHWM`), after resetting it when `reset`.
+fn peak_rss_kib(reset: bool) -> u64 {
+    if reset {
+        std::fs::write("/proc/self/clear_refs", "5").expect("the peak can be reset");
+    }
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM is reported")
 }
 
 #[tokio::main]
@@ -51,34 +80,65 @@ async fn main() {
     let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
     let raw = run_raw_container(&scope).await;
 
-    let request = || ExecRequest::new(Command::argv(["true"])).timeout(Duration::from_secs(60));
-    let mut exec = Metric::new("exec p50", Target::AtMost(1.10));
-    let mut wrapper = Metric::new("exec wrapper via raw CLI vs raw true", Target::ReportedOnly);
-    let mut host = Metric::new("exec backend vs wrapper via raw CLI", Target::ReportedOnly);
+    let api = bollard::Docker::connect_with_unix_defaults()
+        .expect("a client of the default socket")
+        .negotiate_version()
+        .await
+        .expect("the engine answers");
+    let request =
+        || ExecRequest::new(Command::argv(["echo", "hi"])).timeout(Duration::from_secs(60));
+    let mut exec = Metric::new("exec p50", Target::AtMost(0.90));
+    let mut bare = Metric::new("exec p50 vs bare API exec", Target::AtMost(1.10));
     for round in 0..WARMUP + ROUNDS {
         let times = round_robin(
             round,
             vec![
                 Box::pin(async {
                     let output = sandbox.exec(request()).await.expect("exec runs");
-                    assert_eq!(output.exit_code, 0);
+                    assert_eq!(output.stdout, b"hi\n");
                 }),
                 Box::pin(async {
-                    docker(&["exec", &raw, "true"]).await;
+                    docker(&["exec", &raw, "echo", "hi"]).await;
                 }),
-                Box::pin(raw_wrapper_true(&raw)),
+                Box::pin(bare_api_exec(&api, &raw)),
             ],
         )
         .await;
         if round >= WARMUP {
             exec.push((times[0], times[1]));
-            wrapper.push((times[2], times[1]));
-            host.push((times[0], times[2]));
+            bare.push((times[0], times[2]));
         }
     }
-    let passed = exec.report();
-    wrapper.report();
-    host.report();
+    let mut passed = exec.report() & exec.report_p95("exec p95") & bare.report();
+
+    // The flood: 1 GiB of output against the default budget.
+    let before = peak_rss_kib(true);
+    let started = std::time::Instant::now();
+    let flood = sandbox
+        .exec(
+            ExecRequest::new(Command::argv(["head", "-c", "1073741824", "/dev/zero"]))
+                .timeout(Duration::from_secs(120)),
+        )
+        .await;
+    let took = started.elapsed().as_secs_f64() * 1000.0;
+    let growth_mib = peak_rss_kib(false).saturating_sub(before) as f64 / 1024.0;
+    let refused = matches!(&flood, Err(e) if e.kind() == ErrorKind::OutputLimitExceeded);
+    let flood_ok = refused && growth_mib <= 24.0;
+    println!(
+        "flood: 1 GiB printed, refused with the output limit: {refused}, host peak RSS growth \
+         {growth_mib:.1} MiB (target <= 24 MiB) {} [{took:.0} ms]",
+        if flood_ok { "PASS" } else { "FAIL" }
+    );
+    // The ratio of this row is the RSS growth over its 24 MiB allowance.
+    record_row(
+        "flood",
+        took,
+        0.0,
+        growth_mib / 24.0,
+        "refused; RSS growth <= 24 MiB",
+        flood_ok,
+    );
+    passed &= flood_ok;
 
     drop(sandbox);
     sweep.finish(&backend, &["t"]).await;

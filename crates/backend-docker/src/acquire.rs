@@ -1,5 +1,5 @@
-//! Get-or-create per (key, kind) (docker.md §5), `find` (rule 36), image presence (§7) and the
-//! storage base (rule 33).
+//! Get-or-create per (key, kind), `find`, image presence (§7) and the
+//! storage base.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,7 +58,7 @@ enum Arrival {
 }
 
 impl BackendState {
-    /// docker.md rules 12–21.
+    /// Get-or-create: find, verify, revive or replace, else create; then prepare.
     pub(crate) async fn acquire_sandbox(
         self: &Arc<Self>,
         key: &SandboxKey,
@@ -111,7 +111,7 @@ impl BackendState {
             }
             // A container made moments ago by another process is adopted as from a lost create
             // race, whether or not this call saw the conflict: its creator may still be preparing
-            // the storage base, which must not be frozen under it (rule 33's pause).
+            // the storage base, which must not be frozen under it.
             let arrival = if adopted || self.is_young(&existing) {
                 Arrival::Adopted
             } else {
@@ -329,7 +329,7 @@ impl BackendState {
         created
     }
 
-    /// Rule 17: before a cold create or start, when os_families was declared, a readable answer
+    /// Before a cold create or start, when os_families was declared, a readable answer
     /// other than `linux` refuses; an unreadable one is let through.
     async fn recheck_os(&self) -> Result<(), SandboxError> {
         if self.declarations.os_families.is_empty() {
@@ -361,7 +361,7 @@ impl BackendState {
         })
     }
 
-    /// Rule 33: walk the base with the engine stat; create the missing suffix as the guest, else
+    /// The storage base: walk it with the engine stat; create the missing suffix as the guest, else
     /// engine-side owned by the guest; re-walk; the guest must be able to write it.
     async fn prepare_base(
         self: &Arc<Self>,
@@ -432,7 +432,7 @@ impl BackendState {
         Ok(())
     }
 
-    /// The engine-side walk of the base's directories, decided by the core (rule 54).
+    /// The engine-side walk of the base's directories, decided by the core.
     async fn plan_base(&self, id: &str, base: &str) -> Result<Vec<String>, SandboxError> {
         let directories = storage_base_directories(base)?;
         let stats = bounded_join(
@@ -514,7 +514,7 @@ impl BackendState {
         }
     }
 
-    /// `find` (rule 36): never creates, never removes.
+    /// `find`: never creates, never removes.
     pub(crate) async fn find_sandbox(
         self: &Arc<Self>,
         key: &SandboxKey,
@@ -586,7 +586,7 @@ fn min_limits(a: TransferLimits, b: TransferLimits) -> TransferLimits {
     }
 }
 
-/// Rule 14's refusals in core terms.
+/// The ownership refusals in core terms.
 #[cold]
 fn refusal(name: &str, verdict: Verdict) -> SandboxError {
     match verdict {

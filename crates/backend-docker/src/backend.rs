@@ -1,4 +1,4 @@
-//! [`DockerBackend`]: construction, declarations (docker.md §1) and the trait surface.
+//! [`DockerBackend`]: construction, declarations and the trait surface.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

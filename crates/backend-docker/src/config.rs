@@ -1,4 +1,4 @@
-//! The backend's configuration (docker.md §2) and its validation.
+//! The backend's configuration and its validation.
 
 use std::ffi::OsString;
 use std::net::IpAddr;
@@ -192,7 +192,7 @@ impl DockerConfig {
     }
 
     /// A short fingerprint of the hardening this configuration applies, part of the warm cache's
-    /// policy (docker.md rule 20).
+    /// policy.
     pub(crate) fn hardening_fingerprint(&self, resources: Resources) -> String {
         format!(
             "pids={};memory={};nanocpus={}",

@@ -1,4 +1,4 @@
-//! Listing and disposal from the engine's labels (docker.md §10): `list`, `dispose`,
+//! Listing and disposal from the engine's labels: `list`, `dispose`,
 //! `dispose_scope`. Ownership is read back from the engine, never from process memory, so another
 //! process's sandboxes are found too. Disposal never raises.
 
@@ -24,7 +24,7 @@ impl BackendState {
             .collect()
     }
 
-    /// core.md rule 35's `list` (docker.md rule 36).
+    /// `list`: every workload of the scope (and thread), from the engine's labels.
     pub(crate) async fn list_sandboxes(
         &self,
         scope: &str,
@@ -134,7 +134,7 @@ impl BackendState {
         }
     }
 
-    /// `dispose(key, selector)` (docker.md rules 37–38). Never raises.
+    /// `dispose(key, selector)`. Never raises.
     pub(crate) async fn dispose_key(
         &self,
         key: &SandboxKey,
@@ -176,7 +176,7 @@ impl BackendState {
         self.remove(&record.id).await.err()
     }
 
-    /// `dispose_scope` (docker.md rule 39). Never raises.
+    /// `dispose_scope`. Never raises.
     pub(crate) async fn dispose_conversation(&self, scope: &str, thread: &str) -> ScopePurge {
         let selection = Selection {
             scope: scope.to_owned(),
@@ -193,7 +193,7 @@ impl BackendState {
     }
 }
 
-/// A failed engine call during disposal, as a disposal code (docker.md rule 40).
+/// A failed engine call during disposal, as a disposal code.
 fn failure_of(error: &SandboxError, id: &str) -> DisposalFailure {
     let code = match error {
         SandboxError::BackendUnavailable { .. } => DisposalCode::Unreachable,

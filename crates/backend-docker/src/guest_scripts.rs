@@ -3,7 +3,7 @@
 //! never spliced into its text.
 //! Checked in dash, BusyBox `sh` and bash.
 
-/// `list_dir`: one level, NUL-terminated records `<kind> <size> <name>` (docker.md rule 32).
+/// `list_dir`: one level, NUL-terminated records `<kind> <size> <name>`.
 /// `$1` is the directory; exit 3 when it cannot be entered.
 pub(crate) const LIST_SCRIPT: &str = r#"cd -- "$1" || exit 3
 for f in * .[!.]* ..?*; do
@@ -20,7 +20,7 @@ done
 /// Exit of [`LIST_SCRIPT`] when the directory cannot be entered.
 pub(crate) const LIST_EXIT_CANNOT_ENTER: i32 = 3;
 
-/// Storage base, first attempt as the guest (docker.md rule 33): `mkdir -p` the base and check it
+/// Storage base, first attempt as the guest: `mkdir -p` the base and check it
 /// is writable (exit 0); when the guest cannot create it, print `id -u` and `id -g` and exit 10
 /// so the host can create the missing suffix owned by the guest. Exit 12: created but not
 /// writable; 11: no ids.

@@ -1,55 +1,58 @@
-//! The container sandbox backend (docker.md): one hardened container per (key, kind), driven
-//! through the `docker` CLI so the user's context, `DOCKER_HOST` and TLS settings apply, and the
-//! one recipe for the local images every Docker-based suite and the default configuration run on.
+//! The container sandbox backend: one hardened container per (key, kind), driven through the
+//! Docker Engine API (`bollard`) on one endpoint pinned at connect, and the one recipe for the
+//! local images every Docker-based suite and the default configuration run on.
 //!
 //! # What it does
 //!
-//! - [`DockerBackend::connect`] validates a [`DockerConfig`], snapshots the management
-//!   environment, resolves the context once and pins it: every later call is
-//!   `docker --context <name> …` through exec-wrapper's bounded runner (deadline, output cap,
-//!   stdin closed unless it carries bytes, killed and reaped on every early exit).
+//! - [`DockerBackend::connect`] validates a [`DockerConfig`], resolves the endpoint once from a
+//!   snapshot of the management environment the way the `docker` CLI would ([`Endpoint::resolve`]:
+//!   `DOCKER_HOST` with its TLS variables, `DOCKER_CONTEXT`, the client configuration's current
+//!   context, the default socket), negotiates the API version (an Engine 20.10 speaks 1.41) and
+//!   pins the client. Every later call has a deadline; an unreachable engine is
+//!   BackendUnavailable naming the pinned endpoint. No `docker` process is ever spawned.
 //! - Containers are named and labelled by the core's digests (`maf-sandbox-docker-<12 hex>`,
 //!   `maf-sandbox.*` labels), so ownership is read back from the engine and `list`, `find`,
 //!   `dispose` and `dispose_scope` work from any process, Rust or Python.
-//! - Every container gets `--security-opt no-new-privileges --cap-drop ALL --pids-limit N --init
-//!   --network none --pull=never` (plus `--memory`/`--cpus` when configured); never a bind mount,
-//!   a host path, a published port or the Docker socket.
-//! - Commands run through the exec wrapper (nonce, process-group record); an expired command's
-//!   group is killed by a second exec, the container kept when that lands and retired (removed by
-//!   id) when it does not. The guest environment travels in a per-call 0600 `--env-file` in a
-//!   private 0700 directory, never in argv or in the client's own environment.
-//! - [`ImageRecipe`] builds the images of docker.md §7 ([`LocalImage`]) from packages this machine
-//!   can install and `docker import`s them; `cargo xtask images` and `sandboxctl images build`
-//!   both call it.
+//! - Every container gets `no-new-privileges`, every capability dropped, a pids limit, an init,
+//!   network `none`, 2 CPUs and 2 GiB of memory (swap included) unless configured otherwise
+//!   (clamped to the engine host); never a bind mount, a host path, a published port or the
+//!   engine's socket. A command killed for the memory limit is reported as such (from the
+//!   engine's `oom` events), never as a bare exit 137.
+//! - Commands run through the exec wrapper (nonce, process-group record) as an exec create and an
+//!   attached start, stdout and stderr demultiplexed, the caller's output budget enforced while
+//!   streaming, the exit code from the exec inspect. An expired or dropped command's group is
+//!   killed by a second exec in a task the caller cannot cancel; the container is kept when that
+//!   lands and retired (removed by id) when it does not. The guest environment travels only in the
+//!   exec request's `Env`, never in any process's argv or environment.
+//! - [`ImageRecipe`] builds the local images ([`LocalImage`]) from packages this machine can
+//!   install; `cargo xtask images` and `sandboxctl images build` both call it.
 //!
-//! # The reach rule (core.md rule 51), method by method
+//! # Files, method by method
 //!
 //! Every file method first checks its path with the core's bundle, walking each ancestor with an
-//! **engine-side stat** (`docker cp <id>:<path> -` stopped after the first tar header: unconfined,
-//! no-follow, never answered by the guest). Then it **acts with the guest's own authority**, through
-//! the wrapper as the image's user, so a guest that swaps a checked component for a link between
-//! check and act can only redirect the action to what it could reach itself:
+//! **engine-side stat** (the archive `HEAD` and its path-stat header: unconfined, no-follow, never
+//! answered by the guest), at most 8 at a time; a guest path over 4096 bytes or 255 components is
+//! InvalidArgument before any engine call. A refused path moves no data.
 //!
-//! | method | check | act (as the guest) |
+//! | method | check | act |
 //! |---|---|---|
-//! | `write_file` | write bundle + leaf link check | `mkdir -p`, `mktemp`, copy stdin, `chmod 0644`, rename over the target |
-//! | `read_file` | read bundle + leaf stat (kind, size cap) | `cat` under a budget of the cap + 64 KiB |
+//! | `write_file` | write bundle + leaf stat | one archive `PUT` of a tar built in memory: the missing parents and the file, owned by the guest user |
+//! | `read_file` | read bundle + leaf stat (kind, size cap) | one archive `GET`, its first header judged again before any data is kept, at most the cap held |
 //! | `stat_file` | read bundle + leaf stat | nothing: the engine answers |
-//! | `list_dir` | list bundle (the directory itself walked) | one-level listing script, links listed as links |
-//! | `remove` | delete bundle + leaf stat | `rm -f`/`rm -rf`, then re-walk and re-stat |
-//! | `reclaim` | name rules only | `rm -rf` within the caller's bound, then an engine stat |
-//!
-//! The storage base is the one place the host acts with more authority than the guest: when the
-//! guest cannot `mkdir -p` it, the missing suffix is created engine-side from a tar of directory
-//! entries owned by the guest (under `docker pause` on a container this acquire did not create).
+//! | `list_dir` | list bundle (the directory itself walked) | one-level listing script as the guest, links listed as links |
+//! | `remove` | delete bundle + leaf stat | `rm -f`/`rm -rf` as the guest, then re-walk and re-stat |
+//! | `reclaim` | name rules only | `rm -rf` as the guest within the caller's bound, then an engine stat |
 //!
 //! # What it does not do
 //!
-//! It does not pull from a registry except one explicit, bounded `docker pull` of an absent image
-//! (which fails here: then [`SandboxError::ImageMissing`](sandbox_core::SandboxError) says how to
-//! build the local images); it enforces egress `closed` only (ALLOWLIST is a later phase); it never
-//! stops a container with `docker stop`; and a command that starts a new session or rewrites its
-//! own pid file outlives the timeout kill: only disposal ends every process of a sandbox.
+//! It does not pull from a registry except one explicit, bounded pull of an absent image (which
+//! fails here: then [`SandboxError::ImageMissing`](sandbox_core::SandboxError) says how to build
+//! the local images); it enforces egress `closed` only; it never stops a container; a command
+//! that starts a new session or rewrites its own pid file outlives the timeout kill (only
+//! disposal ends every process of a sandbox). Reads and writes act with the engine's authority
+//! inside the container: a guest that swaps a checked component for a link between the check and
+//! the transfer can redirect that transfer to another path of its own container (never outside
+//! it), which a non-root guest could not reach itself.
 //!
 //! # Example
 //!
@@ -108,10 +111,11 @@
 //!
 //! # Cancel safety
 //!
-//! Dropping any future of this crate kills the docker client it was waiting on. The cleanups that
-//! protect a guarantee are never skipped: the remote kill after an expired or dropped exec, the
-//! removal of a container an acquire created but could not finish, and the unpause after the
-//! storage-base fallback all run in tasks the caller's drop cannot cancel.
+//! Dropping any future of this crate drops the engine request it was waiting on. The cleanups
+//! that protect a guarantee are never skipped: the remote kill after an expired or dropped exec,
+//! the removal of a container an acquire created but could not finish (or whose create was
+//! abandoned), and the unpause after the storage-base fallback all run in tasks the caller's drop
+//! cannot cancel.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
@@ -148,7 +152,7 @@ pub use images::{ImageOutcome, ImageRecipe, ImageReport, LocalImage, ProgressSin
 pub mod fuzzing {
     use sandbox_core::EntryKind;
 
-    /// What the engine-side stat's tar parser makes of a stream prefix: `Ok(Some((kind, size)))`
+    /// What the archive read's tar parser makes of a stream prefix: `Ok(Some((kind, size)))`
     /// for a first entry, `Ok(None)` when more bytes are needed, `Err` for a refused stream.
     pub fn tar_first_entry(bytes: &[u8]) -> Result<Option<(EntryKind, Option<u64>)>, String> {
         crate::tar_header::first_entry(bytes).map(|entry| match entry {

@@ -1,4 +1,4 @@
-//! Names, labels and ownership (docker.md §4, rules 8, 9 and 14): what a container is labelled
+//! Names, labels and ownership: what a container is labelled
 //! with at create, how a listing selects by label, and how an inspected container is judged.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,7 +40,7 @@ pub(crate) fn workload_labels(
     labels
 }
 
-/// Which containers a listing selects (docker.md rule 36).
+/// Which containers a listing selects.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Selection {
     pub(crate) scope: String,
@@ -147,16 +147,16 @@ pub(crate) struct HostConfigRecord {
     port_bindings: Option<serde_json::Value>,
 }
 
-/// How a container fails rule 14, first failure first.
+/// How a container fails the ownership rules, first failure first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Rule 14.1: its labels do not name this key and kind.
+    /// Ownership 1: its labels do not name this key and kind.
     NotOurs,
-    /// Rule 14.2: it records another storage base (or none).
+    /// Ownership 2: it records another storage base (or none).
     OtherBase(Option<String>),
-    /// Rule 14.3: it runs another image.
+    /// Ownership 3: it runs another image.
     OtherImage(Option<String>),
-    /// Rule 14.4: its runtime policy differs.
+    /// Ownership 4: its runtime policy differs.
     OtherPolicy(String),
 }
 
@@ -202,7 +202,7 @@ impl ContainerRecord {
         self.labels().get(LABEL_WORK_DIR_V1).cloned()
     }
 
-    /// Rule 14.1: scope, thread, agent and kind labels equal this key's; the call label present
+    /// Ownership 1: scope, thread, agent and kind labels equal this key's; the call label present
     /// and equal for a call key, absent for a conversation key.
     pub(crate) fn owned_by(&self, key: &SandboxKey, kind: Option<&str>) -> bool {
         let labels = self.labels();
@@ -219,7 +219,7 @@ impl ContainerRecord {
             && call_ok
     }
 
-    /// Rule 14.4: every capability dropped, none added, not privileged, network `none`, `--init`,
+    /// Ownership 4: every capability dropped, none added, not privileged, network `none`, `--init`,
     /// no bind, mount or published port. `None` when the policy holds, else what differs.
     pub(crate) fn policy_difference(&self) -> Option<String> {
         let Some(host) = &self.host_config else {
@@ -271,7 +271,7 @@ impl ContainerRecord {
         None
     }
 
-    /// Rule 14 in order, first failure wins. `image` is `None` for `find`, which has no spec.
+    /// The ownership rules in order, first failure wins. `image` is `None` for `find`, which has no spec.
     pub(crate) fn verify(
         &self,
         key: &SandboxKey,

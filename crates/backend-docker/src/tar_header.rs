@@ -191,7 +191,7 @@ fn decimal(digits: &[u8]) -> Option<u64> {
     })
 }
 
-/// One directory entry for the storage-base fallback (docker.md rule 33): a ustar header for
+/// One directory entry for the storage-base fallback: a ustar header for
 /// `name` (relative, ending in `/`), mode 0755, owned by `uid:gid`.
 pub(crate) fn directory_entry(name: &str, uid: u64, gid: u64) -> Result<Vec<u8>, String> {
     let mut header = tar::Header::new_ustar();

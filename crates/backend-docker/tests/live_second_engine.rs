@@ -1,6 +1,6 @@
 //! The backend reaches whatever engine its endpoint names, and only that one: a second `dockerd`
 //! started here (own config file, data root, exec root, pid file, socket and pre-created bridge,
-//! no iptables) gets the BusyBox image, then the EXEC and FILES suites run against it twice,
+//! no iptables) gets the BusyBox image built into it by the image recipe, then the EXEC and FILES suites run against it twice,
 //! once through `DOCKER_HOST` and once through a Docker context, and the default engine must see
 //! none of those containers. Everything is torn down at the end, also on a failure.
 //!
@@ -9,12 +9,11 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use backend_docker::{DockerBackend, DockerConfig};
+use backend_docker::{DockerBackend, DockerConfig, ImageRecipe, LocalImage};
 use conformance::{run_backend_suites, RunOptions};
-use exec_wrapper::{BoundedCommand, ExitKind};
 use sandbox_core::{SandboxBackend, SandboxKey, SandboxSpec};
 use sha2::Digest as _;
 use support::{backend, threads_of, unique_scope, BUSYBOX};
@@ -173,27 +172,21 @@ async fn connect(env: Vec<(&str, String)>) -> DockerBackend {
         .expect("the backend connects to the second engine")
 }
 
-/// Copies the BusyBox image from the default engine into `target` through the image API.
-async fn copy_busybox(target: &Path) {
-    let saved = BoundedCommand::new("docker", Duration::from_secs(120))
-        .args(["save", BUSYBOX])
-        .output_budget(256 * 1024 * 1024)
-        .run()
+/// Builds the BusyBox image into the engine at `host` with the image recipe: the root file
+/// system assembled from the host's static BusyBox and imported through the engine's API.
+async fn build_busybox(host: &str) {
+    let reports = ImageRecipe::new()
+        .management_env([("DOCKER_HOST", host)])
+        .build(&[LocalImage::Busybox])
         .await
-        .expect("docker save runs");
-    assert_eq!(saved.status, ExitKind::Exited(0));
-    let loaded = BoundedCommand::new("docker", Duration::from_secs(120))
-        .args(["-H", &format!("unix://{}", target.display()), "load"])
-        .stdin(saved.stdout)
-        .run()
+        .expect("the BusyBox image builds into the second engine");
+    assert_eq!(reports.len(), 1);
+    let id = ImageRecipe::new()
+        .management_env([("DOCKER_HOST", host)])
+        .image_id(BUSYBOX)
         .await
-        .expect("docker load runs");
-    assert_eq!(
-        loaded.status,
-        ExitKind::Exited(0),
-        "{}",
-        String::from_utf8_lossy(&loaded.stderr)
-    );
+        .expect("the second engine answers");
+    assert!(id.is_some_and(|id| id.starts_with("sha256:")));
 }
 
 async fn suites_on(backend: &DockerBackend, scope: &str) {
@@ -229,7 +222,7 @@ async fn suites_on(backend: &DockerBackend, scope: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_exec_and_file_suites_pass_on_a_second_engine_the_default_never_sees() {
     let engine = SecondEngine::start();
-    copy_busybox(&engine.dir.join("docker.sock")).await;
+    build_busybox(&engine.host()).await;
     let default_engine = backend(false).await;
 
     let by_host = connect(vec![("DOCKER_HOST", engine.host())]).await;

@@ -284,29 +284,17 @@ async fn docker_checks(checks: &mut Vec<Check>, egress_probe: &[String]) {
             return;
         }
     }
-    match docker_read(&["context", "show"], &[]).await {
-        Ok(name) => {
-            let endpoint = docker_read(
-                &[
-                    "context",
-                    "inspect",
-                    &name,
-                    "--format",
-                    "{{.Endpoints.docker.Host}}",
-                ],
-                &[],
-            )
-            .await
-            .unwrap_or_else(|e| format!("endpoint unknown: {e}"));
-            checks.push(Check::pass(
-                "docker.context",
-                format!("context {name} pinned at {endpoint}"),
-            ));
-        }
+    // The endpoint the backend itself pins: the CLI's resolution order, read from this
+    // process's management environment, without asking the CLI.
+    match backend_docker::Endpoint::resolve(&management_env(std::env::vars_os(), &[]), None) {
+        Ok(endpoint) => checks.push(Check::pass(
+            "docker.context",
+            format!("the backend pins the engine at {endpoint}"),
+        )),
         Err(e) => checks.push(Check::fail(
             "docker.context",
-            e,
-            "docker context use default",
+            e.to_string(),
+            "fix DOCKER_HOST / DOCKER_CONTEXT, or docker context use default",
         )),
     }
     match docker_read(&["version", "--format", "{{.Server.Os}}"], &[]).await {

@@ -433,6 +433,18 @@ fn doctor_passes_here_and_names_the_fix_when_the_engine_is_away() {
         .expect("the engine item is reported");
     assert_eq!(engine["status"], "fail");
     assert!(!engine["fix"].as_str().unwrap().is_empty());
+    let pinned = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "docker.context")
+        .expect("the pinned endpoint is reported");
+    assert!(
+        pinned
+            .to_string()
+            .contains("unix:///nonexistent/docker.sock (from DOCKER_HOST)"),
+        "{pinned}"
+    );
     let three = ctl(&[
         "--json",
         "doctor",

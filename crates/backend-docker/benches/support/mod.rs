@@ -203,8 +203,8 @@ impl Metric {
     }
 
     /// Prints `name: backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`, where X and Y are
-    /// the medians (p50) of each side and Z the median of the per-round ratios; returns whether
-    /// the target (if any) is met.
+    /// the medians (p50) of each side and Z the median of the per-round ratios, and records the
+    /// row for `target/bench/report.json`; returns whether the target (if any) is met.
     pub fn report(&self) -> bool {
         assert!(
             !self.backend.is_empty(),
@@ -221,6 +221,19 @@ impl Metric {
                 .map(|(b, r)| b.as_secs_f64() / r.as_secs_f64())
                 .collect(),
         );
+        self.print(self.name, backend, raw, ratio)
+    }
+
+    /// Like [`Metric::report`] for the 95th percentiles: each side's p95 and their ratio, under
+    /// `name`.
+    pub fn report_p95(&self, name: &'static str) -> bool {
+        let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
+        let backend = percentile(self.backend.iter().map(ms).collect(), 0.95);
+        let raw = percentile(self.raw.iter().map(ms).collect(), 0.95);
+        self.print(name, backend, raw, backend / raw)
+    }
+
+    fn print(&self, name: &str, backend: f64, raw: f64, ratio: f64) -> bool {
         let (verdict, pass) = match self.target {
             Target::AtMost(limit) if ratio <= limit => {
                 (format!("(target ≤ {limit:.2}) PASS"), true)
@@ -240,12 +253,53 @@ impl Metric {
             ),
         };
         println!(
-            "{}: backend {backend:.1} ms, raw {raw:.1} ms, ratio {ratio:.2} {verdict} [{} rounds]",
-            self.name,
+            "{name}: backend {backend:.1} ms, raw {raw:.1} ms, ratio {ratio:.2} {verdict} [{} rounds]",
             self.backend.len()
         );
+        let target = match self.target {
+            Target::AtMost(limit) => format!("<= {limit:.2}"),
+            Target::ReportedOnly => "reported only".to_owned(),
+            Target::Reference(reference) => format!("reference <= {reference:.2}"),
+        };
+        record_row(name, backend, raw, ratio, &target, pass);
         pass
     }
+}
+
+/// Where the rows of one `cargo xtask bench` run collect, one JSON object per line.
+pub fn rows_file() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench/rows.jsonl")
+}
+
+/// Appends one report row `{"name", "ours_ms", "raw_ms", "ratio", "target", "pass"}`.
+pub fn record_row(name: &str, ours_ms: f64, raw_ms: f64, ratio: f64, target: &str, pass: bool) {
+    use std::io::Write as _;
+    let row = serde_json::json!({
+        "name": name,
+        "ours_ms": (ours_ms * 10.0).round() / 10.0,
+        "raw_ms": (raw_ms * 10.0).round() / 10.0,
+        "ratio": (ratio * 100.0).round() / 100.0,
+        "target": target,
+        "pass": pass,
+    });
+    let path = rows_file();
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| writeln!(file, "{row}"));
+    if let Err(error) = appended {
+        eprintln!("could not record the row {name}: {error}");
+    }
+}
+
+fn percentile(mut values: Vec<f64>, p: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let index = ((values.len() as f64 - 1.0) * p).round() as usize;
+    values[index.min(values.len() - 1)]
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
