@@ -4,8 +4,10 @@
 //! The confined-fs write benchmark needs nothing but a file system. The Docker backend's
 //! benchmarks (`crates/backend-docker/benches`) need the engine and `sandbox-base:local`, which
 //! is built first when missing; each measures the backend against the raw `docker` CLI in the
-//! same run, prints one line per metric (`name: backend X ms, raw Y ms, ratio Z (target ≤ T)
-//! PASS|FAIL`) and exits non-zero when a pass/fail target is missed.
+//! same run (the sbx backend's, `crates/backend-sbx/benches`, against the bare `sbx-sim` CLI and
+//! `confined-fs` alone, on the simulator built first), prints one line per metric (`name:
+//! backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`) and exits non-zero when a pass/fail
+//! target is missed.
 
 use crate::error::XtaskError;
 use crate::live::build_images;
@@ -58,6 +60,18 @@ const BENCHES: &[Bench] = &[
             "transfer",
         ],
     },
+    Bench {
+        name: "backend-sbx on sbx-sim",
+        args: &[
+            "bench",
+            "-p",
+            "backend-sbx",
+            "--features",
+            "live",
+            "--bench",
+            "sbx",
+        ],
+    },
 ];
 
 /// The lines a benchmark prints as its report.
@@ -69,7 +83,15 @@ fn is_report_line(line: &str) -> bool {
 
 /// Runs every benchmark, prints the summary, and fails when any of them failed.
 pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
-    build_images(workspace, &["sandbox-base:local".to_owned()])?;
+    build_images(
+        workspace,
+        &[
+            "sandbox-base:local".to_owned(),
+            "sbx-sim-shell:local".to_owned(),
+        ],
+    )?;
+    // The sbx benchmark drives the simulator's debug build.
+    workspace.run(cargo().args(["build", "-p", "sbx-sim"]))?;
     // The Docker benches append one JSON row per line; the run's rows become report.json.
     let bench_dir = workspace.root().join("target/bench");
     let rows = bench_dir.join("rows.jsonl");

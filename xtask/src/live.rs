@@ -1,6 +1,7 @@
 //! The live suites and the local images they run on.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -17,11 +18,21 @@ const OWNERSHIP_LABEL: &str = "maf-sandbox.scope";
 /// The deadline of each engine listing.
 const LISTING_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The label `sbx-sim` puts on every container it makes (its state home's digest).
+const SIM_HOME_LABEL: &str = "sbx-sim.home";
+
 /// A live suite.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Suite {
     /// The Docker backend against this machine's engine.
     Docker,
+    /// The sbx backend against `sbx-sim` (built first), or against the `sbx` at `--sbx-path`.
+    Sbx {
+        /// The `sbx` program to test against. Without it, `sbx-sim` is built and used. A real
+        /// `sbx` runs the conformance suites only (fault switches exist only in the simulator).
+        #[arg(long)]
+        sbx_path: Option<PathBuf>,
+    },
 }
 
 /// Builds the images (all, or the given tags) with progress on stderr, caching debootstrap's
@@ -57,7 +68,118 @@ pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskE
 pub fn run(workspace: &Workspace, suite: &Suite) -> Result<(), XtaskError> {
     match suite {
         Suite::Docker => docker(workspace),
+        Suite::Sbx { sbx_path } => sbx(workspace, sbx_path.as_deref()),
     }
+}
+
+/// The sbx suite: every conformance suite the backend declares and (on the simulator) one test
+/// per fault switch; no skip, and no simulator container left on the engine.
+fn sbx(workspace: &Workspace, sbx_path: Option<&std::path::Path>) -> Result<(), XtaskError> {
+    let path = match sbx_path {
+        Some(path) => path.to_path_buf(),
+        None => {
+            build_images(workspace, &["sbx-sim-shell:local".to_owned()])?;
+            workspace.run(cargo().args(["build", "-p", "sbx-sim"]))?;
+            workspace.target_dir().join("debug").join("sbx-sim")
+        }
+    };
+    let version = capture_in(
+        workspace.root(),
+        Command::new(&path).arg("version"),
+        LISTING_TIMEOUT,
+    )?;
+    let simulator = version.contains("sbx-sim");
+    eprintln!("==> e2e sbx: {} ({})", path.display(), version.trim());
+    // Every test makes its simulator home and workspace root under the run's own temporary
+    // directory, so leftovers are judged by that prefix: other users of the engine never count.
+    let run_dir = workspace
+        .target_dir()
+        .join(format!("sbx-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&run_dir).map_err(|source| XtaskError::Spawn {
+        command: format!("mkdir {}", run_dir.display()),
+        source,
+    })?;
+    let mut command = cargo();
+    command
+        .env("SBX_PATH", &path)
+        .env("TMPDIR", &run_dir)
+        .args([
+            "nextest",
+            "run",
+            "-p",
+            "backend-sbx",
+            "--features",
+            "backend-sbx/live",
+            "--no-fail-fast",
+            "--status-level",
+            "skip",
+            "--final-status-level",
+            "skip",
+        ]);
+    if !simulator {
+        command.args(["--test", "live_conformance"]);
+    }
+    let teed = tee_in(workspace.root(), &mut command, |line| {
+        is_summary_line(line) || is_skip_line(line)
+    })?;
+    let mut left = sim_containers_under(workspace, &run_dir)?;
+    left.extend(files_under(&run_dir));
+    let left: Vec<&EngineObject> = left.iter().collect();
+    let verdict = judge_suite("sbx", teed, &left, Ok(()));
+    if left.is_empty() {
+        let _ = std::fs::remove_dir(&run_dir);
+    }
+    verdict
+}
+
+/// Containers of `sbx-sim` whose workspace lies under `dir`.
+fn sim_containers_under(
+    workspace: &Workspace,
+    dir: &std::path::Path,
+) -> Result<Vec<EngineObject>, XtaskError> {
+    let label = format!("label={SIM_HOME_LABEL}");
+    let text = capture_in(
+        workspace.root(),
+        Command::new("docker").args([
+            "ps",
+            "-a",
+            "--no-trunc",
+            "--filter",
+            &label,
+            "--format",
+            "{{.ID}}\t{{.Names}}\t{{.Label \"sbx-sim.workspace\"}}",
+        ]),
+        LISTING_TIMEOUT,
+    )?;
+    let prefix = dir.to_string_lossy().into_owned();
+    Ok(text
+        .lines()
+        .filter(|line| {
+            line.split('\t')
+                .nth(2)
+                .is_some_and(|ws| ws.starts_with(&prefix))
+        })
+        .flat_map(|line| {
+            let id_and_name: Vec<&str> = line.splitn(3, '\t').take(2).collect();
+            parse_listing("container", &id_and_name.join("\t"))
+        })
+        .collect())
+}
+
+/// Whatever a run left in its temporary directory (simulator homes, workspace roots).
+fn files_under(dir: &std::path::Path) -> Vec<EngineObject> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|entry| EngineObject {
+                    kind: "directory",
+                    id: entry.path().display().to_string(),
+                    name: entry.file_name().to_string_lossy().into_owned(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
@@ -95,15 +217,26 @@ fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
     // leave the engine dirty unnoticed.
     let after = engine_objects(workspace)?;
     let left: Vec<&EngineObject> = after.difference(&before).collect();
+    judge_suite("docker", teed, &left, examples)
+}
+
+/// The verdict of a live suite: it passed, the extra step passed, nothing was skipped, and
+/// nothing was left on the engine (reported in every case).
+fn judge_suite(
+    suite: &str,
+    teed: crate::process::Teed,
+    left: &[&EngineObject],
+    extra: Result<(), XtaskError>,
+) -> Result<(), XtaskError> {
     if !teed.success {
-        report_leftovers(&left);
+        report_leftovers(left);
         return Err(XtaskError::CommandFailed {
             command: teed.command,
             status: teed.status,
         });
     }
-    if let Err(failed) = examples {
-        report_leftovers(&left);
+    if let Err(failed) = extra {
+        report_leftovers(left);
         return Err(failed);
     }
     let summary = teed
@@ -116,7 +249,7 @@ fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
         })?;
     let skipped = skipped_count(summary);
     if skipped > 0 {
-        report_leftovers(&left);
+        report_leftovers(left);
         let names: BTreeSet<&str> = teed
             .kept
             .iter()
@@ -131,10 +264,10 @@ fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
     if !left.is_empty() {
         return Err(XtaskError::Leftovers {
             count: left.len(),
-            listing: listing(&left),
+            listing: listing(left),
         });
     }
-    eprintln!("==> e2e docker: no skipped test, nothing left on the engine");
+    eprintln!("==> e2e {suite}: no skipped test, nothing left on the engine");
     Ok(())
 }
 

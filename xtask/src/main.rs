@@ -2,11 +2,13 @@
 //!
 //! - `ci`: the one test command (formatting, the layering rules, clippy, every test through
 //!   nextest, doctests, rustdoc with `-D warnings`, the fuzz targets' build, the live Docker
-//!   suite), failing fast, with a timed summary;
+//!   suite, the live sbx suite on `sbx-sim`), failing fast, with a timed summary;
 //! - `fuzz`: builds the fuzz targets on the stable toolchain and runs each for a while;
 //! - `images`: builds the local Docker images (the recipe in `backend_docker`);
 //! - `e2e docker`: builds the images, runs the live Docker suite, then checks the suite
 //!   skipped nothing and left nothing behind on the engine;
+//! - `e2e sbx [--sbx-path PATH]`: builds `sbx-sim` (unless a path is given), runs the live sbx
+//!   suite against it, then checks the same;
 //! - `bench`: runs the benchmarks;
 //! - `layering`: checks which crate depends on which (also a `ci` step).
 //!
@@ -124,6 +126,10 @@ fn ci(workspace: &Workspace) -> Result<(), XtaskError> {
         Step {
             name: "e2e docker",
             run: Box::new(|| live::run(workspace, &live::Suite::Docker)),
+        },
+        Step {
+            name: "e2e sbx",
+            run: Box::new(|| live::run(workspace, &live::Suite::Sbx { sbx_path: None })),
         },
     ];
     process::run_steps("ci", &steps)

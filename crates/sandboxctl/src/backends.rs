@@ -8,6 +8,7 @@ use std::time::Duration;
 use backend_docker::{
     DockerBackend, DockerConfig, EgressProbe, ImageOutcome, ImageRecipe, LocalImage,
 };
+use backend_sbx::{SbxBackend, SbxConfig};
 use exec_wrapper::{BoundedCommand, ExitKind};
 use sandbox_core::{
     Command, DisposeSelector, ExecRequest, SandboxBackend, SandboxError, SandboxSpec,
@@ -19,17 +20,28 @@ use crate::keys::generated_key;
 
 /// Connects the chosen backend. `guest_names` are the `--env` names whose values are meant for the guest.
 pub async fn connect(
-    choice: BackendChoice,
+    global: &GlobalArgs,
     guest_names: &[String],
 ) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
-    match choice {
+    match global.backend {
         BackendChoice::Docker => {
             let mut config = DockerConfig::default();
             config.management_env = Some(management_env(std::env::vars_os(), guest_names));
             Ok(Arc::new(DockerBackend::connect(config).await?))
         }
-        BackendChoice::Sbx => Err(sbx_not_built()),
+        BackendChoice::Sbx => Ok(Arc::new(connect_sbx(global, guest_names).await?)),
     }
+}
+
+async fn connect_sbx(
+    global: &GlobalArgs,
+    guest_names: &[String],
+) -> Result<SbxBackend, SandboxError> {
+    let mut config = SbxConfig::default();
+    config.sbx_path = global.sbx_path.clone();
+    config.simulator_ok = global.allow_simulator;
+    config.management_env = Some(management_env(std::env::vars_os(), guest_names));
+    SbxBackend::connect(config).await
 }
 
 /// The engine client's environment: sandboxctl's own, minus the variables named by `--env`. Their values
@@ -53,9 +65,9 @@ fn management_env(
         .collect()
 }
 
-fn sbx_not_built() -> SandboxError {
-    SandboxError::NoBackend(
-        "the sbx backend is not built yet; use --backend docker --min-isolation container".into(),
+fn sbx_has_no_images() -> SandboxError {
+    SandboxError::invalid(
+        "the local images are the docker backend's; sbx sandboxes start from sbx templates",
     )
 }
 
@@ -63,18 +75,19 @@ fn recipe() -> ImageRecipe {
     ImageRecipe::new().progress(|line| eprintln!("sandboxctl images: {line}"))
 }
 
-/// The default image's reference, built locally first when it is missing (no registry needed).
-/// `guest_names` as for [`connect`]: the presence check runs with the same client environment.
+/// The default image's reference, built locally first when it is missing (no registry needed);
+/// `None` for sbx, whose default is its own `shell` template. `guest_names` as for [`connect`]:
+/// the presence check runs with the same client environment.
 pub async fn ensure_default_image(
     choice: BackendChoice,
     guest_names: &[String],
-) -> Result<String, SandboxError> {
+) -> Result<Option<String>, SandboxError> {
     match choice {
         BackendChoice::Docker => {
             let image = LocalImage::DEFAULT;
             // The command's stderr is relayed byte for byte: say nothing unless a build is needed.
             if image_present(image.tag(), guest_names).await {
-                return Ok(image.tag().to_owned());
+                return Ok(Some(image.tag().to_owned()));
             }
             if guest_names.is_empty() {
                 recipe()
@@ -87,9 +100,9 @@ pub async fn ensure_default_image(
             } else {
                 build_in_a_child(image, guest_names).await?;
             }
-            Ok(image.tag().to_owned())
+            Ok(Some(image.tag().to_owned()))
         }
-        BackendChoice::Sbx => Err(sbx_not_built()),
+        BackendChoice::Sbx => Ok(None),
     }
 }
 
@@ -139,7 +152,7 @@ pub async fn build_images(
     tags: &[String],
 ) -> Result<Vec<(String, &'static str)>, SandboxError> {
     if choice == BackendChoice::Sbx {
-        return Err(sbx_not_built());
+        return Err(sbx_has_no_images());
     }
     let images = if tags.is_empty() {
         vec![LocalImage::DEFAULT]
@@ -234,11 +247,7 @@ pub async fn doctor(global: &GlobalArgs, egress_probe: &[String]) -> u8 {
         return crate::exit_codes::USAGE;
     }
     if global.backend == BackendChoice::Sbx {
-        checks.push(Check::fail(
-            "sbx.client",
-            "the sbx backend is not built yet",
-            "use --backend docker",
-        ));
+        sbx_checks(&mut checks, global).await;
     } else {
         docker_checks(&mut checks, egress_probe).await;
     }
@@ -347,7 +356,7 @@ async fn docker_checks(checks: &mut Vec<Check>, egress_probe: &[String]) {
     }
     checks.push(Check::not_applicable(
         "sbx",
-        "the sbx backend is not built yet",
+        "the sbx host is checked by `sandboxctl --backend sbx doctor`",
     ));
     checks.push(throwaway_sandbox(egress_probe).await);
 }
@@ -366,6 +375,69 @@ fn kernel_pids_check() -> Check {
             "boot with the pids controller enabled",
         )
     }
+}
+
+/// The sbx host: the client and whether it is the simulator; the host settings (agent
+/// forwarding, MCP servers) with login and daemon read from `sbx ls`; then a throwaway sandbox,
+/// whose create runs the mount proof (user namespaces and `mount --bind` in the template).
+async fn sbx_checks(checks: &mut Vec<Check>, global: &GlobalArgs) {
+    let backend = match connect_sbx(global, &[]).await {
+        Ok(backend) => backend,
+        Err(e) => {
+            let fix = if global.allow_simulator {
+                "install sbx, or point --sbx-path at it"
+            } else {
+                "install sbx, or pass --allow-simulator to accept sbx-sim"
+            };
+            checks.push(Check::fail("sbx.client", e.to_string(), fix));
+            return;
+        }
+    };
+    checks.push(Check::pass(
+        "sbx.client",
+        format!(
+            "{} (rung {})",
+            backend.sbx_path().display(),
+            backend.isolation()
+        ),
+    ));
+    if let Err(e) = backend.check_host().await {
+        let fix = match e.kind() {
+            sandbox_core::ErrorKind::LoginRequired => "sbx login",
+            sandbox_core::ErrorKind::DaemonFault => "sbx daemon restart",
+            _ => "see the message",
+        };
+        checks.push(Check::fail("sbx.host", e.to_string(), fix));
+        return;
+    }
+    checks.push(Check::pass(
+        "sbx.host",
+        "logged in, daemon answering, agent forwarding off, no MCP server",
+    ));
+    let key = generated_key();
+    let ran = async {
+        let spec = SandboxSpec::builder("doctor").build()?;
+        let sandbox = backend.acquire(&key, &spec).await?;
+        let out = sandbox
+            .exec(ExecRequest::new(Command::argv(["true"])).timeout(Duration::from_secs(30)))
+            .await?;
+        Ok::<i32, SandboxError>(out.exit_code)
+    }
+    .await;
+    let disposal = backend.dispose(&key, DisposeSelector::all()).await;
+    checks.push(match (ran, disposal) {
+        (Err(e), _) => Check::fail("sbx.sandbox", e.to_string(), "see the checks above"),
+        (Ok(code), _) if code != 0 => Check::fail("sbx.sandbox", format!("`true` exited {code}"), ""),
+        (Ok(_), Some(f)) => Check::fail(
+            "sbx.sandbox",
+            format!("disposal left something: {f}"),
+            "sandboxctl --backend sbx purge",
+        ),
+        (Ok(_), None) => Check::pass(
+            "sbx.sandbox",
+            "created (mount proof passed: user namespaces and bind mounts work in the template), ran `true`, disposed",
+        ),
+    });
 }
 
 /// Acquire (with the egress preflight proving the sandbox reaches nothing), one exec, dispose.

@@ -57,6 +57,13 @@ pub struct GlobalArgs {
     /// Print exactly one JSON object on stdout.
     #[arg(long, global = true)]
     pub json: bool,
+    /// The `sbx` program of `--backend sbx`.
+    #[arg(long, global = true, value_name = "PATH", default_value = "sbx")]
+    pub sbx_path: std::path::PathBuf,
+    /// Accept `sbx-sim`, the Docker-backed stand-in for `sbx`, with `--backend sbx` (it is rung
+    /// `container`, never `microvm`).
+    #[arg(long, global = true)]
+    pub allow_simulator: bool,
 }
 
 fn parse_rung(s: &str) -> Result<Isolation, String> {
@@ -68,7 +75,7 @@ fn parse_rung(s: &str) -> Result<Isolation, String> {
 pub enum BackendChoice {
     /// Docker containers (rung `container`).
     Docker,
-    /// Docker Sandboxes microVMs through `sbx` (rung `microvm`; not built yet).
+    /// Docker Sandboxes microVMs through `sbx` (rung `microvm`).
     Sbx,
 }
 

@@ -129,7 +129,7 @@ async fn gated_backend(
     global: &GlobalArgs,
     guest_names: &[String],
 ) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
-    let backend = backends::connect(global.backend, guest_names).await?;
+    let backend = backends::connect(global, guest_names).await?;
     gate(global, &backend)?;
     Ok(backend)
 }
@@ -266,16 +266,17 @@ async fn run(
         Err(e) => return finish_run(global, Err(e), None),
     };
     let image = match image {
-        Some(image) => image,
+        Some(image) => Some(image),
         None => match backends::ensure_default_image(global.backend, &target.env.names).await {
             Ok(image) => image,
             Err(e) => return finish_run(global, Err(e), None),
         },
     };
-    let spec = match SandboxSpec::builder(target.kind.clone())
-        .image(image)
-        .build()
-    {
+    let mut builder = SandboxSpec::builder(target.kind.clone());
+    if let Some(image) = image {
+        builder = builder.image(image);
+    }
+    let spec = match builder.build() {
         Ok(s) => s,
         Err(e) => return finish_run(global, Err(e), None),
     };
@@ -412,7 +413,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             Ok((json!({"removed": guest}), String::new()))
         }
         CommandLine::List { scope, thread } => {
-            let backend = backends::connect(global.backend, &[]).await?;
+            let backend = backends::connect(global, &[]).await?;
             let found = backend.list(&scope, thread.as_deref()).await?;
             let rows: Vec<Value> = found
                 .iter()
@@ -446,7 +447,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
         }
         CommandLine::Dispose { key, kind } => {
             let key = key.require()?;
-            let backend = backends::connect(global.backend, &[]).await?;
+            let backend = backends::connect(global, &[]).await?;
             let selector = kind.map(DisposeSelector::kind).unwrap_or_default();
             match backend.dispose(&key, selector).await {
                 None => Ok((json!({"disposed": true}), String::new())),
@@ -460,7 +461,7 @@ async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
             }
         }
         CommandLine::Purge { scope, thread } => {
-            let backend = backends::connect(global.backend, &[]).await?;
+            let backend = backends::connect(global, &[]).await?;
             let purge = backend.dispose_scope(&scope, &thread).await;
             let value = json!({
                 "disposed": purge.disposed,

@@ -132,7 +132,17 @@ fn usage_errors() {
         ])),
         125
     );
-    assert_eq!(code(&ctl(&["--backend", "sbx", "list"])), 64);
+    // No `sbx` program here: the backend is unavailable (70), never a silent empty list.
+    assert_eq!(
+        code(&ctl(&[
+            "--backend",
+            "sbx",
+            "--sbx-path",
+            "/nonexistent/sbx",
+            "list"
+        ])),
+        70
+    );
 }
 
 #[test]

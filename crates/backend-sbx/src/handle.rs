@@ -1,0 +1,590 @@
+//! The handle to one sbx sandbox: commands through the exec wrapper's sbx shape, files through
+//! the host plane.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use exec_wrapper::{
+    encode_env_file, encode_invocation, kill_argv, new_nonce, parse_run_output, pid_file,
+    sbx_env_file_name, sbx_wrapper_argv, ExitKind, KillFailure, KillOutcome, Nonce, SbxMount,
+    WrapperOutcome, KILL_OUTPUT_BUDGET,
+};
+use sandbox_core::{
+    check_delete, check_list, check_read, check_write, confine, guest_path_join, guest_path_norm,
+    guest_path_relative_to, resolve_wd, EntryKind, ExecEnv, ExecOutput, ExecRequest, GuestCleanup,
+    Sandbox, SandboxEntry, SandboxError, TransferLimits,
+};
+use sbx_cli::{Error as CliError, ExecRequest as CliExec, Instant, SbxName};
+
+use crate::backend::{spawn_detached, SbxHost};
+use crate::engine::to_sandbox_error;
+use crate::host_plane::{placement, HostPlane, Placement};
+
+/// Why an instance is retired after a kill that did not land.
+pub(crate) const KILL_NOT_LANDED: &str =
+    "the kill after a deadline did not land; the command may still be running";
+
+/// Room a guest call's budget keeps beyond the caller's own for the nonce line.
+const NONCE_SLACK: u64 = 4096;
+
+/// Output budget of the backend's own guest commands (rm).
+const SMALL_GUEST_BUDGET: u64 = 64 * 1024;
+
+/// How a wrapped guest call ended.
+#[derive(Debug)]
+pub(crate) enum GuestEnd {
+    /// The command ran to its end.
+    Ran(ExecOutput),
+    /// The deadline passed; how the kill went.
+    Expired(GuestCleanup),
+    /// The output passed its budget; how the kill went.
+    Overflowed(GuestCleanup),
+}
+
+/// A handle to one instance, by name and id: a replacement under the same name is never reached
+/// (every call checks the retired set by id; an sbx call reaching a replacement finds its
+/// workspace without this generation's marker and reports WorkspaceMismatch).
+#[derive(Debug)]
+pub(crate) struct SbxSandbox {
+    pub(crate) host: Arc<SbxHost>,
+    pub(crate) name: SbxName,
+    pub(crate) instance_id: String,
+    pub(crate) base: String,
+    pub(crate) mount: SbxMount,
+    pub(crate) plane: Arc<HostPlane>,
+    pub(crate) fresh: bool,
+    pub(crate) files_in: TransferLimits,
+    pub(crate) files_out: TransferLimits,
+}
+
+/// The kill of an expired or abandoned call, run by whoever drops it armed: a task the caller
+/// cannot cancel.
+struct PendingKill {
+    armed: bool,
+    host: Arc<SbxHost>,
+    name: SbxName,
+    instance_id: String,
+    nonce: Nonce,
+}
+
+impl PendingKill {
+    /// The call ended on its own: nothing to kill.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+
+    /// Runs the kill in a detached task and waits for it; dropping this wait does not stop it.
+    async fn run_now(mut self) -> GuestCleanup {
+        self.armed = false;
+        let host = self.host.clone();
+        let (name, instance, nonce) = (
+            self.name.clone(),
+            self.instance_id.clone(),
+            self.nonce.clone(),
+        );
+        match tokio::spawn(kill(host, name, instance, nonce)).await {
+            Ok(cleanup) => cleanup,
+            Err(_) => GuestCleanup::Retired,
+        }
+    }
+}
+
+impl Drop for PendingKill {
+    fn drop(&mut self) {
+        if self.armed {
+            let work = kill(
+                self.host.clone(),
+                self.name.clone(),
+                self.instance_id.clone(),
+                self.nonce.clone(),
+            );
+            spawn_detached("the kill of an abandoned command", async move {
+                let _ = work.await;
+            });
+        }
+    }
+}
+
+/// The kill script for the call `nonce`, bounded by the cleanup timeout; a kill that does not
+/// land retires the instance (persisted).
+async fn kill(
+    host: Arc<SbxHost>,
+    name: SbxName,
+    instance_id: String,
+    nonce: Nonce,
+) -> GuestCleanup {
+    let request = CliExec::new(
+        name.clone(),
+        kill_argv(&pid_file(&nonce)),
+        Instant::now() + host.config.exec_cleanup_timeout,
+    )
+    .output_budget(KILL_OUTPUT_BUDGET);
+    let outcome = match host.cli.exec(&request).await {
+        Ok(output) => match output.status {
+            ExitKind::Exited(code) => KillOutcome::from_exit(code),
+            ExitKind::Signaled(_) => KillOutcome::NotLanded(KillFailure::CallFailed),
+        },
+        Err(error) => {
+            tracing::warn!(sandbox = %name, %error, "the kill call failed");
+            KillOutcome::NotLanded(KillFailure::CallFailed)
+        }
+    };
+    match outcome {
+        KillOutcome::Killed => GuestCleanup::Killed,
+        KillOutcome::NeverStarted => GuestCleanup::NeverStarted,
+        KillOutcome::NotLanded(failure) => {
+            tracing::warn!(sandbox = %name, ?failure, "the kill did not land");
+            host.retire(name.as_str(), &instance_id, KILL_NOT_LANDED)
+                .await;
+            GuestCleanup::Retired
+        }
+    }
+}
+
+/// Runs a blocking plane operation on the blocking pool.
+async fn blocking<T, F>(work: F) -> Result<T, SandboxError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, SandboxError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| SandboxError::engine(format!("a host file operation did not finish: {e}")))?
+}
+
+/// The path an entry reports: relative to the working directory, `.` for the directory itself.
+fn reported(resolved: &str, wd: &str) -> String {
+    match guest_path_relative_to(resolved, wd) {
+        Some(relative) if relative.is_empty() => ".".to_owned(),
+        Some(relative) => relative,
+        None => resolved.to_owned(),
+    }
+}
+
+#[cold]
+fn guest_refused(path: &str, detail: impl Into<String>) -> SandboxError {
+    SandboxError::GuestRefused {
+        path: path.to_owned(),
+        detail: detail.into(),
+    }
+}
+
+fn stderr_tail(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let trimmed = text.trim();
+    let start = trimmed
+        .char_indices()
+        .rev()
+        .nth(1999)
+        .map_or(0, |(index, _)| index);
+    trimmed[start..].to_owned()
+}
+
+impl SbxSandbox {
+    /// Refuses a retired instance (this process's set, or its record).
+    pub(crate) fn refuse_retired(&self) -> Result<(), SandboxError> {
+        if let Some(reason) = self.host.retired_reason(&self.instance_id) {
+            return Err(SandboxError::Retired {
+                instance: self.instance_id.clone(),
+                reason: format!("instance retired ({reason}); acquire again to get a replacement"),
+            });
+        }
+        Ok(())
+    }
+
+    /// The call's working directory: relative ones are confined to the storage base.
+    fn wd(&self, wd: &str) -> Result<String, SandboxError> {
+        Ok(guest_path_norm(&resolve_wd(wd, &self.base)?))
+    }
+
+    /// One command through the wrapper (`enter` / `bind` / `run`), the guest environment in a
+    /// per-call env file in the workspace, never in any argv. A deadline, an overflow or a
+    /// dropped future runs the kill in a task the caller cannot cancel.
+    pub(crate) async fn run_wrapped(
+        &self,
+        cwd: &str,
+        argv: Vec<Vec<u8>>,
+        env: Option<&ExecEnv>,
+        budget: u64,
+        timeout: Duration,
+    ) -> Result<GuestEnd, SandboxError> {
+        let nonce = new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
+        let invocation = encode_invocation(cwd.as_bytes(), &argv)
+            .map_err(|e| SandboxError::invalid(e.to_string()))?;
+        let env_file = match env.filter(|env| !env.is_empty()) {
+            Some(env) => {
+                let entries: Vec<(&[u8], &[u8])> = env
+                    .entries()
+                    .iter()
+                    .map(|(name, value)| (name.as_bytes(), value.as_slice()))
+                    .collect();
+                let bytes =
+                    encode_env_file(&entries).map_err(|e| SandboxError::invalid(e.to_string()))?;
+                let file = sbx_env_file_name(&nonce);
+                let plane = self.plane.clone();
+                let name = file.clone();
+                blocking(move || plane.write_own(&name, &bytes)).await?;
+                Some(file)
+            }
+            None => None,
+        };
+        let argv = sbx_wrapper_argv(&nonce, &self.mount, env_file.is_some(), &invocation)
+            .map_err(|e| SandboxError::invalid(e.to_string()))?;
+        let budget_bytes =
+            usize::try_from(budget.saturating_add(NONCE_SLACK)).unwrap_or(usize::MAX);
+        let request = CliExec::new(self.name.clone(), argv, Instant::now() + timeout)
+            .output_budget(budget_bytes);
+        let pending = PendingKill {
+            armed: true,
+            host: self.host.clone(),
+            name: self.name.clone(),
+            instance_id: self.instance_id.clone(),
+            nonce: nonce.clone(),
+        };
+        let result = self.host.cli.exec(&request).await;
+        let ended = match result {
+            Ok(output) => {
+                pending.disarm();
+                match parse_run_output(output, &nonce) {
+                    WrapperOutcome::Ran(output) => Ok(GuestEnd::Ran(ExecOutput {
+                        stdout: output.stdout,
+                        stderr: output.stderr,
+                        exit_code: output.status,
+                        producer_owns_stderr: false,
+                    })),
+                    WrapperOutcome::Unmounted => Err(SandboxError::WorkspaceMismatch(format!(
+                        "the directory bound at {} in sandbox {} is not this sandbox's workspace",
+                        self.mount.parent, self.name
+                    ))),
+                    WrapperOutcome::NoNonce {
+                        status,
+                        stderr_tail,
+                    } => Err(self.no_nonce(ExitKind::Exited(status), &stderr_tail)),
+                    WrapperOutcome::ClientKilled {
+                        signal,
+                        stderr_tail: tail,
+                    } => Err(SandboxError::engine(format!(
+                        "the sbx client was killed by signal {signal}: {}",
+                        stderr_tail(&tail)
+                    ))),
+                }
+            }
+            Err(CliError::Timeout { .. }) => Ok(GuestEnd::Expired(pending.run_now().await)),
+            Err(CliError::OutputLimit { .. }) => Ok(GuestEnd::Overflowed(pending.run_now().await)),
+            Err(error) => {
+                pending.disarm();
+                Err(self.gone_or(error))
+            }
+        };
+        if let Some(file) = env_file {
+            // The wrapper deletes it once read; one that was never read is removed here.
+            let plane = self.plane.clone();
+            if let Err(error) = blocking(move || plane.remove_own(&file)).await {
+                tracing::warn!(sandbox = %self.name, %error, "could not remove an unread env file");
+            }
+        }
+        ended
+    }
+
+    /// A wrapper call that never reached its nonce line: the sandbox's absence is SandboxGone,
+    /// anything else classified from sbx's stderr.
+    fn no_nonce(&self, status: ExitKind, stderr: &[u8]) -> SandboxError {
+        self.gone_or(sbx_cli::classify_output(
+            sbx_cli::Call::Exec,
+            Some(self.name.as_str()),
+            status,
+            stderr,
+        ))
+    }
+
+    fn gone_or(&self, error: CliError) -> SandboxError {
+        match error {
+            CliError::NotFound { .. } => self.gone(),
+            other => to_sandbox_error(other),
+        }
+    }
+
+    #[cold]
+    fn gone(&self) -> SandboxError {
+        tracing::warn!(sandbox = %self.name, "sandbox {} is gone; acquire again", self.name);
+        SandboxError::SandboxGone {
+            instance: self.instance_id.clone(),
+        }
+    }
+
+    /// A file method's guest command: cwd `/`, the command timeout, whose expiry is the
+    /// backend's own (EngineTimeout), never the caller's.
+    async fn guest_rm(
+        &self,
+        target: &str,
+        recursive: bool,
+        what: &str,
+    ) -> Result<(), SandboxError> {
+        let flag = if recursive { "-rf" } else { "-f" };
+        let argv = ["rm", flag, "--", target]
+            .iter()
+            .map(|a| a.as_bytes().to_vec())
+            .collect();
+        let timeout = self.host.config.command_timeout;
+        match self
+            .run_wrapped("/", argv, None, SMALL_GUEST_BUDGET, timeout)
+            .await?
+        {
+            GuestEnd::Ran(output) if output.exit_code == 0 => Ok(()),
+            GuestEnd::Ran(output) => Err(guest_refused(
+                target,
+                format!(
+                    "the guest could not remove it (exit {}): {}",
+                    output.exit_code,
+                    stderr_tail(&output.stderr)
+                ),
+            )),
+            GuestEnd::Expired(_) => Err(SandboxError::EngineTimeout {
+                operation: what.to_owned(),
+                bound: timeout,
+            }),
+            GuestEnd::Overflowed(_) => Err(SandboxError::engine("the guest rm flooded its output")),
+        }
+    }
+}
+
+#[async_trait]
+impl Sandbox for SbxSandbox {
+    fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    fn freshly_created(&self) -> bool {
+        self.fresh
+    }
+
+    fn storage_base(&self) -> &str {
+        &self.base
+    }
+
+    async fn exec(&self, request: ExecRequest) -> Result<ExecOutput, SandboxError> {
+        self.refuse_retired()?;
+        request.validate()?;
+        let wd = self.wd(request.working_dir())?;
+        let bound = request.timeout_bound();
+        let budget = request.output_budget();
+        match self
+            .run_wrapped(
+                &wd,
+                request.command().to_argv(),
+                Some(request.guest_env()),
+                budget,
+                bound,
+            )
+            .await?
+        {
+            GuestEnd::Ran(output) => Ok(output),
+            GuestEnd::Expired(cleanup) => Err(SandboxError::Timeout {
+                operation: "command".to_owned(),
+                bound,
+                cleanup: Some(cleanup),
+            }),
+            GuestEnd::Overflowed(cleanup) => {
+                tracing::info!(sandbox = %self.name, %cleanup, limit = budget, "command output exceeded its budget");
+                Err(SandboxError::OutputLimitExceeded { limit: budget })
+            }
+        }
+    }
+
+    async fn write_file(&self, path: &str, content: &[u8], wd: &str) -> Result<(), SandboxError> {
+        self.refuse_retired()?;
+        let wd = self.wd(wd)?;
+        let limit = self.files_in.max_bytes_per_file;
+        if content.len() as u64 > limit {
+            return Err(SandboxError::TransferCapExceeded {
+                path: path.to_owned(),
+                limit,
+            });
+        }
+        let plane = self.plane.clone();
+        let (path, content) = (path.to_owned(), content.to_vec());
+        blocking(move || {
+            let target = check_write(|p| plane.lstat_kind(p), &path, &wd)?;
+            plane.write(&target, &content)
+        })
+        .await
+    }
+
+    async fn stat_file(&self, path: &str, wd: &str) -> Result<Option<SandboxEntry>, SandboxError> {
+        self.refuse_retired()?;
+        let wd = self.wd(wd)?;
+        let plane = self.plane.clone();
+        let path = path.to_owned();
+        blocking(move || {
+            let resolved = check_read(|p| plane.lstat_kind(p), &path, &wd)?;
+            Ok(plane
+                .lstat(&resolved)?
+                .map(|stat| SandboxEntry::new(reported(&resolved, &wd), stat.kind, stat.size)))
+        })
+        .await
+    }
+
+    async fn read_file(
+        &self,
+        path: &str,
+        wd: &str,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, SandboxError> {
+        self.refuse_retired()?;
+        let wd = self.wd(wd)?;
+        let cap = max_bytes.min(self.files_out.max_bytes_per_file);
+        let plane = self.plane.clone();
+        let path = path.to_owned();
+        blocking(move || {
+            let resolved = check_read(|p| plane.lstat_kind(p), &path, &wd)?;
+            plane.read(&resolved, cap)
+        })
+        .await
+    }
+
+    async fn list_dir(&self, path: &str, wd: &str) -> Result<Vec<SandboxEntry>, SandboxError> {
+        self.refuse_retired()?;
+        let wd = self.wd(wd)?;
+        let plane = self.plane.clone();
+        let path = path.to_owned();
+        blocking(move || {
+            let directory = check_list(|p| plane.lstat_kind(p), &path, &wd)?;
+            let mut entries: Vec<SandboxEntry> = plane
+                .list(&directory)?
+                .into_iter()
+                .filter(|(name, _)| {
+                    let usable = !name.contains('\\');
+                    if !usable {
+                        tracing::warn!(directory = %directory, "skipped an entry whose name holds a backslash");
+                    }
+                    usable
+                })
+                .map(|(name, stat)| {
+                    let full = guest_path_join(&directory, &name);
+                    SandboxEntry::new(reported(&full, &wd), stat.kind, stat.size)
+                })
+                .collect();
+            entries.sort_by(|a, b| a.path().cmp(b.path()));
+            Ok(entries)
+        })
+        .await
+    }
+
+    async fn remove(&self, path: &str, wd: &str, recursive: bool) -> Result<(), SandboxError> {
+        self.refuse_retired()?;
+        let wd = self.wd(wd)?;
+        let plane = self.plane.clone();
+        let path = path.to_owned();
+        let checked = blocking(move || {
+            let target = check_delete(|p| plane.lstat_kind(p), &path, &wd)?;
+            let stat = plane.lstat(&target)?;
+            Ok((target, stat))
+        })
+        .await?;
+        let target = match checked {
+            (_, None) => return Ok(()),
+            (target, Some(stat)) if stat.kind == EntryKind::Directory && !recursive => {
+                return Err(SandboxError::IsADirectory { path: target })
+            }
+            (target, Some(_)) => target,
+        };
+        // In the guest: a guest keeps seeing a host-deleted name for a while, and guest
+        // authority reaches only what the guest itself could remove.
+        self.guest_rm(&target, recursive, "remove").await
+    }
+
+    async fn reclaim(
+        &self,
+        directory: &str,
+        wd: &str,
+        timeout: Duration,
+    ) -> Result<(), SandboxError> {
+        self.refuse_retired()?;
+        if timeout.is_zero() {
+            return Err(SandboxError::invalid(
+                "reclaim timeout must be greater than zero",
+            ));
+        }
+        let started = tokio::time::Instant::now();
+        let target = if directory.starts_with('/') {
+            guest_path_norm(directory)
+        } else {
+            let wd = self.wd(wd)?;
+            let resolved = confine(directory, &wd)?;
+            if resolved == wd {
+                return Err(SandboxError::confinement(
+                    directory,
+                    "the working directory itself is never reclaimed",
+                ));
+            }
+            resolved
+        };
+        match placement(&self.mount.parent, &target)? {
+            Placement::Inside(relative) if !relative.is_empty() => {}
+            Placement::Inside(_) | Placement::Above => {
+                return Err(SandboxError::confinement(
+                    directory,
+                    "reclaim reaches only what lies strictly inside the workspace",
+                ))
+            }
+        }
+        let plane = self.plane.clone();
+        let checked = target.clone();
+        let timed_out = |cleanup| SandboxError::Timeout {
+            operation: "reclaim".to_owned(),
+            bound: timeout,
+            cleanup,
+        };
+        match tokio::time::timeout(timeout, blocking(move || plane.lstat(&checked))).await {
+            Err(_) => return Err(timed_out(None)),
+            Ok(stat) => {
+                stat?;
+            }
+        }
+        let remaining = timeout.saturating_sub(started.elapsed());
+        if remaining.is_zero() {
+            return Err(timed_out(None));
+        }
+        let argv = ["rm", "-rf", "--", target.as_str()]
+            .iter()
+            .map(|a| a.as_bytes().to_vec())
+            .collect();
+        match self
+            .run_wrapped("/", argv, None, SMALL_GUEST_BUDGET, remaining)
+            .await?
+        {
+            GuestEnd::Ran(output) if output.exit_code == 0 => Ok(()),
+            GuestEnd::Ran(output) => Err(guest_refused(
+                &target,
+                format!(
+                    "the guest could not remove it (exit {}): {}",
+                    output.exit_code,
+                    stderr_tail(&output.stderr)
+                ),
+            )),
+            GuestEnd::Expired(cleanup) => Err(timed_out(Some(cleanup))),
+            GuestEnd::Overflowed(_) => Err(SandboxError::engine("the guest rm flooded its output")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reported_paths_are_relative() {
+        assert_eq!(reported("/w", "/w"), ".");
+        assert_eq!(reported("/w/a/b", "/w"), "a/b");
+        assert_eq!(reported("/elsewhere", "/w"), "/elsewhere");
+    }
+
+    #[test]
+    fn stderr_tails_keep_the_last_2000_characters() {
+        assert_eq!(stderr_tail(b"  short \n"), "short");
+        let long = "é".repeat(2500);
+        let tail = stderr_tail(long.as_bytes());
+        assert_eq!(tail.chars().count(), 2000);
+    }
+}

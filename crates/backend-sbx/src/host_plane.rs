@@ -1,0 +1,398 @@
+//! The host plane: file operations answered on the host side of the one workspace mount.
+//!
+//! Guest paths under `guest_root` (the storage base's parent, where every command binds the
+//! workspace) map onto the host directory `<root>/<name>/ws-…`, held open by `confined-fs`, which
+//! walks every component without following links and checks that each name is listed verbatim.
+//! A guest path above `guest_root` (such as `/`) is a directory the plane does not reach; any
+//! other path outside it is a confinement refusal.
+//!
+//! Every method is blocking: call it on the blocking pool.
+
+use sandbox_core::{guest_path_norm, guest_path_relative_to, EntryKind, SandboxError};
+
+/// What the plane says about one guest path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PlaneStat {
+    pub(crate) kind: EntryKind,
+    pub(crate) size: Option<u64>,
+}
+
+/// Where a guest path lands relative to the plane's root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// A strict ancestor of the root (e.g. `/`): a directory, outside the plane's reach.
+    Above,
+    /// The root itself (`""`) or a `/`-joined path inside it.
+    Inside(String),
+}
+
+/// Maps a guest path onto the plane: normalised first; the root → `Inside("")`; a strict
+/// ancestor → `Above`; anything else outside → Confinement; NUL → Confinement.
+pub(crate) fn placement(guest_root: &str, guest: &str) -> Result<Placement, SandboxError> {
+    if guest.contains('\0') {
+        return Err(SandboxError::confinement(guest, "contains a NUL byte"));
+    }
+    let normal = guest_path_norm(guest);
+    if let Some(relative) = guest_path_relative_to(&normal, guest_root) {
+        return Ok(Placement::Inside(relative));
+    }
+    if guest_path_relative_to(guest_root, &normal).is_some() {
+        return Ok(Placement::Above);
+    }
+    Err(SandboxError::confinement(
+        guest,
+        "outside the only guest directory this file plane reaches",
+    ))
+}
+
+#[cfg(unix)]
+mod posix {
+    use std::path::Path;
+
+    use confined_fs::{ConfinedRoot, EntryKind as PlaneKind, Error as PlaneError};
+    use sandbox_core::{EntryKind, SandboxError};
+
+    use super::{placement, Placement, PlaneStat};
+
+    /// The plane over one workspace generation.
+    #[derive(Debug)]
+    pub(crate) struct HostPlane {
+        guest_root: String,
+        root: ConfinedRoot,
+    }
+
+    fn kind(kind: PlaneKind) -> EntryKind {
+        match kind {
+            PlaneKind::File => EntryKind::File,
+            PlaneKind::Directory => EntryKind::Directory,
+            PlaneKind::Symlink => EntryKind::Symlink,
+            _ => EntryKind::Other,
+        }
+    }
+
+    /// Maps a plane error onto the contract's kinds, naming the guest path the caller gave.
+    #[cold]
+    fn mapped(guest: &str, operation: &'static str, error: PlaneError) -> SandboxError {
+        match error {
+            PlaneError::Confinement { reason, path } => {
+                SandboxError::confinement(guest, format!("{path}: {reason}"))
+            }
+            PlaneError::NotADirectory { .. } => SandboxError::NotADirectory {
+                path: guest.to_owned(),
+            },
+            PlaneError::IsADirectory { .. } => SandboxError::IsADirectory {
+                path: guest.to_owned(),
+            },
+            PlaneError::NotFound { .. } => SandboxError::NotFound {
+                path: guest.to_owned(),
+            },
+            PlaneError::NotRegularFile { .. } => SandboxError::NotRegularFile {
+                path: guest.to_owned(),
+            },
+            PlaneError::TooLarge { cap, .. } => SandboxError::TransferCapExceeded {
+                path: guest.to_owned(),
+                limit: cap,
+            },
+            PlaneError::Io { source, .. } => SandboxError::Io {
+                operation,
+                path: guest.to_owned(),
+                source,
+            },
+            other => SandboxError::Io {
+                operation,
+                path: guest.to_owned(),
+                source: std::io::Error::other(other.to_string()),
+            },
+        }
+    }
+
+    impl HostPlane {
+        /// Opens the workspace generation `host_root`, seen by the guest at `guest_root`.
+        pub(crate) fn open(host_root: &Path, guest_root: &str) -> Result<Self, SandboxError> {
+            let root = ConfinedRoot::open(host_root)
+                .map_err(|e| mapped(&host_root.display().to_string(), "open", e))?;
+            Ok(HostPlane {
+                guest_root: guest_root.to_owned(),
+                root,
+            })
+        }
+
+        fn inside(&self, guest: &str) -> Result<Placement, SandboxError> {
+            placement(&self.guest_root, guest)
+        }
+
+        /// No-follow stat of a guest path; the root and anything above it are directories.
+        pub(crate) fn lstat(&self, guest: &str) -> Result<Option<PlaneStat>, SandboxError> {
+            let relative = match self.inside(guest)? {
+                Placement::Above => {
+                    return Ok(Some(PlaneStat {
+                        kind: EntryKind::Directory,
+                        size: None,
+                    }))
+                }
+                Placement::Inside(relative) => relative,
+            };
+            let stat = self
+                .root
+                .lstat(&relative)
+                .map_err(|e| mapped(guest, "lstat", e))?;
+            Ok(stat.map(|s| PlaneStat {
+                kind: kind(s.kind),
+                size: s.size,
+            }))
+        }
+
+        /// The kind alone, for the core's path-check bundles.
+        pub(crate) fn lstat_kind(&self, guest: &str) -> Result<Option<EntryKind>, SandboxError> {
+            Ok(self.lstat(guest)?.map(|s| s.kind))
+        }
+
+        fn target(&self, guest: &str, what: &str) -> Result<String, SandboxError> {
+            match self.inside(guest)? {
+                Placement::Inside(relative) if !relative.is_empty() => Ok(relative),
+                Placement::Inside(_) | Placement::Above => Err(SandboxError::confinement(
+                    guest,
+                    format!("the plane never {what} the workspace's parent or anything above it"),
+                )),
+            }
+        }
+
+        /// Reads a regular file of at most `max` bytes.
+        pub(crate) fn read(&self, guest: &str, max: u64) -> Result<Vec<u8>, SandboxError> {
+            match self.inside(guest)? {
+                Placement::Inside(relative) if !relative.is_empty() => self
+                    .root
+                    .read(&relative, max)
+                    .map_err(|e| mapped(guest, "read", e)),
+                Placement::Inside(_) | Placement::Above => Err(SandboxError::IsADirectory {
+                    path: guest.to_owned(),
+                }),
+            }
+        }
+
+        /// Writes exact bytes (temp file + rename), creating missing parents 0700.
+        pub(crate) fn write(&self, guest: &str, bytes: &[u8]) -> Result<(), SandboxError> {
+            let relative = self.target(guest, "writes")?;
+            self.root
+                .write(&relative, bytes)
+                .map_err(|e| mapped(guest, "write", e))
+        }
+
+        /// Creates a directory and its missing parents (0700).
+        pub(crate) fn make_dirs(&self, guest: &str) -> Result<(), SandboxError> {
+            match self.inside(guest)? {
+                Placement::Above => Ok(()),
+                Placement::Inside(relative) => self
+                    .root
+                    .make_dirs(&relative)
+                    .map_err(|e| mapped(guest, "make_dirs", e)),
+            }
+        }
+
+        /// One level of a directory, sorted by name: (name, stat). Names that are not UTF-8 or
+        /// hold a backslash are skipped (no guest path could address them).
+        pub(crate) fn list(&self, guest: &str) -> Result<Vec<(String, PlaneStat)>, SandboxError> {
+            let relative = match self.inside(guest)? {
+                Placement::Above => {
+                    return Err(SandboxError::confinement(
+                        guest,
+                        "outside the only guest directory this file plane reaches",
+                    ))
+                }
+                Placement::Inside(relative) => relative,
+            };
+            let entries = self
+                .root
+                .list(&relative)
+                .map_err(|e| mapped(guest, "list", e))?;
+            let mut out = Vec::with_capacity(entries.len());
+            for entry in entries {
+                let Ok(name) = entry.name.into_string() else {
+                    tracing::warn!(directory = %guest, "skipped an entry whose name is not UTF-8");
+                    continue;
+                };
+                out.push((
+                    name,
+                    PlaneStat {
+                        kind: kind(entry.stat.kind),
+                        size: entry.stat.size,
+                    },
+                ));
+            }
+            out.sort_by(|a, b| a.0.cmp(&b.0));
+            Ok(out)
+        }
+
+        /// Writes a file directly in the workspace root (marker, probe, env file).
+        pub(crate) fn write_own(&self, name: &str, bytes: &[u8]) -> Result<(), SandboxError> {
+            self.root
+                .write(name, bytes)
+                .map_err(|e| mapped(name, "write", e))
+        }
+
+        /// Removes a file directly in the workspace root; missing is fine.
+        pub(crate) fn remove_own(&self, name: &str) -> Result<(), SandboxError> {
+            match self.root.remove(name, false) {
+                Ok(()) | Err(PlaneError::NotFound { .. }) => Ok(()),
+                Err(e) => Err(mapped(name, "remove", e)),
+            }
+        }
+    }
+}
+
+#[cfg(unix)]
+pub(crate) use posix::HostPlane;
+
+#[cfg(not(unix))]
+mod unsupported {
+    use std::path::Path;
+
+    use sandbox_core::{EntryKind, SandboxError};
+
+    use super::PlaneStat;
+
+    /// The host plane needs a descriptor-relative, no-follow walk that only exists on Unix hosts
+    /// so far; elsewhere every operation is refused.
+    #[derive(Debug)]
+    pub(crate) struct HostPlane {
+        _never: std::convert::Infallible,
+    }
+
+    #[cold]
+    fn refused() -> SandboxError {
+        SandboxError::Unsupported(
+            "the sbx host plane exists only on Unix hosts; Windows is not supported yet".into(),
+        )
+    }
+
+    impl HostPlane {
+        pub(crate) fn open(_host_root: &Path, _guest_root: &str) -> Result<Self, SandboxError> {
+            Err(refused())
+        }
+        pub(crate) fn lstat(&self, _guest: &str) -> Result<Option<PlaneStat>, SandboxError> {
+            match self._never {}
+        }
+        pub(crate) fn lstat_kind(&self, _guest: &str) -> Result<Option<EntryKind>, SandboxError> {
+            match self._never {}
+        }
+        pub(crate) fn read(&self, _guest: &str, _max: u64) -> Result<Vec<u8>, SandboxError> {
+            match self._never {}
+        }
+        pub(crate) fn write(&self, _guest: &str, _bytes: &[u8]) -> Result<(), SandboxError> {
+            match self._never {}
+        }
+        pub(crate) fn make_dirs(&self, _guest: &str) -> Result<(), SandboxError> {
+            match self._never {}
+        }
+        pub(crate) fn list(&self, _guest: &str) -> Result<Vec<(String, PlaneStat)>, SandboxError> {
+            match self._never {}
+        }
+        pub(crate) fn write_own(&self, _name: &str, _bytes: &[u8]) -> Result<(), SandboxError> {
+            match self._never {}
+        }
+        pub(crate) fn remove_own(&self, _name: &str) -> Result<(), SandboxError> {
+            match self._never {}
+        }
+    }
+}
+
+#[cfg(not(unix))]
+pub(crate) use unsupported::HostPlane;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_core::ErrorKind;
+
+    #[test]
+    fn placements() {
+        let root = "/maf-sandbox";
+        assert_eq!(
+            placement(root, "/maf-sandbox").unwrap(),
+            Placement::Inside(String::new())
+        );
+        assert_eq!(
+            placement(root, "/maf-sandbox/work/a").unwrap(),
+            Placement::Inside("work/a".into())
+        );
+        assert_eq!(
+            placement(root, "//maf-sandbox/./work/../x").unwrap(),
+            Placement::Inside("x".into())
+        );
+        assert_eq!(placement(root, "/").unwrap(), Placement::Above);
+        for outside in ["/etc", "/maf-sandbox-other", "/maf-sandbox/../etc", "/maf"] {
+            assert_eq!(
+                placement(root, outside).unwrap_err().kind(),
+                ErrorKind::Confinement,
+                "{outside}"
+            );
+        }
+        assert_eq!(
+            placement(root, "/maf-sandbox/a\0b").unwrap_err().kind(),
+            ErrorKind::Confinement
+        );
+        let deep = "/srv/a/b";
+        assert_eq!(placement(deep, "/srv").unwrap(), Placement::Above);
+        assert_eq!(placement(deep, "/srv/a").unwrap(), Placement::Above);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_plane_answers_through_confined_fs_and_never_follows_a_link() {
+        let temp = tempfile::tempdir().unwrap();
+        let ws = temp.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        let plane = HostPlane::open(&ws, "/maf-sandbox").unwrap();
+        plane.write("/maf-sandbox/work/a.txt", b"hello").unwrap();
+        assert_eq!(plane.read("/maf-sandbox/work/a.txt", 5).unwrap(), b"hello");
+        assert_eq!(
+            plane.read("/maf-sandbox/work/a.txt", 4).unwrap_err().kind(),
+            ErrorKind::TransferCapExceeded
+        );
+        assert_eq!(
+            plane.lstat("/maf-sandbox/work").unwrap().unwrap().kind,
+            EntryKind::Directory
+        );
+        assert_eq!(
+            plane.lstat("/").unwrap().unwrap().kind,
+            EntryKind::Directory
+        );
+        assert_eq!(plane.lstat("/maf-sandbox/nope").unwrap(), None);
+        assert_eq!(
+            plane.read("/maf-sandbox/work", 10).unwrap_err().kind(),
+            ErrorKind::IsADirectory
+        );
+        assert_eq!(
+            plane.read("/", 10).unwrap_err().kind(),
+            ErrorKind::IsADirectory
+        );
+        assert_eq!(
+            plane.write("/", b"x").unwrap_err().kind(),
+            ErrorKind::Confinement
+        );
+        assert_eq!(
+            plane.write("/maf-sandbox", b"x").unwrap_err().kind(),
+            ErrorKind::Confinement
+        );
+        std::os::unix::fs::symlink("/etc", ws.join("work/etc")).unwrap();
+        assert_eq!(
+            plane
+                .read("/maf-sandbox/work/etc/passwd", 1 << 20)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Confinement
+        );
+        assert_eq!(
+            plane.lstat("/maf-sandbox/work/etc").unwrap().unwrap().kind,
+            EntryKind::Symlink
+        );
+        let listing = plane.list("/maf-sandbox/work").unwrap();
+        let names: Vec<&str> = listing.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["a.txt", "etc"]);
+        assert_eq!(listing[0].1.size, Some(5));
+        plane.write_own(".marker", b"").unwrap();
+        plane.remove_own(".marker").unwrap();
+        plane.remove_own(".marker").unwrap();
+        assert!(!ws.join(".marker").exists());
+    }
+}

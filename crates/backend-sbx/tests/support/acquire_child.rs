@@ -1,0 +1,50 @@
+//! A helper process for the live suite's `concurrent-acquires-yield-one` probe: it builds its own
+//! backend from the same configuration and runs N concurrent acquires of one (key, spec), each
+//! retrying `Busy`, so the simulator-level create race (and the adopt path) runs, not only the
+//! in-process lock.
+//!
+//! Usage: `sbx-acquire-child <sbx path> <workspace root> <scope> <thread> <agent> <call> <kind>
+//! <image|-> <work-dir|-> <n>`; `SBX_SIM_HOME` comes from the environment. Prints one line per
+//! acquire: `ok <instance id> <freshly created>` or `err <ErrorKind>`.
+
+use backend_sbx::{SbxBackend, SbxConfig};
+use sandbox_core::{SandboxKey, SandboxSpec};
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [sbx, root, scope, thread, agent, call, kind, image, work_dir, n] = args.as_slice() else {
+        eprintln!("usage: sbx-acquire-child <sbx> <root> <scope> <thread> <agent> <call> <kind> <image|-> <work-dir|-> <n>");
+        std::process::exit(2);
+    };
+    let n: usize = n.parse().expect("n is a number");
+    let mut config = SbxConfig::default();
+    config.sbx_path = sbx.into();
+    config.workspace_root = Some(root.into());
+    config.simulator_ok = true;
+    let backend = SbxBackend::connect(config).await.expect("connect");
+    let key = SandboxKey::conversation(scope.as_str(), thread.as_str(), agent.as_str())
+        .with_call(call.as_str());
+    let mut builder =
+        SandboxSpec::builder(kind.as_str()).work_dir((work_dir != "-").then(|| work_dir.clone()));
+    if image != "-" {
+        builder = builder.image(image.as_str());
+    }
+    let spec = builder.build().expect("spec");
+    let acquires: Vec<_> = (0..n)
+        .map(|_| {
+            let backend = backend.clone();
+            let key = key.clone();
+            let spec = spec.clone();
+            tokio::spawn(
+                async move { conformance::acquire_retrying_busy(&backend, &key, &spec).await },
+            )
+        })
+        .collect();
+    for handle in acquires {
+        match handle.await.expect("acquire task") {
+            Ok(sandbox) => println!("ok {} {}", sandbox.instance_id(), sandbox.freshly_created()),
+            Err(error) => println!("err {:?}", error.kind()),
+        }
+    }
+}
