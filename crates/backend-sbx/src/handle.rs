@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use exec_wrapper::{
-    encode_env_file, encode_invocation, kill_argv, new_nonce, parse_run_output, pid_file,
-    sbx_env_file_name, sbx_wrapper_argv, ExitKind, KillFailure, KillOutcome, Nonce, SbxMount,
-    WrapperOutcome, KILL_OUTPUT_BUDGET,
+    encode_env_file, encode_invocation, namespace_kill_argv, new_nonce, parse_run_output,
+    pid_namespace_probe_argv, read_kill_mode_probe, sbx_env_file_name,
+    sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, ExitKind, KillFailure, KillOutcome,
+    KillReport, Nonce, SbxMount, WrapperOutcome, KILL_OUTPUT_BUDGET,
 };
 use sandbox_core::{
     check_delete, check_list, check_read, check_write, confine, guest_path_join, guest_path_norm,
@@ -114,24 +115,35 @@ async fn kill(
     instance_id: String,
     nonce: Nonce,
 ) -> GuestCleanup {
+    // One kill script serves both wrapper shapes: it kills the call's PID namespace when the
+    // call entered one, and the recorded process group otherwise.
     let request = CliExec::new(
         name.clone(),
-        kill_argv(&pid_file(&nonce)),
+        namespace_kill_argv(&nonce),
         Instant::now() + host.config.exec_cleanup_timeout,
     )
     .output_budget(KILL_OUTPUT_BUDGET);
-    let outcome = match host.cli.exec(&request).await {
+    let report = match host.cli.exec(&request).await {
         Ok(output) => match output.status {
-            ExitKind::Exited(code) => KillOutcome::from_exit(code),
-            ExitKind::Signaled(_) => KillOutcome::NotLanded(KillFailure::CallFailed),
+            ExitKind::Exited(code) => KillReport::from_exit(code),
+            ExitKind::Signaled(_) => KillReport {
+                outcome: KillOutcome::NotLanded(KillFailure::CallFailed),
+                mode: None,
+            },
         },
         Err(error) => {
             tracing::warn!(sandbox = %name, %error, "the kill call failed");
-            KillOutcome::NotLanded(KillFailure::CallFailed)
+            KillReport {
+                outcome: KillOutcome::NotLanded(KillFailure::CallFailed),
+                mode: None,
+            }
         }
     };
-    match outcome {
-        KillOutcome::Killed => GuestCleanup::Killed,
+    match report.outcome {
+        KillOutcome::Killed => {
+            tracing::debug!(sandbox = %name, mode = ?report.mode, "the command was killed");
+            GuestCleanup::Killed
+        }
         KillOutcome::NeverStarted => GuestCleanup::NeverStarted,
         KillOutcome::NotLanded(failure) => {
             tracing::warn!(sandbox = %name, ?failure, "the kill did not land");
@@ -229,8 +241,12 @@ impl SbxSandbox {
             }
             None => None,
         };
-        let argv = sbx_wrapper_argv(&nonce, &self.mount, env_file.is_some(), &invocation)
-            .map_err(|e| SandboxError::invalid(e.to_string()))?;
+        let argv = if self.pid_namespace().await? {
+            sbx_pid_namespace_wrapper_argv(&nonce, &self.mount, env_file.is_some(), &invocation)
+        } else {
+            sbx_wrapper_argv(&nonce, &self.mount, env_file.is_some(), &invocation)
+        }
+        .map_err(|e| SandboxError::invalid(e.to_string()))?;
         let budget_bytes =
             usize::try_from(budget.saturating_add(NONCE_SLACK)).unwrap_or(usize::MAX);
         let request = CliExec::new(self.name.clone(), argv, Instant::now() + timeout)
@@ -285,6 +301,37 @@ impl SbxSandbox {
             }
         }
         ended
+    }
+
+    /// Whether this instance's calls run in their own PID namespace (the wrapper's `enter-pid`
+    /// stage), so a timeout kills every process a command started; asked once per instance with
+    /// the same `unshare` the stage runs. Where the guest cannot make one, calls enter without it
+    /// and a timeout kills the command's process group only. A failed probe call is an error,
+    /// asked again next time, never a silent downgrade.
+    async fn pid_namespace(&self) -> Result<bool, SandboxError> {
+        if let Some(known) = self.host.pid_namespace_known(&self.instance_id) {
+            return Ok(known);
+        }
+        let output = crate::engine::short_exec(
+            &self.host.cli,
+            &self.name,
+            pid_namespace_probe_argv(),
+            false,
+            self.host.config.command_timeout,
+        )
+        .await
+        .map_err(|error| self.gone_or(error))?;
+        let available = read_kill_mode_probe(output.status);
+        if !available {
+            tracing::warn!(
+                sandbox = %self.name,
+                status = ?output.status,
+                "no PID namespace for commands here; a timeout kills the command's process group only"
+            );
+        }
+        self.host
+            .remember_pid_namespace(&self.instance_id, available);
+        Ok(available)
     }
 
     /// A wrapper call that never reached its nonce line: the sandbox's absence is SandboxGone,
