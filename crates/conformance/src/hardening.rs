@@ -132,29 +132,43 @@ pub trait HardeningHooks: Send + Sync {
     }
 }
 
-/// The group-death poll of spec §14: exits 0 once no member of the group recorded in `pgid_file` is
-/// left, 1 when one survives 50 polls 0.1 s apart, 3 when the record or the shell's `kill` cannot be read.
-pub fn group_death_poll(pgid_file: &str) -> String {
-    format!(
-        "p=$(cat {pgid_file}); [ \"$p\" -gt 1 ] 2>/dev/null; [ $? -ne 0 ] && exit 3; i=0; \
-         while :; do kill -0 -\"$p\" 2>/dev/null; r=$?; [ $r -eq 1 ] && exit 0; [ $r -ne 0 ] && exit 3; \
-         i=$((i+1)); [ $i -ge 50 ] && exit 1; sleep 0.1; done"
-    )
-}
+/// Polls, from a second exec, until no process whose command line (NUL separators dropped)
+/// contains `$2$1` remains: exit 0 once none does, 1 when one survives 50 polls 0.1 s apart, 3
+/// when `/proc` cannot be read. The marker comes in two pieces, in that order, so the poll's own
+/// command line (`…$1$2`) never matches. Works whatever PID namespace each call runs in, where
+/// a recorded pid or group id would not.
+pub const SURVIVOR_POLL: &str = r#"[ -r /proc/self/cmdline ] || exit 3
+i=0
+while :; do
+  n=0
+  for d in /proc/[0-9]*; do c=; IFS= read -r c 2>/dev/null <"$d/cmdline"; case $c in *"$2$1"*) n=$((n+1)) ;; esac; done
+  [ "$n" -eq 0 ] && exit 0
+  i=$((i+1))
+  [ "$i" -ge 50 ] && exit 1
+  sleep 0.1
+done"#;
 
-async fn expect_group_dead(
+/// Waits until no process of the timed-out command, recognised by `marker` in its command line
+/// (`marker = head + tail`), remains.
+async fn expect_none_left(
     subject: &dyn ConformanceSubject,
-    pgid_file: &str,
+    head: &str,
+    tail: &str,
     work: &str,
 ) -> Result<(), ProbeError> {
-    let out = run_argv(subject, &["sh", "-c", &group_death_poll(pgid_file)], work).await?;
+    let out = run_argv(
+        subject,
+        &["sh", "-c", SURVIVOR_POLL, "poll", tail, head],
+        work,
+    )
+    .await?;
     match out.exit_code {
         0 => Ok(()),
         1 => Err(ProbeError::Assertion(format!(
-            "a member of the process group recorded in {pgid_file} is still alive"
+            "a process of the timed-out command ({head}{tail}) is still alive"
         ))),
         other => Err(ProbeError::Harness(format!(
-            "the group-death poll on {pgid_file} exited {other} (stderr {:?})",
+            "the survivor poll for {head}{tail} exited {other} (stderr {:?})",
             out.stderr_text()
         ))),
     }
@@ -247,12 +261,12 @@ pub async fn assert_hardening(
             let request = ExecRequest::new(Command::argv([
                 "sh",
                 "-c",
-                "echo $$ > timeout-probe.pgid; sleep 3131 & sleep 3132 & sleep 3133; wait",
+                "sleep 3131 & sleep 3132 & sleep 3133; wait",
             ]))
             .working_directory(work)
             .timeout(Duration::from_secs(1));
             refused_with(Refusal::Timeout, subject.sandbox().exec(request)).await?;
-            expect_group_dead(subject, "timeout-probe.pgid", work).await?;
+            expect_none_left(subject, "sleep31", "3", work).await?;
             expect_handle_works(subject, work, &instance_id).await
         })
         .await;
@@ -266,7 +280,7 @@ pub async fn assert_hardening(
             let request = ExecRequest::new(Command::argv([
                 "sh",
                 "-c",
-                "echo $$ > flood.pgid; head -c 1073741824 /dev/zero",
+                "head -c 1073741824 /dev/zero",
             ]))
             .working_directory(work)
             .timeout(Duration::from_secs(120));
@@ -300,7 +314,7 @@ pub async fn assert_hardening(
                 growth <= FLOOD_RSS_ALLOWANCE,
                 "host memory grew by {growth} bytes during the flood (allowance {FLOOD_RSS_ALLOWANCE})"
             );
-            expect_group_dead(subject, "flood.pgid", work).await?;
+            expect_none_left(subject, "head-c1073741824", "/dev/zero", work).await?;
             expect_handle_works(subject, work, &instance_id).await
         })
         .await;
@@ -677,11 +691,26 @@ mod tests {
     }
 
     #[test]
-    fn the_poll_script_uses_the_portable_kill_form() {
-        let script = group_death_poll("flood.pgid");
-        assert!(script.contains("kill -0 -\"$p\""));
-        assert!(!script.contains("kill -0 --"));
-        assert!(script.starts_with("p=$(cat flood.pgid);"));
+    fn the_survivor_poll_sees_a_marked_process_and_never_itself() {
+        let poll = |head: &str, tail: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", SURVIVOR_POLL, "poll", tail, head])
+                .status()
+                .unwrap()
+                .code()
+        };
+        // Nothing carries the marker: not even the poll, whose arguments hold both pieces.
+        assert_eq!(poll("sleepZZ31", "9"), Some(0));
+        // A shell blocked in its `read` builtin: one process, no child left behind.
+        let mut marked = std::process::Command::new("sh")
+            .args(["-c", "read -r line", "sleepZZ31", "9"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        assert_eq!(poll("sleepZZ31", "9"), Some(1));
+        marked.kill().unwrap();
+        marked.wait().unwrap();
+        assert_eq!(poll("sleepZZ31", "9"), Some(0));
     }
 
     #[tokio::test]

@@ -410,10 +410,12 @@ async fn an_unreadable_group_poll_is_a_harness_error_never_a_pass() {
                 })
             } else if script.contains("head -c") {
                 Err(SandboxError::OutputLimitExceeded { limit: 8 << 20 })
-            } else if script.contains("timeout-probe.pgid") {
-                exited(3, b"")
-            } else if script.contains("flood.pgid") {
-                exited(1, b"")
+            } else if argv.get(3).map(String::as_str) == Some("poll") {
+                // The survivor poll: unreadable after the timeout, a survivor after the flood.
+                match argv.get(5).map(String::as_str) {
+                    Some("sleep31") => exited(3, b""),
+                    _ => exited(1, b""),
+                }
             } else {
                 exited(0, b"")
             }
@@ -431,7 +433,7 @@ async fn an_unreadable_group_poll_is_a_harness_error_never_a_pass() {
         ProbeOutcome::Failed { why } => why.clone(),
         other => panic!("{probe}: {other:?}"),
     };
-    assert!(why("a-timed-out-group-is-dead").starts_with("harness error: the group-death poll"));
+    assert!(why("a-timed-out-group-is-dead").starts_with("harness error: the survivor poll"));
     assert!(why("a-flood-is-refused-and-bounded").contains("is still alive"));
     assert_eq!(
         report.get("HARDENING", "argv-refuses-nul").unwrap().outcome,
