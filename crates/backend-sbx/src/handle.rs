@@ -1,6 +1,7 @@
 //! The handle to one sbx sandbox: commands through the exec wrapper's sbx shape, files through
 //! the host plane.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,6 +68,8 @@ struct PendingKill {
     name: SbxName,
     instance_id: String,
     nonce: Nonce,
+    /// Raised once the call's nonce line arrived: the command had started.
+    started: Arc<AtomicBool>,
 }
 
 impl PendingKill {
@@ -79,12 +82,13 @@ impl PendingKill {
     async fn run_now(mut self) -> GuestCleanup {
         self.armed = false;
         let host = self.host.clone();
-        let (name, instance, nonce) = (
+        let (name, instance, nonce, started) = (
             self.name.clone(),
             self.instance_id.clone(),
             self.nonce.clone(),
+            self.started.clone(),
         );
-        match tokio::spawn(kill(host, name, instance, nonce)).await {
+        match tokio::spawn(kill(host, name, instance, nonce, started)).await {
             Ok(cleanup) => cleanup,
             Err(_) => GuestCleanup::Retired,
         }
@@ -99,6 +103,7 @@ impl Drop for PendingKill {
                 self.name.clone(),
                 self.instance_id.clone(),
                 self.nonce.clone(),
+                self.started.clone(),
             );
             spawn_detached("the kill of an abandoned command", async move {
                 let _ = work.await;
@@ -114,6 +119,7 @@ async fn kill(
     name: SbxName,
     instance_id: String,
     nonce: Nonce,
+    started: Arc<AtomicBool>,
 ) -> GuestCleanup {
     // One kill script serves both wrapper shapes: it kills the call's PID namespace when the
     // call entered one, and the recorded process group otherwise.
@@ -139,6 +145,9 @@ async fn kill(
             }
         }
     };
+    // Nothing to kill after the nonce line arrived: the command removed or escaped what names
+    // it. Retired, never "never started".
+    let report = report.after_start(started.load(Ordering::Relaxed));
     match report.outcome {
         KillOutcome::Killed => {
             tracing::debug!(sandbox = %name, mode = ?report.mode, "the command was killed");
@@ -249,14 +258,17 @@ impl SbxSandbox {
         .map_err(|e| SandboxError::invalid(e.to_string()))?;
         let budget_bytes =
             usize::try_from(budget.saturating_add(NONCE_SLACK)).unwrap_or(usize::MAX);
+        let started = Arc::new(AtomicBool::new(false));
         let request = CliExec::new(self.name.clone(), argv, Instant::now() + timeout)
-            .output_budget(budget_bytes);
+            .output_budget(budget_bytes)
+            .watch_stderr_line(nonce.line(), started.clone());
         let pending = PendingKill {
             armed: true,
             host: self.host.clone(),
             name: self.name.clone(),
             instance_id: self.instance_id.clone(),
             nonce: nonce.clone(),
+            started,
         };
         let result = self.host.cli.exec(&request).await;
         let ended = match result {
