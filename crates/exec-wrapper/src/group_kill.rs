@@ -30,7 +30,7 @@ pub const KILL_OUTPUT_BUDGET: usize = 64 * 1024;
 /// What the kill call achieved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KillOutcome {
-    /// The command's group was killed: keep the sandbox.
+    /// The command was killed (its group, tree or namespace: see [`KillMode`]): keep the sandbox.
     Killed,
     /// The command never started and never will (or had already finished): keep the sandbox.
     NeverStarted,
