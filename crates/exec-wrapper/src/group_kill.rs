@@ -152,11 +152,11 @@ impl KillReport {
         }
     }
 
-    /// Applies what the host saw of the call itself. A wrapper prints its nonce line only after
-    /// its record exists (the init, the namespace or, for the exact shapes, before the cancel
-    /// check), so once the host has seen that line, "nothing to kill" means the command removed
-    /// or escaped what names it: [`KillFailure::StartedButUnrecorded`], retire. Without the line
-    /// the outcome stands.
+    /// Applies what the host saw of the call itself. A wrapper prints its nonce line only once
+    /// what names the call exists (the engine's init, the outer `unshare`) or is about to be
+    /// written (the group record), so once the host has seen that line, "nothing to kill" means
+    /// the command removed or escaped it (or finished just as the deadline struck):
+    /// [`KillFailure::StartedButUnrecorded`], retire. Without the line the outcome stands.
     pub fn after_start(self, nonce_line_seen: bool) -> KillReport {
         match self.outcome {
             KillOutcome::NeverStarted if nonce_line_seen => KillReport {
