@@ -6,8 +6,8 @@
 //! is built first when missing; each measures the backend against the raw `docker` CLI in the
 //! same run (the sbx backend's, `crates/backend-sbx/benches`, against the bare `sbx-sim` CLI and
 //! `confined-fs` alone, on the simulator built first), prints one line per metric (`name:
-//! backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`) and exits non-zero when a pass/fail
-//! target is missed.
+//! backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`; the exec wrapper's own cost as an
+//! absolute `added X ms at p50`) and exits non-zero when a pass/fail target is missed.
 
 use crate::error::XtaskError;
 use crate::live::build_images;
@@ -79,6 +79,7 @@ fn is_report_line(line: &str) -> bool {
     line.starts_with("confined-fs writes:")
         || line.starts_with("confined-fs reads:")
         || line.starts_with("flood:")
+        || line.starts_with("exec wrapper cost:")
         || (line.contains(": backend ") && line.contains(" ms, raw "))
 }
 
@@ -170,6 +171,9 @@ mod tests {
         ));
         assert!(is_report_line(
             "confined-fs reads: 1000 files x 4 KiB: confined 40.1 ms, std 9.2 ms, ratio 4.36"
+        ));
+        assert!(is_report_line(
+            "exec wrapper cost: ours 21.0 ms, raw 17.2 ms, added 3.8 ms at p50 (target ≤ +6 ms) PASS [45 rounds]"
         ));
         assert!(!is_report_line(
             "     Running benches/exec.rs (target/release/deps/exec)"

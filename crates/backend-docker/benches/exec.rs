@@ -3,6 +3,10 @@
 //! API exec (create, attached start, inspect) of the same command with the same client library.
 //! Pass/fail: p50 and p95 at most 0.90× the CLI's, p50 at most 1.10× the bare API exec's.
 //!
+//! The wrapper's own cost: the same bare API exec of `echo hi`, once through the wrapper as the
+//! backend sends it (`/sbin/docker-init -s -- sh -c <wrapper> …`, argv raw) and once bare, on
+//! the same container. Pass/fail: at most 6 ms added at p50.
+//!
 //! Then the flood: a guest printing 1 GiB must be refused with the output-limit error while the
 //! host's resident memory grows by at most 24 MiB.
 
@@ -23,11 +27,29 @@ const ROUNDS: usize = 45;
 
 /// One bare Engine API exec of `echo hi`: create, attached start read to the end, inspect.
 async fn bare_api_exec(docker: &bollard::Docker, id: &str) {
+    api_exec(docker, id, vec!["echo".to_owned(), "hi".to_owned()]).await;
+}
+
+/// The same exec through the wrapper under the engine's init, as the backend sends it.
+async fn wrapped_api_exec(docker: &bollard::Docker, id: &str) {
+    let nonce = exec_wrapper::new_nonce().expect("a nonce");
+    let invocation =
+        exec_wrapper::raw_invocation(b"/", &[b"echo".as_slice(), b"hi"]).expect("an argv");
+    api_exec(
+        docker,
+        id,
+        exec_wrapper::docker_init_wrapper_argv(&nonce, &invocation),
+    )
+    .await;
+}
+
+/// One Engine API exec of `cmd`: create, attached start read to the end, inspect; exit 0.
+async fn api_exec(docker: &bollard::Docker, id: &str, cmd: Vec<String>) {
     let created = docker
         .create_exec(
             id,
             CreateExecOptions::<String> {
-                cmd: Some(vec!["echo".to_owned(), "hi".to_owned()]),
+                cmd: Some(cmd),
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),
                 ..CreateExecOptions::default()
@@ -89,6 +111,7 @@ async fn main() {
         || ExecRequest::new(Command::argv(["echo", "hi"])).timeout(Duration::from_secs(60));
     let mut exec = Metric::new("exec p50", Target::AtMost(0.90));
     let mut bare = Metric::new("exec p50 vs bare API exec", Target::AtMost(1.10));
+    let mut wrapper = Metric::new("exec wrapper cost", Target::ReportedOnly);
     for round in 0..WARMUP + ROUNDS {
         let times = round_robin(
             round,
@@ -101,15 +124,20 @@ async fn main() {
                     docker(&["exec", &raw, "echo", "hi"]).await;
                 }),
                 Box::pin(bare_api_exec(&api, &raw)),
+                Box::pin(wrapped_api_exec(&api, &raw)),
             ],
         )
         .await;
         if round >= WARMUP {
             exec.push((times[0], times[1]));
             bare.push((times[0], times[2]));
+            wrapper.push((times[3], times[2]));
         }
     }
-    let mut passed = exec.report() & exec.report_p95("exec p95") & bare.report();
+    let mut passed = exec.report()
+        & exec.report_p95("exec p95")
+        & bare.report()
+        & wrapper.report_added("exec wrapper cost", 6.0);
 
     // The flood: 1 GiB of output against the default budget.
     let before = peak_rss_kib(true);

@@ -2,15 +2,17 @@
 //! stderr demultiplexed and the output budget enforced while streaming, the exit code from the
 //! exec inspect, and the remote kill that follows an expired or dropped command.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use exec_wrapper::{
-    docker_wrapper_argv, encode_invocation, kill_argv, new_nonce, parse_result, pid_file,
-    read_tool_probe, tool_probe_argv, ExitKind, KillFailure, KillOutcome, ToolProbeOutcome,
-    WrapperOutcome, DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
+    docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, new_nonce, nonce_line_seen,
+    parse_result, raw_invocation, read_tool_probe, tool_probe_argv, tree_kill_argv, ExitKind,
+    KillFailure, KillOutcome, KillReport, Nonce, ToolProbeOutcome, WrapperOutcome,
+    DOCKER_INIT_PATH, DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
 };
 use futures_util::StreamExt as _;
 use sandbox_core::{ExecEnv, ExecOutput, GuestCleanup, SandboxError};
@@ -101,6 +103,21 @@ impl BackendState {
         stdin: Option<Vec<u8>>,
         budget: u64,
     ) -> Result<Collected, ExecFailure> {
+        self.exec_collect_watching(id, argv, env, stdin, budget, None)
+            .await
+    }
+
+    /// [`Self::exec_collect`] that also raises `watch`'s flag as soon as stderr holds its
+    /// nonce line, so a kill after the caller's deadline knows the command had started.
+    async fn exec_collect_watching(
+        &self,
+        id: &str,
+        argv: Vec<String>,
+        env: Vec<String>,
+        stdin: Option<Vec<u8>>,
+        budget: u64,
+        watch: Option<(&Nonce, &AtomicBool)>,
+    ) -> Result<Collected, ExecFailure> {
         let api = self.engine.api();
         let options = CreateExecOptions::<String> {
             cmd: Some(argv),
@@ -165,6 +182,11 @@ impl BackendState {
                         stdout.extend_from_slice(&message);
                     } else {
                         stderr.extend_from_slice(&message);
+                        if let Some((nonce, seen)) = watch {
+                            if !seen.load(Ordering::Relaxed) && nonce_line_seen(&stderr, nonce) {
+                                seen.store(true, Ordering::Relaxed);
+                            }
+                        }
                     }
                 }
                 () = &mut feed, if !fed => fed = true,
@@ -190,13 +212,17 @@ impl BackendState {
         })
     }
 
-    /// The tool probe, once per id; a pass is cached, a refusal is not.
+    /// The tool probe, once per id; a pass is cached, a refusal is not. The same call asks for
+    /// the engine's init ([`DOCKER_INIT_PATH`]): where it is, every call runs under it as a
+    /// subreaper and a timeout kills the call's whole process tree; where it is not, the group
+    /// shape, and a timeout kills the command's process group only.
     pub(crate) async fn probe_tools(&self, id: &str, image: &str) -> Result<(), SandboxError> {
         if self.is_probed(id) {
             return Ok(());
         }
-        let argv =
-            tool_probe_argv(DOCKER_TOOLS).map_err(|e| SandboxError::invalid(e.to_string()))?;
+        let mut tools = DOCKER_TOOLS.to_vec();
+        tools.push(DOCKER_INIT_PATH);
+        let argv = tool_probe_argv(&tools).map_err(|e| SandboxError::invalid(e.to_string()))?;
         let deadline = self.config.command_timeout;
         let probe = self.exec_collect(id, argv, Vec::new(), None, PROBE_OUTPUT_BUDGET as u64);
         let collected = match tokio::time::timeout(deadline, probe).await {
@@ -211,10 +237,25 @@ impl BackendState {
         };
         match read_tool_probe(ExitKind::Exited(collected.exit_code), &collected.stdout) {
             ToolProbeOutcome::AllPresent => {
+                self.mark_subreaper(id);
                 self.mark_probed(id);
                 Ok(())
             }
-            ToolProbeOutcome::Missing(tools) => Err(missing_tools(image, &tools.join(", "))),
+            ToolProbeOutcome::Missing(mut missing) => {
+                let init_missing = missing.iter().any(|tool| tool == DOCKER_INIT_PATH);
+                missing.retain(|tool| tool != DOCKER_INIT_PATH);
+                if !missing.is_empty() {
+                    return Err(missing_tools(image, &missing.join(", ")));
+                }
+                if init_missing {
+                    tracing::warn!(
+                        container = %id,
+                        "no engine init at {DOCKER_INIT_PATH}: a timeout kills the command's process group only"
+                    );
+                }
+                self.mark_probed(id);
+                Ok(())
+            }
             ToolProbeOutcome::NoShell => Err(missing_tools(image, "sh")),
             ToolProbeOutcome::Failed { status } => Err(SandboxError::engine(format!(
                 "the tool probe failed before it could answer ({status:?}): {}",
@@ -238,17 +279,26 @@ impl BackendState {
         call: GuestCall<'_>,
     ) -> Result<GuestEnd, SandboxError> {
         self.refuse_retired(id)?;
-        let invocation = encode_invocation(call.cwd.as_bytes(), &call.argv)
-            .map_err(|e| SandboxError::invalid(e.to_string()))?;
+        let nonce = new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
+        // Under the engine's init the argv travels raw (the API carries JSON strings exactly);
+        // only values that are not UTF-8 are encoded.
+        let argv = if self.has_subreaper(id) {
+            let invocation = raw_invocation(call.cwd.as_bytes(), &call.argv)
+                .map_err(|e| SandboxError::invalid(e.to_string()))?;
+            docker_init_wrapper_argv(&nonce, &invocation)
+        } else {
+            let invocation = encode_invocation(call.cwd.as_bytes(), &call.argv)
+                .map_err(|e| SandboxError::invalid(e.to_string()))?;
+            docker_wrapper_argv(&nonce, &invocation)
+        };
         let env = match call.env {
             Some(env) => guest_env(env)?,
             None => Vec::new(),
         };
-        let nonce = new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
-        let pid_file = pid_file(&nonce);
-        let argv = docker_wrapper_argv(&nonce, &invocation);
+        let started_seen = Arc::new(AtomicBool::new(false));
         let mut kill_if_dropped = CleanupOnDrop::armed("the remote kill of a dropped command", {
-            let kill = Arc::clone(self).kill_group(id.to_owned(), pid_file.clone());
+            let kill =
+                Arc::clone(self).kill_call(id.to_owned(), nonce.clone(), Arc::clone(&started_seen));
             async move {
                 kill.await;
             }
@@ -256,20 +306,31 @@ impl BackendState {
         let started = std::time::SystemTime::now();
         let ran = tokio::time::timeout(
             call.timeout,
-            self.exec_collect(id, argv, env, call.stdin, call.budget),
+            self.exec_collect_watching(
+                id,
+                argv,
+                env,
+                call.stdin,
+                call.budget,
+                Some((&nonce, &started_seen)),
+            ),
         )
         .await;
         kill_if_dropped.disarm();
         let collected = match ran {
-            Err(_) => return Ok(GuestEnd::Expired(self.kill_shielded(id, &pid_file).await)),
+            Err(_) => {
+                return Ok(GuestEnd::Expired(
+                    self.kill_shielded(id, &nonce, &started_seen).await,
+                ))
+            }
             Ok(Err(ExecFailure::OverBudget)) => {
                 return Ok(GuestEnd::Overflowed(
-                    self.kill_shielded(id, &pid_file).await,
+                    self.kill_shielded(id, &nonce, &started_seen).await,
                 ))
             }
             Ok(Err(failure @ ExecFailure::Broken(_))) => {
-                // The stream is gone but the command may not be: kill its group all the same.
-                let _ = self.kill_shielded(id, &pid_file).await;
+                // The stream is gone but the command may not be: kill it all the same.
+                let _ = self.kill_shielded(id, &nonce, &started_seen).await;
                 return Err(self.exec_failure(id, "exec", failure));
             }
             Ok(Err(failure)) => return Err(self.exec_failure(id, "exec", failure)),
@@ -340,27 +401,47 @@ impl BackendState {
     }
 
     /// Runs the kill in a spawned task and waits for it; the caller's drop cannot cancel it.
-    async fn kill_shielded(self: &Arc<Self>, id: &str, pid_file: &str) -> GuestCleanup {
-        shielded(Arc::clone(self).kill_group(id.to_owned(), pid_file.to_owned()))
+    async fn kill_shielded(
+        self: &Arc<Self>,
+        id: &str,
+        nonce: &Nonce,
+        started_seen: &Arc<AtomicBool>,
+    ) -> GuestCleanup {
+        shielded(Arc::clone(self).kill_call(id.to_owned(), nonce.clone(), Arc::clone(started_seen)))
             .await
             .unwrap_or(GuestCleanup::Retired)
     }
 
-    /// The kill call and what follows it: keep, or retire.
-    async fn kill_group(self: Arc<Self>, id: String, pid_file: String) -> GuestCleanup {
+    /// The kill call and what follows it: keep, or retire. One kill script serves both shapes:
+    /// it kills the call's subreaper tree when the call runs under the engine's init, and the
+    /// recorded process group otherwise. Finding nothing after the nonce line arrived means the
+    /// command removed or escaped what names it: retired, never "never started".
+    async fn kill_call(
+        self: Arc<Self>,
+        id: String,
+        nonce: Nonce,
+        started_seen: Arc<AtomicBool>,
+    ) -> GuestCleanup {
         let kill = self.exec_collect(
             &id,
-            kill_argv(&pid_file),
+            tree_kill_argv(&nonce),
             Vec::new(),
             None,
             KILL_OUTPUT_BUDGET as u64,
         );
-        let outcome = match tokio::time::timeout(self.config.exec_cleanup_timeout, kill).await {
-            Ok(Ok(collected)) => KillOutcome::from_exit(collected.exit_code),
-            Ok(Err(_)) | Err(_) => KillOutcome::NotLanded(KillFailure::CallFailed),
-        };
-        match outcome {
-            KillOutcome::Killed => GuestCleanup::Killed,
+        let report = match tokio::time::timeout(self.config.exec_cleanup_timeout, kill).await {
+            Ok(Ok(collected)) => KillReport::from_exit(collected.exit_code),
+            Ok(Err(_)) | Err(_) => KillReport {
+                outcome: KillOutcome::NotLanded(KillFailure::CallFailed),
+                mode: None,
+            },
+        }
+        .after_start(started_seen.load(Ordering::Relaxed));
+        match report.outcome {
+            KillOutcome::Killed => {
+                tracing::debug!(container = %id, mode = ?report.mode, "the timed-out command was killed");
+                GuestCleanup::Killed
+            }
             KillOutcome::NeverStarted => GuestCleanup::NeverStarted,
             KillOutcome::NotLanded(why) => {
                 tracing::warn!(container = %id, ?why, "the kill did not land; retiring the sandbox");

@@ -47,9 +47,11 @@
 //!
 //! It does not pull from a registry except one explicit, bounded pull of an absent image (which
 //! fails here: then [`SandboxError::ImageMissing`](sandbox_core::SandboxError) says how to build
-//! the local images); it enforces egress `closed` only; it never stops a container; a command
-//! that starts a new session or rewrites its own pid file outlives the timeout kill (only
-//! disposal ends every process of a sandbox). Reads and writes act with the engine's authority
+//! the local images); it enforces egress `closed` only; it never stops a container. A timeout
+//! kills every process in the call's tree under the engine's init (`docker-init -s`); in a
+//! container without that init, only the command's process group, which a command that starts a
+//! new session outlives (docs/wrapper-protocol.md). Processes a command leaves behind when it
+//! finishes, or after killing its own init, keep running until disposal. Reads and writes act with the engine's authority
 //! inside the container: a guest that swaps a checked component for a link between the check and
 //! the transfer can redirect that transfer to another path of its own container (never outside
 //! it), which a non-root guest could not reach itself.

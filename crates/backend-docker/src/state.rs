@@ -37,6 +37,9 @@ struct ProcessMemory {
     unremovable: HashSet<String>,
     /// Ids whose tool probe passed.
     probed: HashSet<String>,
+    /// Ids whose engine init runs as a subreaper (`docker-init -s`): their calls run under it
+    /// and a timeout kills the call's whole tree; the others get the group shape.
+    subreaper: HashSet<String>,
     /// Ids verified for a warm acquire.
     warm: HashMap<String, WarmEntry>,
     /// Name → what this process made or adopted under it.
@@ -129,6 +132,14 @@ impl BackendState {
         self.memory().probed.insert(id.to_owned());
     }
 
+    pub(crate) fn has_subreaper(&self, id: &str) -> bool {
+        self.memory().subreaper.contains(id)
+    }
+
+    pub(crate) fn mark_subreaper(&self, id: &str) {
+        self.memory().subreaper.insert(id.to_owned());
+    }
+
     pub(crate) fn known_guest_ids(&self, id: &str) -> Option<(u64, u64)> {
         self.memory().guest_ids.get(id).copied()
     }
@@ -171,6 +182,7 @@ impl BackendState {
         let mut memory = self.memory();
         memory.warm.remove(id);
         memory.probed.remove(id);
+        memory.subreaper.remove(id);
         memory.guest_ids.remove(id);
         memory.remembered.retain(|_, r| r.id != id);
         if !memory.unremovable.contains(id) {

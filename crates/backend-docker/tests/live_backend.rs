@@ -12,7 +12,9 @@ use sandbox_core::{
     Command, DisposeSelector, ErrorKind, ExecEnv, ExecRequest, GuestCleanup, Sandbox,
     SandboxBackend, SandboxKey, SandboxSpec, SandboxState,
 };
-use support::{assert_nothing_left, backend, docker, unique_scope, BASE, BUSYBOX, NOTOOLS};
+use support::{
+    assert_nothing_left, backend, docker, unique_scope, BASE, BASE_ROOT, BUSYBOX, NOTOOLS,
+};
 
 fn spec(image: &str) -> SandboxSpec {
     SandboxSpec::builder("live").image(image).build().unwrap()
@@ -440,15 +442,16 @@ async fn a_kill_that_does_not_land_retires_the_sandbox() {
     let backend = backend(false).await;
     let scope = unique_scope("retire");
     let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
-    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let sandbox = backend.acquire(&key, &spec(BASE_ROOT)).await.unwrap();
     let old = sandbox.instance_id().to_owned();
-    // The command tears its own group record, so the kill script cannot trust it (exit 3).
+    // The command (root in its container) removes every shell, so the kill call cannot start:
+    // a kill that cannot prove it landed.
     let error = sandbox
         .exec(
             ExecRequest::new(Command::argv([
                 "sh",
                 "-c",
-                "sleep 0.2; for f in /tmp/maf-sbx-*.pgid; do printf 'torn\\n' > \"$f\"; done; sleep 30",
+                "sleep 0.2; rm -f /bin/sh /usr/bin/sh /bin/dash /usr/bin/dash /bin/bash /usr/bin/bash; sleep 30",
             ]))
             .timeout(Duration::from_secs(1)),
         )
@@ -468,7 +471,7 @@ async fn a_kill_that_does_not_land_retires_the_sandbox() {
     assert_eq!(refused.kind(), ErrorKind::Retired, "{refused}");
     let inspect = docker(["container", "inspect", &old]).await;
     assert_ne!(inspect.status, exec_wrapper::ExitKind::Exited(0));
-    let replacement = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let replacement = backend.acquire(&key, &spec(BASE_ROOT)).await.unwrap();
     assert_ne!(replacement.instance_id(), old);
     assert!(replacement.freshly_created());
     assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;

@@ -44,6 +44,9 @@ pub(crate) struct SbxHost {
     declarations: BackendDeclarations,
     /// Instance id → why it was retired.
     retired: Mutex<HashMap<String, String>>,
+    /// Instance id → whether its guest can give each call its own PID namespace (asked once per
+    /// instance, before its first wrapper call).
+    pid_namespaces: Mutex<HashMap<String, bool>>,
 }
 
 /// The declarations: every file capability, closed egress, POSIX guests, conversation scope,
@@ -149,6 +152,7 @@ impl SbxBackend {
                 isolation,
                 declarations: declarations(),
                 retired: Mutex::new(HashMap::new()),
+                pid_namespaces: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -211,6 +215,24 @@ impl SbxHost {
     }
 
     /// Why this process retired `instance_id`, if it did.
+    /// What the PID-namespace probe answered for this instance, when it was asked.
+    pub(crate) fn pid_namespace_known(&self, instance_id: &str) -> Option<bool> {
+        let known = self
+            .pid_namespaces
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        known.get(instance_id).copied()
+    }
+
+    /// Remembers the PID-namespace probe's answer for this instance.
+    pub(crate) fn remember_pid_namespace(&self, instance_id: &str, available: bool) {
+        let mut known = self
+            .pid_namespaces
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        known.insert(instance_id.to_owned(), available);
+    }
+
     pub(crate) fn retired_reason(&self, instance_id: &str) -> Option<String> {
         let retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
         retired.get(instance_id).cloned()

@@ -1,14 +1,16 @@
 //! The handle to one sbx sandbox: commands through the exec wrapper's sbx shape, files through
 //! the host plane.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use exec_wrapper::{
-    encode_env_file, encode_invocation, kill_argv, new_nonce, parse_run_output, pid_file,
-    sbx_env_file_name, sbx_wrapper_argv, ExitKind, KillFailure, KillOutcome, Nonce, SbxMount,
-    WrapperOutcome, KILL_OUTPUT_BUDGET,
+    encode_env_file, encode_invocation, namespace_kill_argv, new_nonce, parse_run_output,
+    pid_namespace_probe_argv, read_kill_mode_probe, sbx_env_file_name,
+    sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, ExitKind, KillFailure, KillOutcome,
+    KillReport, Nonce, SbxMount, WrapperOutcome, KILL_OUTPUT_BUDGET,
 };
 use sandbox_core::{
     check_delete, check_list, check_read, check_write, confine, guest_path_join, guest_path_norm,
@@ -66,6 +68,8 @@ struct PendingKill {
     name: SbxName,
     instance_id: String,
     nonce: Nonce,
+    /// Raised once the call's nonce line arrived: the command had started.
+    started: Arc<AtomicBool>,
 }
 
 impl PendingKill {
@@ -78,12 +82,13 @@ impl PendingKill {
     async fn run_now(mut self) -> GuestCleanup {
         self.armed = false;
         let host = self.host.clone();
-        let (name, instance, nonce) = (
+        let (name, instance, nonce, started) = (
             self.name.clone(),
             self.instance_id.clone(),
             self.nonce.clone(),
+            self.started.clone(),
         );
-        match tokio::spawn(kill(host, name, instance, nonce)).await {
+        match tokio::spawn(kill(host, name, instance, nonce, started)).await {
             Ok(cleanup) => cleanup,
             Err(_) => GuestCleanup::Retired,
         }
@@ -98,6 +103,7 @@ impl Drop for PendingKill {
                 self.name.clone(),
                 self.instance_id.clone(),
                 self.nonce.clone(),
+                self.started.clone(),
             );
             spawn_detached("the kill of an abandoned command", async move {
                 let _ = work.await;
@@ -113,25 +119,40 @@ async fn kill(
     name: SbxName,
     instance_id: String,
     nonce: Nonce,
+    started: Arc<AtomicBool>,
 ) -> GuestCleanup {
+    // One kill script serves both wrapper shapes: it kills the call's PID namespace when the
+    // call entered one, and the recorded process group otherwise.
     let request = CliExec::new(
         name.clone(),
-        kill_argv(&pid_file(&nonce)),
+        namespace_kill_argv(&nonce),
         Instant::now() + host.config.exec_cleanup_timeout,
     )
     .output_budget(KILL_OUTPUT_BUDGET);
-    let outcome = match host.cli.exec(&request).await {
+    let report = match host.cli.exec(&request).await {
         Ok(output) => match output.status {
-            ExitKind::Exited(code) => KillOutcome::from_exit(code),
-            ExitKind::Signaled(_) => KillOutcome::NotLanded(KillFailure::CallFailed),
+            ExitKind::Exited(code) => KillReport::from_exit(code),
+            ExitKind::Signaled(_) => KillReport {
+                outcome: KillOutcome::NotLanded(KillFailure::CallFailed),
+                mode: None,
+            },
         },
         Err(error) => {
             tracing::warn!(sandbox = %name, %error, "the kill call failed");
-            KillOutcome::NotLanded(KillFailure::CallFailed)
+            KillReport {
+                outcome: KillOutcome::NotLanded(KillFailure::CallFailed),
+                mode: None,
+            }
         }
     };
-    match outcome {
-        KillOutcome::Killed => GuestCleanup::Killed,
+    // Nothing to kill after the nonce line arrived: the command removed or escaped what names
+    // it. Retired, never "never started".
+    let report = report.after_start(started.load(Ordering::Relaxed));
+    match report.outcome {
+        KillOutcome::Killed => {
+            tracing::debug!(sandbox = %name, mode = ?report.mode, "the command was killed");
+            GuestCleanup::Killed
+        }
         KillOutcome::NeverStarted => GuestCleanup::NeverStarted,
         KillOutcome::NotLanded(failure) => {
             tracing::warn!(sandbox = %name, ?failure, "the kill did not land");
@@ -229,18 +250,25 @@ impl SbxSandbox {
             }
             None => None,
         };
-        let argv = sbx_wrapper_argv(&nonce, &self.mount, env_file.is_some(), &invocation)
-            .map_err(|e| SandboxError::invalid(e.to_string()))?;
+        let argv = if self.pid_namespace().await? {
+            sbx_pid_namespace_wrapper_argv(&nonce, &self.mount, env_file.is_some(), &invocation)
+        } else {
+            sbx_wrapper_argv(&nonce, &self.mount, env_file.is_some(), &invocation)
+        }
+        .map_err(|e| SandboxError::invalid(e.to_string()))?;
         let budget_bytes =
             usize::try_from(budget.saturating_add(NONCE_SLACK)).unwrap_or(usize::MAX);
+        let started = Arc::new(AtomicBool::new(false));
         let request = CliExec::new(self.name.clone(), argv, Instant::now() + timeout)
-            .output_budget(budget_bytes);
+            .output_budget(budget_bytes)
+            .watch_stderr_line(nonce.line(), started.clone());
         let pending = PendingKill {
             armed: true,
             host: self.host.clone(),
             name: self.name.clone(),
             instance_id: self.instance_id.clone(),
             nonce: nonce.clone(),
+            started,
         };
         let result = self.host.cli.exec(&request).await;
         let ended = match result {
@@ -285,6 +313,37 @@ impl SbxSandbox {
             }
         }
         ended
+    }
+
+    /// Whether this instance's calls run in their own PID namespace (the wrapper's `enter-pid`
+    /// stage), so a timeout kills every process a command started; asked once per instance with
+    /// the same `unshare` the stage runs. Where the guest cannot make one, calls enter without it
+    /// and a timeout kills the command's process group only. A failed probe call is an error,
+    /// asked again next time, never a silent downgrade.
+    async fn pid_namespace(&self) -> Result<bool, SandboxError> {
+        if let Some(known) = self.host.pid_namespace_known(&self.instance_id) {
+            return Ok(known);
+        }
+        let output = crate::engine::short_exec(
+            &self.host.cli,
+            &self.name,
+            pid_namespace_probe_argv(),
+            false,
+            self.host.config.command_timeout,
+        )
+        .await
+        .map_err(|error| self.gone_or(error))?;
+        let available = read_kill_mode_probe(output.status);
+        if !available {
+            tracing::warn!(
+                sandbox = %self.name,
+                status = ?output.status,
+                "no PID namespace for commands here; a timeout kills the command's process group only"
+            );
+        }
+        self.host
+            .remember_pid_namespace(&self.instance_id, available);
+        Ok(available)
     }
 
     /// A wrapper call that never reached its nonce line: the sandbox's absence is SandboxGone,

@@ -51,7 +51,9 @@
 //! file in the workspace, never in any process's argv; `sbx exec` clients get the management
 //! environment without secret-looking names. Every `sbx` call has a deadline and an output
 //! budget; a command past its deadline is killed by a second call, and an instance whose kill
-//! did not land is retired (persisted in its record) so no process reuses it.
+//! did not land is retired (persisted in its record) so no process reuses it. Each call runs in
+//! its own PID namespace where the guest can make one, and the kill ends every process in it;
+//! elsewhere it reaches the command's process group only (docs/wrapper-protocol.md).
 //!
 //! # What it does not do
 //!

@@ -1,6 +1,7 @@
 //! HARDENING (docs/conformance.md#hardening): the probes this project adds beyond the reference suites.
 //!
-//! Four run on a shared sandbox after EXEC ([`assert_hardening`]); three need sandboxes or keys of their
+//! Ten run on a shared sandbox after EXEC ([`assert_hardening`]), six of them hostile commands a
+//! timeout must end completely ([`HOSTILE_TIMEOUT_CASES`]); three need sandboxes or keys of their
 //! own ([`assert_engine_failure_is_not_an_exit_code`], [`assert_concurrent_acquires_yield_one`],
 //! [`assert_network_closed_by_content`]). The engine-side facts come from a [`HardeningHooks`] the
 //! backend's test module provides.
@@ -30,8 +31,44 @@ use crate::suite_runner::{ensure, refused_with, ProbeError, Refusal, SuiteRun, V
 /// The suite label.
 pub const HARDENING: &str = "HARDENING";
 
-/// How many probes [`assert_hardening`] runs on the shared sandbox.
-pub const HARDENING_SHARED_PROBES: usize = 4;
+/// How many probes [`assert_hardening`] runs on the shared sandbox: four, then one per
+/// [`HOSTILE_TIMEOUT_CASES`] entry.
+pub const HARDENING_SHARED_PROBES: usize = 4 + HOSTILE_TIMEOUT_CASES.len();
+
+/// The commands a timeout must end completely: (probe name, `sh -c` script). Each runs as
+/// `sh -c <script> sleep <marker>`, so every process it starts carries `sleep<marker>` in its
+/// command line (`$1` is the marker), which the check from a second exec looks for.
+pub const HOSTILE_TIMEOUT_CASES: [(&str, &str); 6] = [
+    (
+        "a-timeout-kills-a-child-in-its-own-group",
+        r#"if command -v perl >/dev/null; then exec perl -e 'if(fork){sleep 600}else{setpgrp(0,0);exec "sleep",$ARGV[1]}' sleep "$1"; fi; (setsid sleep "$1" &); exec sleep "$1""#,
+    ),
+    (
+        "a-timeout-kills-a-command-that-deletes-its-records",
+        r#"rm -f /tmp/maf-sbx-*; exec sleep "$1""#,
+    ),
+    (
+        "a-timeout-kills-a-double-fork-daemon",
+        r#"(setsid sh -c 'sleep "$1" & exit 0' sleep "$1" &); exec sleep "$1""#,
+    ),
+    (
+        "a-timeout-kills-nohup-jobs",
+        r#"nohup sleep "$1" >/dev/null 2>&1 & exec sleep "$1""#,
+    ),
+    (
+        "a-timeout-kills-a-tight-fork-loop",
+        r#"while :; do (: &); done"#,
+    ),
+    (
+        "a-timeout-kills-a-command-that-empties-tmp",
+        r#"while :; do rm -f /tmp/* /tmp/.[!.]* 2>/dev/null; sleep 0.05; done"#,
+    ),
+];
+
+/// Lists, from a second exec, every process whose command line carries `sleep<$1$2>` (the marker
+/// in two pieces, so the checker's own command line never matches). Reads `/proc` with shell
+/// builtins only; `read` drops the NUL separators.
+const SURVIVOR_CHECK: &str = r#"for d in /proc/[0-9]*; do c=; IFS= read -r c 2>/dev/null <"$d/cmdline"; case $c in *"sleep$1$2"*) printf '%s %s\n' "${d#/proc/}" "$c" ;; esac; done; exit 0"#;
 
 /// The concurrent acquires of `concurrent-acquires-yield-one`: this many in this process, as many in a
 /// child process.
@@ -95,29 +132,43 @@ pub trait HardeningHooks: Send + Sync {
     }
 }
 
-/// The group-death poll of `a-timed-out-group-is-dead` (docs/conformance.md#hardening): exits 0 once no member of the group recorded in `pgid_file` is
-/// left, 1 when one survives 50 polls 0.1 s apart, 3 when the record or the shell's `kill` cannot be read.
-pub fn group_death_poll(pgid_file: &str) -> String {
-    format!(
-        "p=$(cat {pgid_file}); [ \"$p\" -gt 1 ] 2>/dev/null; [ $? -ne 0 ] && exit 3; i=0; \
-         while :; do kill -0 -\"$p\" 2>/dev/null; r=$?; [ $r -eq 1 ] && exit 0; [ $r -ne 0 ] && exit 3; \
-         i=$((i+1)); [ $i -ge 50 ] && exit 1; sleep 0.1; done"
-    )
-}
+/// Polls, from a second exec, until no process whose command line (NUL separators dropped)
+/// contains `$2$1` remains: exit 0 once none does, 1 when one survives 50 polls 0.1 s apart, 3
+/// when `/proc` cannot be read. The marker comes in two pieces, in that order, so the poll's own
+/// command line (`…$1$2`) never matches. Works whatever PID namespace each call runs in, where
+/// a recorded pid or group id would not.
+pub const SURVIVOR_POLL: &str = r#"[ -r /proc/self/cmdline ] || exit 3
+i=0
+while :; do
+  n=0
+  for d in /proc/[0-9]*; do c=; IFS= read -r c 2>/dev/null <"$d/cmdline"; case $c in *"$2$1"*) n=$((n+1)) ;; esac; done
+  [ "$n" -eq 0 ] && exit 0
+  i=$((i+1))
+  [ "$i" -ge 50 ] && exit 1
+  sleep 0.1
+done"#;
 
-async fn expect_group_dead(
+/// Waits until no process of the timed-out command, recognised by `marker` in its command line
+/// (`marker = head + tail`), remains.
+async fn expect_none_left(
     subject: &dyn ConformanceSubject,
-    pgid_file: &str,
+    head: &str,
+    tail: &str,
     work: &str,
 ) -> Result<(), ProbeError> {
-    let out = run_argv(subject, &["sh", "-c", &group_death_poll(pgid_file)], work).await?;
+    let out = run_argv(
+        subject,
+        &["sh", "-c", SURVIVOR_POLL, "poll", tail, head],
+        work,
+    )
+    .await?;
     match out.exit_code {
         0 => Ok(()),
         1 => Err(ProbeError::Assertion(format!(
-            "a member of the process group recorded in {pgid_file} is still alive"
+            "a process of the timed-out command ({head}{tail}) is still alive"
         ))),
         other => Err(ProbeError::Harness(format!(
-            "the group-death poll on {pgid_file} exited {other} (stderr {:?})",
+            "the survivor poll for {head}{tail} exited {other} (stderr {:?})",
             out.stderr_text()
         ))),
     }
@@ -142,8 +193,9 @@ async fn expect_handle_works(
     Ok(())
 }
 
-/// Runs the four shared-sandbox probes, in the order the spec gives: argv-round-trips-bytes,
-/// argv-refuses-nul, a-timed-out-group-is-dead, a-flood-is-refused-and-bounded. Gate `exec`. Run after
+/// Runs the shared-sandbox probes, in the order the spec gives: argv-round-trips-bytes,
+/// argv-refuses-nul, a-timed-out-group-is-dead, a-flood-is-refused-and-bounded, then one per
+/// [`HOSTILE_TIMEOUT_CASES`] entry. Gate `exec`. Run after
 /// EXEC; needs `sh`, a `sleep` accepting fractions and `head -c` in the image.
 pub async fn assert_hardening(
     subject: &dyn ConformanceSubject,
@@ -209,12 +261,12 @@ pub async fn assert_hardening(
             let request = ExecRequest::new(Command::argv([
                 "sh",
                 "-c",
-                "echo $$ > timeout-probe.pgid; sleep 3131 & sleep 3132 & sleep 3133; wait",
+                "sleep 3131 & sleep 3132 & sleep 3133; wait",
             ]))
             .working_directory(work)
             .timeout(Duration::from_secs(1));
             refused_with(Refusal::Timeout, subject.sandbox().exec(request)).await?;
-            expect_group_dead(subject, "timeout-probe.pgid", work).await?;
+            expect_none_left(subject, "sleep31", "3", work).await?;
             expect_handle_works(subject, work, &instance_id).await
         })
         .await;
@@ -228,7 +280,7 @@ pub async fn assert_hardening(
             let request = ExecRequest::new(Command::argv([
                 "sh",
                 "-c",
-                "echo $$ > flood.pgid; head -c 1073741824 /dev/zero",
+                "head -c 1073741824 /dev/zero",
             ]))
             .working_directory(work)
             .timeout(Duration::from_secs(120));
@@ -262,12 +314,74 @@ pub async fn assert_hardening(
                 growth <= FLOOD_RSS_ALLOWANCE,
                 "host memory grew by {growth} bytes during the flood (allowance {FLOOD_RSS_ALLOWANCE})"
             );
-            expect_group_dead(subject, "flood.pgid", work).await?;
+            expect_none_left(subject, "head-c1073741824", "/dev/zero", work).await?;
             expect_handle_works(subject, work, &instance_id).await
         })
         .await;
 
+    for (index, (name, script)) in HOSTILE_TIMEOUT_CASES.iter().enumerate() {
+        suite
+            .probe(name, &[], async {
+                a_timeout_leaves_nothing(subject, work, script, 31411 + index).await
+            })
+            .await;
+    }
+
     suite.finish()
+}
+
+/// Starts a sibling, then `script` with a 2 s timeout; checks the timeout killed the command
+/// (the sandbox kept), that no process carrying its marker remains, that the sibling completes,
+/// and that the sandbox keeps serving.
+async fn a_timeout_leaves_nothing(
+    subject: &dyn ConformanceSubject,
+    work: &str,
+    script: &str,
+    marker: usize,
+) -> Result<(), ProbeError> {
+    let instance_id = subject.sandbox().instance_id().to_owned();
+    let sibling = run_argv(subject, &["sh", "-c", "sleep 4; echo sibling-done"], work);
+    let hostile = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let marker = marker.to_string();
+        let request = ExecRequest::new(Command::argv(["sh", "-c", script, "sleep", &marker]))
+            .working_directory(work)
+            .timeout(Duration::from_secs(2));
+        let refused = refused_with(Refusal::Timeout, subject.sandbox().exec(request)).await?;
+        ensure!(
+            refused.guest_cleanup() == Some(sandbox_core::GuestCleanup::Killed),
+            "the timeout's kill reported {:?}, not Killed ({refused})",
+            refused.guest_cleanup()
+        );
+        let (head, tail) = marker.split_at(marker.len() - 1);
+        let check = run_argv(
+            subject,
+            &["sh", "-c", SURVIVOR_CHECK, "check", head, tail],
+            work,
+        )
+        .await?;
+        ensure!(
+            check.exit_code == 0,
+            "the survivor check exited {}",
+            check.exit_code
+        );
+        ensure!(
+            check.stdout.is_empty(),
+            "processes the timed-out command started are still running: {}",
+            String::from_utf8_lossy(&check.stdout)
+        );
+        Ok::<(), ProbeError>(())
+    };
+    let (sibling, hostile) = tokio::join!(sibling, hostile);
+    hostile?;
+    let sibling = sibling?;
+    ensure!(
+        sibling.exit_code == 0 && sibling.stdout == b"sibling-done\n",
+        "the sibling started before the timed-out command ended with {} and {:?}",
+        sibling.exit_code,
+        String::from_utf8_lossy(&sibling.stdout)
+    );
+    expect_handle_works(subject, work, &instance_id).await
 }
 
 /// Acquires (key, spec), retrying a `Busy` result up to 3 times 1 s apart. A child process of
@@ -577,11 +691,26 @@ mod tests {
     }
 
     #[test]
-    fn the_poll_script_uses_the_portable_kill_form() {
-        let script = group_death_poll("flood.pgid");
-        assert!(script.contains("kill -0 -\"$p\""));
-        assert!(!script.contains("kill -0 --"));
-        assert!(script.starts_with("p=$(cat flood.pgid);"));
+    fn the_survivor_poll_sees_a_marked_process_and_never_itself() {
+        let poll = |head: &str, tail: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", SURVIVOR_POLL, "poll", tail, head])
+                .status()
+                .unwrap()
+                .code()
+        };
+        // Nothing carries the marker: not even the poll, whose arguments hold both pieces.
+        assert_eq!(poll("sleepZZ31", "9"), Some(0));
+        // A shell blocked in its `read` builtin: one process, no child left behind.
+        let mut marked = std::process::Command::new("sh")
+            .args(["-c", "read -r line", "sleepZZ31", "9"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        assert_eq!(poll("sleepZZ31", "9"), Some(1));
+        marked.kill().unwrap();
+        marked.wait().unwrap();
+        assert_eq!(poll("sleepZZ31", "9"), Some(0));
     }
 
     #[tokio::test]

@@ -410,10 +410,12 @@ async fn an_unreadable_group_poll_is_a_harness_error_never_a_pass() {
                 })
             } else if script.contains("head -c") {
                 Err(SandboxError::OutputLimitExceeded { limit: 8 << 20 })
-            } else if script.contains("timeout-probe.pgid") {
-                exited(3, b"")
-            } else if script.contains("flood.pgid") {
-                exited(1, b"")
+            } else if argv.get(3).map(String::as_str) == Some("poll") {
+                // The survivor poll: unreadable after the timeout, a survivor after the flood.
+                match argv.get(5).map(String::as_str) {
+                    Some("sleep31") => exited(3, b""),
+                    _ => exited(1, b""),
+                }
             } else {
                 exited(0, b"")
             }
@@ -431,7 +433,7 @@ async fn an_unreadable_group_poll_is_a_harness_error_never_a_pass() {
         ProbeOutcome::Failed { why } => why.clone(),
         other => panic!("{probe}: {other:?}"),
     };
-    assert!(why("a-timed-out-group-is-dead").starts_with("harness error: the group-death poll"));
+    assert!(why("a-timed-out-group-is-dead").starts_with("harness error: the survivor poll"));
     assert!(why("a-flood-is-refused-and-bounded").contains("is still alive"));
     assert_eq!(
         report.get("HARDENING", "argv-refuses-nul").unwrap().outcome,
@@ -439,4 +441,62 @@ async fn an_unreadable_group_poll_is_a_harness_error_never_a_pass() {
         "the NUL is refused as InvalidArgument"
     );
     assert!(why("argv-round-trips-bytes").contains("came back as"));
+}
+
+#[tokio::test]
+async fn a_timeout_probe_fails_on_a_survivor_or_a_retired_sandbox() {
+    use conformance::HOSTILE_TIMEOUT_CASES;
+    // Every hostile command times out and is killed; the survivor check finds a process of the
+    // double-fork case only; the sibling completes; the nohup case's kill reports Retired.
+    let sandbox = ScriptedSandbox::new(
+        |argv, _| {
+            let script = argv.get(2).map(String::as_str).unwrap_or("");
+            if argv.get(3).map(String::as_str) == Some("sleep") {
+                let cleanup = if script.contains("nohup") {
+                    sandbox_core::GuestCleanup::Retired
+                } else {
+                    sandbox_core::GuestCleanup::Killed
+                };
+                Err(SandboxError::Timeout {
+                    operation: "command".into(),
+                    bound: Duration::from_secs(2),
+                    cleanup: Some(cleanup),
+                })
+            } else if argv.get(3).map(String::as_str) == Some("check") {
+                if argv.get(4).map(String::as_str) == Some("3141") && argv[5] == "3" {
+                    exited(0, b"77 sleep31413\n")
+                } else {
+                    exited(0, b"")
+                }
+            } else if script.contains("sibling-done") {
+                exited(0, b"sibling-done\n")
+            } else {
+                exited(0, b"")
+            }
+        },
+        |_, _, _| Ok(()),
+    );
+    let s = subject(sandbox, &[Exec, FilesIn]);
+    let report = conformance::assert_hardening(&s, &NoEngine)
+        .await
+        .expect_err("two of the timeout probes fail on this double")
+        .report()
+        .cloned()
+        .unwrap();
+    let outcome = |probe: &str| report.get("HARDENING", probe).unwrap().outcome.clone();
+    for (name, _) in HOSTILE_TIMEOUT_CASES {
+        match (name, outcome(name)) {
+            ("a-timeout-kills-a-double-fork-daemon", ProbeOutcome::Failed { why }) => {
+                assert!(
+                    why.contains("still running") && why.contains("sleep31413"),
+                    "{why}"
+                )
+            }
+            ("a-timeout-kills-nohup-jobs", ProbeOutcome::Failed { why }) => {
+                assert!(why.contains("Retired"), "{why}")
+            }
+            (_, ProbeOutcome::Passed) => {}
+            (name, other) => panic!("{name}: {other:?}"),
+        }
+    }
 }

@@ -74,6 +74,73 @@ pub fn encode_invocation<A: AsRef<[u8]>>(cwd: &[u8], argv: &[A]) -> Result<Encod
     Ok(EncodedInvocation { cwd, argv })
 }
 
+/// A working directory and argv for a transport that carries strings exactly (Docker's exec
+/// argv: the Engine API sends it as JSON strings): each value travels raw when it is UTF-8, and
+/// as `x`-base64 ([`encode_arg`]) only when it is not.
+///
+/// The mask says which is which, one letter per value (working directory first): `r` raw, `x`
+/// encoded. The guest decodes only the `x` values, so a call whose values are all UTF-8 starts no
+/// decoding process at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawInvocation {
+    mask: String,
+    cwd: String,
+    argv: Vec<String>,
+}
+
+impl RawInvocation {
+    /// One letter per value, the working directory first: `r` raw, `x` encoded.
+    pub fn mask(&self) -> &str {
+        &self.mask
+    }
+
+    /// The working directory, raw or encoded as the mask's first letter says.
+    pub fn cwd(&self) -> &str {
+        &self.cwd
+    }
+
+    /// The argv, never empty, each raw or encoded as the mask says.
+    pub fn argv(&self) -> &[String] {
+        &self.argv
+    }
+}
+
+/// Checks a working directory and an argv and prepares them for an exact transport, before any
+/// process is started.
+///
+/// # Errors
+///
+/// [`Error::EmptyArgv`] for an empty argv; [`Error::Nul`] naming the first value with a NUL byte.
+pub fn raw_invocation<A: AsRef<[u8]>>(cwd: &[u8], argv: &[A]) -> Result<RawInvocation> {
+    if argv.is_empty() {
+        return Err(Error::empty_argv());
+    }
+    let mut mask = String::with_capacity(1 + argv.len());
+    let cwd = carry(cwd, "working directory", &mut mask)?;
+    let argv = argv
+        .iter()
+        .enumerate()
+        .map(|(index, arg)| carry(arg.as_ref(), &format!("argv[{index}]"), &mut mask))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RawInvocation { mask, cwd, argv })
+}
+
+fn carry(bytes: &[u8], what: &str, mask: &mut String) -> Result<String> {
+    if bytes.contains(&0) {
+        return Err(Error::nul(what));
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(text) => {
+            mask.push('r');
+            Ok(text.to_owned())
+        }
+        Err(_) => {
+            mask.push('x');
+            encode_arg(bytes, what)
+        }
+    }
+}
+
 /// The sbx env file body: one `x<base64(NAME=VALUE)>` line per entry
 /// (docs/wrapper-protocol.md#environment-delivery).
 ///
@@ -160,6 +227,28 @@ mod tests {
             decode_arg(std::str::from_utf8(lines[1]).unwrap()).unwrap(),
             b"B=line\n"
         );
+    }
+
+    #[test]
+    fn raw_invocation_encodes_only_what_is_not_utf8() {
+        let inv = raw_invocation(
+            b"/w d",
+            &[b"printf".as_slice(), b"", b"x\n", &[0xff, b'a'], b"-"],
+        )
+        .unwrap();
+        assert_eq!(inv.mask(), "rrrrxr");
+        assert_eq!(inv.cwd(), "/w d");
+        assert_eq!(inv.argv()[..3], ["printf", "", "x\n"]);
+        assert_eq!(decode_arg(&inv.argv()[3]).unwrap(), [0xff, b'a']);
+        assert_eq!(inv.argv()[4], "-");
+        let inv = raw_invocation(&[0x80], &[b"true"]).unwrap();
+        assert_eq!(inv.mask(), "xr");
+        assert!(matches!(
+            raw_invocation(b"/", &[b"a\0".as_slice()]),
+            Err(Error::Nul { what }) if what == "argv[0]"
+        ));
+        let none: [&[u8]; 0] = [];
+        assert!(matches!(raw_invocation(b"/", &none), Err(Error::EmptyArgv)));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! How the host reads the kill script: did the kill land (keep the sandbox) or not (retire it)?
+//! How the host reads a kill script: did the kill land (keep the sandbox) or not (retire it),
+//! and which kill was it?
 
 use crate::bounded_runner::{ExitKind, RunOutput};
 use crate::error::Result;
@@ -16,13 +17,20 @@ pub const KILL_EXIT_NO_CANCEL_FILE: i32 = 5;
 /// the call.
 pub const KILL_EXIT_SURVIVOR: i32 = 6;
 
+/// Exact kill exit: every process in the call's subreaper tree was killed (Docker shape under the
+/// engine's init).
+pub const KILL_EXIT_KILLED_TREE: i32 = 10;
+/// Exact kill exit: the call's PID namespace was killed, and with it every process in it (sbx
+/// shape entered at `enter-pid`).
+pub const KILL_EXIT_KILLED_NAMESPACE: i32 = 11;
+
 /// Bound on the kill call's output (64 KiB).
 pub const KILL_OUTPUT_BUDGET: usize = 64 * 1024;
 
 /// What the kill call achieved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KillOutcome {
-    /// The command's group was killed: keep the sandbox.
+    /// The command was killed (its group, tree or namespace: see [`KillMode`]): keep the sandbox.
     Killed,
     /// The command never started and never will (or had already finished): keep the sandbox.
     NeverStarted,
@@ -44,14 +52,20 @@ pub enum KillFailure {
     UnexpectedExit(i32),
     /// The kill call itself failed: timeout, overflow, engine failure, killed by a signal.
     CallFailed,
+    /// The kill found no record and no process of a call whose nonce line the host had already
+    /// seen: the command started, then removed, altered or escaped what names it (or finished as
+    /// the deadline struck). Never read as "never started".
+    StartedButUnrecorded,
 }
 
 impl KillOutcome {
-    /// Maps the kill script's exit status: 0 → `Killed`, 4 → `NeverStarted`, anything else →
-    /// `NotLanded`.
+    /// Maps a kill script's exit status: 0, 10 and 11 → `Killed`, 4 → `NeverStarted`, anything
+    /// else → `NotLanded`.
     pub fn from_exit(code: i32) -> KillOutcome {
         match code {
-            KILL_EXIT_KILLED => KillOutcome::Killed,
+            KILL_EXIT_KILLED | KILL_EXIT_KILLED_TREE | KILL_EXIT_KILLED_NAMESPACE => {
+                KillOutcome::Killed
+            }
             KILL_EXIT_NEVER_STARTED => KillOutcome::NeverStarted,
             KILL_EXIT_BAD_RECORD => KillOutcome::NotLanded(KillFailure::BadRecord),
             KILL_EXIT_NO_CANCEL_FILE => KillOutcome::NotLanded(KillFailure::CancelFileUnwritable),
@@ -76,6 +90,81 @@ impl KillOutcome {
     /// True only for `Killed` and `NeverStarted`: the sandbox may be kept.
     pub fn landed(self) -> bool {
         matches!(self, KillOutcome::Killed | KillOutcome::NeverStarted)
+    }
+}
+
+/// Which kill reached the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KillMode {
+    /// The command's own process group only: a process that moved to another group or session
+    /// (`setsid`, `setpgrp`, a daemon's double fork) is not reached.
+    ProcessGroup,
+    /// Every process in the tree of the call's subreaper (the engine's init run as `docker-init
+    /// -s`): whatever group or session a descendant moved to, it stays in that tree.
+    SubreaperTree,
+    /// Every process in the call's own PID namespace.
+    PidNamespace,
+}
+
+impl KillMode {
+    /// The kill a script's exit status reports: 0 → group, 10 → tree, 11 → namespace; `None` for
+    /// every status that is not a kill.
+    pub fn from_exit(code: i32) -> Option<KillMode> {
+        match code {
+            KILL_EXIT_KILLED => Some(KillMode::ProcessGroup),
+            KILL_EXIT_KILLED_TREE => Some(KillMode::SubreaperTree),
+            KILL_EXIT_KILLED_NAMESPACE => Some(KillMode::PidNamespace),
+            _ => None,
+        }
+    }
+}
+
+/// A kill's outcome together with the kill that landed (`mode` is `Some` only for `Killed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KillReport {
+    /// Keep or retire the sandbox.
+    pub outcome: KillOutcome,
+    /// Which kill reached the command, when one did.
+    pub mode: Option<KillMode>,
+}
+
+impl KillReport {
+    /// Reads a kill script's exit status.
+    pub fn from_exit(code: i32) -> KillReport {
+        KillReport {
+            outcome: KillOutcome::from_exit(code),
+            mode: KillMode::from_exit(code),
+        }
+    }
+
+    /// Reads a kill call made through [`crate::run_bounded`], as [`KillOutcome::from_run`].
+    pub fn from_run(result: &Result<RunOutput>) -> KillReport {
+        match result {
+            Ok(RunOutput {
+                status: ExitKind::Exited(code),
+                ..
+            }) => KillReport::from_exit(*code),
+            Ok(_) | Err(_) => KillReport {
+                outcome: KillOutcome::NotLanded(KillFailure::CallFailed),
+                mode: None,
+            },
+        }
+    }
+
+    /// Applies what the host saw of the call itself. A wrapper prints its nonce line only once
+    /// what names the call exists (the engine's init, the outer `unshare`) or is about to be
+    /// written (the group record), so once the host has seen that line, "nothing to kill" means
+    /// the command removed or escaped it (or finished just as the deadline struck):
+    /// [`KillFailure::StartedButUnrecorded`], retire. Without the line the outcome stands.
+    pub fn after_start(self, nonce_line_seen: bool) -> KillReport {
+        match self.outcome {
+            KillOutcome::NeverStarted if nonce_line_seen => KillReport {
+                outcome: KillOutcome::NotLanded(KillFailure::StartedButUnrecorded),
+                mode: None,
+            },
+            _ => self,
+        }
     }
 }
 
@@ -106,6 +195,44 @@ mod tests {
                 KillOutcome::NotLanded(KillFailure::UnexpectedExit(other))
             );
         }
+    }
+
+    #[test]
+    fn exact_kills_are_kills_and_say_which() {
+        for (code, mode) in [
+            (0, KillMode::ProcessGroup),
+            (10, KillMode::SubreaperTree),
+            (11, KillMode::PidNamespace),
+        ] {
+            let report = KillReport::from_exit(code);
+            assert_eq!(report.outcome, KillOutcome::Killed);
+            assert_eq!(report.mode, Some(mode));
+            assert!(report.outcome.landed());
+        }
+        for code in [3, 4, 5, 6, 12, 125] {
+            assert_eq!(KillReport::from_exit(code).mode, None);
+        }
+    }
+
+    #[test]
+    fn nothing_to_kill_after_the_nonce_line_is_not_landed() {
+        let never = KillReport::from_exit(4);
+        assert_eq!(never.after_start(false).outcome, KillOutcome::NeverStarted);
+        assert_eq!(
+            never.after_start(true).outcome,
+            KillOutcome::NotLanded(KillFailure::StartedButUnrecorded)
+        );
+        assert!(!never.after_start(true).outcome.landed());
+        let killed = KillReport::from_exit(10);
+        assert_eq!(killed.after_start(true), killed);
+        let failed = KillReport::from_run(&Err(Error::Deadline {
+            program: "docker".into(),
+            bound: std::time::Duration::from_secs(15),
+        }));
+        assert_eq!(
+            failed.after_start(false).outcome,
+            KillOutcome::NotLanded(KillFailure::CallFailed)
+        );
     }
 
     #[test]

@@ -20,7 +20,9 @@
 //!    ([`WrapperOutcome::NoNonce`]); `<nonce>-unmounted` is its own outcome.
 //! 5. **The kill** ([`KILL_SCRIPT`], run by a second, separate exec, [`kill_argv`]) creates the
 //!    cancel file, then reads the pid file and sends SIGKILL to the recorded group, then polls
-//!    until no member is left. [`KillOutcome::from_exit`] reads its status; only `Killed` and
+//!    until no member is left. The exact kills ([`TREE_KILL_SCRIPT`], [`NAMESPACE_KILL_SCRIPT`])
+//!    find the call's init or PID namespace by facts the command cannot forge and kill every
+//!    process in it, falling back to the group kill; [`KillReport`] says which kill landed. [`KillOutcome::from_exit`] reads its status; only `Killed` and
 //!    `NeverStarted` have [`KillOutcome::landed`], anything else means the sandbox is retired.
 //! 6. **The tool probe** ([`tool_probe_argv`], [`read_tool_probe`]) names every tool the wrapper
 //!    needs that a guest lacks, before the first wrapper call.
@@ -48,11 +50,15 @@
 //!
 //! ## Limits
 //!
-//! - The kill reaches the command's own process group only. A command that starts its own
-//!   session (`setsid`, a daemonising double fork) escapes it, and so does one that deletes or
-//!   rewrites its pid file (the nonce is visible in `/proc/*/cmdline`). A rewritten record is at
-//!   worst read as "bad record" (the sandbox is retired) or "never started"; only disposal of the
-//!   sandbox ends every process in it.
+//! - What a kill reaches depends on the shape ([`KillMode`], docs/wrapper-protocol.md): the
+//!   Docker init shape ([`docker_init_wrapper_argv`], [`tree_kill_argv`]) kills the call's whole
+//!   subreaper tree, the sbx `enter-pid` shape ([`sbx_pid_namespace_wrapper_argv`],
+//!   [`namespace_kill_argv`]) its whole PID namespace; the group shapes reach the command's own
+//!   process group only, which a command leaves with `setsid`, `setpgrp` or a double fork.
+//! - A kill that finds nothing after the host saw the nonce line is not "never started" but
+//!   [`KillFailure::StartedButUnrecorded`] ([`KillReport::after_start`]): the sandbox is retired.
+//!   A command can bring that about on purpose (kill its own init, delete its pid file), never
+//!   keep its processes running in a sandbox that is kept.
 //! - The nonce authenticates nothing against a hostile guest: a command can print it again or
 //!   forge text after it, which only changes its own result. It cannot write before the real
 //!   nonce line, so it cannot forge an engine failure or an unmounted workspace.
@@ -114,7 +120,8 @@ mod tool_probe;
 mod wrapper_scripts;
 
 pub use argv_encoding::{
-    decode_arg, encode_arg, encode_env_file, encode_invocation, EncodedInvocation,
+    decode_arg, encode_arg, encode_env_file, encode_invocation, raw_invocation, EncodedInvocation,
+    RawInvocation,
 };
 pub use bounded_runner::{
     run_bounded, BoundedCommand, ExitKind, RunOutput, Stream, DEFAULT_OUTPUT_BUDGET, READ_CHUNK,
@@ -125,17 +132,22 @@ pub use call_identity::{
 };
 pub use error::{Error, Result};
 pub use group_kill::{
-    KillFailure, KillOutcome, KILL_EXIT_BAD_RECORD, KILL_EXIT_KILLED, KILL_EXIT_NEVER_STARTED,
+    KillFailure, KillMode, KillOutcome, KillReport, KILL_EXIT_BAD_RECORD, KILL_EXIT_KILLED,
+    KILL_EXIT_KILLED_NAMESPACE, KILL_EXIT_KILLED_TREE, KILL_EXIT_NEVER_STARTED,
     KILL_EXIT_NO_CANCEL_FILE, KILL_EXIT_SURVIVOR, KILL_OUTPUT_BUDGET,
 };
 pub use nonce_result::{
-    parse_result, parse_run_output, WrapperOutcome, WrapperOutput, STDERR_TAIL_BYTES,
+    nonce_line_seen, parse_result, parse_run_output, WrapperOutcome, WrapperOutput,
+    STDERR_TAIL_BYTES,
 };
 pub use tool_probe::{
     missing_tools, read_tool_probe, tool_probe_argv, ToolProbeOutcome, DOCKER_TOOLS,
     PROBE_OUTPUT_BUDGET, SBX_TOOLS, TOOL_PROBE_SCRIPT,
 };
 pub use wrapper_scripts::{
-    docker_wrapper_argv, kill_argv, sbx_wrapper_argv, SbxMount, DOCKER_WRAPPER, KILL_SCRIPT,
-    SBX_WRAPPER, SCRIPT_NAME, WORKSPACE_MARKER, WRAPPER_FAILURE_EXIT,
+    docker_init_probe_argv, docker_init_wrapper_argv, docker_wrapper_argv, kill_argv,
+    namespace_kill_argv, pid_namespace_probe_argv, read_kill_mode_probe,
+    sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, tree_kill_argv, SbxMount, DOCKER_INIT_PATH,
+    DOCKER_INIT_WRAPPER, DOCKER_WRAPPER, KILL_SCRIPT, NAMESPACE_KILL_SCRIPT, SBX_WRAPPER,
+    SCRIPT_NAME, TREE_KILL_SCRIPT, WORKSPACE_MARKER, WRAPPER_FAILURE_EXIT,
 };

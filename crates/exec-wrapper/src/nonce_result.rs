@@ -97,6 +97,14 @@ pub fn parse_run_output(output: RunOutput, nonce: &Nonce) -> WrapperOutcome {
     parse_result(output.stdout, &output.stderr, output.status, nonce)
 }
 
+/// Whether a wrapper call's stderr, complete or as far as it has arrived, holds the nonce line:
+/// the command was about to start. Feed it to [`crate::KillReport::after_start`] after a kill, so
+/// a call whose record is gone is never read as "never started". With
+/// [`crate::BoundedCommand::on_line`], compare each stderr line with [`Nonce::line`] instead.
+pub fn nonce_line_seen(stderr: &[u8], nonce: &Nonce) -> bool {
+    find(stderr, &nonce.line()).is_some()
+}
+
 fn tail(bytes: &[u8]) -> Vec<u8> {
     bytes[bytes.len().saturating_sub(STDERR_TAIL_BYTES)..].to_vec()
 }

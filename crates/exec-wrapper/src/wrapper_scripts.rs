@@ -17,7 +17,8 @@
 //! | 9 | encoded working directory |
 //! | 10… | encoded argv |
 
-use crate::argv_encoding::EncodedInvocation;
+use crate::argv_encoding::{EncodedInvocation, RawInvocation};
+use crate::bounded_runner::ExitKind;
 use crate::call_identity::{pid_file, sbx_env_file_name, Nonce};
 use crate::error::{Error, Result};
 
@@ -108,6 +109,10 @@ enter)
   shift 2
   exec unshare --user --mount --map-root-user -- sh -c "$s" maf-sbx "$s" bind "$@"
   ;;
+enter-pid)
+  shift 2
+  exec unshare --user --mount --pid --fork --kill-child=KILL --map-root-user -- env -u "maf-sbx-$1" sh -c "$s" maf-sbx "$s" bind "$@"
+  ;;
 bind)
   mount --bind -- "$6" "$5" || exit 125
   if [ ! -e "$5/$7" ]; then
@@ -128,17 +133,11 @@ esac
     run_stage!()
 );
 
-/// The kill script, run as a second, separate exec: `sh -c KILL_SCRIPT maf-sbx <pid file>`.
-///
-/// Exit statuses: 0 killed, 4 never started (or already finished), 3 bad record, 5 cannot write
-/// the cancel file, 6 a group member survived or `kill` was not understood. The cancel file is
-/// created **before** the pid file is read, and the wrapper writes the pid file **before** it
-/// checks for the cancel file, which closes the start race. A record must be a complete line of
-/// digits without a leading zero naming a group from 2 to 4,194,304 (the kernel's largest pid):
-/// 0 would be the kill script's own group, 1 every process of the user, and a longer number could
-/// wrap in a shell's arithmetic. `kill -KILL -"$g"`, never `kill -KILL -- -N`: dash refuses the
-/// latter as an illegal number without signalling anything.
-pub const KILL_SCRIPT: &str = r#"p=$1
+// The group kill, shared by `KILL_SCRIPT` and, as their fallback, by the exact kills below. It
+// reads the pid file named by `$1`.
+macro_rules! group_kill {
+    () => {
+        r#"p=$1
 [ -n "$p" ] || exit 3
 printf '' >"$p.cancel" || exit 5
 [ -e "$p" ] || exit 4
@@ -167,7 +166,188 @@ while :; do
 done
 rm -f -- "$p"
 exit 0
-"#;
+"#
+    };
+}
+
+/// Where every `--init` container has the engine's init (tini).
+pub const DOCKER_INIT_PATH: &str = "/sbin/docker-init";
+
+/// The Docker shape under the engine's init in subreaper mode: `/sbin/docker-init -s -- sh -c
+/// DOCKER_INIT_WRAPPER maf-sbx <nonce> <mask> <cwd> <argv>…`.
+///
+/// One line on purpose: the exact kill recognises the init by the first line of its
+/// `/proc/<pid>/cmdline`, which must reach the nonce. Positionals: `$1` nonce, `$2` the mask (one
+/// `r` for a raw value or `x` for an `x`-base64 one, per value), then the working directory and
+/// the argv. In order: the mask must match the values; a cancel file means the kill came first
+/// (exit 125, no nonce); only `x` values are decoded (any failure: 125, no nonce); the nonce line;
+/// `cd` (failure: 125 after the nonce); then the shell replaces itself with the command, so the
+/// call costs the init and one shell. The init puts the command in its own process group and
+/// stays its subreaper: whatever the command starts, even in a new session, stays in its tree.
+pub const DOCKER_INIT_WRAPPER: &str = concat!(
+    r#"n=$1 m=$2;shift 2;[ "${#m}" -eq "$#" ]||exit 125;"#,
+    r#"if [ -e "/tmp/maf-sbx-$n.pgid.cancel" ]||[ -L "/tmp/maf-sbx-$n.pgid.cancel" ];then exit 125;fi;"#,
+    r#"case $m in *[!rx]*) exit 125;;*x*) k=$#;for a do c=${m%"${m#?}"};m=${m#?};"#,
+    r#"if [ "$c" = x ];then case $a in x*) ;;*) exit 125;;esac;"#,
+    r#"a=$(printf '%s' "${a#x}"|base64 -d&&printf x)||exit 125;a=${a%x};fi;"#,
+    r#"set -- "$@" "$a";done;shift "$k";;esac;"#,
+    r#"printf '%s\n' "$n" >&2;cd -- "$1"||exit 125;shift;exec "$@""#
+);
+
+// The start of the exact kills: check the nonce, create the cancel file first (the start race
+// is closed as for the group kill: a wrapper checks it only after its init or namespace exists).
+macro_rules! exact_kill_start {
+    () => {
+        r#"n=$1
+case $n in ''|*[!0-9a-f]*) exit 3 ;; esac
+[ "${#n}" -eq 24 ] || exit 3
+printf '' >"/tmp/maf-sbx-$n.pgid.cancel" || exit 5
+"#
+    };
+}
+
+// Hands over to the group kill of the same call when no exact target exists.
+macro_rules! exact_kill_fallback {
+    () => {
+        r#"set -- "/tmp/maf-sbx-$n.pgid"
+"#
+    };
+}
+
+/// The exact kill for the Docker shape: `sh -c TREE_KILL_SCRIPT maf-sbx <nonce>`.
+///
+/// It finds the call's init: a process whose parent is outside the container (`PPid` 0, which
+/// only the engine can start: no process in the container can create one) and whose command
+/// line is `/sbin/docker-init -s -- sh -c <wrapper> maf-sbx <nonce> …`. It stops the init, so it
+/// can neither reap nor exit and every orphan of the tree is re-parented to it; then, until the
+/// tree holds no live process, it collects every descendant from `/proc`, stops them all (so
+/// none forks between the scan and the kill) and kills them all; then it kills the init. It
+/// starts no process of its own on that path (only `read`, `kill` and `case`, builtins in dash,
+/// BusyBox and bash), so a command that exhausts the container's pids limit cannot make it fail
+/// half-way (a failed fork ends dash and BusyBox `sh`). Exit 10: killed; 6: the tree was not
+/// empty after 200 rounds (a process the kill may not signal). No
+/// such init: the group kill of the same call runs instead (a wrapper without the init), so a
+/// call whose init is gone reads as "never started" (exit 4), which the host turns into a kill
+/// that did not land once it has seen the nonce line ([`crate::KillReport::after_start`]).
+pub const TREE_KILL_SCRIPT: &str = concat!(
+    exact_kill_start!(),
+    r#"r=
+for d in /proc/[0-9]*; do
+  s=
+  read -r s 2>/dev/null <"$d/stat" || continue
+  s=${s##*) }
+  s=${s#* }
+  [ "${s%% *}" = 0 ] || continue
+  c=
+  IFS= read -r c 2>/dev/null <"$d/cmdline"
+  case $c in "/sbin/docker-init-s--sh-c"*"maf-sbx$n"*) r="$r ${d#/proc/}" ;; esac
+done
+if [ -n "$r" ]; then
+  kill -STOP $r 2>/dev/null
+  t=0
+  while :; do
+    a=" $r "
+    l=
+    g=1
+    while [ "$g" = 1 ]; do
+      g=0
+      for d in /proc/[0-9]*; do
+        q=${d#/proc/}
+        case $a in *" $q "*) continue ;; esac
+        s=
+        read -r s 2>/dev/null <"$d/stat" || continue
+        s=${s##*) }
+        e=${s%% *}
+        s=${s#* }
+        case $a in *" ${s%% *} "*)
+          a="$a$q "
+          g=1
+          [ "$e" = Z ] || l="$l $q"
+          ;;
+        esac
+      done
+    done
+    [ -n "$l" ] || break
+    t=$((t + 1))
+    [ "$t" -le 200 ] || exit 6
+    kill -STOP $l 2>/dev/null
+    kill -KILL $l 2>/dev/null
+  done
+  kill -KILL $r 2>/dev/null
+  exit 10
+fi
+"#,
+    exact_kill_fallback!(),
+    group_kill!()
+);
+
+/// The exact kill for the sbx shape: `sh -c NAMESPACE_KILL_SCRIPT maf-sbx <nonce>`.
+///
+/// It finds the call's outer `unshare`: a process in the kill's own PID namespace (every process
+/// a command starts lives in the command's own, nested namespace, so none can pass for it) whose
+/// command line is `unshare --user --mount --pid --fork --kill-child=KILL --map-root-user -- env
+/// -u maf-sbx-<nonce> …`. It kills that process and its child, the namespace's first process;
+/// the kernel then kills every process in the namespace. Exit 11 once both are gone (the pid
+/// file the namespace's wrapper wrote is removed; the cancel file stays, in case the `unshare`
+/// was caught between its fork and its child's parent-death signal); 6 if either is still alive
+/// after 30 polls. No such `unshare`: the group kill of the same call runs
+/// instead (a wrapper entered without a PID namespace), with the same reading of "never started"
+/// as [`TREE_KILL_SCRIPT`].
+pub const NAMESPACE_KILL_SCRIPT: &str = concat!(
+    exact_kill_start!(),
+    r#"r=
+for d in /proc/[0-9]*; do
+  c=
+  IFS= read -r c 2>/dev/null <"$d/cmdline"
+  case $c in "unshare--user--mount--pid--fork--kill-child=KILL--map-root-user--env-umaf-sbx-$n"*) ;; *) continue ;; esac
+  [ "$d/ns/pid" -ef "/proc/$$/ns/pid" ] || continue
+  r="$r ${d#/proc/}"
+done
+if [ -n "$r" ]; then
+  a=" $r "
+  l=$r
+  for d in /proc/[0-9]*; do
+    s=
+    read -r s 2>/dev/null <"$d/stat" || continue
+    s=${s##*) }
+    s=${s#* }
+    case $a in *" ${s%% *} "*) l="$l ${d#/proc/}" ;; esac
+  done
+  kill -KILL $l 2>/dev/null
+  t=0
+  while :; do
+    v=
+    for q in $l; do
+      s=
+      read -r s 2>/dev/null <"/proc/$q/stat" || continue
+      s=${s##*) }
+      [ "${s%% *}" = Z ] || v=1
+    done
+    if [ -z "$v" ]; then
+      rm -f -- "/tmp/maf-sbx-$n.pgid"
+      exit 11
+    fi
+    t=$((t + 1))
+    [ "$t" -lt 30 ] || exit 6
+    sleep 0.1
+  done
+fi
+"#,
+    exact_kill_fallback!(),
+    group_kill!()
+);
+
+/// The kill script, run as a second, separate exec: `sh -c KILL_SCRIPT maf-sbx <pid file>`.
+///
+/// Exit statuses: 0 killed, 4 never started (or already finished), 3 bad record, 5 cannot write
+/// the cancel file, 6 a group member survived or `kill` was not understood. The cancel file is
+/// created **before** the pid file is read, and the wrapper writes the pid file **before** it
+/// checks for the cancel file, which closes the start race. A record must be a complete line of
+/// digits without a leading zero naming a group from 2 to 4,194,304 (the kernel's largest pid):
+/// 0 would be the kill script's own group, 1 every process of the user, and a longer number could
+/// wrap in a shell's arithmetic. `kill -KILL -"$g"`, never `kill -KILL -- -N`: dash refuses the
+/// latter as an illegal number without signalling anything.
+pub const KILL_SCRIPT: &str = group_kill!();
 
 /// The argv after `docker exec … <container id>`: `sh -c <wrapper> maf-sbx <wrapper> run <nonce>
 /// <pid file> - - - - x<cwd> x<arg>…`.
@@ -208,6 +388,34 @@ pub fn sbx_wrapper_argv(
     with_env_file: bool,
     invocation: &EncodedInvocation,
 ) -> Result<Vec<String>> {
+    sbx_argv_at("enter", nonce, mount, with_env_file, invocation)
+}
+
+/// As [`sbx_wrapper_argv`], entering at stage `enter-pid`: the outer `unshare` also makes a PID
+/// namespace (`--pid --fork --kill-child=KILL`) whose first process is the rest of the wrapper,
+/// so [`namespace_kill_argv`] ends every process the command starts. Use it once
+/// [`pid_namespace_probe_argv`] has passed in the sandbox; otherwise [`sbx_wrapper_argv`] and the
+/// group kill.
+///
+/// # Errors
+///
+/// [`Error::Nul`] when the parent or the guest mount contains NUL.
+pub fn sbx_pid_namespace_wrapper_argv(
+    nonce: &Nonce,
+    mount: &SbxMount,
+    with_env_file: bool,
+    invocation: &EncodedInvocation,
+) -> Result<Vec<String>> {
+    sbx_argv_at("enter-pid", nonce, mount, with_env_file, invocation)
+}
+
+fn sbx_argv_at(
+    stage: &str,
+    nonce: &Nonce,
+    mount: &SbxMount,
+    with_env_file: bool,
+    invocation: &EncodedInvocation,
+) -> Result<Vec<String>> {
     if mount.parent.contains('\0') {
         return Err(Error::nul("the workspace parent"));
     }
@@ -225,7 +433,7 @@ pub fn sbx_wrapper_argv(
     };
     Ok(wrapper_argv(
         SBX_WRAPPER,
-        "enter",
+        stage,
         nonce,
         [
             mount.parent.clone(),
@@ -235,6 +443,90 @@ pub fn sbx_wrapper_argv(
         ],
         invocation,
     ))
+}
+
+/// The argv after `docker exec <container id>` (or the Engine API's `Cmd`) for the Docker shape
+/// under the engine's init: `/sbin/docker-init -s -- sh -c <DOCKER_INIT_WRAPPER> maf-sbx <nonce>
+/// <mask> <cwd> <argv>…`, every value raw unless it is not UTF-8 (see [`RawInvocation`]).
+///
+/// Use it once [`docker_init_probe_argv`] has passed in the container; the kill is then
+/// [`tree_kill_argv`]. The guest env travels through the engine, never here.
+pub fn docker_init_wrapper_argv(nonce: &Nonce, invocation: &RawInvocation) -> Vec<String> {
+    let mut argv = Vec::with_capacity(9 + invocation.argv().len());
+    argv.extend(
+        [
+            DOCKER_INIT_PATH,
+            "-s",
+            "--",
+            "sh",
+            "-c",
+            DOCKER_INIT_WRAPPER,
+            SCRIPT_NAME,
+            nonce.as_str(),
+            invocation.mask(),
+            invocation.cwd(),
+        ]
+        .map(str::to_owned),
+    );
+    argv.extend(invocation.argv().iter().cloned());
+    argv
+}
+
+/// The exact kill of a call made with [`docker_init_wrapper_argv`]: `sh -c TREE_KILL_SCRIPT
+/// maf-sbx <nonce>`, run as a second exec. It falls back to the group kill of the same nonce.
+pub fn tree_kill_argv(nonce: &Nonce) -> Vec<String> {
+    ["sh", "-c", TREE_KILL_SCRIPT, SCRIPT_NAME, nonce.as_str()]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+/// The exact kill of a call made with [`sbx_pid_namespace_wrapper_argv`]: `sh -c
+/// NAMESPACE_KILL_SCRIPT maf-sbx <nonce>`, run as a second `sbx exec`, outside the wrapper's
+/// namespaces. It falls back to the group kill of the same nonce.
+pub fn namespace_kill_argv(nonce: &Nonce) -> Vec<String> {
+    [
+        "sh",
+        "-c",
+        NAMESPACE_KILL_SCRIPT,
+        SCRIPT_NAME,
+        nonce.as_str(),
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// Once per container, before the first call: does the engine's init run as a subreaper here?
+/// `sh -c '/sbin/docker-init -s -- true'`; read it with [`read_kill_mode_probe`].
+pub fn docker_init_probe_argv() -> Vec<String> {
+    [
+        "sh",
+        "-c",
+        r#""$1" -s -- true"#,
+        "maf-probe",
+        DOCKER_INIT_PATH,
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// Once per sandbox, before the first call: can the wrapper's `enter-pid` stage make its
+/// namespaces here? Runs the same `unshare` and `env` as the stage, with `true` as the command;
+/// read it with [`read_kill_mode_probe`].
+pub fn pid_namespace_probe_argv() -> Vec<String> {
+    [
+        "sh",
+        "-c",
+        "exec unshare --user --mount --pid --fork --kill-child=KILL --map-root-user -- env -u maf-sbx-probe true",
+        "maf-probe",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// Reads either kill-mode probe: exit 0 means the exact kill is available. Anything else (the
+/// init missing or not executable, no user or PID namespaces, a signal) means the group kill.
+pub fn read_kill_mode_probe(status: ExitKind) -> bool {
+    status == ExitKind::Exited(0)
 }
 
 fn wrapper_argv(

@@ -8,46 +8,13 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Once;
 use std::time::Duration;
 
-use common::{alive, read_pids, shells, wait_dead, Shell};
+use common::{alive, become_subreaper, read_pids, reap_adopted, shells, wait_dead, Shell};
 use exec_wrapper::{
     docker_wrapper_argv, encode_invocation, kill_argv, new_nonce, parse_run_output, pid_file,
     Error, KillFailure, KillOutcome, Nonce, WrapperOutcome,
 };
-use rustix::process::{waitpid, Pid, WaitOptions};
-
-fn become_subreaper() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
-            .expect("PR_SET_CHILD_SUBREAPER");
-    });
-}
-
-/// Reaps these pids once they are re-parented here, until each is gone (reaped here or by its
-/// own parent) or 20 s pass.
-fn reap_adopted(pids: Vec<i32>) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let end = std::time::Instant::now() + Duration::from_secs(20);
-        let mut pending = pids;
-        while !pending.is_empty() && std::time::Instant::now() < end {
-            pending.retain(|&pid| {
-                let Some(target) = Pid::from_raw(pid) else {
-                    return false;
-                };
-                match waitpid(Some(target), WaitOptions::NOHANG) {
-                    Ok(Some(_)) => false,
-                    Ok(None) => true,
-                    // Not (yet) our child: wait while it exists under its own parent.
-                    Err(_) => Path::new(&format!("/proc/{pid}")).exists(),
-                }
-            });
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    })
-}
 
 fn wrapper_argv(nonce: &Nonce, argv: &[&[u8]]) -> Vec<String> {
     docker_wrapper_argv(nonce, &encode_invocation(b"/", argv).unwrap())

@@ -638,3 +638,112 @@ fn the_env_file_is_read_through_the_bind_and_deleted() {
     }
     site.assert_host_parent_unchanged();
 }
+
+/// Every process whose command line (NULs dropped) contains `needle`, as the host sees them.
+fn pids_carrying(needle: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|raw| {
+                    let joined: Vec<u8> = raw.into_iter().filter(|b| *b != 0).collect();
+                    String::from_utf8_lossy(&joined).contains(needle)
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_owned();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
+
+/// The `enter-pid` stage runs the command in its own PID namespace, and the namespace kill, run
+/// as the same caller from outside, ends every process in it: a double-fork `setsid` daemon, a
+/// `nohup` job and the command itself. The wrapper runs under `setsid -w`, so the runner's own
+/// group kill at the deadline reaches only that `setsid`, as a host-side client's would.
+#[test]
+fn the_namespace_kill_ends_every_process_of_an_enter_pid_call() {
+    let site = Site::new();
+    let setsid = required("setsid");
+    for (index, shell) in site.shells.iter().enumerate() {
+        let nonce = new_nonce().unwrap();
+        let marker = format!("sleep31{}7", 60 + index);
+        let script = format!(
+            "(setsid sh -c '{m} & exit 0' &); nohup {m} >/dev/null 2>&1 & exec {m}",
+            m = marker.replacen("sleep", "sleep ", 1)
+        );
+        let invocation =
+            encode_invocation(b"/", &[b"sh".as_slice(), b"-c", script.as_bytes()]).unwrap();
+        let mount = SbxMount {
+            parent: site.parent_str().to_owned(),
+            guest_mount: site.workspace.to_str().unwrap().to_owned(),
+        };
+        let argv = exec_wrapper::sbx_pid_namespace_wrapper_argv(&nonce, &mount, false, &invocation)
+            .unwrap();
+        assert_eq!(argv[5], "enter-pid");
+        let mut args: Vec<OsString> = vec!["-w".into(), shell.program.clone().into()];
+        args.extend(argv[1..].iter().map(OsString::from));
+        let call = runtime().block_on(
+            site.caller
+                .command(&setsid, args)
+                .env("PATH", &shell.path)
+                .deadline(tokio::time::Instant::now() + Duration::from_millis(1500))
+                .run(),
+        );
+        assert!(
+            matches!(call, Err(exec_wrapper::Error::Deadline { .. })),
+            "{}: {}",
+            shell.name,
+            describe(&call)
+        );
+        let survivors = pids_carrying(&marker);
+        assert!(
+            survivors.len() >= 3,
+            "{}: the command, the daemon and the nohup job run: {survivors:?}",
+            shell.name
+        );
+
+        let kill = runtime().block_on(
+            site.caller
+                .command(
+                    &shell.program,
+                    exec_wrapper::namespace_kill_argv(&nonce)[1..]
+                        .iter()
+                        .map(OsString::from),
+                )
+                .env("PATH", &shell.path)
+                .run(),
+        );
+        let report = exec_wrapper::KillReport::from_run(&kill);
+        assert_eq!(
+            report.mode,
+            Some(exec_wrapper::KillMode::PidNamespace),
+            "{}: {}",
+            shell.name,
+            describe(&kill)
+        );
+        for pid in survivors {
+            assert!(
+                !alive(pid),
+                "{}: {pid} survived the namespace kill",
+                shell.name
+            );
+        }
+        let _ = std::fs::remove_file(exec_wrapper::cancel_file(&nonce));
+        let _ = std::fs::remove_file(pid_file(&nonce));
+        site.assert_nothing_mounted();
+    }
+}

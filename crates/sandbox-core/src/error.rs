@@ -14,7 +14,8 @@ pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
 /// How the guest side of an expired `exec` ended (exec-wrapper's kill outcome, in core terms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GuestCleanup {
-    /// The command's process group was killed by a second call; the sandbox was kept.
+    /// The command was killed by a second call (its process tree, PID namespace or process group,
+    /// whichever the guest offers; see docs/wrapper-protocol.md); the sandbox was kept.
     Killed,
     /// The command had not started and never will (the cancel file won the start race); the sandbox was kept.
     NeverStarted,
@@ -363,7 +364,7 @@ fn bound_secs(bound: Duration) -> String {
 fn cleanup_suffix(cleanup: Option<GuestCleanup>) -> String {
     match cleanup {
         None => String::new(),
-        Some(GuestCleanup::Killed) => "; its process group was killed".to_owned(),
+        Some(GuestCleanup::Killed) => "; it was killed".to_owned(),
         Some(GuestCleanup::NeverStarted) => "; it never started".to_owned(),
         Some(GuestCleanup::Retired) => {
             "; the kill did not land and the sandbox was retired".to_owned()

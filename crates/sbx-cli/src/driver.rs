@@ -4,10 +4,11 @@ use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use exec_wrapper::{BoundedCommand, ExitKind, RunOutput};
+use exec_wrapper::{BoundedCommand, ExitKind, RunOutput, Stream};
 use tokio::time::Instant;
 
 use crate::error::{classify_output, Call, Error};
@@ -216,6 +217,14 @@ struct Invocation {
     deadline: Option<Instant>,
     budget: usize,
     stdin: Option<Vec<u8>>,
+    watch: Option<StderrWatch>,
+}
+
+/// A stderr line to watch for while a call runs, and the flag raised when it arrives.
+#[derive(Clone)]
+struct StderrWatch {
+    line: Vec<u8>,
+    seen: Arc<AtomicBool>,
 }
 
 impl Invocation {
@@ -227,6 +236,7 @@ impl Invocation {
             deadline: None,
             budget,
             stdin: None,
+            watch: None,
         }
     }
 }
@@ -248,6 +258,7 @@ pub enum ExecUser {
 pub struct ExecRequest {
     name: SbxName,
     argv: Vec<OsString>,
+    watch: Option<StderrWatch>,
     user: ExecUser,
     stdin: Option<Vec<u8>>,
     deadline: Instant,
@@ -278,6 +289,7 @@ impl ExecRequest {
         ExecRequest {
             name,
             argv: argv.into_iter().map(Into::into).collect(),
+            watch: None,
             user: ExecUser::Default,
             stdin: None,
             deadline,
@@ -300,6 +312,14 @@ impl ExecRequest {
     /// Feeds these bytes to the command's stdin (`-i`), then closes it.
     pub fn stdin(mut self, bytes: Vec<u8>) -> Self {
         self.stdin = Some(bytes);
+        self
+    }
+
+    /// Raises `seen` as soon as a complete stderr line equal to `line` arrives, even when the
+    /// call then ends by its deadline or budget (whose errors carry no output): how a caller
+    /// learns that a wrapped command had started before it had to kill it.
+    pub fn watch_stderr_line(mut self, line: Vec<u8>, seen: Arc<AtomicBool>) -> Self {
+        self.watch = Some(StderrWatch { line, seen });
         self
     }
 
@@ -539,6 +559,13 @@ impl SbxCli {
         if let Some(bytes) = inv.stdin {
             command = command.stdin(bytes);
         }
+        if let Some(StderrWatch { line, seen }) = inv.watch {
+            command = command.on_line(move |stream, bytes| {
+                if stream == Stream::Stderr && bytes == line.as_slice() {
+                    seen.store(true, Ordering::Relaxed);
+                }
+            });
+        }
         command
             .run()
             .await
@@ -711,6 +738,7 @@ impl SbxCli {
             deadline: Some(request.deadline),
             budget: request.output_budget,
             stdin: request.stdin.clone(),
+            watch: request.watch.clone(),
         };
         self.invoke(request.sbx_args()?, inv).await
     }

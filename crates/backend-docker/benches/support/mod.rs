@@ -224,6 +224,37 @@ impl Metric {
         self.print(self.name, backend, raw, ratio)
     }
 
+    /// The median of the per-round differences (ours − raw) against an absolute bound, under
+    /// `name`: for a cost added on top of the same call, where a ratio would hide it behind the
+    /// transport's own time. Records the row (its ratio is the difference over the bound).
+    pub fn report_added(&self, name: &'static str, limit_ms: f64) -> bool {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let ours = median(self.backend.iter().map(|d| ms(*d)).collect());
+        let raw = median(self.raw.iter().map(|d| ms(*d)).collect());
+        let added = median(
+            self.backend
+                .iter()
+                .zip(&self.raw)
+                .map(|(b, r)| ms(*b) - ms(*r))
+                .collect(),
+        );
+        let pass = added <= limit_ms;
+        println!(
+            "{name}: ours {ours:.1} ms, raw {raw:.1} ms, added {added:.1} ms at p50 (target ≤ +{limit_ms:.0} ms) {} [{} rounds]",
+            if pass { "PASS" } else { "FAIL" },
+            self.backend.len()
+        );
+        record_row(
+            name,
+            ours,
+            raw,
+            added / limit_ms,
+            &format!("added <= {limit_ms:.0} ms at p50"),
+            pass,
+        );
+        pass
+    }
+
     /// Like [`Metric::report`] for the 95th percentiles: each side's p95 and their ratio, under
     /// `name`.
     pub fn report_p95(&self, name: &'static str) -> bool {

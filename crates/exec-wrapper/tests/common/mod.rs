@@ -149,3 +149,36 @@ pub async fn read_pids(file: &Path, count: usize) -> Vec<i32> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Makes the test process a child subreaper, so the orphans of a killed group are re-parented
+/// here at once (this machine's PID 1 reaps them only after about 2 s).
+pub fn become_subreaper() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+            .expect("PR_SET_CHILD_SUBREAPER");
+    });
+}
+
+/// Reaps these pids once they are re-parented here, until each is gone (reaped here or by its
+/// own parent) or 20 s pass.
+pub fn reap_adopted(pids: Vec<i32>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        let mut pending = pids;
+        while !pending.is_empty() && std::time::Instant::now() < end {
+            pending.retain(|&pid| {
+                let Some(target) = rustix::process::Pid::from_raw(pid) else {
+                    return false;
+                };
+                match rustix::process::waitpid(Some(target), rustix::process::WaitOptions::NOHANG) {
+                    Ok(Some(_)) => false,
+                    Ok(None) => true,
+                    // Not (yet) our child: wait while it exists under its own parent.
+                    Err(_) => Path::new(&format!("/proc/{pid}")).exists(),
+                }
+            });
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+}
