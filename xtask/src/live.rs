@@ -103,22 +103,32 @@ fn sbx(workspace: &Workspace, sbx_path: Option<&std::path::Path>) -> Result<(), 
     command
         .env("SBX_PATH", &path)
         .env("TMPDIR", &run_dir)
-        .args([
-            "nextest",
-            "run",
+        .args(["nextest", "run", "-p", "backend-sbx"]);
+    if simulator {
+        // The driver's and the simulator's own live tests run against the same build.
+        command.env("SBX_SIM_BIN", &path).args([
             "-p",
-            "backend-sbx",
+            "sbx-cli",
+            "-p",
+            "sbx-sim",
+            "--features",
+            "backend-sbx/live,sbx-cli/live,sbx-sim/live",
+        ]);
+    } else {
+        command.args([
             "--features",
             "backend-sbx/live",
-            "--no-fail-fast",
-            "--status-level",
-            "skip",
-            "--final-status-level",
-            "skip",
+            "--test",
+            "live_conformance",
         ]);
-    if !simulator {
-        command.args(["--test", "live_conformance"]);
     }
+    command.args([
+        "--no-fail-fast",
+        "--status-level",
+        "skip",
+        "--final-status-level",
+        "skip",
+    ]);
     let teed = tee_in(workspace.root(), &mut command, |line| {
         is_summary_line(line) || is_skip_line(line)
     })?;
@@ -193,8 +203,10 @@ fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
         "backend-docker",
         "-p",
         "sandboxctl",
+        "-p",
+        "exec-wrapper",
         "--features",
-        "backend-docker/live,sandboxctl/live",
+        "backend-docker/live,sandboxctl/live,exec-wrapper/live",
         "--no-fail-fast",
         // Names each skipped test, so a skip can be reported by name.
         "--status-level",

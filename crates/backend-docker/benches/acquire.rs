@@ -1,7 +1,7 @@
-//! Acquire latency (docker.md rules 20 and 31).
+//! Acquire latency (docs/docker-backend.md#acquire-and-ownership-checks).
 //!
 //! - Warm acquire, pass/fail: a second `acquire` of a running, verified container is one
-//!   `docker container inspect` (rule 20's cache), so it must stay within 1.2× one raw
+//!   `docker container inspect` (the verified-container cache), so it must stay within 1.2× one raw
 //!   `docker container inspect --format '{{json .}}'` of a container.
 //! - Cold acquire, reported only: a fresh key each round (inspect, OS re-check, image presence,
 //!   `docker run -d`, the id, the tool probe, the storage base) against a raw `docker run -d`
@@ -72,7 +72,7 @@ async fn main() {
             async {
                 raw_id = run_raw_container(&scope).await;
                 // As root: the image user cannot create `/maf-sandbox`, where the backend falls
-                // back to an engine-side tar (docker.md rule 33).
+                // back to an engine-side tar (docs/docker-backend.md#storage-base).
                 docker(&["exec", "-u", "0", &raw_id, "mkdir", "-p", BASE]).await;
             },
         )

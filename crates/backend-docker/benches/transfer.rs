@@ -1,11 +1,11 @@
-//! File transfer (docker.md rule 31), design B: engine-side checks, data moved by the guest.
+//! File transfer through the engine's archive endpoints (docs/docker-backend.md#file-rules).
 //!
 //! - Pass/fail: a 64 MiB `write_file` and `read_file` each within 1.5× a raw `docker cp` of the
 //!   same bytes, in (host file to container) and out (container to host file).
 //! - Reported only: a 1 KiB `write_file`, `read_file` and `stat_file` three components below the
 //!   storage base (`d1/d2/small.bin`), each against one raw `docker exec` doing the same
-//!   (`cat >`, `cat`, `stat`), against the spec's reference of 3×. Each backend call walks the ancestors with engine stats
-//!   (`docker cp` in prefix mode) before it acts.
+//!   (`cat >`, `cat`, `stat`), against the spec's reference of 3×. Each backend call checks the ancestors with archive
+//!   `HEAD` stats (a few at a time) before it acts.
 
 mod support;
 

@@ -1,4 +1,4 @@
-//! Get-or-create per (key, kind), `find`, image presence (§7) and the
+//! Get-or-create per (key, kind), `find`, image presence (docs/docker-backend.md#local-images) and the
 //! storage base.
 
 use std::sync::Arc;

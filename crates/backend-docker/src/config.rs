@@ -60,7 +60,7 @@ impl Resources {
     }
 }
 
-/// Where the egress preflight (host-hygiene.md §4) knocks, from inside a closed sandbox.
+/// Where the egress preflight (docs/docker-backend.md#egress) knocks, from inside a closed sandbox.
 ///
 /// The defaults are public addresses for operators; every test sets local ones.
 #[derive(Debug, Clone, PartialEq, Eq)]

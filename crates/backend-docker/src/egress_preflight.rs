@@ -1,4 +1,4 @@
-//! The egress preflight (host-hygiene.md §4): prove from inside a closed sandbox, by content, that
+//! The egress preflight (docs/docker-backend.md#egress): prove from inside a closed sandbox, by content, that
 //! it reaches nothing. Fails closed: a probe that cannot run refuses the sandbox too.
 
 use std::net::{IpAddr, SocketAddr};

@@ -1,4 +1,4 @@
-//! Every conformance suite this backend owes (docker.md rule 48), against the real engine and the
+//! Every conformance suite this backend owes (docs/conformance.md#running-them-against-a-backend), against the real engine and the
 //! local images: everything on the two Debian images (HARDENING and the egress preflight included,
 //! with local targets only), the reduced file and exec set on the BusyBox image. Each test asserts
 //! that no probe failed or was skipped, and that nothing is left behind.

@@ -16,7 +16,7 @@ use backend_docker::{DockerBackend, DockerConfig};
 use sandbox_core::SandboxBackend;
 use tokio::io::AsyncWriteExt as _;
 
-/// The image every benchmark runs on (docker.md §7; `cargo xtask images` builds it).
+/// The image every benchmark runs on (docs/docker-backend.md#local-images; `cargo xtask images` builds it).
 pub const IMAGE: &str = "sandbox-base:local";
 
 /// The storage base the backend prepares by default, made in the raw container too.
@@ -96,8 +96,8 @@ pub async fn docker(args: &[&str]) -> RawOutput {
     docker_with_stdin(args, None).await
 }
 
-/// `docker run -d` of a keep-alive container with the backend's own hardening (docker.md rules
-/// 10–11) and the raw label; returns its id.
+/// `docker run -d` of a keep-alive container with the backend's own hardening
+/// (docs/docker-backend.md#hardening) and the raw label; returns its id.
 pub async fn run_raw_container(scope: &str) -> String {
     let label = format!("{RAW_LABEL}={scope}");
     let output = docker(&[

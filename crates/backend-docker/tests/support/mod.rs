@@ -11,7 +11,7 @@ use conformance::{AcquireOutcome, ConformanceError, HardeningHooks};
 use exec_wrapper::{BoundedCommand, ExitKind, RunOutput};
 use sandbox_core::{ErrorKind, Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
 
-/// The images of docker.md §7.
+/// The local images (docs/docker-backend.md#local-images).
 pub const BASE: &str = "sandbox-base:local";
 pub const BASE_ROOT: &str = "sandbox-base-root:local";
 pub const BUSYBOX: &str = "sandbox-busybox:local";
