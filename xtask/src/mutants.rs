@@ -92,7 +92,12 @@ pub fn run(workspace: &Workspace, args: &MutantsArgs) -> Result<(), XtaskError> 
         let started = Instant::now();
         let out_dir = workspace.target_dir().join("mutants").join(name);
         run_crate(workspace, &runtime, args, name, &out_dir)?;
-        let report = CrateReport::read(name, &out_dir.join("mutants.out"), started.elapsed())?;
+        let report = CrateReport::read(
+            workspace,
+            name,
+            &out_dir.join("mutants.out"),
+            started.elapsed(),
+        )?;
         eprint!("{}", report.survivor_listing(&allow));
         reports.push(report);
     }
@@ -183,6 +188,11 @@ fn run_crate(
     name: &str,
     out_dir: &Path,
 ) -> Result<(), XtaskError> {
+    std::fs::create_dir_all(out_dir).map_err(|source| XtaskError::Io {
+        action: "creating",
+        path: out_dir.display().to_string(),
+        source,
+    })?;
     let argv = mutants_argv(args, name, out_dir);
     let line = format!(
         "cargo {}",
@@ -281,6 +291,55 @@ impl Survivor {
     }
 }
 
+impl Survivor {
+    /// cargo-mutants names no place for a mutant outside any function (`replace * with +`):
+    /// when the mutated line lies in a `const` or `static` item of `source`, its name is added
+    /// (`replace * with + in const LIMIT`), so an allow-list entry names one constant.
+    fn name_its_constant(&mut self, source: &str) {
+        if self.description.contains(" in ") || self.description.contains(" -> ") {
+            return;
+        }
+        let lines: Vec<&str> = source.lines().collect();
+        let Some(last) = (self.line as usize)
+            .checked_sub(1)
+            .filter(|i| *i < lines.len())
+        else {
+            return;
+        };
+        // The item starts on the mutated line or a few above it (a wrapped initialiser).
+        let start = last.saturating_sub(8);
+        for index in (start..=last).rev() {
+            if let Some(name) = constant_name(lines[index]) {
+                self.description = format!("{} in const {name}", self.description);
+                return;
+            }
+            // An item that ends above the mutated line is not the one it lies in.
+            if index < last && lines[index].trim_end().ends_with(';') {
+                return;
+            }
+        }
+    }
+}
+
+/// `pub(crate) const READ_CHUNK: usize = …` → `READ_CHUNK`.
+fn constant_name(line: &str) -> Option<&str> {
+    let mut words = line.split_whitespace();
+    let mut word = words.next()?;
+    if word.starts_with("pub") {
+        word = words.next()?;
+    }
+    if word != "const" && word != "static" {
+        return None;
+    }
+    let name = words.next()?.trim_end_matches(':');
+    let name = if name == "mut" {
+        words.next()?.trim_end_matches(':')
+    } else {
+        name
+    };
+    Some(name).filter(|name| !name.is_empty())
+}
+
 impl std::fmt::Display for Survivor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -303,7 +362,12 @@ struct CrateReport {
 
 impl CrateReport {
     /// Reads `outcomes.json`, `missed.txt` and `timeout.txt` from a `mutants.out` directory.
-    fn read(name: &str, dir: &Path, elapsed: Duration) -> Result<CrateReport, XtaskError> {
+    fn read(
+        workspace: &Workspace,
+        name: &str,
+        dir: &Path,
+        elapsed: Duration,
+    ) -> Result<CrateReport, XtaskError> {
         let read = |file: &str| {
             let path = dir.join(file);
             std::fs::read_to_string(&path).map_err(|source| XtaskError::Io {
@@ -316,7 +380,14 @@ impl CrateReport {
             serde_json::from_str(&read("outcomes.json")?).map_err(|_| XtaskError::Malformed {
                 what: "cargo-mutants' outcomes.json",
             })?;
-        let survivors = parse_survivors(&read("missed.txt")?)?;
+        let mut survivors = parse_survivors(&read("missed.txt")?)?;
+        for survivor in &mut survivors {
+            // An unreadable source leaves the description as it is: such a survivor is simply
+            // not one the allow-list can take.
+            if let Ok(source) = std::fs::read_to_string(workspace.root().join(&survivor.file)) {
+                survivor.name_its_constant(&source);
+            }
+        }
         let timeouts = read("timeout.txt")?
             .lines()
             .filter(|line| !line.trim().is_empty())
@@ -485,31 +556,43 @@ impl AllowList {
     }
 }
 
-/// Whether a mutant description is about a `Debug`/`Display` impl's `fmt`, or sits in a
-/// constant (named in `SCREAMING_SNAKE_CASE`, as every constant of the workspace is).
+/// Whether a mutant description is about a `Debug`/`Display` impl's `fmt` (the whole body
+/// replaced, or an operator in it), or sits in a constant named in `SCREAMING_SNAKE_CASE` (see
+/// [`Survivor::name_its_constant`]).
 fn is_text_or_constant(description: &str) -> bool {
-    let Some((_, place)) = description.rsplit_once(" in ") else {
-        return description.contains("<impl Debug for ")
-            || description.contains("<impl Display for ")
-            || description.contains("<impl fmt::Debug for ")
-            || description.contains("<impl fmt::Display for ")
-            || description.contains("<impl std::fmt::Debug for ")
-            || description.contains("<impl std::fmt::Display for ");
-    };
-    let place = place.trim();
-    let formatting = ["Debug", "Display", "fmt::Debug", "fmt::Display"]
-        .iter()
-        .any(|trait_name| {
-            place.starts_with(&format!("<impl {trait_name} for "))
-                || place.starts_with(&format!("<impl std::{trait_name} for "))
+    const FORMAT_TRAITS: &[&str] = &[
+        "Debug",
+        "Display",
+        "fmt::Debug",
+        "fmt::Display",
+        "std::fmt::Debug",
+        "std::fmt::Display",
+    ];
+    let is_format_fn = |function: &str| {
+        FORMAT_TRAITS.iter().any(|name| {
+            function
+                .strip_prefix("<impl ")
+                .and_then(|rest| rest.strip_prefix(name))
+                .is_some_and(|rest| rest.starts_with(" for ") && rest.ends_with(">::fmt"))
         })
-        && place.ends_with(">::fmt");
-    let constant = !place.is_empty()
-        && place
-            .chars()
-            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
-        && place.starts_with(|c: char| c.is_ascii_uppercase());
-    formatting || constant
+    };
+    let replaced_fn = description
+        .strip_prefix("replace ")
+        .and_then(|rest| rest.split_once(" -> "))
+        .map(|(function, _)| function);
+    if let Some(function) = replaced_fn {
+        return is_format_fn(function);
+    }
+    let Some((_, place)) = description.rsplit_once(" in ") else {
+        return false;
+    };
+    let constant = place.strip_prefix("const ").is_some_and(|name| {
+        name.starts_with(|c: char| c.is_ascii_uppercase())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+    });
+    is_format_fn(place) || constant
 }
 
 #[cfg(test)]
@@ -632,11 +715,11 @@ mod tests {
     fn entries_under_one_comment_share_it_and_a_blank_line_ends_it() {
         let allow = AllowList::parse(
             "# Any positive value works.\n\
-             crates/a/src/lib.rs: replace * with + in LIMIT\n\
-             crates/a/src/lib.rs: replace * with / in LIMIT\n\
+             crates/a/src/lib.rs: replace * with + in const LIMIT\n\
+             crates/a/src/lib.rs: replace * with / in const LIMIT\n\
              # A second reason,\n\
              # over two lines.\n\
-             crates/a/src/lib.rs: replace + with - in GRACE\n",
+             crates/a/src/lib.rs: replace + with - in const GRACE\n",
         )
         .unwrap();
         let reasons: Vec<&str> = allow.entries.iter().map(|e| e.reason.as_str()).collect();
@@ -649,8 +732,8 @@ mod tests {
             ]
         );
         let error = AllowList::parse(
-            "# Why.\ncrates/a/src/lib.rs: replace * with + in LIMIT\n\n\
-             crates/a/src/lib.rs: replace * with / in LIMIT\n",
+            "# Why.\ncrates/a/src/lib.rs: replace * with + in const LIMIT\n\n\
+             crates/a/src/lib.rs: replace * with / in const LIMIT\n",
         )
         .unwrap_err();
         assert!(
@@ -662,8 +745,8 @@ mod tests {
     #[test]
     fn an_entry_without_a_reason_is_refused() {
         for text in [
-            "crates/a/src/lib.rs: replace * with + in LIMIT\n",
-            "#\ncrates/a/src/lib.rs: replace * with + in LIMIT\n",
+            "crates/a/src/lib.rs: replace * with + in const LIMIT\n",
+            "#\ncrates/a/src/lib.rs: replace * with + in const LIMIT\n",
         ] {
             let error = AllowList::parse(text).unwrap_err();
             assert!(matches!(error, XtaskError::AllowList { .. }), "{error}");
@@ -678,7 +761,10 @@ mod tests {
             "replace Error::is_refusal -> bool with true",
             "replace && with || in Walk::enter",
             "delete ! in LIMIT_of_the_walk",
-            "replace <impl Debug for X>::fmt -> std::fmt::Result with Ok(Default::default()) in g",
+            "replace * with + in LIMIT",
+            "replace * with + in const limit",
+            "replace * with +",
+            "replace <impl Hash for X>::hash with ()",
         ] {
             assert!(!is_text_or_constant(logic), "{logic}");
             let text = format!("# Surely harmless.\ncrates/a/src/lib.rs: {logic}\n");
@@ -693,8 +779,9 @@ mod tests {
         for text in [
             DEBUG_MUTANT,
             "replace <impl std::fmt::Display for Stream>::fmt -> std::fmt::Result with Ok(Default::default())",
-            "replace * with + in FAR_FUTURE",
-            "replace * with / in READ_CHUNK_2",
+            "replace * with + in const FAR_FUTURE",
+            "replace * with / in const READ_CHUNK_2",
+            "replace == with != in <impl fmt::Display for Stream>::fmt",
         ] {
             assert!(is_text_or_constant(text), "{text}");
         }
@@ -705,7 +792,7 @@ mod tests {
         for entry in [
             "no separator here",
             "crates/a/src/lib.rs:",
-            "README.md: x in FOO",
+            "README.md: x in const FOO",
         ] {
             let text = format!("# Why.\n{entry}\n");
             assert!(
@@ -719,40 +806,46 @@ mod tests {
     fn stale_entries_are_those_of_run_crates_that_matched_nothing() {
         let allow = AllowList::parse(
             "# Why.\n\
-             crates/a/src/lib.rs: replace * with + in USED\n\
-             crates/a/src/lib.rs: replace * with + in STALE\n\
-             crates/b/src/lib.rs: replace * with + in NOT_RUN\n",
+             crates/a/src/lib.rs: replace * with + in const USED\n\
+             crates/a/src/lib.rs: replace * with + in const STALE\n\
+             crates/b/src/lib.rs: replace * with + in const NOT_RUN\n",
         )
         .unwrap();
         let reports = [report(
             "a",
-            vec![survivor("crates/a/src/lib.rs", "replace * with + in USED")],
+            vec![survivor(
+                "crates/a/src/lib.rs",
+                "replace * with + in const USED",
+            )],
         )];
         let stale: Vec<String> = allow
             .stale(&reports, true)
             .iter()
             .map(ToString::to_string)
             .collect();
-        assert_eq!(stale, ["crates/a/src/lib.rs: replace * with + in STALE"]);
+        assert_eq!(
+            stale,
+            ["crates/a/src/lib.rs: replace * with + in const STALE"]
+        );
         assert!(allow.stale(&reports, false).is_empty());
     }
 
     #[test]
     fn the_listing_marks_each_survivor_allowed_or_not() {
         let allow = AllowList::parse(
-            "# Any value works.\ncrates/a/src/lib.rs: replace * with + in LIMIT\n",
+            "# Any value works.\ncrates/a/src/lib.rs: replace * with + in const LIMIT\n",
         )
         .unwrap();
         let mut report = report(
             "a",
             vec![
-                survivor("crates/a/src/lib.rs", "replace * with + in LIMIT"),
+                survivor("crates/a/src/lib.rs", "replace * with + in const LIMIT"),
                 survivor("crates/a/src/lib.rs", "replace == with != in check"),
             ],
         );
         report.timeouts = vec!["crates/a/src/lib.rs:3:4: replace loop_forever".into()];
         let listing = report.survivor_listing(&allow);
-        assert!(listing.contains("  allowed  crates/a/src/lib.rs:1:1: replace * with + in LIMIT\n           (Any value works.)\n"), "{listing}");
+        assert!(listing.contains("  allowed  crates/a/src/lib.rs:1:1: replace * with + in const LIMIT\n           (Any value works.)\n"), "{listing}");
         assert!(
             listing.contains("  SURVIVED crates/a/src/lib.rs:1:1: replace == with != in check\n"),
             "{listing}"
@@ -780,6 +873,35 @@ mod tests {
             row.split_whitespace().collect::<Vec<_>>(),
             ["confined-fs", "146", "118", "0", "28", "0", "300.5s"]
         );
+    }
+
+    #[test]
+    fn a_survivor_in_a_constant_is_named_by_it() {
+        let source = "use x;\n\
+                      /// Docs.\n\
+                      pub const BUDGET: usize = 8 * 1024;\n\
+                      pub(crate) static LONG: Duration =\n\
+                      \x20   Duration::from_secs(100 * 365);\n\
+                      fn f() {}\n";
+        let mut first = survivor("crates/a/src/lib.rs", "replace * with +");
+        first.line = 3;
+        first.name_its_constant(source);
+        assert_eq!(first.description, "replace * with + in const BUDGET");
+        let mut wrapped = survivor("crates/a/src/lib.rs", "replace * with /");
+        wrapped.line = 5;
+        wrapped.name_its_constant(source);
+        assert_eq!(wrapped.description, "replace * with / in const LONG");
+        for (line, description) in [
+            (6, "replace * with +"),
+            (3, "replace == with != in f"),
+            (3, "replace f -> usize with 0"),
+            (99, "replace * with +"),
+        ] {
+            let mut other = survivor("crates/a/src/lib.rs", description);
+            other.line = line;
+            other.name_its_constant(source);
+            assert_eq!(other.description, description, "line {line}");
+        }
     }
 
     #[test]
