@@ -458,3 +458,16 @@ fn a_file_swapped_for_a_socket_after_its_lstat_is_a_host_error_not_a_link() {
         other => panic!("expected the host's refusal, got {other:?}"),
     }
 }
+
+#[test]
+fn a_file_removed_by_someone_else_after_its_lstat_is_not_found_on_removal() {
+    let race = Race::new("f", file_named("f", b"inside"), |root, _| {
+        fs::remove_file(root.join("f")).unwrap();
+    });
+    let outcome = race.root.remove("f", false);
+    race.assert_swapped();
+    assert!(
+        matches!(outcome, Err(Error::NotFound { ref path }) if path == "f"),
+        "{outcome:?}"
+    );
+}
