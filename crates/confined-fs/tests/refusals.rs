@@ -225,3 +225,24 @@ fn devices_are_refused_by_kind() {
         );
     }
 }
+
+#[test]
+fn a_root_under_a_missing_or_file_parent_is_not_found_or_not_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("file"), b"").unwrap();
+    let missing = dir.path().join("missing").join("root");
+    assert!(
+        matches!(ConfinedRoot::open(&missing), Err(Error::NotFound { ref path }) if path == &missing.display().to_string()),
+        "{:?}",
+        ConfinedRoot::open(&missing)
+    );
+    let under_file = dir.path().join("file").join("root");
+    assert!(
+        matches!(
+            ConfinedRoot::open(&under_file),
+            Err(Error::NotADirectory { .. })
+        ),
+        "{:?}",
+        ConfinedRoot::open(&under_file)
+    );
+}
