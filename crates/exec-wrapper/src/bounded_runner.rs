@@ -101,7 +101,8 @@ impl std::fmt::Debug for BoundedCommand {
 
 impl BoundedCommand {
     /// A command with no arguments, an empty environment, stdin `/dev/null`, the default budget,
-    /// and a deadline `timeout` after the run starts.
+    /// and a deadline `timeout` after the run starts (none at all when that instant is past
+    /// what the clock can represent, as with [`Duration::MAX`]).
     pub fn new(program: impl Into<OsString>, timeout: Duration) -> Self {
         BoundedCommand {
             program: program.into(),
