@@ -45,6 +45,8 @@ fn a_file_the_host_will_not_unlink_is_a_host_error_not_a_directory() {
                 ..
             }) => {
                 assert_eq!(path, "kept");
+                let shown = root.remove("kept", recursive).unwrap_err().to_string();
+                assert!(shown.starts_with("remove kept: "), "{shown}");
                 assert_eq!(
                     source.raw_os_error(),
                     Some(rustix::io::Errno::PERM.raw_os_error())
