@@ -164,6 +164,26 @@ pub enum XtaskError {
         targets: String,
     },
 
+    /// Mutants of the security crates survived their tests and are not on the allow-list.
+    #[error(
+        "{count} mutant(s) survived the tests and are not on xtask/mutants-allow.txt:\n{listing}"
+    )]
+    Survivors {
+        /// How many.
+        count: usize,
+        /// One line per survivor: file, line, column, what was mutated.
+        listing: String,
+    },
+
+    /// The mutation-testing allow-list holds an entry it may not.
+    #[error("xtask/mutants-allow.txt line {line}: {reason}")]
+    AllowList {
+        /// The 1-based line.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// `cargo fuzz list` named no target.
     #[error("`cargo fuzz list` in {dir} named no fuzz target")]
     NoFuzzTargets {

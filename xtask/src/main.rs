@@ -14,7 +14,9 @@
 //!   with a Debian toolchain in a cached chroot (see `targets.rs`);
 //! - `bench`: runs the benchmarks;
 //! - `layering`: checks which crate depends on which, and that no code comment cites a document
-//!   outside the repository (also a `ci` step).
+//!   outside the repository (also a `ci` step);
+//! - `mutants [CRATE…]`: mutation-tests the security crates with cargo-mutants and fails on a
+//!   survivor that is not on the allow-list (not a `ci` step: it takes hours, see `mutants.rs`).
 //!
 //! Every child process's output streams to this process's as it comes; xtask exits non-zero
 //! when any step fails. It does not install system packages on the host (only into its own
@@ -28,6 +30,7 @@ mod error;
 mod fuzz;
 mod layering;
 mod live;
+mod mutants;
 mod process;
 mod targets;
 
@@ -68,6 +71,8 @@ enum Command {
     Layering,
     /// Type-checks the crates a Windows or macOS host builds, for those targets.
     CheckTargets,
+    /// Mutation-tests the security crates; fails on a survivor not on xtask/mutants-allow.txt.
+    Mutants(mutants::MutantsArgs),
 }
 
 fn main() -> ExitCode {
@@ -80,6 +85,7 @@ fn main() -> ExitCode {
         Command::Bench => bench(&workspace),
         Command::Layering => layering::run(&workspace),
         Command::CheckTargets => targets::run(&workspace),
+        Command::Mutants(args) => mutants::run(&workspace, &args),
     });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -156,6 +156,37 @@ pub fn capture_in(
     }
 }
 
+/// A single-threaded tokio runtime to drive [`exec_wrapper::BoundedCommand`]s on; `purpose`
+/// names it in the error.
+pub fn bounded_runtime(purpose: &str) -> Result<tokio::runtime::Runtime, XtaskError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| XtaskError::Spawn {
+            command: format!("a tokio runtime for {purpose}"),
+            source,
+        })
+}
+
+/// Runs `command` under its deadline and output budget with each line of its output copied to
+/// stderr as it comes, and returns how it ended (any exit status: the caller judges it). `line`
+/// is the command line for the banner and the error.
+pub fn stream_bounded(
+    runtime: &tokio::runtime::Runtime,
+    line: &str,
+    command: exec_wrapper::BoundedCommand,
+) -> Result<exec_wrapper::ExitKind, XtaskError> {
+    eprintln!("$ {line}");
+    let command = command.on_line(|_, text| eprint!("{}", String::from_utf8_lossy(text)));
+    runtime
+        .block_on(command.run())
+        .map(|output| output.status)
+        .map_err(|source| XtaskError::Bounded {
+            command: line.to_owned(),
+            source,
+        })
+}
+
 /// What a teed child printed that the caller asked to keep, and how it ended.
 #[derive(Debug)]
 pub struct Teed {

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use exec_wrapper::{BoundedCommand, ExitKind};
 
 use crate::error::XtaskError;
-use crate::process::{capture_in, cargo, seconds, Workspace};
+use crate::process::{bounded_runtime, capture_in, cargo, seconds, stream_bounded, Workspace};
 
 /// The crates a Windows or macOS host builds. Each must exist in the workspace.
 pub const HOST_CRATES: &[&str] = &[
@@ -115,13 +115,7 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     ] {
         find_program(program, package)?;
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| XtaskError::Spawn {
-            command: "a tokio runtime for the target checks".to_owned(),
-            source,
-        })?;
+    let runtime = bounded_runtime("the target checks")?;
     let cache = cache_dir();
     let root = toolchain_root(&runtime, &cache)?;
     let cargo_home = ensure_dir(&cache.join("cargo-home"))?;
@@ -498,20 +492,12 @@ fn stream(
 ) -> Result<(), XtaskError> {
     let args: Vec<OsString> = args.into_iter().collect();
     let line = describe(program, &args);
-    eprintln!("$ {line}");
     let command = BoundedCommand::new(program, timeout)
         .args(args)
         .env("PATH", HOST_PATH)
         .env("LC_ALL", "C")
-        .output_budget(OUTPUT_BUDGET)
-        .on_line(|_, text| eprint!("{}", String::from_utf8_lossy(text)));
-    let output = runtime
-        .block_on(command.run())
-        .map_err(|source| XtaskError::Bounded {
-            command: line.clone(),
-            source,
-        })?;
-    match output.status {
+        .output_budget(OUTPUT_BUDGET);
+    match stream_bounded(runtime, &line, command)? {
         ExitKind::Exited(0) => Ok(()),
         status => Err(XtaskError::CommandFailed {
             command: line,

@@ -164,10 +164,8 @@ impl ConfinedRoot {
         refuse_unreadable(&path, &metadata)?;
         let file = match parent.open_with(walk.name(leaf), &read_options()) {
             Ok(file) => file,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                return Err(not_found(path.shown()))
-            }
-            // A link swapped in since the lstat: the no-follow open refused it.
+            // A link swapped in since the lstat: the no-follow open refused it. (A file removed
+            // since is not found: `walk.io` says so for any `NotFound`.)
             Err(error) if open_stopped_at_link(&error) => {
                 return Err(not_regular(path.shown(), Irregular::Symlink))
             }
@@ -281,10 +279,8 @@ impl ConfinedRoot {
         if entry_kind(&metadata) != EntryKind::Directory {
             match parent.remove_file_or_symlink(walk.name(leaf)) {
                 Ok(()) => return Ok(()),
-                Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                    return Err(not_found(path.shown()))
-                }
-                // Swapped for a directory since the lstat: handled as one below.
+                // Swapped for a directory since the lstat: handled as one below. (Removed since
+                // is not found: `walk.io` says so for any `NotFound`.)
                 Err(error) if error.kind() == io::ErrorKind::IsADirectory => {}
                 Err(error) => return Err(walk.io(leaf, error)),
             }
@@ -322,8 +318,8 @@ enum RootFailure {
 fn open_root(host_path: &Path) -> Result<Dir, RootFailure> {
     let ambient = |path: &Path| {
         Dir::open_ambient_dir(path, cap_std::ambient_authority()).map_err(|error| {
+            // A missing directory becomes `Error::NotFound` through `io_error`.
             match error.kind() {
-                io::ErrorKind::NotFound => RootFailure::Missing,
                 io::ErrorKind::NotADirectory => RootFailure::NotADirectory,
                 _ => RootFailure::Io(error),
             }

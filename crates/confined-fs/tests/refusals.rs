@@ -225,3 +225,42 @@ fn devices_are_refused_by_kind() {
         );
     }
 }
+
+#[test]
+fn a_root_under_a_missing_or_file_parent_is_not_found_or_not_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("file"), b"").unwrap();
+    let missing = dir.path().join("missing").join("root");
+    assert!(
+        matches!(ConfinedRoot::open(&missing), Err(Error::NotFound { ref path }) if path == &missing.display().to_string()),
+        "{:?}",
+        ConfinedRoot::open(&missing)
+    );
+    let under_file = dir.path().join("file").join("root");
+    assert!(
+        matches!(
+            ConfinedRoot::open(&under_file),
+            Err(Error::NotADirectory { .. })
+        ),
+        "{:?}",
+        ConfinedRoot::open(&under_file)
+    );
+}
+
+#[test]
+fn a_refused_read_says_what_was_found_instead() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("file"), b"").unwrap();
+    fs::hard_link(dir.path().join("file"), dir.path().join("twin")).unwrap();
+    std::os::unix::fs::symlink("file", dir.path().join("link")).unwrap();
+    let root = ConfinedRoot::open(dir.path()).unwrap();
+    for (path, expected) in [
+        ("link", "link: not a regular file: a symbolic link"),
+        (
+            "twin",
+            "twin: not a regular file: a regular file with 2 hard links",
+        ),
+    ] {
+        assert_eq!(root.read(path, 10).unwrap_err().to_string(), expected);
+    }
+}

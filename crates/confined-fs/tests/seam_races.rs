@@ -419,3 +419,55 @@ fn a_leaf_swapped_for_a_link_is_described_as_the_link() {
     );
     assert_eq!(*race.listing.asked.lock().unwrap(), 2);
 }
+
+#[test]
+fn a_file_removed_after_its_lstat_is_not_found() {
+    let race = Race::new("f", file_named("f", b"inside"), |root, _| {
+        fs::remove_file(root.join("f")).unwrap();
+    });
+    let outcome = race.root.read("f", 1 << 20);
+    race.assert_swapped();
+    assert!(
+        matches!(outcome, Err(Error::NotFound { ref path }) if path == "f"),
+        "{outcome:?}"
+    );
+}
+
+#[test]
+fn a_file_swapped_for_a_socket_after_its_lstat_is_a_host_error_not_a_link() {
+    // Opening a socket fails (ENXIO) for a reason other than a link at the name: the caller
+    // is told the host refused it, not that a link stood there.
+    let race = Race::new("f", file_named("f", b"inside"), |root, _| {
+        fs::remove_file(root.join("f")).unwrap();
+        drop(std::os::unix::net::UnixListener::bind(root.join("f")).unwrap());
+    });
+    let outcome = race.root.read("f", 1 << 20);
+    race.assert_swapped();
+    match outcome {
+        Err(Error::Io {
+            ref path,
+            ref source,
+            ..
+        }) => {
+            assert_eq!(path, "f");
+            assert_eq!(
+                source.raw_os_error(),
+                Some(rustix::io::Errno::NXIO.raw_os_error())
+            );
+        }
+        other => panic!("expected the host's refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_file_removed_by_someone_else_after_its_lstat_is_not_found_on_removal() {
+    let race = Race::new("f", file_named("f", b"inside"), |root, _| {
+        fs::remove_file(root.join("f")).unwrap();
+    });
+    let outcome = race.root.remove("f", false);
+    race.assert_swapped();
+    assert!(
+        matches!(outcome, Err(Error::NotFound { ref path }) if path == "f"),
+        "{outcome:?}"
+    );
+}

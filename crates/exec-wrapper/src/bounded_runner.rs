@@ -12,7 +12,7 @@ use std::pin::pin;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::time::Instant;
 
@@ -28,9 +28,6 @@ pub const READ_CHUNK: usize = 65_536;
 /// How long the runner waits for a killed child to be reaped before handing it to a background
 /// reaper and returning.
 pub const REAP_GRACE: Duration = Duration::from_secs(3);
-
-/// The deadline used when `now + timeout` does not fit the clock: about a century.
-const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Which pipe a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -104,7 +101,8 @@ impl std::fmt::Debug for BoundedCommand {
 
 impl BoundedCommand {
     /// A command with no arguments, an empty environment, stdin `/dev/null`, the default budget,
-    /// and a deadline `timeout` after the run starts.
+    /// and a deadline `timeout` after the run starts (none at all when that instant is past
+    /// what the clock can represent, as with [`Duration::MAX`]).
     pub fn new(program: impl Into<OsString>, timeout: Duration) -> Self {
         BoundedCommand {
             program: program.into(),
@@ -239,12 +237,7 @@ pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
     } = command;
     let name = program.to_string_lossy().into_owned();
     // A timeout too large for the clock is a deadline that never comes, never a panic.
-    let deadline = deadline.unwrap_or_else(|| {
-        let now = Instant::now();
-        now.checked_add(timeout)
-            .or_else(|| now.checked_add(FAR_FUTURE))
-            .unwrap_or(now)
-    });
+    let deadline = deadline.or_else(|| Instant::now().checked_add(timeout));
 
     let mut process = Command::new(&program);
     process
@@ -284,7 +277,7 @@ pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
 
     let mut feeding = stdin.is_some();
     let mut feed = pin!(feed_stdin(stdin_pipe, stdin.unwrap_or_default()));
-    let mut sleep = pin!(tokio::time::sleep_until(deadline));
+    let mut sleep = pin!(until(deadline));
     let mut kept_out = Kept::new(Stream::Stdout);
     let mut kept_err = Kept::new(Stream::Stderr);
     let mut out_chunk = vec![0u8; READ_CHUNK];
@@ -293,10 +286,9 @@ pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
     let mut exit: Option<ExitStatus> = None;
 
     let stop: Stop = loop {
-        if !out_open && !err_open {
-            if let Some(status) = exit {
-                break Stop::Done(status);
-            }
+        // The exit is awaited only once both pipes are at EOF, so knowing it means done.
+        if let Some(status) = exit {
+            break Stop::Done(status);
         }
         let total = kept_out.bytes.len() + kept_err.bytes.len();
         let want = READ_CHUNK.min(output_budget.saturating_sub(total).saturating_add(1));
@@ -415,7 +407,16 @@ fn exit_kind(status: ExitStatus) -> ExitKind {
     ExitKind::Exited(status.code().unwrap_or(i32::MIN))
 }
 
-async fn feed_stdin(pipe: Option<ChildStdin>, bytes: Vec<u8>) -> io::Result<()> {
+/// Completes at `deadline`, or never when there is none.
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Writes all of `bytes` to the child's stdin, then closes it.
+async fn feed_stdin<W: AsyncWrite + Unpin>(pipe: Option<W>, bytes: Vec<u8>) -> io::Result<()> {
     let Some(mut pipe) = pipe else {
         return Ok(());
     };
@@ -608,5 +609,69 @@ impl Drop for ChildGuard {
             self.kill_tree();
             self.hand_to_reaper();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use super::*;
+
+    /// A stdin pipe whose every write fails with one error.
+    struct FailingPipe(io::ErrorKind);
+
+    impl AsyncWrite for FailingPipe {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Poll::Ready(Err(self.0.into()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    // No real pipe can be made to fail other than by a broken pipe, so the distinction the
+    // runner draws is checked on a pipe that fails on demand.
+    #[tokio::test]
+    async fn a_stdin_write_error_other_than_a_broken_pipe_is_reported() {
+        for kind in [
+            io::ErrorKind::Other,
+            io::ErrorKind::PermissionDenied,
+            io::ErrorKind::WriteZero,
+        ] {
+            let error = feed_stdin(Some(FailingPipe(kind)), b"input".to_vec())
+                .await
+                .expect_err("the error is reported");
+            assert_eq!(error.kind(), kind);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_child_that_stops_reading_its_stdin_is_not_a_failure() {
+        feed_stdin(
+            Some(FailingPipe(io::ErrorKind::BrokenPipe)),
+            b"input".to_vec(),
+        )
+        .await
+        .expect("a broken pipe is the child's choice");
+    }
+
+    #[tokio::test]
+    async fn every_stdin_byte_is_written() {
+        let mut pipe = Vec::new();
+        feed_stdin(Some(&mut pipe), b"all of it".to_vec())
+            .await
+            .unwrap();
+        assert_eq!(pipe, b"all of it");
     }
 }
