@@ -233,7 +233,7 @@ async fn concurrent_exec(backend: &backend_docker::DockerBackend, scope: &str) -
     let mut sandboxes = Vec::with_capacity(CONCURRENT_SANDBOXES);
     let mut raw = Vec::with_capacity(CONCURRENT_SANDBOXES);
     for n in 0..CONCURRENT_SANDBOXES {
-        let key = SandboxKey::conversation(scope, "concurrent", &format!("c{n}"));
+        let key = SandboxKey::conversation(scope, "concurrent", format!("c{n}"));
         sandboxes.push(backend.acquire(&key, &spec).await.expect("acquire"));
         raw.push(run_raw_container(scope).await);
     }
