@@ -1,0 +1,746 @@
+//! The local images, built from packages this machine can install, never pulled.
+//!
+//! Strategy: every image is a `docker import` of a root file system this module assembles on
+//! the host. The Debian images come from one `debootstrap --variant=minbase` per package set
+//! (archived once, optionally cached across runs); the BusyBox image is a tar written in memory
+//! around the host's static BusyBox. `cargo xtask images` and `sandboxctl images build` both
+//! call [`ImageRecipe::build`].
+//!
+//! Modules: [`debian`] bootstraps the Debian roots, [`busybox`] writes the BusyBox root,
+//! [`scratch`] owns the build's private directory and its cleanup, [`engine_import`] hands a
+//! finished root to the engine; this file holds the public types, the recipe and the bounded
+//! runner every step uses.
+
+mod busybox;
+mod debian;
+mod engine_import;
+mod scratch;
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use exec_wrapper::{BoundedCommand, ExitKind, RunOutput};
+
+use crate::connection::{Endpoint, EngineConnection};
+
+use crate::error::DockerError;
+
+use busybox::find_static_busybox;
+use debian::{effective_uid, DebianRoot};
+use scratch::Scratch;
+
+pub use debian::mirror_from_apt_sources;
+
+/// The Debian suite every Debian image is bootstrapped from.
+pub const DEBIAN_SUITE: &str = "bookworm";
+
+/// The `PATH` every image declares.
+const IMAGE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The guest user of the non-root images: name, uid and gid.
+const AGENT_USER: &str = "agent";
+const AGENT_ID: u32 = 1000;
+
+/// Bumped whenever a root's contents change, so a stale cached archive is never reused.
+const ROOT_RECIPE_VERSION: u32 = 1;
+
+/// The most output a host tool of the recipe may print (debootstrap is chatty, not unbounded).
+const TOOL_OUTPUT_BUDGET: usize = 64 * 1024 * 1024;
+
+/// The tools the exec wrapper needs, which `sandbox-notools:local` must lack some of.
+const NOTOOLS_REMOVED: [&str; 2] = ["./usr/bin/base64", "./usr/bin/setsid"];
+
+/// One of the images the recipe builds.
+///
+/// `sandbox-egress-proxy:local` (phase 2) is not built yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum LocalImage {
+    /// `sandbox-base:local`, the default image: Debian minbase with util-linux, coreutils and
+    /// curl, running as user `agent` (1000:1000).
+    Base,
+    /// `sandbox-base-root:local`: the same root, running as root.
+    BaseRoot,
+    /// `sandbox-busybox:local`: a static BusyBox with a link per applet, running as 1000:1000.
+    Busybox,
+    /// `sandbox-notools:local`: the base root without `base64` and `setsid`, so the exec
+    /// wrapper's tool probe must refuse it.
+    NoTools,
+    /// `sbx-sim-shell:local`: the base packages plus bash, mount and sudo (passwordless for
+    /// `agent`), running as `agent`; the image sbx-sim's default template runs.
+    SbxSimShell,
+}
+
+impl LocalImage {
+    /// Every image the recipe builds, in build order.
+    pub const ALL: [LocalImage; 5] = [
+        LocalImage::Base,
+        LocalImage::BaseRoot,
+        LocalImage::NoTools,
+        LocalImage::Busybox,
+        LocalImage::SbxSimShell,
+    ];
+
+    /// The image a backend uses when a spec names none.
+    pub const DEFAULT: LocalImage = LocalImage::Base;
+
+    /// The image's reference on the engine.
+    pub fn tag(self) -> &'static str {
+        match self {
+            LocalImage::Base => "sandbox-base:local",
+            LocalImage::BaseRoot => "sandbox-base-root:local",
+            LocalImage::Busybox => "sandbox-busybox:local",
+            LocalImage::NoTools => "sandbox-notools:local",
+            LocalImage::SbxSimShell => "sbx-sim-shell:local",
+        }
+    }
+
+    /// The image named by `tag` (exactly as [`LocalImage::tag`] spells it).
+    pub fn from_tag(tag: &str) -> Result<LocalImage, DockerError> {
+        LocalImage::ALL
+            .into_iter()
+            .find(|image| image.tag() == tag)
+            .ok_or_else(|| DockerError::UnknownImage {
+                tag: tag.to_owned(),
+                known: LocalImage::ALL.map(LocalImage::tag).join(", "),
+            })
+    }
+
+    /// The `USER` the image runs as.
+    fn user(self) -> String {
+        match self {
+            LocalImage::BaseRoot => "root".to_owned(),
+            LocalImage::Busybox => format!("{AGENT_ID}:{AGENT_ID}"),
+            LocalImage::Base | LocalImage::NoTools | LocalImage::SbxSimShell => {
+                AGENT_USER.to_owned()
+            }
+        }
+    }
+
+    /// Where the image's root file system comes from.
+    fn root(self) -> RootSource {
+        match self {
+            LocalImage::Base | LocalImage::BaseRoot | LocalImage::NoTools => {
+                RootSource::Debian(DebianRoot::Base)
+            }
+            LocalImage::SbxSimShell => RootSource::Debian(DebianRoot::SbxShell),
+            LocalImage::Busybox => RootSource::Busybox,
+        }
+    }
+
+    /// The `docker import --change` instructions for this image.
+    fn import_changes(self) -> Vec<String> {
+        vec![
+            format!("USER {}", self.user()),
+            format!("ENV PATH={IMAGE_PATH}"),
+            r#"CMD ["/bin/sh"]"#.to_owned(),
+        ]
+    }
+}
+
+impl fmt::Display for LocalImage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.tag())
+    }
+}
+
+impl FromStr for LocalImage {
+    type Err = DockerError;
+
+    fn from_str(tag: &str) -> Result<Self, Self::Err> {
+        LocalImage::from_tag(tag)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum RootSource {
+    Debian(DebianRoot),
+    Busybox,
+}
+
+/// What happened to one requested image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ImageOutcome {
+    /// The tag already existed on the engine; nothing was done.
+    AlreadyPresent,
+    /// The image was built and tagged.
+    Built,
+}
+
+/// One line of [`ImageRecipe::build`]'s result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageReport {
+    /// The image.
+    pub image: LocalImage,
+    /// Whether it was built or skipped.
+    pub outcome: ImageOutcome,
+    /// Time spent on it, including a shared root it was the first to need.
+    pub elapsed: Duration,
+}
+
+/// Receives one human-readable line per step of a build.
+pub type ProgressSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// The image recipe and its settings.
+///
+/// Building needs: a reachable Docker engine; for the Debian images, root, `debootstrap`
+/// (Debian package `debootstrap`), `chroot` and GNU `tar`, and a Debian mirror in the apt
+/// sources (or [`ImageRecipe::mirror`]); for the BusyBox image, a static BusyBox (Debian
+/// package `busybox-static`). A missing tool is reported by name and package before anything
+/// is built. Every child process runs under a deadline and is killed (its whole process group)
+/// and reaped when the deadline passes or the build future is dropped. Scratch directories are
+/// removed on every exit, after unmounting anything debootstrap left mounted in them.
+#[derive(Clone)]
+pub struct ImageRecipe {
+    context: Option<String>,
+    management_env: Option<Vec<(OsString, OsString)>>,
+    cache_dir: Option<PathBuf>,
+    scratch_parent: PathBuf,
+    mirror: Option<String>,
+    command_timeout: Duration,
+    import_timeout: Duration,
+    bootstrap_timeout: Duration,
+    progress: ProgressSink,
+}
+
+impl fmt::Debug for ImageRecipe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImageRecipe")
+            .field("context", &self.context)
+            .field("cache_dir", &self.cache_dir)
+            .field("scratch_parent", &self.scratch_parent)
+            .field("mirror", &self.mirror)
+            .field("command_timeout", &self.command_timeout)
+            .field("import_timeout", &self.import_timeout)
+            .field("bootstrap_timeout", &self.bootstrap_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ImageRecipe {
+    fn default() -> Self {
+        ImageRecipe::new()
+    }
+}
+
+impl ImageRecipe {
+    /// A recipe for the engine this process's environment names (resolved as
+    /// [`Endpoint::resolve`](crate::Endpoint::resolve) does), no cache, scratch space in the
+    /// system temp directory, the mirror from the apt sources, and silent progress.
+    pub fn new() -> ImageRecipe {
+        ImageRecipe {
+            context: None,
+            management_env: None,
+            cache_dir: None,
+            scratch_parent: std::env::temp_dir(),
+            mirror: None,
+            command_timeout: Duration::from_secs(60),
+            import_timeout: Duration::from_secs(600),
+            bootstrap_timeout: Duration::from_secs(1800),
+            progress: Arc::new(|_| {}),
+        }
+    }
+
+    /// Pins a Docker context, as `docker --context <name>` would; by default the endpoint is
+    /// resolved from the environment.
+    pub fn context(mut self, name: impl Into<String>) -> ImageRecipe {
+        self.context = Some(name.into());
+        self
+    }
+
+    /// The environment the engine endpoint is resolved from (`DOCKER_HOST`, `DOCKER_CONTEXT`,
+    /// `DOCKER_CONFIG`, `HOME`); by default this process's.
+    pub fn management_env(
+        mut self,
+        env: impl IntoIterator<Item = (impl Into<OsString>, impl Into<OsString>)>,
+    ) -> ImageRecipe {
+        self.management_env = Some(env.into_iter().map(|(n, v)| (n.into(), v.into())).collect());
+        self
+    }
+
+    /// Keeps the debootstrapped roots (as tar archives) and downloaded packages in `dir`, so a
+    /// rebuild after `docker rmi` skips debootstrap.
+    pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> ImageRecipe {
+        self.cache_dir = Some(dir.into());
+        self
+    }
+
+    /// Where scratch directories are made (default: the system temp directory). It must allow
+    /// device nodes, which debootstrap creates.
+    pub fn scratch_dir(mut self, dir: impl Into<PathBuf>) -> ImageRecipe {
+        self.scratch_parent = dir.into();
+        self
+    }
+
+    /// The Debian mirror URL to bootstrap from, instead of the one in the apt sources.
+    pub fn mirror(mut self, url: impl Into<String>) -> ImageRecipe {
+        self.mirror = Some(url.into());
+        self
+    }
+
+    /// The deadline of each short engine call (`docker image inspect`; default 60 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> ImageRecipe {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// The deadline of each `docker import` (default 600 s).
+    pub fn import_timeout(mut self, timeout: Duration) -> ImageRecipe {
+        self.import_timeout = timeout;
+        self
+    }
+
+    /// The deadline of each debootstrap run (default 1800 s).
+    pub fn bootstrap_timeout(mut self, timeout: Duration) -> ImageRecipe {
+        self.bootstrap_timeout = timeout;
+        self
+    }
+
+    /// Sends one line per step to `sink` (for a CLI: print it to stderr).
+    pub fn progress(mut self, sink: impl Fn(&str) + Send + Sync + 'static) -> ImageRecipe {
+        self.progress = Arc::new(sink);
+        self
+    }
+
+    fn say(&self, line: &str) {
+        tracing::info!(target: "backend_docker::images", "{line}");
+        (self.progress)(line);
+    }
+
+    /// Builds each image of `images` that the engine does not have yet (an empty slice means
+    /// every image of [`LocalImage::ALL`]), in the order given, duplicates ignored.
+    ///
+    /// Cancel safety: dropping the future kills the running child's process group and removes
+    /// the scratch directory; an image already tagged stays, a half-written cache archive never
+    /// replaces a good one (archives are renamed into place only when complete).
+    pub async fn build(&self, images: &[LocalImage]) -> Result<Vec<ImageReport>, DockerError> {
+        let requested = if images.is_empty() {
+            &LocalImage::ALL[..]
+        } else {
+            images
+        };
+        let mut wanted: Vec<LocalImage> = Vec::new();
+        for image in requested {
+            if !wanted.contains(image) {
+                wanted.push(*image);
+            }
+        }
+
+        let mut reports = Vec::with_capacity(wanted.len());
+        let mut missing = Vec::new();
+        for image in &wanted {
+            match self.image_id(image.tag()).await? {
+                Some(id) => {
+                    self.say(&format!("{image}: present ({}), skipped", short_id(&id)));
+                    reports.push(ImageReport {
+                        image: *image,
+                        outcome: ImageOutcome::AlreadyPresent,
+                        elapsed: Duration::ZERO,
+                    });
+                }
+                None => missing.push(*image),
+            }
+        }
+        if missing.is_empty() {
+            return Ok(reports);
+        }
+
+        let tools = self.preflight(&missing)?;
+        let scratch = Scratch::create(&self.scratch_parent)?;
+        let mut roots: HashMap<DebianRoot, PathBuf> = HashMap::new();
+        for (index, image) in missing.iter().enumerate() {
+            let started = Instant::now();
+            self.say(&format!(
+                "{image}: building ({} of {})",
+                index + 1,
+                missing.len()
+            ));
+            let archive = match image.root() {
+                RootSource::Debian(root) => {
+                    let base = match roots.get(&root) {
+                        Some(path) => path.clone(),
+                        None => {
+                            let path = self.debian_archive(root, &tools, &scratch).await?;
+                            roots.insert(root, path.clone());
+                            path
+                        }
+                    };
+                    if *image == LocalImage::NoTools {
+                        self.without_wrapper_tools(&base, &tools, &scratch).await?
+                    } else {
+                        base
+                    }
+                }
+                RootSource::Busybox => self.busybox_archive(&tools, &scratch).await?,
+            };
+            self.import(*image, &archive).await?;
+            let elapsed = started.elapsed();
+            self.say(&format!("{image}: built in {:.1} s", elapsed.as_secs_f64()));
+            reports.push(ImageReport {
+                image: *image,
+                outcome: ImageOutcome::Built,
+                elapsed,
+            });
+        }
+        scratch.remove()?;
+        reports.sort_by_key(|report| wanted.iter().position(|w| *w == report.image));
+        Ok(reports)
+    }
+
+    /// The engine's id for `tag`, or `None` when the engine has no such image.
+    ///
+    /// # Errors
+    /// DaemonUnreachable when the engine cannot be reached or answers with a failure.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the request; nothing is changed on the engine.
+    pub async fn image_id(&self, tag: &str) -> Result<Option<String>, DockerError> {
+        let engine = self.engine().await?;
+        let answer = engine
+            .call(self.command_timeout, engine.api().inspect_image(tag))
+            .await;
+        match answer {
+            Ok(image) => Ok(Some(image.id.unwrap_or_default())),
+            Err(failure) if failure.is_not_found() => Ok(None),
+            Err(failure) => Err(unreachable_engine(
+                "image inspect",
+                engine.failure("image inspect", failure),
+            )),
+        }
+    }
+
+    /// The engine this recipe talks to, resolved and connected now.
+    async fn engine(&self) -> Result<EngineConnection, DockerError> {
+        let env = self
+            .management_env
+            .clone()
+            .unwrap_or_else(|| std::env::vars_os().collect());
+        let endpoint = Endpoint::resolve(&env, self.context.as_deref())
+            .map_err(|e| unreachable_engine("endpoint resolution", e))?;
+        EngineConnection::open(endpoint, self.command_timeout)
+            .await
+            .map_err(|e| unreachable_engine("connect", e))
+    }
+
+    /// Finds every host tool the missing images need, so a gap is reported before any work.
+    fn preflight(&self, missing: &[LocalImage]) -> Result<HostTools, DockerError> {
+        let mut tools = HostTools::default();
+        let needs_debian = missing
+            .iter()
+            .any(|image| matches!(image.root(), RootSource::Debian(_)));
+        if needs_debian {
+            let bootstrap = Tool::find("debootstrap", "debootstrap")?;
+            if effective_uid()? != 0 {
+                return Err(DockerError::NeedsRoot {
+                    step: "debootstrap".to_owned(),
+                });
+            }
+            let mirror = match &self.mirror {
+                Some(url) => url.clone(),
+                None => mirror_from_apt_sources()?,
+            };
+            tools.debian = Some(DebianTools {
+                debootstrap: bootstrap,
+                chroot: Tool::find("chroot", "coreutils")?,
+                tar: Tool::find("tar", "tar")?,
+                mirror,
+            });
+        }
+        if missing.contains(&LocalImage::Busybox) {
+            let path = find_static_busybox()?;
+            tools.busybox = Some(Tool {
+                program: path,
+                package: "busybox-static",
+            });
+        }
+        Ok(tools)
+    }
+}
+
+/// An engine failure of the recipe, named with the operation.
+#[cold]
+fn unreachable_engine(operation: &str, error: sandbox_core::SandboxError) -> DockerError {
+    DockerError::DaemonUnreachable {
+        command: operation.to_owned(),
+        detail: error.to_string(),
+    }
+}
+
+/// The host programs a build found in preflight.
+#[derive(Debug, Default)]
+struct HostTools {
+    debian: Option<DebianTools>,
+    busybox: Option<Tool>,
+}
+
+#[derive(Debug)]
+struct DebianTools {
+    debootstrap: Tool,
+    chroot: Tool,
+    tar: Tool,
+    mirror: String,
+}
+
+/// A host program and the Debian package that provides it (named when it is missing).
+#[derive(Debug, Clone)]
+struct Tool {
+    program: PathBuf,
+    package: &'static str,
+}
+
+impl Tool {
+    fn find(name: &str, package: &'static str) -> Result<Tool, DockerError> {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+        dirs.extend(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from));
+        dirs.into_iter()
+            .map(|dir| dir.join(name))
+            .find(|candidate| is_executable_file(candidate))
+            .map(|program| Tool { program, package })
+            .ok_or_else(|| DockerError::HostToolMissing {
+                program: name.to_owned(),
+                package: package.to_owned(),
+            })
+    }
+}
+
+fn is_executable_file(path: &Path) -> bool {
+    std::fs::metadata(path)
+        .map(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+fn short_id(id: &str) -> &str {
+    let hex = id.strip_prefix("sha256:").unwrap_or(id);
+    &hex[..hex.len().min(12)]
+}
+
+fn ensure_dir(dir: &Path) -> Result<PathBuf, DockerError> {
+    std::fs::create_dir_all(dir).map_err(|source| DockerError::Io {
+        action: "creating",
+        path: dir.to_owned(),
+        source,
+    })?;
+    // debootstrap wants an absolute --cache-dir.
+    std::fs::canonicalize(dir).map_err(|source| DockerError::Io {
+        action: "resolving",
+        path: dir.to_owned(),
+        source,
+    })
+}
+
+fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), DockerError> {
+    let io_error = |source| DockerError::Io {
+        action: "writing",
+        path: path.to_owned(),
+        source,
+    };
+    std::fs::write(path, bytes).map_err(io_error)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io_error)
+}
+
+// ----- bounded child processes -----
+
+/// Runs `tool` through the shared bounded runner (its own process group, stdin closed, only
+/// `env` in its environment, a deadline and an output budget; killed with its group and reaped
+/// on every early exit) and fails unless it exits 0.
+async fn run_checked(
+    tool: &Tool,
+    args: &[OsString],
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<RunOutput, DockerError> {
+    let command = BoundedCommand::new(tool.program.as_os_str(), timeout)
+        .args(args.iter().cloned())
+        .envs(env.iter().copied())
+        .output_budget(TOOL_OUTPUT_BUDGET);
+    match command.run().await {
+        Ok(out) if out.status == ExitKind::Exited(0) => Ok(out),
+        Ok(out) => Err(command_failed(&out, tool.program.as_os_str(), args)),
+        Err(exec_wrapper::Error::Spawn { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Err(DockerError::HostToolMissing {
+                program: tool.program.display().to_string(),
+                package: tool.package.to_owned(),
+            })
+        }
+        Err(exec_wrapper::Error::Spawn { source, .. }) => Err(DockerError::Spawn {
+            program: tool.program.display().to_string(),
+            source,
+        }),
+        Err(exec_wrapper::Error::Deadline { bound, .. }) => Err(DockerError::CommandTimedOut {
+            command: command_line(tool.program.as_os_str(), args),
+            timeout: bound,
+        }),
+        Err(other) => Err(DockerError::CommandFailed {
+            command: command_line(tool.program.as_os_str(), args),
+            status: "no status".to_owned(),
+            output_tail: other.to_string(),
+        }),
+    }
+}
+
+/// A failed child, quoting the tail of its output.
+fn command_failed(out: &RunOutput, program: &OsStr, args: &[OsString]) -> DockerError {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let text = if stderr.trim().is_empty() {
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    } else {
+        stderr.into_owned()
+    };
+    DockerError::CommandFailed {
+        command: command_line(program, args),
+        status: match out.status {
+            ExitKind::Exited(code) => format!("exit status: {code}"),
+            ExitKind::Signaled(signal) => format!("signal: {signal}"),
+        },
+        output_tail: tail_text(&text, 2000),
+    }
+}
+
+/// The last `max` characters of `text`, trimmed, on whole characters.
+fn tail_text(text: &str, max: usize) -> String {
+    let text = text.trim();
+    let count = text.chars().count();
+    if count <= max {
+        return text.to_owned();
+    }
+    let tail: String = text.chars().skip(count - max).collect();
+    format!("…{tail}")
+}
+
+fn command_line(program: &OsStr, args: &[OsString]) -> String {
+    let mut line = program.to_string_lossy().into_owned();
+    for arg in args {
+        line.push(' ');
+        line.push_str(&arg.to_string_lossy());
+    }
+    tail_text(&line, 300)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tails_keep_the_end_on_character_boundaries() {
+        assert_eq!(tail_text("  short \n", 10), "short");
+        assert_eq!(tail_text("abcdéfgh", 3), "…fgh");
+        assert_eq!(tail_text("aaaaé", 1), "…é");
+    }
+
+    fn tool(program: &str) -> Tool {
+        Tool {
+            program: PathBuf::from(program),
+            package: "test-package",
+        }
+    }
+
+    #[tokio::test]
+    async fn tools_run_bounded_with_only_the_given_environment() {
+        let out = run_checked(
+            &tool("/bin/sh"),
+            &[
+                "-c".into(),
+                "printf '%s|%s' \"$A\" \"${HOME-unset}\"".into(),
+            ],
+            &[("A", "given")],
+            Duration::from_secs(20),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out.stdout, b"given|unset");
+        let error = run_checked(
+            &tool("/bin/sh"),
+            &["-c".into(), "printf oops >&2; exit 3".into()],
+            &[],
+            Duration::from_secs(20),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&error, DockerError::CommandFailed { output_tail, status, .. }
+                if output_tail == "oops" && status.contains('3')),
+            "{error}"
+        );
+        let started = Instant::now();
+        let error = run_checked(
+            &tool("/bin/sh"),
+            &["-c".into(), "sleep 30".into()],
+            &[],
+            Duration::from_millis(300),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(error, DockerError::CommandTimedOut { .. }),
+            "{error}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_names_its_package() {
+        let error = run_checked(
+            &tool("/nonexistent/maf-no-such-tool"),
+            &[],
+            &[],
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+        let text = error.to_string();
+        assert!(
+            matches!(error, DockerError::HostToolMissing { .. }),
+            "{text}"
+        );
+        assert!(text.contains("test-package"), "{text}");
+    }
+
+    #[test]
+    fn tags_round_trip_and_unknown_tags_list_the_known_ones() {
+        for image in LocalImage::ALL {
+            assert_eq!(LocalImage::from_tag(image.tag()).unwrap(), image);
+            assert_eq!(image.to_string().parse::<LocalImage>().unwrap(), image);
+        }
+        assert_eq!(LocalImage::DEFAULT.tag(), "sandbox-base:local");
+        let error = LocalImage::from_tag("sandbox-base").unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("`sandbox-base`"), "{text}");
+        assert!(text.contains("sbx-sim-shell:local"), "{text}");
+    }
+
+    #[test]
+    fn images_declare_the_users_of_the_spec() {
+        assert!(LocalImage::Base
+            .import_changes()
+            .contains(&"USER agent".to_owned()));
+        assert!(LocalImage::BaseRoot
+            .import_changes()
+            .contains(&"USER root".to_owned()));
+        assert!(LocalImage::Busybox
+            .import_changes()
+            .contains(&"USER 1000:1000".to_owned()));
+        for image in LocalImage::ALL {
+            let changes = image.import_changes();
+            assert!(
+                changes.contains(&format!("ENV PATH={IMAGE_PATH}")),
+                "{image}: {changes:?}"
+            );
+        }
+        assert_eq!(
+            LocalImage::NoTools.root(),
+            RootSource::Debian(DebianRoot::Base)
+        );
+        assert!(DebianRoot::SbxShell.includes().contains("sudo"));
+        assert_eq!(DebianRoot::Base.includes(), "util-linux,coreutils,curl");
+    }
+}
