@@ -103,7 +103,7 @@ const URL_WORDS: &[&str] = &["URL", "URI", "URLS", "URIS"];
 /// `PWD`, `OLDPWD` and `KEYBOARD_*` are not matched, nor a URL of anything else (`API_URL`).
 ///
 /// ```
-/// use sandbox_core::is_secret_name;
+/// use sandbox_core::hygiene::is_secret_name;
 /// assert!(is_secret_name("DATABASE_URL") && is_secret_name("DB_PWD") && is_secret_name("SENTRY_DSN"));
 /// assert!(!is_secret_name("PWD") && !is_secret_name("API_URL") && !is_secret_name("KEYBOARD_LAYOUT"));
 /// ```

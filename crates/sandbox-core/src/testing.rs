@@ -2,7 +2,7 @@
 //!
 //! [`FakeBackend`] keeps its sandboxes in memory and isolates **nothing**: it declares whatever rung it is
 //! told to, so tests can exercise the router's floor. Each [`FakeSandbox`] holds a map of paths to bytes
-//! and applies the contract's guest-path rules (the core's `check_*` bundles) to it; it has no links, so
+//! and applies the contract's guest-path rules (the core's [`Access`](crate::guest_path::Access) checks) to it; it has no links, so
 //! link refusals never arise. `exec` runs no process: it understands a handful of words (`true`, `false`,
 //! `echo`, `pwd`, `cat FILE`, and `exit N` in a shell line) or returns an output set through [`Faults`].
 //! Timeouts are not simulated. Faults are injected with [`FakeBackend::update_faults`].
@@ -35,10 +35,10 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
+use crate::guest_path::{self, resolve_wd, Access};
 use crate::{
-    check_delete, check_list, check_read, check_write, guest_path_norm, guest_path_relative_to,
-    resolve_wd, BackendDeclarations, Capability, DisposalCode, DisposalFailure, DisposeSelector,
-    Egress, EntryKind, ExecOutput, ExecRequest, Isolation, IsolationScope, OsFamily, Sandbox,
+    BackendDeclarations, Capability, DisposalCode, DisposalFailure, DisposeSelector, Egress,
+    EntryKind, ExecOutput, ExecRequest, Isolation, IsolationScope, OsFamily, Sandbox,
     SandboxBackend, SandboxEntry, SandboxError, SandboxKey, SandboxSpec, SandboxState,
     SandboxSummary, ScopePurge, DEFAULT_WORK_DIR,
 };
@@ -506,7 +506,7 @@ fn stat_in(
 
 /// A resolved path as an entry path: relative to the working directory, `.` for the directory itself.
 fn entry_path(resolved: &str, wd: &str) -> String {
-    match guest_path_relative_to(resolved, wd) {
+    match guest_path::relative_to(resolved, wd) {
         Some(rel) if !rel.is_empty() => rel,
         _ => ".".to_owned(),
     }
@@ -537,7 +537,7 @@ impl FakeSandbox {
 
     /// The working directory, resolved against the storage base and normalised.
     fn wd(&self, wd: &str) -> Result<String, SandboxError> {
-        Ok(guest_path_norm(&resolve_wd(wd, &self.instance.base)?))
+        Ok(guest_path::norm(&resolve_wd(wd, &self.instance.base)?))
     }
 
     fn run(&self, words: &[String], wd: &str) -> (i32, Vec<u8>, Vec<u8>) {
@@ -553,7 +553,7 @@ impl FakeSandbox {
                 let files = self.files();
                 let mut out = Vec::new();
                 for arg in args {
-                    let resolved = guest_path_norm(&crate::guest_path_join(wd, arg));
+                    let resolved = guest_path::norm(&guest_path::join(wd, arg));
                     match files.get(&resolved) {
                         Some(Node::File(bytes)) => out.extend_from_slice(bytes),
                         _ => {
@@ -642,7 +642,7 @@ impl Sandbox for FakeSandbox {
         self.live()?;
         let wd = self.wd(wd)?;
         let mut files = self.files();
-        let resolved = check_write(stat_in(&files), path, &wd)?;
+        let resolved = Access::Write.check(stat_in(&files), path, &wd)?;
         if matches!(files.get(&resolved), Some(Node::Dir)) {
             return Err(SandboxError::IsADirectory { path: path.into() });
         }
@@ -668,7 +668,7 @@ impl Sandbox for FakeSandbox {
         self.live()?;
         let wd = self.wd(wd)?;
         let files = self.files();
-        let resolved = check_read(stat_in(&files), path, &wd)?;
+        let resolved = Access::Read.check(stat_in(&files), path, &wd)?;
         Ok(files.get(&resolved).map(|n| entry_of(&resolved, &wd, n)))
     }
 
@@ -681,7 +681,7 @@ impl Sandbox for FakeSandbox {
         self.live()?;
         let wd = self.wd(wd)?;
         let files = self.files();
-        let resolved = check_read(stat_in(&files), path, &wd)?;
+        let resolved = Access::Read.check(stat_in(&files), path, &wd)?;
         match files.get(&resolved) {
             None => Err(SandboxError::NotFound { path: path.into() }),
             Some(Node::Dir) => Err(SandboxError::IsADirectory { path: path.into() }),
@@ -704,7 +704,7 @@ impl Sandbox for FakeSandbox {
         self.live()?;
         let wd = self.wd(wd)?;
         let files = self.files();
-        let resolved = check_list(stat_in(&files), path, &wd)?;
+        let resolved = Access::List.check(stat_in(&files), path, &wd)?;
         match files.get(&resolved) {
             None => return Err(SandboxError::NotFound { path: path.into() }),
             Some(Node::File(_)) => return Err(SandboxError::NotADirectory { path: path.into() }),
@@ -734,7 +734,7 @@ impl Sandbox for FakeSandbox {
         self.live()?;
         let wd = self.wd(wd)?;
         let mut files = self.files();
-        let resolved = check_delete(stat_in(&files), path, &wd)?;
+        let resolved = Access::Delete.check(stat_in(&files), path, &wd)?;
         match files.get(&resolved) {
             None => Ok(()),
             Some(Node::File(_)) => {

@@ -33,7 +33,7 @@ use locks::{LockGuard, LockTable};
 type Gate = LockGuard<(SandboxKey, String)>;
 
 use crate::{
-    fold, DisposalCode, DisposalFailure, IsolationScope, Sandbox, SandboxBackend, SandboxError,
+    DisposalCode, DisposalFailure, IsolationScope, Sandbox, SandboxBackend, SandboxError,
     SandboxKey, SandboxSpec, ScopePurge,
 };
 
@@ -501,7 +501,7 @@ impl Router {
             .inner
             .run_disposals(key, targets, self.inner.config.cleanup_timeout, true)
             .await;
-        fold(results.into_iter().filter_map(|(_, f)| f))
+        DisposalFailure::fold(results.into_iter().filter_map(|(_, f)| f))
     }
 
     /// Disposes of one kind of `key` (one instance of it with `instance_id`) on the backend(s) that served
@@ -662,7 +662,7 @@ impl Router {
                 disposed: reports
                     .iter()
                     .fold(0u32, |n, r| n.saturating_add(r.disposed)),
-                undisposed: fold(reports.into_iter().filter_map(|r| r.undisposed)),
+                undisposed: DisposalFailure::fold(reports.into_iter().filter_map(|r| r.undisposed)),
             }
         };
         detached(operation).await.unwrap_or_else(|_| ScopePurge {
