@@ -145,6 +145,27 @@ fn check_shape(what: &str, path: &str) -> Result<(), SandboxError> {
     Ok(())
 }
 
+/// Refuses a guest path no guest file system accepts, before anything acts on it: a NUL byte, more than
+/// [`MAX_GUEST_PATH_BYTES`] bytes, or more than [`MAX_GUEST_PATH_COMPONENTS`] components.
+///
+/// [`confine`] and every [`Access`] check apply it first; a backend that passes a path it did not confine
+/// (an already resolved one, to an engine) applies it alone.
+///
+/// # Errors
+///
+/// [`SandboxError::InvalidArgument`] naming the bound that was crossed.
+///
+/// ```
+/// use sandbox_core::guest_path::{check_bounds, MAX_GUEST_PATH_BYTES};
+/// assert!(check_bounds(&"a/".repeat(255)).is_ok());
+/// assert!(check_bounds(&"d/".repeat(256)).is_err());
+/// assert!(check_bounds(&"x".repeat(MAX_GUEST_PATH_BYTES + 1)).is_err());
+/// assert!(check_bounds("a\0b").is_err());
+/// ```
+pub fn check_bounds(path: &str) -> Result<(), SandboxError> {
+    check_shape("guest path", path)
+}
+
 /// Confines `path` to `wd` by name and returns the resolved, normalised path.
 ///
 /// Refused with [`SandboxError::InvalidArgument`] before anything else: a NUL byte in `path` or `wd`, or
@@ -1037,6 +1058,24 @@ mod bound_tests {
             resolve_wd("/abs\0", "/base").unwrap_err().kind(),
             ErrorKind::InvalidArgument
         );
+    }
+
+    #[test]
+    fn check_bounds_alone() {
+        assert!(check_bounds(&"a/".repeat(255)).is_ok());
+        assert!(check_bounds(&"x".repeat(MAX_GUEST_PATH_BYTES)).is_ok());
+        for path in [
+            "d/".repeat(256),
+            format!("/{}", "x".repeat(MAX_GUEST_PATH_BYTES)),
+            "a\0b".to_owned(),
+        ] {
+            assert_eq!(
+                check_bounds(&path).unwrap_err().kind(),
+                ErrorKind::InvalidArgument,
+                "{:?}",
+                &path[..path.len().min(20)]
+            );
+        }
     }
 
     #[test]
