@@ -4,9 +4,16 @@
 //! ([`confine`]), then walks the resolved path's ancestors with a no-follow stat the backend supplies
 //! ([`refuse_linked_ancestors`]), so a link anywhere on the way (including above the working directory) is
 //! refused before anything is read or written. An [`Access`] (`Read`, `Write`, `List`, `Delete`) applies the
-//! rules of one file method in order. Paths are guest (POSIX) paths: `/` is the
-//! only separator and a backslash is refused outright, because a Windows guest or a careless backend would
-//! read it as one.
+//! rules of one file method in order. Paths are guest (POSIX) paths: `/` is the only separator and a
+//! backslash is refused outright, because a Windows guest or a careless backend would read it as one. Every
+//! path is bounded first ([`check_bounds`]).
+//!
+//! ```
+//! use sandbox_core::guest_path;
+//! assert_eq!(guest_path::norm("/w/./a/../b"), "/w/b");
+//! assert_eq!(guest_path::confine("a/../b", "/w").unwrap(), "/w/b");
+//! assert!(guest_path::confine("../etc/passwd", "/w").is_err());
+//! ```
 //!
 //! Nothing here performs I/O: the stat is the caller's closure. These checks run before the method acts, so
 //! a guest may swap a checked component for a link in between; the backend's act must still reach nothing

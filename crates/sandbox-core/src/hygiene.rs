@@ -1,4 +1,8 @@
 //! The secret-name denylist: a second layer behind "the guest gets only what the caller names".
+//!
+//! [`ExecEnv`](crate::ExecEnv) refuses a secret-looking name unless the caller allows it by name; a
+//! backend that forwards host environment to a tool of its own (the sbx CLI) filters with
+//! [`is_secret_name`] too.
 
 /// Substrings that mark a name as secret-looking anywhere in it. They are matched against the name with
 /// its separators (`_`, `-`, `.`) removed, so `API_KEY`, `APIKEY` and `api-key` read alike.
