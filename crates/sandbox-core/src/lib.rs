@@ -69,7 +69,9 @@ pub use disposal::{DisposalCode, DisposalFailure, DisposeSelector, ScopePurge};
 pub use egress::{Egress, EgressEntry, EgressRule};
 pub use entry::{EntryKind, SandboxEntry};
 pub use error::{BoxError, ErrorKind, GuestCleanup, ParseError, Result, SandboxError};
-pub use exec::{Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES};
+pub use exec::{
+    Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES, WORKDIR_UNUSABLE_EXIT,
+};
 pub use isolation::{Isolation, IsolationScope, OsFamily};
 pub use key::SandboxKey;
 pub use limits::{SandboxLimits, TransferLimits, DEFAULT_TRANSFER_LIMITS};

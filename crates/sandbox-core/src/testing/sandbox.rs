@@ -192,12 +192,7 @@ impl Sandbox for FakeSandbox {
         let output = if let Some(canned) = lock(&self.instance.backend.faults).exec_output.clone() {
             canned
         } else if !matches!(self.files().get(&wd), Some(Node::Dir)) {
-            ExecOutput {
-                stdout: Vec::new(),
-                stderr: format!("fake: working directory {wd} does not exist\n").into_bytes(),
-                exit_code: 125,
-                producer_owns_stderr: false,
-            }
+            ExecOutput::workdir_unusable(format!("fake: working directory {wd} does not exist"))
         } else {
             let argv: Vec<String> = request
                 .command()
@@ -206,12 +201,7 @@ impl Sandbox for FakeSandbox {
                 .map(|a| String::from_utf8_lossy(a).into_owned())
                 .collect();
             let (exit_code, stdout, stderr) = shell::run_line(argv, &wd, &self.files());
-            ExecOutput {
-                stdout,
-                stderr,
-                exit_code,
-                producer_owns_stderr: false,
-            }
+            ExecOutput::exited(stdout, stderr, exit_code)
         };
         let budget = request.output_budget();
         if (output.stdout.len() + output.stderr.len()) as u64 > budget {

@@ -112,6 +112,7 @@ async fn exec_understands_a_few_words_and_nothing_more() {
         .await
         .unwrap();
     assert_eq!(missing_wd.exit_code, 125);
+    assert!(missing_wd.not_started.unwrap().contains("nowhere"));
     let escape = sb
         .exec(ExecRequest::new(Command::argv(["true"])).working_directory("../.."))
         .await
@@ -123,12 +124,7 @@ async fn exec_understands_a_few_words_and_nothing_more() {
         .unwrap_err();
     assert_eq!(over.kind(), ErrorKind::OutputLimitExceeded);
 
-    let canned = ExecOutput {
-        stdout: b"canned".to_vec(),
-        stderr: Vec::new(),
-        exit_code: 3,
-        producer_owns_stderr: false,
-    };
+    let canned = ExecOutput::exited(b"canned".to_vec(), Vec::new(), 3);
     fake.update_faults(|f| f.exec_output = Some(canned.clone()));
     assert_eq!(exec(&sb, Command::argv(["true"])).await, canned);
 }
