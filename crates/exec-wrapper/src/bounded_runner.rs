@@ -401,10 +401,19 @@ fn exit_kind(status: ExitStatus) -> ExitKind {
 }
 
 #[cfg(windows)]
-fn exit_kind(status: ExitStatus) -> ExitKind {
-    // Windows has no signals: every end, a job termination included, sets an exit code, and
-    // `code` always returns it there.
-    ExitKind::Exited(status.code().unwrap_or(i32::MIN))
+use self::windows::exit_kind;
+
+#[cfg(windows)]
+mod windows {
+    use std::process::ExitStatus;
+
+    use crate::bounded_runner::ExitKind;
+
+    pub(super) fn exit_kind(status: ExitStatus) -> ExitKind {
+        // Windows has no signals: every end, a job termination included, sets an exit code,
+        // and `code` always returns it there.
+        ExitKind::Exited(status.code().unwrap_or(i32::MIN))
+    }
 }
 
 /// Completes at `deadline`, or never when there is none.
