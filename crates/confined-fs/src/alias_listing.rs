@@ -39,10 +39,11 @@ pub trait DirectoryListing: Send + Sync + fmt::Debug {
     fn lists_verbatim(&self, dir: DirectoryHandle<'_>, name: &OsStr) -> io::Result<bool>;
 
     /// Called in each window between two system calls on the entry `name` of `dir` that no
-    /// alias check already separates: after a recursive remove's no-follow lstat of an entry,
-    /// before it removes or enters it; after a no-follow directory open failed, before the
-    /// look at what stood there; and after a lookup found nothing, before the directory is
-    /// created. Those are the windows a racing guest aims for. There is
+    /// alias check already separates: in a listing or a recursive remove, after the names
+    /// were read, before each one's lstat; in a recursive remove, also after that lstat,
+    /// before the entry is removed or entered; after a no-follow directory open failed,
+    /// before the look at what stood there; and after a lookup found nothing, before the
+    /// directory is created. Those are the windows a racing guest aims for. There is
     /// nothing to check in them and the default does nothing; a test's listing can act as
     /// that racing guest here.
     fn race_window(&self, _dir: DirectoryHandle<'_>, _name: &OsStr) {}

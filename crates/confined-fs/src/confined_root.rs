@@ -247,6 +247,7 @@ impl ConfinedRoot {
                 tracing::warn!(directory = %path.shown(), name = ?name, "skipping a name with a backslash");
                 continue;
             }
+            self.listing.race_window(handle_of(&dir), &name);
             let metadata = match dir.symlink_metadata(&name) {
                 Ok(metadata) => metadata,
                 Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
@@ -523,6 +524,7 @@ fn remove_tree(
             continue;
         };
         let dir = &stack[top_index].dir;
+        listing.race_window(handle_of(dir), &entry);
         let metadata = match dir.symlink_metadata(&entry) {
             Ok(metadata) => metadata,
             Err(error) if error.kind() == io::ErrorKind::NotFound => continue,

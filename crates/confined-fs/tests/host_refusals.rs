@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use confined_fs::{ConfinedRoot, DirectoryListing, Error, RootOptions};
+use confined_fs::{ConfinedRoot, DirectoryListing, Error, KernelListing, RootOptions};
 
 const NOBODY: u32 = 65_534;
 const RUN_DEADLINE: Duration = Duration::from_secs(120);
@@ -94,37 +94,76 @@ fn assert_host_error<T: std::fmt::Debug>(
     }
 }
 
+/// The kernel's listing, which makes the directory `d` unsearchable in the first race window.
+#[derive(Debug)]
+struct ShutsSearchOnFirstWindow(std::path::PathBuf, std::sync::Once);
+
+impl DirectoryListing for ShutsSearchOnFirstWindow {
+    fn lists_verbatim(&self, dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<bool> {
+        KernelListing.lists_verbatim(dir, name)
+    }
+
+    fn race_window(&self, _: BorrowedFd<'_>, _: &OsStr) {
+        self.1.call_once(|| set_mode(&self.0, 0o600));
+    }
+}
+
 #[test]
-fn listing_a_directory_the_host_may_not_search_is_a_host_error() {
+fn a_listing_whose_directory_stops_being_searchable_is_a_host_error() {
     in_child(
-        "listing_a_directory_the_host_may_not_search_is_a_host_error",
+        "a_listing_whose_directory_stops_being_searchable_is_a_host_error",
         || {
             let dir = tempfile::tempdir().unwrap();
-            fs::create_dir(dir.path().join("d")).unwrap();
-            fs::write(dir.path().join("d/f"), b"x").unwrap();
-            set_mode(&dir.path().join("d"), 0o600);
-            let root = ConfinedRoot::open(dir.path()).unwrap();
+            let d = dir.path().join("d");
+            fs::create_dir(&d).unwrap();
+            fs::write(d.join("f"), b"x").unwrap();
+            let listing = Arc::new(ShutsSearchOnFirstWindow(d.clone(), std::sync::Once::new()));
+            let root = ConfinedRoot::open_with(dir.path(), RootOptions::default().listing(listing))
+                .unwrap();
             let outcome = root.list("d");
-            set_mode(&dir.path().join("d"), 0o700);
+            set_mode(&d, 0o700);
+            // Never an empty listing: the entries are there, the host would not say what.
             assert_permission_denied(outcome, "d");
         },
     );
 }
 
+/// The kernel's listing, which makes the directory `tree/d` unsearchable in the first race
+/// window on `f`, and searchable again in every window on `d`.
+#[derive(Debug)]
+struct ShutsSearchOnceAtF(std::path::PathBuf, std::sync::Once);
+
+impl DirectoryListing for ShutsSearchOnceAtF {
+    fn lists_verbatim(&self, dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<bool> {
+        KernelListing.lists_verbatim(dir, name)
+    }
+
+    fn race_window(&self, _: BorrowedFd<'_>, name: &OsStr) {
+        if name == "f" {
+            self.1.call_once(|| set_mode(&self.0, 0o600));
+        } else if name == "d" {
+            set_mode(&self.0, 0o700);
+        }
+    }
+}
+
 #[test]
-fn a_recursive_remove_meeting_a_directory_it_may_not_search_fails_with_the_hosts_refusal() {
+fn a_recursive_remove_that_may_not_look_at_an_entry_fails_with_the_hosts_refusal() {
     in_child(
-        "a_recursive_remove_meeting_a_directory_it_may_not_search_fails_with_the_hosts_refusal",
+        "a_recursive_remove_that_may_not_look_at_an_entry_fails_with_the_hosts_refusal",
         || {
             let dir = tempfile::tempdir().unwrap();
-            fs::create_dir_all(dir.path().join("tree/d")).unwrap();
-            fs::write(dir.path().join("tree/d/f"), b"x").unwrap();
-            set_mode(&dir.path().join("tree/d"), 0o600);
-            let root = ConfinedRoot::open(dir.path()).unwrap();
+            let d = dir.path().join("tree/d");
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join("f"), b"x").unwrap();
+            let listing = Arc::new(ShutsSearchOnceAtF(d.clone(), std::sync::Once::new()));
+            let root = ConfinedRoot::open_with(dir.path(), RootOptions::default().listing(listing))
+                .unwrap();
             let outcome = root.remove("tree", true);
-            set_mode(&dir.path().join("tree/d"), 0o700);
+            set_mode(&d, 0o700);
+            // Refused where the host refused, not skipped over and retried.
             assert_permission_denied(outcome, "tree");
-            assert_eq!(fs::read(dir.path().join("tree/d/f")).unwrap(), b"x");
+            assert_eq!(fs::read(d.join("f")).unwrap(), b"x");
         },
     );
 }

@@ -481,8 +481,8 @@ type EveryWindow = Box<dyn Fn(&OsStr) + Send + Sync>;
 /// failed directory open of it), that entry's swap runs, once. `every` is called in every race
 /// window, with the entry's name.
 struct RacingGuest {
-    lookups: Mutex<Vec<(OsString, Swap)>>,
-    windows: Mutex<Vec<(OsString, Swap)>>,
+    lookups: Mutex<Vec<PendingSwap>>,
+    windows: Mutex<Vec<PendingSwap>>,
     every: Option<EveryWindow>,
 }
 
@@ -492,14 +492,27 @@ impl fmt::Debug for RacingGuest {
     }
 }
 
-/// Runs and forgets the first swap in `swaps` set on `name`.
-fn run_swap(swaps: &Mutex<Vec<(OsString, Swap)>>, name: &OsStr) {
+/// Runs and forgets the first swap in `swaps` set on `name` that has no more windows to let
+/// pass; counts one down for those that have.
+fn run_swap(swaps: &Mutex<Vec<PendingSwap>>, name: &OsStr) {
     let mut swaps = swaps.lock().unwrap();
-    if let Some(at) = swaps.iter().position(|(trigger, _)| trigger == name) {
-        let (_, swap) = swaps.remove(at);
-        drop(swaps);
-        swap();
+    let Some(at) = swaps.iter().position(|swap| swap.trigger == name) else {
+        return;
+    };
+    if swaps[at].let_pass > 0 {
+        swaps[at].let_pass -= 1;
+        return;
     }
+    let swap = swaps.remove(at);
+    drop(swaps);
+    (swap.swap)();
+}
+
+/// A swap waiting for its window: the `let_pass`+1-th one on the entry `trigger`.
+struct PendingSwap {
+    trigger: OsString,
+    let_pass: u32,
+    swap: Swap,
 }
 
 impl DirectoryListing for RacingGuest {
@@ -517,21 +530,32 @@ impl DirectoryListing for RacingGuest {
     }
 }
 
-/// One swap: the entry it is set on, and what it does given the root's and the outside's paths.
-type GuestSwap = (&'static str, Box<dyn FnOnce(&Path, &Path) + Send>);
+/// One swap: the entry it is set on, how many of its windows pass first, and what it does
+/// given the root's and the outside's paths.
+type GuestSwap = (&'static str, u32, Box<dyn FnOnce(&Path, &Path) + Send>);
 
+/// A swap in the first window on `at`.
 fn swap(at: &'static str, swap: impl FnOnce(&Path, &Path) + Send + 'static) -> GuestSwap {
-    (at, Box::new(swap))
+    (at, 0, Box::new(swap))
 }
 
-fn swaps(root: &Path, outside: &Path, swaps: Vec<GuestSwap>) -> Mutex<Vec<(OsString, Swap)>> {
+/// A swap in a recursive remove's window on `at` right after its lstat (the one before it
+/// passes).
+fn after_lstat(at: &'static str, swap: impl FnOnce(&Path, &Path) + Send + 'static) -> GuestSwap {
+    (at, 1, Box::new(swap))
+}
+
+fn swaps(root: &Path, outside: &Path, swaps: Vec<GuestSwap>) -> Mutex<Vec<PendingSwap>> {
     Mutex::new(
         swaps
             .into_iter()
-            .map(|(trigger, swap)| {
+            .map(|(trigger, let_pass, swap)| {
                 let (in_root, out) = (root.to_owned(), outside.to_owned());
-                let swap: Swap = Box::new(move || swap(&in_root, &out));
-                (OsString::from(trigger), swap)
+                PendingSwap {
+                    trigger: trigger.into(),
+                    let_pass,
+                    swap: Box::new(move || swap(&in_root, &out)),
+                }
             })
             .collect(),
     )
@@ -632,7 +656,7 @@ impl GuestRace {
 fn a_file_in_a_tree_swapped_for_a_directory_after_its_lstat_is_removed_as_one() {
     let race = GuestRace::in_tree(
         |tree| fs::write(tree.join("f"), b"x").unwrap(),
-        vec![swap("f", |root, _| {
+        vec![after_lstat("f", |root, _| {
             fs::remove_file(root.join("tree/f")).unwrap();
             fs::create_dir_all(root.join("tree/f/deeper")).unwrap();
             fs::write(root.join("tree/f/deeper/file"), b"x").unwrap();
@@ -648,7 +672,7 @@ fn a_directory_in_a_tree_swapped_for_a_link_after_its_lstat_loses_only_the_link(
             fs::create_dir(tree.join("sub")).unwrap();
             fs::write(tree.join("sub/canary"), b"inside").unwrap();
         },
-        vec![swap("sub", |root, outside| {
+        vec![after_lstat("sub", |root, outside| {
             fs::rename(root.join("tree/sub"), root.join("sub.moved")).unwrap();
             symlink(outside, root.join("tree/sub")).unwrap();
         })],
@@ -664,7 +688,7 @@ fn a_directory_in_a_tree_swapped_for_a_link_after_its_lstat_loses_only_the_link(
 fn a_directory_in_a_tree_swapped_for_a_file_after_its_lstat_is_unlinked() {
     let race = GuestRace::in_tree(
         |tree| fs::create_dir(tree.join("sub")).unwrap(),
-        vec![swap("sub", |root, _| {
+        vec![after_lstat("sub", |root, _| {
             fs::remove_dir(root.join("tree/sub")).unwrap();
             fs::write(root.join("tree/sub"), b"a file now").unwrap();
         })],
@@ -680,8 +704,8 @@ fn entries_removed_by_someone_else_after_their_lstat_are_skipped() {
             fs::create_dir_all(tree.join("sub/inner")).unwrap();
         },
         vec![
-            swap("f", |root, _| fs::remove_file(root.join("tree/f")).unwrap()),
-            swap("sub", |root, _| {
+            after_lstat("f", |root, _| fs::remove_file(root.join("tree/f")).unwrap()),
+            after_lstat("sub", |root, _| {
                 fs::remove_dir_all(root.join("tree/sub")).unwrap()
             }),
         ],
