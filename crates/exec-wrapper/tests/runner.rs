@@ -305,3 +305,20 @@ async fn the_default_budget_is_8_mib_of_both_streams() {
         "{over:?}"
     );
 }
+
+#[tokio::test]
+async fn a_short_line_after_much_output_still_comes_whole() {
+    let seen: Arc<Mutex<Vec<Piece>>> = Arc::default();
+    let sink = Arc::clone(&seen);
+    // Over a chunk of complete lines first; then a line written in two parts.
+    let script = "i=0; while [ $i -lt 800 ]; do printf '%099d\\n' $i; i=$((i+1)); done; \
+                  printf par; sleep 0.2; printf 'tial\\n'";
+    sh(script, Duration::from_secs(20))
+        .on_line(move |stream, line| sink.lock().unwrap().push((stream, line.to_vec())))
+        .run()
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 801, "every line is one piece");
+    assert_eq!(seen[800], (Stream::Stdout, b"partial\n".to_vec()));
+}
