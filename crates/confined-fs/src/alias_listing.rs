@@ -37,6 +37,16 @@ pub trait DirectoryListing: Send + Sync + fmt::Debug {
     /// Whether `name` appears verbatim (byte for byte on Unix, code unit for code unit on
     /// Windows) among the entries of `dir`.
     fn lists_verbatim(&self, dir: DirectoryHandle<'_>, name: &OsStr) -> io::Result<bool>;
+
+    /// Called in each window between two system calls on the entry `name` of `dir` that no
+    /// alias check already separates: in a listing or a recursive remove, after the names
+    /// were read, before each one's lstat; in a recursive remove, also after that lstat,
+    /// before the entry is removed or entered; after a no-follow directory open failed,
+    /// before the look at what stood there; and after a lookup found nothing, before the
+    /// directory is created. Those are the windows a racing guest aims for. There is
+    /// nothing to check in them and the default does nothing; a test's listing can act as
+    /// that racing guest here.
+    fn race_window(&self, _dir: DirectoryHandle<'_>, _name: &OsStr) {}
 }
 
 /// The listing the host gives (cap-std's directory entries), stopping at the first match.

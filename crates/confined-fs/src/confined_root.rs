@@ -12,7 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt};
 use cap_std::fs::{Dir, File, Metadata, OpenOptions};
 
-use crate::alias_listing::{names_of, DirectoryListing, KernelListing};
+use crate::alias_listing::{handle_of, names_of, DirectoryListing, KernelListing};
 use crate::entries::{DirEntry, EntryKind, Stat};
 use crate::error::{
     confinement, io_error, is_a_directory, not_a_directory, not_found, not_regular, too_large,
@@ -102,12 +102,13 @@ impl ConfinedRoot {
     pub fn open_with(host_path: impl AsRef<Path>, options: RootOptions) -> Result<Self, Error> {
         let host_path = host_path.as_ref().to_path_buf();
         let shown = host_path.display().to_string();
-        let root = open_root(&host_path).map_err(|failure| match failure {
-            RootFailure::Link => confinement(&shown, ConfinementReason::Link),
-            RootFailure::NotADirectory => not_a_directory(&shown),
-            RootFailure::Missing => not_found(&shown),
-            RootFailure::Io(source) => io_error(Operation::OpenRoot, &shown, source),
-        })?;
+        let root =
+            open_root(&host_path, options.listing.as_ref()).map_err(|failure| match failure {
+                RootFailure::Link => confinement(&shown, ConfinementReason::Link),
+                RootFailure::NotADirectory => not_a_directory(&shown),
+                RootFailure::Missing => not_found(&shown),
+                RootFailure::Io(source) => io_error(Operation::OpenRoot, &shown, source),
+            })?;
         Ok(Self {
             root,
             host_path,
@@ -246,6 +247,7 @@ impl ConfinedRoot {
                 tracing::warn!(directory = %path.shown(), name = ?name, "skipping a name with a backslash");
                 continue;
             }
+            self.listing.race_window(handle_of(&dir), &name);
             let metadata = match dir.symlink_metadata(&name) {
                 Ok(metadata) => metadata,
                 Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
@@ -288,7 +290,7 @@ impl ConfinedRoot {
         if !recursive {
             return Err(is_a_directory(path.shown()));
         }
-        remove_tree(&parent, walk.name(leaf), &path.shown())
+        remove_tree(&parent, walk.name(leaf), &path.shown(), walk.listing)
     }
 
     fn parse(&self, path: &Path) -> Result<GuestPath, Error> {
@@ -315,7 +317,7 @@ enum RootFailure {
 
 /// Opens the root: the directory above it through the host's own resolution (the host's
 /// ancestors are trusted), the root itself with a no-follow open.
-fn open_root(host_path: &Path) -> Result<Dir, RootFailure> {
+fn open_root(host_path: &Path, listing: &dyn DirectoryListing) -> Result<Dir, RootFailure> {
     let ambient = |path: &Path| {
         Dir::open_ambient_dir(path, cap_std::ambient_authority()).map_err(|error| {
             // A missing directory becomes `Error::NotFound` through `io_error`.
@@ -333,7 +335,7 @@ fn open_root(host_path: &Path) -> Result<Dir, RootFailure> {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     };
-    match open_dir_no_follow(&ambient(parent)?, name) {
+    match open_dir_no_follow(&ambient(parent)?, name, listing) {
         Ok(OpenedDir::Dir(root)) => Ok(root),
         Ok(OpenedDir::NotADirectory(EntryKind::Symlink)) => Err(RootFailure::Link),
         Ok(OpenedDir::NotADirectory(_)) => Err(RootFailure::NotADirectory),
@@ -409,10 +411,19 @@ fn temp_options() -> OpenOptions {
 
 /// Creates a fresh temporary file in `dir`.
 fn create_temp(dir: &Dir) -> io::Result<(OsString, File)> {
+    create_temp_named(dir, temp_name)
+}
+
+/// Creates a fresh temporary file in `dir` under the first of `next_name`'s names that is not
+/// taken; any other failure ends the attempts at once.
+fn create_temp_named(
+    dir: &Dir,
+    mut next_name: impl FnMut() -> OsString,
+) -> io::Result<(OsString, File)> {
     let options = temp_options();
     let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
     for _ in 0..TEMP_ATTEMPTS {
-        let name = temp_name();
+        let name = next_name();
         match dir.open_with(&name, &options) {
             Ok(file) => return Ok((name, file)),
             Err(error) if error.kind() == io::ErrorKind::AlreadyExists => last = error,
@@ -443,19 +454,19 @@ struct Frame<'a> {
 
 /// Removes the directory `name` inside `parent` and everything under it, depth first, each
 /// entry removed relative to its own directory's handle.
-fn remove_tree(parent: &Dir, name: &OsStr, shown: &str) -> Result<(), Error> {
+fn remove_tree(
+    parent: &Dir,
+    name: &OsStr,
+    shown: &str,
+    listing: &dyn DirectoryListing,
+) -> Result<(), Error> {
     let io = |source: io::Error| io_error(Operation::Remove, shown, source);
-    let top = match open_dir_no_follow(parent, name).map_err(io)? {
+    let top = match open_dir_no_follow(parent, name, listing).map_err(io)? {
         OpenedDir::Dir(top) => top,
         OpenedDir::Missing => return Err(not_found(shown)),
         // Swapped for a link or a file since the lstat: the name goes, nothing is followed.
-        OpenedDir::NotADirectory(_) => {
-            return match parent.remove_file_or_symlink(name) {
-                Ok(()) => Ok(()),
-                Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-                Err(error) => Err(io(error)),
-            };
-        }
+        // (Removed since as well: not found, as when it went before the open.)
+        OpenedDir::NotADirectory(_) => return parent.remove_file_or_symlink(name).map_err(io),
     };
     let pending = names_of(&top).map_err(io)?;
     let mut stack = vec![
@@ -479,10 +490,15 @@ fn remove_tree(parent: &Dir, name: &OsStr, shown: &str) -> Result<(), Error> {
         })?;
         Ok::<(), Error>(())
     };
-    // The holder frame (index 0) is never emptied: once it is the only one left, all is gone.
-    while stack.len() > 1 {
+    loop {
         let top_index = stack.len() - 1;
         let Some(entry) = stack[top_index].pending.pop() else {
+            // The holder frame (index 0) is never removed: once it is the only one left with
+            // nothing pending, all is gone. (The tree's own name is pending there again when
+            // its removal found entries added meanwhile.)
+            if top_index == 0 {
+                break;
+            }
             let Some(done) = stack.pop() else { break };
             // Closed before its removal: Windows refuses to remove a directory that is open.
             let Frame { dir, name, .. } = done;
@@ -508,13 +524,15 @@ fn remove_tree(parent: &Dir, name: &OsStr, shown: &str) -> Result<(), Error> {
             continue;
         };
         let dir = &stack[top_index].dir;
+        listing.race_window(handle_of(dir), &entry);
         let metadata = match dir.symlink_metadata(&entry) {
             Ok(metadata) => metadata,
             Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
             Err(error) => return Err(io(error)),
         };
+        listing.race_window(handle_of(dir), &entry);
         if entry_kind(&metadata) == EntryKind::Directory {
-            match open_dir_no_follow(dir, &entry).map_err(io)? {
+            match open_dir_no_follow(dir, &entry, listing).map_err(io)? {
                 OpenedDir::Dir(child) => {
                     if stack.len() > MAX_REMOVE_DEPTH {
                         return Err(io(io::Error::other(format!(
@@ -591,5 +609,50 @@ mod tests {
                 .permissions(),
         );
         assert_eq!(mode & 0o777, PRIVATE_FILE, "{mode:o}");
+    }
+
+    /// `names` in turn, counting how many were asked for.
+    fn names_from<'a>(
+        names: &'a [&str],
+        asked: &'a std::cell::Cell<usize>,
+    ) -> impl FnMut() -> OsString + 'a {
+        move || {
+            let name = names[asked.get().min(names.len() - 1)];
+            asked.set(asked.get() + 1);
+            OsString::from(name)
+        }
+    }
+
+    #[test]
+    fn a_planted_temporary_name_is_passed_over_for_a_fresh_one() {
+        let base = tempfile::tempdir().unwrap();
+        std::fs::write(base.path().join("taken"), b"planted").unwrap();
+        std::os::unix::fs::symlink("nowhere", base.path().join("dangling")).unwrap();
+        let dir = Dir::open_ambient_dir(base.path(), cap_std::ambient_authority()).unwrap();
+        let asked = std::cell::Cell::new(0);
+        let (name, _) =
+            create_temp_named(&dir, names_from(&["taken", "dangling", "fresh"], &asked)).unwrap();
+        assert_eq!((name.to_str(), asked.get()), (Some("fresh"), 3));
+        assert_eq!(
+            std::fs::read(base.path().join("taken")).unwrap(),
+            b"planted"
+        );
+
+        // Every name taken: given up on after a bounded number of attempts.
+        asked.set(0);
+        let error = create_temp_named(&dir, names_from(&["taken"], &asked)).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(asked.get(), TEMP_ATTEMPTS as usize);
+    }
+
+    #[test]
+    fn a_temporary_file_the_host_cannot_create_fails_at_once() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = Dir::open_ambient_dir(base.path(), cap_std::ambient_authority()).unwrap();
+        let asked = std::cell::Cell::new(0);
+        let error = create_temp_named(&dir, names_from(&["no-such-directory/x", "fresh"], &asked))
+            .unwrap_err();
+        assert_eq!((error.kind(), asked.get()), (io::ErrorKind::NotFound, 1));
+        assert!(std::fs::symlink_metadata(base.path().join("fresh")).is_err());
     }
 }

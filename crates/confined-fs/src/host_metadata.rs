@@ -1,12 +1,18 @@
 //! What the walk reads from a no-follow metadata: the only place where a Unix and a Windows
 //! host judge an entry differently.
 
+#[cfg(unix)]
 use std::io;
 
 use cap_std::fs::Metadata;
 
+#[cfg(unix)]
 use crate::entries::EntryKind;
+#[cfg(unix)]
 use crate::error::Irregular;
+
+#[cfg(windows)]
+pub(crate) use self::windows::{attributes, entry_kind, irregularity, open_stopped_at_link};
 
 /// What kind of entry a no-follow metadata describes.
 #[cfg(unix)]
@@ -21,12 +27,6 @@ pub(crate) fn entry_kind(metadata: &Metadata) -> EntryKind {
     } else {
         EntryKind::Other
     }
-}
-
-/// What kind of entry a no-follow metadata describes: any reparse point is a link.
-#[cfg(windows)]
-pub(crate) fn entry_kind(metadata: &Metadata) -> EntryKind {
-    crate::windows_rules::windows_entry_kind(attributes(metadata))
 }
 
 /// What a non-regular (or multiply linked) file is, for a read refusal.
@@ -52,12 +52,6 @@ pub(crate) fn irregularity(metadata: &Metadata) -> Option<Irregular> {
     }
 }
 
-/// What a non-regular (or multiply linked) file is, for a read refusal.
-#[cfg(windows)]
-pub(crate) fn irregularity(metadata: &Metadata) -> Option<Irregular> {
-    crate::windows_rules::windows_irregularity(attributes(metadata), link_count(metadata))
-}
-
 /// The size of a regular file.
 pub(crate) fn file_size(metadata: &Metadata) -> u64 {
     metadata.len()
@@ -67,13 +61,6 @@ pub(crate) fn file_size(metadata: &Metadata) -> u64 {
 /// every metadata this crate reads does (cap-std's no-follow stat opens the entry).
 fn link_count(metadata: &Metadata) -> u64 {
     cap_fs_ext::MetadataExt::nlink(metadata)
-}
-
-/// The attribute word, the same `dwFileAttributes` that
-/// `std::os::windows::fs::MetadataExt::file_attributes` gives for a std metadata.
-#[cfg(windows)]
-pub(crate) fn attributes(metadata: &Metadata) -> u32 {
-    cap_std::fs::MetadataExt::file_attributes(metadata)
 }
 
 /// Whether a no-follow open failed because a link stood at the name.
@@ -88,11 +75,37 @@ pub(crate) fn open_stopped_at_link(error: &io::Error) -> bool {
         Some(Errno::LOOP | Errno::MLINK)
     )
 }
-
-/// Whether a no-follow open failed because a link stood at the name (cap-std reports
-/// `ERROR_STOPPED_ON_SYMLINK`).
+/// The Windows readings, each a pure decision of `windows_rules` applied to the attribute word.
 #[cfg(windows)]
-pub(crate) fn open_stopped_at_link(error: &io::Error) -> bool {
-    const ERROR_STOPPED_ON_SYMLINK: i32 = 1281;
-    error.raw_os_error() == Some(ERROR_STOPPED_ON_SYMLINK)
+mod windows {
+    use std::io;
+
+    use cap_std::fs::Metadata;
+
+    use super::link_count;
+    use crate::entries::EntryKind;
+    use crate::error::Irregular;
+
+    /// What kind of entry a no-follow metadata describes: any reparse point is a link.
+    pub(crate) fn entry_kind(metadata: &Metadata) -> EntryKind {
+        crate::windows_rules::windows_entry_kind(attributes(metadata))
+    }
+
+    /// What a non-regular (or multiply linked) file is, for a read refusal.
+    pub(crate) fn irregularity(metadata: &Metadata) -> Option<Irregular> {
+        crate::windows_rules::windows_irregularity(attributes(metadata), link_count(metadata))
+    }
+
+    /// The attribute word, the same `dwFileAttributes` that
+    /// `std::os::windows::fs::MetadataExt::file_attributes` gives for a std metadata.
+    pub(crate) fn attributes(metadata: &Metadata) -> u32 {
+        cap_std::fs::MetadataExt::file_attributes(metadata)
+    }
+
+    /// Whether a no-follow open failed because a link stood at the name (cap-std reports
+    /// `ERROR_STOPPED_ON_SYMLINK`).
+    pub(crate) fn open_stopped_at_link(error: &io::Error) -> bool {
+        const ERROR_STOPPED_ON_SYMLINK: i32 = 1281;
+        error.raw_os_error() == Some(ERROR_STOPPED_ON_SYMLINK)
+    }
 }

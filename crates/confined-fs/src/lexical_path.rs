@@ -123,11 +123,18 @@ fn component(bytes: &[u8]) -> Option<OsString> {
     Some(std::ffi::OsStr::from_bytes(bytes).to_owned())
 }
 
-/// One component from its WTF-8 bytes: only a Unicode name converts back without unsafe code,
-/// and Windows names that are not Unicode are refused anyway.
 #[cfg(windows)]
-fn component(bytes: &[u8]) -> Option<OsString> {
-    std::str::from_utf8(bytes).ok().map(OsString::from)
+use self::windows::component;
+
+#[cfg(windows)]
+mod windows {
+    use std::ffi::OsString;
+
+    /// One component from its WTF-8 bytes: only a Unicode name converts back without unsafe
+    /// code, and Windows names that are not Unicode are refused anyway.
+    pub(super) fn component(bytes: &[u8]) -> Option<OsString> {
+        std::str::from_utf8(bytes).ok().map(OsString::from)
+    }
 }
 
 #[cfg(test)]

@@ -142,7 +142,9 @@
 //! # Platforms
 //!
 //! Built for Unix and Windows on cap-std. The walk, the property, race and fuzz tests were run
-//! on Linux 6.18, x86-64, on ext4, and the benchmark also on tmpfs. The macOS and Windows paths
+//! on Linux 6.18, x86-64, on ext4, and the benchmark also on tmpfs. The race tests need no
+//! timing luck: a test's [`DirectoryListing`] acts as the guest right after each alias check
+//! and in each other window between two system calls ([`DirectoryListing::race_window`]). The macOS and Windows paths
 //! were not run here: the Windows naming and reparse decisions are pure functions unit-tested
 //! on every platform, and the alias check was exercised with a case-folding fake listing,
 //! since no case-folding file system was available to test on.

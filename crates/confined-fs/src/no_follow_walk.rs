@@ -61,8 +61,12 @@ pub(crate) enum OpenedDir {
 /// Opens `name` inside `parent` as a directory without following it, and says what stood there
 /// when it is not one. On Windows the opened handle's own attributes are checked, so a reparse
 /// point of a kind cap-std would open (a cloud placeholder, a mount point) is never held.
-pub(crate) fn open_dir_no_follow(parent: &Dir, name: &OsStr) -> io::Result<OpenedDir> {
-    match parent.open_dir_nofollow(name) {
+pub(crate) fn open_dir_no_follow(
+    parent: &Dir,
+    name: &OsStr,
+    listing: &dyn DirectoryListing,
+) -> io::Result<OpenedDir> {
+    let error = match parent.open_dir_nofollow(name) {
         Ok(dir) => {
             #[cfg(windows)]
             if crate::windows_rules::is_reparse_point(crate::host_metadata::attributes(
@@ -70,26 +74,29 @@ pub(crate) fn open_dir_no_follow(parent: &Dir, name: &OsStr) -> io::Result<Opene
             )) {
                 return Ok(OpenedDir::NotADirectory(EntryKind::Symlink));
             }
-            Ok(OpenedDir::Dir(dir))
+            return Ok(OpenedDir::Dir(dir));
         }
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(OpenedDir::Missing),
-        // The error does not say portably what stood there (ELOOP or ENOTDIR for a link on
-        // Linux, EMLINK on the BSDs, a symlink error on Windows): look again, without following.
-        Err(error) => match parent.symlink_metadata(name) {
-            Ok(metadata) => match entry_kind(&metadata) {
-                // A directory again, but the open met something else: swapped back meanwhile.
-                EntryKind::Directory if open_stopped_at_link(&error) => {
-                    Ok(OpenedDir::NotADirectory(EntryKind::Symlink))
-                }
-                EntryKind::Directory if error.kind() == io::ErrorKind::NotADirectory => {
-                    Ok(OpenedDir::NotADirectory(EntryKind::Other))
-                }
-                EntryKind::Directory => Err(error),
-                kind => Ok(OpenedDir::NotADirectory(kind)),
-            },
-            Err(again) if again.kind() == io::ErrorKind::NotFound => Ok(OpenedDir::Missing),
-            Err(_) => Err(error),
+        Err(error) => error,
+    };
+    listing.race_window(handle_of(parent), name);
+    // The error does not say portably what stood there (ELOOP or ENOTDIR for a link on Linux,
+    // EMLINK on the BSDs, a symlink error on Windows): look again, without following. Nothing
+    // there any more is missing, whatever the open met.
+    match parent.symlink_metadata(name) {
+        Ok(metadata) => match entry_kind(&metadata) {
+            // A directory again, but the open met a link (ELOOP on macOS, EMLINK on the BSDs;
+            // Linux says ENOTDIR for a link too) or a file: swapped back meanwhile, and what the
+            // open met is gone, so which of the two it was does not matter.
+            EntryKind::Directory
+                if open_stopped_at_link(&error) || error.kind() == io::ErrorKind::NotADirectory =>
+            {
+                Ok(OpenedDir::NotADirectory(EntryKind::Other))
+            }
+            EntryKind::Directory => Err(error),
+            kind => Ok(OpenedDir::NotADirectory(kind)),
         },
+        Err(again) if again.kind() == io::ErrorKind::NotFound => Ok(OpenedDir::Missing),
+        Err(_) => Err(error),
     }
 }
 
@@ -153,26 +160,27 @@ impl<'a> Walk<'a> {
                 }
             },
             None if !create => return Ok(None),
-            None => match parent.create_dir_with(self.name(index), &private_directory()) {
-                Ok(()) => {}
-                // Someone made it meanwhile; whatever it is, the no-follow open below judges it,
-                // and it must not be an alias either.
-                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
-                    self.check_listed(parent, index)?
+            None => {
+                self.listing
+                    .race_window(handle_of(parent), self.name(index));
+                match parent.create_dir_with(self.name(index), &private_directory()) {
+                    Ok(()) => {}
+                    // Someone made it meanwhile; whatever it is, the no-follow open below judges
+                    // it, and it must not be an alias either.
+                    Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                        self.check_listed(parent, index)?
+                    }
+                    Err(error) => return Err(self.io(index, error)),
                 }
-                Err(error) => return Err(self.io(index, error)),
-            },
+            }
         }
-        match self.open_child_dir(parent, index)? {
-            Some(child) => Ok(Some(child)),
-            None if create => Err(not_found(self.shown(index))),
-            None => Ok(None),
-        }
+        // Gone again since: missing, which `open_existing_dirs` reports as not found.
+        self.open_child_dir(parent, index)
     }
 
     /// Opens component `index` as a directory without following it; `Ok(None)` when it vanished.
     pub(crate) fn open_child_dir(&self, parent: &Dir, index: usize) -> Result<Option<Dir>, Error> {
-        match open_dir_no_follow(parent, self.name(index)) {
+        match open_dir_no_follow(parent, self.name(index), self.listing) {
             Ok(OpenedDir::Dir(dir)) => Ok(Some(dir)),
             Ok(OpenedDir::Missing) => Ok(None),
             // Swapped since the lstat: tell a link apart from anything else.
@@ -197,9 +205,6 @@ impl<'a> Walk<'a> {
                 Ok(Some(metadata))
             }
             Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(error) if error.kind() == io::ErrorKind::NotADirectory => {
-                Err(not_a_directory(self.shown(index)))
-            }
             Err(error) => Err(self.io(index, error)),
         }
     }

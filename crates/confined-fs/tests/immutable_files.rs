@@ -57,3 +57,46 @@ fn a_file_the_host_will_not_unlink_is_a_host_error_not_a_directory() {
     }
     assert_eq!(fs::read(&file).unwrap(), b"immutable");
 }
+
+/// Asserts `outcome` is the host's EPERM about `path`.
+fn assert_host_refused(outcome: Result<(), Error>, path: &str) {
+    match outcome {
+        Err(Error::Io {
+            path: ref said,
+            ref source,
+            ..
+        }) => {
+            assert_eq!(said, path);
+            assert_eq!(
+                source.raw_os_error(),
+                Some(rustix::io::Errno::PERM.raw_os_error()),
+                "{source}"
+            );
+        }
+        other => panic!("expected the host's refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_recursive_remove_meeting_a_file_it_cannot_unlink_fails_with_the_hosts_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("tree/sub")).unwrap();
+    let file = dir.path().join("tree/sub/kept");
+    fs::write(&file, b"immutable").unwrap();
+    fs::write(dir.path().join("tree/other"), b"x").unwrap();
+    let _immutable = Immutable::set(&file);
+    let root = ConfinedRoot::open(dir.path()).unwrap();
+    assert_host_refused(root.remove("tree", true), "tree");
+    assert_eq!(fs::read(&file).unwrap(), b"immutable");
+}
+
+#[test]
+fn a_recursive_remove_meeting_a_directory_it_cannot_remove_fails_with_the_hosts_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let kept = dir.path().join("tree/kept");
+    fs::create_dir_all(&kept).unwrap();
+    let _immutable = Immutable::set(&kept);
+    let root = ConfinedRoot::open(dir.path()).unwrap();
+    assert_host_refused(root.remove("tree", true), "tree");
+    assert!(kept.is_dir());
+}

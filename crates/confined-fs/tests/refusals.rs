@@ -264,3 +264,31 @@ fn a_refused_read_says_what_was_found_instead() {
         assert_eq!(root.read(path, 10).unwrap_err().to_string(), expected);
     }
 }
+
+#[test]
+fn a_recursive_remove_descends_exactly_max_remove_depth_levels() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = ConfinedRoot::open(dir.path()).unwrap();
+    let nested = |levels: usize| vec!["d"; levels].join("/");
+    // `MAX_REMOVE_DEPTH` levels under the removed directory's own level: all removed.
+    let deepest = nested(confined_fs::MAX_REMOVE_DEPTH);
+    fs::create_dir_all(dir.path().join(&deepest)).unwrap();
+    fs::write(dir.path().join(&deepest).join("file"), b"x").unwrap();
+    root.remove("d", true).unwrap();
+    assert!(names(dir.path()).is_empty());
+
+    // One more: refused, the deepest level left in place.
+    let too_deep = nested(confined_fs::MAX_REMOVE_DEPTH + 1);
+    fs::create_dir_all(dir.path().join(&too_deep)).unwrap();
+    fs::write(dir.path().join(&too_deep).join("file"), b"x").unwrap();
+    match root.remove("d", true) {
+        Err(Error::Io { ref source, .. }) => {
+            assert!(source.to_string().contains("deeper than"), "{source}")
+        }
+        other => panic!("expected the depth limit, got {other:?}"),
+    }
+    assert_eq!(
+        fs::read(dir.path().join(&too_deep).join("file")).unwrap(),
+        b"x"
+    );
+}

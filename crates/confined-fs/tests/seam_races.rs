@@ -471,3 +471,460 @@ fn a_file_removed_by_someone_else_after_its_lstat_is_not_found_on_removal() {
         "{outcome:?}"
     );
 }
+
+/// Called in every race window with the entry's name.
+type EveryWindow = Box<dyn Fn(&OsStr) + Send + Sync>;
+
+/// The kernel's listing, acting as a racing guest in the windows the listing seam is called
+/// in: right after the lookup of an entry named in `lookups` (the alias check), or in a race
+/// window on an entry named in `windows` (after a recursive remove's lstat of it, or after a
+/// failed directory open of it), that entry's swap runs, once. `every` is called in every race
+/// window, with the entry's name.
+struct RacingGuest {
+    lookups: Mutex<Vec<PendingSwap>>,
+    windows: Mutex<Vec<PendingSwap>>,
+    every: Option<EveryWindow>,
+}
+
+impl fmt::Debug for RacingGuest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RacingGuest").finish_non_exhaustive()
+    }
+}
+
+/// Runs and forgets the first swap in `swaps` set on `name` that has no more windows to let
+/// pass; counts one down for those that have.
+fn run_swap(swaps: &Mutex<Vec<PendingSwap>>, name: &OsStr) {
+    let mut swaps = swaps.lock().unwrap();
+    let Some(at) = swaps.iter().position(|swap| swap.trigger == name) else {
+        return;
+    };
+    if swaps[at].let_pass > 0 {
+        swaps[at].let_pass -= 1;
+        return;
+    }
+    let swap = swaps.remove(at);
+    drop(swaps);
+    (swap.swap)();
+}
+
+/// A swap waiting for its window: the `let_pass`+1-th one on the entry `trigger`.
+struct PendingSwap {
+    trigger: OsString,
+    let_pass: u32,
+    swap: Swap,
+}
+
+impl DirectoryListing for RacingGuest {
+    fn lists_verbatim(&self, dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<bool> {
+        let listed = KernelListing.lists_verbatim(dir, name)?;
+        run_swap(&self.lookups, name);
+        Ok(listed)
+    }
+
+    fn race_window(&self, _dir: BorrowedFd<'_>, name: &OsStr) {
+        if let Some(every) = &self.every {
+            every(name);
+        }
+        run_swap(&self.windows, name);
+    }
+}
+
+/// One swap: the entry it is set on, how many of its windows pass first, and what it does
+/// given the root's and the outside's paths.
+type GuestSwap = (&'static str, u32, Box<dyn FnOnce(&Path, &Path) + Send>);
+
+/// A swap in the first window on `at`.
+fn swap(at: &'static str, swap: impl FnOnce(&Path, &Path) + Send + 'static) -> GuestSwap {
+    (at, 0, Box::new(swap))
+}
+
+/// A swap in a recursive remove's window on `at` right after its lstat (the one before it
+/// passes).
+fn after_lstat(at: &'static str, swap: impl FnOnce(&Path, &Path) + Send + 'static) -> GuestSwap {
+    (at, 1, Box::new(swap))
+}
+
+fn swaps(root: &Path, outside: &Path, swaps: Vec<GuestSwap>) -> Mutex<Vec<PendingSwap>> {
+    Mutex::new(
+        swaps
+            .into_iter()
+            .map(|(trigger, let_pass, swap)| {
+                let (in_root, out) = (root.to_owned(), outside.to_owned());
+                PendingSwap {
+                    trigger: trigger.into(),
+                    let_pass,
+                    swap: Box::new(move || swap(&in_root, &out)),
+                }
+            })
+            .collect(),
+    )
+}
+
+/// A root (built by `prepare`) beside an `outside/` canary, raced by a [`RacingGuest`].
+struct GuestRace {
+    _dir: tempfile::TempDir,
+    root_path: PathBuf,
+    outside: PathBuf,
+    guest: Arc<RacingGuest>,
+    root: ConfinedRoot,
+}
+
+impl GuestRace {
+    fn new(prepare: impl FnOnce(&Path), lookups: Vec<GuestSwap>, windows: Vec<GuestSwap>) -> Self {
+        Self::with_guest(prepare, |root, outside| RacingGuest {
+            lookups: swaps(root, outside, lookups),
+            windows: swaps(root, outside, windows),
+            every: None,
+        })
+    }
+
+    /// A guest that swaps entries of `tree/` in the race windows of a recursive remove.
+    fn in_tree(prepare: impl FnOnce(&Path), windows: Vec<GuestSwap>) -> Self {
+        Self::new(
+            |root| {
+                fs::create_dir(root.join("tree")).unwrap();
+                prepare(&root.join("tree"));
+            },
+            Vec::new(),
+            windows,
+        )
+    }
+
+    fn with_guest(
+        prepare: impl FnOnce(&Path),
+        guest: impl FnOnce(&Path, &Path) -> RacingGuest,
+    ) -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let root_path = dir.path().join("root");
+        let outside = dir.path().join("outside");
+        fs::create_dir(&root_path).unwrap();
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("canary"), CANARY).unwrap();
+        prepare(&root_path);
+        let guest = Arc::new(guest(&root_path, &outside));
+        let root =
+            ConfinedRoot::open_with(&root_path, RootOptions::default().listing(guest.clone()))
+                .expect("the root opens");
+        Self {
+            _dir: dir,
+            root_path,
+            outside,
+            guest,
+            root,
+        }
+    }
+
+    fn assert_every_swap_ran(&self) {
+        assert!(
+            self.guest.lookups.lock().unwrap().is_empty()
+                && self.guest.windows.lock().unwrap().is_empty(),
+            "a swap never met the operation"
+        );
+    }
+
+    fn assert_outside_untouched(&self) {
+        let names: Vec<_> = fs::read_dir(&self.outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [OsString::from("canary")]);
+        assert_eq!(fs::read(self.outside.join("canary")).unwrap(), CANARY);
+    }
+
+    /// The names left at the top of the root, sorted.
+    fn root_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(&self.root_path)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Removes `tree` recursively, checks that it is gone and that `left` is what remains.
+    fn remove_tree_leaving(&self, left: &[&str]) {
+        let outcome = self.root.remove("tree", true);
+        assert!(outcome.is_ok(), "{outcome:?}");
+        self.assert_every_swap_ran();
+        assert_eq!(self.root_names(), left);
+        self.assert_outside_untouched();
+    }
+}
+
+#[test]
+fn a_file_in_a_tree_swapped_for_a_directory_after_its_lstat_is_removed_as_one() {
+    let race = GuestRace::in_tree(
+        |tree| fs::write(tree.join("f"), b"x").unwrap(),
+        vec![after_lstat("f", |root, _| {
+            fs::remove_file(root.join("tree/f")).unwrap();
+            fs::create_dir_all(root.join("tree/f/deeper")).unwrap();
+            fs::write(root.join("tree/f/deeper/file"), b"x").unwrap();
+        })],
+    );
+    race.remove_tree_leaving(&[]);
+}
+
+#[test]
+fn a_directory_in_a_tree_swapped_for_a_link_after_its_lstat_loses_only_the_link() {
+    let race = GuestRace::in_tree(
+        |tree| {
+            fs::create_dir(tree.join("sub")).unwrap();
+            fs::write(tree.join("sub/canary"), b"inside").unwrap();
+        },
+        vec![after_lstat("sub", |root, outside| {
+            fs::rename(root.join("tree/sub"), root.join("sub.moved")).unwrap();
+            symlink(outside, root.join("tree/sub")).unwrap();
+        })],
+    );
+    race.remove_tree_leaving(&["sub.moved"]);
+    assert_eq!(
+        fs::read(race.root_path.join("sub.moved/canary")).unwrap(),
+        b"inside"
+    );
+}
+
+#[test]
+fn a_directory_in_a_tree_swapped_for_a_file_after_its_lstat_is_unlinked() {
+    let race = GuestRace::in_tree(
+        |tree| fs::create_dir(tree.join("sub")).unwrap(),
+        vec![after_lstat("sub", |root, _| {
+            fs::remove_dir(root.join("tree/sub")).unwrap();
+            fs::write(root.join("tree/sub"), b"a file now").unwrap();
+        })],
+    );
+    race.remove_tree_leaving(&[]);
+}
+
+#[test]
+fn entries_removed_by_someone_else_after_their_lstat_are_skipped() {
+    let race = GuestRace::in_tree(
+        |tree| {
+            fs::write(tree.join("f"), b"x").unwrap();
+            fs::create_dir_all(tree.join("sub/inner")).unwrap();
+        },
+        vec![
+            after_lstat("f", |root, _| fs::remove_file(root.join("tree/f")).unwrap()),
+            after_lstat("sub", |root, _| {
+                fs::remove_dir_all(root.join("tree/sub")).unwrap()
+            }),
+        ],
+    );
+    race.remove_tree_leaving(&[]);
+}
+
+#[test]
+fn entries_listed_but_gone_before_their_lstat_are_skipped() {
+    // The first entry examined makes every other one vanish before the remove looks at it
+    // (the listing has no fixed order, so which one comes first is known only then).
+    let race = GuestRace::with_guest(
+        |root| {
+            fs::create_dir(root.join("tree")).unwrap();
+            for name in ["a", "b", "c"] {
+                fs::write(root.join("tree").join(name), b"x").unwrap();
+            }
+        },
+        |root, _| {
+            let tree = root.join("tree");
+            let fired = Mutex::new(false);
+            RacingGuest {
+                lookups: Mutex::new(Vec::new()),
+                windows: Mutex::new(Vec::new()),
+                every: Some(Box::new(move |first| {
+                    if !std::mem::replace(&mut *fired.lock().unwrap(), true) {
+                        for name in ["a", "b", "c"] {
+                            if first != name {
+                                fs::remove_file(tree.join(name)).unwrap();
+                            }
+                        }
+                    }
+                })),
+            }
+        },
+    );
+    race.remove_tree_leaving(&[]);
+}
+
+#[test]
+fn entries_added_while_a_tree_is_removed_are_removed_too() {
+    let race = GuestRace::in_tree(
+        |tree| {
+            fs::create_dir(tree.join("sub")).unwrap();
+            fs::write(tree.join("sub/f"), b"x").unwrap();
+        },
+        vec![swap("f", |root, _| {
+            fs::write(root.join("tree/sub/late"), b"x").unwrap();
+            fs::create_dir_all(root.join("tree/late-dir/deeper")).unwrap();
+        })],
+    );
+    race.remove_tree_leaving(&[]);
+}
+
+#[test]
+fn an_emptied_directory_swapped_for_a_link_before_its_rmdir_loses_only_the_link() {
+    let race = GuestRace::in_tree(
+        |tree| {
+            fs::create_dir(tree.join("sub")).unwrap();
+            fs::write(tree.join("sub/f"), b"x").unwrap();
+        },
+        vec![swap("f", |root, outside| {
+            fs::rename(root.join("tree/sub"), root.join("sub.moved")).unwrap();
+            symlink(outside, root.join("tree/sub")).unwrap();
+        })],
+    );
+    // The held directory was emptied where it went; the link left in its place goes as a link.
+    race.remove_tree_leaving(&["sub.moved"]);
+    assert!(fs::read_dir(race.root_path.join("sub.moved"))
+        .unwrap()
+        .next()
+        .is_none());
+}
+
+#[test]
+fn a_tree_removed_by_someone_else_after_its_lstat_is_not_found() {
+    let race = Race::new(
+        "d",
+        |root| fs::create_dir_all(root.join("d/sub")).unwrap(),
+        |root, _| fs::remove_dir_all(root.join("d")).unwrap(),
+    );
+    let outcome = race.root.remove("d", true);
+    race.assert_swapped();
+    assert!(
+        matches!(outcome, Err(Error::NotFound { ref path }) if path == "d"),
+        "{outcome:?}"
+    );
+}
+
+#[test]
+fn an_emptied_directory_moved_away_before_its_rmdir_is_left_where_it_went() {
+    let race = GuestRace::in_tree(
+        |tree| {
+            fs::create_dir(tree.join("sub")).unwrap();
+            fs::write(tree.join("sub/f"), b"x").unwrap();
+        },
+        vec![swap("f", |root, _| {
+            fs::rename(root.join("tree/sub"), root.join("sub.moved")).unwrap();
+        })],
+    );
+    race.remove_tree_leaving(&["sub.moved"]);
+}
+
+/// A root holding `d/canary`, whose lookup of `d` swaps it for `stand_in` (given the root and
+/// the outside) and whose failed open of `d` then runs `after_the_open`.
+fn swapped_around_the_open(
+    stand_in: impl FnOnce(&Path, &Path) + Send + 'static,
+    after_the_open: impl FnOnce(&Path, &Path) + Send + 'static,
+) -> GuestRace {
+    GuestRace::new(
+        |root| {
+            fs::create_dir(root.join("d")).unwrap();
+            fs::write(root.join("d/canary"), b"inside").unwrap();
+        },
+        vec![swap("d", move |root, outside| {
+            fs::rename(root.join("d"), root.join("d.real")).unwrap();
+            stand_in(root, outside);
+        })],
+        vec![swap("d", after_the_open)],
+    )
+}
+
+fn swap_back(root: &Path, _: &Path) {
+    let _ = fs::remove_file(root.join("d"));
+    fs::rename(root.join("d.real"), root.join("d")).unwrap();
+}
+
+#[test]
+fn a_directory_swapped_for_a_link_or_a_file_and_back_around_its_open_is_not_entered() {
+    type StandIn = fn(&Path, &Path);
+    let stand_ins: [StandIn; 2] = [
+        |root, outside| symlink(outside, root.join("d")).unwrap(),
+        |root, _| fs::write(root.join("d"), b"a file").unwrap(),
+    ];
+    for stand_in in stand_ins {
+        let race = swapped_around_the_open(stand_in, swap_back);
+        let outcome = race.root.read("d/canary", 1 << 20);
+        race.assert_every_swap_ran();
+        // The open met something other than a directory: a refusal, whatever it was.
+        assert!(
+            matches!(outcome, Err(Error::NotADirectory { ref path }) if path == "d"),
+            "{outcome:?}"
+        );
+        race.assert_outside_untouched();
+    }
+}
+
+#[test]
+fn a_directory_swapped_for_a_link_that_then_vanishes_is_not_found() {
+    let race = swapped_around_the_open(
+        |root, outside| symlink(outside, root.join("d")).unwrap(),
+        |root, _| fs::remove_file(root.join("d")).unwrap(),
+    );
+    let outcome = race.root.read("d/canary", 1 << 20);
+    race.assert_every_swap_ran();
+    assert!(
+        matches!(outcome, Err(Error::NotFound { ref path }) if path == "d"),
+        "{outcome:?}"
+    );
+    race.assert_outside_untouched();
+}
+
+#[test]
+fn a_directory_made_by_someone_else_before_its_creation_is_used() {
+    let race = GuestRace::new(
+        |_| {},
+        Vec::new(),
+        vec![swap("new", |root, _| {
+            fs::create_dir(root.join("new")).unwrap()
+        })],
+    );
+    race.root.write("new/f", b"written").unwrap();
+    race.assert_every_swap_ran();
+    assert_eq!(fs::read(race.root_path.join("new/f")).unwrap(), b"written");
+}
+
+#[test]
+fn a_link_planted_before_a_directory_creation_is_refused() {
+    let race = GuestRace::new(
+        |_| {},
+        Vec::new(),
+        vec![swap("new", |root, outside| {
+            symlink(outside, root.join("new")).unwrap()
+        })],
+    );
+    assert_eq!(
+        reason(race.root.write("new/canary", b"written through")),
+        ConfinementReason::Link
+    );
+    race.assert_every_swap_ran();
+    race.assert_outside_untouched();
+}
+
+#[test]
+fn a_directory_removed_after_its_lstat_holds_nothing() {
+    for operation in 0..4 {
+        let race = Race::new(
+            "d",
+            |root| {
+                fs::create_dir(root.join("d")).unwrap();
+                fs::write(root.join("d/f"), b"x").unwrap();
+            },
+            |root, _| fs::remove_dir_all(root.join("d")).unwrap(),
+        );
+        let outcome = match operation {
+            0 => race.root.lstat("d/f").map(|stat| assert_eq!(stat, None)),
+            1 => race.root.read("d/f", 1 << 20).map(drop),
+            2 => race.root.write("d/f", b"y"),
+            _ => race.root.make_dirs("d/sub"),
+        };
+        race.assert_swapped();
+        if operation == 0 {
+            assert!(outcome.is_ok(), "{outcome:?}");
+        } else {
+            assert!(
+                matches!(outcome, Err(Error::NotFound { ref path }) if path == "d"),
+                "operation {operation}: {outcome:?}"
+            );
+        }
+        assert!(fs::symlink_metadata(race.host("d")).is_err());
+    }
+}

@@ -262,12 +262,12 @@ pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
     })?;
     let mut guard = ChildGuard::new(child);
     if let Err(source) = guard.attach_tree() {
-        guard.kill_and_reap(None, None).await;
+        guard.kill_and_reap().await;
         return Err(io_error(&name, "taking hold of the process tree", source));
     }
     let (stdin_pipe, stdout, stderr) = guard.take_pipes();
     let (Some(mut stdout), Some(mut stderr)) = (stdout, stderr) else {
-        guard.kill_and_reap(None, None).await;
+        guard.kill_and_reap().await;
         return Err(io_error(
             &name,
             "taking the pipes",
@@ -349,14 +349,13 @@ pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
             truncated: false,
         }),
         Stop::Fail(error) => {
-            drop((kept_out, kept_err));
-            guard
-                .kill_and_reap(out_open.then_some(stdout), err_open.then_some(stderr))
-                .await;
+            drop((kept_out, kept_err, stdout, stderr));
+            guard.kill_and_reap().await;
             Err(error)
         }
         Stop::Prefix => {
-            let reaped = guard.kill_and_reap(None, err_open.then_some(stderr)).await;
+            drop((stdout, stderr));
+            let reaped = guard.kill_and_reap().await;
             match reaped.or(exit) {
                 Some(status) => Ok(RunOutput {
                     status: exit_kind(status),
@@ -401,10 +400,19 @@ fn exit_kind(status: ExitStatus) -> ExitKind {
 }
 
 #[cfg(windows)]
-fn exit_kind(status: ExitStatus) -> ExitKind {
-    // Windows has no signals: every end, a job termination included, sets an exit code, and
-    // `code` always returns it there.
-    ExitKind::Exited(status.code().unwrap_or(i32::MIN))
+use self::windows::exit_kind;
+
+#[cfg(windows)]
+mod windows {
+    use std::process::ExitStatus;
+
+    use crate::bounded_runner::ExitKind;
+
+    pub(super) fn exit_kind(status: ExitStatus) -> ExitKind {
+        // Windows has no signals: every end, a job termination included, sets an exit code,
+        // and `code` always returns it there.
+        ExitKind::Exited(status.code().unwrap_or(i32::MIN))
+    }
 }
 
 /// Completes at `deadline`, or never when there is none.
@@ -529,47 +537,19 @@ impl ChildGuard {
         }
     }
 
-    /// Kills the process tree, then drain the pipes (discarding) and wait for the exit, for at most
-    /// [`REAP_GRACE`]; past that the child goes to a background reaper. Returns the exit status
-    /// if it was reaped here.
-    async fn kill_and_reap(
-        &mut self,
-        stdout: Option<ChildStdout>,
-        stderr: Option<ChildStderr>,
-    ) -> Option<ExitStatus> {
+    /// Kills the process tree and waits for the exit, for at most [`REAP_GRACE`]; past that the
+    /// child goes to a background reaper. Returns the exit status if it was reaped here. The
+    /// pipes are closed by then: a killed child needs no reading to exit, and a writer that
+    /// escaped the kill gets a broken pipe rather than a reader.
+    async fn kill_and_reap(&mut self) -> Option<ExitStatus> {
         // Already reaped: nothing to kill, and the group id may no longer be ours.
         self.child.as_ref()?;
         self.kill_tree();
-        let reaped = tokio::time::timeout(REAP_GRACE, self.drain_and_wait(stdout, stderr)).await;
-        match reaped {
+        match tokio::time::timeout(REAP_GRACE, self.wait()).await {
             Ok(Ok(status)) => Some(status),
             Ok(Err(_)) | Err(_) => {
                 self.hand_to_reaper();
                 None
-            }
-        }
-    }
-
-    async fn drain_and_wait(
-        &mut self,
-        mut stdout: Option<ChildStdout>,
-        mut stderr: Option<ChildStderr>,
-    ) -> io::Result<ExitStatus> {
-        let mut sink = vec![0u8; 8192];
-        let mut sink_err = vec![0u8; 8192];
-        loop {
-            tokio::select! {
-                status = self.wait() => return status,
-                read = read_some(stdout.as_mut(), &mut sink), if stdout.is_some() => {
-                    if !matches!(read, Ok(n) if n > 0) {
-                        stdout = None;
-                    }
-                },
-                read = read_some(stderr.as_mut(), &mut sink_err), if stderr.is_some() => {
-                    if !matches!(read, Ok(n) if n > 0) {
-                        stderr = None;
-                    }
-                },
             }
         }
     }
@@ -590,16 +570,6 @@ impl ChildGuard {
             // orphan reaping.
             Err(_) => drop(child),
         }
-    }
-}
-
-async fn read_some<R: tokio::io::AsyncRead + Unpin>(
-    pipe: Option<&mut R>,
-    buf: &mut [u8],
-) -> io::Result<usize> {
-    match pipe {
-        Some(pipe) => pipe.read(buf).await,
-        None => Ok(0),
     }
 }
 

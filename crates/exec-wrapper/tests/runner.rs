@@ -255,3 +255,70 @@ async fn a_timeout_too_large_for_the_clock_is_no_deadline_never_a_panic() {
         assert_eq!(output.stdout, b"done");
     }
 }
+
+#[tokio::test]
+async fn a_stream_ending_in_a_newline_gives_no_empty_last_piece() {
+    let seen: Arc<Mutex<Vec<Piece>>> = Arc::default();
+    let sink = Arc::clone(&seen);
+    sh(
+        "printf 'a\\nb\\n'; printf 'e\\n' >&2",
+        Duration::from_secs(10),
+    )
+    .on_line(move |stream, line| sink.lock().unwrap().push((stream, line.to_vec())))
+    .run()
+    .await
+    .unwrap();
+    let seen = seen.lock().unwrap();
+    let pieces = |stream: Stream| -> Vec<Vec<u8>> {
+        seen.iter()
+            .filter(|(s, _)| *s == stream)
+            .map(|(_, piece)| piece.clone())
+            .collect()
+    };
+    assert_eq!(pieces(Stream::Stdout), [b"a\n".to_vec(), b"b\n".to_vec()]);
+    assert_eq!(pieces(Stream::Stderr), [b"e\n".to_vec()]);
+}
+
+#[tokio::test]
+async fn the_default_budget_is_8_mib_of_both_streams() {
+    const EIGHT_MIB: usize = 8 * 1024 * 1024;
+    let half = EIGHT_MIB / 2;
+    let exact = sh(
+        &format!("head -c {half} /dev/zero; head -c {half} /dev/zero >&2"),
+        Duration::from_secs(60),
+    )
+    .run()
+    .await
+    .unwrap();
+    assert_eq!(exact.stdout.len() + exact.stderr.len(), EIGHT_MIB);
+    let over = sh(
+        &format!(
+            "head -c {half} /dev/zero; head -c {} /dev/zero >&2",
+            half + 1
+        ),
+        Duration::from_secs(60),
+    )
+    .run()
+    .await;
+    assert!(
+        matches!(over, Err(Error::OutputLimit { budget, .. }) if budget == EIGHT_MIB),
+        "{over:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_short_line_after_much_output_still_comes_whole() {
+    let seen: Arc<Mutex<Vec<Piece>>> = Arc::default();
+    let sink = Arc::clone(&seen);
+    // Over a chunk of complete lines first; then a line written in two parts.
+    let script = "i=0; while [ $i -lt 800 ]; do printf '%099d\\n' $i; i=$((i+1)); done; \
+                  printf par; sleep 0.2; printf 'tial\\n'";
+    sh(script, Duration::from_secs(20))
+        .on_line(move |stream, line| sink.lock().unwrap().push((stream, line.to_vec())))
+        .run()
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 801, "every line is one piece");
+    assert_eq!(seen[800], (Stream::Stdout, b"partial\n".to_vec()));
+}

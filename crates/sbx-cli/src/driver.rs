@@ -541,14 +541,13 @@ impl SbxCli {
             CallEnv::Guest => &config.guest_env,
         };
         let now = Instant::now();
-        let own_deadline = now.checked_add(inv.timeout);
-        let (deadline, bound) = match (inv.deadline, own_deadline) {
-            (Some(theirs), Some(ours)) if theirs < ours => {
-                (Some(theirs), theirs.saturating_duration_since(now))
-            }
-            (Some(theirs), None) => (Some(theirs), theirs.saturating_duration_since(now)),
-            (_, ours) => (ours, inv.timeout),
+        // The earlier of the caller's deadline and this call's own bound (none when the bound
+        // is past what the clock can represent).
+        let deadline = match (inv.deadline, now.checked_add(inv.timeout)) {
+            (Some(theirs), Some(ours)) => Some(theirs.min(ours)),
+            (theirs, ours) => theirs.or(ours),
         };
+        let bound = deadline.map_or(inv.timeout, |at| at.saturating_duration_since(now));
         let mut command = BoundedCommand::new(config.program.clone(), bound)
             .args(args)
             .envs(env.iter().cloned())
