@@ -61,6 +61,18 @@ const BENCHES: &[Bench] = &[
         ],
     },
     Bench {
+        name: "sandboxctl per call",
+        args: &[
+            "bench",
+            "-p",
+            "sandboxctl",
+            "--features",
+            "live",
+            "--bench",
+            "cli",
+        ],
+    },
+    Bench {
         name: "backend-sbx on sbx-sim",
         args: &[
             "bench",
@@ -185,7 +197,7 @@ mod tests {
     fn every_docker_bench_needs_the_live_feature() {
         for bench in BENCHES
             .iter()
-            .filter(|b| b.args.contains(&"backend-docker"))
+            .filter(|b| b.args.contains(&"backend-docker") || b.args.contains(&"sandboxctl"))
         {
             assert!(
                 bench.args.windows(2).any(|w| w == ["--features", "live"]),

@@ -12,7 +12,7 @@ use sandbox_core::{
 };
 use tokio::time::Instant;
 
-use crate::config::check_image_reference;
+use crate::config::{check_image_reference, Resources};
 use crate::connection::quote;
 use crate::containers::{ContainerShape, Created, Lifecycle};
 use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
@@ -41,6 +41,7 @@ struct Plan<'a> {
     needs_base: bool,
     labels: Vec<(String, String)>,
     policy: String,
+    resources: Resources,
     files_in: TransferLimits,
     files_out: TransferLimits,
 }
@@ -65,7 +66,8 @@ impl BackendState {
         key: &SandboxKey,
         spec: &SandboxSpec,
     ) -> Result<Arc<DockerSandbox>, SandboxError> {
-        let plan = self.plan(key, spec)?;
+        let resources = self.resources().await;
+        let plan = self.plan(key, spec, resources)?;
         let _serialised = self.lock_name(&plan.name).await;
         self.sweep_unremovable().await;
 
@@ -169,6 +171,7 @@ impl BackendState {
         &self,
         key: &'a SandboxKey,
         spec: &'a SandboxSpec,
+        resources: Resources,
     ) -> Result<Plan<'a>, SandboxError> {
         if spec.egress() != Egress::Closed {
             return Err(SandboxError::EgressNotEnforced(format!(
@@ -185,13 +188,11 @@ impl BackendState {
         let base = validate_base(spec.work_dir().unwrap_or(DEFAULT_WORK_DIR))?;
         let ceiling = self.declarations.limits;
         Ok(Plan {
+            resources,
             key,
             kind: spec.kind(),
             name: docker_container_name(key, spec.kind(), ""),
-            policy: format!(
-                "{image}|{}",
-                self.config.hardening_fingerprint(self.resources)
-            ),
+            policy: format!("{image}|{}", self.config.hardening_fingerprint(resources)),
             labels: workload_labels(key, spec.kind(), spec.labels(), &base),
             needs_base: Capability::needs_storage_base(&spec.required_capabilities()),
             image,
@@ -307,6 +308,7 @@ impl BackendState {
             image: &plan.image,
             labels,
             keep_alive: KEEP_ALIVE,
+            resources: plan.resources,
         };
         // Between the create request and its answer: when the call gives up, a task the caller
         // cannot cancel removes what the engine may still make under this name and this mark. It
@@ -515,7 +517,8 @@ impl BackendState {
         }
     }
 
-    /// `find`: never creates, never removes.
+    /// `find`: never creates, never removes. One engine request for a running container: its
+    /// inspect.
     pub(crate) async fn find_sandbox(
         self: &Arc<Self>,
         key: &SandboxKey,
@@ -557,8 +560,12 @@ impl BackendState {
                 "container {name} records no storage base: it was not made by this backend's rules"
             ))
         })?;
-        let image = record.image().unwrap_or_default().to_owned();
-        self.probe_tools(&record.id, &image).await?;
+        // The one inspect answered everything a found container needs: ownership, the hardening
+        // (`--init` among it, so the engine's init is at /sbin/docker-init and every call runs
+        // under it) and the state. The image's tools were probed when this backend created the
+        // container (a creation whose probe fails removes it); a wrapper call that fails before
+        // its nonce probes them again, to name a missing one.
+        self.mark_subreaper(&record.id);
         let ceiling = self.declarations.limits;
         self.remember(
             &name,

@@ -10,9 +10,8 @@ use sandbox_core::{
     SandboxSpec, SandboxSummary, ScopePurge, TransferLimits,
 };
 
-use crate::config::{DockerConfig, Resources};
+use crate::config::DockerConfig;
 use crate::connection::{Endpoint, EngineConnection};
-use crate::containers::engine_facts;
 use crate::state::BackendState;
 use crate::BACKEND_NAME;
 
@@ -37,9 +36,10 @@ pub struct DockerBackend {
 
 impl DockerBackend {
     /// Validates `config`, resolves the endpoint once from the management environment and pins
-    /// it, negotiates the API version, and asks the engine's OS and size (`linux` declares
-    /// os_families {posix}; anything else, or no answer, declares none and logs a warning; the
-    /// per-sandbox CPU and memory limits are clamped to the engine host).
+    /// it, and negotiates the API version with one request, whose answer also gives the engine's
+    /// OS (`linux` declares os_families {posix}; anything else declares none and logs a
+    /// warning). The engine host's size, to which the per-sandbox CPU and memory limits are
+    /// clamped, is asked when a sandbox is first acquired.
     ///
     /// # Errors
     /// InvalidArgument for a bad configuration; BackendUnavailable naming the endpoint when it
@@ -54,9 +54,7 @@ impl DockerBackend {
             .clone()
             .unwrap_or_else(|| std::env::vars_os().collect());
         let endpoint = Endpoint::resolve(&env, config.context.as_deref())?;
-        let engine = EngineConnection::open(endpoint, config.command_timeout).await?;
-        let facts = engine_facts(&engine, config.command_timeout).await.ok();
-        let os = facts.as_ref().and_then(|f| f.os.clone());
+        let (engine, os) = EngineConnection::open(endpoint, config.command_timeout).await?;
         let os_families = match os.as_deref() {
             Some("linux") => BTreeSet::from([OsFamily::Posix]),
             other => {
@@ -68,11 +66,6 @@ impl DockerBackend {
                 BTreeSet::new()
             }
         };
-        let resources = Resources::clamped(
-            &config,
-            facts.as_ref().map_or(0, |f| f.cpus),
-            facts.as_ref().map_or(0, |f| f.memory),
-        );
         let declarations = BackendDeclarations {
             capabilities: BTreeSet::from([
                 Capability::Exec,
@@ -97,7 +90,7 @@ impl DockerBackend {
             "engine endpoint pinned"
         );
         Ok(DockerBackend {
-            state: Arc::new(BackendState::new(config, engine, declarations, resources)),
+            state: Arc::new(BackendState::new(config, engine, declarations)),
         })
     }
 
@@ -125,9 +118,13 @@ impl DockerBackend {
         self.state.engine.api_version()
     }
 
-    /// The CPUs and memory (bytes) every new sandbox gets, after clamping to the engine host.
-    pub fn sandbox_resources(&self) -> (f64, u64) {
-        let r = self.state.resources;
+    /// The CPUs and memory (bytes) every new sandbox gets, after clamping to the engine host
+    /// (asked of the engine once, the first time it is needed).
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the engine request; a later call asks again.
+    pub async fn sandbox_resources(&self) -> (f64, u64) {
+        let r = self.state.resources().await;
         (r.nano_cpus as f64 / 1e9, r.memory_bytes as u64)
     }
 

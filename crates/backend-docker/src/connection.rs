@@ -15,7 +15,7 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bollard::{Docker, API_DEFAULT_VERSION};
+use bollard::{ClientVersion, Docker, API_DEFAULT_VERSION};
 use sandbox_core::SandboxError;
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
@@ -339,7 +339,9 @@ pub(crate) struct EngineConnection {
 
 impl EngineConnection {
     /// Opens the client for `endpoint` and negotiates the API version (an Engine 20.10 speaks
-    /// 1.41; the client never asks for more than the engine offers).
+    /// 1.41; the client never asks for more than the engine offers), in one round trip: the
+    /// engine's `version` answer gives both its API version and its OS, returned with the
+    /// connection.
     ///
     /// # Errors
     /// BackendUnavailable naming the endpoint when the scheme is not supported, the TLS material
@@ -347,34 +349,10 @@ impl EngineConnection {
     pub(crate) async fn open(
         endpoint: Endpoint,
         deadline: Duration,
-    ) -> Result<EngineConnection, SandboxError> {
-        let seconds = deadline.as_secs().max(1);
-        let host = endpoint.host.as_str();
-        let client = if host.starts_with("unix://") {
-            Docker::connect_with_unix(host, seconds, API_DEFAULT_VERSION)
-        } else if let (true, Some(tls)) = (host.starts_with("tcp://"), &endpoint.tls) {
-            Docker::connect_with_ssl(
-                host,
-                &tls.key,
-                &tls.cert,
-                &tls.ca,
-                seconds,
-                API_DEFAULT_VERSION,
-            )
-        } else if host.starts_with("tcp://") || host.starts_with("http://") {
-            Docker::connect_with_http(host, seconds, API_DEFAULT_VERSION)
-        } else if host.starts_with("ssh://") {
-            Docker::connect_with_ssh(host, seconds, API_DEFAULT_VERSION, None)
-        } else {
-            return Err(unavailable(format!(
-                "the endpoint {endpoint} has a scheme this client does not speak \
-                 (unix://, tcp:// and ssh:// are)"
-            )));
-        };
-        let client = client
-            .map_err(|e| unavailable(format!("cannot open the engine at {endpoint}: {e}")))?;
-        let negotiated = match tokio::time::timeout(deadline, client.negotiate_version()).await {
-            Ok(Ok(client)) => client,
+    ) -> Result<(EngineConnection, Option<String>), SandboxError> {
+        let client = client_for(&endpoint, deadline, API_DEFAULT_VERSION)?;
+        let answer = match tokio::time::timeout(deadline, client.version()).await {
+            Ok(Ok(answer)) => answer,
             Ok(Err(e)) => {
                 return Err(unavailable(format!(
                     "the engine at {endpoint} did not answer the version negotiation: {e}"
@@ -387,10 +365,25 @@ impl EngineConnection {
                 )))
             }
         };
-        Ok(EngineConnection {
-            docker: negotiated,
-            endpoint,
-        })
+        let offered = answer
+            .api_version
+            .as_deref()
+            .and_then(parse_api_version)
+            .ok_or_else(|| {
+                unavailable(format!(
+                    "the engine at {endpoint} names no API version it speaks ({:?})",
+                    answer.api_version
+                ))
+            })?;
+        // A client is pinned to its version at construction: an engine older than this client
+        // gets a client of its own version (no further request; the answer above was all).
+        let docker = if offered < *API_DEFAULT_VERSION {
+            client_for(&endpoint, deadline, &offered)?
+        } else {
+            client
+        };
+        let os = answer.os.filter(|os| !os.is_empty());
+        Ok((EngineConnection { docker, endpoint }, os))
     }
 
     /// The pinned endpoint.
@@ -449,6 +442,41 @@ impl EngineConnection {
             },
         }
     }
+}
+
+/// An API client of `endpoint` speaking `version`, with `deadline` (in whole seconds, at least
+/// one) as its per-request bound. Opening it sends nothing.
+fn client_for(
+    endpoint: &Endpoint,
+    deadline: Duration,
+    version: &ClientVersion,
+) -> Result<Docker, SandboxError> {
+    let seconds = deadline.as_secs().max(1);
+    let host = endpoint.host.as_str();
+    let client = if host.starts_with("unix://") {
+        Docker::connect_with_unix(host, seconds, version)
+    } else if let (true, Some(tls)) = (host.starts_with("tcp://"), &endpoint.tls) {
+        Docker::connect_with_ssl(host, &tls.key, &tls.cert, &tls.ca, seconds, version)
+    } else if host.starts_with("tcp://") || host.starts_with("http://") {
+        Docker::connect_with_http(host, seconds, version)
+    } else if host.starts_with("ssh://") {
+        Docker::connect_with_ssh(host, seconds, version, None)
+    } else {
+        return Err(unavailable(format!(
+            "the endpoint {endpoint} has a scheme this client does not speak \
+             (unix://, tcp:// and ssh:// are)"
+        )));
+    };
+    client.map_err(|e| unavailable(format!("cannot open the engine at {endpoint}: {e}")))
+}
+
+/// `1.41` as a client version; `None` for anything but two dot-separated numbers.
+fn parse_api_version(text: &str) -> Option<ClientVersion> {
+    let (major, minor) = text.split_once('.')?;
+    Some(ClientVersion {
+        major_version: major.parse().ok()?,
+        minor_version: minor.parse().ok()?,
+    })
 }
 
 #[cold]
@@ -603,6 +631,16 @@ mod tests {
         std::fs::write(config.join("config.json"), b"{not json").unwrap();
         let malformed = env(&[("HOME", home.path().to_str().unwrap())]);
         assert!(Endpoint::resolve(&malformed, None).is_err());
+    }
+
+    #[test]
+    fn api_versions_parse_as_two_numbers() {
+        let v = parse_api_version("1.41").unwrap();
+        assert_eq!((v.major_version, v.minor_version), (1, 41));
+        assert!(parse_api_version("1.41") < Some(*API_DEFAULT_VERSION));
+        for bad in ["", "1", "1.", ".4", "1.41.2", "a.b", "1.-1"] {
+            assert!(parse_api_version(bad).is_none(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -43,6 +43,7 @@ pub(crate) struct ContainerShape<'a> {
     pub(crate) image: &'a str,
     pub(crate) labels: HashMap<String, String>,
     pub(crate) keep_alive: &'a str,
+    pub(crate) resources: crate::config::Resources,
 }
 
 /// What the engine says about itself.
@@ -142,9 +143,9 @@ impl BackendState {
             cap_drop: Some(vec!["ALL".to_owned()]),
             security_opt: Some(vec!["no-new-privileges".to_owned()]),
             pids_limit: Some(i64::from(self.config.pids_limit)),
-            memory: Some(self.resources.memory_bytes),
-            memory_swap: Some(self.resources.memory_bytes),
-            nano_cpus: Some(self.resources.nano_cpus),
+            memory: Some(shape.resources.memory_bytes),
+            memory_swap: Some(shape.resources.memory_bytes),
+            nano_cpus: Some(shape.resources.nano_cpus),
             network_mode: Some("none".to_owned()),
             ..HostConfig::default()
         };

@@ -264,6 +264,21 @@ impl BackendState {
         }
     }
 
+    /// After a wrapper call failed before its nonce in a container this process has not probed
+    /// (one `find` returned): probes its tools now, so a missing one is refused by name
+    /// (CapabilityNotSupported) rather than read as an engine failure. Ok when none is missing.
+    async fn name_missing_tools(&self, id: &str) -> Result<(), SandboxError> {
+        if self.is_probed(id) {
+            return Ok(());
+        }
+        let image = self
+            .inspect(id)
+            .await?
+            .and_then(|record| record.image().map(str::to_owned))
+            .unwrap_or_else(|| "(unknown)".to_owned());
+        self.probe_tools(id, &image).await
+    }
+
     /// Runs one command through the exec wrapper.
     ///
     /// On an expired deadline or an exceeded budget, the command's process group is killed by a
@@ -357,10 +372,13 @@ impl BackendState {
             WrapperOutcome::NoNonce {
                 status,
                 stderr_tail,
-            } => Err(SandboxError::engine(format!(
-                "the exec wrapper failed before the command started (exit {status}): {}",
-                quote(&stderr_tail)
-            ))),
+            } => {
+                self.name_missing_tools(id).await?;
+                Err(SandboxError::engine(format!(
+                    "the exec wrapper failed before the command started (exit {status}): {}",
+                    quote(&stderr_tail)
+                )))
+            }
             WrapperOutcome::ClientKilled { signal, .. } => Err(SandboxError::engine(format!(
                 "the exec ended by signal {signal} before its result"
             ))),
@@ -542,7 +560,7 @@ impl BackendState {
                 Err(SandboxError::engine(format!(
                     "the command was killed for exceeding the sandbox's memory limit of {} MiB \
                      (the kernel's OOM killer; the engine reports OOMKilled)",
-                    self.resources.memory_bytes / (1024 * 1024)
+                    self.resources().await.memory_bytes / (1024 * 1024)
                 )))
             }
             Some(_) => Ok(()),

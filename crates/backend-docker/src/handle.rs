@@ -72,19 +72,33 @@ impl DockerSandbox {
         self.state.engine_stat(&self.id, path).await
     }
 
-    /// The resolved leaf of a read-bundle check and its engine stat, run concurrently.
+    /// The resolved leaf of a read-bundle check and its engine stat, run concurrently. Each path
+    /// is stated once: when the leaf is also one of the checked directories (the working
+    /// directory itself), the check reads the leaf's answer instead of asking again.
     async fn checked_leaf(
         &self,
         path: &str,
         wd: &str,
     ) -> Result<(String, Option<TarStat>), SandboxError> {
         let leaf = guest_path::confine(path, wd)?;
+        let leaf_stat = tokio::sync::OnceCell::new();
+        let stat_leaf = || leaf_stat.get_or_try_init(|| self.stat(&leaf));
         let (checked, stat) = tokio::join!(
-            Access::Read.check_async(|p| self.stat_kind(p), path, wd),
-            self.stat(&leaf)
+            Access::Read.check_async(
+                |p| async {
+                    if p == leaf {
+                        Ok(stat_leaf().await?.map(|s| s.kind))
+                    } else {
+                        self.stat_kind(p).await
+                    }
+                },
+                path,
+                wd
+            ),
+            stat_leaf()
         );
         let resolved = checked?;
-        Ok((resolved, stat?))
+        Ok((resolved, *stat?))
     }
 
     /// A file method's command through the wrapper, cwd `/`, under the command timeout: an

@@ -54,8 +54,9 @@ pub(crate) struct BackendState {
     pub(crate) config: DockerConfig,
     pub(crate) engine: EngineConnection,
     pub(crate) declarations: BackendDeclarations,
-    /// Resolved per-sandbox limits (CPUs in nano-CPUs, memory in bytes), clamped to the host.
-    pub(crate) resources: crate::config::Resources,
+    /// Resolved per-sandbox limits (CPUs in nano-CPUs, memory in bytes), clamped to the host:
+    /// asked of the engine the first time a sandbox is acquired, never by a `find`.
+    resources: tokio::sync::OnceCell<crate::config::Resources>,
     /// Bounds the engine stats in flight (see [`crate::archive::STAT_CONCURRENCY`]).
     pub(crate) stat_slots: tokio::sync::Semaphore,
     name_locks: Arc<NameLocks>,
@@ -67,17 +68,35 @@ impl BackendState {
         config: DockerConfig,
         engine: EngineConnection,
         declarations: BackendDeclarations,
-        resources: crate::config::Resources,
     ) -> Self {
         BackendState {
             config,
             engine,
             declarations,
-            resources,
+            resources: tokio::sync::OnceCell::new(),
             stat_slots: tokio::sync::Semaphore::new(crate::archive::STAT_CONCURRENCY),
             name_locks: Arc::default(),
             memory: Mutex::new(ProcessMemory::default()),
         }
+    }
+
+    /// The per-sandbox limits, clamped to the engine host's size (one `info` call, the first
+    /// time; an unreadable answer leaves the configured limits).
+    pub(crate) async fn resources(&self) -> crate::config::Resources {
+        *self
+            .resources
+            .get_or_init(|| async {
+                let facts =
+                    crate::containers::engine_facts(&self.engine, self.config.command_timeout)
+                        .await
+                        .ok();
+                crate::config::Resources::clamped(
+                    &self.config,
+                    facts.as_ref().map_or(0, |f| f.cpus),
+                    facts.as_ref().map_or(0, |f| f.memory),
+                )
+            })
+            .await
     }
 
     fn memory(&self) -> MutexGuard<'_, ProcessMemory> {

@@ -559,7 +559,7 @@ async fn sandboxes_get_two_cpus_and_two_gib_and_an_oom_kill_says_so() {
         sandbox.instance_id(),
     ])
     .await;
-    let (cpus, memory) = backend.sandbox_resources();
+    let (cpus, memory) = backend.sandbox_resources().await;
     let expected = format!("{} {memory} {memory} 512", (cpus * 1e9).round() as i64);
     assert_eq!(String::from_utf8_lossy(&inspect.stdout).trim(), expected);
     // This machine's engine host has at least 2 CPUs and 2 GiB, so nothing is clamped here.
@@ -632,4 +632,31 @@ async fn an_unusable_working_directory_is_125_not_started_with_the_reason() {
         assert_eq!((own.exit_code, own.not_started), (125, None), "{image}");
     }
     assert_nothing_left(&backend, &scope, &["base".to_owned(), "busybox".to_owned()]).await;
+}
+
+/// `find` trusts the tool probe its container passed when it was created; a tool lost since
+/// then is still refused by name, once a wrapper call fails for want of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_found_container_that_lost_a_tool_is_refused_naming_it() {
+    let scope = unique_scope("lost-tool");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let creator = backend(false).await;
+    let sandbox = creator.acquire(&key, &spec(BASE_ROOT)).await.unwrap();
+    let removed = run(&*sandbox, &["rm", "/usr/bin/base64"]).await;
+    assert_eq!(removed.exit_code, 0, "{}", removed.stderr_text());
+    // Another process: nothing of the creator's memory.
+    let other = backend(false).await;
+    let found = other.find(&key, "live").await.unwrap().expect("found");
+    // A UTF-8 argv travels raw and needs no base64.
+    assert_eq!(run(&*found, &["true"]).await.exit_code, 0);
+    let error = found
+        .exec(ExecRequest::new(Command::argv([
+            b"echo".as_slice(),
+            b"\xff",
+        ])))
+        .await
+        .expect_err("the wrapper cannot decode without base64");
+    assert_eq!(error.kind(), ErrorKind::CapabilityNotSupported, "{error}");
+    assert!(error.to_string().contains("base64"), "{error}");
+    assert_nothing_left(&creator, &scope, &["t".to_owned()]).await;
 }

@@ -1134,3 +1134,157 @@ fn an_interrupted_run_kills_the_command_in_the_sandbox_and_exits_125() {
     assert_ne!(code(&out), 0, "the interrupted command still runs");
     purge_and_check(&scope, "t1");
 }
+
+/// A Unix socket in front of the engine's that forwards every byte both ways and records the
+/// request line (`METHOD path`, the API version prefix dropped) of every HTTP request a client
+/// sends through it, so a test can count sandboxctl's round trips to the real engine.
+struct CountingProxy {
+    dir: tempfile::TempDir,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl CountingProxy {
+    fn start() -> CountingProxy {
+        use std::os::unix::net::{UnixListener, UnixStream};
+        let engine = std::env::var("DOCKER_HOST")
+            .ok()
+            .and_then(|h| h.strip_prefix("unix://").map(str::to_owned))
+            .unwrap_or_else(|| "/var/run/docker.sock".to_owned());
+        let dir = tempfile::tempdir().unwrap();
+        let listener = UnixListener::bind(dir.path().join("engine.sock")).unwrap();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let upstream = UnixStream::connect(&engine).expect("the engine's socket");
+                let (client_in, upstream_out) =
+                    (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+                let seen = seen.clone();
+                std::thread::spawn(move || forward(client_in, upstream_out, Some(seen)));
+                std::thread::spawn(move || forward(upstream, client, None));
+            }
+        });
+        CountingProxy { dir, requests }
+    }
+
+    fn host(&self) -> String {
+        format!("unix://{}", self.dir.path().join("engine.sock").display())
+    }
+
+    /// The requests recorded since the last call.
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.requests.lock().unwrap())
+    }
+}
+
+/// Copies `from` to `to` until EOF, then half-closes `to`; with `record`, notes each request
+/// line (`GET /v1.41/version HTTP/1.1` → `GET /version`).
+fn forward(
+    mut from: std::os::unix::net::UnixStream,
+    mut to: std::os::unix::net::UnixStream,
+    record: Option<std::sync::Arc<std::sync::Mutex<Vec<String>>>>,
+) {
+    use std::io::{Read as _, Write as _};
+    let mut line = Vec::new();
+    let mut buf = [0u8; 65536];
+    while let Ok(n) = from.read(&mut buf) {
+        if n == 0 || to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        let Some(record) = &record else { continue };
+        for &byte in &buf[..n] {
+            line.push(byte);
+            if line.ends_with(b"\r\n") {
+                let text = String::from_utf8_lossy(&line[..line.len() - 2]).into_owned();
+                let words: Vec<&str> = text.split(' ').collect();
+                if let [method @ ("GET" | "POST" | "HEAD" | "PUT" | "DELETE"), path, "HTTP/1.1"] =
+                    words.as_slice()
+                {
+                    let path = match path.strip_prefix("/v") {
+                        Some(rest) => rest.find('/').map_or(*path, |i| &rest[i..]),
+                        None => path,
+                    };
+                    record.lock().unwrap().push(format!("{method} {path}"));
+                }
+                line.clear();
+            }
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+/// A call on a warm key costs one request to connect (the version negotiation, which also
+/// names the engine's OS), one to find the sandbox (its inspect answers ownership, hardening and
+/// state), then the work itself, and nothing twice: `exec` three (exec create, attached start,
+/// exec inspect), `stat .` one engine stat per directory from the root down, the working
+/// directory's doubling as the answer.
+#[test]
+fn a_warm_call_makes_the_fewest_engine_requests() {
+    let scope = scope("roundtrips");
+    let key = format!("{scope}/t1/agent");
+    kept_with(&key, "true");
+    let proxy = CountingProxy::start();
+    let via_proxy = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["--min-isolation", "container"])
+            .args(args)
+            .env("DOCKER_HOST", proxy.host())
+            .stdin(Stdio::null())
+            .output()
+            .expect("sandboxctl runs");
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+        proxy.take()
+    };
+    let shape = |requests: &[String]| -> Vec<String> {
+        requests
+            .iter()
+            .map(|r| {
+                // Ids and names vary; the method and the endpoint's shape are pinned.
+                let (method, path) = r.split_once(' ').unwrap();
+                let words: Vec<&str> = path.split('/').collect();
+                let shaped: Vec<&str> = words
+                    .iter()
+                    .enumerate()
+                    .map(|(i, w)| if i == 2 && words.len() > 3 { "ID" } else { w })
+                    .collect();
+                format!("{method} {}", shaped.join("/"))
+            })
+            .collect()
+    };
+
+    let exec = via_proxy(&["exec", "--key", &key, "--", "true"]);
+    assert_eq!(
+        shape(&exec),
+        [
+            "GET /version",
+            "GET /containers/ID/json",
+            "POST /containers/ID/exec",
+            "POST /exec/ID/start",
+            "GET /exec/ID/json",
+        ],
+        "{exec:#?}"
+    );
+
+    let stat = via_proxy(&["stat", "--key", &key, "."]);
+    assert_eq!(
+        shape(&stat)[..2],
+        ["GET /version", "GET /containers/ID/json"],
+        "{stat:#?}"
+    );
+    let mut stated: Vec<&str> = stat[2..]
+        .iter()
+        .map(|r| r.split_once("archive?path=").expect("engine stats only").1)
+        .collect();
+    stated.sort_unstable();
+    assert_eq!(
+        stated,
+        ["%2Fmaf-sandbox", "%2Fmaf-sandbox%2Fwork"],
+        "{stat:#?}"
+    );
+    assert!(
+        stat[2..].iter().all(|r| r.starts_with("HEAD ")),
+        "{stat:#?}"
+    );
+    purge_and_check(&scope, "t1");
+}

@@ -426,6 +426,7 @@ impl ImageRecipe {
             .map_err(|e| unreachable_engine("endpoint resolution", e))?;
         EngineConnection::open(endpoint, self.command_timeout)
             .await
+            .map(|(engine, _os)| engine)
             .map_err(|e| unreachable_engine("connect", e))
     }
 
