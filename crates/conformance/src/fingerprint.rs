@@ -105,15 +105,17 @@ pub struct DockerAnswer {
     pub stderr: Vec<u8>,
 }
 
-/// The observer's script: `sh -c OBSERVER_SCRIPT observe <changed path>...`, in a container joined to
-/// the sandbox's PID namespace, so `/proc/1/root` is the sandbox's root with all its mounts.
+/// The observer's script: `sh -c OBSERVER_SCRIPT observe <A|C><changed path>...`, in a container of
+/// the sandbox's own image joined to the sandbox's PID namespace, so `/proc/1/root` is the sandbox's
+/// root with all its mounts and the observer's own root is the image as built.
 ///
 /// It prints NUL-separated records: `m`, then kind, mode, uid, gid, size, link target and path (GNU
 /// `find -printf`) for each changed path and for everything on each other writable mount (`-xdev`);
-/// `h`, then `<sha256>  <path>` for each regular file among them; then `end`. Pseudo file systems
-/// (`proc`, `sysfs`, `devpts`, `mqueue`, `cgroup`) and read-only mounts are not walked: the guest cannot
-/// write them. Any error reaches stderr and a non-zero exit, which the parser turns into an incomplete
-/// view.
+/// `h`, then `<sha256>  <path>` for each regular file among them; `i`, then an `m` record from its
+/// own root for each path the engine calls changed (`C`) that the image has; then `end`. Pseudo file
+/// systems (`proc`, `sysfs`, `devpts`, `mqueue`, `cgroup`) and read-only mounts are not walked: the
+/// guest cannot write them. Any error reaches stderr and a non-zero exit, which the parser turns
+/// into an incomplete view.
 const OBSERVER_SCRIPT: &str = r#"r=/proc/1/root
 [ -d "$r/" ] && [ -r /proc/1/mountinfo ] || { echo "the observer cannot see the sandbox's root" >&2; exit 3; }
 m=$(while read -r _ _ _ _ p o x; do
@@ -122,7 +124,13 @@ m=$(while read -r _ _ _ _ p o x; do
   case $f in proc|sysfs|devpts|mqueue|cgroup|cgroup2) continue ;; esac
   [ "$p" = / ] || printf '%s\n' "$p"
 done </proc/1/mountinfo) || exit 3
-for p do shift; set -- "$@" "$r$p"; done
+k=
+for p do
+  shift
+  set -- "$@" "$r${p#?}"
+  case $p in C*) k="$k${p#?}
+" ;; esac
+done
 s=0
 IFS='
 '
@@ -132,6 +140,10 @@ for d in $m; do find "$r$d" -xdev -printf "$fmt" || s=1; done
 printf 'h\0'
 if [ $# -gt 0 ]; then find "$@" -maxdepth 0 -type f -exec sha256sum -z -- {} + || s=1; fi
 for d in $m; do find "$r$d" -xdev -type f -exec sha256sum -z -- {} + || s=1; done
+printf 'i\0'
+for p in $k; do
+  if [ -e "$p" ] || [ -L "$p" ]; then find "$p" -maxdepth 0 -printf "$fmt" || s=1; fi
+done
 printf 'end\0'
 exit $s"#;
 
@@ -139,8 +151,10 @@ exit $s"#;
 const OBSERVED_ROOT: &str = "/proc/1/root";
 
 /// The fingerprint of a sandbox that is the Docker container `container`, from the engine: its change
-/// list and process table, and an observer container of `observer_image` (a trusted image with `sh`,
-/// GNU `find` and `sha256sum`, never one the guest could have changed) joined to its PID namespace.
+/// list and process table, and an observer container of the sandbox's own image (which the guest
+/// cannot change; it needs `sh`, GNU `find` and `sha256sum`) joined to its PID namespace. A directory
+/// the engine calls changed whose kind, mode and owner are still the image's is no change of its own
+/// (removing what a call created under it leaves it so).
 ///
 /// `docker(args)` runs the `docker` CLI with `args` against the sandbox's engine, bounded, and returns
 /// its answer; an `Err` from it is returned as is. A call that fails, or an answer that does not parse,
@@ -155,7 +169,6 @@ const OBSERVED_ROOT: &str = "/proc/1/root";
 /// Dropping the future drops the `docker` call in flight; the observer runs with `--rm`.
 pub async fn docker_container_fingerprint<F, Fut>(
     container: &str,
-    observer_image: &str,
     mut docker: F,
 ) -> Result<Fingerprint, ConformanceError>
 where
@@ -163,6 +176,22 @@ where
     Fut: Future<Output = Result<DockerAnswer, ConformanceError>>,
 {
     let mut fingerprint = Fingerprint::default();
+    let inspect = docker(strings(&[
+        "container",
+        "inspect",
+        "--format",
+        "{{.Image}}",
+        container,
+    ]))
+    .await?;
+    let image = lossy(&inspect.stdout);
+    if !inspect.succeeded || !image.starts_with("sha256:") {
+        fingerprint.unseen.push(format!(
+            "the engine names no image for {container}: {}",
+            lossy(&inspect.stderr)
+        ));
+        return Ok(fingerprint);
+    }
     let diff = docker(strings(&["container", "diff", container])).await?;
     let changes = if diff.succeeded {
         parse_engine_changes(&diff.stdout).unwrap_or_else(|why| {
@@ -202,7 +231,7 @@ where
                 .changed_paths
                 .insert(path.clone(), "deleted".to_owned());
         } else {
-            present.push(path.clone());
+            present.push(format!("{kind}{path}"));
         }
     }
     let mut args = strings(&[
@@ -223,7 +252,7 @@ where
         "--pid",
     ]);
     args.push(format!("container:{container}"));
-    args.extend(strings(&["--entrypoint", "sh", observer_image, "-c"]));
+    args.extend(strings(&["--entrypoint", "sh", &image, "-c"]));
     args.push(OBSERVER_SCRIPT.to_owned());
     args.push("observe".to_owned());
     args.extend(present);
@@ -291,8 +320,35 @@ fn parse_engine_processes(stdout: &[u8]) -> Result<BTreeMap<String, usize>, Stri
     Ok(programs)
 }
 
+/// One `m` record: the path as printed and its state.
+fn read_record<'a>(
+    fields: &mut impl Iterator<Item = &'a [u8]>,
+) -> Option<(&'a [u8], String, bool)> {
+    let record: Vec<&[u8]> = fields.take(7).collect();
+    let [kind, mode, uid, gid, size, target, path] = record.as_slice() else {
+        return None;
+    };
+    let kind = lossy(kind);
+    let mut state = format!("{kind} {} {}:{}", lossy(mode), lossy(uid), lossy(gid));
+    match kind.as_str() {
+        "f" => state.push_str(&format!(" {} bytes", lossy(size))),
+        "l" => state.push_str(&format!(" -> {}", String::from_utf8_lossy(target))),
+        _ => {}
+    }
+    Some((path, state, kind == "f"))
+}
+
+/// Where the observer's answer is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Sandbox,
+    Digests,
+    Image,
+}
+
 /// Folds the observer's answer into `fingerprint`: every changed path the engine listed must be
-/// described, every regular file must have a digest, and the answer must be whole.
+/// described, every regular file must have a digest, and the answer must be whole. A changed
+/// directory in the image's own state is dropped.
 fn read_observer(answer: &DockerAnswer, changes: &[(char, String)], fingerprint: &mut Fingerprint) {
     let unseen = &mut fingerprint.unseen;
     if !answer.succeeded {
@@ -304,35 +360,39 @@ fn read_observer(answer: &DockerAnswer, changes: &[(char, String)], fingerprint:
     let mut fields = answer.stdout.split(|b| *b == 0);
     let mut entries: BTreeMap<String, (String, bool)> = BTreeMap::new();
     let mut digests: BTreeMap<String, String> = BTreeMap::new();
+    let mut image: BTreeMap<String, String> = BTreeMap::new();
     let mut ended = false;
-    let mut hashing = false;
+    let mut phase = Phase::Sandbox;
     while let Some(field) = fields.next() {
-        match field {
-            b"end" => {
+        match (phase, field) {
+            (_, b"end") => {
                 ended = true;
                 break;
             }
-            b"h" if !hashing => hashing = true,
-            b"m" if !hashing => {
-                let record: Vec<&[u8]> = fields.by_ref().take(7).collect();
-                let [kind, mode, uid, gid, size, target, path] = record.as_slice() else {
+            (Phase::Sandbox, b"h") => phase = Phase::Digests,
+            (Phase::Digests, b"i") => phase = Phase::Image,
+            (Phase::Sandbox | Phase::Image, b"m") => {
+                let Some((printed, state, regular)) = read_record(&mut fields) else {
                     unseen.push("the observer's answer ends inside a record".to_owned());
                     return;
                 };
-                let Some(path) = observed_path(path) else {
-                    unseen.push(format!("the observer named {:?}", lossy(path)));
+                if phase == Phase::Image {
+                    match std::str::from_utf8(printed) {
+                        Ok(path) if path.starts_with('/') => {
+                            image.insert(path.to_owned(), state);
+                        }
+                        _ => unseen.push(format!("the image's record names {:?}", lossy(printed))),
+                    }
                     continue;
-                };
-                let kind = lossy(kind);
-                let mut state = format!("{kind} {} {}:{}", lossy(mode), lossy(uid), lossy(gid));
-                match kind.as_str() {
-                    "f" => state.push_str(&format!(" {} bytes", lossy(size))),
-                    "l" => state.push_str(&format!(" -> {}", String::from_utf8_lossy(target))),
-                    _ => {}
                 }
-                entries.insert(path, (state, kind == "f"));
+                match observed_path(printed) {
+                    Some(path) => {
+                        entries.insert(path, (state, regular));
+                    }
+                    None => unseen.push(format!("the observer named {:?}", lossy(printed))),
+                }
             }
-            record if hashing => {
+            (Phase::Digests, record) => {
                 let text = String::from_utf8_lossy(record);
                 match text.split_once("  ") {
                     Some((digest, path))
@@ -348,7 +408,7 @@ fn read_observer(answer: &DockerAnswer, changes: &[(char, String)], fingerprint:
                     _ => unseen.push(format!("the observer printed the digest record {text:?}")),
                 }
             }
-            other => {
+            (_, other) => {
                 unseen.push(format!("the observer printed {:?}", lossy(other)));
                 return;
             }
@@ -357,13 +417,12 @@ fn read_observer(answer: &DockerAnswer, changes: &[(char, String)], fingerprint:
     if !ended {
         unseen.push("the observer's answer is cut short".to_owned());
     }
-    for (kind, path) in changes.iter().filter(|(kind, _)| *kind != 'D') {
+    for (_, path) in changes.iter().filter(|(kind, _)| *kind != 'D') {
         if !entries.contains_key(path) {
             unseen.push(format!(
                 "the observer did not describe the changed path {path}"
             ));
         }
-        let _ = kind;
     }
     for (path, (mut state, regular)) in entries {
         if regular {
@@ -372,7 +431,11 @@ fn read_observer(answer: &DockerAnswer, changes: &[(char, String)], fingerprint:
                 None => unseen.push(format!("the observer could not hash {path}")),
             }
         }
-        if let Some((kind, _)) = changes.iter().find(|(_, p)| *p == path) {
+        let kind = changes.iter().find(|(_, p)| *p == path).map(|(k, _)| *k);
+        if kind == Some('C') && state.starts_with("d ") && image.get(&path) == Some(&state) {
+            continue;
+        }
+        if let Some(kind) = kind {
             state = format!("{kind} {state}");
         }
         fingerprint.changed_paths.insert(path, state);
@@ -542,6 +605,56 @@ mod tests {
             let seen = observe(&answer(&[bytes[..cut].to_vec()]), &changes);
             assert!(!seen.is_complete(), "a cut at {cut} read as complete");
         }
+    }
+
+    fn image_record(kind: &str, mode: &str, path: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        for field in ["m", kind, mode, "0", "0", "4096", "", path] {
+            out.extend_from_slice(field.as_bytes());
+            out.push(0);
+        }
+        out
+    }
+
+    #[test]
+    fn a_changed_directory_in_the_image_state_is_no_change() {
+        let mut dir = record("d", "1777", "60", "", "/proc/1/root/tmp");
+        // The sandbox's /tmp is root's, like the image's.
+        dir = String::from_utf8(dir)
+            .unwrap()
+            .replace("1000", "0")
+            .into_bytes();
+        let changes = vec![('C', "/tmp".to_owned())];
+        let with_image = |mode: &str| {
+            observe(
+                &answer(&[
+                    dir.clone(),
+                    b"h\0i\0".to_vec(),
+                    image_record("d", mode, "/tmp"),
+                    b"end\0".to_vec(),
+                ]),
+                &changes,
+            )
+        };
+        let same = with_image("1777");
+        assert!(same.is_complete(), "{same}");
+        assert!(same.changed_paths.is_empty(), "{:?}", same.changed_paths);
+        // A mode the image does not have is a change.
+        let chmodded = with_image("755");
+        assert_eq!(chmodded.changed_paths["/tmp"], "C d 1777 0:0");
+        // An image record outside the root, or an `i` before the digests, is not a view.
+        let odd = observe(
+            &answer(&[
+                dir.clone(),
+                b"h\0i\0".to_vec(),
+                image_record("d", "1777", "tmp"),
+                b"end\0".to_vec(),
+            ]),
+            &changes,
+        );
+        assert!(!odd.is_complete());
+        let early = observe(&answer(&[dir, b"i\0h\0end\0".to_vec()]), &changes);
+        assert!(!early.is_complete());
     }
 
     #[test]
