@@ -35,6 +35,7 @@ mod entry;
 mod error;
 mod exec;
 mod guest_path;
+mod health;
 mod hygiene;
 mod isolation;
 mod key;
@@ -68,6 +69,7 @@ pub use guest_path::{
     refuse_linked_ancestors_async, relative_to as guest_path_relative_to, resolve_wd,
     MAX_CONCURRENT_STATS, MAX_GUEST_PATH_BYTES, MAX_GUEST_PATH_COMPONENTS,
 };
+pub use health::{CheckStatus, HealthCheck};
 pub use hygiene::is_secret_name;
 pub use isolation::{Isolation, IsolationScope, OsFamily};
 pub use key::SandboxKey;
