@@ -347,12 +347,12 @@ impl BackendState {
                     self.refuse_if_container_died(id, ran.status, started)
                         .await?;
                 }
-                Ok(GuestEnd::Ran(ExecOutput {
-                    stdout: ran.stdout,
-                    stderr: ran.stderr,
-                    exit_code: ran.status,
-                    producer_owns_stderr: false,
-                }))
+                Ok(GuestEnd::Ran(ExecOutput::exited(
+                    ran.stdout, ran.stderr, ran.status,
+                )))
+            }
+            WrapperOutcome::NoWorkingDirectory { reason } => {
+                Ok(GuestEnd::Ran(ExecOutput::workdir_unusable(reason)))
             }
             WrapperOutcome::NoNonce {
                 status,

@@ -275,12 +275,14 @@ impl SbxSandbox {
             Ok(output) => {
                 pending.disarm();
                 match parse_run_output(output, &nonce) {
-                    WrapperOutcome::Ran(output) => Ok(GuestEnd::Ran(ExecOutput {
-                        stdout: output.stdout,
-                        stderr: output.stderr,
-                        exit_code: output.status,
-                        producer_owns_stderr: false,
-                    })),
+                    WrapperOutcome::Ran(output) => Ok(GuestEnd::Ran(ExecOutput::exited(
+                        output.stdout,
+                        output.stderr,
+                        output.status,
+                    ))),
+                    WrapperOutcome::NoWorkingDirectory { reason } => {
+                        Ok(GuestEnd::Ran(ExecOutput::workdir_unusable(reason)))
+                    }
                     WrapperOutcome::Unmounted => Err(SandboxError::WorkspaceMismatch(format!(
                         "the directory bound at {} in sandbox {} is not this sandbox's workspace",
                         self.mount.parent, self.name

@@ -3,9 +3,13 @@
 
 use crate::bounded_runner::{ExitKind, RunOutput};
 use crate::call_identity::Nonce;
+use crate::wrapper_scripts::WRAPPER_FAILURE_EXIT;
 
 /// How many trailing stderr bytes a failure outcome keeps for the backend's classification.
 pub const STDERR_TAIL_BYTES: usize = 4096;
+
+/// How many bytes of the shell's message a [`WrapperOutcome::NoWorkingDirectory`] keeps.
+pub const NO_CWD_REASON_BYTES: usize = 1024;
 
 /// A command's result, as the wrapper reported it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,8 +28,17 @@ pub struct WrapperOutput {
 /// an exit code.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WrapperOutcome {
-    /// The nonce line was found and the client exited: the command ran (or its `cd` failed).
+    /// The nonce line was found and the client exited: the command ran.
     Ran(WrapperOutput),
+    /// No nonce line, but the `<nonce>-nocwd` line and exit 125: the wrapper could not enter the
+    /// working directory (missing, not a directory, not searchable), so the command never
+    /// started. Never the command's own 125: the marker can only come before the nonce line.
+    NoWorkingDirectory {
+        /// The shell's message about the failed `cd` (at most [`NO_CWD_REASON_BYTES`] of it,
+        /// invalid UTF-8 replaced, surrounding whitespace trimmed); a fixed text when the shell
+        /// said nothing.
+        reason: String,
+    },
     /// The sbx `bind` stage found no marker: the directory bound at the parent is another
     /// sandbox's workspace.
     Unmounted,
@@ -51,8 +64,9 @@ pub enum WrapperOutcome {
 ///
 /// The first occurrence of `<nonce>\n` in stderr splits it: bytes before are transport noise
 /// (logged at debug level, never returned), bytes after are the command's. Without it,
-/// `<nonce>-unmounted\n` means [`WrapperOutcome::Unmounted`]; anything else is
-/// [`WrapperOutcome::NoNonce`]. A guest can print the nonce again or forge text after it, but that
+/// `<nonce>-nocwd\n` with exit 125 means [`WrapperOutcome::NoWorkingDirectory`] (the message after
+/// the marker is the reason), `<nonce>-unmounted\n` means [`WrapperOutcome::Unmounted`]; anything
+/// else is [`WrapperOutcome::NoNonce`]. A guest can print the nonce again or forge text after it, but that
 /// only changes its own result: it cannot write before the real nonce line.
 pub fn parse_result(
     stdout: Vec<u8>,
@@ -82,6 +96,19 @@ pub fn parse_result(
             stderr: command_stderr,
             status: code,
         });
+    }
+    let no_cwd = nonce.no_cwd_line();
+    if let Some(start) = find(stderr, &no_cwd).filter(|_| code == WRAPPER_FAILURE_EXIT) {
+        let message = &stderr[start + no_cwd.len()..];
+        let message = &message[..message.len().min(NO_CWD_REASON_BYTES)];
+        let reason = String::from_utf8_lossy(message).trim().to_owned();
+        return WrapperOutcome::NoWorkingDirectory {
+            reason: if reason.is_empty() {
+                "the working directory cannot be entered".to_owned()
+            } else {
+                reason
+            },
+        };
     }
     if find(stderr, &nonce.unmounted_line()).is_some() {
         return WrapperOutcome::Unmounted;
@@ -157,6 +184,57 @@ mod tests {
         };
         assert_eq!(output.stderr, b"0123456789abcdef01234567-unmounted\n");
         assert_eq!(output.status, 125);
+    }
+
+    #[test]
+    fn no_cwd_marker_without_the_nonce_line_is_not_started() {
+        assert_eq!(
+            ran(
+                b"noise\n0123456789abcdef01234567-nocwd\nsh: 1: cd: can't cd to /gone\n",
+                125
+            ),
+            WrapperOutcome::NoWorkingDirectory {
+                reason: "sh: 1: cd: can't cd to /gone".into()
+            }
+        );
+        // The shell said nothing (the directory appeared between the two `cd`s).
+        assert!(matches!(
+            ran(b"0123456789abcdef01234567-nocwd\n", 125),
+            WrapperOutcome::NoWorkingDirectory { reason } if !reason.is_empty()
+        ));
+        // The reason is bounded.
+        let mut long = b"0123456789abcdef01234567-nocwd\n".to_vec();
+        long.extend(std::iter::repeat_n(b'm', NO_CWD_REASON_BYTES * 4));
+        let WrapperOutcome::NoWorkingDirectory { reason } = ran(&long, 125) else {
+            panic!("the marker was present");
+        };
+        assert_eq!(reason.len(), NO_CWD_REASON_BYTES);
+        // The wrapper exits 125 after the marker; any other status is not its report.
+        assert!(matches!(
+            ran(b"0123456789abcdef01234567-nocwd\n", 1),
+            WrapperOutcome::NoNonce { status: 1, .. }
+        ));
+        // Another call's marker is noise.
+        assert!(matches!(
+            ran(b"ffffffffffffffffffffffff-nocwd\n", 125),
+            WrapperOutcome::NoNonce { .. }
+        ));
+    }
+
+    #[test]
+    fn a_marker_after_the_nonce_line_is_the_commands_own_output() {
+        let outcome = ran(
+            b"0123456789abcdef01234567\n0123456789abcdef01234567-nocwd\ncd: forged\n",
+            125,
+        );
+        let WrapperOutcome::Ran(output) = outcome else {
+            panic!("a nonce line was present: {outcome:?}");
+        };
+        assert_eq!(output.status, 125);
+        assert_eq!(
+            output.stderr,
+            b"0123456789abcdef01234567-nocwd\ncd: forged\n"
+        );
     }
 
     #[test]

@@ -61,7 +61,9 @@ pub use egress::{
 };
 pub use entry::{EntryKind, SandboxEntry};
 pub use error::{BoxError, ErrorKind, GuestCleanup, ParseError, Result, SandboxError};
-pub use exec::{Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES};
+pub use exec::{
+    Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES, WORKDIR_UNUSABLE_EXIT,
+};
 pub use guest_path::{
     ancestors as guest_path_ancestors, check_delete, check_delete_async, check_list,
     check_list_async, check_read, check_read_async, check_write, check_write_async, confine,

@@ -205,76 +205,6 @@ async fn until_interrupted<T>(
     )))
 }
 
-/// How a `run`/`exec` that reached the sandbox ended.
-pub enum Ran {
-    /// The command ran; its own status and streams.
-    Exited(sandbox_core::ExecOutput),
-    /// The wrapper failed before the command could start: its `cd` to the working directory failed
-    /// because the directory is missing or not a directory.
-    NotStarted {
-        /// Why, as the library's error kind for the working directory.
-        reason: SandboxError,
-        /// The shell's own message about the failed `cd`.
-        wrapper_stderr: Vec<u8>,
-    },
-}
-
-/// Tells a wrapper's failed `cd` apart from a command's own 125.
-///
-/// The wrapper reports a failed `cd` as status 125 after its nonce line, the same status a command
-/// may exit with, so the output alone cannot tell them apart. Only an output of that shape (status
-/// 125, no stdout, a shell's `cd:` message on stderr) costs more guest calls: `true`, which never
-/// exits 125 itself, is run in the same working directory, and a 125 from it means the directory
-/// cannot be entered. `stat` then says why when the backend's file plane reaches the directory
-/// (missing, or not a directory). Any error keeps the command's own result. A command can only pass
-/// off its own result this way (by making its working directory unusable and printing a `cd`
-/// message), never another's.
-async fn started_or_not(
-    sandbox: &dyn Sandbox,
-    workdir: &str,
-    output: sandbox_core::ExecOutput,
-) -> Ran {
-    let shaped_like_a_failed_cd = output.exit_code == exec_wrapper::WRAPPER_FAILURE_EXIT
-        && output.stdout.is_empty()
-        && output.stderr.windows(3).any(|w| w == b"cd:");
-    if !shaped_like_a_failed_cd {
-        return Ran::Exited(output);
-    }
-    let probe = ExecRequest::new(Command::argv(["true"]))
-        .working_directory(workdir)
-        .timeout(CD_PROBE_BOUND);
-    match sandbox.exec(probe).await {
-        Ok(probed) if probed.exit_code == exec_wrapper::WRAPPER_FAILURE_EXIT => {}
-        _ => return Ran::Exited(output),
-    }
-    let path = workdir.to_owned();
-    let reason = match sandbox.stat_file(".", workdir).await {
-        Ok(None) => SandboxError::NotFound { path },
-        Err(e) if e.kind() == sandbox_core::ErrorKind::NotFound => SandboxError::NotFound { path },
-        Ok(Some(entry))
-            if matches!(
-                entry.kind(),
-                sandbox_core::EntryKind::File | sandbox_core::EntryKind::Other
-            ) =>
-        {
-            SandboxError::NotADirectory { path }
-        }
-        Err(e) if e.kind() == sandbox_core::ErrorKind::NotADirectory => {
-            SandboxError::NotADirectory { path }
-        }
-        _ => SandboxError::invalid(format!(
-            "the working directory {path:?} cannot be entered in the guest"
-        )),
-    };
-    Ran::NotStarted {
-        reason,
-        wrapper_stderr: output.stderr,
-    }
-}
-
-/// How long the `true` that tells a failed `cd` apart may take.
-const CD_PROBE_BOUND: Duration = Duration::from_secs(30);
-
 /// What `run` adds to its `--json` object: the key it kept, and whether the acquire created the
 /// sandbox.
 #[derive(Default)]
@@ -284,7 +214,11 @@ struct RunFacts<'a> {
 }
 
 /// Writes the command's result and picks the exit code of `run`/`exec`.
-fn finish_run(global: &GlobalArgs, result: Result<Ran, SandboxError>, facts: RunFacts<'_>) -> u8 {
+fn finish_run(
+    global: &GlobalArgs,
+    result: Result<sandbox_core::ExecOutput, SandboxError>,
+    facts: RunFacts<'_>,
+) -> u8 {
     let add_facts = |v: &mut Value| {
         if let Some(k) = facts.key {
             v["key"] = json!({"scope": k.scope, "thread": k.thread_id, "agent": k.agent_id, "call": k.call_id});
@@ -294,7 +228,23 @@ fn finish_run(global: &GlobalArgs, result: Result<Ran, SandboxError>, facts: Run
         }
     };
     match result {
-        Ok(Ran::Exited(output)) => {
+        Ok(sandbox_core::ExecOutput {
+            not_started: Some(reason),
+            ..
+        }) => {
+            if global.json {
+                let mut v = report::not_started_json(&reason);
+                add_facts(&mut v);
+                report::print_json(&v);
+            } else {
+                eprintln!(
+                    "sandboxctl: the command did not start: its working directory cannot be entered: {}",
+                    one_line(&reason)
+                );
+            }
+            exit_codes::RUN_FAILURE
+        }
+        Ok(output) => {
             if global.json {
                 let mut v = report::exited_json(&output);
                 add_facts(&mut v);
@@ -306,23 +256,6 @@ fn finish_run(global: &GlobalArgs, result: Result<Ran, SandboxError>, facts: Run
             }
             // The command's own status, verbatim; a status outside 0..=255 cannot be an exit code.
             u8::try_from(output.exit_code).unwrap_or(exit_codes::RUN_FAILURE)
-        }
-        Ok(Ran::NotStarted {
-            reason,
-            wrapper_stderr,
-        }) => {
-            if global.json {
-                let mut v = report::not_started_json(&reason, &wrapper_stderr);
-                add_facts(&mut v);
-                report::print_json(&v);
-            } else {
-                eprintln!(
-                    "sandboxctl: the command did not start, its working directory is unusable: {} ({})",
-                    one_line(&reason.to_string()),
-                    one_line(&String::from_utf8_lossy(&wrapper_stderr))
-                );
-            }
-            exit_codes::RUN_FAILURE
         }
         Err(err) => {
             if global.json {
@@ -385,8 +318,7 @@ async fn run(
     let result = until_interrupted(async {
         let sandbox = backend.acquire(&key, &spec).await?;
         fresh = Some(sandbox.freshly_created());
-        let output = sandbox.exec(request).await?;
-        Ok(started_or_not(&*sandbox, &target.workdir, output).await)
+        sandbox.exec(request).await
     })
     .await;
     let facts = RunFacts {
@@ -437,11 +369,7 @@ async fn exec(
         let request = exec_request(target, argv)?;
         let backend = gated_backend(global, &target.env.names).await?;
         let sandbox = found(&backend, &key, &target.kind).await?;
-        until_interrupted(async {
-            let output = sandbox.exec(request).await?;
-            Ok(started_or_not(&*sandbox, &target.workdir, output).await)
-        })
-        .await
+        until_interrupted(sandbox.exec(request)).await
     }
     .await;
     finish_run(global, outcome, RunFacts::default())
