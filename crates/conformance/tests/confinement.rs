@@ -42,12 +42,7 @@ struct Residues {
 }
 
 fn output(code: i32, stdout: &[u8]) -> ExecOutput {
-    ExecOutput {
-        stdout: stdout.to_vec(),
-        stderr: Vec::new(),
-        exit_code: code,
-        producer_owns_stderr: false,
-    }
+    ExecOutput::exited(stdout.to_vec(), Vec::new(), code)
 }
 
 fn join(wd: &str, path: &str) -> String {
