@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sandbox_core::{validate_host, MAX_HOST_LEN};
+use sandbox_core::egress::{validate_host, MAX_HOST_LEN};
 
 fuzz_target!(|host: &str| {
     if validate_host(host).is_err() {

@@ -11,7 +11,7 @@
 //!   backend's internals;
 //! - no backend (`backend-*`) depends on another backend;
 //! - `sandbox-core`'s in-process fake backend (its `testing` feature) is enabled only from
-//!   dev-dependencies and from `examples`, so no shipped binary links it;
+//!   dev-dependencies, so no binary of ours links it;
 //! - `sandbox-core` does no I/O: its normal dependencies are a short allow-list, and a new one
 //!   fails the check until someone decides it belongs there.
 //!
@@ -39,10 +39,6 @@ const CORE: &str = "sandbox-core";
 
 /// The feature of [`CORE`] that compiles its in-process fake backend.
 const TESTING_FEATURE: &str = "testing";
-
-/// The one package besides dev-dependencies that may enable [`TESTING_FEATURE`]: the runnable
-/// examples, which choose between the fake backend and a real one.
-const TESTING_ALLOWED_IN: &[&str] = &["examples"];
 
 /// The normal dependencies [`CORE`] may have. None of them does I/O on the core's behalf:
 /// tokio is there for its sync primitives and timers. Adding a crate here is a design decision
@@ -280,9 +276,6 @@ fn testing_feature_violations(package: &Package) -> Vec<String> {
         }
         return found;
     }
-    if TESTING_ALLOWED_IN.contains(&package.name.as_str()) {
-        return found;
-    }
     let core_dependencies = package
         .dependencies
         .iter()
@@ -296,10 +289,9 @@ fn testing_feature_violations(package: &Package) -> Vec<String> {
         {
             found.push(format!(
                 "`{}` enables `{CORE}/{TESTING_FEATURE}` in a {} dependency; the fake backend \
-                 may be enabled only from dev-dependencies (or in {})",
+                 may be enabled only from dev-dependencies",
                 package.name,
                 dependency.kind_label(),
-                describe_allowed(TESTING_ALLOWED_IN)
             ));
         }
         // A feature of the package itself can switch it on too, as `dep/testing` or
@@ -313,9 +305,8 @@ fn testing_feature_violations(package: &Package) -> Vec<String> {
             {
                 found.push(format!(
                     "`{}`'s feature `{feature}` enables `{CORE}/{TESTING_FEATURE}`; the fake \
-                     backend may be enabled only from dev-dependencies (or in {})",
+                     backend may be enabled only from dev-dependencies",
                     package.name,
-                    describe_allowed(TESTING_ALLOWED_IN)
                 ));
             }
         }
@@ -421,7 +412,13 @@ mod tests {
                     ("backend-sbx", None, &[]),
                 ],
             ),
-            package("examples", &[("sandbox-core", None, &["testing"])]),
+            package(
+                "examples",
+                &[
+                    ("sandbox-core", Some("dev"), &["testing"]),
+                    ("backend-docker", Some("dev"), &[]),
+                ],
+            ),
             package("xtask", &[("backend-docker", None, &[])]),
         ]
     }
@@ -590,6 +587,20 @@ mod tests {
             package("sandboxctl", &[("sandbox-core", Some("dev"), &["testing"])]),
         ));
         assert_eq!(found, Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_examples_get_the_fake_backend_only_as_a_dev_dependency() {
+        let found = violations_of(with(
+            "examples",
+            package("examples", &[("sandbox-core", None, &["testing"])]),
+        ));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0]
+                .starts_with("`examples` enables `sandbox-core/testing` in a normal dependency"),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sandbox_core::naming::docker_container_name;
+use sandbox_core::storage_base::{plan_storage_base, storage_base_directories, validate_base};
 use sandbox_core::{
-    docker_container_name, needs_storage_base, plan_storage_base, storage_base_directories,
-    validate_base, Egress, EntryKind, SandboxError, SandboxKey, SandboxSpec, TransferLimits,
+    Capability, Egress, EntryKind, SandboxError, SandboxKey, SandboxSpec, TransferLimits,
     DEFAULT_WORK_DIR,
 };
 use tokio::time::Instant;
@@ -192,7 +193,7 @@ impl BackendState {
                 self.config.hardening_fingerprint(self.resources)
             ),
             labels: workload_labels(key, spec.kind(), spec.labels(), &base),
-            needs_base: needs_storage_base(&spec.required_capabilities()),
+            needs_base: Capability::needs_storage_base(&spec.required_capabilities()),
             image,
             base,
             files_in: min_limits(spec.files_in(), ceiling.files_in),

@@ -1,25 +1,17 @@
 //! The container archive endpoints: the engine-side stat (`HEAD`, the path-stat header:
 //! unconfined, no-follow, never answered by the guest) and the upload of a tar built in memory.
-//! Guest paths are bounded here before any engine call.
+//! Guest paths are bounded here before any engine call (the core's `guest_path::check_bounds`).
 
 use bollard::query_parameters::{
     ContainerArchiveInfoOptionsBuilder, DownloadFromContainerOptionsBuilder,
     UploadToContainerOptionsBuilder,
 };
 use futures_util::StreamExt as _;
+use sandbox_core::guest_path::check_bounds;
 use sandbox_core::{EntryKind, SandboxError};
 
 use crate::state::BackendState;
 use crate::tar_header::{first_entry_at, FirstEntry, TarStat, MAX_PREFIX};
-
-/// The longest guest path the backend passes to the engine, in bytes.
-///
-/// The same bound as the core's confinement (4096 bytes, 255 components); kept here too so the
-/// backend never starts engine calls for a path the core would refuse.
-pub(crate) const MAX_GUEST_PATH_BYTES: usize = 4096;
-
-/// The most components a guest path may have.
-pub(crate) const MAX_GUEST_PATH_COMPONENTS: usize = 255;
 
 /// How many engine stats run at once for one backend: an ancestor walk of a deep path waits for
 /// a slot rather than opening one request per component.
@@ -35,28 +27,6 @@ const MODE_TYPE: u32 = MODE_DIR
     | (1 << 24) // socket
     | (1 << 21) // char device
     | (1 << 19); // irregular
-
-/// Refuses a guest path the backend will not pass on: too long, too deep, or holding a NUL.
-pub(crate) fn check_guest_path(path: &str) -> Result<(), SandboxError> {
-    if path.contains('\0') {
-        return Err(SandboxError::invalid(
-            "a guest path contains a NUL byte, which no guest path can hold",
-        ));
-    }
-    if path.len() > MAX_GUEST_PATH_BYTES {
-        return Err(SandboxError::invalid(format!(
-            "a guest path of {} bytes is longer than {MAX_GUEST_PATH_BYTES}",
-            path.len()
-        )));
-    }
-    let components = path.split('/').filter(|c| !c.is_empty()).count();
-    if components > MAX_GUEST_PATH_COMPONENTS {
-        return Err(SandboxError::invalid(format!(
-            "a guest path of {components} components is deeper than {MAX_GUEST_PATH_COMPONENTS}"
-        )));
-    }
-    Ok(())
-}
 
 /// The entry kind and size a path-stat header's mode and size say.
 pub(crate) fn stat_from_mode(mode: u32, size: i64) -> TarStat {
@@ -79,7 +49,7 @@ impl BackendState {
         id: &str,
         path: &str,
     ) -> Result<Option<TarStat>, SandboxError> {
-        check_guest_path(path)?;
+        check_bounds(path)?;
         let _slot = self
             .stat_slots
             .acquire()
@@ -138,7 +108,7 @@ impl BackendState {
         path: &str,
         cap: u64,
     ) -> Result<Vec<u8>, SandboxError> {
-        check_guest_path(path)?;
+        check_bounds(path)?;
         let options = DownloadFromContainerOptionsBuilder::new()
             .path(path)
             .build();
@@ -311,7 +281,6 @@ fn malformed(why: impl std::fmt::Display) -> bollard::errors::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandbox_core::ErrorKind;
 
     #[test]
     fn modes_map_to_kinds() {
@@ -381,25 +350,5 @@ mod tests {
         assert_eq!(entries[2].0, long);
         assert_eq!(entries[2].2, 0o644);
         assert_eq!(entries[2].5, b"xyz");
-    }
-
-    #[test]
-    fn guest_paths_are_bounded() {
-        check_guest_path(&"a/".repeat(255)).unwrap();
-        let deep = "d/".repeat(256);
-        assert_eq!(
-            check_guest_path(&deep).unwrap_err().kind(),
-            ErrorKind::InvalidArgument
-        );
-        let long = format!("/{}", "x".repeat(MAX_GUEST_PATH_BYTES));
-        assert_eq!(
-            check_guest_path(&long).unwrap_err().kind(),
-            ErrorKind::InvalidArgument
-        );
-        check_guest_path(&"x".repeat(MAX_GUEST_PATH_BYTES)).unwrap();
-        assert_eq!(
-            check_guest_path("a\0b").unwrap_err().kind(),
-            ErrorKind::InvalidArgument
-        );
     }
 }

@@ -2,10 +2,13 @@
 //! `dispose_scope`. Ownership is read back from the engine, never from process memory, so another
 //! process's sandboxes are found too. Disposal never raises.
 
+use sandbox_core::naming::{
+    decode_docker_key_label, is_digest_label, LABEL_AGENT, LABEL_CALL, LABEL_KEY_V1, LABEL_KIND,
+    LABEL_SCOPE, LABEL_THREAD,
+};
 use sandbox_core::{
-    decode_docker_key_label, fold, is_digest_label, DisposalCode, DisposalFailure, DisposeSelector,
-    SandboxError, SandboxKey, SandboxState, SandboxSummary, ScopePurge, LABEL_AGENT, LABEL_CALL,
-    LABEL_KEY_V1, LABEL_KIND, LABEL_SCOPE, LABEL_THREAD,
+    DisposalCode, DisposalFailure, DisposeSelector, SandboxError, SandboxKey, SandboxState,
+    SandboxSummary, ScopePurge,
 };
 
 use crate::containers::Removal;
@@ -149,7 +152,7 @@ impl BackendState {
         let (ids, unlisted) = self.sweep_targets(&selection).await;
         let (_, mut failures) = self.remove_all(ids).await;
         failures.extend(unlisted);
-        fold(failures)
+        DisposalFailure::fold(failures)
     }
 
     async fn dispose_instance(
@@ -188,7 +191,7 @@ impl BackendState {
         failures.extend(unlisted);
         ScopePurge {
             disposed,
-            undisposed: fold(failures),
+            undisposed: DisposalFailure::fold(failures),
         }
     }
 }

@@ -15,10 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sandbox_core::guest_path::{self, Access};
 use sandbox_core::{
-    check_delete_async, check_list_async, check_read_async, check_write_async, confine,
-    guest_path_join, guest_path_norm, guest_path_relative_to, resolve_wd, EntryKind, ExecOutput,
-    ExecRequest, Sandbox, SandboxEntry, SandboxError, TransferLimits,
+    EntryKind, ExecOutput, ExecRequest, Sandbox, SandboxEntry, SandboxError, TransferLimits,
 };
 
 use crate::connection::quote as tail;
@@ -62,7 +61,7 @@ impl DockerSandbox {
 
     /// The call's working directory: relative ones are confined to the storage base.
     fn wd(&self, wd: &str) -> Result<String, SandboxError> {
-        Ok(guest_path_norm(&resolve_wd(wd, &self.base)?))
+        Ok(guest_path::norm(&guest_path::resolve_wd(wd, &self.base)?))
     }
 
     async fn stat_kind(&self, path: String) -> Result<Option<EntryKind>, SandboxError> {
@@ -79,9 +78,9 @@ impl DockerSandbox {
         path: &str,
         wd: &str,
     ) -> Result<(String, Option<TarStat>), SandboxError> {
-        let leaf = confine(path, wd)?;
+        let leaf = guest_path::confine(path, wd)?;
         let (checked, stat) = tokio::join!(
-            check_read_async(|p| self.stat_kind(p), path, wd),
+            Access::Read.check_async(|p| self.stat_kind(p), path, wd),
             self.stat(&leaf)
         );
         let resolved = checked?;
@@ -152,7 +151,7 @@ fn guest_path_parent(path: &str) -> String {
 
 /// The path an entry reports: relative to the working directory, `.` for the directory itself.
 fn reported(resolved: &str, wd: &str) -> String {
-    match guest_path_relative_to(resolved, wd) {
+    match guest_path::relative_to(resolved, wd) {
         Some(relative) if relative.is_empty() => ".".to_owned(),
         Some(relative) => relative,
         None => resolved.to_owned(),
@@ -219,21 +218,22 @@ impl Sandbox for DockerSandbox {
             });
         }
         let seen = std::sync::Mutex::new(std::collections::HashMap::new());
-        let target = check_write_async(
-            |p| {
-                let seen = &seen;
-                async move {
-                    let kind = self.stat_kind(p.clone()).await?;
-                    seen.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(p, kind);
-                    Ok(kind)
-                }
-            },
-            path,
-            &wd,
-        )
-        .await?;
+        let target = Access::Write
+            .check_async(
+                |p| {
+                    let seen = &seen;
+                    async move {
+                        let kind = self.stat_kind(p.clone()).await?;
+                        seen.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(p, kind);
+                        Ok(kind)
+                    }
+                },
+                path,
+                &wd,
+            )
+            .await?;
         let seen = seen.into_inner().unwrap_or_else(|e| e.into_inner());
         match self.stat(&target).await? {
             Some(TarStat {
@@ -271,7 +271,7 @@ impl Sandbox for DockerSandbox {
             }
         }
         missing.reverse();
-        let relative = |p: &str| guest_path_relative_to(p, &at).unwrap_or_else(|| p.to_owned());
+        let relative = |p: &str| guest_path::relative_to(p, &at).unwrap_or_else(|| p.to_owned());
         let missing: Vec<String> = missing.iter().map(|m| relative(m)).collect();
         let (uid, gid) = self.guest_ids().await?;
         let archive =
@@ -335,7 +335,9 @@ impl Sandbox for DockerSandbox {
     async fn list_dir(&self, path: &str, wd: &str) -> Result<Vec<SandboxEntry>, SandboxError> {
         self.state.refuse_retired(&self.id)?;
         let wd = self.wd(wd)?;
-        let directory = check_list_async(|p| self.stat_kind(p), path, &wd).await?;
+        let directory = Access::List
+            .check_async(|p| self.stat_kind(p), path, &wd)
+            .await?;
         let argv = argv(["sh", "-c", LIST_SCRIPT, "maf-list", &directory]);
         let output = match self.guest(argv, None, LIST_BUDGET).await? {
             GuestEnd::Ran(output) => output,
@@ -382,7 +384,7 @@ impl Sandbox for DockerSandbox {
                 b'l' => EntryKind::Symlink,
                 _ => EntryKind::Other,
             };
-            let full = guest_path_join(&directory, name);
+            let full = guest_path::join(&directory, name);
             entries.push(SandboxEntry::new(reported(&full, &wd), kind, record.size));
         }
         entries.sort_by(|a, b| a.path().cmp(b.path()));
@@ -392,9 +394,9 @@ impl Sandbox for DockerSandbox {
     async fn remove(&self, path: &str, wd: &str, recursive: bool) -> Result<(), SandboxError> {
         self.state.refuse_retired(&self.id)?;
         let wd = self.wd(wd)?;
-        let leaf = confine(path, &wd)?;
+        let leaf = guest_path::confine(path, &wd)?;
         let (checked, stat) = tokio::join!(
-            check_delete_async(|p| self.stat_kind(p), path, &wd),
+            Access::Delete.check_async(|p| self.stat_kind(p), path, &wd),
             self.stat(&leaf)
         );
         let target = checked?;
@@ -424,7 +426,7 @@ impl Sandbox for DockerSandbox {
             GuestEnd::Expired(_) => return Err(self.engine_timeout("remove")),
         }
         let (checked, stat) = tokio::join!(
-            check_delete_async(|p| self.stat_kind(p), path, &wd),
+            Access::Delete.check_async(|p| self.stat_kind(p), path, &wd),
             self.stat(&leaf)
         );
         checked?;
@@ -448,7 +450,7 @@ impl Sandbox for DockerSandbox {
         }
         let started = tokio::time::Instant::now();
         let target = if directory.starts_with('/') {
-            let canonical = guest_path_norm(directory);
+            let canonical = guest_path::norm(directory);
             if canonical != directory || canonical.split('/').filter(|c| !c.is_empty()).count() < 2
             {
                 return Err(SandboxError::confinement(
@@ -459,7 +461,7 @@ impl Sandbox for DockerSandbox {
             canonical
         } else {
             let wd = self.wd(wd)?;
-            let resolved = confine(directory, &wd)?;
+            let resolved = guest_path::confine(directory, &wd)?;
             if resolved == wd {
                 return Err(SandboxError::confinement(
                     directory,

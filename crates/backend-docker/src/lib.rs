@@ -119,7 +119,7 @@
 //! abandoned), and the unpause after the storage-base fallback all run in tasks the caller's drop
 //! cannot cancel.
 #![deny(missing_docs)]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod acquire;
 mod archive;

@@ -4,10 +4,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sandbox_core::{
-    docker_key_label, label_value, SandboxKey, LABEL_AGENT, LABEL_CALL, LABEL_KEY_V1, LABEL_KIND,
-    LABEL_SCOPE, LABEL_THREAD, LABEL_USER_PREFIX, LABEL_WORK_DIR_V1,
+use sandbox_core::naming::{
+    docker_key_label, label_value, LABEL_AGENT, LABEL_CALL, LABEL_KEY_V1, LABEL_KIND, LABEL_SCOPE,
+    LABEL_THREAD, LABEL_USER_PREFIX, LABEL_WORK_DIR_V1,
 };
+use sandbox_core::SandboxKey;
 use serde::Deserialize;
 
 /// Suffix of a phase-2 proxy container's name; never selected as a workload.

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use sandbox_core::naming::NamePrefix;
 use sandbox_core::{
     BackendDeclarations, Capability, DisposalFailure, DisposeSelector, Egress, ErrorKind,
-    HealthCheck, Isolation, IsolationScope, NamePrefix, OsFamily, Sandbox, SandboxBackend,
-    SandboxError, SandboxKey, SandboxLimits, SandboxSpec, SandboxSummary, ScopePurge,
+    HealthCheck, Isolation, IsolationScope, OsFamily, Sandbox, SandboxBackend, SandboxError,
+    SandboxKey, SandboxLimits, SandboxSpec, SandboxSummary, ScopePurge,
 };
 use sbx_cli::SbxCli;
 
@@ -134,7 +135,7 @@ impl SbxBackend {
         let config = config.check()?;
         let cli = SbxCli::builder(config.sbx_path.clone(), |name| {
             name.to_str()
-                .is_some_and(|name| !sandbox_core::is_secret_name(name))
+                .is_some_and(|name| !sandbox_core::hygiene::is_secret_name(name))
         })
         .management_env(config.management_env.clone())
         .command_timeout(config.command_timeout)
@@ -164,7 +165,7 @@ impl SbxBackend {
 
     /// The name of the sandbox of (key, kind), which is also its directory under the root.
     pub fn sandbox_name(&self, key: &SandboxKey, kind: &str) -> String {
-        sandbox_core::sbx_sandbox_name(&self.host.config.prefix, key, kind)
+        sandbox_core::naming::sbx_sandbox_name(&self.host.config.prefix, key, kind)
     }
 
     /// The name prefix every sandbox of this backend starts with.

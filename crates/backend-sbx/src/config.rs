@@ -5,7 +5,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sandbox_core::{check_workspace_root, NamePrefix, SandboxError};
+use sandbox_core::credential_paths::check_workspace_root;
+use sandbox_core::naming::NamePrefix;
+use sandbox_core::SandboxError;
 
 /// Bound on every sbx call but `create` and `exec`: 60 s.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
@@ -332,8 +334,9 @@ fn check_root(root: &Path, home: Option<&Path>) -> Result<(), SandboxError> {
     }
     let home = home.and_then(Path::to_str).unwrap_or("/nonexistent-home");
     check_workspace_root(home, text)?;
-    let store = sandbox_core::guest_path_join(home, ".local/state/sandboxes");
-    if sandbox_core::guest_path_relative_to(&sandbox_core::guest_path_norm(text), &store).is_some()
+    let store = sandbox_core::guest_path::join(home, ".local/state/sandboxes");
+    if sandbox_core::guest_path::relative_to(&sandbox_core::guest_path::norm(text), &store)
+        .is_some()
     {
         return Err(SandboxError::invalid(format!(
             "workspace root {text:?} lies inside sbx's own store {store:?}"

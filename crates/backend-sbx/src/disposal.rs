@@ -11,9 +11,10 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
+use sandbox_core::naming::{sbx_conversation_prefix, sbx_key_prefix, sbx_sandbox_name};
 use sandbox_core::{
-    fold, sbx_conversation_prefix, sbx_key_prefix, sbx_sandbox_name, DisposalCode, DisposalFailure,
-    DisposeSelector, SandboxError, SandboxKey, SandboxState, SandboxSummary, ScopePurge,
+    DisposalCode, DisposalFailure, DisposeSelector, SandboxError, SandboxKey, SandboxState,
+    SandboxSummary, ScopePurge,
 };
 use sbx_cli::{Error as CliError, LsRow, Removal};
 
@@ -212,7 +213,7 @@ impl SbxHost {
         }
         ScopePurge {
             disposed,
-            undisposed: fold(failures),
+            undisposed: DisposalFailure::fold(failures),
         }
     }
 }

@@ -12,10 +12,10 @@ use exec_wrapper::{
     sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, ExitKind, KillFailure, KillOutcome,
     KillReport, Nonce, SbxMount, WrapperOutcome, KILL_OUTPUT_BUDGET,
 };
+use sandbox_core::guest_path::{self, Access};
 use sandbox_core::{
-    check_delete, check_list, check_read, check_write, confine, guest_path_join, guest_path_norm,
-    guest_path_relative_to, resolve_wd, EntryKind, ExecEnv, ExecOutput, ExecRequest, GuestCleanup,
-    Sandbox, SandboxEntry, SandboxError, TransferLimits,
+    EntryKind, ExecEnv, ExecOutput, ExecRequest, GuestCleanup, Sandbox, SandboxEntry, SandboxError,
+    TransferLimits,
 };
 use sbx_cli::{Error as CliError, ExecRequest as CliExec, Instant, SbxName};
 
@@ -176,7 +176,7 @@ where
 
 /// The path an entry reports: relative to the working directory, `.` for the directory itself.
 fn reported(resolved: &str, wd: &str) -> String {
-    match guest_path_relative_to(resolved, wd) {
+    match guest_path::relative_to(resolved, wd) {
         Some(relative) if relative.is_empty() => ".".to_owned(),
         Some(relative) => relative,
         None => resolved.to_owned(),
@@ -216,7 +216,7 @@ impl SbxSandbox {
 
     /// The call's working directory: relative ones are confined to the storage base.
     fn wd(&self, wd: &str) -> Result<String, SandboxError> {
-        Ok(guest_path_norm(&resolve_wd(wd, &self.base)?))
+        Ok(guest_path::norm(&guest_path::resolve_wd(wd, &self.base)?))
     }
 
     /// One command through the wrapper (`enter` / `bind` / `run`), the guest environment in a
@@ -466,7 +466,7 @@ impl Sandbox for SbxSandbox {
         let plane = self.plane.clone();
         let (path, content) = (path.to_owned(), content.to_vec());
         blocking(move || {
-            let target = check_write(|p| plane.lstat_kind(p), &path, &wd)?;
+            let target = Access::Write.check(|p| plane.lstat_kind(p), &path, &wd)?;
             plane.write(&target, &content)
         })
         .await
@@ -478,7 +478,7 @@ impl Sandbox for SbxSandbox {
         let plane = self.plane.clone();
         let path = path.to_owned();
         blocking(move || {
-            let resolved = check_read(|p| plane.lstat_kind(p), &path, &wd)?;
+            let resolved = Access::Read.check(|p| plane.lstat_kind(p), &path, &wd)?;
             Ok(plane
                 .lstat(&resolved)?
                 .map(|stat| SandboxEntry::new(reported(&resolved, &wd), stat.kind, stat.size)))
@@ -498,7 +498,7 @@ impl Sandbox for SbxSandbox {
         let plane = self.plane.clone();
         let path = path.to_owned();
         blocking(move || {
-            let resolved = check_read(|p| plane.lstat_kind(p), &path, &wd)?;
+            let resolved = Access::Read.check(|p| plane.lstat_kind(p), &path, &wd)?;
             plane.read(&resolved, cap)
         })
         .await
@@ -510,7 +510,7 @@ impl Sandbox for SbxSandbox {
         let plane = self.plane.clone();
         let path = path.to_owned();
         blocking(move || {
-            let directory = check_list(|p| plane.lstat_kind(p), &path, &wd)?;
+            let directory = Access::List.check(|p| plane.lstat_kind(p), &path, &wd)?;
             let mut entries: Vec<SandboxEntry> = plane
                 .list(&directory)?
                 .into_iter()
@@ -522,7 +522,7 @@ impl Sandbox for SbxSandbox {
                     usable
                 })
                 .map(|(name, stat)| {
-                    let full = guest_path_join(&directory, &name);
+                    let full = guest_path::join(&directory, &name);
                     SandboxEntry::new(reported(&full, &wd), stat.kind, stat.size)
                 })
                 .collect();
@@ -538,7 +538,7 @@ impl Sandbox for SbxSandbox {
         let plane = self.plane.clone();
         let path = path.to_owned();
         let checked = blocking(move || {
-            let target = check_delete(|p| plane.lstat_kind(p), &path, &wd)?;
+            let target = Access::Delete.check(|p| plane.lstat_kind(p), &path, &wd)?;
             let stat = plane.lstat(&target)?;
             Ok((target, stat))
         })
@@ -569,10 +569,10 @@ impl Sandbox for SbxSandbox {
         }
         let started = tokio::time::Instant::now();
         let target = if directory.starts_with('/') {
-            guest_path_norm(directory)
+            guest_path::norm(directory)
         } else {
             let wd = self.wd(wd)?;
-            let resolved = confine(directory, &wd)?;
+            let resolved = guest_path::confine(directory, &wd)?;
             if resolved == wd {
                 return Err(SandboxError::confinement(
                     directory,

@@ -8,7 +8,8 @@
 //!
 //! Every method is blocking: call it on the blocking pool.
 
-use sandbox_core::{guest_path_norm, guest_path_relative_to, EntryKind, SandboxError};
+use sandbox_core::guest_path;
+use sandbox_core::{EntryKind, SandboxError};
 
 /// What the plane says about one guest path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,11 +33,11 @@ pub(crate) fn placement(guest_root: &str, guest: &str) -> Result<Placement, Sand
     if guest.contains('\0') {
         return Err(SandboxError::confinement(guest, "contains a NUL byte"));
     }
-    let normal = guest_path_norm(guest);
-    if let Some(relative) = guest_path_relative_to(&normal, guest_root) {
+    let normal = guest_path::norm(guest);
+    if let Some(relative) = guest_path::relative_to(&normal, guest_root) {
         return Ok(Placement::Inside(relative));
     }
-    if guest_path_relative_to(guest_root, &normal).is_some() {
+    if guest_path::relative_to(guest_root, &normal).is_some() {
         return Ok(Placement::Above);
     }
     Err(SandboxError::confinement(

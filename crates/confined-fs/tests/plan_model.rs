@@ -95,7 +95,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The model's lexical normalisation (`sandbox_core::guest_path_norm` without the absolute branch).
+/// The model's lexical normalisation (`sandbox_core::guest_path::norm` without the absolute branch).
 fn normalise(path: &str) -> Result<Vec<String>, ConfinementReason> {
     if path.contains('\\') {
         return Err(ConfinementReason::Backslash);

@@ -4,7 +4,7 @@
 /// at the root, kept in a relative path with nothing to pop), leading slashes folded into one, `.` for
 /// the empty result.
 ///
-/// Deliberately not `sandbox_core::guest_path_norm`: the suites are the oracle the backends (which use
+/// Deliberately not `sandbox_core::guest_path::norm`: the suites are the oracle the backends (which use
 /// the core's helpers) are judged by, so they keep their own reading of the rule.
 pub(crate) fn norm(path: &str) -> String {
     let absolute = path.starts_with('/');

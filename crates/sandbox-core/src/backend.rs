@@ -14,7 +14,7 @@ use crate::{
 ///
 /// Every file method takes a working directory `wd`: relative paths resolve against it, and it resolves
 /// against the storage base when relative itself. Path rules are those of the core's guest-path
-/// confinement (`check_write`, `check_read`, `check_list`, `check_delete`).
+/// confinement: [`Access`](crate::guest_path::Access) `Write`, `Read`, `List` and `Delete`.
 ///
 /// # Cancel safety
 /// Dropping a future returned by these methods stops waiting; it never skips a cleanup that protects a

@@ -49,11 +49,6 @@ impl std::str::FromStr for Capability {
     }
 }
 
-/// What every sandbox owes and what a silent backend declares: `{exec, files_in}`.
-pub fn default_capabilities() -> BTreeSet<Capability> {
-    BTreeSet::from([Capability::Exec, Capability::FilesIn])
-}
-
 /// Capabilities that need a prepared storage base: each one addresses paths relative to it.
 pub(crate) const STORAGE_CAPABILITIES: [Capability; 5] = [
     Capability::Exec,
@@ -63,9 +58,16 @@ pub(crate) const STORAGE_CAPABILITIES: [Capability; 5] = [
     Capability::FilesDelete,
 ];
 
-/// Whether a set of required capabilities needs the storage base prepared.
-pub fn needs_storage_base(required: &BTreeSet<Capability>) -> bool {
-    STORAGE_CAPABILITIES.iter().any(|c| required.contains(c))
+impl Capability {
+    /// What every sandbox owes and what a silent backend declares: `{exec, files_in}`.
+    pub fn defaults() -> BTreeSet<Capability> {
+        BTreeSet::from([Capability::Exec, Capability::FilesIn])
+    }
+
+    /// Whether a set of required capabilities needs the storage base prepared.
+    pub fn needs_storage_base(required: &BTreeSet<Capability>) -> bool {
+        STORAGE_CAPABILITIES.iter().any(|c| required.contains(c))
+    }
 }
 
 #[cfg(test)]
@@ -100,13 +102,13 @@ mod tests {
     #[test]
     fn defaults_and_storage() {
         assert_eq!(
-            default_capabilities().into_iter().collect::<Vec<_>>(),
+            Capability::defaults().into_iter().collect::<Vec<_>>(),
             vec![Capability::Exec, Capability::FilesIn]
         );
-        assert!(needs_storage_base(&default_capabilities()));
-        assert!(!needs_storage_base(&BTreeSet::from([
+        assert!(Capability::needs_storage_base(&Capability::defaults()));
+        assert!(!Capability::needs_storage_base(&BTreeSet::from([
             Capability::EgressPaths
         ])));
-        assert!(!needs_storage_base(&BTreeSet::new()));
+        assert!(!Capability::needs_storage_base(&BTreeSet::new()));
     }
 }

@@ -180,7 +180,7 @@ pub fn system_credential_paths() -> &'static [SystemCredentialPath] {
 /// line, absolute ones only, in order, each once. Comments, blank and malformed lines are skipped.
 ///
 /// ```
-/// use sandbox_core::passwd_homes;
+/// use sandbox_core::credential_paths::passwd_homes;
 /// let text = "root:x:0:0:root:/root:/bin/bash\nbob:x:1000:1000::/home/bob:/bin/sh\n# c\nbad\n";
 /// assert_eq!(passwd_homes(text), ["/root", "/home/bob"]);
 /// ```
@@ -205,7 +205,7 @@ pub fn passwd_homes(text: &str) -> Vec<String> {
 /// caller the system ones ([`system_credential_paths`]) and every home of the password database.
 ///
 /// ```
-/// use sandbox_core::CredentialGuard;
+/// use sandbox_core::credential_paths::CredentialGuard;
 /// let user = CredentialGuard::for_user("/home/u");
 /// assert_eq!(user.refusal("/home/u/.ssh/id_rsa").as_deref(), Some("~/.ssh"));
 /// assert_eq!(user.refusal("/etc/shadow"), None);
@@ -317,7 +317,7 @@ fn is_within(inner: &str, outer: &str) -> bool {
 /// [`check_source`] to refuse those.
 ///
 /// ```
-/// use sandbox_core::refuses_source;
+/// use sandbox_core::credential_paths::refuses_source;
 /// assert_eq!(refuses_source("/home/u", "/home/u/.ssh/id_rsa").unwrap().relative(), ".ssh");
 /// assert!(refuses_source("/home/u", "/home").is_some()); // contains them all
 /// assert!(refuses_source("/home/u", "/home/u/project").is_none());

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::{default_capabilities, Capability, Egress, IsolationScope, OsFamily, SandboxLimits};
+use crate::{Capability, Egress, IsolationScope, OsFamily, SandboxLimits};
 
 /// A backend's declarations, answerable synchronously before any sandbox exists.
 ///
@@ -29,7 +29,7 @@ pub struct BackendDeclarations {
 impl Default for BackendDeclarations {
     fn default() -> Self {
         BackendDeclarations {
-            capabilities: default_capabilities(),
+            capabilities: Capability::defaults(),
             limits: SandboxLimits::default(),
             egress_modes: BTreeSet::new(),
             os_families: BTreeSet::new(),

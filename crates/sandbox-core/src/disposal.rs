@@ -46,31 +46,41 @@ impl DisposalFailure {
             detail: format!("{prefix}{}", self.detail),
         }
     }
+
+    /// Folds failures into one: `None` when there are none; one is returned unchanged; several take the
+    /// code first present in the precedence unreachable > timeout > refused > unlisted > unknown and join
+    /// their details with `"; "`.
+    ///
+    /// ```
+    /// use sandbox_core::{DisposalCode, DisposalFailure};
+    /// let folded = DisposalFailure::fold([
+    ///     DisposalFailure::new(DisposalCode::Refused, "a"),
+    ///     DisposalFailure::new(DisposalCode::Timeout, "b"),
+    /// ]);
+    /// assert_eq!(folded, Some(DisposalFailure::new(DisposalCode::Timeout, "a; b")));
+    /// assert_eq!(DisposalFailure::fold([]), None);
+    /// ```
+    pub fn fold(failures: impl IntoIterator<Item = DisposalFailure>) -> Option<DisposalFailure> {
+        let mut failures: Vec<DisposalFailure> = failures.into_iter().collect();
+        match failures.len() {
+            0 => None,
+            1 => failures.pop(),
+            _ => {
+                let code = failures.iter().map(|f| f.code).min()?;
+                let detail = failures
+                    .iter()
+                    .map(|f| f.detail.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                Some(DisposalFailure { code, detail })
+            }
+        }
+    }
 }
 
 impl fmt::Display for DisposalFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.code, self.detail)
-    }
-}
-
-/// Folds failures into one: `None` when there are none; one is returned unchanged; several take the code
-/// first present in the precedence unreachable > timeout > refused > unlisted > unknown and join their
-/// details with `"; "`.
-pub fn fold(failures: impl IntoIterator<Item = DisposalFailure>) -> Option<DisposalFailure> {
-    let mut failures: Vec<DisposalFailure> = failures.into_iter().collect();
-    match failures.len() {
-        0 => None,
-        1 => failures.pop(),
-        _ => {
-            let code = failures.iter().map(|f| f.code).min()?;
-            let detail = failures
-                .iter()
-                .map(|f| f.detail.as_str())
-                .collect::<Vec<_>>()
-                .join("; ");
-            Some(DisposalFailure { code, detail })
-        }
     }
 }
 
@@ -121,14 +131,14 @@ mod tests {
 
     #[test]
     fn fold_empty_and_one() {
-        assert_eq!(fold(Vec::new()), None);
+        assert_eq!(DisposalFailure::fold(Vec::new()), None);
         let one = DisposalFailure::new(DisposalCode::Unknown, "x");
-        assert_eq!(fold(vec![one.clone()]), Some(one));
+        assert_eq!(DisposalFailure::fold(vec![one.clone()]), Some(one));
     }
 
     #[test]
     fn fold_takes_precedence_and_joins_details() {
-        let got = fold(vec![
+        let got = DisposalFailure::fold(vec![
             DisposalFailure::new(DisposalCode::Unlisted, "a"),
             DisposalFailure::new(DisposalCode::Timeout, "b"),
             DisposalFailure::new(DisposalCode::Refused, "c"),
@@ -137,7 +147,7 @@ mod tests {
         assert_eq!(got.code, DisposalCode::Timeout);
         assert_eq!(got.detail, "a; b; c");
         assert_eq!(got.to_string(), "timeout: a; b; c");
-        let got = fold(vec![
+        let got = DisposalFailure::fold(vec![
             DisposalFailure::new(DisposalCode::Unknown, "u"),
             DisposalFailure::new(DisposalCode::Unreachable, "r"),
         ])

@@ -1,4 +1,15 @@
 //! Egress modes and the allowlist grammar.
+//!
+//! [`Egress`], [`EgressRule`] and [`EgressEntry`] are also exported at the crate root; this module adds
+//! the validators a spec's allowlist passes through (host, method, path), public so that fuzz targets and
+//! hosts that build allowlists from user input can apply the same grammar.
+//!
+//! ```
+//! use sandbox_core::egress::{validate_host, validate_method};
+//! assert!(validate_host("*.example.com").is_ok());
+//! assert!(validate_host("exa mple.com").is_err());
+//! assert!(validate_method("GET").is_ok());
+//! ```
 
 use std::fmt;
 

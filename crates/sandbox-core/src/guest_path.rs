@@ -3,10 +3,17 @@
 //! Every file method of a backend first confines the caller's path to the call's working directory by name
 //! ([`confine`]), then walks the resolved path's ancestors with a no-follow stat the backend supplies
 //! ([`refuse_linked_ancestors`]), so a link anywhere on the way (including above the working directory) is
-//! refused before anything is read or written. The bundles ([`check_write`], [`check_read`], [`check_list`],
-//! [`check_delete`]) apply the rules of one method policy in order. Paths are guest (POSIX) paths: `/` is the
-//! only separator and a backslash is refused outright, because a Windows guest or a careless backend would
-//! read it as one.
+//! refused before anything is read or written. An [`Access`] (`Read`, `Write`, `List`, `Delete`) applies the
+//! rules of one file method in order. Paths are guest (POSIX) paths: `/` is the only separator and a
+//! backslash is refused outright, because a Windows guest or a careless backend would read it as one. Every
+//! path is bounded first ([`check_bounds`]).
+//!
+//! ```
+//! use sandbox_core::guest_path;
+//! assert_eq!(guest_path::norm("/w/./a/../b"), "/w/b");
+//! assert_eq!(guest_path::confine("a/../b", "/w").unwrap(), "/w/b");
+//! assert!(guest_path::confine("../etc/passwd", "/w").is_err());
+//! ```
 //!
 //! Nothing here performs I/O: the stat is the caller's closure. These checks run before the method acts, so
 //! a guest may swap a checked component for a link in between; the backend's act must still reach nothing
@@ -27,7 +34,7 @@ use crate::error::SandboxError;
 /// becomes one. The empty result is `.`.
 ///
 /// ```
-/// use sandbox_core::guest_path_norm as norm;
+/// use sandbox_core::guest_path::norm;
 /// assert_eq!(norm("//w/./a/../b/"), "/w/b");
 /// assert_eq!(norm("/.."), "/");
 /// assert_eq!(norm("../a/.."), "..");
@@ -74,7 +81,7 @@ pub fn join(base: &str, p: &str) -> String {
 /// inside, and no absolute path is.
 ///
 /// ```
-/// use sandbox_core::guest_path_relative_to as relative_to;
+/// use sandbox_core::guest_path::relative_to;
 /// assert_eq!(relative_to("/w/a/b", "/w").as_deref(), Some("a/b"));
 /// assert_eq!(relative_to("/w", "/w/").as_deref(), Some(""));
 /// assert_eq!(relative_to("/w-outside", "/w"), None);
@@ -145,6 +152,27 @@ fn check_shape(what: &str, path: &str) -> Result<(), SandboxError> {
     Ok(())
 }
 
+/// Refuses a guest path no guest file system accepts, before anything acts on it: a NUL byte, more than
+/// [`MAX_GUEST_PATH_BYTES`] bytes, or more than [`MAX_GUEST_PATH_COMPONENTS`] components.
+///
+/// [`confine`] and every [`Access`] check apply it first; a backend that passes a path it did not confine
+/// (an already resolved one, to an engine) applies it alone.
+///
+/// # Errors
+///
+/// [`SandboxError::InvalidArgument`] naming the bound that was crossed.
+///
+/// ```
+/// use sandbox_core::guest_path::{check_bounds, MAX_GUEST_PATH_BYTES};
+/// assert!(check_bounds(&"a/".repeat(255)).is_ok());
+/// assert!(check_bounds(&"d/".repeat(256)).is_err());
+/// assert!(check_bounds(&"x".repeat(MAX_GUEST_PATH_BYTES + 1)).is_err());
+/// assert!(check_bounds("a\0b").is_err());
+/// ```
+pub fn check_bounds(path: &str) -> Result<(), SandboxError> {
+    check_shape("guest path", path)
+}
+
 /// Confines `path` to `wd` by name and returns the resolved, normalised path.
 ///
 /// Refused with [`SandboxError::InvalidArgument`] before anything else: a NUL byte in `path` or `wd`, or
@@ -154,7 +182,8 @@ fn check_shape(what: &str, path: &str) -> Result<(), SandboxError> {
 /// lexical only; links are the ancestor walk's job.
 ///
 /// ```
-/// use sandbox_core::{confine, ErrorKind};
+/// use sandbox_core::guest_path::confine;
+/// use sandbox_core::ErrorKind;
 /// assert_eq!(confine("a/../b", "/w").unwrap(), "/w/b");
 /// assert_eq!(confine("a\0b", "/w").unwrap_err().kind(), ErrorKind::InvalidArgument);
 /// assert_eq!(confine(&"d/".repeat(300), "/w").unwrap_err().kind(), ErrorKind::InvalidArgument);
@@ -188,7 +217,7 @@ pub fn confine(path: &str, wd: &str) -> Result<String, SandboxError> {
 /// outside `wd` are never listed: confine it first.
 ///
 /// ```
-/// use sandbox_core::guest_path_ancestors as ancestors;
+/// use sandbox_core::guest_path::ancestors;
 /// assert_eq!(ancestors("/w/a/b", "/w"), ["/w", "/w/a", "/w/a/b"]);
 /// assert_eq!(ancestors("a", "/srv/w"), ["/srv", "/srv/w", "/srv/w/a"]);
 /// ```
@@ -410,34 +439,75 @@ where
     walk_async(stat, &plan(&resolved, wd, include_self, false), guest_path).await
 }
 
-/// Which file method a check serves: each plans its own stats (`check_write`, `check_read`, ...).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Policy {
+/// The confinement rules of one file method, applied in order by [`Access::check`] (or
+/// [`Access::check_async`]): the name check of [`confine`], then a no-follow stat of every component on the
+/// way, which refuses a link with [`SandboxError::Confinement`] and another non-directory with
+/// [`SandboxError::NotADirectory`]. Each check returns the resolved path.
+///
+/// ```
+/// use sandbox_core::guest_path::Access;
+/// use sandbox_core::{EntryKind, ErrorKind};
+///
+/// // A guest where `/w` and `/w/sub` are directories and `/w/link` is a link.
+/// let stat = |p: &str| {
+///     Ok(match p {
+///         "/w" | "/w/sub" => Some(EntryKind::Directory),
+///         "/w/link" => Some(EntryKind::Symlink),
+///         _ => None,
+///     })
+/// };
+/// assert_eq!(Access::Write.check(stat, "sub/new", "/w").unwrap(), "/w/sub/new");
+/// assert_eq!(Access::Write.check(stat, "link", "/w").unwrap_err().kind(), ErrorKind::Confinement);
+/// // A read leaves the leaf to the method: a link may be read as a link.
+/// assert_eq!(Access::Read.check(stat, "link", "/w").unwrap(), "/w/link");
+/// assert_eq!(Access::List.check(stat, "link", "/w").unwrap_err().kind(), ErrorKind::Confinement);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// `write_file`: the working directory itself is refused (Confinement); the ancestors are checked
+    /// (excluding the target); the target itself being a link is refused (Confinement).
     Write,
+    /// `stat_file` / `read_file`: the ancestors are checked (excluding the target). The target is the
+    /// method's to judge.
     Read,
+    /// `list_dir`: the ancestors are checked, including the listed directory itself.
     List,
+    /// `remove`: the working directory itself is refused (Confinement); the ancestors are checked
+    /// (excluding the target). The target is never resolved: removing a link removes the link.
     Delete,
 }
 
-impl Policy {
-    /// The name check, then the stats this policy needs.
+impl Access {
+    /// The name check, then the stats this access needs.
     fn prepare(self, path: &str, wd: &str) -> Result<(String, Vec<(String, Role)>), SandboxError> {
         let resolved = confine(path, wd)?;
-        if matches!(self, Policy::Write | Policy::Delete) && resolved == norm(wd) {
+        if matches!(self, Access::Write | Access::Delete) && resolved == norm(wd) {
             return Err(SandboxError::confinement(
                 path,
                 "the working directory itself is never written or removed",
             ));
         }
         let steps = match self {
-            Policy::Write => plan(&resolved, wd, false, true),
-            Policy::Read | Policy::Delete => plan(&resolved, wd, false, false),
-            Policy::List => plan(&resolved, wd, true, false),
+            Access::Write => plan(&resolved, wd, false, true),
+            Access::Read | Access::Delete => plan(&resolved, wd, false, false),
+            Access::List => plan(&resolved, wd, true, false),
         };
         Ok((resolved, steps))
     }
 
-    fn check<F>(self, stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
+    /// Applies this access's rules to `path` under `wd` with a synchronous stat and returns the resolved
+    /// path.
+    ///
+    /// `stat` must be an **unconfined, no-follow** stat that the guest does not answer, `Ok(None)` for a
+    /// missing path, as for [`refuse_linked_ancestors`]; a stat error is returned as is.
+    ///
+    /// # Errors
+    ///
+    /// [`SandboxError::InvalidArgument`] for a path out of bounds (before any stat),
+    /// [`SandboxError::Confinement`] for a path outside `wd`, the working directory itself where the access
+    /// refuses it, or a link on the way; [`SandboxError::NotADirectory`] for another non-directory on the
+    /// way.
+    pub fn check<F>(self, stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
     where
         F: FnMut(&str) -> Result<Option<EntryKind>, SandboxError>,
     {
@@ -446,7 +516,18 @@ impl Policy {
         Ok(resolved)
     }
 
-    async fn check_async<F, Fut>(
+    /// [`Access::check`] with an asynchronous stat; the stats run concurrently as in
+    /// [`refuse_linked_ancestors_async`], with the same verdict as the synchronous check.
+    ///
+    /// # Errors
+    ///
+    /// As [`Access::check`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the returned future drops every stat future still pending; nothing is left half-done by
+    /// this function itself.
+    pub async fn check_async<F, Fut>(
         self,
         stat: F,
         path: &str,
@@ -460,89 +541,6 @@ impl Policy {
         walk_async(stat, &steps, path).await?;
         Ok(resolved)
     }
-}
-
-/// The `write_file` bundle: confine; the working directory itself → Confinement; ancestors (exclusive); the
-/// target itself a link → Confinement. Returns the resolved path.
-pub fn check_write<F>(stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
-where
-    F: FnMut(&str) -> Result<Option<EntryKind>, SandboxError>,
-{
-    Policy::Write.check(stat, path, wd)
-}
-
-/// The `stat_file` / `read_file` bundle: confine; ancestors (exclusive). The leaf is the caller's to judge.
-/// Returns the resolved path.
-pub fn check_read<F>(stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
-where
-    F: FnMut(&str) -> Result<Option<EntryKind>, SandboxError>,
-{
-    Policy::Read.check(stat, path, wd)
-}
-
-/// The `list_dir` bundle: confine; ancestors including the directory itself. Returns the resolved path.
-pub fn check_list<F>(stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
-where
-    F: FnMut(&str) -> Result<Option<EntryKind>, SandboxError>,
-{
-    Policy::List.check(stat, path, wd)
-}
-
-/// The `remove` bundle: confine; the working directory itself → Confinement; ancestors (exclusive). The leaf
-/// is never resolved (removing a link removes the link). Returns the resolved path.
-pub fn check_delete<F>(stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
-where
-    F: FnMut(&str) -> Result<Option<EntryKind>, SandboxError>,
-{
-    Policy::Delete.check(stat, path, wd)
-}
-
-/// [`check_write`] with an asynchronous stat; stats run as in [`refuse_linked_ancestors_async`], and the same
-/// cancel safety holds.
-pub async fn check_write_async<F, Fut>(
-    stat: F,
-    path: &str,
-    wd: &str,
-) -> Result<String, SandboxError>
-where
-    F: FnMut(String) -> Fut,
-    Fut: Future<Output = Result<Option<EntryKind>, SandboxError>>,
-{
-    Policy::Write.check_async(stat, path, wd).await
-}
-
-/// [`check_read`] with an asynchronous stat; stats run as in [`refuse_linked_ancestors_async`], and the same
-/// cancel safety holds.
-pub async fn check_read_async<F, Fut>(stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
-where
-    F: FnMut(String) -> Fut,
-    Fut: Future<Output = Result<Option<EntryKind>, SandboxError>>,
-{
-    Policy::Read.check_async(stat, path, wd).await
-}
-
-/// [`check_list`] with an asynchronous stat; stats run as in [`refuse_linked_ancestors_async`], and the same
-/// cancel safety holds.
-pub async fn check_list_async<F, Fut>(stat: F, path: &str, wd: &str) -> Result<String, SandboxError>
-where
-    F: FnMut(String) -> Fut,
-    Fut: Future<Output = Result<Option<EntryKind>, SandboxError>>,
-{
-    Policy::List.check_async(stat, path, wd).await
-}
-
-/// [`check_delete`] with an asynchronous stat; stats run as in [`refuse_linked_ancestors_async`], and the same
-/// cancel safety holds.
-pub async fn check_delete_async<F, Fut>(
-    stat: F,
-    path: &str,
-    wd: &str,
-) -> Result<String, SandboxError>
-where
-    F: FnMut(String) -> Fut,
-    Fut: Future<Output = Result<Option<EntryKind>, SandboxError>>,
-{
-    Policy::Delete.check_async(stat, path, wd).await
 }
 
 /// Resolves a call's working directory against the storage base.
@@ -713,15 +711,16 @@ mod tests {
     #[test]
     fn walk_under_a_relative_wd_does_not_rejoin() {
         let mut seen = Vec::new();
-        let resolved = check_list(
-            |p: &str| {
-                seen.push(p.to_owned());
-                Ok(Some(D))
-            },
-            "a/b",
-            "w",
-        )
-        .unwrap();
+        let resolved = Access::List
+            .check(
+                |p: &str| {
+                    seen.push(p.to_owned());
+                    Ok(Some(D))
+                },
+                "a/b",
+                "w",
+            )
+            .unwrap();
         assert_eq!(resolved, "w/a/b");
         assert_eq!(seen, ["w", "w/a", "w/a/b"]);
         assert_eq!(ancestors("a", "."), ["a"]);
@@ -777,11 +776,13 @@ mod tests {
     fn write_bundle() {
         let t = base_tree();
         assert_eq!(
-            check_write(stat_of(&t), "sub/new", "/srv/w").unwrap(),
+            Access::Write
+                .check(stat_of(&t), "sub/new", "/srv/w")
+                .unwrap(),
             "/srv/w/sub/new"
         );
         assert_eq!(
-            check_write(stat_of(&t), "sub/f", "/srv/w").unwrap(),
+            Access::Write.check(stat_of(&t), "sub/f", "/srv/w").unwrap(),
             "/srv/w/sub/f"
         );
         for (path, kind) in [
@@ -794,7 +795,9 @@ mod tests {
             ("link/x", ErrorKind::Confinement),
             ("file/x", ErrorKind::NotADirectory),
         ] {
-            let e = check_write(stat_of(&t), path, "/srv/w").unwrap_err();
+            let e = Access::Write
+                .check(stat_of(&t), path, "/srv/w")
+                .unwrap_err();
             assert_eq!(e.kind(), kind, "write {path:?}");
         }
     }
@@ -803,24 +806,30 @@ mod tests {
     fn read_bundle() {
         let t = base_tree();
         assert_eq!(
-            check_read(stat_of(&t), "link", "/srv/w").unwrap(),
+            Access::Read.check(stat_of(&t), "link", "/srv/w").unwrap(),
             "/srv/w/link"
         );
-        assert_eq!(check_read(stat_of(&t), "", "/srv/w").unwrap(), "/srv/w");
         assert_eq!(
-            check_read(stat_of(&t), "link/x", "/srv/w")
+            Access::Read.check(stat_of(&t), "", "/srv/w").unwrap(),
+            "/srv/w"
+        );
+        assert_eq!(
+            Access::Read
+                .check(stat_of(&t), "link/x", "/srv/w")
                 .unwrap_err()
                 .kind(),
             ErrorKind::Confinement
         );
         assert_eq!(
-            check_read(stat_of(&t), "file/x", "/srv/w")
+            Access::Read
+                .check(stat_of(&t), "file/x", "/srv/w")
                 .unwrap_err()
                 .kind(),
             ErrorKind::NotADirectory
         );
         assert_eq!(
-            check_read(stat_of(&t), "/srv/other", "/srv/w")
+            Access::Read
+                .check(stat_of(&t), "/srv/other", "/srv/w")
                 .unwrap_err()
                 .kind(),
             ErrorKind::Confinement
@@ -831,18 +840,23 @@ mod tests {
     fn list_bundle() {
         let t = base_tree();
         assert_eq!(
-            check_list(stat_of(&t), "sub", "/srv/w").unwrap(),
+            Access::List.check(stat_of(&t), "sub", "/srv/w").unwrap(),
             "/srv/w/sub"
         );
-        assert_eq!(check_list(stat_of(&t), "", "/srv/w").unwrap(), "/srv/w");
         assert_eq!(
-            check_list(stat_of(&t), "link", "/srv/w")
+            Access::List.check(stat_of(&t), "", "/srv/w").unwrap(),
+            "/srv/w"
+        );
+        assert_eq!(
+            Access::List
+                .check(stat_of(&t), "link", "/srv/w")
                 .unwrap_err()
                 .kind(),
             ErrorKind::Confinement
         );
         assert_eq!(
-            check_list(stat_of(&t), "file", "/srv/w")
+            Access::List
+                .check(stat_of(&t), "file", "/srv/w")
                 .unwrap_err()
                 .kind(),
             ErrorKind::NotADirectory
@@ -854,7 +868,7 @@ mod tests {
         let t = base_tree();
         // The leaf is never resolved: removing a link is allowed.
         assert_eq!(
-            check_delete(stat_of(&t), "link", "/srv/w").unwrap(),
+            Access::Delete.check(stat_of(&t), "link", "/srv/w").unwrap(),
             "/srv/w/link"
         );
         for (path, kind) in [
@@ -865,7 +879,8 @@ mod tests {
             ("..", ErrorKind::Confinement),
         ] {
             assert_eq!(
-                check_delete(stat_of(&t), path, "/srv/w")
+                Access::Delete
+                    .check(stat_of(&t), path, "/srv/w")
                     .unwrap_err()
                     .kind(),
                 kind,
@@ -906,26 +921,38 @@ mod tests {
         ] {
             let pairs = [
                 (
-                    check_write(stat_of(&t), path, "/srv/w").map_err(|e| e.kind()),
-                    check_write_async(async_stat(&t), path, "/srv/w")
+                    Access::Write
+                        .check(stat_of(&t), path, "/srv/w")
+                        .map_err(|e| e.kind()),
+                    Access::Write
+                        .check_async(async_stat(&t), path, "/srv/w")
                         .await
                         .map_err(|e| e.kind()),
                 ),
                 (
-                    check_read(stat_of(&t), path, "/srv/w").map_err(|e| e.kind()),
-                    check_read_async(async_stat(&t), path, "/srv/w")
+                    Access::Read
+                        .check(stat_of(&t), path, "/srv/w")
+                        .map_err(|e| e.kind()),
+                    Access::Read
+                        .check_async(async_stat(&t), path, "/srv/w")
                         .await
                         .map_err(|e| e.kind()),
                 ),
                 (
-                    check_list(stat_of(&t), path, "/srv/w").map_err(|e| e.kind()),
-                    check_list_async(async_stat(&t), path, "/srv/w")
+                    Access::List
+                        .check(stat_of(&t), path, "/srv/w")
+                        .map_err(|e| e.kind()),
+                    Access::List
+                        .check_async(async_stat(&t), path, "/srv/w")
                         .await
                         .map_err(|e| e.kind()),
                 ),
                 (
-                    check_delete(stat_of(&t), path, "/srv/w").map_err(|e| e.kind()),
-                    check_delete_async(async_stat(&t), path, "/srv/w")
+                    Access::Delete
+                        .check(stat_of(&t), path, "/srv/w")
+                        .map_err(|e| e.kind()),
+                    Access::Delete
+                        .check_async(async_stat(&t), path, "/srv/w")
                         .await
                         .map_err(|e| e.kind()),
                 ),
@@ -970,7 +997,7 @@ mod tests {
                 Ok(kind)
             }
         };
-        check_list_async(stat, "c/d", "/a/b").await.unwrap();
+        Access::List.check_async(stat, "c/d", "/a/b").await.unwrap();
         // Four stats of one second each, run together.
         assert_eq!(started.elapsed(), Duration::from_secs(1));
     }
@@ -1000,10 +1027,10 @@ mod bound_tests {
         for path in [deep.as_str(), long.as_str(), "a\0b", "\0"] {
             let calls = Cell::new(0);
             for result in [
-                check_read(counting(&calls), path, "/w"),
-                check_write(counting(&calls), path, "/w"),
-                check_list(counting(&calls), path, "/w"),
-                check_delete(counting(&calls), path, "/w"),
+                Access::Read.check(counting(&calls), path, "/w"),
+                Access::Write.check(counting(&calls), path, "/w"),
+                Access::List.check(counting(&calls), path, "/w"),
+                Access::Delete.check(counting(&calls), path, "/w"),
                 confine(path, "/w"),
             ] {
                 assert_eq!(
@@ -1041,6 +1068,24 @@ mod bound_tests {
     }
 
     #[test]
+    fn check_bounds_alone() {
+        assert!(check_bounds(&"a/".repeat(255)).is_ok());
+        assert!(check_bounds(&"x".repeat(MAX_GUEST_PATH_BYTES)).is_ok());
+        for path in [
+            "d/".repeat(256),
+            format!("/{}", "x".repeat(MAX_GUEST_PATH_BYTES)),
+            "a\0b".to_owned(),
+        ] {
+            assert_eq!(
+                check_bounds(&path).unwrap_err().kind(),
+                ErrorKind::InvalidArgument,
+                "{:?}",
+                &path[..path.len().min(20)]
+            );
+        }
+    }
+
+    #[test]
     fn a_path_at_the_bounds_is_accepted() {
         let at_bytes = format!("/w/{}", "a".repeat(4093));
         assert_eq!(at_bytes.len(), 4096);
@@ -1066,7 +1111,7 @@ mod bound_tests {
             }
         };
         let deep = vec!["d"; 250].join("/");
-        check_list_async(stat, &deep, "/w").await.unwrap();
+        Access::List.check_async(stat, &deep, "/w").await.unwrap();
         let peak = peak.load(Ordering::SeqCst);
         assert!(peak <= MAX_CONCURRENT_STATS, "{peak} stats ran at once");
         assert!(peak > 1, "stats still overlap ({peak})");

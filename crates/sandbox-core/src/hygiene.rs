@@ -1,4 +1,8 @@
 //! The secret-name denylist: a second layer behind "the guest gets only what the caller names".
+//!
+//! [`ExecEnv`](crate::ExecEnv) refuses a secret-looking name unless the caller allows it by name; a
+//! backend that forwards host environment to a tool of its own (the sbx CLI) filters with
+//! [`is_secret_name`] too.
 
 /// Substrings that mark a name as secret-looking anywhere in it. They are matched against the name with
 /// its separators (`_`, `-`, `.`) removed, so `API_KEY`, `APIKEY` and `api-key` read alike.
@@ -103,7 +107,7 @@ const URL_WORDS: &[&str] = &["URL", "URI", "URLS", "URIS"];
 /// `PWD`, `OLDPWD` and `KEYBOARD_*` are not matched, nor a URL of anything else (`API_URL`).
 ///
 /// ```
-/// use sandbox_core::is_secret_name;
+/// use sandbox_core::hygiene::is_secret_name;
 /// assert!(is_secret_name("DATABASE_URL") && is_secret_name("DB_PWD") && is_secret_name("SENTRY_DSN"));
 /// assert!(!is_secret_name("PWD") && !is_secret_name("API_URL") && !is_secret_name("KEYBOARD_LAYOUT"));
 /// ```

@@ -8,6 +8,21 @@
 //!
 //! It does **no I/O**: it never starts a process, opens a file or talks to an engine. Backends do that.
 //!
+//! # Layout
+//!
+//! The crate root holds the vocabulary most callers need: the traits, the [`Router`], specs, keys, exec
+//! requests and outputs, disposal reports and the error type. The shared pure helpers live in public
+//! modules, reached by path:
+//!
+//! - [`guest_path`]: guest-path normal form and confinement; a [`guest_path::Access`] applies the rules
+//!   of one file method (`Access::Write.check(stat, path, wd)`).
+//! - [`naming`]: container and sandbox names, docker labels and digests, byte-identical across hosts.
+//! - [`storage_base`]: which directories of a storage base to create.
+//! - [`credential_paths`]: the credential paths a host never exposes, and the matchers over them.
+//! - [`hygiene`]: the secret-looking environment-name denylist.
+//! - [`egress`]: the egress modes (also at the root) and the allowlist grammar's validators.
+//! - `testing` (feature `testing`): an in-memory fake backend for tests of hosts and of the router.
+//!
 //! # Example
 //!
 //! ```
@@ -27,64 +42,42 @@
 
 mod backend;
 mod capability;
-mod credential_paths;
+pub mod credential_paths;
 mod declarations;
 mod disposal;
-mod egress;
+pub mod egress;
 mod entry;
 mod error;
 mod exec;
-mod guest_path;
+pub mod guest_path;
 mod health;
-mod hygiene;
+pub mod hygiene;
 mod isolation;
 mod key;
 mod limits;
-mod naming;
+pub mod naming;
 mod router;
 mod spec;
-mod storage_base;
+pub mod storage_base;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod wire;
 
 pub use backend::{Sandbox, SandboxBackend, SandboxState, SandboxSummary};
-pub use capability::{default_capabilities, needs_storage_base, Capability};
-pub use credential_paths::{
-    check_source, check_workspace_root, credential_paths, passwd_homes, refuses_source,
-    system_credential_paths, CredentialGuard, CredentialPath, SystemCredentialPath,
-};
+pub use capability::Capability;
 pub use declarations::BackendDeclarations;
-pub use disposal::{fold, DisposalCode, DisposalFailure, DisposeSelector, ScopePurge};
-pub use egress::{
-    validate_host, validate_method, validate_path, Egress, EgressEntry, EgressRule, MAX_HOST_LEN,
-};
+pub use disposal::{DisposalCode, DisposalFailure, DisposeSelector, ScopePurge};
+pub use egress::{Egress, EgressEntry, EgressRule};
 pub use entry::{EntryKind, SandboxEntry};
 pub use error::{BoxError, ErrorKind, GuestCleanup, ParseError, Result, SandboxError};
 pub use exec::{
     Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES, WORKDIR_UNUSABLE_EXIT,
 };
-pub use guest_path::{
-    ancestors as guest_path_ancestors, check_delete, check_delete_async, check_list,
-    check_list_async, check_read, check_read_async, check_write, check_write_async, confine,
-    join as guest_path_join, norm as guest_path_norm, refuse_linked_ancestors,
-    refuse_linked_ancestors_async, relative_to as guest_path_relative_to, resolve_wd,
-    MAX_CONCURRENT_STATS, MAX_GUEST_PATH_BYTES, MAX_GUEST_PATH_COMPONENTS,
-};
 pub use health::{CheckStatus, HealthCheck};
-pub use hygiene::is_secret_name;
 pub use isolation::{Isolation, IsolationScope, OsFamily};
 pub use key::SandboxKey;
 pub use limits::{SandboxLimits, TransferLimits, DEFAULT_TRANSFER_LIMITS};
-pub use naming::{
-    decode_docker_key_label, docker_container_name, docker_key_label, docker_name_preimage,
-    is_digest_label, label_value, python_json_list, sbx_conversation_prefix, sbx_digest,
-    sbx_key_prefix, sbx_sandbox_name, NamePrefix, DOCKER_NAME_PREFIX, LABEL_AGENT, LABEL_CALL,
-    LABEL_EGRESS_V1, LABEL_KEY_V1, LABEL_KIND, LABEL_ROLE, LABEL_SCOPE, LABEL_THREAD,
-    LABEL_USER_PREFIX, LABEL_WORK_DIR_V1,
-};
 pub use router::{
     FailedCleanup, Router, RouterConfig, Selection, UncleanTarget, DEFAULT_CLEANUP_TIMEOUT,
 };
 pub use spec::{SandboxSpec, SandboxSpecBuilder, DEFAULT_WORK_DIR};
-pub use storage_base::{plan_storage_base, storage_base_directories, validate_base};

@@ -59,7 +59,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// UTF-16 surrogate pair). The output is pure ASCII.
 ///
 /// ```
-/// use sandbox_core::python_json_list;
+/// use sandbox_core::naming::python_json_list;
 /// assert_eq!(python_json_list(&["a\"b", "é😀", "/"]), r#"["a\"b", "\u00e9\ud83d\ude00", "/"]"#);
 /// ```
 pub fn python_json_list<S: AsRef<str>>(items: &[S]) -> String {
@@ -182,7 +182,8 @@ fn parse_json_string_list(text: &str) -> Option<Vec<String>> {
 /// [`DOCKER_NAME_PREFIX`] + the first 12 hex digits. `egress_id` is `""` for closed egress.
 ///
 /// ```
-/// use sandbox_core::{docker_container_name, SandboxKey};
+/// use sandbox_core::naming::docker_container_name;
+/// use sandbox_core::SandboxKey;
 /// let key = SandboxKey::conversation("prod", "thread-1", "agent");
 /// assert_eq!(docker_container_name(&key, "python", ""), "maf-sandbox-docker-aef172d1c789");
 /// ```
@@ -233,7 +234,7 @@ pub fn is_digest_label(value: &str) -> bool {
 /// on query.
 ///
 /// ```
-/// use sandbox_core::label_value;
+/// use sandbox_core::naming::label_value;
 /// assert_eq!(label_value("ok.value_1-2"), "ok.value_1-2");
 /// assert_eq!(label_value(""), "sha256-e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934c");
 /// ```
@@ -256,7 +257,8 @@ pub fn label_value(raw: &str) -> String {
 /// the encoding is longer than 4096.
 ///
 /// ```
-/// use sandbox_core::{docker_key_label, SandboxKey};
+/// use sandbox_core::naming::docker_key_label;
+/// use sandbox_core::SandboxKey;
 /// let key = SandboxKey::conversation("prod", "thread-1", "agent");
 /// assert_eq!(docker_key_label(&key), "WyJwcm9kIiwgInRocmVhZC0xIiwgImFnZW50IiwgIiJd");
 /// ```
@@ -299,7 +301,7 @@ pub fn decode_docker_key_label(label: &str) -> Option<SandboxKey> {
 /// the Python JSON of the parts.
 ///
 /// ```
-/// use sandbox_core::sbx_digest;
+/// use sandbox_core::naming::sbx_digest;
 /// assert_eq!(sbx_digest(8, &["python"]), "80db6ea4");
 /// ```
 pub fn sbx_digest<S: AsRef<str>>(n: usize, parts: &[S]) -> String {
@@ -374,7 +376,8 @@ pub fn sbx_key_prefix(prefix: &NamePrefix, key: &SandboxKey) -> String {
 /// The sbx sandbox name (docs/sbx-backend.md#naming): the key prefix + d(8, kind). At most 49 characters.
 ///
 /// ```
-/// use sandbox_core::{sbx_sandbox_name, NamePrefix, SandboxKey};
+/// use sandbox_core::naming::{sbx_sandbox_name, NamePrefix};
+/// use sandbox_core::SandboxKey;
 /// let key = SandboxKey::conversation("prod", "thread-1", "agent");
 /// assert_eq!(
 ///     sbx_sandbox_name(&NamePrefix::default(), &key, "python"),

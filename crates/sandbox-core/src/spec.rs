@@ -3,8 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
-    default_capabilities, Capability, Egress, EgressEntry, Isolation, IsolationScope, OsFamily,
-    SandboxError, TransferLimits,
+    Capability, Egress, EgressEntry, Isolation, IsolationScope, OsFamily, SandboxError,
+    TransferLimits,
 };
 
 /// The storage base both backends use when a spec does not choose one.
@@ -44,7 +44,7 @@ impl SandboxSpec {
                 egress_allow: Vec::new(),
                 work_dir: Some(DEFAULT_WORK_DIR.to_owned()),
                 labels: BTreeMap::new(),
-                requires: default_capabilities(),
+                requires: Capability::defaults(),
                 min_isolation: None,
                 files_in: TransferLimits::default(),
                 files_out: TransferLimits::default(),
@@ -299,7 +299,7 @@ mod tests {
         assert_eq!(s.kind(), "k");
         assert_eq!(s.egress(), Egress::Closed);
         assert_eq!(s.work_dir(), Some(DEFAULT_WORK_DIR));
-        assert_eq!(s.requires(), &default_capabilities());
+        assert_eq!(s.requires(), &Capability::defaults());
         assert_eq!(s.isolation_scope(), IsolationScope::Conversation);
         assert_eq!(s.files_in(), TransferLimits::default());
         assert_eq!(s.image(), None);

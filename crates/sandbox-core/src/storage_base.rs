@@ -11,7 +11,7 @@ use crate::guest_path::norm;
 /// Checks a storage base and returns its normal form.
 ///
 /// The base must be absolute and free of NUL, else [`SandboxError::InvalidArgument`]. The normal form
-/// (see [`guest_path_norm`](crate::guest_path_norm)) is what backends record and compare.
+/// (see [`guest_path::norm`](crate::guest_path::norm)) is what backends record and compare.
 pub fn validate_base(base: &str) -> Result<String, SandboxError> {
     if base.contains('\0') {
         return Err(SandboxError::invalid(format!(
@@ -31,7 +31,7 @@ pub fn validate_base(base: &str) -> Result<String, SandboxError> {
 /// The base is validated first, as by [`validate_base`].
 ///
 /// ```
-/// use sandbox_core::storage_base_directories;
+/// use sandbox_core::storage_base::storage_base_directories;
 /// assert_eq!(
 ///     storage_base_directories("/maf-sandbox/work").unwrap(),
 ///     ["/maf-sandbox", "/maf-sandbox/work"]
@@ -61,7 +61,8 @@ pub fn storage_base_directories(base: &str) -> Result<Vec<String>, SandboxError>
 /// [`SandboxError::InvalidArgument`], never as success.
 ///
 /// ```
-/// use sandbox_core::{plan_storage_base, EntryKind};
+/// use sandbox_core::storage_base::plan_storage_base;
+/// use sandbox_core::EntryKind;
 /// let create = plan_storage_base("/maf-sandbox/work", &[Some(EntryKind::Directory), None]).unwrap();
 /// assert_eq!(create, ["/maf-sandbox/work"]);
 /// ```

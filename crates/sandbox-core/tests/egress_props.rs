@@ -4,7 +4,8 @@
 
 use proptest::prelude::*;
 use proptest::string::string_regex;
-use sandbox_core::{validate_host, ErrorKind, MAX_HOST_LEN};
+use sandbox_core::egress::{validate_host, MAX_HOST_LEN};
+use sandbox_core::ErrorKind;
 
 /// Scanner states for the host regex.
 #[derive(Clone, Copy, PartialEq, Eq)]

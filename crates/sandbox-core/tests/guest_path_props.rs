@@ -4,12 +4,8 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use sandbox_core::{
-    check_delete, check_delete_async, check_list, check_list_async, check_read, check_read_async,
-    check_write, check_write_async, confine, guest_path_ancestors, guest_path_norm,
-    guest_path_relative_to, refuse_linked_ancestors, refuse_linked_ancestors_async, EntryKind,
-    ErrorKind, SandboxError,
-};
+use sandbox_core::guest_path::{self, Access};
+use sandbox_core::{EntryKind, ErrorKind, SandboxError};
 
 /// The model: an absolute path as its list of components, resolved by a stack.
 fn model_resolve(components: &mut Vec<String>, path: &str) {
@@ -99,7 +95,7 @@ proptest! {
 
     #[test]
     fn confine_matches_the_model(path in any_path(), wd in working_dir()) {
-        match (confine(&path, &wd), model_confine(&path, &wd)) {
+        match (guest_path::confine(&path, &wd), model_confine(&path, &wd)) {
             (Ok(resolved), Some(model)) => prop_assert_eq!(resolved, render(&model)),
             (Err(e), None) => prop_assert_eq!(e.kind(), ErrorKind::Confinement),
             (got, want) => prop_assert!(false, "confine({:?}, {:?}) = {:?}, model {:?}", path, wd, got, want),
@@ -108,12 +104,12 @@ proptest! {
 
     #[test]
     fn accepted_paths_stay_within_wd(path in any_path(), wd in working_dir()) {
-        if let Ok(resolved) = confine(&path, &wd) {
-            let rest = guest_path_relative_to(&resolved, &wd);
+        if let Ok(resolved) = guest_path::confine(&path, &wd) {
+            let rest = guest_path::relative_to(&resolved, &wd);
             prop_assert!(rest.is_some(), "{:?} accepted outside {:?}", resolved, wd);
             let rest = rest.unwrap_or_default();
             // Rejoining the remainder onto wd gives the resolved path back.
-            let rejoined = guest_path_norm(&format!("{}/{}", guest_path_norm(&wd), rest));
+            let rejoined = guest_path::norm(&format!("{}/{}", guest_path::norm(&wd), rest));
             prop_assert_eq!(&rejoined, &resolved);
             prop_assert!(!resolved.contains('\\'));
         }
@@ -121,8 +117,8 @@ proptest! {
 
     #[test]
     fn norm_is_idempotent_and_clean(path in any_path()) {
-        let once = guest_path_norm(&path);
-        prop_assert_eq!(guest_path_norm(&once), once.clone());
+        let once = guest_path::norm(&path);
+        prop_assert_eq!(guest_path::norm(&once), once.clone());
         prop_assert!(!once.is_empty());
         prop_assert!(!once.contains("//"));
         if path.starts_with('/') {
@@ -142,19 +138,19 @@ proptest! {
         // `/<base><suffix>` shares a string prefix with `/<base>` but is a sibling, never inside it.
         let base = format!("/{base}");
         let sibling = format!("{base}{suffix}");
-        prop_assume!(guest_path_norm(&sibling) == sibling);
-        prop_assert_eq!(guest_path_relative_to(&sibling, &base), None);
-        prop_assert!(confine(&sibling, &base).is_err());
+        prop_assume!(guest_path::norm(&sibling) == sibling);
+        prop_assert_eq!(guest_path::relative_to(&sibling, &base), None);
+        prop_assert!(guest_path::confine(&sibling, &base).is_err());
         prop_assume!(suffix != "." && suffix != "..");
         let inside = format!("{base}/{suffix}");
-        prop_assert!(guest_path_relative_to(&inside, &base).is_some());
+        prop_assert!(guest_path::relative_to(&inside, &base).is_some());
     }
 
     #[test]
     fn ancestors_are_a_component_chain(path in any_path(), wd in working_dir()) {
-        let Ok(resolved) = confine(&path, &wd) else { return Ok(()) };
-        let chain = guest_path_ancestors(&resolved, &wd);
-        let wd_norm = guest_path_norm(&wd);
+        let Ok(resolved) = guest_path::confine(&path, &wd) else { return Ok(()) };
+        let chain = guest_path::ancestors(&resolved, &wd);
+        let wd_norm = guest_path::norm(&wd);
         let expected: Vec<String> = {
             let components = model_absolute(&resolved);
             (1..=components.len()).map(|n| render(&components[..n])).collect()
@@ -255,13 +251,13 @@ proptest! {
         include_self in any::<bool>(),
         delays in prop::collection::vec(0u8..6, 1..8),
     ) {
-        let resolved = confine(&path, wd).expect("generated paths are relative and clean");
-        let deepest = if include_self { resolved.clone() } else { guest_path_norm(&format!("{resolved}/..")) };
-        let want = model_walk(&tree, &guest_path_ancestors(&deepest, wd));
+        let resolved = guest_path::confine(&path, wd).expect("generated paths are relative and clean");
+        let deepest = if include_self { resolved.clone() } else { guest_path::norm(&format!("{resolved}/..")) };
+        let want = model_walk(&tree, &guest_path::ancestors(&deepest, wd));
         let stat = |p: &str| Ok(tree.get(p).copied());
-        let sync = kinds(refuse_linked_ancestors(stat, &path, wd, include_self));
+        let sync = kinds(guest_path::refuse_linked_ancestors(stat, &path, wd, include_self));
         prop_assert_eq!(sync, want);
-        let concurrent = kinds(block_on(refuse_linked_ancestors_async(
+        let concurrent = kinds(block_on(guest_path::refuse_linked_ancestors_async(
             shuffled_stat(&tree, &delays), &path, wd, include_self,
         )));
         prop_assert_eq!(concurrent, want);
@@ -276,23 +272,23 @@ proptest! {
     ) {
         let stat = |p: &str| Ok(tree.get(p).copied());
         prop_assert_eq!(
-            kinds(check_write(stat, &path, wd)),
-            kinds(block_on(check_write_async(shuffled_stat(&tree, &delays), &path, wd)))
+            kinds(Access::Write.check(stat, &path, wd)),
+            kinds(block_on(Access::Write.check_async(shuffled_stat(&tree, &delays), &path, wd)))
         );
         prop_assert_eq!(
-            kinds(check_read(stat, &path, wd)),
-            kinds(block_on(check_read_async(shuffled_stat(&tree, &delays), &path, wd)))
+            kinds(Access::Read.check(stat, &path, wd)),
+            kinds(block_on(Access::Read.check_async(shuffled_stat(&tree, &delays), &path, wd)))
         );
         prop_assert_eq!(
-            kinds(check_list(stat, &path, wd)),
-            kinds(block_on(check_list_async(shuffled_stat(&tree, &delays), &path, wd)))
+            kinds(Access::List.check(stat, &path, wd)),
+            kinds(block_on(Access::List.check_async(shuffled_stat(&tree, &delays), &path, wd)))
         );
         prop_assert_eq!(
-            kinds(check_delete(stat, &path, wd)),
-            kinds(block_on(check_delete_async(shuffled_stat(&tree, &delays), &path, wd)))
+            kinds(Access::Delete.check(stat, &path, wd)),
+            kinds(block_on(Access::Delete.check_async(shuffled_stat(&tree, &delays), &path, wd)))
         );
         // A write never lands on a link, whatever else holds.
-        if let Ok(resolved) = check_write(stat, &path, wd) {
+        if let Ok(resolved) = Access::Write.check(stat, &path, wd) {
             prop_assert_ne!(tree.get(&resolved), Some(&EntryKind::Symlink));
         }
     }

@@ -2,11 +2,12 @@
 //! ASCII and parses back to the same strings, digests are what they claim, and names keep their shapes.
 
 use proptest::prelude::*;
-use sandbox_core::{
+use sandbox_core::naming::{
     decode_docker_key_label, docker_container_name, docker_key_label, docker_name_preimage,
     is_digest_label, label_value, python_json_list, sbx_conversation_prefix, sbx_digest,
-    sbx_key_prefix, sbx_sandbox_name, NamePrefix, SandboxKey, DOCKER_NAME_PREFIX,
+    sbx_key_prefix, sbx_sandbox_name, NamePrefix, DOCKER_NAME_PREFIX,
 };
+use sandbox_core::SandboxKey;
 use sha2::{Digest, Sha256};
 
 /// Decodes a length-prefixed preimage back into its parts; `None` if it is malformed.

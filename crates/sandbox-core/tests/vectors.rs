@@ -1,10 +1,11 @@
 //! Every reference vector of `tests/data/names.json` (a copy of the shared Python-generated vectors) is
 //! reproduced byte for byte, including the hand-written cases, and none is skipped.
 
-use sandbox_core::{
+use sandbox_core::naming::{
     docker_container_name, docker_key_label, label_value, sbx_conversation_prefix,
-    sbx_sandbox_name, NamePrefix, SandboxKey,
+    sbx_sandbox_name, NamePrefix,
 };
+use sandbox_core::SandboxKey;
 use serde_json::{Map, Value};
 
 const VECTORS: &str = include_str!("data/names.json");

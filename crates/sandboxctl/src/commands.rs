@@ -705,7 +705,7 @@ mod tests {
     fn cp_out_files_get_the_usual_mode() {
         let dir = tempfile::tempdir().unwrap();
         let local = dir.path().join("out");
-        let guard = sandbox_core::CredentialGuard::for_user("/nonexistent-home");
+        let guard = sandbox_core::credential_paths::CredentialGuard::for_user("/nonexistent-home");
         Destination::open(&local, &guard, false)
             .unwrap()
             .write_atomically(b"x")
@@ -785,7 +785,8 @@ mod tests {
     }
 
     fn copy_in_source(local: &Path, home: &Path) -> Result<Vec<u8>, SandboxError> {
-        let guard = sandbox_core::CredentialGuard::for_user(home.display().to_string());
+        let guard =
+            sandbox_core::credential_paths::CredentialGuard::for_user(home.display().to_string());
         crate::host_files::Source::open(local, &guard, false)?.read_capped(1 << 20)
     }
 }

@@ -9,7 +9,7 @@
 //! file that is read.
 //!
 //! What is refused: a source or destination that is, contains or lies under a credential path
-//! ([`sandbox_core::CredentialGuard`]; `--allow-credential-path` lifts it), a source that is not a regular
+//! ([`CredentialGuard`]; `--allow-credential-path` lifts it), a source that is not a regular
 //! file, a source on a pseudo file system (procfs, sysfs, devtmpfs, debugfs, securityfs, cgroup, ... on
 //! Linux), and more bytes than the caller's cap (at most cap + 1 bytes are ever read).
 //!
@@ -26,7 +26,8 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags, CWD};
 use rustix::io::Errno;
-use sandbox_core::{CredentialGuard, SandboxError};
+use sandbox_core::credential_paths::CredentialGuard;
+use sandbox_core::SandboxError;
 
 /// The largest `--env-file` read.
 pub const MAX_ENV_FILE_BYTES: u64 = 1024 * 1024;
@@ -46,7 +47,7 @@ pub fn credential_guard() -> CredentialGuard {
             .ok()
             .and_then(|bytes| String::from_utf8(bytes).ok())
             .unwrap_or_default();
-        CredentialGuard::for_root(home, sandbox_core::passwd_homes(&text))
+        CredentialGuard::for_root(home, sandbox_core::credential_paths::passwd_homes(&text))
     } else {
         CredentialGuard::for_user(home)
     };
@@ -427,11 +428,11 @@ mod tests {
         assert_eq!(guard.guards_system_paths(), is_root);
         if is_root {
             let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
-            for home in sandbox_core::passwd_homes(&passwd) {
+            for home in sandbox_core::credential_paths::passwd_homes(&passwd) {
                 assert!(
                     guard
                         .homes()
-                        .contains(&sandbox_core::guest_path_norm(&home)),
+                        .contains(&sandbox_core::guest_path::norm(&home)),
                     "{home} is not guarded"
                 );
                 let key = format!("{home}/.ssh/id_ed25519");

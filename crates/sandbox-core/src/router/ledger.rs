@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::{fold, DisposalCode, DisposalFailure, DisposeSelector, SandboxKey};
+use crate::{DisposalCode, DisposalFailure, DisposeSelector, SandboxKey};
 
 /// One disposal target: a backend (by registration index), optionally narrowed to a kind and an instance.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -184,7 +184,7 @@ impl State {
             self.touch_key(key);
         }
         if let Some(entry) = self.ledger.get_mut(key) {
-            if let Some(f) = fold(failures) {
+            if let Some(f) = DisposalFailure::fold(failures) {
                 entry.failure = Some(f);
             }
             if entry.pending.is_empty() {
