@@ -416,6 +416,27 @@ impl EngineConnection {
         }
     }
 
+    /// The engine's id for the image `reference`, or `None` when it has no such image: the one
+    /// way this crate asks whether an image is present (acquire, the image recipe, the health
+    /// checks).
+    ///
+    /// # Errors
+    /// Any failure of the inspect call other than "no such image".
+    pub(crate) async fn image_id(
+        &self,
+        deadline: Duration,
+        reference: &str,
+    ) -> Result<Option<String>, ApiFailure> {
+        match self
+            .call(deadline, self.docker.inspect_image(reference))
+            .await
+        {
+            Ok(image) => Ok(Some(image.id.unwrap_or_default())),
+            Err(failure) if failure.is_not_found() => Ok(None),
+            Err(failure) => Err(failure),
+        }
+    }
+
     /// Names a failure for the caller: an unreachable engine is BackendUnavailable naming the
     /// pinned endpoint, an expired deadline EngineTimeout, anything else Engine.
     #[cold]

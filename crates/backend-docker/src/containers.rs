@@ -260,16 +260,13 @@ impl BackendState {
 
     /// Present locally, or one explicit bounded pull; ImageMissing when that fails.
     pub(crate) async fn ensure_image(&self, image: &str) -> Result<(), SandboxError> {
-        let answer = self
+        match self
             .engine
-            .call(
-                self.config.command_timeout,
-                self.engine.api().inspect_image(image),
-            )
-            .await;
-        match answer {
-            Ok(_) => return Ok(()),
-            Err(failure) if failure.is_not_found() => {}
+            .image_id(self.config.command_timeout, image)
+            .await
+        {
+            Ok(Some(_)) => return Ok(()),
+            Ok(None) => {}
             Err(failure) => return Err(self.engine.failure("image inspect", failure)),
         }
         tracing::info!(image, "image absent; pulling it explicitly");

@@ -133,6 +133,7 @@ mod error;
 mod exec;
 mod guest_scripts;
 mod handle;
+mod health;
 mod images;
 mod ownership_labels;
 mod state;

@@ -195,6 +195,7 @@ async fn suites_on(backend: &DockerBackend, scope: &str) {
         reduced: true,
         ..RunOptions::default()
     };
+    let expected = options.expected_probes(backend.declarations());
     let mut keys = |purpose: &str| SandboxKey::conversation(scope.to_owned(), purpose, "agent");
     let report = run_backend_suites(
         backend,
@@ -208,7 +209,7 @@ async fn suites_on(backend: &DockerBackend, scope: &str) {
     if let Err(error) = report.assert_all_passed() {
         panic!("{error}\n{report}");
     }
-    assert!(report.passed() >= 40, "{report}");
+    assert_eq!(report.passed(), expected, "probe count:\n{report}");
     for thread in threads_of(backend, scope).await {
         assert!(backend
             .dispose_scope(scope, &thread)

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use sandbox_core::naming::NamePrefix;
 use sandbox_core::{
-    BackendDeclarations, Capability, DisposalFailure, DisposeSelector, Egress, Isolation,
-    IsolationScope, OsFamily, Sandbox, SandboxBackend, SandboxError, SandboxKey, SandboxLimits,
-    SandboxSpec, SandboxSummary, ScopePurge,
+    BackendDeclarations, Capability, DisposalFailure, DisposeSelector, Egress, ErrorKind,
+    HealthCheck, Isolation, IsolationScope, OsFamily, Sandbox, SandboxBackend, SandboxError,
+    SandboxKey, SandboxLimits, SandboxSpec, SandboxSummary, ScopePurge,
 };
 use sbx_cli::SbxCli;
 
@@ -198,6 +198,54 @@ impl SbxBackend {
     pub async fn check_host(&self) -> Result<(), SandboxError> {
         self.host.check_host().await?;
         self.host.cli.ls().await.map(drop).map_err(to_sandbox_error)
+    }
+    /// What this host needs for the backend, as [`HealthCheck`]s: `sbx.client` (the program
+    /// connects, and whether it is the simulator, by its rung) and `sbx.host` ([`check_host`]: logged
+    /// in, daemon answering, agent forwarding off, no MCP server). The host check is not run when
+    /// the client fails. Reads only; changes nothing. `simulator_ok` says what a refused simulator's
+    /// fix should offer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future kills the running `sbx` calls.
+    ///
+    /// [`check_host`]: Self::check_host
+    pub async fn health_checks(config: SbxConfig) -> Vec<HealthCheck> {
+        let simulator_ok = config.simulator_ok;
+        let backend = match SbxBackend::connect(config).await {
+            Ok(backend) => backend,
+            Err(e) => {
+                let fix = if simulator_ok {
+                    "install sbx, or point --sbx-path at it"
+                } else {
+                    "install sbx, or pass --allow-simulator to accept sbx-sim"
+                };
+                return vec![HealthCheck::fail("sbx.client", e.to_string(), fix)];
+            }
+        };
+        let mut checks = vec![HealthCheck::pass(
+            "sbx.client",
+            format!(
+                "{} (rung {})",
+                backend.sbx_path().display(),
+                backend.isolation()
+            ),
+        )];
+        checks.push(match backend.check_host().await {
+            Ok(()) => HealthCheck::pass(
+                "sbx.host",
+                "logged in, daemon answering, agent forwarding off, no MCP server",
+            ),
+            Err(e) => {
+                let fix = match e.kind() {
+                    ErrorKind::LoginRequired => "sbx login",
+                    ErrorKind::DaemonFault => "sbx daemon restart",
+                    _ => "see the message",
+                };
+                HealthCheck::fail("sbx.host", e.to_string(), fix)
+            }
+        });
+        checks
     }
 }
 

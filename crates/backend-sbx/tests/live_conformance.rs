@@ -9,10 +9,6 @@ use conformance::{run_backend_suites, ConformanceReport, RunOptions};
 use sandbox_core::{Isolation, SandboxBackend, SandboxKey, SandboxSpec};
 use support::{dispose_all, unique_scope, SimHooks, SimHost};
 
-/// The probes a full run on sbx-sim makes: every suite but CALL_SCOPE (the backend serves the
-/// conversation scope only), the shared HARDENING probes counted from their own constant.
-const EXPECTED_PROBES: usize = 85 + conformance::HARDENING_SHARED_PROBES;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_declared_suite_passes_on_the_simulator() {
     let host = SimHost::new();
@@ -32,6 +28,9 @@ async fn every_declared_suite_passes_on_the_simulator() {
         hardening: Some(&hooks as &dyn conformance::HardeningHooks),
         ..RunOptions::default()
     };
+    // Every suite but CALL_SCOPE (the backend serves the conversation scope only), counted from
+    // the conformance crate's own constants.
+    let expected = options.expected_probes(backend.declarations());
     let mut keys = |purpose: &str| SandboxKey::conversation(scope.clone(), purpose, "agent");
     let started = std::time::Instant::now();
     let report: ConformanceReport = run_backend_suites(
@@ -52,5 +51,80 @@ async fn every_declared_suite_passes_on_the_simulator() {
     if let Err(error) = report.assert_all_passed() {
         panic!("{error}\n{report}");
     }
-    assert_eq!(report.passed(), EXPECTED_PROBES, "probe count:\n{report}");
+    assert_eq!(report.passed(), expected, "probe count:\n{report}");
+}
+
+/// CONFINEMENT can fail through the simulator's container too: the standard call passes, and a
+/// call that leaves a file on `/dev/shm`, or one in the workspace (a bind mount the engine's change
+/// list cannot see) outside its own directory, is judged to leave exactly that. (A program a call
+/// leaves running ends with the call's PID namespace here, so it is no residue to show.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confinement_passes_a_clean_call_and_fails_a_residue_on_the_simulator() {
+    use conformance::{assert_call_leaves_nothing, assert_confinement, PosixGuestSubject};
+    use sandbox_core::{Command, ExecRequest};
+    let host = SimHost::new();
+    let backend = host.backend().await;
+    let scope = unique_scope("confine");
+    let hooks = SimHooks {
+        host: &host,
+        backend: backend.clone(),
+    };
+    let spec = SandboxSpec::builder("confinement").build().unwrap();
+    let subject = |name: &'static str| {
+        let (backend, scope, spec) = (&backend, &scope, &spec);
+        async move {
+            let key = SandboxKey::conversation(scope.clone(), name, "agent");
+            let sandbox = backend.acquire(&key, spec).await.expect("acquire");
+            PosixGuestSubject::in_storage_base(sandbox, backend.declarations().capabilities.clone())
+                .expect("subject")
+                .with_exec_cleanup_allowance(backend.exec_cleanup_timeout())
+        }
+    };
+
+    let clean = subject("clean").await;
+    let report = assert_confinement(&clean, &hooks).await;
+    let report = report.unwrap_or_else(|e| panic!("the standard call leaves nothing behind: {e}"));
+    assert_eq!(report.passed(), conformance::CONFINEMENT_PROBES, "{report}");
+
+    let cases: [(&str, &str, &str); 2] = [
+        (
+            "shm",
+            "printf leak >/dev/shm/confinement-leak",
+            "new path /dev/shm/confinement-leak",
+        ),
+        (
+            "workspace",
+            "printf leak >confinement-leak",
+            "/confinement-leak (",
+        ),
+    ];
+    for (name, script, residue) in cases {
+        let leaky = subject(name).await;
+        let result = assert_call_leaves_nothing(&leaky, &hooks, "leaky", |sandbox, work, _| {
+            Box::pin(async move {
+                let request =
+                    ExecRequest::new(Command::argv(["sh", "-c", script])).working_directory(work);
+                let output = sandbox
+                    .exec(request)
+                    .await
+                    .map_err(|e| conformance::ConformanceError::sandbox("the leaky call", e))?;
+                assert_eq!(output.exit_code, 0, "{name}: {}", output.stderr_text());
+                Ok(())
+            })
+        })
+        .await;
+        let error = match result {
+            Err(error) => error,
+            Ok(report) => panic!("{name}: a call leaving {residue:?} passed:\n{report}"),
+        };
+        let report = error.report().expect("a probe failure with its report");
+        let why = report.failures().next().unwrap().to_string();
+        assert!(
+            why.contains(residue),
+            "{name}: expected {residue:?} in {why}"
+        );
+        assert!(why.contains("the call left residue (1)"), "{name}: {why}");
+    }
+    dispose_all(&backend, &scope).await;
+    host.assert_nothing_left().await;
 }

@@ -6,30 +6,31 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandbox_core::{
-    Capability, DisposeSelector, IsolationScope, Sandbox, SandboxBackend, SandboxKey, SandboxSpec,
-    SandboxSpecBuilder,
+    BackendDeclarations, Capability, DisposeSelector, IsolationScope, Sandbox, SandboxBackend,
+    SandboxKey, SandboxSpec, SandboxSpecBuilder,
 };
 
-use crate::call_scope::{assert_call_scope, CALL_SCOPE};
+use crate::call_scope::{assert_call_scope, CALL_SCOPE, CALL_SCOPE_PROBES};
+use crate::confinement::{assert_confinement, CONFINEMENT, CONFINEMENT_PROBES};
 use crate::error::ConformanceError;
-use crate::exec::{assert_exec, EXEC};
-use crate::files_delete::{assert_files_delete, FILES_DELETE};
-use crate::files_in::{assert_files_in, FILES_IN};
-use crate::files_out::{assert_files_out, FILES_OUT};
+use crate::exec::{assert_exec, EXEC, EXEC_PROBES};
+use crate::files_delete::{assert_files_delete, FILES_DELETE, FILES_DELETE_PROBES};
+use crate::files_in::{assert_files_in, FILES_IN, FILES_IN_PROBES};
+use crate::files_out::{assert_files_out, FILES_OUT, FILES_OUT_PROBES};
 use crate::fixtures::EXPLICIT_STORAGE_BASE;
 use crate::hardening::{
     assert_concurrent_acquires_yield_one, assert_engine_failure_is_not_an_exit_code,
     assert_hardening, assert_network_closed_by_content, require_closed_egress, HardeningHooks,
-    HARDENING,
+    HARDENING, HARDENING_OWN_SANDBOX_PROBES, HARDENING_SHARED_PROBES,
 };
 use crate::lifecycle::{
     assert_fresh_acquire, assert_instance_disposal, instance_is_listed, FRESH_ACQUIRE,
     INSTANCE_DISPOSAL,
 };
-use crate::reach::{assert_reach, REACH};
-use crate::reclaim::{assert_reclaim, RECLAIM};
+use crate::reach::{assert_reach, REACH, REACH_PROBES};
+use crate::reclaim::{assert_reclaim, RECLAIM, RECLAIM_PROBES};
 use crate::report::{ConformanceReport, ProbeOutcome, ProbeReport};
-use crate::storage_base::{assert_storage_base, STORAGE_BASE};
+use crate::storage_base::{assert_storage_base, STORAGE_BASE, STORAGE_BASE_STEPS};
 use crate::subject::PosixGuestSubject;
 
 /// The suite label of the disposals that end a run.
@@ -42,11 +43,42 @@ pub struct RunOptions<'a> {
     pub exec_cleanup_allowance: Duration,
     /// Run FILES_OUT with the flat layout (`work/inside.txt`).
     pub flat_files: bool,
-    /// The engine-side hooks; when given, the HARDENING probes run too (the image needs `curl`).
+    /// The engine-side hooks; when given, the HARDENING probes and CONFINEMENT run too (the image
+    /// needs `curl`).
     pub hardening: Option<&'a dyn HardeningHooks>,
     /// Run only the reduced set a minimal image supports (EXEC, FILES_IN, FILES_OUT with its listing
     /// probes, FILES_DELETE, RECLAIM): no storage-base, lifecycle, REACH or CALL_SCOPE suites.
     pub reduced: bool,
+}
+
+impl RunOptions<'_> {
+    /// How many probes [`run_backend_suites`] reports with these options against a backend with
+    /// `declarations`, summed from the suites' exported counts (every probe is reported, run or
+    /// skipped). A live test asserts this many passed, so a probe that disappears fails the run.
+    pub fn expected_probes(&self, declarations: &BackendDeclarations) -> usize {
+        let shared =
+            FILES_OUT_PROBES + FILES_IN_PROBES + FILES_DELETE_PROBES + RECLAIM_PROBES + EXEC_PROBES;
+        let full = if self.reduced {
+            0
+        } else {
+            // Two storage bases, fresh acquire, instance disposal, REACH on the shared sandbox.
+            2 * STORAGE_BASE_STEPS
+                + 1
+                + 1
+                + REACH_PROBES
+                + if declarations.serves_scope(IsolationScope::Call) {
+                    CALL_SCOPE_PROBES
+                } else {
+                    0
+                }
+        };
+        let hardening = if self.hardening.is_some() {
+            HARDENING_SHARED_PROBES + HARDENING_OWN_SANDBOX_PROBES + CONFINEMENT_PROBES
+        } else {
+            0
+        };
+        shared + full + hardening
+    }
 }
 
 impl std::fmt::Debug for RunOptions<'_> {
@@ -134,7 +166,8 @@ fn build(builder: SandboxSpecBuilder) -> Result<SandboxSpec, ConformanceError> {
 /// Order: storage base on two fresh sandboxes (`work_dir` None, then [`EXPLICIT_STORAGE_BASE`]) with
 /// fresh acquire on the first; instance disposal; on one shared sandbox FILES_OUT, FILES_IN,
 /// FILES_DELETE, RECLAIM, REACH, EXEC and the shared HARDENING probes; then CALL_SCOPE (when the
-/// backend serves call scope) and the HARDENING probes that need sandboxes of their own.
+/// backend serves call scope), the HARDENING probes that need sandboxes of their own, and CONFINEMENT
+/// on a conversation sandbox of its own (both only with hooks).
 ///
 /// A suite that cannot run is recorded as a failure, never skipped silently. `Err` only for a spec the
 /// run cannot build. Cancel safety: dropping the future stops the run and leaves its sandboxes for the
@@ -343,6 +376,18 @@ async fn hardening_on_own_sandboxes(
             }
         }
         Err(e) => fold_into(&mut run.report, HARDENING, Err(e)),
+    }
+
+    let key = keys("confinement");
+    match run.acquire("confinement", &key, base_spec).await {
+        Ok(sandbox) => match run.subject(sandbox) {
+            Ok(subject) => {
+                run.suite(CONFINEMENT, assert_confinement(&subject, hooks))
+                    .await
+            }
+            Err(e) => fold_into(&mut run.report, CONFINEMENT, Err(e)),
+        },
+        Err(e) => fold_into(&mut run.report, CONFINEMENT, Err(e)),
     }
 
     let backend = run.backend;

@@ -22,6 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::error::ConformanceError;
+use crate::fingerprint::Fingerprint;
 use crate::paths::ConformancePaths;
 use crate::probe_kit::{plant_nothing, run, run_argv};
 use crate::report::ConformanceReport;
@@ -34,6 +35,10 @@ pub const HARDENING: &str = "HARDENING";
 /// How many probes [`assert_hardening`] runs on the shared sandbox: four, then one per
 /// [`HOSTILE_TIMEOUT_CASES`] entry.
 pub const HARDENING_SHARED_PROBES: usize = 4 + HOSTILE_TIMEOUT_CASES.len();
+
+/// How many HARDENING probes run on sandboxes or keys of their own: `network-closed-by-content`,
+/// `engine-failure-is-not-an-exit-code`, `concurrent-acquires-yield-one`.
+pub const HARDENING_OWN_SANDBOX_PROBES: usize = 3;
 
 /// The commands a timeout must end completely: (probe name, `sh -c` script). Each runs as
 /// `sh -c <script> sleep <marker>`, so every process it starts carries `sleep<marker>` in its
@@ -120,6 +125,19 @@ pub trait HardeningHooks: Send + Sync {
     /// sbx: `SandboxGone` or `DaemonFault`).
     fn gone_kinds(&self) -> Vec<ErrorKind> {
         vec![ErrorKind::SandboxGone]
+    }
+
+    /// An engine-side fingerprint of the sandbox for CONFINEMENT (docs/conformance.md#confinement):
+    /// its changed paths, implicit writable storage (tmpfs, `/dev/shm`) included, and its running
+    /// programs, from the engine or a trusted observer, never from the guest's own utilities. A view
+    /// that missed anything must say so in [`Fingerprint::unseen`]. `None` (the default) when the test
+    /// module cannot take one: the probe is then skipped, which a CI run refuses.
+    async fn fingerprint(
+        &self,
+        sandbox: &dyn Sandbox,
+    ) -> Result<Option<Fingerprint>, ConformanceError> {
+        let _ = sandbox;
+        Ok(None)
     }
 
     /// This process's resident set size in bytes, sampled every 10 ms during the flood. The default

@@ -13,14 +13,18 @@
 //!   per-probe capability skips, failures aggregated into one [`ConformanceError::ConformanceFailure`],
 //!   and [`refused_with`] with the reference's exception classes translated to [`Refusal`]s;
 //! - the suites: storage base, fresh acquire, instance disposal, FILES_OUT, FILES_IN, EXEC, FILES_DELETE
-//!   (and its verdict-free measurement), RECLAIM, REACH, EGRESS (and EGRESS_METHODS), CALL_SCOPE and
-//!   HARDENING;
-//! - [`run_backend_suites`]: every file and exec suite against one backend, in the required order.
+//!   (and its verdict-free measurement), RECLAIM, REACH, EGRESS (and EGRESS_METHODS), CALL_SCOPE,
+//!   HARDENING and CONFINEMENT (judged by an engine-side [`Fingerprint`] the backend's test module
+//!   supplies; [`docker_container_fingerprint`] builds one for a sandbox that is a Docker container,
+//!   from `docker` calls the caller runs);
+//! - [`run_backend_suites`]: every file and exec suite against one backend, in the required order, and
+//!   [`RunOptions::expected_probes`], the exact count it reports;
+//! - the acquire-in-child-process protocol of `concurrent-acquires-yield-one` ([`child_acquire_line`],
+//!   [`parse_child_acquires`]).
 //!
-//! What it does not do: it names no concrete backend, starts no engine and builds no image; it does not
-//! port the program-channel suite (out of scope) nor the optional CONFINEMENT fingerprint suite (an
-//! engine-side fingerprint of changed paths and running programs, which needs engine access this crate
-//! does not have); EGRESS needs URLs the caller serves, so [`run_backend_suites`] does not run it.
+//! What it does not do: it names no backend of this workspace, starts no engine, runs no process and
+//! builds no image; it does not port the program-channel suite (out of scope); EGRESS needs URLs the
+//! caller serves, so [`run_backend_suites`] does not run it.
 //!
 //! # Cancel safety and drop
 //!
@@ -72,12 +76,15 @@
 
 mod backend_run;
 mod call_scope;
+mod child_acquire;
+mod confinement;
 mod egress;
 mod error;
 mod exec;
 mod files_delete;
 mod files_in;
 mod files_out;
+mod fingerprint;
 mod fixtures;
 mod hardening;
 mod lifecycle;
@@ -92,6 +99,11 @@ mod suite_runner;
 
 pub use backend_run::{run_backend_suites, RunOptions, CLEANUP};
 pub use call_scope::{assert_call_scope, CALL_SCOPE, CALL_SCOPE_PROBES};
+pub use child_acquire::{child_acquire_line, parse_child_acquires};
+pub use confinement::{
+    assert_call_leaves_nothing, assert_confinement, confinement_call, CallFuture, CONFINEMENT,
+    CONFINEMENT_CALL_SCRIPT, CONFINEMENT_PROBES,
+};
 pub use egress::{assert_egress, assert_egress_methods, EGRESS, EGRESS_METHODS};
 pub use error::ConformanceError;
 pub use exec::{assert_exec, EXEC, EXEC_PROBES, MAX_EXEC_CLEANUP_ALLOWANCE};
@@ -100,6 +112,7 @@ pub use files_delete::{
 };
 pub use files_in::{assert_files_in, FILES_IN, FILES_IN_PROBES};
 pub use files_out::{assert_files_out, FILES_OUT, FILES_OUT_PROBES};
+pub use fingerprint::{docker_container_fingerprint, DockerAnswer, Fingerprint};
 pub use fixtures::{
     binary, EGRESS_EXEC_TIMEOUT, EXPLICIT_STORAGE_BASE, INSIDE, PROBE_EXEC_TIMEOUT, READ_CAP,
     RECLAIM_TIMEOUT, SECRET,
@@ -108,7 +121,7 @@ pub use hardening::{
     acquire_retrying_busy, assert_concurrent_acquires_yield_one,
     assert_engine_failure_is_not_an_exit_code, assert_hardening, assert_network_closed_by_content,
     AcquireOutcome, HardeningHooks, ACQUIRES_PER_PROCESS, FLOOD_RSS_ALLOWANCE, HARDENING,
-    HARDENING_SHARED_PROBES, HOSTILE_TIMEOUT_CASES, SURVIVOR_POLL,
+    HARDENING_OWN_SANDBOX_PROBES, HARDENING_SHARED_PROBES, HOSTILE_TIMEOUT_CASES, SURVIVOR_POLL,
 };
 pub use lifecycle::{
     assert_fresh_acquire, assert_instance_disposal, instance_is_listed, FRESH_ACQUIRE,

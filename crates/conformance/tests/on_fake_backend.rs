@@ -153,4 +153,63 @@ async fn the_whole_run_reaches_every_suite_and_disposes_every_sandbox() {
         "every sandbox of the run is gone"
     );
     assert!(report.assert_all_passed().is_err());
+
+    // Every suite that ran reported exactly its exported count; one the fake cannot serve (no
+    // links, no reclaim) reports the one entry saying why it did not run.
+    for (suite, expected) in [
+        ("STORAGE_BASE", 2 * conformance::STORAGE_BASE_STEPS),
+        ("FILES_OUT", conformance::FILES_OUT_PROBES),
+        ("FILES_IN", conformance::FILES_IN_PROBES),
+        ("FILES_DELETE", conformance::FILES_DELETE_PROBES),
+        ("RECLAIM", conformance::RECLAIM_PROBES),
+        ("REACH", conformance::REACH_PROBES),
+        ("EXEC", conformance::EXEC_PROBES),
+        ("CALL_SCOPE", conformance::CALL_SCOPE_PROBES),
+    ] {
+        let entries: Vec<&str> = report
+            .probes()
+            .iter()
+            .filter(|p| p.suite == suite)
+            .map(|p| p.probe.as_str())
+            .collect();
+        assert!(
+            entries.len() == expected || entries == ["(suite did not run)"],
+            "{suite}: {entries:?}"
+        );
+    }
+}
+
+#[test]
+fn the_expected_count_follows_the_options_and_the_declared_scopes() {
+    let fake = FakeBackend::new("fake", Isolation::Container);
+    let declarations = fake.declarations();
+    let full = RunOptions::default().expected_probes(declarations);
+    let reduced = RunOptions {
+        reduced: true,
+        ..RunOptions::default()
+    }
+    .expected_probes(declarations);
+    assert_eq!(
+        reduced,
+        conformance::FILES_OUT_PROBES
+            + conformance::FILES_IN_PROBES
+            + conformance::FILES_DELETE_PROBES
+            + conformance::RECLAIM_PROBES
+            + conformance::EXEC_PROBES
+    );
+    assert_eq!(
+        full - reduced,
+        2 * conformance::STORAGE_BASE_STEPS
+            + 2
+            + conformance::REACH_PROBES
+            + conformance::CALL_SCOPE_PROBES
+    );
+    let mut conversation_only = declarations.clone();
+    conversation_only
+        .isolation_scopes
+        .remove(&sandbox_core::IsolationScope::Call);
+    assert_eq!(
+        RunOptions::default().expected_probes(&conversation_only),
+        full - conformance::CALL_SCOPE_PROBES
+    );
 }

@@ -231,7 +231,12 @@ macro_rules! exact_kill_fallback {
 /// line is `/sbin/docker-init -s -- sh -c <wrapper> maf-sbx <nonce> …`. It stops the init, so it
 /// can neither reap nor exit and every orphan of the tree is re-parented to it; then, until the
 /// tree holds no live process, it collects every descendant from `/proc`, stops them all (so
-/// none forks between the scan and the kill) and kills them all; then it kills the init. It
+/// none forks between the scan and the kill) and kills them all; then it kills the init and
+/// removes the cancel file (nothing of the call is left to read it, and a kill leaves nothing
+/// behind in a reused sandbox). `rm` is the one process it starts, and only once the container's
+/// pids controller shows room for it (polled up to 2,000 times while the killed tree's zombies are
+/// reaped): a failed fork would end the shell before its exit status; without that room, or without
+/// a readable controller, the empty cancel file stays. It
 /// starts no process of its own on that path (only `read`, `kill` and `case`, builtins in dash,
 /// BusyBox and bash), so a command that exhausts the container's pids limit cannot make it fail
 /// half-way (a failed fork ends dash and BusyBox `sh`). Exit 10: killed; 6: the tree was not
@@ -241,7 +246,9 @@ macro_rules! exact_kill_fallback {
 /// that did not land once it has seen the nonce line ([`crate::KillReport::after_start`]).
 pub const TREE_KILL_SCRIPT: &str = concat!(
     exact_kill_start!(),
-    r#"r=
+    r#"f=/sys/fs/cgroup
+[ -r "$f/pids.max" ] || f=/sys/fs/cgroup/pids
+r=
 for d in /proc/[0-9]*; do
   s=
   read -r s 2>/dev/null <"$d/stat" || continue
@@ -284,6 +291,19 @@ if [ -n "$r" ]; then
     kill -KILL $l 2>/dev/null
   done
   kill -KILL $r 2>/dev/null
+  i=0
+  while [ "$i" -lt 2000 ]; do
+    m=
+    c=
+    { read -r m <"$f/pids.max" && read -r c <"$f/pids.current"; } 2>/dev/null || break
+    [ "$m" = max ] && m=$((c + 64))
+    case $m$c in ''|*[!0-9]*) break ;; esac
+    if [ $((c + 16)) -lt "$m" ]; then
+      rm -f -- "/tmp/maf-sbx-$n.pgid.cancel"
+      break
+    fi
+    i=$((i + 1))
+  done
   exit 10
 fi
 "#,
@@ -298,8 +318,11 @@ fi
 /// command line is `unshare --user --mount --pid --fork --kill-child=KILL --map-root-user -- env
 /// -u maf-sbx-<nonce> …`. It kills that process and its child, the namespace's first process;
 /// the kernel then kills every process in the namespace. Exit 11 once both are gone (the pid
-/// file the namespace's wrapper wrote is removed; the cancel file stays, in case the `unshare`
-/// was caught between its fork and its child's parent-death signal); 6 if either is still alive
+/// file the namespace's wrapper wrote is removed; the cancel file goes too unless a process whose
+/// command line carries the nonce is still alive: an `unshare` caught between its fork and its
+/// child's parent-death signal leaves such a child, which must still find the file and stop.
+/// Every process of the call carries the nonce from that fork until the wrapper's check, and no
+/// new one can appear once the `unshare` is dead); 6 if either is still alive
 /// after 30 polls. No such `unshare`: the group kill of the same call runs
 /// instead (a wrapper entered without a PID namespace), with the same reading of "never started"
 /// as [`TREE_KILL_SCRIPT`].
@@ -335,6 +358,14 @@ if [ -n "$r" ]; then
     done
     if [ -z "$v" ]; then
       rm -f -- "/tmp/maf-sbx-$n.pgid"
+      w=
+      for d in /proc/[0-9]*; do
+        [ "${d#/proc/}" = "$$" ] && continue
+        c=
+        IFS= read -r c 2>/dev/null <"$d/cmdline"
+        case $c in *"$n"*) w=1 ;; esac
+      done
+      [ -n "$w" ] || rm -f -- "/tmp/maf-sbx-$n.pgid.cancel"
       exit 11
     fi
     t=$((t + 1))

@@ -229,10 +229,13 @@ async fn the_hostile_cases_leave_nothing_behind(
         assert_eq!(report.outcome, KillOutcome::Killed, "{label}: {kill:?}");
         assert_eq!(report.mode, Some(shape.mode()), "{label}");
         eprintln!("{label}: killed in {kill_took:?} (kill exec included)");
-        if shape == Shape::SbxPidNamespace {
-            // The namespace's wrapper was killed before it could remove its pid file; the kill
-            // removes it.
-            let record = exec_wrapper::pid_file(&nonce);
+        // The call's wrapper was killed before it could remove its records; a landed kill
+        // removes them (the pid file of the namespace shape, and the cancel file it wrote
+        // itself), so a kill leaves nothing behind in a reused sandbox.
+        for record in [
+            exec_wrapper::pid_file(&nonce),
+            exec_wrapper::cancel_file(&nonce),
+        ] {
             let argv = ["sh", "-c", r#"[ ! -e "$1" ]"#, "x", &record].map(str::to_owned);
             let gone = container.exec(&argv, BOUND).run().await.unwrap();
             assert_eq!(

@@ -50,6 +50,7 @@ mod entry;
 mod error;
 mod exec;
 pub mod guest_path;
+mod health;
 pub mod hygiene;
 mod isolation;
 mod key;
@@ -72,6 +73,7 @@ pub use error::{BoxError, ErrorKind, GuestCleanup, ParseError, Result, SandboxEr
 pub use exec::{
     Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES, WORKDIR_UNUSABLE_EXIT,
 };
+pub use health::{CheckStatus, HealthCheck};
 pub use isolation::{Isolation, IsolationScope, OsFamily};
 pub use key::SandboxKey;
 pub use limits::{SandboxLimits, TransferLimits, DEFAULT_TRANSFER_LIMITS};

@@ -30,7 +30,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
         CommandLine::Exec { key, target, argv } => return exec(&global, &key, &target, argv).await,
         CommandLine::Images { action } => images(&global, action).await,
         CommandLine::Doctor { egress_probe } => {
-            return crate::backends::doctor(&global, &egress_probe).await
+            return crate::doctor::doctor(&global, &egress_probe).await
         }
         other => other_command(&global, other).await,
     };

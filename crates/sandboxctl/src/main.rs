@@ -10,6 +10,7 @@
 mod backends;
 mod cli;
 mod commands;
+mod doctor;
 mod exit_codes;
 mod guest_env;
 mod host_files;

@@ -410,20 +410,56 @@ fn doctor_passes_here_and_names_the_fix_when_the_engine_is_away() {
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
     let v = json(&out);
     assert_eq!(v["ok"], true);
-    let ids: Vec<&str> = v["checks"]
+    // The backend's own checks, in its order, then the throwaway sandbox; only the sbx line does
+    // not apply.
+    let statuses: Vec<(&str, &str)> = v["checks"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| c["id"].as_str().unwrap())
+        .map(|c| (c["id"].as_str().unwrap(), c["status"].as_str().unwrap()))
         .collect();
-    for id in [
-        "docker.client",
-        "docker.context",
-        "docker.engine",
-        "docker.image",
-        "docker.sandbox",
-    ] {
-        assert!(ids.contains(&id), "{id} missing from {ids:?}");
+    assert_eq!(
+        statuses,
+        [
+            ("docker.context", "pass"),
+            ("docker.engine", "pass"),
+            ("docker.engine_os", "pass"),
+            ("kernel.init", "pass"),
+            ("kernel.pids_cgroup", "pass"),
+            ("docker.image", "pass"),
+            ("sbx", "not_applicable"),
+            ("docker.sandbox", "pass"),
+        ]
+    );
+    let image = &v["checks"][5];
+    assert_eq!(image["detail"], "sandbox-base:local present", "{image}");
+
+    // Every check goes through the Engine API: no `docker` program on the PATH changes nothing.
+    let no_cli = Command::new(BIN)
+        .args(["--json", "doctor"])
+        .env("PATH", "/nonexistent")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        code(&no_cli),
+        0,
+        "{}",
+        String::from_utf8_lossy(&no_cli.stdout)
+    );
+    assert_eq!(json(&no_cli)["checks"], v["checks"]);
+
+    // The text form: one line per check, the word first.
+    let text = ctl(&["doctor"]);
+    assert_eq!(code(&text), 0);
+    let lines: Vec<String> = String::from_utf8_lossy(&text.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), statuses.len(), "{lines:?}");
+    for (line, (id, status)) in lines.iter().zip(&statuses) {
+        let word = if *status == "pass" { "pass" } else { "n/a " };
+        assert!(line.starts_with(&format!("{word}  {id} ")), "{line:?}");
     }
 
     let away = Command::new(BIN)
@@ -443,6 +479,14 @@ fn doctor_passes_here_and_names_the_fix_when_the_engine_is_away() {
         .expect("the engine item is reported");
     assert_eq!(engine["status"], "fail");
     assert!(!engine["fix"].as_str().unwrap().is_empty());
+    // Nothing is checked past an engine that does not answer, and no sandbox is tried.
+    let ids: Vec<&str> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["docker.context", "docker.engine", "sbx"]);
     let pinned = v["checks"]
         .as_array()
         .unwrap()

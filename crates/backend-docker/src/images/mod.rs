@@ -403,17 +403,12 @@ impl ImageRecipe {
     /// Dropping the future drops the request; nothing is changed on the engine.
     pub async fn image_id(&self, tag: &str) -> Result<Option<String>, DockerError> {
         let engine = self.engine().await?;
-        let answer = engine
-            .call(self.command_timeout, engine.api().inspect_image(tag))
-            .await;
-        match answer {
-            Ok(image) => Ok(Some(image.id.unwrap_or_default())),
-            Err(failure) if failure.is_not_found() => Ok(None),
-            Err(failure) => Err(unreachable_engine(
-                "image inspect",
-                engine.failure("image inspect", failure),
-            )),
-        }
+        engine
+            .image_id(self.command_timeout, tag)
+            .await
+            .map_err(|failure| {
+                unreachable_engine("image inspect", engine.failure("image inspect", failure))
+            })
     }
 
     /// The engine this recipe talks to, resolved and connected now.

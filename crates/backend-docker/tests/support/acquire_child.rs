@@ -1,12 +1,13 @@
 //! A helper process for the live suite's `concurrent-acquires-yield-one` probe: it builds its own
 //! backend from the same configuration and runs N concurrent acquires of one (key, spec), so the
-//! engine-level name conflict (and the adopt loop) runs, not only the in-process lock.
+//! engine-level name conflict (and the adopt loop) runs, not only the in-process lock. Each
+//! acquire retries `Busy` as the probe's own do.
 //!
 //! Usage: `docker-acquire-child <context> <scope> <thread> <agent> <call> <kind> <image> <work-dir|-> <n>`.
-//! Prints one line per acquire: `ok <instance id> <freshly created>` or `err <ErrorKind>`.
+//! Prints one line per acquire in the conformance crate's protocol (`conformance::child_acquire_line`).
 
 use backend_docker::{DockerBackend, DockerConfig};
-use sandbox_core::{SandboxBackend, SandboxKey, SandboxSpec};
+use sandbox_core::{SandboxKey, SandboxSpec};
 
 #[tokio::main]
 async fn main() {
@@ -31,13 +32,11 @@ async fn main() {
         let backend = backend.clone();
         let key = key.clone();
         let spec = spec.clone();
-        tokio::spawn(async move { backend.acquire(&key, &spec).await })
+        tokio::spawn(async move { conformance::acquire_retrying_busy(&backend, &key, &spec).await })
     });
     let handles: Vec<_> = acquires.collect();
     for handle in handles {
-        match handle.await.expect("acquire task") {
-            Ok(sandbox) => println!("ok {} {}", sandbox.instance_id(), sandbox.freshly_created()),
-            Err(error) => println!("err {:?}", error.kind()),
-        }
+        let result = handle.await.expect("acquire task");
+        println!("{}", conformance::child_acquire_line(&result));
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use backend_docker::{DockerBackend, DockerConfig, EgressProbe};
-use conformance::{AcquireOutcome, ConformanceError, HardeningHooks};
+use conformance::{AcquireOutcome, ConformanceError, DockerAnswer, Fingerprint, HardeningHooks};
 use exec_wrapper::{BoundedCommand, ExitKind, RunOutput};
 use sandbox_core::{ErrorKind, Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
 
@@ -201,50 +201,32 @@ impl HardeningHooks for DockerHooks {
                 ),
             ));
         }
-        let mut outcomes = Vec::new();
-        for line in String::from_utf8_lossy(&output.stdout).lines() {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            match words.as_slice() {
-                ["ok", id, fresh] => outcomes.push(Ok(AcquireOutcome {
-                    instance_id: (*id).to_owned(),
-                    freshly_created: *fresh == "true",
-                })),
-                ["err", kind] => outcomes.push(Err(kind_named(kind))),
-                _ => {
-                    return Err(ConformanceError::harness(
-                        "HARDENING",
-                        format!("the child process printed {line:?}"),
-                    ))
-                }
-            }
-        }
-        Ok(outcomes)
+        conformance::parse_child_acquires(&output.stdout)
     }
 
     async fn routable_host_address(&self) -> Result<IpAddr, ConformanceError> {
         Ok(bridge_gateway().await)
     }
+
+    async fn fingerprint(
+        &self,
+        sandbox: &dyn Sandbox,
+    ) -> Result<Option<Fingerprint>, ConformanceError> {
+        container_fingerprint(sandbox.instance_id()).await.map(Some)
+    }
 }
 
-/// The error kinds a child process can report, read back from their Debug names.
-fn kind_named(name: &str) -> ErrorKind {
-    [
-        ErrorKind::Busy,
-        ErrorKind::Engine,
-        ErrorKind::EngineTimeout,
-        ErrorKind::BackendUnavailable,
-        ErrorKind::SpecMismatch,
-        ErrorKind::ImageMissing,
-        ErrorKind::SandboxGone,
-        ErrorKind::Retired,
-        ErrorKind::CapabilityNotSupported,
-        ErrorKind::InvalidArgument,
-        ErrorKind::Confinement,
-        ErrorKind::NotADirectory,
-    ]
-    .into_iter()
-    .find(|k| format!("{k:?}") == name)
-    .unwrap_or(ErrorKind::ContractViolation)
+/// The engine-side fingerprint of a container, observed from a container of its own image.
+pub async fn container_fingerprint(container: &str) -> Result<Fingerprint, ConformanceError> {
+    conformance::docker_container_fingerprint(container, |args| async move {
+        let output = docker(args).await;
+        Ok(DockerAnswer {
+            succeeded: output.status == ExitKind::Exited(0),
+            stdout: output.stdout,
+            stderr: output.stderr,
+        })
+    })
+    .await
 }
 
 /// A Unix-socket proxy to the default engine socket that holds back the engine's answer to every

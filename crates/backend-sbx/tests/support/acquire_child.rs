@@ -5,7 +5,7 @@
 //!
 //! Usage: `sbx-acquire-child <sbx path> <workspace root> <scope> <thread> <agent> <call> <kind>
 //! <image|-> <work-dir|-> <n>`; `SBX_SIM_HOME` comes from the environment. Prints one line per
-//! acquire: `ok <instance id> <freshly created>` or `err <ErrorKind>`.
+//! acquire in the conformance crate's protocol (`conformance::child_acquire_line`).
 #![forbid(unsafe_code)]
 
 use backend_sbx::{SbxBackend, SbxConfig};
@@ -43,9 +43,7 @@ async fn main() {
         })
         .collect();
     for handle in acquires {
-        match handle.await.expect("acquire task") {
-            Ok(sandbox) => println!("ok {} {}", sandbox.instance_id(), sandbox.freshly_created()),
-            Err(error) => println!("err {:?}", error.kind()),
-        }
+        let result = handle.await.expect("acquire task");
+        println!("{}", conformance::child_acquire_line(&result));
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use backend_sbx::{SbxBackend, SbxConfig};
-use conformance::{AcquireOutcome, ConformanceError, HardeningHooks};
+use conformance::{AcquireOutcome, ConformanceError, DockerAnswer, Fingerprint, HardeningHooks};
 use exec_wrapper::{BoundedCommand, ExitKind, RunOutput};
 use sandbox_core::{ErrorKind, Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
 
@@ -334,24 +334,7 @@ impl HardeningHooks for SimHooks<'_> {
                 format!("the child process failed: {}", text(&output.stderr)),
             ));
         }
-        let mut outcomes = Vec::new();
-        for line in text(&output.stdout).lines() {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            match words.as_slice() {
-                ["ok", id, fresh] => outcomes.push(Ok(AcquireOutcome {
-                    instance_id: (*id).to_owned(),
-                    freshly_created: *fresh == "true",
-                })),
-                ["err", kind] => outcomes.push(Err(kind_named(kind))),
-                _ => {
-                    return Err(ConformanceError::harness(
-                        "HARDENING",
-                        format!("the child process printed {line:?}"),
-                    ))
-                }
-            }
-        }
-        Ok(outcomes)
+        conformance::parse_child_acquires(&output.stdout)
     }
 
     async fn routable_host_address(&self) -> Result<IpAddr, ConformanceError> {
@@ -361,25 +344,51 @@ impl HardeningHooks for SimHooks<'_> {
     fn gone_kinds(&self) -> Vec<ErrorKind> {
         vec![ErrorKind::SandboxGone, ErrorKind::DaemonFault]
     }
+
+    async fn fingerprint(
+        &self,
+        sandbox: &dyn Sandbox,
+    ) -> Result<Option<Fingerprint>, ConformanceError> {
+        self.host.fingerprint(sandbox.instance_id()).await.map(Some)
+    }
 }
 
-/// The error kinds a child process can report, read back from their Debug names.
-fn kind_named(name: &str) -> ErrorKind {
-    [
-        ErrorKind::Busy,
-        ErrorKind::Engine,
-        ErrorKind::EngineTimeout,
-        ErrorKind::BackendUnavailable,
-        ErrorKind::SpecMismatch,
-        ErrorKind::SandboxGone,
-        ErrorKind::Retired,
-        ErrorKind::CapabilityNotSupported,
-        ErrorKind::InvalidArgument,
-        ErrorKind::DaemonFault,
-        ErrorKind::LoginRequired,
-        ErrorKind::HostNotConfined,
-    ]
-    .into_iter()
-    .find(|k| format!("{k:?}") == name)
-    .unwrap_or(ErrorKind::ContractViolation)
+impl SimHost {
+    /// The engine-side fingerprint of the container behind the simulated sandbox `instance_id`:
+    /// `sbx-sim` backs each sandbox with one container of the Docker engine, found here by the
+    /// labels it sets (this home, this instance).
+    pub async fn fingerprint(&self, instance_id: &str) -> Result<Fingerprint, ConformanceError> {
+        let found = docker([
+            "ps",
+            "-q",
+            "--no-trunc",
+            "--filter",
+            &format!("label=sbx-sim.home={}", self.home_label()),
+            "--filter",
+            &format!("label=sbx-sim.id={instance_id}"),
+        ])
+        .await;
+        let ids: Vec<String> = text(&found.stdout)
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        let [container] = ids.as_slice() else {
+            return Err(ConformanceError::harness(
+                "CONFINEMENT",
+                format!(
+                    "the engine holds {} containers for {instance_id}",
+                    ids.len()
+                ),
+            ));
+        };
+        conformance::docker_container_fingerprint(container, |args| async move {
+            let output = docker(args).await;
+            Ok(DockerAnswer {
+                succeeded: output.status == ExitKind::Exited(0),
+                stdout: output.stdout,
+                stderr: output.stderr,
+            })
+        })
+        .await
+    }
 }
