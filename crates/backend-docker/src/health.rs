@@ -40,7 +40,7 @@ impl DockerBackend {
         ));
         let deadline = config.command_timeout;
         let engine = match EngineConnection::open(endpoint, deadline).await {
-            Ok(engine) => engine,
+            Ok((engine, _os)) => engine,
             Err(e) => {
                 checks.push(HealthCheck::fail(
                     "docker.engine",
