@@ -1,7 +1,7 @@
 //! The contract between AI agent hosts and sandbox backends.
 //!
 //! `sandbox-core` owns the vocabulary every backend and host shares (isolation rungs, egress modes,
-//! capabilities, keys, specs, exec requests and outputs, disposal reports), the [`Sandbox`] and
+//! capabilities, keys, specs, exec requests, outputs and streams, disposal reports), the [`Sandbox`] and
 //! [`SandboxBackend`] traits, the [`Router`] that refuses any backend below the host's isolation floor,
 //! and the pure helpers both backends share: guest-path confinement, storage-base planning, name and label
 //! digests, and the host-hygiene lists (secret-looking environment names, credential paths).
@@ -34,6 +34,7 @@ mod egress;
 mod entry;
 mod error;
 mod exec;
+mod exec_stream;
 mod guest_path;
 mod hygiene;
 mod isolation;
@@ -61,6 +62,10 @@ pub use egress::{
 pub use entry::{EntryKind, SandboxEntry};
 pub use error::{BoxError, ErrorKind, GuestCleanup, ParseError, Result, SandboxError};
 pub use exec::{Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES};
+pub use exec_stream::{
+    ExecChunk, ExecEvent, ExecExit, ExecStdin, ExecStream, ExecStreamSender, SendRefused,
+    MAX_CHUNK_BYTES, STREAM_BUFFER_CHUNKS,
+};
 pub use guest_path::{
     ancestors as guest_path_ancestors, check_delete, check_delete_async, check_list,
     check_list_async, check_read, check_read_async, check_write, check_write_async, confine,
