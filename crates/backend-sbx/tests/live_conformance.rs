@@ -11,7 +11,7 @@ use support::{dispose_all, unique_scope, SimHooks, SimHost};
 
 /// The probes a full run on sbx-sim makes: every suite but CALL_SCOPE (the backend serves the
 /// conversation scope only), the shared HARDENING probes counted from their own constant.
-const EXPECTED_PROBES: usize = 85 + conformance::HARDENING_SHARED_PROBES;
+const EXPECTED_PROBES: usize = 90 + conformance::HARDENING_SHARED_PROBES;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_declared_suite_passes_on_the_simulator() {
