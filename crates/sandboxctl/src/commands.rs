@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandbox_core::{
-    Command, DisposeSelector, ExecRequest, Router, RouterConfig, Sandbox, SandboxBackend,
-    SandboxError, SandboxKey, SandboxSpec,
+    Command, DisposeSelector, ExecChunk, ExecEvent, ExecRequest, ExecStdin, Router, RouterConfig,
+    Sandbox, SandboxBackend, SandboxError, SandboxKey, SandboxSpec,
 };
 use serde_json::{json, Value};
 
@@ -234,21 +234,39 @@ async fn started_or_not(
     workdir: &str,
     output: sandbox_core::ExecOutput,
 ) -> Ran {
+    match not_started(sandbox, workdir, &output, output.stdout.is_empty()).await {
+        Some(reason) => Ran::NotStarted {
+            reason,
+            wrapper_stderr: output.stderr,
+        },
+        None => Ran::Exited(output),
+    }
+}
+
+/// Why the command did not start, when `output` (its stderr, or the head of it, and whether it
+/// wrote no stdout) is shaped like a failed `cd` and the probe confirms it; see
+/// [`started_or_not`].
+async fn not_started(
+    sandbox: &dyn Sandbox,
+    workdir: &str,
+    output: &sandbox_core::ExecOutput,
+    no_stdout: bool,
+) -> Option<SandboxError> {
     let shaped_like_a_failed_cd = output.exit_code == exec_wrapper::WRAPPER_FAILURE_EXIT
-        && output.stdout.is_empty()
+        && no_stdout
         && output.stderr.windows(3).any(|w| w == b"cd:");
     if !shaped_like_a_failed_cd {
-        return Ran::Exited(output);
+        return None;
     }
     let probe = ExecRequest::new(Command::argv(["true"]))
         .working_directory(workdir)
         .timeout(CD_PROBE_BOUND);
     match sandbox.exec(probe).await {
         Ok(probed) if probed.exit_code == exec_wrapper::WRAPPER_FAILURE_EXIT => {}
-        _ => return Ran::Exited(output),
+        _ => return None,
     }
     let path = workdir.to_owned();
-    let reason = match sandbox.stat_file(".", workdir).await {
+    Some(match sandbox.stat_file(".", workdir).await {
         Ok(None) => SandboxError::NotFound { path },
         Err(e) if e.kind() == sandbox_core::ErrorKind::NotFound => SandboxError::NotFound { path },
         Ok(Some(entry))
@@ -265,11 +283,89 @@ async fn started_or_not(
         _ => SandboxError::invalid(format!(
             "the working directory {path:?} cannot be entered in the guest"
         )),
+    })
+}
+
+/// Runs the request in `sandbox`, with this process's stdin when `-i` was given. With `--json`
+/// the output is collected (within the request's budget) for the one JSON object; otherwise it
+/// goes to this process's stdout and stderr chunk by chunk as it arrives, and the returned output
+/// carries only the exit code. One chunk at most is held: a first stderr chunk, before any stdout,
+/// that reads like a shell's failed `cd`, until the next event says whether the command ran (a
+/// command that did not start shows the one-line reason instead).
+async fn run_in(
+    global: &GlobalArgs,
+    sandbox: &dyn Sandbox,
+    request: ExecRequest,
+    target: &RunTarget,
+) -> Result<Ran, SandboxError> {
+    use tokio::io::AsyncWriteExt as _;
+    let stdin = if target.interactive {
+        ExecStdin::reader(tokio::io::stdin())
+    } else {
+        ExecStdin::Closed
     };
-    Ran::NotStarted {
-        reason,
-        wrapper_stderr: output.stderr,
+    if global.json {
+        let budget = request.output_budget();
+        let output = sandbox
+            .exec_stream(request.max_output_bytes(budget), stdin)
+            .await?
+            .collect()
+            .await?;
+        return Ok(started_or_not(sandbox, &target.workdir, output).await);
     }
+    let mut stream = sandbox.exec_stream(request, stdin).await?;
+    let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
+    let mut any_output = false;
+    let mut held: Option<Vec<u8>> = None;
+    while let Some(event) = stream.next().await {
+        let event = event?;
+        if let ExecEvent::Exit(exit) = event {
+            let output = sandbox_core::ExecOutput {
+                stdout: Vec::new(),
+                stderr: held.unwrap_or_default(),
+                exit_code: exit.exit_code,
+                producer_owns_stderr: exit.producer_owns_stderr,
+            };
+            let reason = if output.stderr.is_empty() {
+                None
+            } else {
+                not_started(sandbox, &target.workdir, &output, true).await
+            };
+            return Ok(match reason {
+                Some(reason) => Ran::NotStarted {
+                    reason,
+                    wrapper_stderr: output.stderr,
+                },
+                // The held chunk was the command's own: finish_run prints it.
+                None => Ran::Exited(output),
+            });
+        }
+        if let Some(bytes) = held.take() {
+            let _ = stderr.write_all(&bytes).await;
+            let _ = stderr.flush().await;
+        }
+        match event {
+            ExecEvent::Output(ExecChunk::Stdout(bytes)) => {
+                // A closed stdout (`| head`) is the reader's choice: the command runs on.
+                let _ = stdout.write_all(&bytes).await;
+                let _ = stdout.flush().await;
+            }
+            ExecEvent::Output(ExecChunk::Stderr(bytes))
+                if !any_output && bytes.windows(3).any(|w| w == b"cd:") =>
+            {
+                held = Some(bytes);
+            }
+            ExecEvent::Output(ExecChunk::Stderr(bytes)) => {
+                let _ = stderr.write_all(&bytes).await;
+                let _ = stderr.flush().await;
+            }
+            ExecEvent::Exit(_) => {}
+        }
+        any_output = true;
+    }
+    Err(SandboxError::engine(
+        "the command's output ended without its exit",
+    ))
 }
 
 /// How long the `true` that tells a failed `cd` apart may take.
@@ -385,8 +481,7 @@ async fn run(
     let result = until_interrupted(async {
         let sandbox = backend.acquire(&key, &spec).await?;
         fresh = Some(sandbox.freshly_created());
-        let output = sandbox.exec(request).await?;
-        Ok(started_or_not(&*sandbox, &target.workdir, output).await)
+        run_in(global, &*sandbox, request, target).await
     })
     .await;
     let facts = RunFacts {
@@ -437,11 +532,7 @@ async fn exec(
         let request = exec_request(target, argv)?;
         let backend = gated_backend(global, &target.env.names).await?;
         let sandbox = found(&backend, &key, &target.kind).await?;
-        until_interrupted(async {
-            let output = sandbox.exec(request).await?;
-            Ok(started_or_not(&*sandbox, &target.workdir, output).await)
-        })
-        .await
+        until_interrupted(run_in(global, &*sandbox, request, target)).await
     }
     .await;
     finish_run(global, outcome, RunFacts::default())
