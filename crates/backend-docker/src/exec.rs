@@ -498,11 +498,9 @@ impl BackendState {
                     self.refuse_if_container_died(id, ran.status, started)
                         .await?;
                 }
-                Ok(ExecExit {
-                    exit_code: ran.status,
-                    producer_owns_stderr: false,
-                })
+                Ok(ExecExit::exited(ran.status))
             }
+            WrapperOutcome::NoWorkingDirectory { reason } => Ok(ExecExit::workdir_unusable(reason)),
             WrapperOutcome::NoNonce {
                 status,
                 stderr_tail,

@@ -661,3 +661,39 @@ async fn streaming_a_gibibyte_to_a_slow_consumer_keeps_host_memory_bounded() {
     backend.dispose(&key, DisposeSelector::all()).await;
     assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unusable_working_directory_is_125_not_started_with_the_reason() {
+    let backend = backend(false).await;
+    let scope = unique_scope("nocwd");
+    for (thread, image) in [("base", BASE), ("busybox", BUSYBOX)] {
+        let key = SandboxKey::conversation(scope.as_str(), thread, "agent");
+        let sandbox = backend.acquire(&key, &spec(image)).await.unwrap();
+        let made = run(&*sandbox, &["sh", "-c", "printf x > plain"]).await;
+        assert_eq!(made.exit_code, 0, "{image}: {}", made.stderr_text());
+        for workdir in ["/no/such/dir", "gone", "plain"] {
+            let output = sandbox
+                .exec(
+                    ExecRequest::new(Command::argv(["touch", "/tmp/ran"]))
+                        .working_directory(workdir)
+                        .timeout(Duration::from_secs(30)),
+                )
+                .await
+                .expect("a missing working directory is a result, not an error");
+            assert_eq!(output.exit_code, 125, "{image} {workdir}");
+            let reason = output.not_started.as_deref().unwrap_or_else(|| {
+                panic!("{image} {workdir}: not reported as not started: {output:?}")
+            });
+            assert!(reason.contains(workdir), "{image} {workdir}: {reason:?}");
+            assert!(output.stdout.is_empty() && output.stderr.is_empty());
+        }
+        assert_eq!(
+            run(&*sandbox, &["test", "-e", "/tmp/ran"]).await.exit_code,
+            1
+        );
+        // The command's own 125, with a `cd` message, is the command's.
+        let own = run(&*sandbox, &["sh", "-c", "echo 'cd: /x' >&2; exit 125"]).await;
+        assert_eq!((own.exit_code, own.not_started), (125, None), "{image}");
+    }
+    assert_nothing_left(&backend, &scope, &["base".to_owned(), "busybox".to_owned()]).await;
+}

@@ -243,10 +243,8 @@ impl WrappedCall {
     /// What a wrapper call that ended reports: the command's exit, or the failure.
     fn exit_of(&self, outcome: WrapperOutcome) -> Result<ExecExit, SandboxError> {
         match outcome {
-            WrapperOutcome::Ran(output) => Ok(ExecExit {
-                exit_code: output.status,
-                producer_owns_stderr: false,
-            }),
+            WrapperOutcome::Ran(output) => Ok(ExecExit::exited(output.status)),
+            WrapperOutcome::NoWorkingDirectory { reason } => Ok(ExecExit::workdir_unusable(reason)),
             WrapperOutcome::Unmounted => Err(SandboxError::WorkspaceMismatch(format!(
                 "the directory bound at {} in sandbox {} is not this sandbox's workspace",
                 self.mount_parent, self.name

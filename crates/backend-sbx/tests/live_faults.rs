@@ -3,7 +3,7 @@
 //! still answers with its file intact afterwards). Every test ends by disposing of what it made
 //! and checking that nothing is left: no container, no simulator record, no workspace directory.
 //! Also here: idle stop and rebind, retirement seen by another process, disposal from another
-//! process.
+//! process, and a working directory the wrapper cannot enter.
 
 mod support;
 
@@ -517,4 +517,43 @@ async fn disposal_from_another_process_removes_everything() {
     assert_eq!(purge.disposed, 1, "{purge:?}");
     assert!(purge.undisposed.is_none());
     host.assert_nothing_left().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unusable_working_directory_is_125_not_started_with_the_reason() {
+    let host = SimHost::new();
+    let scope = unique_scope("nocwd");
+    let backend = host.backend().await;
+    let sandbox = backend.acquire(&key(&scope, "t"), &spec()).await.unwrap();
+    sandbox.write_file("plain", b"x", ".").await.unwrap();
+    let exec = |workdir: &str, argv: &[&str]| {
+        sandbox.exec(
+            ExecRequest::new(Command::argv(argv))
+                .working_directory(workdir)
+                .timeout(Duration::from_secs(20)),
+        )
+    };
+    for workdir in ["/no/such/dir", "gone", "plain"] {
+        let output = exec(workdir, &["touch", "/tmp/ran"])
+            .await
+            .expect("a missing working directory is a result, not an error");
+        assert_eq!(output.exit_code, 125, "{workdir}");
+        let reason = output
+            .not_started
+            .as_deref()
+            .unwrap_or_else(|| panic!("{workdir}: not reported as not started: {output:?}"));
+        assert!(reason.contains(workdir), "{workdir}: {reason:?}");
+        assert!(output.stdout.is_empty() && output.stderr.is_empty());
+    }
+    let ran = exec(".", &["test", "-e", "/tmp/ran"]).await.unwrap();
+    assert_eq!(
+        ran.exit_code, 1,
+        "a command in an unusable working directory ran"
+    );
+    // The command's own 125, with a `cd` message, is the command's.
+    let own = exec(".", &["sh", "-c", "echo 'cd: /x' >&2; exit 125"])
+        .await
+        .unwrap();
+    assert_eq!((own.exit_code, own.not_started), (125, None));
+    finish(&host, &backend, &scope).await;
 }

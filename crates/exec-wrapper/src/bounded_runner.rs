@@ -93,13 +93,13 @@ impl std::fmt::Debug for BoundedCommand {
                 &self.env.iter().map(|(name, _)| name).collect::<Vec<_>>(),
             )
             .field(
-                "stdin",
+                "stdin_len",
                 &match &self.stdin {
-                    None => "closed".to_owned(),
-                    Some(Feed::Bytes(bytes)) => format!("{} bytes", bytes.len()),
-                    Some(Feed::Reader(_)) => "a reader".to_owned(),
+                    Some(Feed::Bytes(bytes)) => Some(bytes.len()),
+                    _ => None,
                 },
             )
+            .field("stdin_reader", &matches!(self.stdin, Some(Feed::Reader(_))))
             .field("output_budget", &self.output_budget)
             .field("timeout", &self.timeout)
             .field("stop_after", &self.stop_after)

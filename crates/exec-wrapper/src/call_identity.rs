@@ -47,6 +47,14 @@ impl Nonce {
         line.extend_from_slice(b"-unmounted\n");
         line
     }
+
+    /// The line the wrapper prints, before any nonce line, when it cannot enter the working
+    /// directory: `<nonce>-nocwd\n`, followed by the shell's own message.
+    pub fn no_cwd_line(&self) -> Vec<u8> {
+        let mut line = self.0.as_bytes().to_vec();
+        line.extend_from_slice(b"-nocwd\n");
+        line
+    }
 }
 
 impl fmt::Display for Nonce {
@@ -140,5 +148,6 @@ mod tests {
             nonce.unmounted_line(),
             b"00112233445566778899aabb-unmounted\n"
         );
+        assert_eq!(nonce.no_cwd_line(), b"00112233445566778899aabb-nocwd\n");
     }
 }

@@ -11,14 +11,16 @@
 //! 2. **Per-call names.** A fresh [`Nonce`] ([`new_nonce`]) names the pid file
 //!    ([`pid_file`]) and cancel file ([`cancel_file`]) of this call only.
 //! 3. **The wrapper** ([`DOCKER_WRAPPER`], run stage only; [`SBX_WRAPPER`], `enter` / `bind` /
-//!    `run`) decodes everything (failure: exit 125 with no nonce), prints the nonce line on
-//!    stderr, and starts the command with `setsid` in a new session. The command's first shell
+//!    `run`) decodes everything (failure: exit 125 with no nonce), enters the working directory
+//!    (failure: the `<nonce>-nocwd` line and the shell's message, exit 125, no nonce), prints the
+//!    nonce line on stderr, and starts the command with `setsid` in a new session. The command's first shell
 //!    writes its pid (the group id) to the pid file, then runs the command only if no cancel file
 //!    exists.
 //! 4. **The result** ([`parse_result`], fed incrementally by [`NonceSplitter`] however the
 //!    chunks cut the line): stderr after the first nonce line is the command's; no
 //!    nonce line means the engine, the transport or the wrapper failed, never the command
-//!    ([`WrapperOutcome::NoNonce`]); `<nonce>-unmounted` is its own outcome.
+//!    ([`WrapperOutcome::NoNonce`]); `<nonce>-nocwd` ([`WrapperOutcome::NoWorkingDirectory`])
+//!    and `<nonce>-unmounted` are outcomes of their own.
 //! 5. **The kill** ([`KILL_SCRIPT`], run by a second, separate exec, [`kill_argv`]) creates the
 //!    cancel file, then reads the pid file and sends SIGKILL to the recorded group, then polls
 //!    until no member is left. The exact kills ([`TREE_KILL_SCRIPT`], [`NAMESPACE_KILL_SCRIPT`])
@@ -62,7 +64,8 @@
 //!   keep its processes running in a sandbox that is kept.
 //! - The nonce authenticates nothing against a hostile guest: a command can print it again or
 //!   forge text after it, which only changes its own result. It cannot write before the real
-//!   nonce line, so it cannot forge an engine failure or an unmounted workspace.
+//!   nonce line, so it cannot forge an engine failure, an unmounted workspace or a working
+//!   directory that could not be entered.
 //! - Orphans of a killed group must be reaped by the guest's init (docker `--init`, sbx's VM
 //!   init); zombies left behind read as a surviving member (exit 6, the sandbox is retired).
 //!
@@ -140,7 +143,7 @@ pub use group_kill::{
 };
 pub use nonce_result::{
     nonce_line_seen, outcome_of, parse_result, parse_run_output, WrapperOutcome, WrapperOutput,
-    STDERR_TAIL_BYTES, UNMOUNTED_WORD,
+    NO_CWD_REASON_BYTES, NO_CWD_WORD, STDERR_TAIL_BYTES, UNMOUNTED_WORD,
 };
 pub use nonce_splitter::{CallEnd, NonceSplitter, StderrPhase, MAX_MARKER_WORD};
 pub use tool_probe::{

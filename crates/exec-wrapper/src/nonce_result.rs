@@ -4,12 +4,20 @@
 use crate::bounded_runner::{ExitKind, RunOutput};
 use crate::call_identity::Nonce;
 use crate::nonce_splitter::{CallEnd, NonceSplitter};
+use crate::wrapper_scripts::WRAPPER_FAILURE_EXIT;
 
 /// The word of the sbx `bind` stage's marker line `<nonce>-unmounted`.
 pub const UNMOUNTED_WORD: &str = "unmounted";
 
+/// The word of the marker line `<nonce>-nocwd` the wrapper prints when it cannot enter the
+/// working directory, followed by the shell's own message.
+pub const NO_CWD_WORD: &str = "nocwd";
+
 /// How many trailing stderr bytes a failure outcome keeps for the backend's classification.
 pub const STDERR_TAIL_BYTES: usize = 4096;
+
+/// How many bytes of the shell's message a [`WrapperOutcome::NoWorkingDirectory`] keeps.
+pub const NO_CWD_REASON_BYTES: usize = 1024;
 
 /// A command's result, as the wrapper reported it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,8 +36,17 @@ pub struct WrapperOutput {
 /// an exit code.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WrapperOutcome {
-    /// The nonce line was found and the client exited: the command ran (or its `cd` failed).
+    /// The nonce line was found and the client exited: the command ran.
     Ran(WrapperOutput),
+    /// No nonce line, but the `<nonce>-nocwd` line and exit 125: the wrapper could not enter the
+    /// working directory (missing, not a directory, not searchable), so the command never
+    /// started. Never the command's own 125: the marker can only come before the nonce line.
+    NoWorkingDirectory {
+        /// The shell's message about the failed `cd` (at most [`NO_CWD_REASON_BYTES`] of it,
+        /// invalid UTF-8 replaced, surrounding whitespace trimmed); a fixed text when the shell
+        /// said nothing.
+        reason: String,
+    },
     /// The sbx `bind` stage found no marker: the directory bound at the parent is another
     /// sandbox's workspace.
     Unmounted,
@@ -55,8 +72,10 @@ pub enum WrapperOutcome {
 ///
 /// The [`NonceSplitter`] over the whole stderr: the first nonce line `<nonce>\n` splits it, bytes
 /// before are transport noise (logged at debug level, never returned), bytes after are the
-/// command's. A marker line first: `<nonce>-unmounted\n` means [`WrapperOutcome::Unmounted`];
-/// no nonce line at all is [`WrapperOutcome::NoNonce`]. A guest can print the nonce again or forge text after it, but that
+/// command's. A marker line first: `<nonce>-nocwd\n` with exit 125 means
+/// [`WrapperOutcome::NoWorkingDirectory`] (the message after the marker is the reason),
+/// `<nonce>-unmounted\n` means [`WrapperOutcome::Unmounted`]; anything else is
+/// [`WrapperOutcome::NoNonce`]. A guest can print the nonce again or forge text after it, but that
 /// only changes its own result: it cannot write before the real nonce line.
 pub fn parse_result(
     stdout: Vec<u8>,
@@ -79,12 +98,30 @@ pub fn outcome_of(end: CallEnd, stdout: Vec<u8>, command_stderr: Vec<u8>) -> Wra
             status,
         }),
         CallEnd::Marker { word, .. } if word == UNMOUNTED_WORD => WrapperOutcome::Unmounted,
-        // A marker this crate's wrappers never print: the call failed before the command.
-        CallEnd::Marker { status, word } => WrapperOutcome::NoNonce {
+        CallEnd::Marker {
+            word,
+            status: WRAPPER_FAILURE_EXIT,
+            message,
+            ..
+        } if word == NO_CWD_WORD => {
+            let message = &message[..message.len().min(NO_CWD_REASON_BYTES)];
+            let reason = String::from_utf8_lossy(message).trim().to_owned();
+            WrapperOutcome::NoWorkingDirectory {
+                reason: if reason.is_empty() {
+                    "the working directory cannot be entered".to_owned()
+                } else {
+                    reason
+                },
+            }
+        }
+        // A marker with another status, or one this crate's wrappers never print: the call
+        // failed before the command.
+        CallEnd::Marker {
             status,
-            stderr_tail: format!("unknown wrapper marker {word:?}").into_bytes(),
-        },
-        CallEnd::NoNonce {
+            stderr_tail,
+            ..
+        }
+        | CallEnd::NoNonce {
             status,
             stderr_tail,
         } => WrapperOutcome::NoNonce {
@@ -162,6 +199,57 @@ mod tests {
         };
         assert_eq!(output.stderr, b"0123456789abcdef01234567-unmounted\n");
         assert_eq!(output.status, 125);
+    }
+
+    #[test]
+    fn no_cwd_marker_without_the_nonce_line_is_not_started() {
+        assert_eq!(
+            ran(
+                b"noise\n0123456789abcdef01234567-nocwd\nsh: 1: cd: can't cd to /gone\n",
+                125
+            ),
+            WrapperOutcome::NoWorkingDirectory {
+                reason: "sh: 1: cd: can't cd to /gone".into()
+            }
+        );
+        // The shell said nothing (the directory appeared between the two `cd`s).
+        assert!(matches!(
+            ran(b"0123456789abcdef01234567-nocwd\n", 125),
+            WrapperOutcome::NoWorkingDirectory { reason } if !reason.is_empty()
+        ));
+        // The reason is bounded.
+        let mut long = b"0123456789abcdef01234567-nocwd\n".to_vec();
+        long.extend(std::iter::repeat_n(b'm', NO_CWD_REASON_BYTES * 4));
+        let WrapperOutcome::NoWorkingDirectory { reason } = ran(&long, 125) else {
+            panic!("the marker was present");
+        };
+        assert_eq!(reason.len(), NO_CWD_REASON_BYTES);
+        // The wrapper exits 125 after the marker; any other status is not its report.
+        assert!(matches!(
+            ran(b"0123456789abcdef01234567-nocwd\n", 1),
+            WrapperOutcome::NoNonce { status: 1, .. }
+        ));
+        // Another call's marker is noise.
+        assert!(matches!(
+            ran(b"ffffffffffffffffffffffff-nocwd\n", 125),
+            WrapperOutcome::NoNonce { .. }
+        ));
+    }
+
+    #[test]
+    fn a_marker_after_the_nonce_line_is_the_commands_own_output() {
+        let outcome = ran(
+            b"0123456789abcdef01234567\n0123456789abcdef01234567-nocwd\ncd: forged\n",
+            125,
+        );
+        let WrapperOutcome::Ran(output) = outcome else {
+            panic!("a nonce line was present: {outcome:?}");
+        };
+        assert_eq!(output.status, 125);
+        assert_eq!(
+            output.stderr,
+            b"0123456789abcdef01234567-nocwd\ncd: forged\n"
+        );
     }
 
     #[test]

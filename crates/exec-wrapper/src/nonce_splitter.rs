@@ -8,7 +8,7 @@
 
 use crate::bounded_runner::ExitKind;
 use crate::call_identity::{Nonce, NONCE_HEX_LEN};
-use crate::nonce_result::STDERR_TAIL_BYTES;
+use crate::nonce_result::{NO_CWD_REASON_BYTES, STDERR_TAIL_BYTES};
 
 /// The longest word of a marker line `<nonce>-<word>\n` (lowercase ASCII letters).
 pub const MAX_MARKER_WORD: usize = 32;
@@ -20,8 +20,8 @@ pub enum StderrPhase {
     Searching,
     /// The nonce line `<nonce>\n` came: every later byte is the command's.
     Started,
-    /// A marker line `<nonce>-<word>\n` came first (`unmounted`, ...): the wrapper stopped before
-    /// the command, and what follows is not the command's.
+    /// A marker line `<nonce>-<word>\n` came first (`nocwd`, `unmounted`): the wrapper stopped
+    /// before the command, and what follows is the wrapper's message, never the command's.
     Marker(String),
 }
 
@@ -35,10 +35,14 @@ pub enum CallEnd {
     },
     /// A marker line came first.
     Marker {
-        /// Its word (`unmounted`, ...).
+        /// Its word (`nocwd`, `unmounted`).
         word: String,
         /// The client's status.
         status: i32,
+        /// What stderr held after the marker line: its first [`NO_CWD_REASON_BYTES`] bytes.
+        message: Vec<u8>,
+        /// The last [`STDERR_TAIL_BYTES`] bytes of the client's stderr.
+        stderr_tail: Vec<u8>,
     },
     /// No nonce line: the engine, the transport or the wrapper failed first.
     NoNonce {
@@ -68,6 +72,8 @@ pub struct NonceSplitter {
     phase: StderrPhase,
     /// Bytes not yet classified while searching: at most a partial marker line plus one chunk.
     pending: Vec<u8>,
+    /// After a marker line: the first [`NO_CWD_REASON_BYTES`] bytes that followed it.
+    message: Vec<u8>,
     tail: Vec<u8>,
     noise: bool,
 }
@@ -81,6 +87,7 @@ impl NonceSplitter {
             nonce: text,
             phase: StderrPhase::Searching,
             pending: Vec::new(),
+            message: Vec::new(),
             tail: Vec::new(),
             noise: false,
         }
@@ -101,7 +108,10 @@ impl NonceSplitter {
         self.keep_tail(bytes);
         match self.phase {
             StderrPhase::Started => return bytes.to_vec(),
-            StderrPhase::Marker(_) => return Vec::new(),
+            StderrPhase::Marker(_) => {
+                self.keep_message(bytes);
+                return Vec::new();
+            }
             StderrPhase::Searching => {}
         }
         self.pending.extend_from_slice(bytes);
@@ -121,8 +131,10 @@ impl NonceSplitter {
                     Word::Incomplete => return self.hold_from(at),
                     Word::Complete(word) => {
                         self.note_noise(at);
+                        let rest = self.pending[after + 2 + word.len()..].to_vec();
                         self.phase = StderrPhase::Marker(word);
                         self.pending = Vec::new();
+                        self.keep_message(&rest);
                         return Vec::new();
                     }
                     Word::Invalid => from = at + 1,
@@ -151,7 +163,12 @@ impl NonceSplitter {
         };
         match self.phase {
             StderrPhase::Started => CallEnd::Ran { status: code },
-            StderrPhase::Marker(word) => CallEnd::Marker { word, status: code },
+            StderrPhase::Marker(word) => CallEnd::Marker {
+                word,
+                status: code,
+                message: self.message,
+                stderr_tail: self.tail,
+            },
             StderrPhase::Searching => CallEnd::NoNonce {
                 status: code,
                 stderr_tail: self.tail,
@@ -178,6 +195,12 @@ impl NonceSplitter {
                 "transport output before the nonce line"
             );
         }
+    }
+
+    fn keep_message(&mut self, bytes: &[u8]) {
+        let room = NO_CWD_REASON_BYTES - self.message.len();
+        self.message
+            .extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 
     fn keep_tail(&mut self, bytes: &[u8]) {
@@ -258,19 +281,31 @@ mod tests {
                 if (1..=MAX_MARKER_WORD).contains(&word.len())
                     && rest.get(1 + word.len()) == Some(&b'\n')
                 {
+                    let after = &rest[2 + word.len()..];
                     let word = String::from_utf8(word).unwrap();
-                    return (Vec::new(), CallEnd::Marker { word, status: 0 });
+                    return (
+                        Vec::new(),
+                        CallEnd::Marker {
+                            word,
+                            status: 0,
+                            message: after[..after.len().min(NO_CWD_REASON_BYTES)].to_vec(),
+                            stderr_tail: tail(stderr),
+                        },
+                    );
                 }
             }
         }
-        let tail = stderr[stderr.len().saturating_sub(STDERR_TAIL_BYTES)..].to_vec();
         (
             Vec::new(),
             CallEnd::NoNonce {
                 status: 0,
-                stderr_tail: tail,
+                stderr_tail: tail(stderr),
             },
         )
+    }
+
+    fn tail(stderr: &[u8]) -> Vec<u8> {
+        stderr[stderr.len().saturating_sub(STDERR_TAIL_BYTES)..].to_vec()
     }
 
     #[test]
@@ -284,7 +319,7 @@ mod tests {
         for line in lines {
             let mut stderr = b"warning: noise 0123\n".to_vec();
             stderr.extend_from_slice(line);
-            stderr.extend_from_slice(b"err\n0123456789abcdef01234567\n");
+            stderr.extend_from_slice(b"sh: cd: can't cd\n0123456789abcdef01234567\n");
             for first in 0..=stderr.len() {
                 for second in first..=stderr.len() {
                     assert_eq!(

@@ -29,17 +29,20 @@ pub const SCRIPT_NAME: &str = "maf-sbx";
 pub const WORKSPACE_MARKER: &str = ".maf-sbx-workspace";
 
 /// Exit status of every wrapper failure before the command could start (decode, bind, uid map,
-/// unknown stage, `cd`).
+/// unknown stage, `cd`). Only a failed `cd` says so on stderr, with the `<nonce>-nocwd` line.
 pub const WRAPPER_FAILURE_EXIT: i32 = 125;
 
 // The `run` stage, shared by both shapes. In order:
 //  1. decode the working directory, the env file (when $8 is not `-`) and the argv; any failure
 //     exits 125 before the nonce. The decoded values are rebuilt in the positionals as
-//     `ENV… - CWD PIDFILE ARGV…`, so no shell variable is read after the env entries are
+//     `ENV… - PIDFILE ARGV…`, so no shell variable is read after the env entries are
 //     exported (a caller's `p=…` could not redirect the pid file).
-//  2. print the nonce on stderr: from here on every stderr byte is the command's.
-//  3. export the env entries (`export "$1"`: no eval, no word splitting).
-//  4. cd, or exit 125 with the shell's own message.
+//  2. cd to the working directory as soon as it is decoded, before the nonce and before any guest
+//     entry is exported (a `CDPATH` entry cannot steer it). On failure: the `<nonce>-nocwd`
+//     marker line, then the shell's own message (the `cd` again, unsilenced), exit 125. The
+//     marker comes before any nonce line, so no command can forge it.
+//  3. print the nonce on stderr: from here on every stderr byte is the command's.
+//  4. export the env entries (`export "$1"`: no eval, no word splitting).
 //  5. run `setsid sh -c INNER sh PIDFILE ARGV…` as a forked child (never exec: a forked child of
 //     a non-interactive shell is not a group leader, so setsid makes the session in place, and
 //     the wait below covers the command). INNER records its pid (= the new group id), then runs
@@ -70,8 +73,16 @@ i=0
 for a do
   [ "$i" -lt "$k" ] || break
   d "$a" || exit 125
-  set -- "$@" "$v"
-  [ "$i" -eq 0 ] && set -- "$@" "$p"
+  if [ "$i" -eq 0 ]; then
+    cd -- "$v" 2>/dev/null || {
+      printf '%s-nocwd\n' "$n" >&2
+      cd -- "$v"
+      exit 125
+    }
+    set -- "$@" "$p"
+  else
+    set -- "$@" "$v"
+  fi
   i=$((i + 1))
 done
 shift "$k"
@@ -80,8 +91,6 @@ while [ "$1" != - ]; do
   export "$1"
   shift
 done
-shift
-cd -- "$1" || exit 125
 shift
 setsid sh -c 'printf "%s\n" "$$" >"$1" || exit 125
 if [ -e "$1.cancel" ] || [ -L "$1.cancel" ]; then exit 125; fi
@@ -180,9 +189,9 @@ pub const DOCKER_INIT_PATH: &str = "/sbin/docker-init";
 /// `/proc/<pid>/cmdline`, which must reach the nonce. Positionals: `$1` nonce, `$2` the mask (one
 /// `r` for a raw value or `x` for an `x`-base64 one, per value), then the working directory and
 /// the argv. In order: the mask must match the values; a cancel file means the kill came first
-/// (exit 125, no nonce); only `x` values are decoded (any failure: 125, no nonce); the nonce line;
-/// `cd` (failure: 125 after the nonce); then the shell replaces itself with the command, so the
-/// call costs the init and one shell. The init puts the command in its own process group and
+/// (exit 125, no nonce); only `x` values are decoded (any failure: 125, no nonce); `cd` (failure:
+/// the `<nonce>-nocwd` line, the shell's message, 125, no nonce); the nonce line; then the shell
+/// replaces itself with the command, so the call costs the init and one shell. The init puts the command in its own process group and
 /// stays its subreaper: whatever the command starts, even in a new session, stays in its tree.
 pub const DOCKER_INIT_WRAPPER: &str = concat!(
     r#"n=$1 m=$2;shift 2;[ "${#m}" -eq "$#" ]||exit 125;"#,
@@ -191,7 +200,8 @@ pub const DOCKER_INIT_WRAPPER: &str = concat!(
     r#"if [ "$c" = x ];then case $a in x*) ;;*) exit 125;;esac;"#,
     r#"a=$(printf '%s' "${a#x}"|base64 -d&&printf x)||exit 125;a=${a%x};fi;"#,
     r#"set -- "$@" "$a";done;shift "$k";;esac;"#,
-    r#"printf '%s\n' "$n" >&2;cd -- "$1"||exit 125;shift;exec "$@""#
+    r#"cd -- "$1" 2>/dev/null||{ printf '%s-nocwd\n' "$n" >&2;cd -- "$1";exit 125;};"#,
+    r#"printf '%s\n' "$n" >&2;shift;exec "$@""#
 );
 
 // The start of the exact kills: check the nonce, create the cancel file first (the start race

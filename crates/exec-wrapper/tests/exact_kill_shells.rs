@@ -131,11 +131,47 @@ async fn status_streams_and_working_directory_pass_through() {
                 shell.name
             );
         }
-        let (_, outcome) = run_init_shape(&shell, b"/no/such/dir", &[b"true".to_vec()]).await;
+        // A working directory that cannot be entered: no nonce line, the marker and the shell's
+        // message, and the command never runs.
+        let side_effect = dir.path().join(format!("ran-{}", shell.name));
+        let touch = [
+            b"touch".to_vec(),
+            side_effect.as_os_str().as_encoded_bytes().to_vec(),
+        ];
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, b"x").unwrap();
+        for cwd in ["/no/such/dir".to_owned(), plain.display().to_string()] {
+            let (_, outcome) = run_init_shape(&shell, cwd.as_bytes(), &touch).await;
+            common::assert_not_started(shell.name, &outcome, &cwd);
+            assert!(
+                !side_effect.exists(),
+                "{}: {cwd}: the command ran",
+                shell.name
+            );
+        }
+        // A command's own marker and 125, after the nonce line, stay its result.
+        let nonce = new_nonce().unwrap();
+        let forged = format!("{nonce}-nocwd\ncd: forged\n");
+        let invocation = raw_invocation(
+            b"/",
+            &[
+                b"sh".as_slice(),
+                b"-c",
+                b"printf \"$1\" >&2; exit 125",
+                b"sh",
+                forged.as_bytes(),
+            ],
+        )
+        .unwrap();
+        let output = shell
+            .run(&from_sh(&nonce, &invocation), BOUND)
+            .await
+            .unwrap();
+        let output = ran(&shell, parse_run_output(output, &nonce));
         assert_eq!(
-            ran(&shell, outcome).status,
-            125,
-            "{}: cd failure after the nonce",
+            (output.status, output.stderr),
+            (125, forged.into_bytes()),
+            "{}",
             shell.name
         );
         let (_, outcome) = run_init_shape(&shell, b"/", &[b"no-such-program-xyz".to_vec()]).await;

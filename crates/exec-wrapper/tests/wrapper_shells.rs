@@ -148,7 +148,7 @@ async fn exit_codes_0_to_255_pass_through() {
 }
 
 #[tokio::test]
-async fn working_directory_is_entered_and_a_missing_one_is_125_after_the_nonce() {
+async fn working_directory_is_entered_and_an_unusable_one_is_not_started() {
     let dir = tempfile::tempdir().unwrap();
     let odd = dir.path().join("a dir\nwith newline");
     std::fs::create_dir(&odd).unwrap();
@@ -164,12 +164,63 @@ async fn working_directory_is_entered_and_a_missing_one_is_125_after_the_nonce()
             shell.name
         );
 
-        let (_, outcome) = run_docker_shape(&shell, b"/no/such/dir", &[b"true".to_vec()]).await;
-        let output = ran(&shell, outcome);
+        // Missing, a regular file, and a directory that exists but cannot be entered (skipped
+        // as root, who enters it anyway): the command never runs, whatever the shell.
+        let plain = dir.path().join("plain");
+        let locked = dir.path().join("locked");
+        if !locked.exists() {
+            std::fs::write(&plain, b"x").unwrap();
+            std::fs::create_dir(&locked).unwrap();
+            std::fs::set_permissions(&locked, std::os::unix::fs::PermissionsExt::from_mode(0o000))
+                .unwrap();
+        }
+        let as_root = std::fs::read_dir(&locked).is_ok();
+        let side_effect = dir.path().join(format!("ran-{}", shell.name));
+        let touch = [
+            b"touch".to_vec(),
+            side_effect.as_os_str().as_bytes().to_vec(),
+        ];
+        let mut unusable = vec!["/no/such/dir".to_owned(), plain.display().to_string()];
+        if !as_root {
+            unusable.push(locked.display().to_string());
+        }
+        for cwd in &unusable {
+            let (_, outcome) = run_docker_shape(&shell, cwd.as_bytes(), &touch).await;
+            common::assert_not_started(shell.name, &outcome, cwd);
+            assert!(
+                !side_effect.exists(),
+                "{}: {cwd}: the command ran",
+                shell.name
+            );
+        }
+    }
+}
+
+/// A command that prints the `-nocwd` marker of its own call's nonce and exits 125 is still the
+/// command's result: the marker only counts before the nonce line, which the command comes after.
+#[tokio::test]
+async fn a_command_cannot_forge_the_not_started_marker() {
+    for shell in shells() {
+        let nonce = new_nonce().unwrap();
+        let forged = format!("{nonce}-nocwd\nsh: cd: can't cd to /forged\n");
+        let argv = [
+            b"sh".to_vec(),
+            b"-c".to_vec(),
+            b"printf \"$1\" >&2; exit 125".to_vec(),
+            b"sh".to_vec(),
+            forged.into_bytes(),
+        ];
+        let invocation = encode_invocation(b"/", &argv).unwrap();
+        let output = shell
+            .run(&docker_wrapper_argv(&nonce, &invocation), BOUND)
+            .await
+            .unwrap();
+        let output = ran(&shell, parse_run_output(output, &nonce));
         assert_eq!(output.status, 125, "{}", shell.name);
-        assert!(
-            !output.stderr.is_empty(),
-            "{}: the shell's own message stays",
+        assert_eq!(
+            output.stderr,
+            format!("{nonce}-nocwd\nsh: cd: can't cd to /forged\n").into_bytes(),
+            "{}",
             shell.name
         );
     }

@@ -31,7 +31,8 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
     /// The storage base bound to this instance.
     fn storage_base(&self) -> &str;
 
-    /// Runs a command. A missing working directory yields a non-zero [`ExecOutput`] (125), not an error.
+    /// Runs a command. A working directory that cannot be entered yields a non-zero [`ExecOutput`]
+    /// (125) whose `not_started` says why, not an error.
     /// An expired timeout is [`SandboxError::Timeout`] carrying how the guest side ended.
     async fn exec(&self, request: ExecRequest) -> Result<ExecOutput, SandboxError>;
 

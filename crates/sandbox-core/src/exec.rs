@@ -241,10 +241,12 @@ impl ExecRequest {
     }
 }
 
-/// What a command that ran to completion produced.
+/// What a command that ran to completion produced, or why it never started.
 ///
 /// The byte fields are exact; the text views are lossy. `exit_code` is the command's own status,
-/// verbatim: an engine failure is an error, never an `ExecOutput`.
+/// verbatim: an engine failure is an error, never an `ExecOutput`. A working directory that cannot
+/// be entered is not an error either: the output says so in [`not_started`](Self::not_started),
+/// with `exit_code` 125 and empty streams, so it is told apart from a command's own 125 exactly.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecOutput {
     /// Exact stdout bytes.
@@ -256,9 +258,41 @@ pub struct ExecOutput {
     /// True when stderr holds only transport text and the program's stderr is folded into stdout. Both
     /// backends of this project keep the streams apart, so they always report false.
     pub producer_owns_stderr: bool,
+    /// `Some(reason)` when the command never started because the working directory could not be
+    /// entered in the guest (missing, not a directory, not searchable): the reason is the guest
+    /// shell's own message, `exit_code` is [`WORKDIR_UNUSABLE_EXIT`] and both streams are empty.
+    /// `None` for every command that started, whatever its status (its own 125 included).
+    pub not_started: Option<String>,
 }
 
+/// The exit code of an [`ExecOutput`] whose command never started (the established contract: a
+/// missing working directory is a non-zero result, not an error).
+pub const WORKDIR_UNUSABLE_EXIT: i32 = 125;
+
 impl ExecOutput {
+    /// The output of a command that started and exited with `exit_code`.
+    pub fn exited(stdout: Vec<u8>, stderr: Vec<u8>, exit_code: i32) -> Self {
+        ExecOutput {
+            stdout,
+            stderr,
+            exit_code,
+            producer_owns_stderr: false,
+            not_started: None,
+        }
+    }
+
+    /// The output of a command that never started because its working directory could not be
+    /// entered; `reason` is the guest's own message.
+    pub fn workdir_unusable(reason: impl Into<String>) -> Self {
+        ExecOutput {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            exit_code: WORKDIR_UNUSABLE_EXIT,
+            producer_owns_stderr: false,
+            not_started: Some(reason.into()),
+        }
+    }
+
     /// Stdout as text; invalid UTF-8 becomes U+FFFD.
     pub fn stdout_text(&self) -> String {
         String::from_utf8_lossy(&self.stdout).into_owned()
@@ -364,9 +398,22 @@ mod tests {
             stderr: b"e".to_vec(),
             exit_code: 7,
             producer_owns_stderr: false,
+            not_started: None,
         };
         assert_eq!(o.stdout_text(), "a\u{fffd}b");
         assert_eq!(o.stderr_text(), "e");
         assert!(!o.success());
+        assert_eq!(ExecOutput::exited(o.stdout.clone(), o.stderr.clone(), 7), o);
+    }
+
+    #[test]
+    fn a_command_that_never_started_is_125_with_its_reason() {
+        let o = ExecOutput::workdir_unusable("sh: cd: can't cd to /gone");
+        assert_eq!(o.exit_code, WORKDIR_UNUSABLE_EXIT);
+        assert_eq!(o.not_started.as_deref(), Some("sh: cd: can't cd to /gone"));
+        assert!(o.stdout.is_empty() && o.stderr.is_empty());
+        assert!(!o.success());
+        // A command's own 125 is not "not started".
+        assert_eq!(ExecOutput::exited(vec![], vec![], 125).not_started, None);
     }
 }

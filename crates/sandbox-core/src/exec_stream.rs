@@ -82,13 +82,37 @@ impl ExecChunk {
     }
 }
 
-/// How a streamed command that ran to completion ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a streamed command that ran to completion ended, or why it never started.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecExit {
     /// The command's exit status, verbatim.
     pub exit_code: i32,
     /// As [`ExecOutput::producer_owns_stderr`].
     pub producer_owns_stderr: bool,
+    /// As [`ExecOutput::not_started`]: `Some(reason)` (with exit 125 and no output) when the
+    /// working directory could not be entered.
+    pub not_started: Option<String>,
+}
+
+impl ExecExit {
+    /// The exit of a command that started and exited with `exit_code`.
+    pub fn exited(exit_code: i32) -> Self {
+        ExecExit {
+            exit_code,
+            producer_owns_stderr: false,
+            not_started: None,
+        }
+    }
+
+    /// The exit of a command that never started because its working directory could not be
+    /// entered; `reason` is the guest's own message.
+    pub fn workdir_unusable(reason: impl Into<String>) -> Self {
+        ExecExit {
+            exit_code: crate::WORKDIR_UNUSABLE_EXIT,
+            producer_owns_stderr: false,
+            not_started: Some(reason.into()),
+        }
+    }
 }
 
 /// What [`ExecStream::next`] yields: chunks, then the exit once.
@@ -148,6 +172,7 @@ impl ExecStream {
         items.push(Ok(ExecEvent::Exit(ExecExit {
             exit_code: output.exit_code,
             producer_owns_stderr: output.producer_owns_stderr,
+            not_started: output.not_started,
         })));
         let (tx, rx) = mpsc::channel(items.len());
         for item in items {
@@ -210,6 +235,7 @@ impl ExecStream {
                         stderr,
                         exit_code: exit.exit_code,
                         producer_owns_stderr: exit.producer_owns_stderr,
+                        not_started: exit.not_started,
                     })
                 }
             }
@@ -325,11 +351,7 @@ mod tests {
             tx.send(ExecChunk::Stderr(b"b".to_vec())).await.unwrap();
             tx.send(ExecChunk::Stdout(Vec::new())).await.unwrap();
             tx.send(ExecChunk::Stdout(b"c".to_vec())).await.unwrap();
-            tx.finish(Ok(ExecExit {
-                exit_code: 3,
-                producer_owns_stderr: false,
-            }))
-            .await;
+            tx.finish(Ok(ExecExit::exited(3))).await;
         });
         let mut seen = Vec::new();
         while let Some(event) = stream.next().await {
@@ -342,10 +364,7 @@ mod tests {
                 ExecEvent::Output(ExecChunk::Stdout(b"a".to_vec())),
                 ExecEvent::Output(ExecChunk::Stderr(b"b".to_vec())),
                 ExecEvent::Output(ExecChunk::Stdout(b"c".to_vec())),
-                ExecEvent::Exit(ExecExit {
-                    exit_code: 3,
-                    producer_owns_stderr: false
-                }),
+                ExecEvent::Exit(ExecExit::exited(3)),
             ]
         );
         assert!(stream.next().await.is_none());
@@ -434,17 +453,18 @@ mod tests {
 
     #[tokio::test]
     async fn collecting_round_trips_an_output() {
-        let output = ExecOutput {
-            stdout: vec![7; MAX_CHUNK_BYTES + 3],
-            stderr: b"err".to_vec(),
-            exit_code: 9,
-            producer_owns_stderr: false,
-        };
+        let output = ExecOutput::exited(vec![7; MAX_CHUNK_BYTES + 3], b"err".to_vec(), 9);
         let collected = ExecStream::from_output(output.clone())
             .collect()
             .await
             .unwrap();
         assert_eq!(collected, output);
+        let unusable = ExecOutput::workdir_unusable("sh: cd: can't cd to /gone");
+        let collected = ExecStream::from_output(unusable.clone())
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(collected, unusable);
         assert!(ExecStdin::Closed.is_empty());
         assert!(ExecStdin::from(Vec::new()).is_empty());
         assert!(!ExecStdin::reader(&b"x"[..]).is_empty());

@@ -61,7 +61,9 @@ pub use egress::{
 };
 pub use entry::{EntryKind, SandboxEntry};
 pub use error::{BoxError, ErrorKind, GuestCleanup, ParseError, Result, SandboxError};
-pub use exec::{Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES};
+pub use exec::{
+    Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES, WORKDIR_UNUSABLE_EXIT,
+};
 pub use exec_stream::{
     ExecChunk, ExecEvent, ExecExit, ExecStdin, ExecStream, ExecStreamSender, SendRefused,
     MAX_CHUNK_BYTES, STREAM_BUFFER_CHUNKS,

@@ -597,12 +597,7 @@ impl Sandbox for FakeSandbox {
         let output = if let Some(canned) = lock(&self.instance.backend.faults).exec_output.clone() {
             canned
         } else if !matches!(self.files().get(&wd), Some(Node::Dir)) {
-            ExecOutput {
-                stdout: Vec::new(),
-                stderr: format!("fake: working directory {wd} does not exist\n").into_bytes(),
-                exit_code: 125,
-                producer_owns_stderr: false,
-            }
+            ExecOutput::workdir_unusable(format!("fake: working directory {wd} does not exist"))
         } else {
             let argv: Vec<String> = request
                 .command()
@@ -624,12 +619,7 @@ impl Sandbox for FakeSandbox {
                 },
                 _ => self.run(&words, &wd),
             };
-            ExecOutput {
-                stdout,
-                stderr,
-                exit_code,
-                producer_owns_stderr: false,
-            }
+            ExecOutput::exited(stdout, stderr, exit_code)
         };
         let budget = request.output_budget();
         if (output.stdout.len() + output.stderr.len()) as u64 > budget {
@@ -860,6 +850,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(missing_wd.exit_code, 125);
+        assert!(missing_wd.not_started.unwrap().contains("nowhere"));
         let escape = sb
             .exec(ExecRequest::new(Command::argv(["true"])).working_directory("../.."))
             .await
@@ -871,12 +862,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(over.kind(), ErrorKind::OutputLimitExceeded);
 
-        let canned = ExecOutput {
-            stdout: b"canned".to_vec(),
-            stderr: Vec::new(),
-            exit_code: 3,
-            producer_owns_stderr: false,
-        };
+        let canned = ExecOutput::exited(b"canned".to_vec(), Vec::new(), 3);
         fake.update_faults(|f| f.exec_output = Some(canned.clone()));
         assert_eq!(exec(&sb, Command::argv(["true"])).await, canned);
     }

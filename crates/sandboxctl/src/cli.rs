@@ -27,8 +27,9 @@ Exit codes of run and exec:
   0-255  the command's own exit code, verbatim
   124    the --timeout expired (the command's processes were killed, or the sandbox retired)
   125    anything else: a sandbox or engine error, a usage error, a refusal, or a command that
-         never started (its --workdir missing in the guest); one line on stderr, and --json
-         tells it from a command's own 125 (outcome error or not_started)
+         never started (its --workdir missing, not a directory or not enterable in the guest);
+         one line on stderr with the reason, and --json tells it from a command's own 125
+         (outcome error, or not_started with the reason)
 Exit codes of the other commands:
   0      ok
   2      usage

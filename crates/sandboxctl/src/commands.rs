@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandbox_core::{
-    Command, DisposeSelector, ExecChunk, ExecEvent, ExecRequest, ExecStdin, Router, RouterConfig,
-    Sandbox, SandboxBackend, SandboxError, SandboxKey, SandboxSpec,
+    Command, DisposeSelector, ExecChunk, ExecEvent, ExecOutput, ExecRequest, ExecStdin, Router,
+    RouterConfig, Sandbox, SandboxBackend, SandboxError, SandboxKey, SandboxSpec,
 };
 use serde_json::{json, Value};
 
@@ -205,99 +205,16 @@ async fn until_interrupted<T>(
     )))
 }
 
-/// How a `run`/`exec` that reached the sandbox ended.
-pub enum Ran {
-    /// The command ran; its own status and streams.
-    Exited(sandbox_core::ExecOutput),
-    /// The wrapper failed before the command could start: its `cd` to the working directory failed
-    /// because the directory is missing or not a directory.
-    NotStarted {
-        /// Why, as the library's error kind for the working directory.
-        reason: SandboxError,
-        /// The shell's own message about the failed `cd`.
-        wrapper_stderr: Vec<u8>,
-    },
-}
-
-/// Tells a wrapper's failed `cd` apart from a command's own 125.
-///
-/// The wrapper reports a failed `cd` as status 125 after its nonce line, the same status a command
-/// may exit with, so the output alone cannot tell them apart. Only an output of that shape (status
-/// 125, no stdout, a shell's `cd:` message on stderr) costs more guest calls: `true`, which never
-/// exits 125 itself, is run in the same working directory, and a 125 from it means the directory
-/// cannot be entered. `stat` then says why when the backend's file plane reaches the directory
-/// (missing, or not a directory). Any error keeps the command's own result. A command can only pass
-/// off its own result this way (by making its working directory unusable and printing a `cd`
-/// message), never another's.
-async fn started_or_not(
-    sandbox: &dyn Sandbox,
-    workdir: &str,
-    output: sandbox_core::ExecOutput,
-) -> Ran {
-    match not_started(sandbox, workdir, &output, output.stdout.is_empty()).await {
-        Some(reason) => Ran::NotStarted {
-            reason,
-            wrapper_stderr: output.stderr,
-        },
-        None => Ran::Exited(output),
-    }
-}
-
-/// Why the command did not start, when `output` (its stderr, or the head of it, and whether it
-/// wrote no stdout) is shaped like a failed `cd` and the probe confirms it; see
-/// [`started_or_not`].
-async fn not_started(
-    sandbox: &dyn Sandbox,
-    workdir: &str,
-    output: &sandbox_core::ExecOutput,
-    no_stdout: bool,
-) -> Option<SandboxError> {
-    let shaped_like_a_failed_cd = output.exit_code == exec_wrapper::WRAPPER_FAILURE_EXIT
-        && no_stdout
-        && output.stderr.windows(3).any(|w| w == b"cd:");
-    if !shaped_like_a_failed_cd {
-        return None;
-    }
-    let probe = ExecRequest::new(Command::argv(["true"]))
-        .working_directory(workdir)
-        .timeout(CD_PROBE_BOUND);
-    match sandbox.exec(probe).await {
-        Ok(probed) if probed.exit_code == exec_wrapper::WRAPPER_FAILURE_EXIT => {}
-        _ => return None,
-    }
-    let path = workdir.to_owned();
-    Some(match sandbox.stat_file(".", workdir).await {
-        Ok(None) => SandboxError::NotFound { path },
-        Err(e) if e.kind() == sandbox_core::ErrorKind::NotFound => SandboxError::NotFound { path },
-        Ok(Some(entry))
-            if matches!(
-                entry.kind(),
-                sandbox_core::EntryKind::File | sandbox_core::EntryKind::Other
-            ) =>
-        {
-            SandboxError::NotADirectory { path }
-        }
-        Err(e) if e.kind() == sandbox_core::ErrorKind::NotADirectory => {
-            SandboxError::NotADirectory { path }
-        }
-        _ => SandboxError::invalid(format!(
-            "the working directory {path:?} cannot be entered in the guest"
-        )),
-    })
-}
-
 /// Runs the request in `sandbox`, with this process's stdin when `-i` was given. With `--json`
 /// the output is collected (within the request's budget) for the one JSON object; otherwise it
-/// goes to this process's stdout and stderr chunk by chunk as it arrives, and the returned output
-/// carries only the exit code. One chunk at most is held: a first stderr chunk, before any stdout,
-/// that reads like a shell's failed `cd`, until the next event says whether the command ran (a
-/// command that did not start shows the one-line reason instead).
+/// goes to this process's stdout and stderr chunk by chunk as it arrives, nothing held beyond a
+/// chunk, and the returned output carries only how the command ended.
 async fn run_in(
     global: &GlobalArgs,
     sandbox: &dyn Sandbox,
     request: ExecRequest,
     target: &RunTarget,
-) -> Result<Ran, SandboxError> {
+) -> Result<ExecOutput, SandboxError> {
     use tokio::io::AsyncWriteExt as _;
     let stdin = if target.interactive {
         ExecStdin::reader(tokio::io::stdin())
@@ -306,70 +223,41 @@ async fn run_in(
     };
     if global.json {
         let budget = request.output_budget();
-        let output = sandbox
+        return sandbox
             .exec_stream(request.max_output_bytes(budget), stdin)
             .await?
             .collect()
-            .await?;
-        return Ok(started_or_not(sandbox, &target.workdir, output).await);
+            .await;
     }
     let mut stream = sandbox.exec_stream(request, stdin).await?;
     let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
-    let mut any_output = false;
-    let mut held: Option<Vec<u8>> = None;
     while let Some(event) = stream.next().await {
-        let event = event?;
-        if let ExecEvent::Exit(exit) = event {
-            let output = sandbox_core::ExecOutput {
-                stdout: Vec::new(),
-                stderr: held.unwrap_or_default(),
-                exit_code: exit.exit_code,
-                producer_owns_stderr: exit.producer_owns_stderr,
-            };
-            let reason = if output.stderr.is_empty() {
-                None
-            } else {
-                not_started(sandbox, &target.workdir, &output, true).await
-            };
-            return Ok(match reason {
-                Some(reason) => Ran::NotStarted {
-                    reason,
-                    wrapper_stderr: output.stderr,
-                },
-                // The held chunk was the command's own: finish_run prints it.
-                None => Ran::Exited(output),
-            });
-        }
-        if let Some(bytes) = held.take() {
-            let _ = stderr.write_all(&bytes).await;
-            let _ = stderr.flush().await;
-        }
-        match event {
+        match event? {
             ExecEvent::Output(ExecChunk::Stdout(bytes)) => {
                 // A closed stdout (`| head`) is the reader's choice: the command runs on.
                 let _ = stdout.write_all(&bytes).await;
                 let _ = stdout.flush().await;
             }
-            ExecEvent::Output(ExecChunk::Stderr(bytes))
-                if !any_output && bytes.windows(3).any(|w| w == b"cd:") =>
-            {
-                held = Some(bytes);
-            }
             ExecEvent::Output(ExecChunk::Stderr(bytes)) => {
                 let _ = stderr.write_all(&bytes).await;
                 let _ = stderr.flush().await;
             }
-            ExecEvent::Exit(_) => {}
+            // Already written: the output carries only the exit.
+            ExecEvent::Exit(exit) => {
+                return Ok(ExecOutput {
+                    stdout: Vec::new(),
+                    stderr: Vec::new(),
+                    exit_code: exit.exit_code,
+                    producer_owns_stderr: exit.producer_owns_stderr,
+                    not_started: exit.not_started,
+                })
+            }
         }
-        any_output = true;
     }
     Err(SandboxError::engine(
         "the command's output ended without its exit",
     ))
 }
-
-/// How long the `true` that tells a failed `cd` apart may take.
-const CD_PROBE_BOUND: Duration = Duration::from_secs(30);
 
 /// What `run` adds to its `--json` object: the key it kept, and whether the acquire created the
 /// sandbox.
@@ -380,7 +268,11 @@ struct RunFacts<'a> {
 }
 
 /// Writes the command's result and picks the exit code of `run`/`exec`.
-fn finish_run(global: &GlobalArgs, result: Result<Ran, SandboxError>, facts: RunFacts<'_>) -> u8 {
+fn finish_run(
+    global: &GlobalArgs,
+    result: Result<sandbox_core::ExecOutput, SandboxError>,
+    facts: RunFacts<'_>,
+) -> u8 {
     let add_facts = |v: &mut Value| {
         if let Some(k) = facts.key {
             v["key"] = json!({"scope": k.scope, "thread": k.thread_id, "agent": k.agent_id, "call": k.call_id});
@@ -390,7 +282,23 @@ fn finish_run(global: &GlobalArgs, result: Result<Ran, SandboxError>, facts: Run
         }
     };
     match result {
-        Ok(Ran::Exited(output)) => {
+        Ok(sandbox_core::ExecOutput {
+            not_started: Some(reason),
+            ..
+        }) => {
+            if global.json {
+                let mut v = report::not_started_json(&reason);
+                add_facts(&mut v);
+                report::print_json(&v);
+            } else {
+                eprintln!(
+                    "sandboxctl: the command did not start: its working directory cannot be entered: {}",
+                    one_line(&reason)
+                );
+            }
+            exit_codes::RUN_FAILURE
+        }
+        Ok(output) => {
             if global.json {
                 let mut v = report::exited_json(&output);
                 add_facts(&mut v);
@@ -402,23 +310,6 @@ fn finish_run(global: &GlobalArgs, result: Result<Ran, SandboxError>, facts: Run
             }
             // The command's own status, verbatim; a status outside 0..=255 cannot be an exit code.
             u8::try_from(output.exit_code).unwrap_or(exit_codes::RUN_FAILURE)
-        }
-        Ok(Ran::NotStarted {
-            reason,
-            wrapper_stderr,
-        }) => {
-            if global.json {
-                let mut v = report::not_started_json(&reason, &wrapper_stderr);
-                add_facts(&mut v);
-                report::print_json(&v);
-            } else {
-                eprintln!(
-                    "sandboxctl: the command did not start, its working directory is unusable: {} ({})",
-                    one_line(&reason.to_string()),
-                    one_line(&String::from_utf8_lossy(&wrapper_stderr))
-                );
-            }
-            exit_codes::RUN_FAILURE
         }
         Err(err) => {
             if global.json {

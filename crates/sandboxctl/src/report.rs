@@ -22,13 +22,13 @@ pub fn exited_json(output: &ExecOutput) -> Value {
     })
 }
 
-/// The JSON object of a `run` or `exec` whose command never started: the wrapper's `cd` to the
-/// working directory failed. `error` says why; `wrapper_stderr` is the shell's own message.
-pub fn not_started_json(reason: &SandboxError, wrapper_stderr: &[u8]) -> Value {
+/// The JSON object of a `run` or `exec` whose command never started because its working
+/// directory could not be entered in the guest. `reason` is the guest shell's own message; there
+/// is no `exit_code`, which is only ever the command's own status.
+pub fn not_started_json(reason: &str) -> Value {
     json!({
         "outcome": "not_started",
-        "error": error_json(reason),
-        "wrapper_stderr": String::from_utf8_lossy(wrapper_stderr),
+        "reason": reason,
     })
 }
 
@@ -107,12 +107,7 @@ mod tests {
 
     #[test]
     fn shapes() {
-        let out = ExecOutput {
-            stdout: vec![b'h', b'i', 0xff],
-            stderr: b"err\n".to_vec(),
-            exit_code: 7,
-            producer_owns_stderr: false,
-        };
+        let out = ExecOutput::exited(vec![b'h', b'i', 0xff], b"err\n".to_vec(), 7);
         insta::assert_json_snapshot!("exited", exited_json(&out));
         let timeout = SandboxError::Timeout {
             operation: "command".into(),
@@ -124,12 +119,9 @@ mod tests {
             instance: "abc".into(),
         };
         insta::assert_json_snapshot!("error", failed_run_json(&gone));
-        let missing = SandboxError::NotFound {
-            path: "/missing".into(),
-        };
         insta::assert_json_snapshot!(
             "not_started",
-            not_started_json(&missing, b"sh: 1: cd: can't cd to /missing\n")
+            not_started_json("sh: 1: cd: can't cd to /missing")
         );
     }
 

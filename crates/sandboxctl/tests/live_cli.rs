@@ -638,59 +638,37 @@ fn a_missing_workdir_is_not_started_not_the_commands_125() {
         "true",
     ]));
     assert_eq!(v["outcome"], "not_started", "{v}");
-    assert_eq!(v["error"]["kind"], "NotFound", "{v}");
     assert!(v.get("exit_code").is_none(), "{v}");
-    assert!(v["wrapper_stderr"].as_str().unwrap().contains("cd"), "{v}");
-    // Relative to the storage base, and a regular file where a directory should be.
-    let v = json(&ctl(&[
-        "--json",
-        "exec",
-        "--key",
-        &key,
-        "--workdir",
-        "gone",
-        "--",
-        "true",
-    ]));
-    assert_eq!(v["outcome"], "not_started", "{v}");
-    assert_eq!(v["error"]["kind"], "NotFound", "{v}");
-    let v = json(&ctl(&[
-        "--json",
-        "exec",
-        "--key",
-        &key,
-        "--workdir",
-        "plain",
-        "--",
-        "true",
-    ]));
-    assert_eq!(v["outcome"], "not_started", "{v}");
-    assert_eq!(v["error"]["kind"], "NotADirectory", "{v}");
-    // A directory the guest user cannot enter.
-    let v = json(&ctl(&[
-        "--json",
-        "exec",
-        "--key",
-        &key,
-        "--workdir",
-        "locked",
-        "--",
-        "true",
-    ]));
-    assert_eq!(v["outcome"], "not_started", "{v}");
+    assert!(v.get("stdout").is_none(), "{v}");
+    let reason = v["reason"].as_str().unwrap();
     assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("cannot be entered"),
+        reason.contains("cd") && reason.contains("/no/such/dir"),
         "{v}"
+    );
+    // Relative to the storage base; a regular file where a directory should be; a directory the
+    // guest user cannot enter. The command never runs in any of them.
+    for workdir in ["gone", "plain", "locked"] {
+        let mut args = vec!["--json", "exec", "--key", &key, "--workdir", workdir];
+        args.extend(["--", "sh", "-c", "touch /tmp/ran"]);
+        let out = ctl(&args);
+        assert_eq!(code(&out), 125, "{workdir}");
+        let v = json(&out);
+        assert_eq!(v["outcome"], "not_started", "{workdir}: {v}");
+        assert!(v["reason"].as_str().unwrap().contains(workdir), "{v}");
+    }
+    let out = ctl(&["exec", "--key", &key, "--", "test", "-e", "/tmp/ran"]);
+    assert_eq!(
+        code(&out),
+        1,
+        "a command in an unusable working directory ran"
     );
     // `run` reports it the same way, and still disposes of its generated sandbox.
     let out = ctl(&["--json", "run", "--workdir", "/no/such/dir", "--", "true"]);
     assert_eq!(code(&out), 125);
     assert_eq!(json(&out)["outcome"], "not_started");
 
-    // A command's own 125, even one that prints a `cd` message, stays the command's.
+    // A command's own 125, even one that prints a `cd` message or the wrapper's marker line,
+    // stays the command's.
     let out = ctl(&[
         "--json",
         "exec",
@@ -701,12 +679,24 @@ fn a_missing_workdir_is_not_started_not_the_commands_125() {
         "--",
         "sh",
         "-c",
-        "echo 'sh: 1: cd: can'\\''t cd to /x' >&2; exit 125",
+        // The call's own nonce, read from its init's command line (argv 8).
+        "n=$(tr '\\0' '\\n' </proc/$PPID/cmdline | sed -n 8p); printf %s \"$n\"; \
+         printf '%s-nocwd\\nsh: 1: cd: can'\\''t cd to /x\\n' \"$n\" >&2; exit 125",
     ]);
     assert_eq!(code(&out), 125);
     let v = json(&out);
     assert_eq!(v["outcome"], "exited", "{v}");
     assert_eq!(v["exit_code"], 125, "{v}");
+    let nonce = v["stdout"].as_str().unwrap();
+    assert!(
+        nonce.len() == 24 && nonce.bytes().all(|b| b.is_ascii_hexdigit()),
+        "the command found its call's nonce: {v}"
+    );
+    assert_eq!(
+        v["stderr"],
+        format!("{nonce}-nocwd\nsh: 1: cd: can't cd to /x\n"),
+        "{v}"
+    );
     let out = ctl(&["exec", "--key", &key, "--", "sh", "-c", "exit 125"]);
     assert_eq!(code(&out), 125);
     assert!(

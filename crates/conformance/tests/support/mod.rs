@@ -24,12 +24,7 @@ impl std::fmt::Debug for ScriptedSandbox {
 
 /// An output with `code` and `stdout`.
 pub fn exited(code: i32, stdout: &[u8]) -> Result<ExecOutput, SandboxError> {
-    Ok(ExecOutput {
-        stdout: stdout.to_vec(),
-        stderr: Vec::new(),
-        exit_code: code,
-        producer_owns_stderr: false,
-    })
+    Ok(ExecOutput::exited(stdout.to_vec(), Vec::new(), code))
 }
 
 impl ScriptedSandbox {

@@ -182,3 +182,15 @@ pub fn reap_adopted(pids: Vec<i32>) -> std::thread::JoinHandle<()> {
         }
     })
 }
+
+/// Asserts the wrapper reported that it could not enter `cwd`: the command never started, and the
+/// reason is the shell's own message, which names the directory.
+pub fn assert_not_started(shell: &str, outcome: &exec_wrapper::WrapperOutcome, cwd: &str) {
+    match outcome {
+        exec_wrapper::WrapperOutcome::NoWorkingDirectory { reason } => {
+            assert!(reason.contains(cwd), "{shell}: {reason:?} names {cwd}");
+            assert!(!reason.contains('\n'), "{shell}: one message: {reason:?}");
+        }
+        other => panic!("{shell}: a missing working directory read as {other:?}"),
+    }
+}
