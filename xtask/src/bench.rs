@@ -61,6 +61,18 @@ const BENCHES: &[Bench] = &[
         ],
     },
     Bench {
+        name: "backend-docker stream",
+        args: &[
+            "bench",
+            "-p",
+            "backend-docker",
+            "--features",
+            "live",
+            "--bench",
+            "stream",
+        ],
+    },
+    Bench {
         name: "backend-sbx on sbx-sim",
         args: &[
             "bench",
