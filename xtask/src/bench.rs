@@ -73,6 +73,18 @@ const BENCHES: &[Bench] = &[
         ],
     },
     Bench {
+        name: "backend-docker stream",
+        args: &[
+            "bench",
+            "-p",
+            "backend-docker",
+            "--features",
+            "live",
+            "--bench",
+            "stream",
+        ],
+    },
+    Bench {
         name: "backend-sbx on sbx-sim",
         args: &[
             "bench",

@@ -510,7 +510,7 @@ impl BackendState {
                 operation: format!("guest {}", argv.first().copied().unwrap_or("command")),
                 bound: self.config.command_timeout,
             }),
-            GuestEnd::Overflowed(_) => Err(SandboxError::engine(format!(
+            GuestEnd::Overflowed => Err(SandboxError::engine(format!(
                 "guest {} wrote more than {SMALL_BUDGET} bytes",
                 argv.first().copied().unwrap_or("command")
             ))),

@@ -73,7 +73,7 @@ pub(crate) async fn verify(shared: &Arc<BackendState>, id: &str) -> Result<(), S
             output.exit_code,
             tail(&output.stderr)
         ))),
-        GuestEnd::Expired(_) | GuestEnd::Overflowed(_) => Err(SandboxError::engine(
+        GuestEnd::Expired(_) | GuestEnd::Overflowed => Err(SandboxError::engine(
             "the egress preflight did not finish within 10 s, so egress is unverified",
         )),
     }

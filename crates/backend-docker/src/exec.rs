@@ -1,7 +1,9 @@
-//! Commands in a container through the Engine API: exec create, attached start with stdout and
-//! stderr demultiplexed and the output budget enforced while streaming, the exit code from the
-//! exec inspect, and the remote kill that follows an expired or dropped command.
+//! Commands in a container through the Engine API: exec create, attached start with stdin fed
+//! from the caller and stdout and stderr demultiplexed into stream chunks as they arrive, the
+//! exit code from the exec inspect, and the remote kill that follows an expired, over-budget or
+//! dropped command. The collected form is a collector over the same stream.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,25 +11,29 @@ use std::time::Duration;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use exec_wrapper::{
-    docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, new_nonce, nonce_line_seen,
-    parse_result, raw_invocation, read_tool_probe, tool_probe_argv, tree_kill_argv, ExitKind,
-    KillFailure, KillOutcome, KillReport, Nonce, ToolProbeOutcome, WrapperOutcome,
+    docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, new_nonce, outcome_of,
+    raw_invocation, read_tool_probe, tool_probe_argv, tree_kill_argv, ExitKind, KillFailure,
+    KillOutcome, KillReport, Nonce, NonceSplitter, ToolProbeOutcome, WrapperOutcome,
     DOCKER_INIT_PATH, DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
 };
 use futures_util::StreamExt as _;
-use sandbox_core::{ExecEnv, ExecOutput, GuestCleanup, SandboxError};
+use sandbox_core::{
+    ExecChunk, ExecEnv, ExecExit, ExecOutput, ExecStdin, ExecStream, ExecStreamSender,
+    GuestCleanup, SandboxError, SendRefused,
+};
 use tokio::io::AsyncWriteExt as _;
 
 use crate::connection::{quote, ApiFailure};
-use crate::state::{shielded, BackendState, CleanupOnDrop};
+use crate::state::BackendState;
 
 /// One command through the exec wrapper.
 pub(crate) struct GuestCall<'a> {
     pub(crate) cwd: &'a str,
     pub(crate) argv: Vec<Vec<u8>>,
     pub(crate) env: Option<&'a ExecEnv>,
-    pub(crate) stdin: Option<Vec<u8>>,
-    pub(crate) budget: u64,
+    pub(crate) stdin: ExecStdin,
+    /// The total of the command's stdout and stderr (`None`: a stream without a total).
+    pub(crate) budget: Option<u64>,
     pub(crate) timeout: Duration,
 }
 
@@ -43,8 +49,8 @@ impl<'a> GuestCall<'a> {
             cwd,
             argv: argv.iter().map(|a| a.as_ref().to_vec()).collect(),
             env: None,
-            stdin: None,
-            budget,
+            stdin: ExecStdin::Closed,
+            budget: Some(budget),
             timeout,
         }
     }
@@ -57,8 +63,8 @@ pub(crate) enum GuestEnd {
     Ran(ExecOutput),
     /// The deadline passed; the guest side ended as the cleanup says.
     Expired(GuestCleanup),
-    /// The output budget was exceeded; the guest side ended as the cleanup says.
-    Overflowed(GuestCleanup),
+    /// The output budget was exceeded; the guest side was killed (how it ended is logged).
+    Overflowed,
 }
 
 /// Output budget of backend-internal commands whose answer is a line or two.
@@ -79,7 +85,83 @@ enum ExecFailure {
     Broken(ApiFailure),
     /// Stdout and stderr together passed the budget.
     OverBudget,
+    /// The consumer dropped the stream: the command may still run.
+    Dropped,
 }
+
+/// Where an attached exec's output goes as it arrives.
+trait OutputSink: Send {
+    /// Takes one piece of stdout (`is_stdout`) or stderr, waiting while the consumer is behind.
+    fn accept(
+        &mut self,
+        is_stdout: bool,
+        bytes: bytes::Bytes,
+    ) -> impl Future<Output = Result<(), ExecFailure>> + Send;
+
+    /// Resolves once nobody reads the output any more.
+    fn dropped(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// Collects a backend-internal call's output against its budget.
+struct CollectSink {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    budget: u64,
+}
+
+impl OutputSink for CollectSink {
+    async fn accept(&mut self, is_stdout: bool, bytes: bytes::Bytes) -> Result<(), ExecFailure> {
+        if (self.stdout.len() + self.stderr.len() + bytes.len()) as u64 > self.budget {
+            return Err(ExecFailure::OverBudget);
+        }
+        if is_stdout {
+            self.stdout.extend_from_slice(&bytes);
+        } else {
+            self.stderr.extend_from_slice(&bytes);
+        }
+        Ok(())
+    }
+
+    async fn dropped(&self) {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Feeds a wrapper call's output to its stream: stderr through the nonce splitter, so transport
+/// noise never reaches the consumer however the chunks cut the nonce line.
+struct WrapperSink {
+    sender: ExecStreamSender,
+    splitter: NonceSplitter,
+    started_seen: Arc<AtomicBool>,
+}
+
+impl OutputSink for WrapperSink {
+    async fn accept(&mut self, is_stdout: bool, bytes: bytes::Bytes) -> Result<(), ExecFailure> {
+        let chunk = if is_stdout {
+            ExecChunk::Stdout(bytes.to_vec())
+        } else {
+            let command = self.splitter.push(&bytes);
+            if self.splitter.started() {
+                self.started_seen.store(true, Ordering::Relaxed);
+            }
+            ExecChunk::Stderr(command)
+        };
+        self.sender
+            .send(chunk)
+            .await
+            .map_err(|refused| match refused {
+                SendRefused::Dropped => ExecFailure::Dropped,
+                SendRefused::OverCap { .. } => ExecFailure::OverBudget,
+            })
+    }
+
+    async fn dropped(&self) {
+        self.sender.dropped().await;
+    }
+}
+
+/// How far stdin is read ahead of the command: one buffer of this many bytes.
+const STDIN_BUFFER: usize = 256 * 1024;
 
 /// Statuses above this are "killed by signal N" (128 + N), and are also what a command reads as
 /// when its container is removed or stopped under it.
@@ -100,29 +182,42 @@ impl BackendState {
         id: &str,
         argv: Vec<String>,
         env: Vec<String>,
-        stdin: Option<Vec<u8>>,
         budget: u64,
     ) -> Result<Collected, ExecFailure> {
-        self.exec_collect_watching(id, argv, env, stdin, budget, None)
-            .await
+        let mut sink = CollectSink {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            budget,
+        };
+        let exit_code = self
+            .exec_attached(id, argv, env, ExecStdin::Closed, &mut sink)
+            .await?;
+        Ok(Collected {
+            stdout: sink.stdout,
+            stderr: sink.stderr,
+            exit_code,
+        })
     }
 
-    /// [`Self::exec_collect`] that also raises `watch`'s flag as soon as stderr holds its
-    /// nonce line, so a kill after the caller's deadline knows the command had started.
-    async fn exec_collect_watching(
+    /// Runs `argv` attached in container `id`: `stdin` written to the exec's input (its shutdown
+    /// is the command's end of file), each output frame handed to `sink` as it arrives. The
+    /// input is read only as fast as the command takes it, and the output only as fast as the
+    /// sink takes it, so neither is held whole. A command that exits without reading its stdin
+    /// ends the call; the rest of the input is never read. The caller bounds the time.
+    async fn exec_attached(
         &self,
         id: &str,
         argv: Vec<String>,
         env: Vec<String>,
-        stdin: Option<Vec<u8>>,
-        budget: u64,
-        watch: Option<(&Nonce, &AtomicBool)>,
-    ) -> Result<Collected, ExecFailure> {
+        stdin: ExecStdin,
+        sink: &mut impl OutputSink,
+    ) -> Result<i32, ExecFailure> {
         let api = self.engine.api();
+        let attach_stdin = !matches!(stdin, ExecStdin::Closed);
         let options = CreateExecOptions::<String> {
             cmd: Some(argv),
             env: (!env.is_empty()).then_some(env),
-            attach_stdin: Some(stdin.is_some()),
+            attach_stdin: Some(attach_stdin),
             attach_stdout: Some(true),
             attach_stderr: Some(true),
             working_dir: Some("/".to_owned()),
@@ -152,51 +247,48 @@ impl BackendState {
             }));
         };
         let feed = async move {
-            if let Some(bytes) = stdin {
-                // A command that exits without reading its stdin closes the stream under us.
-                let _ = input.write_all(&bytes).await;
-                let _ = input.shutdown().await;
+            // A command that exits without reading its stdin closes the stream under us: the
+            // write fails, which is not the call's failure.
+            match stdin {
+                ExecStdin::Closed => return,
+                ExecStdin::Bytes(bytes) => {
+                    let _ = input.write_all(&bytes).await;
+                }
+                ExecStdin::Reader(reader) => {
+                    let mut reader = tokio::io::BufReader::with_capacity(STDIN_BUFFER, reader);
+                    let _ = tokio::io::copy_buf(&mut reader, &mut input).await;
+                }
             }
+            let _ = input.shutdown().await;
         };
         tokio::pin!(feed);
-        let mut fed = false;
-        let mut stdout = Vec::new();
-        let mut stderr = Vec::new();
+        let mut fed = !attach_stdin;
         loop {
-            tokio::select! {
-                item = output.next() => {
-                    let chunk = match item {
-                        None => break,
-                        Some(Ok(chunk)) => chunk,
-                        Some(Err(error)) => return Err(ExecFailure::Broken(error.into())),
-                    };
-                    let (is_stdout, message) = match chunk {
-                        LogOutput::StdOut { message } | LogOutput::Console { message } => (true, message),
-                        LogOutput::StdErr { message } => (false, message),
-                        LogOutput::StdIn { .. } => continue,
-                    };
-                    if (stdout.len() + stderr.len() + message.len()) as u64 > budget {
-                        return Err(ExecFailure::OverBudget);
-                    }
-                    if is_stdout {
-                        stdout.extend_from_slice(&message);
-                    } else {
-                        stderr.extend_from_slice(&message);
-                        if let Some((nonce, seen)) = watch {
-                            if !seen.load(Ordering::Relaxed) && nonce_line_seen(&stderr, nonce) {
-                                seen.store(true, Ordering::Relaxed);
-                            }
-                        }
-                    }
+            let chunk = tokio::select! {
+                item = output.next() => match item {
+                    None => break,
+                    Some(Ok(chunk)) => chunk,
+                    Some(Err(error)) => return Err(ExecFailure::Broken(error.into())),
+                },
+                () = &mut feed, if !fed => {
+                    fed = true;
+                    continue;
                 }
-                () = &mut feed, if !fed => fed = true,
+                () = sink.dropped() => return Err(ExecFailure::Dropped),
+            };
+            match chunk {
+                LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                    sink.accept(true, message).await?;
+                }
+                LogOutput::StdErr { message } => sink.accept(false, message).await?,
+                LogOutput::StdIn { .. } => {}
             }
         }
         let inspected = api
             .inspect_exec(&created.id)
             .await
             .map_err(|e| ExecFailure::Broken(e.into()))?;
-        let exit_code = inspected
+        inspected
             .exit_code
             .and_then(|code| i32::try_from(code).ok())
             .ok_or_else(|| {
@@ -204,12 +296,7 @@ impl BackendState {
                     code: 500,
                     message: "the exec inspect reported no exit code".to_owned(),
                 })
-            })?;
-        Ok(Collected {
-            stdout,
-            stderr,
-            exit_code,
-        })
+            })
     }
 
     /// The tool probe, once per id; a pass is cached, a refusal is not. The same call asks for
@@ -224,7 +311,7 @@ impl BackendState {
         tools.push(DOCKER_INIT_PATH);
         let argv = tool_probe_argv(&tools).map_err(|e| SandboxError::invalid(e.to_string()))?;
         let deadline = self.config.command_timeout;
-        let probe = self.exec_collect(id, argv, Vec::new(), None, PROBE_OUTPUT_BUDGET as u64);
+        let probe = self.exec_collect(id, argv, Vec::new(), PROBE_OUTPUT_BUDGET as u64);
         let collected = match tokio::time::timeout(deadline, probe).await {
             Ok(Ok(collected)) => collected,
             Ok(Err(failure)) => return Err(self.exec_failure(id, "tool probe", failure)),
@@ -279,20 +366,39 @@ impl BackendState {
         self.probe_tools(id, &image).await
     }
 
-    /// Runs one command through the exec wrapper.
-    ///
-    /// On an expired deadline or an exceeded budget, the command's process group is killed by a
-    /// second exec in a task the caller cannot cancel; the container is kept when the kill lands
-    /// and retired when it does not.
+    /// Runs one command through the exec wrapper and collects its output (the collector over
+    /// [`Self::stream_guest`]).
     ///
     /// # Cancel safety
-    /// Dropping the future closes the attached stream and starts the same remote kill in a
-    /// background task.
+    /// Dropping the future drops the stream: the command is killed as on its deadline, in the
+    /// producer's task.
     pub(crate) async fn run_guest(
         self: &Arc<Self>,
         id: &str,
         call: GuestCall<'_>,
     ) -> Result<GuestEnd, SandboxError> {
+        match self.stream_guest(id, call)?.collect().await {
+            Ok(output) => Ok(GuestEnd::Ran(output)),
+            Err(SandboxError::Timeout {
+                cleanup: Some(cleanup),
+                ..
+            }) => Ok(GuestEnd::Expired(cleanup)),
+            Err(SandboxError::OutputLimitExceeded { .. }) => Ok(GuestEnd::Overflowed),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Starts one command through the exec wrapper; its output streams as it arrives.
+    ///
+    /// A task owns the call: on an expired deadline, output over the call's budget, or a dropped
+    /// stream it kills the command's processes by a second exec; the container is kept when the
+    /// kill lands and retired when it does not. The stream's last item is the exit, or the error
+    /// the collected exec would return.
+    pub(crate) fn stream_guest(
+        self: &Arc<Self>,
+        id: &str,
+        call: GuestCall<'_>,
+    ) -> Result<ExecStream, SandboxError> {
         self.refuse_retired(id)?;
         let nonce = new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
         // Under the engine's init the argv travels raw (the API carries JSON strings exactly);
@@ -310,65 +416,106 @@ impl BackendState {
             Some(env) => guest_env(env)?,
             None => Vec::new(),
         };
+        let (sender, stream) = ExecStream::channel(call.budget);
+        let produce = Arc::clone(self).produce(
+            id.to_owned(),
+            argv,
+            env,
+            call.stdin,
+            call.timeout,
+            nonce,
+            sender,
+        );
+        tokio::spawn(produce);
+        Ok(stream)
+    }
+
+    /// The task behind a stream: runs the wrapper call under its deadline, kills what must be
+    /// killed, and ends the stream with the exit or the error.
+    #[allow(clippy::too_many_arguments)]
+    async fn produce(
+        self: Arc<Self>,
+        id: String,
+        argv: Vec<String>,
+        env: Vec<String>,
+        stdin: ExecStdin,
+        timeout: Duration,
+        nonce: Nonce,
+        sender: ExecStreamSender,
+    ) {
         let started_seen = Arc::new(AtomicBool::new(false));
-        let mut kill_if_dropped = CleanupOnDrop::armed("the remote kill of a dropped command", {
-            let kill =
-                Arc::clone(self).kill_call(id.to_owned(), nonce.clone(), Arc::clone(&started_seen));
-            async move {
-                kill.await;
-            }
-        });
+        let limit = sender.cap();
+        let mut sink = WrapperSink {
+            sender,
+            splitter: NonceSplitter::new(&nonce),
+            started_seen: Arc::clone(&started_seen),
+        };
         let started = std::time::SystemTime::now();
         let ran = tokio::time::timeout(
-            call.timeout,
-            self.exec_collect_watching(
-                id,
-                argv,
-                env,
-                call.stdin,
-                call.budget,
-                Some((&nonce, &started_seen)),
-            ),
+            timeout,
+            self.exec_attached(&id, argv, env, stdin, &mut sink),
         )
         .await;
-        kill_if_dropped.disarm();
-        let collected = match ran {
-            Err(_) => {
-                return Ok(GuestEnd::Expired(
-                    self.kill_shielded(id, &nonce, &started_seen).await,
-                ))
-            }
+        let WrapperSink {
+            sender, splitter, ..
+        } = sink;
+        let outcome = match ran {
+            Err(_) => Err(SandboxError::Timeout {
+                operation: "command".to_owned(),
+                bound: timeout,
+                cleanup: Some(self.clone().kill_call(id, nonce, started_seen).await),
+            }),
             Ok(Err(ExecFailure::OverBudget)) => {
-                return Ok(GuestEnd::Overflowed(
-                    self.kill_shielded(id, &nonce, &started_seen).await,
-                ))
+                let cleanup = self
+                    .clone()
+                    .kill_call(id.clone(), nonce, started_seen)
+                    .await;
+                let limit = limit.unwrap_or_default();
+                tracing::info!(container = %id, %cleanup, limit, "command output exceeded its budget");
+                Err(SandboxError::OutputLimitExceeded { limit })
+            }
+            Ok(Err(ExecFailure::Dropped)) => {
+                let cleanup = self
+                    .clone()
+                    .kill_call(id.clone(), nonce, started_seen)
+                    .await;
+                tracing::debug!(container = %id, %cleanup, "the stream was dropped; its command was killed");
+                return;
             }
             Ok(Err(failure @ ExecFailure::Broken(_))) => {
                 // The stream is gone but the command may not be: kill it all the same.
-                let _ = self.kill_shielded(id, &nonce, &started_seen).await;
-                return Err(self.exec_failure(id, "exec", failure));
+                let _ = self
+                    .clone()
+                    .kill_call(id.clone(), nonce, started_seen)
+                    .await;
+                Err(self.exec_failure(&id, "exec", failure))
             }
-            Ok(Err(failure)) => return Err(self.exec_failure(id, "exec", failure)),
-            Ok(Ok(collected)) => collected,
+            Ok(Err(failure)) => Err(self.exec_failure(&id, "exec", failure)),
+            Ok(Ok(exit_code)) => {
+                let end = splitter.finish(ExitKind::Exited(exit_code));
+                self.exit_of(&id, outcome_of(end, Vec::new(), Vec::new()), started)
+                    .await
+            }
         };
-        match parse_result(
-            collected.stdout,
-            &collected.stderr,
-            ExitKind::Exited(collected.exit_code),
-            &nonce,
-        ) {
+        sender.finish(outcome).await;
+    }
+
+    /// What a wrapper call that ended reports: the command's exit, or the engine's failure.
+    async fn exit_of(
+        &self,
+        id: &str,
+        outcome: WrapperOutcome,
+        started: std::time::SystemTime,
+    ) -> Result<ExecExit, SandboxError> {
+        match outcome {
             WrapperOutcome::Ran(ran) => {
                 if ran.status > SIGNAL_STATUS_FLOOR {
                     self.refuse_if_container_died(id, ran.status, started)
                         .await?;
                 }
-                Ok(GuestEnd::Ran(ExecOutput::exited(
-                    ran.stdout, ran.stderr, ran.status,
-                )))
+                Ok(ExecExit::exited(ran.status))
             }
-            WrapperOutcome::NoWorkingDirectory { reason } => {
-                Ok(GuestEnd::Ran(ExecOutput::workdir_unusable(reason)))
-            }
+            WrapperOutcome::NoWorkingDirectory { reason } => Ok(ExecExit::workdir_unusable(reason)),
             WrapperOutcome::NoNonce {
                 status,
                 stderr_tail,
@@ -396,6 +543,9 @@ impl BackendState {
             ExecFailure::OverBudget => {
                 return SandboxError::engine(format!("{operation} wrote more than its budget"))
             }
+            ExecFailure::Dropped => {
+                return SandboxError::engine(format!("{operation}: its output was dropped"))
+            }
         };
         if failure.is_not_found() {
             return SandboxError::SandboxGone {
@@ -418,18 +568,6 @@ impl BackendState {
         self.engine.failure(operation, failure)
     }
 
-    /// Runs the kill in a spawned task and waits for it; the caller's drop cannot cancel it.
-    async fn kill_shielded(
-        self: &Arc<Self>,
-        id: &str,
-        nonce: &Nonce,
-        started_seen: &Arc<AtomicBool>,
-    ) -> GuestCleanup {
-        shielded(Arc::clone(self).kill_call(id.to_owned(), nonce.clone(), Arc::clone(started_seen)))
-            .await
-            .unwrap_or(GuestCleanup::Retired)
-    }
-
     /// The kill call and what follows it: keep, or retire. One kill script serves both shapes:
     /// it kills the call's subreaper tree when the call runs under the engine's init, and the
     /// recorded process group otherwise. Finding nothing after the nonce line arrived means the
@@ -444,7 +582,6 @@ impl BackendState {
             &id,
             tree_kill_argv(&nonce),
             Vec::new(),
-            None,
             KILL_OUTPUT_BUDGET as u64,
         );
         let report = match tokio::time::timeout(self.config.exec_cleanup_timeout, kill).await {

@@ -17,7 +17,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sandbox_core::guest_path::{self, Access};
 use sandbox_core::{
-    EntryKind, ExecOutput, ExecRequest, Sandbox, SandboxEntry, SandboxError, TransferLimits,
+    EntryKind, ExecOutput, ExecRequest, ExecStdin, ExecStream, Sandbox, SandboxEntry, SandboxError,
+    TransferLimits,
 };
 
 use crate::connection::quote as tail;
@@ -113,8 +114,8 @@ impl DockerSandbox {
             cwd: "/",
             argv,
             env: None,
-            stdin,
-            budget,
+            stdin: stdin.map_or(ExecStdin::Closed, ExecStdin::Bytes),
+            budget: Some(budget),
             timeout: self.state.config.command_timeout,
         };
         self.state.run_guest(&self.id, call).await
@@ -195,30 +196,29 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecOutput, SandboxError> {
+        let budget = request.output_budget();
+        self.exec_stream(request.max_output_bytes(budget), ExecStdin::Closed)
+            .await?
+            .collect()
+            .await
+    }
+
+    async fn exec_stream(
+        &self,
+        request: ExecRequest,
+        stdin: ExecStdin,
+    ) -> Result<ExecStream, SandboxError> {
         request.validate()?;
         let wd = self.wd(request.working_dir())?;
-        let bound = request.timeout_bound();
-        let budget = request.output_budget();
         let call = GuestCall {
             cwd: &wd,
             argv: request.command().to_argv(),
             env: Some(request.guest_env()),
-            stdin: None,
-            budget,
-            timeout: bound,
+            stdin,
+            budget: request.output_cap(),
+            timeout: request.timeout_bound(),
         };
-        match self.state.run_guest(&self.id, call).await? {
-            GuestEnd::Ran(output) => Ok(output),
-            GuestEnd::Expired(cleanup) => Err(SandboxError::Timeout {
-                operation: "command".to_owned(),
-                bound,
-                cleanup: Some(cleanup),
-            }),
-            GuestEnd::Overflowed(cleanup) => {
-                tracing::info!(container = %self.id, %cleanup, limit = budget, "command output exceeded its budget");
-                Err(SandboxError::OutputLimitExceeded { limit: budget })
-            }
-        }
+        self.state.stream_guest(&self.id, call)
     }
 
     async fn write_file(&self, path: &str, content: &[u8], wd: &str) -> Result<(), SandboxError> {
@@ -355,9 +355,7 @@ impl Sandbox for DockerSandbox {
         let argv = argv(["sh", "-c", LIST_SCRIPT, "maf-list", &directory]);
         let output = match self.guest(argv, None, LIST_BUDGET).await? {
             GuestEnd::Ran(output) => output,
-            GuestEnd::Overflowed(_) => {
-                return Err(SandboxError::engine("listing larger than 8 MiB"))
-            }
+            GuestEnd::Overflowed => return Err(SandboxError::engine("listing larger than 8 MiB")),
             GuestEnd::Expired(_) => return Err(self.engine_timeout("list_dir")),
         };
         match output.exit_code {
@@ -434,7 +432,7 @@ impl Sandbox for DockerSandbox {
                     format!("the guest could not remove it: {}", tail(&output.stderr)),
                 ))
             }
-            GuestEnd::Overflowed(_) => {
+            GuestEnd::Overflowed => {
                 return Err(SandboxError::engine("the guest rm flooded its output"))
             }
             GuestEnd::Expired(_) => return Err(self.engine_timeout("remove")),
@@ -488,8 +486,8 @@ impl Sandbox for DockerSandbox {
             cwd: "/",
             argv: argv(["rm", "-rf", "--", &target]),
             env: None,
-            stdin: None,
-            budget: SMALL_BUDGET as u64,
+            stdin: ExecStdin::Closed,
+            budget: Some(SMALL_BUDGET as u64),
             timeout,
         };
         let timed_out = |cleanup| SandboxError::Timeout {
@@ -506,7 +504,7 @@ impl Sandbox for DockerSandbox {
                 ))
             }
             GuestEnd::Expired(cleanup) => return Err(timed_out(Some(cleanup))),
-            GuestEnd::Overflowed(_) => {
+            GuestEnd::Overflowed => {
                 return Err(SandboxError::engine("the guest rm flooded its output"))
             }
         }

@@ -598,6 +598,70 @@ async fn sandboxes_get_two_cpus_and_two_gib_and_an_oom_kill_says_so() {
     assert_nothing_left(&small, &scope, &["small".to_owned()]).await;
 }
 
+/// This process's resident set size, from `/proc/self/status`.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("a VmRSS line");
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streaming_a_gibibyte_to_a_slow_consumer_keeps_host_memory_bounded() {
+    use sandbox_core::{ExecChunk, ExecEvent, ExecStdin};
+    const TOTAL: u64 = 1024 * 1024 * 1024;
+    // The stream holds a few 64 KiB chunks; the engine connection and the allocator add their
+    // own buffers. Whole output held would be 1 GiB.
+    const ALLOWANCE: u64 = 64 * 1024 * 1024;
+    let backend = backend(false).await;
+    let scope = unique_scope("stream-rss");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BASE)).await.unwrap();
+    let request = ExecRequest::new(Command::argv(["head", "-c", "1073741824", "/dev/zero"]))
+        .timeout(Duration::from_secs(600));
+    let before = rss_bytes();
+    let mut peak = before;
+    let mut stream = sandbox
+        .exec_stream(request, ExecStdin::Closed)
+        .await
+        .unwrap();
+    let mut received = 0u64;
+    let mut chunks = 0u64;
+    let exit = loop {
+        match stream.next().await.expect("the stream ends with its exit") {
+            Ok(ExecEvent::Output(ExecChunk::Stdout(bytes))) => {
+                received += bytes.len() as u64;
+                chunks += 1;
+                // Slow: the first 64 MiB at a crawl, so the producer has every chance to run
+                // ahead; then as fast as the chunks come.
+                if received < 64 * 1024 * 1024 {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                if chunks % 64 == 0 {
+                    peak = peak.max(rss_bytes());
+                }
+            }
+            Ok(ExecEvent::Output(ExecChunk::Stderr(bytes))) => {
+                panic!("stderr: {}", String::from_utf8_lossy(&bytes))
+            }
+            Ok(ExecEvent::Exit(exit)) => break exit,
+            Err(error) => panic!("the stream failed: {error}"),
+        }
+    };
+    assert_eq!(exit.exit_code, 0);
+    assert_eq!(received, TOTAL);
+    let growth = peak.saturating_sub(before);
+    assert!(
+        growth < ALLOWANCE,
+        "host memory grew by {growth} bytes streaming 1 GiB (allowance {ALLOWANCE})"
+    );
+    backend.dispose(&key, DisposeSelector::all()).await;
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unusable_working_directory_is_125_not_started_with_the_reason() {
     let backend = backend(false).await;

@@ -850,7 +850,7 @@ async fn mount_proof(sandbox: &SbxSandbox, timeout: Duration) -> Result<(), Sand
             output.exit_code,
             String::from_utf8_lossy(&output.stderr).trim()
         ))),
-        Ok(GuestEnd::Expired(_) | GuestEnd::Overflowed(_)) => Err(SandboxError::EngineTimeout {
+        Ok(GuestEnd::Expired(_) | GuestEnd::Overflowed) => Err(SandboxError::EngineTimeout {
             operation: "the mount proof".into(),
             bound: timeout,
         }),

@@ -7,14 +7,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use exec_wrapper::{
-    encode_env_file, encode_invocation, namespace_kill_argv, new_nonce, parse_run_output,
+    encode_env_file, encode_invocation, namespace_kill_argv, new_nonce, outcome_of,
     pid_namespace_probe_argv, read_kill_mode_probe, sbx_env_file_name,
     sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, ExitKind, KillFailure, KillOutcome,
-    KillReport, Nonce, SbxMount, WrapperOutcome, KILL_OUTPUT_BUDGET,
+    KillReport, Nonce, NonceSplitter, OutputSink, SbxMount, Stream, WrapperOutcome,
+    KILL_OUTPUT_BUDGET,
 };
 use sandbox_core::guest_path::{self, Access};
 use sandbox_core::{
-    EntryKind, ExecEnv, ExecOutput, ExecRequest, GuestCleanup, Sandbox, SandboxEntry, SandboxError,
+    EntryKind, ExecChunk, ExecEnv, ExecExit, ExecOutput, ExecRequest, ExecStdin, ExecStream,
+    ExecStreamSender, GuestCleanup, Sandbox, SandboxEntry, SandboxError, SendRefused,
     TransferLimits,
 };
 use sbx_cli::{Error as CliError, ExecRequest as CliExec, Instant, SbxName};
@@ -40,8 +42,8 @@ pub(crate) enum GuestEnd {
     Ran(ExecOutput),
     /// The deadline passed; how the kill went.
     Expired(GuestCleanup),
-    /// The output passed its budget; how the kill went.
-    Overflowed(GuestCleanup),
+    /// The output passed its budget; the command was killed (how it ended is logged).
+    Overflowed,
 }
 
 /// A handle to one instance, by name and id: a replacement under the same name is never reached
@@ -163,6 +165,180 @@ async fn kill(
     }
 }
 
+/// What the task behind one streamed call owns.
+struct WrappedCall {
+    host: Arc<SbxHost>,
+    name: SbxName,
+    instance_id: String,
+    mount_parent: String,
+    plane: Arc<HostPlane>,
+    env_file: Option<String>,
+}
+
+impl WrappedCall {
+    /// Runs the call, kills what must be killed, removes an unread env file, and ends the
+    /// stream with the exit or the error.
+    async fn produce(
+        self,
+        request: CliExec,
+        reader: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+        nonce: Nonce,
+        timeout: Duration,
+        sender: ExecStreamSender,
+    ) {
+        let started = Arc::new(AtomicBool::new(false));
+        let pending = PendingKill {
+            armed: true,
+            host: self.host.clone(),
+            name: self.name.clone(),
+            instance_id: self.instance_id.clone(),
+            nonce: nonce.clone(),
+            started: started.clone(),
+        };
+        let cap = sender.cap();
+        let mut sink = WrapperSink {
+            sender,
+            splitter: NonceSplitter::new(&nonce),
+            started,
+        };
+        let result = self
+            .host
+            .cli
+            .exec_streaming(&request, reader, &mut sink)
+            .await;
+        let WrapperSink {
+            sender, splitter, ..
+        } = sink;
+        let outcome = match result {
+            Ok(status) => {
+                pending.disarm();
+                self.exit_of(outcome_of(splitter.finish(status), Vec::new(), Vec::new()))
+            }
+            Err(CliError::Timeout { .. }) => Err(SandboxError::Timeout {
+                operation: "command".to_owned(),
+                bound: timeout,
+                cleanup: Some(pending.run_now().await),
+            }),
+            Err(CliError::OutputLimit { budget, .. }) => {
+                let cleanup = pending.run_now().await;
+                let limit = cap.unwrap_or(budget as u64);
+                tracing::info!(sandbox = %self.name, %cleanup, limit, "command output exceeded its budget");
+                Err(SandboxError::OutputLimitExceeded { limit })
+            }
+            Err(_) if sender.is_dropped() => {
+                let cleanup = pending.run_now().await;
+                tracing::debug!(sandbox = %self.name, %cleanup, "the stream was dropped; its command was killed");
+                self.remove_env_file().await;
+                return;
+            }
+            Err(error) => {
+                pending.disarm();
+                Err(gone_or(&self.name, &self.instance_id, error))
+            }
+        };
+        self.remove_env_file().await;
+        sender.finish(outcome).await;
+    }
+
+    /// What a wrapper call that ended reports: the command's exit, or the failure.
+    fn exit_of(&self, outcome: WrapperOutcome) -> Result<ExecExit, SandboxError> {
+        match outcome {
+            WrapperOutcome::Ran(output) => Ok(ExecExit::exited(output.status)),
+            WrapperOutcome::NoWorkingDirectory { reason } => Ok(ExecExit::workdir_unusable(reason)),
+            WrapperOutcome::Unmounted => Err(SandboxError::WorkspaceMismatch(format!(
+                "the directory bound at {} in sandbox {} is not this sandbox's workspace",
+                self.mount_parent, self.name
+            ))),
+            // A call that never reached its nonce line: the sandbox's absence is SandboxGone,
+            // anything else classified from sbx's stderr.
+            WrapperOutcome::NoNonce {
+                status,
+                stderr_tail,
+            } => Err(gone_or(
+                &self.name,
+                &self.instance_id,
+                sbx_cli::classify_output(
+                    sbx_cli::Call::Exec,
+                    Some(self.name.as_str()),
+                    ExitKind::Exited(status),
+                    &stderr_tail,
+                ),
+            )),
+            WrapperOutcome::ClientKilled {
+                signal,
+                stderr_tail: tail,
+            } => Err(SandboxError::engine(format!(
+                "the sbx client was killed by signal {signal}: {}",
+                stderr_tail(&tail)
+            ))),
+        }
+    }
+
+    /// The wrapper deletes the env file once read; one that was never read is removed here.
+    async fn remove_env_file(&self) {
+        if let Some(file) = self.env_file.clone() {
+            let plane = self.plane.clone();
+            if let Err(error) = blocking(move || plane.remove_own(&file)).await {
+                tracing::warn!(sandbox = %self.name, %error, "could not remove an unread env file");
+            }
+        }
+    }
+}
+
+/// Feeds a wrapper call's output to its stream: stderr through the nonce splitter, so transport
+/// noise never reaches the consumer however the chunks cut the nonce line.
+struct WrapperSink {
+    sender: ExecStreamSender,
+    splitter: NonceSplitter,
+    started: Arc<AtomicBool>,
+}
+
+impl OutputSink for WrapperSink {
+    async fn accept(&mut self, stream: Stream, bytes: &[u8]) -> Result<(), exec_wrapper::Error> {
+        let chunk = match stream {
+            Stream::Stdout => ExecChunk::Stdout(bytes.to_vec()),
+            Stream::Stderr => {
+                let command = self.splitter.push(bytes);
+                if self.splitter.started() {
+                    self.started.store(true, Ordering::Relaxed);
+                }
+                ExecChunk::Stderr(command)
+            }
+        };
+        self.sender
+            .send(chunk)
+            .await
+            .map_err(|refused| match refused {
+                SendRefused::Dropped => exec_wrapper::Error::Abandoned {
+                    program: "sbx".to_owned(),
+                },
+                SendRefused::OverCap { limit } => exec_wrapper::Error::OutputLimit {
+                    program: "sbx".to_owned(),
+                    budget: usize::try_from(limit).unwrap_or(usize::MAX),
+                },
+            })
+    }
+
+    async fn abandoned(&mut self) {
+        self.sender.dropped().await;
+    }
+}
+
+fn gone_or(name: &SbxName, instance_id: &str, error: CliError) -> SandboxError {
+    match error {
+        CliError::NotFound { .. } => gone(name, instance_id),
+        other => to_sandbox_error(other),
+    }
+}
+
+#[cold]
+fn gone(name: &SbxName, instance_id: &str) -> SandboxError {
+    tracing::warn!(sandbox = %name, "sandbox {name} is gone; acquire again");
+    SandboxError::SandboxGone {
+        instance: instance_id.to_owned(),
+    }
+}
+
 /// Runs a blocking plane operation on the blocking pool.
 async fn blocking<T, F>(work: F) -> Result<T, SandboxError>
 where
@@ -219,9 +395,8 @@ impl SbxSandbox {
         Ok(guest_path::norm(&guest_path::resolve_wd(wd, &self.base)?))
     }
 
-    /// One command through the wrapper (`enter` / `bind` / `run`), the guest environment in a
-    /// per-call env file in the workspace, never in any argv. A deadline, an overflow or a
-    /// dropped future runs the kill in a task the caller cannot cancel.
+    /// One command through the wrapper, its output collected (the collector over
+    /// [`Self::stream_wrapped`]).
     pub(crate) async fn run_wrapped(
         &self,
         cwd: &str,
@@ -230,6 +405,33 @@ impl SbxSandbox {
         budget: u64,
         timeout: Duration,
     ) -> Result<GuestEnd, SandboxError> {
+        let stream = self
+            .stream_wrapped(cwd, argv, env, ExecStdin::Closed, Some(budget), timeout)
+            .await?;
+        match stream.collect().await {
+            Ok(output) => Ok(GuestEnd::Ran(output)),
+            Err(SandboxError::Timeout {
+                cleanup: Some(cleanup),
+                ..
+            }) => Ok(GuestEnd::Expired(cleanup)),
+            Err(SandboxError::OutputLimitExceeded { .. }) => Ok(GuestEnd::Overflowed),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Starts one command through the wrapper (`enter` / `bind` / `run`), the guest environment
+    /// in a per-call env file in the workspace, never in any argv; `stdin` goes to `sbx exec -i`
+    /// and the output streams as it arrives. A task owns the call: a deadline, output over `cap`
+    /// or a dropped stream runs the kill, which the caller cannot cancel.
+    pub(crate) async fn stream_wrapped(
+        &self,
+        cwd: &str,
+        argv: Vec<Vec<u8>>,
+        env: Option<&ExecEnv>,
+        stdin: ExecStdin,
+        cap: Option<u64>,
+        timeout: Duration,
+    ) -> Result<ExecStream, SandboxError> {
         let nonce = new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
         let invocation = encode_invocation(cwd.as_bytes(), &argv)
             .map_err(|e| SandboxError::invalid(e.to_string()))?;
@@ -250,71 +452,56 @@ impl SbxSandbox {
             }
             None => None,
         };
-        let argv = if self.pid_namespace().await? {
-            sbx_pid_namespace_wrapper_argv(&nonce, &self.mount, env_file.is_some(), &invocation)
-        } else {
-            sbx_wrapper_argv(&nonce, &self.mount, env_file.is_some(), &invocation)
-        }
-        .map_err(|e| SandboxError::invalid(e.to_string()))?;
-        let budget_bytes =
-            usize::try_from(budget.saturating_add(NONCE_SLACK)).unwrap_or(usize::MAX);
-        let started = Arc::new(AtomicBool::new(false));
-        let request = CliExec::new(self.name.clone(), argv, Instant::now() + timeout)
-            .output_budget(budget_bytes)
-            .watch_stderr_line(nonce.line(), started.clone());
-        let pending = PendingKill {
-            armed: true,
+        let call = WrappedCall {
             host: self.host.clone(),
             name: self.name.clone(),
             instance_id: self.instance_id.clone(),
-            nonce: nonce.clone(),
-            started,
+            mount_parent: self.mount.parent.clone(),
+            plane: self.plane.clone(),
+            env_file,
         };
-        let result = self.host.cli.exec(&request).await;
-        let ended = match result {
-            Ok(output) => {
-                pending.disarm();
-                match parse_run_output(output, &nonce) {
-                    WrapperOutcome::Ran(output) => Ok(GuestEnd::Ran(ExecOutput::exited(
-                        output.stdout,
-                        output.stderr,
-                        output.status,
-                    ))),
-                    WrapperOutcome::NoWorkingDirectory { reason } => {
-                        Ok(GuestEnd::Ran(ExecOutput::workdir_unusable(reason)))
-                    }
-                    WrapperOutcome::Unmounted => Err(SandboxError::WorkspaceMismatch(format!(
-                        "the directory bound at {} in sandbox {} is not this sandbox's workspace",
-                        self.mount.parent, self.name
-                    ))),
-                    WrapperOutcome::NoNonce {
-                        status,
-                        stderr_tail,
-                    } => Err(self.no_nonce(ExitKind::Exited(status), &stderr_tail)),
-                    WrapperOutcome::ClientKilled {
-                        signal,
-                        stderr_tail: tail,
-                    } => Err(SandboxError::engine(format!(
-                        "the sbx client was killed by signal {signal}: {}",
-                        stderr_tail(&tail)
-                    ))),
-                }
-            }
-            Err(CliError::Timeout { .. }) => Ok(GuestEnd::Expired(pending.run_now().await)),
-            Err(CliError::OutputLimit { .. }) => Ok(GuestEnd::Overflowed(pending.run_now().await)),
+        let namespace = match self.pid_namespace().await {
+            Ok(namespace) => namespace,
             Err(error) => {
-                pending.disarm();
-                Err(self.gone_or(error))
+                call.remove_env_file().await;
+                return Err(error);
             }
         };
-        if let Some(file) = env_file {
-            // The wrapper deletes it once read; one that was never read is removed here.
-            let plane = self.plane.clone();
-            if let Err(error) = blocking(move || plane.remove_own(&file)).await {
-                tracing::warn!(sandbox = %self.name, %error, "could not remove an unread env file");
+        let argv = if namespace {
+            sbx_pid_namespace_wrapper_argv(
+                &nonce,
+                &self.mount,
+                call.env_file.is_some(),
+                &invocation,
+            )
+        } else {
+            sbx_wrapper_argv(&nonce, &self.mount, call.env_file.is_some(), &invocation)
+        };
+        let argv = match argv {
+            Ok(argv) => argv,
+            Err(error) => {
+                call.remove_env_file().await;
+                return Err(SandboxError::invalid(error.to_string()));
             }
-        }
-        ended
+        };
+        // The runner's budget counts the nonce line and transport text too; the stream's cap
+        // counts the command's bytes only.
+        let budget_bytes = cap.map_or(usize::MAX, |cap| {
+            usize::try_from(cap.saturating_add(NONCE_SLACK)).unwrap_or(usize::MAX)
+        });
+        let mut request = CliExec::new(self.name.clone(), argv, Instant::now() + timeout)
+            .output_budget(budget_bytes);
+        let reader = match stdin {
+            ExecStdin::Closed => None,
+            ExecStdin::Bytes(bytes) => {
+                request = request.stdin(bytes);
+                None
+            }
+            ExecStdin::Reader(reader) => Some(reader),
+        };
+        let (sender, stream) = ExecStream::channel(cap);
+        tokio::spawn(call.produce(request, reader, nonce, timeout, sender));
+        Ok(stream)
     }
 
     /// Whether this instance's calls run in their own PID namespace (the wrapper's `enter-pid`
@@ -348,30 +535,8 @@ impl SbxSandbox {
         Ok(available)
     }
 
-    /// A wrapper call that never reached its nonce line: the sandbox's absence is SandboxGone,
-    /// anything else classified from sbx's stderr.
-    fn no_nonce(&self, status: ExitKind, stderr: &[u8]) -> SandboxError {
-        self.gone_or(sbx_cli::classify_output(
-            sbx_cli::Call::Exec,
-            Some(self.name.as_str()),
-            status,
-            stderr,
-        ))
-    }
-
     fn gone_or(&self, error: CliError) -> SandboxError {
-        match error {
-            CliError::NotFound { .. } => self.gone(),
-            other => to_sandbox_error(other),
-        }
-    }
-
-    #[cold]
-    fn gone(&self) -> SandboxError {
-        tracing::warn!(sandbox = %self.name, "sandbox {} is gone; acquire again", self.name);
-        SandboxError::SandboxGone {
-            instance: self.instance_id.clone(),
-        }
+        gone_or(&self.name, &self.instance_id, error)
     }
 
     /// A file method's guest command: cwd `/`, the command timeout, whose expiry is the
@@ -405,7 +570,7 @@ impl SbxSandbox {
                 operation: what.to_owned(),
                 bound: timeout,
             }),
-            GuestEnd::Overflowed(_) => Err(SandboxError::engine("the guest rm flooded its output")),
+            GuestEnd::Overflowed => Err(SandboxError::engine("the guest rm flooded its output")),
         }
     }
 }
@@ -425,32 +590,30 @@ impl Sandbox for SbxSandbox {
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecOutput, SandboxError> {
+        let budget = request.output_budget();
+        self.exec_stream(request.max_output_bytes(budget), ExecStdin::Closed)
+            .await?
+            .collect()
+            .await
+    }
+
+    async fn exec_stream(
+        &self,
+        request: ExecRequest,
+        stdin: ExecStdin,
+    ) -> Result<ExecStream, SandboxError> {
         self.refuse_retired()?;
         request.validate()?;
         let wd = self.wd(request.working_dir())?;
-        let bound = request.timeout_bound();
-        let budget = request.output_budget();
-        match self
-            .run_wrapped(
-                &wd,
-                request.command().to_argv(),
-                Some(request.guest_env()),
-                budget,
-                bound,
-            )
-            .await?
-        {
-            GuestEnd::Ran(output) => Ok(output),
-            GuestEnd::Expired(cleanup) => Err(SandboxError::Timeout {
-                operation: "command".to_owned(),
-                bound,
-                cleanup: Some(cleanup),
-            }),
-            GuestEnd::Overflowed(cleanup) => {
-                tracing::info!(sandbox = %self.name, %cleanup, limit = budget, "command output exceeded its budget");
-                Err(SandboxError::OutputLimitExceeded { limit: budget })
-            }
-        }
+        self.stream_wrapped(
+            &wd,
+            request.command().to_argv(),
+            Some(request.guest_env()),
+            stdin,
+            request.output_cap(),
+            request.timeout_bound(),
+        )
+        .await
     }
 
     async fn write_file(&self, path: &str, content: &[u8], wd: &str) -> Result<(), SandboxError> {
@@ -625,7 +788,7 @@ impl Sandbox for SbxSandbox {
                 ),
             )),
             GuestEnd::Expired(cleanup) => Err(timed_out(Some(cleanup))),
-            GuestEnd::Overflowed(_) => Err(SandboxError::engine("the guest rm flooded its output")),
+            GuestEnd::Overflowed => Err(SandboxError::engine("the guest rm flooded its output")),
         }
     }
 }

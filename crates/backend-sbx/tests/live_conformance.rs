@@ -128,3 +128,30 @@ async fn confinement_passes_a_clean_call_and_fails_a_residue_on_the_simulator() 
     dispose_all(&backend, &scope).await;
     host.assert_nothing_left().await;
 }
+
+/// The EXEC suite alone (its streaming probes included) on one sandbox of the simulator: what a
+/// change to exec is checked with before the whole run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_exec_suite_passes_on_the_simulator() {
+    let host = SimHost::new();
+    let backend = host.backend().await;
+    let scope = unique_scope("exec-suite");
+    let key = SandboxKey::conversation(scope.clone(), "exec", "agent");
+    let spec = SandboxSpec::builder("conformance").build().unwrap();
+    let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
+    let base = sandbox.storage_base().to_owned();
+    let mut subject = conformance::PosixGuestSubject::new(
+        sandbox,
+        base,
+        backend.declarations().capabilities.clone(),
+    )
+    .expect("an absolute base");
+    subject.exec_cleanup_allowance = backend.exec_cleanup_timeout();
+    let result = conformance::assert_exec(&subject).await;
+    drop(subject);
+    dispose_all(&backend, &scope).await;
+    host.assert_nothing_left().await;
+    let report = result.unwrap_or_else(|error| panic!("{error}"));
+    println!("sbx-sim: {report}");
+    assert_eq!(report.passed(), conformance::EXEC_PROBES, "{report}");
+}

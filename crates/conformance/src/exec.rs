@@ -1,14 +1,19 @@
-//! EXEC (docs/conformance.md#the-suites): argv fidelity, exit codes, working directory, separate byte-exact streams, timeouts.
+//! EXEC (docs/conformance.md#the-suites): argv fidelity, exit codes, working directory, separate byte-exact streams, timeouts,
+//! and the streamed form: chunks before the end, stdin, a dropped stream, a stream's cap.
 //!
 //! Runs last among the reference suites on a shared sandbox: its timeout probe may cost the sandbox on a
 //! backend that discards one whose kill did not land.
 
 use std::time::{Duration, Instant};
 
-use sandbox_core::{Capability, Command, ExecOutput, ExecRequest};
+use sandbox_core::{
+    Capability, Command, ErrorKind, ExecChunk, ExecEvent, ExecExit, ExecOutput, ExecRequest,
+    ExecStdin, ExecStream, SandboxError,
+};
 
 use crate::error::ConformanceError;
 use crate::fixtures::binary;
+use crate::hardening::{expect_handle_works, expect_none_left};
 use crate::paths::{norm, ConformancePaths};
 use crate::probe_kit::{plant_nothing, run, run_argv};
 use crate::report::ConformanceReport;
@@ -21,7 +26,13 @@ use crate::suite_runner::{
 pub const EXEC: &str = "EXEC";
 
 /// How many probes [`assert_exec`] runs.
-pub const EXEC_PROBES: usize = 7;
+pub const EXEC_PROBES: usize = 12;
+
+/// How many bytes of stdin the round-trip probe sends through `cat`: 8 MiB.
+pub const STREAM_STDIN_BYTES: usize = 8 * 1024 * 1024;
+
+/// The cap of the capped-stream probe: 64 KiB.
+const STREAM_CAP: u64 = 64 * 1024;
 
 /// The longest exec cleanup allowance a subject may claim.
 pub const MAX_EXEC_CLEANUP_ALLOWANCE: Duration = Duration::from_secs(30);
@@ -79,6 +90,51 @@ fn check_fidelity(output: &ExecOutput, out: &[u8], err: &[u8], form: &str) -> Pr
         );
     }
     Ok(())
+}
+
+/// Everything a stream delivered: its stdout, its stderr, and how it ended.
+struct Drained {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    end: Result<ExecExit, SandboxError>,
+}
+
+/// Reads a stream to its end.
+async fn drain(mut stream: ExecStream) -> Drained {
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(ExecEvent::Output(ExecChunk::Stdout(bytes))) => stdout.extend_from_slice(&bytes),
+            Ok(ExecEvent::Output(ExecChunk::Stderr(bytes))) => stderr.extend_from_slice(&bytes),
+            Ok(ExecEvent::Exit(exit)) => {
+                return Drained {
+                    stdout,
+                    stderr,
+                    end: Ok(exit),
+                }
+            }
+            Err(error) => {
+                return Drained {
+                    stdout,
+                    stderr,
+                    end: Err(error),
+                }
+            }
+        }
+    }
+    Drained {
+        stdout,
+        stderr,
+        end: Err(SandboxError::engine("the stream ended without its exit")),
+    }
+}
+
+/// `bytes` of a pattern no prefix of which repeats at a short period, so a reordered or
+/// dropped chunk shows.
+fn stdin_pattern(bytes: usize) -> Vec<u8> {
+    (0..bytes as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect()
 }
 
 /// Attacks `exec`. Gate `exec`; plants `.probe-cwd`; every command runs in the working directory.
@@ -227,6 +283,190 @@ pub async fn assert_exec(
                 "the 1 s bound took {elapsed:?} to report (ceiling {ceiling:?})"
             );
             Ok(())
+        })
+        .await;
+
+    suite
+        .probe("a-stream-delivers-chunks-before-the-end", &[], async {
+            let request = ExecRequest::new(Command::shell(
+                "printf stream-first; sleep 2; printf stream-second",
+            ))
+            .working_directory(work)
+            .timeout(subject.exec_timeout());
+            let started = Instant::now();
+            let mut stream = subject
+                .sandbox()
+                .exec_stream(request, ExecStdin::Closed)
+                .await?;
+            let first = loop {
+                match stream.next().await {
+                    Some(Ok(ExecEvent::Output(ExecChunk::Stdout(bytes)))) => break bytes,
+                    Some(Ok(ExecEvent::Output(ExecChunk::Stderr(_)))) => continue,
+                    Some(Ok(ExecEvent::Exit(exit))) => {
+                        return Err(ProbeError::Assertion(format!(
+                            "the command exited {} before any stdout",
+                            exit.exit_code
+                        )))
+                    }
+                    Some(Err(error)) => return Err(error.into()),
+                    None => return Err(ProbeError::Assertion("the stream ended".into())),
+                }
+            };
+            let first_at = started.elapsed();
+            ensure!(
+                first_at < Duration::from_secs(1),
+                "the first chunk came {first_at:?} after the call, not while the command slept"
+            );
+            let rest = drain(stream).await;
+            let exit = rest.end?;
+            ensure!(exit.exit_code == 0, "the command exited {}", exit.exit_code);
+            let all = [first, rest.stdout].concat();
+            ensure!(
+                all == b"stream-firststream-second",
+                "the stream delivered {:?}",
+                String::from_utf8_lossy(&all)
+            );
+            ensure!(
+                started.elapsed() >= Duration::from_secs(2),
+                "the command ended after only {:?}",
+                started.elapsed()
+            );
+            Ok(())
+        })
+        .await;
+
+    suite
+        .probe("stdin-round-trips-through-cat", &[], async {
+            let sent = stdin_pattern(STREAM_STDIN_BYTES);
+            let request = ExecRequest::new(Command::argv(["cat"]))
+                .working_directory(work)
+                .timeout(subject.exec_timeout());
+            let reader = ExecStdin::reader(std::io::Cursor::new(sent.clone()));
+            let stream = subject.sandbox().exec_stream(request, reader).await?;
+            let drained = drain(stream).await;
+            let exit = drained.end?;
+            ensure!(exit.exit_code == 0, "cat exited {}", exit.exit_code);
+            ensure!(
+                drained.stdout.len() == sent.len(),
+                "cat echoed {} of {} bytes",
+                drained.stdout.len(),
+                sent.len()
+            );
+            ensure!(
+                drained.stdout == sent,
+                "cat echoed other bytes than it was sent"
+            );
+            ensure!(
+                drained.stderr.is_empty(),
+                "cat wrote {:?} on stderr",
+                String::from_utf8_lossy(&drained.stderr)
+            );
+            Ok(())
+        })
+        .await;
+
+    suite
+        .probe("unread-stdin-does-not-hang", &[], async {
+            let request = ExecRequest::new(Command::shell("exit 5"))
+                .working_directory(work)
+                .timeout(subject.exec_timeout());
+            // Endless: only the command's exit can end the call.
+            let endless = ExecStdin::reader(tokio::io::repeat(b'y'));
+            let started = Instant::now();
+            let stream = subject.sandbox().exec_stream(request, endless).await?;
+            let drained = tokio::time::timeout(Duration::from_secs(20), drain(stream))
+                .await
+                .map_err(|_| {
+                    ProbeError::Assertion(
+                        "the call outlived a command that never read its stdin".into(),
+                    )
+                })?;
+            let exit = drained.end?;
+            ensure!(exit.exit_code == 5, "the command exited {}", exit.exit_code);
+            ensure!(
+                started.elapsed() < Duration::from_secs(20),
+                "the call took {:?}",
+                started.elapsed()
+            );
+            Ok(())
+        })
+        .await;
+
+    suite
+        .probe("a-dropped-stream-leaves-no-process", &[], async {
+            let instance_id = subject.sandbox().instance_id().to_owned();
+            let (head, tail) = ("dropped-stream-", "31421");
+            let marker = format!("{head}{tail}");
+            let request = ExecRequest::new(Command::argv([
+                "sh",
+                "-c",
+                "while :; do printf dropped-stream-output; done",
+                &marker,
+            ]))
+            .working_directory(work)
+            .timeout(subject.exec_timeout());
+            let mut stream = subject
+                .sandbox()
+                .exec_stream(request, ExecStdin::Closed)
+                .await?;
+            let mut seen = 0usize;
+            while seen < 256 * 1024 {
+                match stream.next().await {
+                    Some(Ok(ExecEvent::Output(chunk))) => seen += chunk.bytes().len(),
+                    other => {
+                        return Err(ProbeError::Assertion(format!(
+                            "the endless command's stream ended after {seen} bytes: {other:?}"
+                        )))
+                    }
+                }
+            }
+            drop(stream);
+            expect_none_left(subject, head, tail, work).await?;
+            expect_handle_works(subject, work, &instance_id).await
+        })
+        .await;
+
+    suite
+        .probe("a-stream-over-its-cap-is-refused", &[], async {
+            let instance_id = subject.sandbox().instance_id().to_owned();
+            let (head, tail) = ("capped-stream-", "31422");
+            let marker = format!("{head}{tail}");
+            let request = ExecRequest::new(Command::argv([
+                "sh",
+                "-c",
+                "while :; do printf capped-stream-output; done",
+                &marker,
+            ]))
+            .working_directory(work)
+            .timeout(subject.exec_timeout())
+            .max_output_bytes(STREAM_CAP);
+            let stream = subject
+                .sandbox()
+                .exec_stream(request, ExecStdin::Closed)
+                .await?;
+            let drained = drain(stream).await;
+            match drained.end {
+                Err(error) if error.kind() == ErrorKind::OutputLimitExceeded => {}
+                Err(error) => {
+                    return Err(ProbeError::Assertion(format!(
+                        "the capped stream ended with {:?}: {error}",
+                        error.kind()
+                    )))
+                }
+                Ok(exit) => {
+                    return Err(ProbeError::Assertion(format!(
+                        "the endless command exited {} under a cap",
+                        exit.exit_code
+                    )))
+                }
+            }
+            let delivered = (drained.stdout.len() + drained.stderr.len()) as u64;
+            ensure!(
+                delivered <= STREAM_CAP,
+                "the stream delivered {delivered} bytes past its cap of {STREAM_CAP}"
+            );
+            expect_none_left(subject, head, tail, work).await?;
+            expect_handle_works(subject, work, &instance_id).await
         })
         .await;
 

@@ -166,9 +166,9 @@ while :; do
   sleep 0.1
 done"#;
 
-/// Waits until no process of the timed-out command, recognised by `marker` in its command line
+/// Waits until no process of a killed command, recognised by `marker` in its command line
 /// (`marker = head + tail`), remains.
-async fn expect_none_left(
+pub(crate) async fn expect_none_left(
     subject: &dyn ConformanceSubject,
     head: &str,
     tail: &str,
@@ -183,7 +183,7 @@ async fn expect_none_left(
     match out.exit_code {
         0 => Ok(()),
         1 => Err(ProbeError::Assertion(format!(
-            "a process of the timed-out command ({head}{tail}) is still alive"
+            "a process of the killed command ({head}{tail}) is still alive"
         ))),
         other => Err(ProbeError::Harness(format!(
             "the survivor poll for {head}{tail} exited {other} (stderr {:?})",
@@ -192,7 +192,7 @@ async fn expect_none_left(
     }
 }
 
-async fn expect_handle_works(
+pub(crate) async fn expect_handle_works(
     subject: &dyn ConformanceSubject,
     work: &str,
     instance_id: &str,

@@ -314,7 +314,11 @@ async fn an_exec_cleanup_allowance_above_thirty_seconds_is_a_harness_error() {
         ProbeOutcome::Failed { why } => assert!(why.starts_with("harness error:"), "{why}"),
         other => panic!("{other:?}"),
     }
-    assert_eq!(report.probes().len(), 7, "every EXEC probe ran");
+    assert_eq!(
+        report.probes().len(),
+        conformance::EXEC_PROBES,
+        "every EXEC probe ran"
+    );
 }
 
 #[tokio::test]

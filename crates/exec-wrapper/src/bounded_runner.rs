@@ -6,13 +6,14 @@
 //! bounded reap on every early exit.
 
 use std::ffi::OsString;
+use std::future::Future;
 use std::io;
 use std::path::PathBuf;
 use std::pin::pin;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::time::Instant;
 
@@ -72,7 +73,7 @@ pub struct BoundedCommand {
     program: OsString,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
-    stdin: Option<Vec<u8>>,
+    stdin: Option<Feed>,
     output_budget: usize,
     timeout: Duration,
     deadline: Option<Instant>,
@@ -91,7 +92,14 @@ impl std::fmt::Debug for BoundedCommand {
                 "env_names",
                 &self.env.iter().map(|(name, _)| name).collect::<Vec<_>>(),
             )
-            .field("stdin_len", &self.stdin.as_ref().map(Vec::len))
+            .field(
+                "stdin_len",
+                &match &self.stdin {
+                    Some(Feed::Bytes(bytes)) => Some(bytes.len()),
+                    _ => None,
+                },
+            )
+            .field("stdin_reader", &matches!(self.stdin, Some(Feed::Reader(_))))
             .field("output_budget", &self.output_budget)
             .field("timeout", &self.timeout)
             .field("stop_after", &self.stop_after)
@@ -155,7 +163,15 @@ impl BoundedCommand {
     /// Bytes for the child's stdin, written concurrently with reading and then closed. They do
     /// not count against the output budget.
     pub fn stdin(mut self, bytes: Vec<u8>) -> Self {
-        self.stdin = Some(bytes);
+        self.stdin = Some(Feed::Bytes(bytes));
+        self
+    }
+
+    /// A reader for the child's stdin, copied to it as fast as the child reads, then closed.
+    /// A child that exits (or closes its stdin) before reading everything ends the copy; the
+    /// rest of the reader is never read. It does not count against the output budget.
+    pub fn stdin_reader(mut self, reader: Box<dyn AsyncRead + Send + Unpin>) -> Self {
+        self.stdin = Some(Feed::Reader(reader));
         self
     }
 
@@ -198,6 +214,60 @@ impl BoundedCommand {
     pub async fn run(self) -> Result<RunOutput> {
         run_bounded(self).await
     }
+
+    /// Runs the command with its output handed to `sink` as it arrives; see [`run_streaming`].
+    pub async fn run_streaming(self, sink: &mut impl OutputSink) -> Result<ExitKind> {
+        run_streaming(self, sink).await
+    }
+}
+
+/// What the child reads on stdin.
+enum Feed {
+    Bytes(Vec<u8>),
+    Reader(Box<dyn AsyncRead + Send + Unpin>),
+}
+
+/// Where a streamed run's output goes, chunk by chunk, as the child writes it.
+pub trait OutputSink: Send {
+    /// Takes one chunk (at most [`READ_CHUNK`] bytes) read from `stream`. While this waits the
+    /// runner reads nothing more, so a slow sink holds the child at its pipe. An error stops the
+    /// run as any early exit does (the tree killed and reaped) and is returned.
+    fn accept(&mut self, stream: Stream, bytes: &[u8]) -> impl Future<Output = Result<()>> + Send;
+
+    /// Resolves once nobody wants the output any more: the run stops as on an error, with
+    /// [`Error::Abandoned`]. The default never resolves.
+    fn abandoned(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
+
+    /// `stream` reached its end; nothing more comes from it.
+    fn closed(&mut self, stream: Stream) {
+        let _ = stream;
+    }
+}
+
+/// The collected form's sink: keeps both streams and feeds the line callback.
+struct KeepSink {
+    out: Kept,
+    err: Kept,
+    on_line: Option<LineCallback>,
+}
+
+impl OutputSink for KeepSink {
+    async fn accept(&mut self, stream: Stream, bytes: &[u8]) -> Result<()> {
+        match stream {
+            Stream::Stdout => self.out.push(bytes, &mut self.on_line),
+            Stream::Stderr => self.err.push(bytes, &mut self.on_line),
+        }
+        Ok(())
+    }
+
+    fn closed(&mut self, stream: Stream) {
+        match stream {
+            Stream::Stdout => self.out.finish(&mut self.on_line),
+            Stream::Stderr => self.err.finish(&mut self.on_line),
+        }
+    }
 }
 
 /// Runs one bounded command.
@@ -222,7 +292,48 @@ impl BoundedCommand {
 /// is safe for the host: the child's process tree is killed at once and the child is
 /// reaped by a background task on the current tokio runtime (or, without one, by tokio's
 /// kill-on-drop and orphan reaping). No call ever blocks on that reaping.
-pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
+pub async fn run_bounded(mut command: BoundedCommand) -> Result<RunOutput> {
+    let mut sink = KeepSink {
+        out: Kept::new(Stream::Stdout),
+        err: Kept::new(Stream::Stderr),
+        on_line: command.on_line.take(),
+    };
+    let (status, truncated) = drive(command, &mut sink).await?;
+    Ok(RunOutput {
+        status,
+        stdout: sink.out.bytes,
+        stderr: sink.err.bytes,
+        truncated,
+    })
+}
+
+/// Runs one bounded command, its output handed to `sink` as it arrives instead of kept: the
+/// form [`run_bounded`] collects over. Every guarantee of [`run_bounded`] holds: the deadline,
+/// the output budget over everything the sink was handed, the process tree killed and reaped on
+/// every early exit. The line callback and prefix mode do not apply.
+///
+/// # Errors
+///
+/// As [`run_bounded`], plus the sink's own error and [`Error::Abandoned`] when the sink's
+/// [`OutputSink::abandoned`] resolves; on each, the tree was killed and the child reaped.
+///
+/// # Cancel safety and drop
+///
+/// As [`run_bounded`]: dropping the future kills the child's process tree at once and reaps it
+/// in the background.
+pub async fn run_streaming(
+    mut command: BoundedCommand,
+    sink: &mut impl OutputSink,
+) -> Result<ExitKind> {
+    command.on_line = None;
+    command.stop_after = None;
+    drive(command, sink).await.map(|(status, _)| status)
+}
+
+/// The one loop under both forms: spawn, feed, read both pipes into `sink` against the budget,
+/// wait, and kill and reap on every early exit. Returns the status and whether prefix mode cut
+/// stdout.
+async fn drive(command: BoundedCommand, sink: &mut impl OutputSink) -> Result<(ExitKind, bool)> {
     let BoundedCommand {
         program,
         args,
@@ -231,7 +342,7 @@ pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
         output_budget,
         timeout,
         deadline,
-        mut on_line,
+        on_line: _,
         stop_after,
         current_dir,
     } = command;
@@ -276,13 +387,13 @@ pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
     };
 
     let mut feeding = stdin.is_some();
-    let mut feed = pin!(feed_stdin(stdin_pipe, stdin.unwrap_or_default()));
+    let mut feed = pin!(feed_stdin(stdin_pipe, stdin));
     let mut sleep = pin!(until(deadline));
-    let mut kept_out = Kept::new(Stream::Stdout);
-    let mut kept_err = Kept::new(Stream::Stderr);
     let mut out_chunk = vec![0u8; READ_CHUNK];
     let mut err_chunk = vec![0u8; READ_CHUNK];
     let (mut out_open, mut err_open) = (true, true);
+    let mut total = 0usize;
+    let mut stdout_seen = 0usize;
     let mut exit: Option<ExitStatus> = None;
 
     let stop: Stop = loop {
@@ -290,66 +401,70 @@ pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
         if let Some(status) = exit {
             break Stop::Done(status);
         }
-        let total = kept_out.bytes.len() + kept_err.bytes.len();
         let want = READ_CHUNK.min(output_budget.saturating_sub(total).saturating_add(1));
-        tokio::select! {
+        let read = tokio::select! {
             biased;
             () = &mut sleep => break Stop::Fail(Error::deadline(&name, timeout)),
-            read = stdout.read(&mut out_chunk[..want]), if out_open => match read {
-                Ok(0) => {
-                    out_open = false;
-                    kept_out.finish(&mut on_line);
-                }
-                Ok(n) if total + n > output_budget => {
-                    break Stop::Fail(Error::output_limit(&name, output_budget));
-                }
-                Ok(n) => {
-                    kept_out.push(&out_chunk[..n], &mut on_line);
-                    if let Some(limit) = stop_after {
-                        if kept_out.bytes.len() >= limit {
-                            kept_out.bytes.truncate(limit);
-                            break Stop::Prefix;
-                        }
-                    }
-                }
-                Err(e) => break Stop::Fail(io_error(&name, "reading stdout", e)),
-            },
-            read = stderr.read(&mut err_chunk[..want]), if err_open => match read {
-                Ok(0) => {
-                    err_open = false;
-                    kept_err.finish(&mut on_line);
-                }
-                Ok(n) if total + n > output_budget => {
-                    break Stop::Fail(Error::output_limit(&name, output_budget));
-                }
-                Ok(n) => kept_err.push(&err_chunk[..n], &mut on_line),
-                Err(e) => break Stop::Fail(io_error(&name, "reading stderr", e)),
-            },
+            () = sink.abandoned() => break Stop::Fail(Error::abandoned(&name)),
+            read = stdout.read(&mut out_chunk[..want]), if out_open => (Stream::Stdout, read),
+            read = stderr.read(&mut err_chunk[..want]), if err_open => (Stream::Stderr, read),
             fed = &mut feed, if feeding => {
                 feeding = false;
                 if let Err(e) = fed {
                     break Stop::Fail(io_error(&name, "writing stdin", e));
                 }
+                continue;
             },
             // Reaped only after both pipes closed: until then the unreaped child keeps its pid,
             // and so the group id, from being reused, and a kill still reaches a grandchild
             // that holds a pipe open.
             status = guard.wait(), if exit.is_none() && !out_open && !err_open => match status {
-                Ok(status) => exit = Some(status),
+                Ok(status) => {
+                    exit = Some(status);
+                    continue;
+                }
                 Err(e) => break Stop::Fail(io_error(&name, "waiting for the exit", e)),
             },
+        };
+        let (stream, chunk) = match read {
+            (Stream::Stdout, Ok(n)) => (Stream::Stdout, &out_chunk[..n]),
+            (Stream::Stderr, Ok(n)) => (Stream::Stderr, &err_chunk[..n]),
+            (Stream::Stdout, Err(e)) => break Stop::Fail(io_error(&name, "reading stdout", e)),
+            (Stream::Stderr, Err(e)) => break Stop::Fail(io_error(&name, "reading stderr", e)),
+        };
+        if chunk.is_empty() {
+            match stream {
+                Stream::Stdout => out_open = false,
+                Stream::Stderr => err_open = false,
+            }
+            sink.closed(stream);
+            continue;
+        }
+        if total + chunk.len() > output_budget {
+            break Stop::Fail(Error::output_limit(&name, output_budget));
+        }
+        total += chunk.len();
+        let (chunk, enough) = match (stream, stop_after) {
+            (Stream::Stdout, Some(limit)) if stdout_seen + chunk.len() >= limit => {
+                (&chunk[..limit - stdout_seen], true)
+            }
+            _ => (chunk, false),
+        };
+        if stream == Stream::Stdout {
+            stdout_seen += chunk.len();
+        }
+        if let Err(error) = sink.accept(stream, chunk).await {
+            break Stop::Fail(error);
+        }
+        if enough {
+            break Stop::Prefix;
         }
     };
 
     match stop {
-        Stop::Done(status) => Ok(RunOutput {
-            status: exit_kind(status),
-            stdout: kept_out.bytes,
-            stderr: kept_err.bytes,
-            truncated: false,
-        }),
+        Stop::Done(status) => Ok((exit_kind(status), false)),
         Stop::Fail(error) => {
-            drop((kept_out, kept_err, stdout, stderr));
+            drop((stdout, stderr));
             guard.kill_and_reap().await;
             Err(error)
         }
@@ -357,12 +472,7 @@ pub async fn run_bounded(command: BoundedCommand) -> Result<RunOutput> {
             drop((stdout, stderr));
             let reaped = guard.kill_and_reap().await;
             match reaped.or(exit) {
-                Some(status) => Ok(RunOutput {
-                    status: exit_kind(status),
-                    stdout: kept_out.bytes,
-                    stderr: kept_err.bytes,
-                    truncated: true,
-                }),
+                Some(status) => Ok((exit_kind(status), true)),
                 None => Err(io_error(
                     &name,
                     "reaping after the prefix stop",
@@ -423,12 +533,19 @@ async fn until(deadline: Option<Instant>) {
     }
 }
 
-/// Writes all of `bytes` to the child's stdin, then closes it.
-async fn feed_stdin<W: AsyncWrite + Unpin>(pipe: Option<W>, bytes: Vec<u8>) -> io::Result<()> {
-    let Some(mut pipe) = pipe else {
+/// Writes all of the feed to the child's stdin, then closes it.
+async fn feed_stdin<W: AsyncWrite + Unpin>(pipe: Option<W>, feed: Option<Feed>) -> io::Result<()> {
+    let (Some(mut pipe), Some(feed)) = (pipe, feed) else {
         return Ok(());
     };
-    let written = match pipe.write_all(&bytes).await {
+    let copied = match feed {
+        Feed::Bytes(bytes) => pipe.write_all(&bytes).await,
+        Feed::Reader(reader) => {
+            let mut reader = tokio::io::BufReader::with_capacity(READ_CHUNK * 4, reader);
+            tokio::io::copy_buf(&mut reader, &mut pipe).await.map(drop)
+        }
+    };
+    let written = match copied {
         Ok(()) => pipe.shutdown().await,
         Err(e) => Err(e),
     };
@@ -619,7 +736,7 @@ mod tests {
             io::ErrorKind::PermissionDenied,
             io::ErrorKind::WriteZero,
         ] {
-            let error = feed_stdin(Some(FailingPipe(kind)), b"input".to_vec())
+            let error = feed_stdin(Some(FailingPipe(kind)), bytes(b"input"))
                 .await
                 .expect_err("the error is reported");
             assert_eq!(error.kind(), kind);
@@ -630,7 +747,7 @@ mod tests {
     async fn a_child_that_stops_reading_its_stdin_is_not_a_failure() {
         feed_stdin(
             Some(FailingPipe(io::ErrorKind::BrokenPipe)),
-            b"input".to_vec(),
+            bytes(b"input"),
         )
         .await
         .expect("a broken pipe is the child's choice");
@@ -639,9 +756,19 @@ mod tests {
     #[tokio::test]
     async fn every_stdin_byte_is_written() {
         let mut pipe = Vec::new();
-        feed_stdin(Some(&mut pipe), b"all of it".to_vec())
+        feed_stdin(Some(&mut pipe), bytes(b"all of it"))
             .await
             .unwrap();
         assert_eq!(pipe, b"all of it");
+        let mut piped = Vec::new();
+        let reader: Box<dyn AsyncRead + Send + Unpin> = Box::new(&b"from a reader"[..]);
+        feed_stdin(Some(&mut piped), Some(Feed::Reader(reader)))
+            .await
+            .unwrap();
+        assert_eq!(piped, b"from a reader");
+    }
+
+    fn bytes(text: &[u8]) -> Option<Feed> {
+        Some(Feed::Bytes(text.to_vec()))
     }
 }

@@ -50,6 +50,12 @@ pub enum Error {
         /// The budget, in bytes, for stdout and stderr combined.
         budget: usize,
     },
+    /// The sink of a streamed run stopped wanting its output; the program was killed.
+    #[error("the output of {program} was abandoned; it was killed")]
+    Abandoned {
+        /// The configured program path.
+        program: String,
+    },
     /// Reading a pipe, writing stdin or waiting for the exit failed.
     #[error("talking to {program} failed while {during}: {source}")]
     Io {
@@ -85,6 +91,15 @@ impl Error {
         Error::OutputLimit {
             program: program.to_owned(),
             budget,
+        }
+    }
+
+    /// The sink abandoned the output. Cold: never the common path.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn abandoned(program: &str) -> Self {
+        Error::Abandoned {
+            program: program.to_owned(),
         }
     }
 

@@ -16,7 +16,8 @@
 //!    nonce line on stderr, and starts the command with `setsid` in a new session. The command's first shell
 //!    writes its pid (the group id) to the pid file, then runs the command only if no cancel file
 //!    exists.
-//! 4. **The result** ([`parse_result`]): stderr after the first nonce line is the command's; no
+//! 4. **The result** ([`parse_result`], fed incrementally by [`NonceSplitter`] however the
+//!    chunks cut the line): stderr after the first nonce line is the command's; no
 //!    nonce line means the engine, the transport or the wrapper failed, never the command
 //!    ([`WrapperOutcome::NoNonce`]); `<nonce>-nocwd` ([`WrapperOutcome::NoWorkingDirectory`])
 //!    and `<nonce>-unmounted` are outcomes of their own.
@@ -118,6 +119,7 @@ mod call_identity;
 mod error;
 mod group_kill;
 mod nonce_result;
+mod nonce_splitter;
 mod process_tree;
 mod tool_probe;
 mod wrapper_scripts;
@@ -127,8 +129,8 @@ pub use argv_encoding::{
     RawInvocation,
 };
 pub use bounded_runner::{
-    run_bounded, BoundedCommand, ExitKind, RunOutput, Stream, DEFAULT_OUTPUT_BUDGET, READ_CHUNK,
-    REAP_GRACE,
+    run_bounded, run_streaming, BoundedCommand, ExitKind, OutputSink, RunOutput, Stream,
+    DEFAULT_OUTPUT_BUDGET, READ_CHUNK, REAP_GRACE,
 };
 pub use call_identity::{
     cancel_file, new_nonce, pid_file, sbx_env_file_name, Nonce, NONCE_HEX_LEN,
@@ -140,9 +142,10 @@ pub use group_kill::{
     KILL_EXIT_NO_CANCEL_FILE, KILL_EXIT_SURVIVOR, KILL_OUTPUT_BUDGET,
 };
 pub use nonce_result::{
-    nonce_line_seen, parse_result, parse_run_output, WrapperOutcome, WrapperOutput,
-    NO_CWD_REASON_BYTES, STDERR_TAIL_BYTES,
+    nonce_line_seen, outcome_of, parse_result, parse_run_output, WrapperOutcome, WrapperOutput,
+    NO_CWD_REASON_BYTES, NO_CWD_WORD, STDERR_TAIL_BYTES, UNMOUNTED_WORD,
 };
+pub use nonce_splitter::{CallEnd, NonceSplitter, StderrPhase, MAX_MARKER_WORD};
 pub use tool_probe::{
     missing_tools, read_tool_probe, tool_probe_argv, ToolProbeOutcome, DOCKER_TOOLS,
     PROBE_OUTPUT_BUDGET, SBX_TOOLS, TOOL_PROBE_SCRIPT,

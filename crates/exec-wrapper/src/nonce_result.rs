@@ -3,7 +3,15 @@
 
 use crate::bounded_runner::{ExitKind, RunOutput};
 use crate::call_identity::Nonce;
+use crate::nonce_splitter::{CallEnd, NonceSplitter};
 use crate::wrapper_scripts::WRAPPER_FAILURE_EXIT;
+
+/// The word of the sbx `bind` stage's marker line `<nonce>-unmounted`.
+pub const UNMOUNTED_WORD: &str = "unmounted";
+
+/// The word of the marker line `<nonce>-nocwd` the wrapper prints when it cannot enter the
+/// working directory, followed by the shell's own message.
+pub const NO_CWD_WORD: &str = "nocwd";
 
 /// How many trailing stderr bytes a failure outcome keeps for the backend's classification.
 pub const STDERR_TAIL_BYTES: usize = 4096;
@@ -62,11 +70,12 @@ pub enum WrapperOutcome {
 
 /// Reads a wrapper call's result (docs/wrapper-protocol.md#reading-the-result).
 ///
-/// The first occurrence of `<nonce>\n` in stderr splits it: bytes before are transport noise
-/// (logged at debug level, never returned), bytes after are the command's. Without it,
-/// `<nonce>-nocwd\n` with exit 125 means [`WrapperOutcome::NoWorkingDirectory`] (the message after
-/// the marker is the reason), `<nonce>-unmounted\n` means [`WrapperOutcome::Unmounted`]; anything
-/// else is [`WrapperOutcome::NoNonce`]. A guest can print the nonce again or forge text after it, but that
+/// The [`NonceSplitter`] over the whole stderr: the first nonce line `<nonce>\n` splits it, bytes
+/// before are transport noise (logged at debug level, never returned), bytes after are the
+/// command's. A marker line first: `<nonce>-nocwd\n` with exit 125 means
+/// [`WrapperOutcome::NoWorkingDirectory`] (the message after the marker is the reason),
+/// `<nonce>-unmounted\n` means [`WrapperOutcome::Unmounted`]; anything else is
+/// [`WrapperOutcome::NoNonce`]. A guest can print the nonce again or forge text after it, but that
 /// only changes its own result: it cannot write before the real nonce line.
 pub fn parse_result(
     stdout: Vec<u8>,
@@ -74,48 +83,58 @@ pub fn parse_result(
     status: ExitKind,
     nonce: &Nonce,
 ) -> WrapperOutcome {
-    let code = match status {
-        ExitKind::Exited(code) => code,
-        ExitKind::Signaled(signal) => {
-            return WrapperOutcome::ClientKilled {
-                signal,
-                stderr_tail: tail(stderr),
-            }
-        }
-    };
-    if let Some(start) = find(stderr, &nonce.line()) {
-        if start > 0 {
-            tracing::debug!(
-                noise = %String::from_utf8_lossy(&stderr[..start.min(STDERR_TAIL_BYTES)]),
-                "transport output before the nonce line"
-            );
-        }
-        let command_stderr = stderr[start + nonce.line().len()..].to_vec();
-        return WrapperOutcome::Ran(WrapperOutput {
+    let mut splitter = NonceSplitter::new(nonce);
+    let command_stderr = splitter.push(stderr);
+    outcome_of(splitter.finish(status), stdout, command_stderr)
+}
+
+/// The outcome of a call whose end the [`NonceSplitter`] read, with the bytes the caller kept:
+/// `stdout` and the command's stderr (what the splitter returned), used only when it ran.
+pub fn outcome_of(end: CallEnd, stdout: Vec<u8>, command_stderr: Vec<u8>) -> WrapperOutcome {
+    match end {
+        CallEnd::Ran { status } => WrapperOutcome::Ran(WrapperOutput {
             stdout,
             stderr: command_stderr,
-            status: code,
-        });
-    }
-    let no_cwd = nonce.no_cwd_line();
-    if let Some(start) = find(stderr, &no_cwd).filter(|_| code == WRAPPER_FAILURE_EXIT) {
-        let message = &stderr[start + no_cwd.len()..];
-        let message = &message[..message.len().min(NO_CWD_REASON_BYTES)];
-        let reason = String::from_utf8_lossy(message).trim().to_owned();
-        return WrapperOutcome::NoWorkingDirectory {
-            reason: if reason.is_empty() {
-                "the working directory cannot be entered".to_owned()
-            } else {
-                reason
-            },
-        };
-    }
-    if find(stderr, &nonce.unmounted_line()).is_some() {
-        return WrapperOutcome::Unmounted;
-    }
-    WrapperOutcome::NoNonce {
-        status: code,
-        stderr_tail: tail(stderr),
+            status,
+        }),
+        CallEnd::Marker { word, .. } if word == UNMOUNTED_WORD => WrapperOutcome::Unmounted,
+        CallEnd::Marker {
+            word,
+            status: WRAPPER_FAILURE_EXIT,
+            message,
+            ..
+        } if word == NO_CWD_WORD => {
+            let message = &message[..message.len().min(NO_CWD_REASON_BYTES)];
+            let reason = String::from_utf8_lossy(message).trim().to_owned();
+            WrapperOutcome::NoWorkingDirectory {
+                reason: if reason.is_empty() {
+                    "the working directory cannot be entered".to_owned()
+                } else {
+                    reason
+                },
+            }
+        }
+        // A marker with another status, or one this crate's wrappers never print: the call
+        // failed before the command.
+        CallEnd::Marker {
+            status,
+            stderr_tail,
+            ..
+        }
+        | CallEnd::NoNonce {
+            status,
+            stderr_tail,
+        } => WrapperOutcome::NoNonce {
+            status,
+            stderr_tail,
+        },
+        CallEnd::ClientKilled {
+            signal,
+            stderr_tail,
+        } => WrapperOutcome::ClientKilled {
+            signal,
+            stderr_tail,
+        },
     }
 }
 
@@ -130,10 +149,6 @@ pub fn parse_run_output(output: RunOutput, nonce: &Nonce) -> WrapperOutcome {
 /// [`crate::BoundedCommand::on_line`], compare each stderr line with [`Nonce::line`] instead.
 pub fn nonce_line_seen(stderr: &[u8], nonce: &Nonce) -> bool {
     find(stderr, &nonce.line()).is_some()
-}
-
-fn tail(bytes: &[u8]) -> Vec<u8> {
-    bytes[bytes.len().saturating_sub(STDERR_TAIL_BYTES)..].to_vec()
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 
 use crate::{
-    BackendDeclarations, DisposalFailure, DisposeSelector, ExecOutput, ExecRequest, Isolation,
-    SandboxEntry, SandboxError, SandboxKey, SandboxSpec, ScopePurge,
+    BackendDeclarations, DisposalFailure, DisposeSelector, ExecOutput, ExecRequest, ExecStdin,
+    ExecStream, Isolation, SandboxEntry, SandboxError, SandboxKey, SandboxSpec, ScopePurge,
 };
 
 /// A handle to one physical sandbox instance.
@@ -35,6 +35,38 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
     /// (125) whose `not_started` says why, not an error.
     /// An expired timeout is [`SandboxError::Timeout`] carrying how the guest side ended.
     async fn exec(&self, request: ExecRequest) -> Result<ExecOutput, SandboxError>;
+
+    /// Runs a command with `stdin` fed to it, its output delivered as it arrives.
+    ///
+    /// The request's deadline covers the whole command, as in [`exec`](Self::exec); its
+    /// [`output_cap`](ExecRequest::output_cap), when set, is the stream's total: output over it
+    /// is [`SandboxError::OutputLimitExceeded`] with the kill, exactly as a collected exec over
+    /// its budget. Without a cap the stream has no total; the host still holds at most a few
+    /// chunks (see [`ExecStream`]).
+    ///
+    /// The default runs the collected [`exec`](Self::exec) and streams its result once it has
+    /// ended (with the collected default budget when the request sets no cap); it takes no stdin.
+    ///
+    /// # Errors
+    /// As [`exec`](Self::exec) for what happens before the command starts; what ends it later
+    /// arrives through [`ExecStream::next`]. The default refuses non-empty stdin as
+    /// [`SandboxError::Unsupported`].
+    ///
+    /// # Cancel safety and drop
+    /// Dropping the returned future, or the stream, kills the command's processes as an expired
+    /// deadline does, in a task the caller cannot cancel.
+    async fn exec_stream(
+        &self,
+        request: ExecRequest,
+        stdin: ExecStdin,
+    ) -> Result<ExecStream, SandboxError> {
+        if !stdin.is_empty() {
+            return Err(SandboxError::Unsupported(
+                "this backend streams no stdin".into(),
+            ));
+        }
+        Ok(ExecStream::from_output(self.exec(request).await?))
+    }
 
     /// Writes exact bytes, creating missing parents; replaces, never appends; never follows a link leaf.
     async fn write_file(&self, path: &str, content: &[u8], wd: &str) -> Result<(), SandboxError>;

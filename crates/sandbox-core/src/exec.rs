@@ -209,6 +209,10 @@ impl ExecRequest {
     pub fn output_budget(&self) -> u64 {
         self.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES)
     }
+    /// The output budget as set, `None` when unset: the total a streamed exec enforces.
+    pub fn output_cap(&self) -> Option<u64> {
+        self.max_output_bytes
+    }
     /// The guest environment.
     pub fn guest_env(&self) -> &ExecEnv {
         &self.env
@@ -336,7 +340,9 @@ mod tests {
         assert_eq!(r.output_budget(), 8_388_608);
         assert_eq!(r.working_dir(), ".");
         assert!(r.guest_env().is_empty());
+        assert_eq!(r.output_cap(), None);
         assert_eq!(r.clone().max_output_bytes(5).output_budget(), 5);
+        assert_eq!(r.clone().max_output_bytes(5).output_cap(), Some(5));
     }
 
     #[test]

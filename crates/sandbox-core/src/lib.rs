@@ -1,7 +1,7 @@
 //! The contract between AI agent hosts and sandbox backends.
 //!
 //! `sandbox-core` owns the vocabulary every backend and host shares (isolation rungs, egress modes,
-//! capabilities, keys, specs, exec requests and outputs, disposal reports), the [`Sandbox`] and
+//! capabilities, keys, specs, exec requests, outputs and streams, disposal reports), the [`Sandbox`] and
 //! [`SandboxBackend`] traits, the [`Router`] that refuses any backend below the host's isolation floor,
 //! and the pure helpers both backends share: guest-path confinement, storage-base planning, name and label
 //! digests, and the host-hygiene lists (secret-looking environment names, credential paths).
@@ -49,6 +49,7 @@ pub mod egress;
 mod entry;
 mod error;
 mod exec;
+mod exec_stream;
 pub mod guest_path;
 mod health;
 pub mod hygiene;
@@ -72,6 +73,10 @@ pub use entry::{EntryKind, SandboxEntry};
 pub use error::{BoxError, ErrorKind, GuestCleanup, ParseError, Result, SandboxError};
 pub use exec::{
     Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES, WORKDIR_UNUSABLE_EXIT,
+};
+pub use exec_stream::{
+    ExecChunk, ExecEvent, ExecExit, ExecStdin, ExecStream, ExecStreamSender, SendRefused,
+    MAX_CHUNK_BYTES, STREAM_BUFFER_CHUNKS,
 };
 pub use health::{CheckStatus, HealthCheck};
 pub use isolation::{Isolation, IsolationScope, OsFamily};

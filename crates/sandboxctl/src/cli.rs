@@ -108,6 +108,10 @@ pub struct RunTarget {
     /// Seconds before the command's processes are killed (exit 124).
     #[arg(long, value_name = "SECS", default_value_t = 600.0)]
     pub timeout: f64,
+    /// Pass this process's stdin to the command (read as the command reads it; its end is the
+    /// command's end of file). Without it the command's stdin is closed.
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
     /// Guest environment.
     #[command(flatten)]
     pub env: EnvArgs,

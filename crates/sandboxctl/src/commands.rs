@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandbox_core::{
-    Command, DisposeSelector, ExecRequest, Router, RouterConfig, Sandbox, SandboxBackend,
-    SandboxError, SandboxKey, SandboxSpec,
+    Command, DisposeSelector, ExecChunk, ExecEvent, ExecOutput, ExecRequest, ExecStdin, Router,
+    RouterConfig, Sandbox, SandboxBackend, SandboxError, SandboxKey, SandboxSpec,
 };
 use serde_json::{json, Value};
 
@@ -205,6 +205,60 @@ async fn until_interrupted<T>(
     )))
 }
 
+/// Runs the request in `sandbox`, with this process's stdin when `-i` was given. With `--json`
+/// the output is collected (within the request's budget) for the one JSON object; otherwise it
+/// goes to this process's stdout and stderr chunk by chunk as it arrives, nothing held beyond a
+/// chunk, and the returned output carries only how the command ended.
+async fn run_in(
+    global: &GlobalArgs,
+    sandbox: &dyn Sandbox,
+    request: ExecRequest,
+    target: &RunTarget,
+) -> Result<ExecOutput, SandboxError> {
+    use tokio::io::AsyncWriteExt as _;
+    let stdin = if target.interactive {
+        ExecStdin::reader(tokio::io::stdin())
+    } else {
+        ExecStdin::Closed
+    };
+    if global.json {
+        let budget = request.output_budget();
+        return sandbox
+            .exec_stream(request.max_output_bytes(budget), stdin)
+            .await?
+            .collect()
+            .await;
+    }
+    let mut stream = sandbox.exec_stream(request, stdin).await?;
+    let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
+    while let Some(event) = stream.next().await {
+        match event? {
+            ExecEvent::Output(ExecChunk::Stdout(bytes)) => {
+                // A closed stdout (`| head`) is the reader's choice: the command runs on.
+                let _ = stdout.write_all(&bytes).await;
+                let _ = stdout.flush().await;
+            }
+            ExecEvent::Output(ExecChunk::Stderr(bytes)) => {
+                let _ = stderr.write_all(&bytes).await;
+                let _ = stderr.flush().await;
+            }
+            // Already written: the output carries only the exit.
+            ExecEvent::Exit(exit) => {
+                return Ok(ExecOutput {
+                    stdout: Vec::new(),
+                    stderr: Vec::new(),
+                    exit_code: exit.exit_code,
+                    producer_owns_stderr: exit.producer_owns_stderr,
+                    not_started: exit.not_started,
+                })
+            }
+        }
+    }
+    Err(SandboxError::engine(
+        "the command's output ended without its exit",
+    ))
+}
+
 /// What `run` adds to its `--json` object: the key it kept, and whether the acquire created the
 /// sandbox.
 #[derive(Default)]
@@ -318,7 +372,7 @@ async fn run(
     let result = until_interrupted(async {
         let sandbox = backend.acquire(&key, &spec).await?;
         fresh = Some(sandbox.freshly_created());
-        sandbox.exec(request).await
+        run_in(global, &*sandbox, request, target).await
     })
     .await;
     let facts = RunFacts {
@@ -369,7 +423,7 @@ async fn exec(
         let request = exec_request(target, argv)?;
         let backend = gated_backend(global, &target.env.names).await?;
         let sandbox = found(&backend, &key, &target.kind).await?;
-        until_interrupted(sandbox.exec(request)).await
+        until_interrupted(run_in(global, &*sandbox, request, target)).await
     }
     .await;
     finish_run(global, outcome, RunFacts::default())

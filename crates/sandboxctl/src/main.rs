@@ -43,6 +43,9 @@ fn main() -> ExitCode {
     // Cleanups the backend runs in tasks of their own (the remote kill of an interrupted command,
     // the removal of a half-made sandbox) finish before the process ends, within a bound.
     runtime.block_on(background_tasks_done(std::time::Duration::from_secs(30)));
+    // A read of this process's stdin (`-i`) that the command never wanted cannot be cancelled:
+    // the runtime is not waited for once its tasks are done.
+    runtime.shutdown_background();
     ExitCode::from(code)
 }
 

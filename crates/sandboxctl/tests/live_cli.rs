@@ -1330,5 +1330,64 @@ fn a_warm_call_makes_the_fewest_engine_requests() {
         stat[2..].iter().all(|r| r.starts_with("HEAD ")),
         "{stat:#?}"
     );
+}
+
+#[test]
+fn exec_streams_as_output_arrives_and_passes_stdin_with_i() {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    let scope = scope("stream");
+    let key = format!("{scope}/t1/agent");
+    kept_with(&key, "true");
+
+    // `-i`: sandboxctl's own stdin is the command's.
+    let mut child = Command::new(BIN)
+        .args([
+            "--min-isolation",
+            "container",
+            "exec",
+            "-i",
+            "--key",
+            &key,
+            "--",
+            "cat",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sandboxctl runs");
+    child.stdin.take().unwrap().write_all(b"hi\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, b"hi\n");
+
+    // Without `-i` the command's stdin is closed, whatever sandboxctl's is.
+    let out = ctl(&["exec", "--key", &key, "--", "sh", "-c", "wc -c"]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0");
+
+    // A line printed before a sleep reaches the terminal before the command ends.
+    let started = Instant::now();
+    let mut child = Command::new(BIN)
+        .args(["--min-isolation", "container", "exec", "--key", &key, "--"])
+        .args(["sh", "-c", "echo first; sleep 3; echo second >&2; exit 4"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sandboxctl runs");
+    let mut lines = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    lines.read_line(&mut first).unwrap();
+    let first_at = started.elapsed();
+    assert_eq!(first, "first\n");
+    assert!(
+        first_at < Duration::from_secs(2),
+        "the first line came after {first_at:?}"
+    );
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 4);
+    assert_eq!(out.stderr, b"second\n");
+    assert!(started.elapsed() >= Duration::from_secs(3));
     purge_and_check(&scope, "t1");
 }

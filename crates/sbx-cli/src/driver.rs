@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use exec_wrapper::{BoundedCommand, ExitKind, RunOutput, Stream};
+use exec_wrapper::{BoundedCommand, ExitKind, OutputSink, RunOutput, Stream};
+use tokio::io::AsyncRead;
 use tokio::time::Instant;
 
 use crate::error::{classify_output, Call, Error};
@@ -535,6 +536,15 @@ impl SbxCli {
 
     /// Runs one invocation through the bounded runner.
     async fn invoke(&self, args: Vec<OsString>, inv: Invocation) -> Result<RunOutput, Error> {
+        let call = inv.call;
+        self.bounded(args, inv)
+            .run()
+            .await
+            .map_err(|err| Error::from_runner(call, &self.config.sbx_path, err))
+    }
+
+    /// The bounded command of one invocation: its environment, deadline, budget, stdin and watch.
+    fn bounded(&self, args: Vec<OsString>, inv: Invocation) -> BoundedCommand {
         let config = &self.config;
         let env = match inv.env {
             CallEnv::Management => &config.management_env,
@@ -566,9 +576,6 @@ impl SbxCli {
             });
         }
         command
-            .run()
-            .await
-            .map_err(|err| Error::from_runner(inv.call, &config.sbx_path, err))
     }
 
     /// Runs a management call and requires exit 0.
@@ -740,6 +747,51 @@ impl SbxCli {
             watch: request.watch.clone(),
         };
         self.invoke(request.sbx_args()?, inv).await
+    }
+
+    /// `sbx exec -i <name> <argv…>` with the command's output handed to `sink` as it arrives and
+    /// `stdin` (when given; else the request's bytes, if any) copied to the command as fast as it
+    /// reads. Every guarantee of [`SbxCli::exec`] holds: the request's deadline, its output budget
+    /// over everything the sink was handed, and the `sbx` client's process tree killed and reaped
+    /// on every early exit, the sink's own refusal and its [`OutputSink::abandoned`] included.
+    /// The request's stderr watch does not apply: the sink sees every stderr byte itself.
+    ///
+    /// # Errors
+    ///
+    /// As [`SbxCli::exec`]; the sink's error or an abandoned sink is [`Error::Io`] carrying the
+    /// runner's error.
+    ///
+    /// # Cancel safety and drop
+    ///
+    /// As [`SbxCli::exec`].
+    pub async fn exec_streaming(
+        &self,
+        request: &ExecRequest,
+        stdin: Option<Box<dyn AsyncRead + Send + Unpin>>,
+        sink: &mut impl OutputSink,
+    ) -> Result<ExitKind, Error> {
+        let mut args = request.sbx_args()?;
+        if stdin.is_some() && request.stdin.is_none() {
+            // `exec` then `-i`: the same place sbx_args puts it for bytes.
+            args.insert(1, "-i".into());
+        }
+        let inv = Invocation {
+            call: Call::Exec,
+            env: CallEnv::Guest,
+            timeout: request.deadline.saturating_duration_since(Instant::now()),
+            deadline: Some(request.deadline),
+            budget: request.output_budget,
+            stdin: request.stdin.clone(),
+            watch: None,
+        };
+        let mut command = self.bounded(args, inv);
+        if let Some(reader) = stdin {
+            command = command.stdin_reader(reader);
+        }
+        command
+            .run_streaming(sink)
+            .await
+            .map_err(|err| Error::from_runner(Call::Exec, &self.config.sbx_path, err))
     }
 
     /// [`SbxCli::exec`] that requires exit 0 and classifies any other status from its stderr

@@ -108,7 +108,7 @@ pub use driver::{
     LISTING_OUTPUT_BUDGET, NO_TELEMETRY_VAR, SMALL_OUTPUT_BUDGET,
 };
 pub use error::{classify, classify_output, failure_detail, Call, Error, STDERR_TAIL_CHARS};
-pub use exec_wrapper::{ExitKind, RunOutput};
+pub use exec_wrapper::{ExitKind, OutputSink, RunOutput, Stream};
 pub use name::{MemorySize, SbxName, MAX_NAME_LEN};
 pub use shapes::{
     parse_ls, parse_mcp_ls, parse_policy_check, parse_policy_ls, parse_secret_ls, CustomSecret,

@@ -498,3 +498,113 @@ async fn an_exec_flood_hits_the_budget() {
         "{err:?}"
     );
 }
+
+/// Keeps what a streamed exec hands it, with when its first stdout came.
+struct Kept {
+    started: std::time::Instant,
+    first_stdout: Option<Duration>,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl sbx_cli::OutputSink for Kept {
+    async fn accept(
+        &mut self,
+        stream: sbx_cli::Stream,
+        bytes: &[u8],
+    ) -> Result<(), exec_wrapper::Error> {
+        match stream {
+            sbx_cli::Stream::Stdout => {
+                self.first_stdout.get_or_insert(self.started.elapsed());
+                self.stdout.extend_from_slice(bytes);
+            }
+            sbx_cli::Stream::Stderr => self.stderr.extend_from_slice(bytes),
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_exec_delivers_early_and_takes_a_reader_on_stdin() {
+    let sim = Sim::new().await;
+    let sbx = sim.driver();
+    let sandbox = name("sbxcli-stream");
+    sbx.create(&sim.create_request(&sandbox)).await.unwrap();
+    let kept = || Kept {
+        started: std::time::Instant::now(),
+        first_stdout: None,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+
+    let mut early = kept();
+    let request = ExecRequest::new(
+        sandbox.clone(),
+        ["sh", "-c", "printf first; sleep 2; printf second"],
+        in_a_minute(),
+    );
+    let status = sbx
+        .exec_streaming(&request, None, &mut early)
+        .await
+        .unwrap();
+    assert_eq!(status, ExitKind::Exited(0));
+    assert_eq!(early.stdout, b"firstsecond");
+    let first = early.first_stdout.unwrap();
+    assert!(
+        first < Duration::from_secs(2),
+        "first stdout after {first:?}"
+    );
+    assert!(early.started.elapsed() >= Duration::from_secs(2));
+
+    let data: Vec<u8> = (0..4 * 1024 * 1024u32).map(|i| (i % 253) as u8).collect();
+    let mut echoed = kept();
+    let request =
+        ExecRequest::new(sandbox.clone(), ["cat"], in_a_minute()).output_budget(usize::MAX);
+    let status = sbx
+        .exec_streaming(
+            &request,
+            Some(Box::new(std::io::Cursor::new(data.clone()))),
+            &mut echoed,
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, ExitKind::Exited(0));
+    assert!(
+        echoed.stdout == data,
+        "cat echoed {} bytes",
+        echoed.stdout.len()
+    );
+
+    // A command that never reads an endless stdin ends the call.
+    let mut ignored = kept();
+    let request = ExecRequest::new(sandbox.clone(), ["sh", "-c", "exit 4"], in_a_minute());
+    let status = sbx
+        .exec_streaming(
+            &request,
+            Some(Box::new(tokio::io::repeat(b'n'))),
+            &mut ignored,
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, ExitKind::Exited(4));
+
+    // The budget holds over streamed bytes.
+    let mut flooded = kept();
+    let request = ExecRequest::new(sandbox, ["sh", "-c", "yes flood"], in_a_minute())
+        .output_budget(256 * 1024);
+    let err = sbx
+        .exec_streaming(&request, None, &mut flooded)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::OutputLimit {
+                call: Call::Exec,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(flooded.stdout.len() <= 256 * 1024);
+}
