@@ -2,11 +2,15 @@
 //!
 //! Properties: parsing never panics; `Ran` only when the nonce line is present, with the
 //! command's stderr exactly the bytes after its first occurrence; `Unmounted` only when the
-//! unmounted line is present and the nonce line is not; a signalled client is never a result.
+//! unmounted line is present and the nonce line is not; `NoWorkingDirectory` only on exit 125
+//! with the no-cwd line present and the nonce line not, with a bounded, non-empty reason; a
+//! signalled client is never a result.
 #![no_main]
 
 use arbitrary::Arbitrary;
-use exec_wrapper::{parse_result, ExitKind, Nonce, WrapperOutcome, STDERR_TAIL_BYTES};
+use exec_wrapper::{
+    parse_result, ExitKind, Nonce, WrapperOutcome, NO_CWD_REASON_BYTES, STDERR_TAIL_BYTES,
+};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, Arbitrary)]
@@ -14,8 +18,9 @@ struct Input {
     nonce: [u8; 12],
     stdout: Vec<u8>,
     stderr: Vec<u8>,
-    /// Splice the nonce line (or the unmounted line) into stderr at this offset.
-    splice: Option<(u16, bool)>,
+    /// Splice a line into stderr at this offset: the nonce line, the unmounted line or the
+    /// no-cwd line (the second field modulo 3).
+    splice: Option<(u16, u8)>,
     signalled: bool,
     code: i32,
 }
@@ -28,12 +33,12 @@ fuzz_target!(|input: Input| {
     let hex: String = input.nonce.iter().map(|b| format!("{b:02x}")).collect();
     let nonce = Nonce::parse(&hex).expect("24 lowercase hex");
     let mut stderr = input.stderr;
-    if let Some((offset, unmounted)) = input.splice {
+    if let Some((offset, which)) = input.splice {
         let at = usize::from(offset).min(stderr.len());
-        let line = if unmounted {
-            nonce.unmounted_line()
-        } else {
-            nonce.line()
+        let line = match which % 3 {
+            0 => nonce.line(),
+            1 => nonce.unmounted_line(),
+            _ => nonce.no_cwd_line(),
         };
         stderr.splice(at..at, line);
     }
@@ -55,6 +60,13 @@ fuzz_target!(|input: Input| {
         WrapperOutcome::Unmounted => {
             assert!(!input.signalled && nonce_at.is_none());
             assert!(find(&stderr, &nonce.unmounted_line()).is_some());
+        }
+        WrapperOutcome::NoWorkingDirectory { reason } => {
+            assert!(!input.signalled && nonce_at.is_none());
+            assert_eq!(input.code, 125);
+            assert!(find(&stderr, &nonce.no_cwd_line()).is_some());
+            assert!(!reason.is_empty());
+            assert!(reason.chars().count() <= NO_CWD_REASON_BYTES);
         }
         WrapperOutcome::NoNonce {
             status,
