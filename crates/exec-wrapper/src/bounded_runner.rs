@@ -464,13 +464,17 @@ async fn drive(command: BoundedCommand, sink: &mut impl OutputSink) -> Result<(E
     match stop {
         Stop::Done(status) => Ok((exit_kind(status), false)),
         Stop::Fail(error) => {
-            drop((stdout, stderr));
+            // Killed before its pipes close, so it ends by our SIGKILL, never by a SIGPIPE of its
+            // own write racing the kill.
             guard.kill_and_reap().await;
+            drop((stdout, stderr));
             Err(error)
         }
         Stop::Prefix => {
-            drop((stdout, stderr));
+            // Killed before its pipes close, so it ends by our SIGKILL, never by a SIGPIPE of its
+            // own write racing the kill.
             let reaped = guard.kill_and_reap().await;
+            drop((stdout, stderr));
             match reaped.or(exit) {
                 Some(status) => Ok((exit_kind(status), true)),
                 None => Err(io_error(

@@ -1330,6 +1330,7 @@ fn a_warm_call_makes_the_fewest_engine_requests() {
         stat[2..].iter().all(|r| r.starts_with("HEAD ")),
         "{stat:#?}"
     );
+    purge_and_check(&scope, "t1");
 }
 
 #[test]
