@@ -719,12 +719,22 @@ mod tests {
         };
         // Nothing carries the marker: not even the poll, whose arguments hold both pieces.
         assert_eq!(poll("sleepZZ31", "9"), Some(0));
-        // A shell blocked in its `read` builtin: one process, no child left behind.
+        // A shell blocked in its `read` builtin: one process, no child left behind. It says
+        // `ready` once it runs under its own command line: polled earlier, the forked child
+        // may still carry the test binary's, and the poll would rightly see nothing.
         let mut marked = std::process::Command::new("sh")
-            .args(["-c", "read -r line", "sleepZZ31", "9"])
+            .args(["-c", "echo ready; read -r line", "sleepZZ31", "9"])
             .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        let mut ready = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(marked.stdout.as_mut().unwrap()),
+            &mut ready,
+        )
+        .unwrap();
+        assert_eq!(ready, "ready\n");
         assert_eq!(poll("sleepZZ31", "9"), Some(1));
         marked.kill().unwrap();
         marked.wait().unwrap();
