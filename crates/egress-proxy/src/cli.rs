@@ -173,6 +173,21 @@ pub fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, ProxyError> 
     Ok(listener)
 }
 
+/// Runs `role` until it fails or the process gets SIGTERM or SIGINT (then `Ok`): as PID 1 of a
+/// container without an init, a process that installs no handler ignores SIGTERM.
+async fn until_terminated(
+    role: impl std::future::Future<Output = std::io::Result<()>>,
+) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        result = role => result,
+        _ = term.recv() => Ok(()),
+        _ = interrupt.recv() => Ok(()),
+    }
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime, ProxyError> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -201,7 +216,7 @@ pub fn run(cli: Cli) -> Result<(), ProxyError> {
                     .and_then(|()| out.flush())
                     .map_err(|e| io_error("writing the ready line to", "stdout", e))?;
                 drop(out);
-                crate::proxy::serve(listener, policy)
+                until_terminated(crate::proxy::serve(listener, policy))
                     .await
                     .map_err(|e| io_error("accepting on", &args.socket, e))
             })
@@ -210,7 +225,7 @@ pub fn run(cli: Cli) -> Result<(), ProxyError> {
             let listener = tokio::net::TcpListener::bind(args.listen)
                 .await
                 .map_err(|e| io_error("binding", args.listen.to_string(), e))?;
-            crate::forward::serve(listener, args.socket)
+            until_terminated(crate::forward::serve(listener, args.socket))
                 .await
                 .map_err(|e| io_error("accepting on", args.listen.to_string(), e))
         }),
@@ -224,7 +239,7 @@ pub fn run(cli: Cli) -> Result<(), ProxyError> {
                 let listener = tokio::net::TcpListener::bind(args.listen)
                     .await
                     .map_err(|e| io_error("binding", args.listen.to_string(), e))?;
-                crate::serve::serve(listener, reply)
+                until_terminated(crate::serve::serve(listener, reply))
                     .await
                     .map_err(|e| io_error("accepting on", args.listen.to_string(), e))
             })

@@ -209,7 +209,11 @@ pub async fn serve(listener: UnixListener, policy: Arc<Policy>) -> std::io::Resu
     loop {
         let (mut stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
-            Err(error) if is_per_connection(&error) => continue,
+            Err(error) if is_per_connection(&error) => {
+                // Out of descriptors: let connections finish instead of spinning on accept.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
             Err(error) => return Err(error),
         };
         let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
