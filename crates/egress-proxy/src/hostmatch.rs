@@ -61,8 +61,19 @@ impl Allowlist {
         }
     }
 
-    /// Whether the host name `name` is allowed (compared ASCII case-insensitively).
+    /// Whether the host name `name` is allowed (compared ASCII case-insensitively). A name
+    /// that is not well formed (an empty label, a character other than letters, digits, `-`
+    /// and `_`) is never allowed.
     pub fn allows_name(&self, name: &str) -> bool {
+        let well_formed = name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        });
+        if !well_formed {
+            return false;
+        }
         let lower = name.to_ascii_lowercase();
         if self.exact.contains(&lower) {
             return true;
@@ -97,18 +108,25 @@ mod tests {
     /// The specification, written as plainly as possible.
     fn model(entries: &[String], host: &str) -> bool {
         let host = host.to_ascii_lowercase();
-        entries.iter().any(|entry| {
-            let entry = entry.to_ascii_lowercase();
-            match entry.strip_prefix("*.") {
-                Some(domain) => {
-                    host.len() > domain.len() + 1
-                        && host.ends_with(domain)
-                        && host.as_bytes()[host.len() - domain.len() - 1] == b'.'
-                        && !host.starts_with('.')
+        let labels_ok = host.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        });
+        labels_ok
+            && entries.iter().any(|entry| {
+                let entry = entry.to_ascii_lowercase();
+                match entry.strip_prefix("*.") {
+                    Some(domain) => {
+                        host.len() > domain.len() + 1
+                            && host.ends_with(domain)
+                            && host.as_bytes()[host.len() - domain.len() - 1] == b'.'
+                            && !host.starts_with('.')
+                    }
+                    None => host == entry,
                 }
-                None => host == entry,
-            }
-        })
+            })
     }
 
     #[test]
@@ -123,6 +141,9 @@ mod tests {
         assert!(!list.allows_name("example.com"));
         assert!(!list.allows_name("badexample.com"));
         assert!(!list.allows_name(".example.com"));
+        assert!(!list.allows_name("a..example.com"));
+        assert!(!list.allows_name("a b.example.com"));
+        assert!(!list.allows_name("pypi.org."));
         assert!(!list.allows(&Host::Ip("93.184.216.34".parse().unwrap())));
         assert_eq!(list.entries(), vec!["*.example.com", "pypi.org"]);
     }
