@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
 /// The relay's buffer per direction.
-const BUFFER: usize = 16 * 1024;
+const BUFFER: usize = 64 * 1024;
 
 /// How a relay ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
