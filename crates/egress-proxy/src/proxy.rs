@@ -93,6 +93,25 @@ fn log(decision: &Decision) {
     let _ = writeln!(out, "{line}");
 }
 
+/// Why [`Policy::admit`] refused a request, and the status it is answered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// 403, or 400 for a malformed body framing.
+    pub status: u16,
+    /// The one-line reason, for the response body and the log.
+    pub reason: String,
+}
+
+impl Refusal {
+    #[cold]
+    fn new(status: u16, reason: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            reason: reason.into(),
+        }
+    }
+}
+
 /// A refusal or failure answered to the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Answer {
@@ -132,26 +151,31 @@ impl Policy {
     /// The policy check of a parsed request before any resolution: host on the allowlist,
     /// port allowed, no Upgrade, a body framing the proxy can bound.
     ///
+    /// Returns the body framing of a plain-HTTP request, `None` for a tunnel.
+    ///
     /// # Errors
-    /// The reason for refusing (answered 403, or 400 for a malformed body framing).
-    pub fn admit(&self, head: &RequestHead) -> Result<Option<Body>, (u16, String)> {
+    /// The refusal (403, or 400 for a malformed body framing).
+    pub fn admit(&self, head: &RequestHead) -> Result<Option<Body>, Refusal> {
         let authority = head.target.authority();
         if !self.allow.allows(&authority.host) {
             let why = match authority.host {
                 Host::Ip(_) => "IP literal not on the allowlist",
                 Host::Name(_) => "host not on the allowlist",
             };
-            return Err((403, why.to_owned()));
+            return Err(Refusal::new(403, why));
         }
         if !self.ports.contains(&authority.port) {
-            return Err((403, format!("port {} not allowed", authority.port)));
+            return Err(Refusal::new(
+                403,
+                format!("port {} not allowed", authority.port),
+            ));
         }
         match &head.target {
             Target::Connect(_) => Ok(None),
             Target::Absolute { .. } => head
                 .plain_body()
                 .map(Some)
-                .map_err(|e| (e.status(), e.reason().to_owned())),
+                .map_err(|e| Refusal::new(e.status(), e.reason())),
         }
     }
 
@@ -355,9 +379,10 @@ where
     let authority = head.target.authority().clone();
     decision.host = Some(authority.host.to_string());
     decision.port = Some(authority.port);
-    let body = policy
-        .admit(&head)
-        .map_err(|(status, reason)| Answer { status, reason })?;
+    let body = policy.admit(&head).map_err(|refusal| Answer {
+        status: refusal.status,
+        reason: refusal.reason,
+    })?;
     let deadline = Instant::now() + policy.limits.connect_timeout;
     let addresses = policy.resolve(&authority, deadline).await?;
     let mut upstream = connect(&addresses, deadline).await?;
@@ -424,4 +449,73 @@ async fn connect(addresses: &[SocketAddr], deadline: Instant) -> Result<TcpStrea
         status: 502,
         reason: format!("connect failed ({last})"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::head::parse_head;
+
+    fn policy() -> Policy {
+        Policy {
+            allow: Allowlist::new(["pypi.org", "*.pythonhosted.org"]).unwrap(),
+            ports: DEFAULT_PORTS.into_iter().collect(),
+            addresses: AddressPolicy::new(false, []),
+            limits: Limits::default(),
+        }
+    }
+
+    fn admit(request: &str) -> Result<Option<Body>, Refusal> {
+        policy().admit(&parse_head(request.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn admission_checks_host_port_and_framing() {
+        assert_eq!(admit("CONNECT pypi.org:443 HTTP/1.1\r\n\r\n"), Ok(None));
+        assert_eq!(
+            admit("CONNECT files.pythonhosted.org:443 HTTP/1.1\r\n\r\n"),
+            Ok(None)
+        );
+        assert_eq!(
+            admit("POST http://pypi.org/x HTTP/1.1\r\nContent-Length: 3\r\n\r\n"),
+            Ok(Some(Body::Length(3)))
+        );
+        let refused = |request: &str| admit(request).unwrap_err();
+        assert_eq!(
+            refused("CONNECT pythonhosted.org:443 HTTP/1.1\r\n\r\n").reason,
+            "host not on the allowlist"
+        );
+        assert_eq!(
+            refused("CONNECT 151.101.0.223:443 HTTP/1.1\r\n\r\n").reason,
+            "IP literal not on the allowlist"
+        );
+        assert_eq!(
+            refused("CONNECT pypi.org:22 HTTP/1.1\r\n\r\n"),
+            Refusal::new(403, "port 22 not allowed")
+        );
+        assert_eq!(
+            refused("GET http://pypi.org/ HTTP/1.1\r\nUpgrade: websocket\r\n\r\n").status,
+            403
+        );
+        assert_eq!(
+            refused("GET http://pypi.org/ HTTP/1.1\r\nContent-Length: x\r\n\r\n").status,
+            400
+        );
+    }
+
+    #[test]
+    fn decisions_are_one_json_line() {
+        let line = Decision {
+            allowed: false,
+            method: Some("GET".into()),
+            host: Some("evil.test\n{\"decision\":\"allow\"}".into()),
+            port: Some(80),
+            reason: "host not on the allowlist".into(),
+        }
+        .to_json_line();
+        assert_eq!(line.lines().count(), 1);
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["decision"], "deny");
+        assert_eq!(value["port"], 80);
+    }
 }
