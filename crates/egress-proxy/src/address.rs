@@ -262,6 +262,14 @@ mod tests {
     }
 
     #[test]
+    fn embedded_ipv4_addresses_keep_every_octet() {
+        assert_eq!(canonical(ip("::ffff:1.2.3.4")), ip("1.2.3.4"));
+        assert_eq!(canonical(ip("64:ff9b::1.2.3.4")), ip("1.2.3.4"));
+        assert_eq!(canonical(ip("::1:ffff:1.2.3.4")), ip("::1:ffff:1.2.3.4"));
+        assert_eq!(canonical(ip("1.2.3.4")), ip("1.2.3.4"));
+    }
+
+    #[test]
     fn private_ranges_open_only_when_allowed_and_the_deny_list_always_wins() {
         let closed = AddressPolicy::new(false, [ip("172.18.0.1")]);
         let open = AddressPolicy::new(true, [ip("172.18.0.1")]);

@@ -225,9 +225,6 @@ fn parse_field(line: &str) -> Result<(String, String), HeadError> {
 /// Refused for origin-form, asterisk-form, another scheme, userinfo or a fragment; Malformed
 /// for a bad authority.
 pub fn parse_absolute(target: &str) -> Result<Target, HeadError> {
-    if target.starts_with('/') || target == "*" {
-        return Err(refused("not an absolute-form proxy request"));
-    }
     let (scheme, rest) = target
         .split_once("://")
         .ok_or_else(|| refused("not an absolute-form proxy request"))?;
@@ -289,10 +286,11 @@ pub fn parse_authority(text: &str, default_port: Option<u16>) -> Result<Authorit
 }
 
 fn parse_port(digits: &str) -> Result<u16, HeadError> {
-    if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    if digits.len() > 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err(malformed("port is not 1 to 5 digits"));
     }
     match digits.parse::<u16>() {
+        Err(_) if digits.is_empty() => Err(malformed("port is not 1 to 5 digits")),
         Ok(0) | Err(_) => Err(malformed("port out of range")),
         Ok(port) => Ok(port),
     }
@@ -302,8 +300,8 @@ fn parse_host_name(name: &str) -> Result<Host, HeadError> {
     if let Ok(ip) = name.parse::<Ipv4Addr>() {
         return Ok(Host::Ip(IpAddr::V4(ip)));
     }
-    if name.is_empty() || name.len() > MAX_HOST_LEN {
-        return Err(malformed("host is empty or longer than 253 characters"));
+    if name.len() > MAX_HOST_LEN {
+        return Err(malformed("host longer than 253 characters"));
     }
     for label in name.split('.') {
         if label.is_empty() || label.len() > 63 {
@@ -370,7 +368,7 @@ impl RequestHead {
         for value in self.field_values("content-length") {
             for item in value.split(',') {
                 let item = item.trim_matches([' ', '\t']);
-                if item.is_empty() || item.len() > 19 || !item.bytes().all(|b| b.is_ascii_digit()) {
+                if item.len() > 19 || !item.bytes().all(|b| b.is_ascii_digit()) {
                     return Err(malformed("Content-Length is not a number"));
                 }
                 let parsed: u64 = item
@@ -571,6 +569,19 @@ mod tests {
             400
         );
         assert_eq!(body("Content-Length: -1\r\n").unwrap_err().status(), 400);
+        assert_eq!(body("Content-Length: +5\r\n").unwrap_err().status(), 400);
+        assert_eq!(body("Content-Length: \r\n").unwrap_err().status(), 400);
+        assert_eq!(body("Content-Length: 5,\r\n").unwrap_err().status(), 400);
+        assert_eq!(
+            body("Content-Length: 9999999999999999999\r\n"),
+            Ok(Body::Length(9_999_999_999_999_999_999))
+        );
+        assert_eq!(
+            body("Content-Length: 00000000000000000012\r\n")
+                .unwrap_err()
+                .status(),
+            400
+        );
         assert_eq!(
             body("Transfer-Encoding: chunked\r\n").unwrap_err().status(),
             403
@@ -598,6 +609,76 @@ mod tests {
         );
         let connect = head("CONNECT a.test:443 HTTP/1.1\r\n\r\n").unwrap();
         assert_eq!(connect.rewrite_origin_form(), None);
+    }
+
+    #[test]
+    fn limits_hold_exactly_at_their_bounds() {
+        let padded = |total: usize| {
+            let start = "GET http://a.test/ HTTP/1.1\r\nX: ";
+            let filler = total - start.len() - 4;
+            format!("{start}{}\r\n\r\n", "a".repeat(filler))
+        };
+        assert_eq!(padded(MAX_HEAD_LEN).len(), MAX_HEAD_LEN);
+        assert!(head(&padded(MAX_HEAD_LEN)).is_ok());
+        assert_eq!(
+            head(&padded(MAX_HEAD_LEN + 1)),
+            Err(HeadError::Refused("request head larger than 16 KiB"))
+        );
+        let label63 = "a".repeat(63);
+        assert!(parse_authority(&format!("{label63}.test"), Some(80)).is_ok());
+        assert_eq!(
+            parse_authority(&format!("{label63}a.test"), Some(80))
+                .unwrap_err()
+                .status(),
+            400
+        );
+        let name253 = format!("{label63}.{label63}.{label63}.{}", "b".repeat(61));
+        assert_eq!(name253.len(), 253);
+        assert!(parse_authority(&name253, Some(80)).is_ok());
+        assert_eq!(
+            parse_authority(&format!("c{name253}"), Some(80)).unwrap_err(),
+            HeadError::Malformed("host longer than 253 characters")
+        );
+        assert_eq!(
+            parse_authority("a.test:00080", None).map(|a| a.port),
+            Ok(80)
+        );
+        assert!(parse_authority("a.test:000080", None).is_err());
+        for bad_port in ["a.test:", "a.test:+80", "a.test:-1", "a.test:8 0"] {
+            assert_eq!(
+                parse_authority(bad_port, None).unwrap_err().status(),
+                400,
+                "{bad_port}"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_print_their_reason_and_status() {
+        assert_eq!(
+            HeadError::Malformed("bad thing").to_string(),
+            "bad thing (400)"
+        );
+        assert_eq!(HeadError::Refused("no").to_string(), "no (403)");
+        assert_eq!(HeadError::Refused("no").reason(), "no");
+        assert_eq!(
+            head("GET  HTTP/1.1\r\n\r\n"),
+            Err(HeadError::Malformed(
+                "request target is empty or not visible ASCII"
+            ))
+        );
+        assert_eq!(
+            head("GET http://[::1]/ HTTP/1.1\r\n\r\n")
+                .unwrap()
+                .target
+                .authority()
+                .port,
+            80
+        );
+        assert_eq!(
+            head("GET /x://y HTTP/1.1\r\n\r\n").unwrap_err().status(),
+            403
+        );
     }
 
     #[test]

@@ -80,7 +80,8 @@ impl Allowlist {
         }
         lower
             .match_indices('.')
-            .any(|(at, _)| at > 0 && self.domains.contains(&lower[at + 1..]))
+            // Well formed, so no dot is first: every suffix after a dot has a label before it.
+            .any(|(at, _)| self.domains.contains(&lower[at + 1..]))
     }
 
     /// The entries in display form (`*.d` for wildcards), sorted.
