@@ -290,8 +290,8 @@ fn parse_port(digits: &str) -> Result<u16, HeadError> {
         return Err(malformed("port is not 1 to 5 digits"));
     }
     match digits.parse::<u16>() {
-        Err(_) if digits.is_empty() => Err(malformed("port is not 1 to 5 digits")),
-        Ok(0) | Err(_) => Err(malformed("port out of range")),
+        // Empty, 0, or above 65535.
+        Ok(0) | Err(_) => Err(malformed("port is not in 1..=65535")),
         Ok(port) => Ok(port),
     }
 }
@@ -619,6 +619,9 @@ mod tests {
             format!("{start}{}\r\n\r\n", "a".repeat(filler))
         };
         assert_eq!(padded(MAX_HEAD_LEN).len(), MAX_HEAD_LEN);
+        // Large cookies and tokens fit: the documented bound is 16 KiB.
+        assert!(head(&padded(16 * 1024)).is_ok());
+        assert!(head(&padded(16 * 1024 + 1)).is_err());
         assert!(head(&padded(MAX_HEAD_LEN)).is_ok());
         assert_eq!(
             head(&padded(MAX_HEAD_LEN + 1)),
