@@ -342,9 +342,10 @@ impl EngineConnection {
     /// 1.41; the client never asks for more than the engine offers), in one round trip whose
     /// answer also gives the engine's OS, returned with the connection. On a Unix socket that
     /// round trip is `GET /_ping`, read from its `Api-Version` and `Ostype` headers (the
-    /// `docker` CLI negotiates the same way): the engine answers it without asking containerd,
-    /// which its `version` answer does, several milliseconds per call. Anywhere else, or when the
-    /// ping's answer names no version, it is `GET /version`.
+    /// `docker` CLI negotiates the same way): the engine answers it from memory, while its
+    /// `version` answer first gathers its components' versions (containerd, the runtime, the
+    /// init), several milliseconds per call. Anywhere else, or when the ping's answer names no
+    /// version, it is `GET /version`.
     ///
     /// # Errors
     /// BackendUnavailable naming the endpoint when the scheme is not supported, the TLS material
