@@ -486,8 +486,8 @@ async fn negotiate_by_version(
     Ok((offered, answer.os))
 }
 
-/// The most of a ping answer read: a status line and a dozen short headers, and `OK`.
-const PING_ANSWER_CAP: u64 = 8 * 1024;
+/// The most of a ping answer read: a status line and a dozen short headers.
+const PING_ANSWER_CAP: usize = 8 * 1024;
 
 /// What the ping's headers say.
 #[derive(Debug, Clone, PartialEq)]
@@ -510,11 +510,18 @@ async fn ping_unix(
         stream
             .write_all(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
             .await?;
+        // Only the head is needed: reading stops at its end, so a peer that keeps the
+        // connection open anyway costs nothing.
         let mut answer = Vec::new();
-        stream
-            .take(PING_ANSWER_CAP)
-            .read_to_end(&mut answer)
-            .await?;
+        let mut chunk = [0u8; 1024];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.len() < PING_ANSWER_CAP {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&chunk[..n]);
+        }
+        answer.truncate(PING_ANSWER_CAP);
         Ok::<_, std::io::Error>(answer)
     };
     match tokio::time::timeout(deadline, exchange).await {
@@ -788,10 +795,12 @@ mod tests {
     }
 
     /// A stand-in engine on a Unix socket: answers `/_ping` with `ping` and `/version` with an
-    /// engine's JSON, and records each request line.
+    /// engine's JSON, and records each request line. With `hold`, it keeps each connection open
+    /// after answering, as a peer that ignores `Connection: close` would.
     fn stand_in_engine(
         socket: &Path,
         ping: &'static str,
+        hold: bool,
     ) -> (
         std::sync::Arc<std::sync::Mutex<Vec<String>>>,
         tokio::task::JoinHandle<()>,
@@ -817,7 +826,14 @@ mod tests {
                     )
                 };
                 let _ = stream.write_all(response.as_bytes()).await;
-                let _ = stream.shutdown().await;
+                if hold {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                        drop(stream);
+                    });
+                } else {
+                    let _ = stream.shutdown().await;
+                }
             }
         });
         (seen, task)
@@ -826,18 +842,24 @@ mod tests {
     #[tokio::test]
     async fn the_negotiation_is_one_ping_on_a_socket_and_version_when_the_ping_names_none() {
         let dir = tempfile::tempdir().unwrap();
-        for (ping, requests) in [
-            (
-                "HTTP/1.1 200 OK\r\nApi-Version: 1.41\r\nOstype: linux\r\nContent-Length: 2\r\n\r\nOK",
-                &["GET /_ping HTTP/1.1"][..],
-            ),
+        let answer =
+            "HTTP/1.1 200 OK\r\nApi-Version: 1.41\r\nOstype: linux\r\nContent-Length: 2\r\n\r\nOK";
+        let ping_only = &["GET /_ping HTTP/1.1"][..];
+        for (n, (ping, hold, requests)) in [
+            (answer, false, ping_only),
+            // A peer that keeps the connection open: the head is all that is read.
+            (answer, true, ping_only),
             (
                 "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
+                false,
                 &["GET /_ping HTTP/1.1", "GET /version HTTP/1.1"][..],
             ),
-        ] {
-            let socket = dir.path().join(format!("engine-{}.sock", requests.len()));
-            let (seen, task) = stand_in_engine(&socket, ping);
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let socket = dir.path().join(format!("engine-{n}.sock"));
+            let (seen, task) = stand_in_engine(&socket, ping, hold);
             let host = format!("unix://{}", socket.display());
             let endpoint = Endpoint::resolve(&env(&[("DOCKER_HOST", &host)]), None).unwrap();
             let (connection, os) = EngineConnection::open(endpoint, Duration::from_secs(5))
