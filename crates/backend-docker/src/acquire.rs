@@ -105,7 +105,13 @@ impl BackendState {
                 }
             };
             existing
-                .verify(key, plan.kind, Some(&plan.base), Some(&plan.image))
+                .verify(
+                    key,
+                    plan.kind,
+                    Some(&plan.base),
+                    Some(&plan.image),
+                    self.config.workload_network(),
+                )
                 .map_err(|verdict| refusal(&plan.name, verdict))?;
 
             if self.is_retired(&existing.id) {
@@ -276,7 +282,13 @@ impl BackendState {
                 ))
             })?;
             record
-                .verify(plan.key, plan.kind, Some(&plan.base), Some(&plan.image))
+                .verify(
+                    plan.key,
+                    plan.kind,
+                    Some(&plan.base),
+                    Some(&plan.image),
+                    self.config.workload_network(),
+                )
                 .map_err(|verdict| refusal(&plan.name, verdict))?;
         }
         self.probe_tools(id, &plan.image).await?;
@@ -530,7 +542,7 @@ impl BackendState {
             return Ok(None);
         };
         record
-            .verify(key, kind, None, None)
+            .verify(key, kind, None, None, self.config.workload_network())
             .map_err(|verdict| refusal(&name, verdict))?;
         if self.is_retired(&record.id) {
             return Err(SandboxError::Retired {

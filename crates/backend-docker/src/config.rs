@@ -135,6 +135,15 @@ pub struct DockerConfig {
     /// `DOCKER_CONFIG`, `HOME`, the TLS variables); `None` = a snapshot of this process's
     /// environment taken at connect. Never read again afterwards.
     pub management_env: Option<Vec<(OsString, OsString)>>,
+    /// **Unsafe; the live tests' seam only** (present with the `live` feature, hidden from the
+    /// docs, and set by no `sandboxctl` flag): the engine network every workload is created on
+    /// instead of `none`, and the one its ownership check then expects. It exists so the live
+    /// tests can hand the egress preflight a sandbox that really is open and see it refused
+    /// (docs/docker-backend.md#egress). `None` (the default) keeps network `none`. Only a
+    /// bridge-like network name is accepted: never `host` or another container's namespace.
+    #[cfg(feature = "live")]
+    #[doc(hidden)]
+    pub unsafe_open_network: Option<String>,
 }
 
 impl Default for DockerConfig {
@@ -151,6 +160,8 @@ impl Default for DockerConfig {
             verify_egress: false,
             egress_probe: EgressProbe::default(),
             management_env: None,
+            #[cfg(feature = "live")]
+            unsafe_open_network: None,
         }
     }
 }
@@ -188,7 +199,28 @@ impl DockerConfig {
                 self.memory_bytes
             )));
         }
+        #[cfg(feature = "live")]
+        if let Some(network) = &self.unsafe_open_network {
+            check_cli_word("unsafe_open_network", network)?;
+            if matches!(network.as_str(), "none" | "host" | "default")
+                || network.starts_with("container:")
+            {
+                return Err(SandboxError::invalid(format!(
+                    "unsafe_open_network must name a bridge network, not {network:?}"
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// The network every workload is created on and its ownership check expects: `none`, unless
+    /// the live tests' unsafe seam names another.
+    pub(crate) fn workload_network(&self) -> &str {
+        #[cfg(feature = "live")]
+        if let Some(network) = &self.unsafe_open_network {
+            return network;
+        }
+        "none"
     }
 
     /// A short fingerprint of the hardening this configuration applies, part of the warm cache's
@@ -232,6 +264,7 @@ mod tests {
         assert_eq!(config.pids_limit, 512);
         assert_eq!(config.default_image, "sandbox-base:local");
         assert!(!config.verify_egress);
+        assert_eq!(config.workload_network(), "none");
         config.validate().unwrap();
     }
 
@@ -248,6 +281,12 @@ mod tests {
             Box::new(|c| c.cpus = -1.0),
             Box::new(|c| c.cpus = f64::NAN),
             Box::new(|c| c.context = Some(String::new())),
+            #[cfg(feature = "live")]
+            Box::new(|c| c.unsafe_open_network = Some("host".into())),
+            #[cfg(feature = "live")]
+            Box::new(|c| c.unsafe_open_network = Some("container:abc".into())),
+            #[cfg(feature = "live")]
+            Box::new(|c| c.unsafe_open_network = Some("--network".into())),
         ];
         for change in cases {
             let mut config = DockerConfig::default();

@@ -146,7 +146,7 @@ impl BackendState {
             memory: Some(shape.resources.memory_bytes),
             memory_swap: Some(shape.resources.memory_bytes),
             nano_cpus: Some(shape.resources.nano_cpus),
-            network_mode: Some("none".to_owned()),
+            network_mode: Some(self.config.workload_network().to_owned()),
             ..HostConfig::default()
         };
         let body = ContainerCreateBody {

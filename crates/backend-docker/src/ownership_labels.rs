@@ -220,9 +220,10 @@ impl ContainerRecord {
             && call_ok
     }
 
-    /// Ownership 4: every capability dropped, none added, not privileged, network `none`, `--init`,
-    /// no bind, mount or published port. `None` when the policy holds, else what differs.
-    pub(crate) fn policy_difference(&self) -> Option<String> {
+    /// Ownership 4: every capability dropped, none added, not privileged, on `network` (`none`
+    /// outside the live tests' unsafe seam), `--init`, no bind, mount or published port. `None`
+    /// when the policy holds, else what differs.
+    pub(crate) fn policy_difference(&self, network: &str) -> Option<String> {
         let Some(host) = &self.host_config else {
             return Some("it reports no host configuration".to_owned());
         };
@@ -244,9 +245,9 @@ impl ContainerRecord {
         if host.privileged == Some(true) {
             return Some("it is privileged".to_owned());
         }
-        if host.network_mode.as_deref() != Some("none") {
+        if host.network_mode.as_deref() != Some(network) {
             return Some(format!(
-                "its network is {:?}, not none",
+                "its network is {:?}, not {network}",
                 host.network_mode.as_deref().unwrap_or("")
             ));
         }
@@ -272,13 +273,15 @@ impl ContainerRecord {
         None
     }
 
-    /// The ownership rules in order, first failure wins. `image` is `None` for `find`, which has no spec.
+    /// The ownership rules in order, first failure wins. `image` is `None` for `find`, which has no
+    /// spec; `network` is the configured workload network (`none`).
     pub(crate) fn verify(
         &self,
         key: &SandboxKey,
         kind: &str,
         base: Option<&str>,
         image: Option<&str>,
+        network: &str,
     ) -> Result<(), Verdict> {
         if !self.owned_by(key, Some(kind)) {
             return Err(Verdict::NotOurs);
@@ -294,7 +297,7 @@ impl ContainerRecord {
                 return Err(Verdict::OtherImage(self.image().map(str::to_owned)));
             }
         }
-        match self.policy_difference() {
+        match self.policy_difference(network) {
             Some(difference) => Err(Verdict::OtherPolicy(difference)),
             None => Ok(()),
         }
@@ -427,24 +430,31 @@ mod tests {
                 &key(),
                 "python",
                 Some("/maf-sandbox/work"),
-                Some("sandbox-base:local")
+                Some("sandbox-base:local"),
+                "none"
             ),
             Ok(())
         );
         assert_eq!(
-            ok.verify(&key(), "other", None, None),
+            ok.verify(&key(), "other", None, None, "none"),
             Err(Verdict::NotOurs)
         );
         assert_eq!(
-            ok.verify(&key().with_call("c"), "python", None, None),
+            ok.verify(&key().with_call("c"), "python", None, None, "none"),
             Err(Verdict::NotOurs)
         );
         assert_eq!(
-            ok.verify(&key(), "python", Some("/other"), Some("x")),
+            ok.verify(&key(), "python", Some("/other"), Some("x"), "none"),
             Err(Verdict::OtherBase(Some("/maf-sandbox/work".into())))
         );
         assert_eq!(
-            ok.verify(&key(), "python", Some("/maf-sandbox/work"), Some("x")),
+            ok.verify(
+                &key(),
+                "python",
+                Some("/maf-sandbox/work"),
+                Some("x"),
+                "none"
+            ),
             Err(Verdict::OtherImage(Some("sandbox-base:local".into())))
         );
         assert_eq!(ok.bare_name(), "maf-sandbox-docker-x");
@@ -489,7 +499,7 @@ mod tests {
             ),
         ];
         for (host, want) in cases {
-            let difference = record(&labels, host).policy_difference();
+            let difference = record(&labels, host).policy_difference("none");
             match want {
                 None => assert_eq!(difference, None, "{host}"),
                 Some(word) => assert!(
@@ -498,6 +508,15 @@ mod tests {
                 ),
             }
         }
+        // The network is compared with the configured one: `none` refuses an open container,
+        // which only the live tests' unsafe seam expects.
+        let open = record(
+            &labels,
+            r#"{"CapDrop":["ALL"],"NetworkMode":"bridge","Init":true}"#,
+        );
+        assert_eq!(open.policy_difference("bridge"), None);
+        let refused = open.policy_difference("none").unwrap_or_default();
+        assert!(refused.contains("\"bridge\", not none"), "{refused}");
     }
 
     #[test]
