@@ -241,8 +241,10 @@ fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
         "sandboxctl",
         "-p",
         "exec-wrapper",
+        "-p",
+        "egress-proxy",
         "--features",
-        "backend-docker/live,sandboxctl/live,exec-wrapper/live",
+        "backend-docker/live,sandboxctl/live,exec-wrapper/live,egress-proxy/live",
         "--no-fail-fast",
         // Names each skipped test, so a skip can be reported by name.
         "--status-level",
