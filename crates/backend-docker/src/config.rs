@@ -18,6 +18,12 @@ pub const DEFAULT_EXEC_CLEANUP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Deadline of the explicit `docker pull` of an absent image.
 pub const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The egress proxy image the local image recipe builds (not configured by default).
+pub const DEFAULT_EGRESS_PROXY_IMAGE: &str = "sandbox-egress-proxy:local";
+
+/// The network a proxy's outbound leg joins unless configured otherwise.
+pub const DEFAULT_OUTBOUND_NETWORK: &str = "bridge";
+
 /// The pids limit every container gets unless configured otherwise.
 pub const DEFAULT_PIDS_LIMIT: u32 = 512;
 
@@ -135,6 +141,15 @@ pub struct DockerConfig {
     /// `DOCKER_CONFIG`, `HOME`, the TLS variables); `None` = a snapshot of this process's
     /// environment taken at connect. Never read again afterwards.
     pub management_env: Option<Vec<(OsString, OsString)>>,
+    /// The egress proxy's image (docs/docker-backend.md#allowlist-egress); `None` or `""` = egress
+    /// `allowlist` is not offered, only `closed`.
+    pub egress_proxy_image: Option<String>,
+    /// The network each egress proxy's outbound leg joins (default `bridge`). Its gateways are
+    /// refused as destinations.
+    pub outbound_network: String,
+    /// Let proxies dial private addresses (10/8, 172.16/12, 192.168/16, fc00::/7); for offline
+    /// tests on a network of their own, never for operators.
+    pub allow_private_destinations: bool,
 }
 
 impl Default for DockerConfig {
@@ -151,6 +166,9 @@ impl Default for DockerConfig {
             verify_egress: false,
             egress_probe: EgressProbe::default(),
             management_env: None,
+            egress_proxy_image: None,
+            outbound_network: DEFAULT_OUTBOUND_NETWORK.to_owned(),
+            allow_private_destinations: false,
         }
     }
 }
@@ -176,6 +194,10 @@ impl DockerConfig {
             check_cli_word("context", context)?;
         }
         check_image_reference(&self.default_image)?;
+        if let Some(image) = self.proxy_image() {
+            check_image_reference(image)?;
+        }
+        check_cli_word("outbound_network", &self.outbound_network)?;
         if !(self.cpus.is_finite() && self.cpus >= 0.01) {
             return Err(SandboxError::invalid(format!(
                 "cpus must be at least 0.01, not {}",
@@ -189,6 +211,13 @@ impl DockerConfig {
             )));
         }
         Ok(())
+    }
+
+    /// The egress proxy's image when allowlist egress is offered (`""` counts as none).
+    pub(crate) fn proxy_image(&self) -> Option<&str> {
+        self.egress_proxy_image
+            .as_deref()
+            .filter(|image| !image.is_empty())
     }
 
     /// A short fingerprint of the hardening this configuration applies, part of the warm cache's
@@ -232,7 +261,16 @@ mod tests {
         assert_eq!(config.pids_limit, 512);
         assert_eq!(config.default_image, "sandbox-base:local");
         assert!(!config.verify_egress);
+        assert_eq!(config.outbound_network, "bridge");
+        assert!(!config.allow_private_destinations);
+        assert_eq!(config.proxy_image(), None);
         config.validate().unwrap();
+        let empty = DockerConfig {
+            egress_proxy_image: Some(String::new()),
+            ..DockerConfig::default()
+        };
+        assert_eq!(empty.proxy_image(), None);
+        empty.validate().unwrap();
     }
 
     #[test]
@@ -248,6 +286,9 @@ mod tests {
             Box::new(|c| c.cpus = -1.0),
             Box::new(|c| c.cpus = f64::NAN),
             Box::new(|c| c.context = Some(String::new())),
+            Box::new(|c| c.egress_proxy_image = Some("-x".into())),
+            Box::new(|c| c.outbound_network = String::new()),
+            Box::new(|c| c.outbound_network = "a b".into()),
         ];
         for change in cases {
             let mut config = DockerConfig::default();

@@ -10,6 +10,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::connection::quote as tail;
+use crate::egress::EgressPlan;
 use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
 use crate::state::BackendState;
 
@@ -20,7 +21,10 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 const REACHED: i32 = 86;
 
 /// One command, every proxy variable removed and curl's own config ignored; `$1` by address,
-/// `$2` by name, `$3` the token server, `$4` the token.
+/// `$2` by name, `$3` the token server, `$4` the token. For an allowlist sandbox (host-hygiene
+/// rule 19), `$5` is an allowed host's URL, which must not be reached around the proxy, and `$6`
+/// the proxy, through which the targets off the list (every IP literal is) must not answer 2xx
+/// nor yield the token.
 const PROBE_SCRIPT: &str = r#"unset HTTP_PROXY HTTPS_PROXY ALL_PROXY NO_PROXY http_proxy https_proxy all_proxy no_proxy
 command -v curl >/dev/null 2>&1 || exit 127
 for u in "$1" "$2"; do
@@ -28,11 +32,31 @@ for u in "$1" "$2"; do
 done
 out=$(curl --disable --silent --insecure --max-time 3 "$3" 2>/dev/null)
 case $out in *"$4"*) exit 86 ;; esac
+if [ -n "$5" ]; then
+  if curl --disable --fail --silent --insecure --max-time 3 --noproxy '*' -o /dev/null "$5"; then exit 86; fi
+  if curl --disable --fail --silent --insecure --max-time 3 --proxy "$6" -o /dev/null "$1"; then exit 86; fi
+  out=$(curl --disable --silent --insecure --max-time 3 --proxy "$6" "$3" 2>/dev/null)
+  case $out in *"$4"*) exit 86 ;; esac
+fi
 exit 0
 "#;
 
+/// The URL of an allowed host the direct probe aims at: the first entry, a wildcard's strict
+/// subdomain for `*.d`.
+fn allowed_url(egress: &EgressPlan) -> String {
+    let host = egress.hosts.first().map(String::as_str).unwrap_or("");
+    match host.strip_prefix("*.") {
+        Some(domain) => format!("http://maf-egress-probe.{domain}/"),
+        None => format!("http://{host}/"),
+    }
+}
+
 /// Runs the preflight against a freshly created sandbox.
-pub(crate) async fn verify(shared: &Arc<BackendState>, id: &str) -> Result<(), SandboxError> {
+pub(crate) async fn verify(
+    shared: &Arc<BackendState>,
+    id: &str,
+    egress: Option<&EgressPlan>,
+) -> Result<(), SandboxError> {
     let address = match shared.config.egress_probe.token_server {
         Some(address) => address,
         None => bridge_gateway(shared).await?,
@@ -50,6 +74,10 @@ pub(crate) async fn verify(shared: &Arc<BackendState>, id: &str) -> Result<(), S
         )));
     }
     let probe = &shared.config.egress_probe;
+    let (direct, proxy) = match egress {
+        Some(egress) => (allowed_url(egress), crate::egress::PROXY_URL.to_owned()),
+        None => (String::new(), String::new()),
+    };
     let argv = [
         "sh",
         "-c",
@@ -59,15 +87,22 @@ pub(crate) async fn verify(shared: &Arc<BackendState>, id: &str) -> Result<(), S
         probe.by_name.as_str(),
         url.as_str(),
         token.as_str(),
+        direct.as_str(),
+        proxy.as_str(),
     ];
     let call = GuestCall::internal("/", &argv, SMALL_BUDGET as u64, PROBE_TIMEOUT);
     let end = shared.run_guest(id, call).await;
     drop(server);
     match end? {
         GuestEnd::Ran(output) if output.exit_code == 0 => Ok(()),
-        GuestEnd::Ran(output) if output.exit_code == REACHED => Err(SandboxError::HostNotConfined(
-            "the sandbox reached the network although its egress is closed".to_owned(),
-        )),
+        GuestEnd::Ran(output) if output.exit_code == REACHED => {
+            Err(SandboxError::HostNotConfined(match egress {
+                None => "the sandbox reached the network although its egress is closed".to_owned(),
+                Some(_) => "the sandbox reached the network around its egress proxy, or through \
+                            it to a host off its allowlist"
+                    .to_owned(),
+            }))
+        }
         GuestEnd::Ran(output) => Err(SandboxError::engine(format!(
             "the egress preflight could not run (exit {}), so egress is unverified: {}",
             output.exit_code,
@@ -205,6 +240,64 @@ async fn host_fetch(address: SocketAddr) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_direct_probe_aims_at_an_allowed_host() {
+        let plan = |hosts: &[&str]| EgressPlan {
+            hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
+            private: false,
+            egress_id: String::new(),
+            digest: String::new(),
+            image: String::new(),
+            network: String::new(),
+        };
+        assert_eq!(allowed_url(&plan(&["a.test", "b.test"])), "http://a.test/");
+        assert_eq!(
+            allowed_url(&plan(&["*.d.test"])),
+            "http://maf-egress-probe.d.test/"
+        );
+    }
+
+    /// The script under `sh` with a fake `curl` that logs its arguments and succeeds only for
+    /// the URL named in `REACHABLE`: a direct request to the allowed host, or a proxied one off
+    /// the list, is reach (86); nothing reached is 0.
+    #[test]
+    fn the_allowlist_probe_fails_closed_on_either_route() {
+        let dir = std::env::temp_dir().join(format!("maf-probe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let curl = dir.join("curl");
+        std::fs::write(
+            &curl,
+            "#!/bin/sh\nfor a in \"$@\"; do last=$a; done\ncase \" $* \" in *\" $REACHABLE \"*) [ \"$last\" = \"$TARGET\" ] && exit 0 ;; esac\nexit 7\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&curl, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let run = |reachable: &str, target: &str| {
+            std::process::Command::new("sh")
+                .args([
+                    "-c",
+                    PROBE_SCRIPT,
+                    "maf-egress",
+                    "http://10.0.0.1/",
+                    "http://name.invalid/",
+                    "http://10.0.0.2/",
+                    "token",
+                    "http://a.test/",
+                    "http://127.0.0.1:3128",
+                ])
+                .env("PATH", format!("{}:/usr/bin:/bin", dir.display()))
+                .env("REACHABLE", reachable)
+                .env("TARGET", target)
+                .status()
+                .unwrap()
+                .code()
+        };
+        assert_eq!(run("nothing", "none"), Some(0));
+        assert_eq!(run("--noproxy", "http://a.test/"), Some(REACHED));
+        assert_eq!(run("--proxy", "http://10.0.0.1/"), Some(REACHED));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[tokio::test]
     async fn the_token_server_serves_its_token_on_its_address_only() {
