@@ -252,7 +252,9 @@ impl BackendState {
             }
             let current = existing.labels().get(LABEL_EGRESS_V1) == Some(&plan.digest)
                 && existing.status() == "running";
-            if current && self.proxy_ready(&existing.id).await?.0 {
+            // A current proxy may be another process's, still starting: it gets the ready polls
+            // before it is judged broken.
+            if current && self.await_ready(&name, &existing.id).await.is_ok() {
                 return Ok(());
             }
             tracing::info!(proxy = %name, "replacing an egress proxy that is stopped, not ready or on another policy");
@@ -308,6 +310,23 @@ impl BackendState {
             Err(failure) if failure.is_not_found() => {
                 return Err(self.image_missing(&plan.image, failure.message()))
             }
+            // Another process made it meanwhile: its proxy, once ready, serves this policy too.
+            Err(failure) if failure.is_conflict() => {
+                let existing = self.inspect(&name).await?.ok_or_else(|| {
+                    SandboxError::engine(format!(
+                        "the name {name} stayed in use without a container behind it: {}",
+                        quote(failure.message().as_bytes())
+                    ))
+                })?;
+                if !owned_like(&existing.labels(), labels)
+                    || existing.labels().get(LABEL_EGRESS_V1) != Some(&plan.digest)
+                {
+                    return Err(SandboxError::engine(format!(
+                        "another egress proxy took the name {name} meanwhile; acquire again"
+                    )));
+                }
+                return self.await_ready(&name, &existing.id).await;
+            }
             Err(failure) => return Err(self.engine.failure("egress proxy create", failure)),
         };
         let result = self.start_proxy(&name, &id).await;
@@ -329,6 +348,15 @@ impl BackendState {
             )));
         }
         self.lifecycle(Lifecycle::Start, id).await?;
+        self.await_ready(name, id).await
+    }
+
+    /// Reads the proxy's log for its ready line, 60 times 0.25 s apart, giving up early when it
+    /// exited.
+    ///
+    /// # Errors
+    /// Engine quoting its last log lines when the line never came.
+    async fn await_ready(&self, name: &str, id: &str) -> Result<(), SandboxError> {
         let mut logs = String::new();
         for poll in 0..READY_POLLS {
             let (ready, text) = self.proxy_ready(id).await?;
