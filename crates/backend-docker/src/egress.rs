@@ -47,6 +47,8 @@ pub(crate) const LABEL_ROLE: &str = "maf-sandbox.role";
 pub(crate) const LABEL_EGRESS_V1: &str = "maf-sandbox.egress.v1";
 /// The `egress_id` prefix of a Unix-socket allowlist (never Python's `allow:`).
 const EGRESS_ID_PREFIX: &str = "allow-uds-v1:";
+/// How many times one acquire makes a proxy whose name others keep taking and freeing.
+const PROXY_ATTEMPTS: usize = 4;
 /// The proxy container's pids limit.
 const PROXY_PIDS_LIMIT: i64 = 64;
 /// How many times the proxy's logs are read for its ready line, and how far apart.
@@ -242,6 +244,26 @@ impl BackendState {
         plan: &EgressPlan,
         labels: &[(String, String)],
     ) -> Result<(), SandboxError> {
+        for _ in 0..PROXY_ATTEMPTS {
+            if self.ensure_proxy_once(workload, plan, labels).await? {
+                return Ok(());
+            }
+        }
+        Err(SandboxError::engine(format!(
+            "the egress proxy {} kept disappearing while it was being made",
+            proxy_name(workload)
+        )))
+    }
+
+    /// One pass of [`ensure_proxy`](Self::ensure_proxy): `false` when the name was taken by a
+    /// proxy that vanished before it could be read (another process replacing it), so the pass
+    /// is worth repeating.
+    async fn ensure_proxy_once(
+        &self,
+        workload: &str,
+        plan: &EgressPlan,
+        labels: &[(String, String)],
+    ) -> Result<bool, SandboxError> {
         let name = proxy_name(workload);
         if let Some(existing) = self.inspect(&name).await? {
             let owned = owned_like(&existing.labels(), labels);
@@ -250,12 +272,12 @@ impl BackendState {
                     "a container named {name} exists that this key did not create; dispose it"
                 )));
             }
+            // A current proxy may be another process's, created and not yet started, or
+            // started and not yet ready: it gets the ready polls before it is judged broken.
             let current = existing.labels().get(LABEL_EGRESS_V1) == Some(&plan.digest)
-                && existing.status() == "running";
-            // A current proxy may be another process's, still starting: it gets the ready polls
-            // before it is judged broken.
+                && matches!(existing.status(), "running" | "created");
             if current && self.await_ready(&name, &existing.id).await.is_ok() {
-                return Ok(());
+                return Ok(true);
             }
             tracing::info!(proxy = %name, "replacing an egress proxy that is stopped, not ready or on another policy");
             self.remove(&existing.id).await.map_err(|failure| {
@@ -311,13 +333,19 @@ impl BackendState {
                 return Err(self.image_missing(&plan.image, failure.message()))
             }
             // Another process made it meanwhile: its proxy, once ready, serves this policy too.
+            // The engine holds the name from the start of a create, before an inspect finds it:
+            // the name is re-inspected every 0.25 s within one command timeout.
             Err(failure) if failure.is_conflict() => {
-                let existing = self.inspect(&name).await?.ok_or_else(|| {
-                    SandboxError::engine(format!(
-                        "the name {name} stayed in use without a container behind it: {}",
-                        quote(failure.message().as_bytes())
-                    ))
-                })?;
+                let until = tokio::time::Instant::now() + self.config.command_timeout;
+                let existing = loop {
+                    match self.inspect(&name).await? {
+                        Some(existing) => break existing,
+                        None if tokio::time::Instant::now() < until => {
+                            tokio::time::sleep(READY_POLL).await;
+                        }
+                        None => return Ok(false),
+                    }
+                };
                 if !owned_like(&existing.labels(), labels)
                     || existing.labels().get(LABEL_EGRESS_V1) != Some(&plan.digest)
                 {
@@ -325,7 +353,7 @@ impl BackendState {
                         "another egress proxy took the name {name} meanwhile; acquire again"
                     )));
                 }
-                return self.await_ready(&name, &existing.id).await;
+                return self.await_ready(&name, &existing.id).await.map(|()| true);
             }
             Err(failure) => return Err(self.engine.failure("egress proxy create", failure)),
         };
@@ -333,7 +361,7 @@ impl BackendState {
         if result.is_err() {
             let _ = self.remove(&id).await;
         }
-        result
+        result.map(|()| true)
     }
 
     /// Starts a created proxy, checks it is not root, and waits for its ready line.

@@ -509,3 +509,51 @@ async fn an_allowlist_sandbox_reaches_its_host_only_and_leaves_nothing_behind() 
         "the test network {network_name} remains"
     );
 }
+
+/// Two backends with their own locks and memory (as two processes are) acquire one allowlist key
+/// at once, three times each: one workload and one proxy serve them all, and egress works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_allowlist_acquires_share_one_workload_and_one_proxy() {
+    let docker = Docker::connect_with_local_defaults().expect("the local engine");
+    let scope = unique_scope("egress-race");
+    let (network, _, _, _) = test_network(&docker, &scope).await;
+    let connect = || async {
+        let mut config = DockerConfig::default();
+        config.egress_proxy_image = Some(DEFAULT_EGRESS_PROXY_IMAGE.into());
+        config.outbound_network = network.name.clone();
+        config.allow_private_destinations = true;
+        DockerBackend::connect(config).await.expect("connect")
+    };
+    let (first, second) = (connect().await, connect().await);
+    let key = SandboxKey::conversation(scope.clone(), "thread", "agent");
+    let spec = allowlist(&["allowed.test"]);
+    let acquires = (0..6).map(|i| {
+        let backend = if i % 2 == 0 { &first } else { &second };
+        let (key, spec) = (&key, &spec);
+        async move {
+            backend
+                .acquire(key, spec)
+                .await
+                .map(|s| s.instance_id().to_owned())
+        }
+    });
+    let ids: Vec<String> = futures_util::future::join_all(acquires)
+        .await
+        .into_iter()
+        .map(|r| r.expect("every acquire succeeds"))
+        .collect();
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    let objects = engine_leftovers(&docker, &scope).await;
+    assert_eq!(
+        objects.len(),
+        3,
+        "one workload, one proxy, one volume: {objects:?}"
+    );
+    let sandbox = first.acquire(&key, &spec).await.expect("acquire");
+    let body = run(&*sandbox, "curl -s --max-time 10 http://allowed.test/").await;
+    assert_eq!(body.stdout_text(), "allowed.test", "{}", body.stderr_text());
+    let purge = second.dispose_scope(&scope, "thread").await;
+    assert!(purge.undisposed.is_none(), "{purge:?}");
+    assert_eq!(purge.disposed, 1);
+    assert!(engine_leftovers(&docker, &scope).await.is_empty());
+}
