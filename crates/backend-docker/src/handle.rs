@@ -196,11 +196,7 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecOutput, SandboxError> {
-        let budget = request.output_budget();
-        self.exec_stream(request.max_output_bytes(budget), ExecStdin::Closed)
-            .await?
-            .collect()
-            .await
+        sandbox_core::collect_exec(self, request).await
     }
 
     async fn exec_stream(

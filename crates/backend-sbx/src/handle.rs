@@ -590,11 +590,7 @@ impl Sandbox for SbxSandbox {
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecOutput, SandboxError> {
-        let budget = request.output_budget();
-        self.exec_stream(request.max_output_bytes(budget), ExecStdin::Closed)
-            .await?
-            .collect()
-            .await
+        sandbox_core::collect_exec(self, request).await
     }
 
     async fn exec_stream(

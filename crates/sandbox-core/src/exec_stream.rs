@@ -2,7 +2,7 @@
 //! ordered, tagged chunks while it runs, its exit last.
 //!
 //! Streaming is the primitive; the collected [`crate::Sandbox::exec`] is [`ExecStream::collect`]
-//! over it. The stream is a bounded channel: a backend's producer waits for the consumer, so a
+//! over it ([`collect_exec`] for a backend with a native stream). The stream is a bounded channel: a backend's producer waits for the consumer, so a
 //! slow consumer makes the host hold at most [`STREAM_BUFFER_CHUNKS`] chunks of at most
 //! [`MAX_CHUNK_BYTES`] each, never the whole output.
 
@@ -11,13 +11,37 @@ use std::fmt;
 use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
 
-use crate::{ExecOutput, SandboxError};
+use crate::{ExecOutput, ExecRequest, Sandbox, SandboxError};
 
 /// The largest chunk a stream carries; a backend's larger reads are split.
 pub const MAX_CHUNK_BYTES: usize = 64 * 1024;
 
 /// How many chunks a stream holds between its producer and its consumer.
 pub const STREAM_BUFFER_CHUNKS: usize = 4;
+
+/// The collected exec of a backend whose [`Sandbox::exec_stream`] is native: the request capped
+/// at its output budget, stdin closed, the stream read to its end. Implementing
+/// [`Sandbox::exec`] with it keeps one code path for collected and streamed exec.
+///
+/// Only for a backend that implements `exec_stream` itself: the trait's default `exec_stream`
+/// calls `exec`, and the two would call each other forever.
+///
+/// # Errors
+/// As [`Sandbox::exec_stream`] before the command starts, then as [`ExecStream::collect`].
+///
+/// # Cancel safety and drop
+/// Dropping the future drops the stream: the command is killed as on its deadline.
+pub async fn collect_exec<S: Sandbox + ?Sized>(
+    sandbox: &S,
+    request: ExecRequest,
+) -> Result<ExecOutput, SandboxError> {
+    let budget = request.output_budget();
+    sandbox
+        .exec_stream(request.max_output_bytes(budget), ExecStdin::Closed)
+        .await?
+        .collect()
+        .await
+}
 
 /// What a streamed command reads on its stdin.
 #[derive(Default)]

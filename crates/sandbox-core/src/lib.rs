@@ -75,8 +75,8 @@ pub use exec::{
     Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES, WORKDIR_UNUSABLE_EXIT,
 };
 pub use exec_stream::{
-    ExecChunk, ExecEvent, ExecExit, ExecStdin, ExecStream, ExecStreamSender, SendRefused,
-    MAX_CHUNK_BYTES, STREAM_BUFFER_CHUNKS,
+    collect_exec, ExecChunk, ExecEvent, ExecExit, ExecStdin, ExecStream, ExecStreamSender,
+    SendRefused, MAX_CHUNK_BYTES, STREAM_BUFFER_CHUNKS,
 };
 pub use health::{CheckStatus, HealthCheck};
 pub use isolation::{Isolation, IsolationScope, OsFamily};
