@@ -465,8 +465,9 @@ impl BackendState {
             .await
             .map_err(|f| self.engine.failure("egress volume create", f))?;
         // An existing volume is returned as it is: it must be this key's.
-        let existing: Vec<(String, String)> = made.labels.into_iter().collect();
-        if !owned_like(&existing.into_iter().collect(), labels) {
+        let existing: std::collections::BTreeMap<String, String> =
+            made.labels.into_iter().collect();
+        if !owned_like(&existing, labels) {
             return Err(SandboxError::engine(format!(
                 "a volume named {volume} exists that this key did not create; remove it"
             )));
