@@ -89,7 +89,11 @@ impl BackendState {
                     egress_checked = true;
                 }
                 if !proxy_ready {
-                    self.ensure_plan_proxy(&plan).await?;
+                    if let Err(error) = self.ensure_plan_proxy(&plan).await {
+                        // No workload: nothing is served by what the attempt made.
+                        self.remove_companions_shielded(&plan.name).await;
+                        return Err(error);
+                    }
                     proxy_ready = true;
                 }
                 if replacements > MAX_REPLACEMENTS {

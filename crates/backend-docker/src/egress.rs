@@ -286,9 +286,11 @@ impl BackendState {
                 ))
             })?;
         }
+        // Present, or one explicit bounded pull, as for a workload's image (ImageMissing else).
+        self.ensure_image(&plan.image).await?;
+        let gateways = self.outbound_gateways(&plan.network).await?;
         let volume = volume_name(workload);
         self.ensure_volume(&volume, plan, labels).await?;
-        let gateways = self.outbound_gateways(&plan.network).await?;
         let mut proxy_labels: HashMap<String, String> = labels.iter().cloned().collect();
         proxy_labels.insert(LABEL_ROLE.to_owned(), "proxy".to_owned());
         proxy_labels.insert(LABEL_EGRESS_V1.to_owned(), plan.digest.clone());

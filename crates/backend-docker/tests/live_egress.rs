@@ -557,3 +557,60 @@ async fn concurrent_allowlist_acquires_share_one_workload_and_one_proxy() {
     assert_eq!(purge.disposed, 1);
     assert!(engine_leftovers(&docker, &scope).await.is_empty());
 }
+
+/// A missing proxy image is ImageMissing and a missing outbound network an engine error naming
+/// it; neither leaves a container or volume behind. Without a configured image, allowlist is not
+/// offered at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_proxy_that_cannot_be_made_leaves_nothing_behind() {
+    let docker = Docker::connect_with_local_defaults().expect("the local engine");
+    let scope = unique_scope("egress-refused");
+    let guard = TestNetwork {
+        name: format!("maf-egress-test-{}", hex8()),
+        scope: scope.clone(),
+        containers: Vec::new(),
+    };
+    let key = SandboxKey::conversation(scope.clone(), "thread", "agent");
+    let spec = allowlist(&["allowed.test"]);
+    let closed_only = DockerBackend::connect(DockerConfig::default())
+        .await
+        .expect("connect");
+    assert!(!closed_only
+        .declarations()
+        .egress_modes
+        .contains(&Egress::Allowlist));
+    let Err(refused) = closed_only.acquire(&key, &spec).await else {
+        panic!("allowlist served without a proxy image");
+    };
+    assert_eq!(refused.kind(), ErrorKind::EgressNotEnforced, "{refused}");
+    // The absent image names a registry on a local address where nothing listens: the pull fails
+    // without leaving the host.
+    let cases = [
+        (
+            "127.0.0.1:9/maf-egress-proxy-absent:never-built".to_owned(),
+            "bridge".to_owned(),
+            ErrorKind::ImageMissing,
+            "127.0.0.1:9/maf-egress-proxy-absent:never-built",
+        ),
+        (
+            DEFAULT_EGRESS_PROXY_IMAGE.to_owned(),
+            guard.name.clone(),
+            ErrorKind::Engine,
+            "does not exist",
+        ),
+    ];
+    for (image, network, kind, words) in cases {
+        let mut config = DockerConfig::default();
+        config.egress_proxy_image = Some(image);
+        config.outbound_network = network;
+        let backend = DockerBackend::connect(config).await.expect("connect");
+        let Err(error) = backend.acquire(&key, &spec).await else {
+            panic!("acquired without a proxy");
+        };
+        assert_eq!(error.kind(), kind, "{error}");
+        assert!(error.to_string().contains(words), "{error}");
+        let left = engine_leftovers(&docker, &scope).await;
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
+    drop(guard);
+}
