@@ -558,8 +558,8 @@ async fn concurrent_allowlist_acquires_share_one_workload_and_one_proxy() {
     assert!(engine_leftovers(&docker, &scope).await.is_empty());
 }
 
-/// A missing proxy image is ImageMissing and a missing outbound network an engine error naming
-/// it; neither leaves a container or volume behind. Without a configured image, allowlist is not
+/// A missing proxy image is ImageMissing, a missing outbound network an engine error naming it,
+/// an image running as root an engine error saying so; none leaves a container or volume behind. Without a configured image, allowlist is not
 /// offered at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_proxy_that_cannot_be_made_leaves_nothing_behind() {
@@ -597,6 +597,13 @@ async fn a_proxy_that_cannot_be_made_leaves_nothing_behind() {
             guard.name.clone(),
             ErrorKind::Engine,
             "does not exist",
+        ),
+        // An image that runs as root is never started as a proxy.
+        (
+            support::BASE_ROOT.to_owned(),
+            "bridge".to_owned(),
+            ErrorKind::Engine,
+            "runs as root",
         ),
     ];
     for (image, network, kind, words) in cases {
