@@ -54,8 +54,8 @@ const PROXY_PIDS_LIMIT: i64 = 64;
 /// How many times the proxy's logs are read for its ready line, and how far apart.
 const READY_POLLS: u32 = 60;
 const READY_POLL: Duration = Duration::from_millis(250);
-/// How much of the proxy's log one poll reads (lines, bytes).
-const LOG_TAIL_LINES: &str = "200";
+/// How much of the proxy's log one poll reads, from its start (the ready line comes first, however
+/// long the proxy has been logging since).
 const LOG_BUDGET: usize = 64 * 1024;
 /// How many log lines a readiness failure quotes, and how long each may be.
 const QUOTED_LINES: usize = 10;
@@ -409,12 +409,13 @@ impl BackendState {
         )))
     }
 
-    /// One read of the proxy's log: whether stdout holds the ready line, and the log as read.
+    /// One read of the proxy's log from its start, up to the ready line or the budget: whether
+    /// stdout holds the ready line, and the log as read.
     async fn proxy_ready(&self, id: &str) -> Result<(bool, String), SandboxError> {
         let options = LogsOptionsBuilder::new()
             .stdout(true)
             .stderr(true)
-            .tail(LOG_TAIL_LINES)
+            .tail("all")
             .build();
         let read = async {
             let mut stream = self.engine.api().logs(id, Some(options));
@@ -423,6 +424,9 @@ impl BackendState {
                 let chunk = chunk?;
                 if let LogOutput::StdOut { message } | LogOutput::Console { message } = &chunk {
                     stdout.extend_from_slice(message);
+                    if is_ready(&String::from_utf8_lossy(&stdout)) {
+                        break;
+                    }
                 }
                 all.extend_from_slice(chunk.as_ref());
                 if all.len() > LOG_BUDGET {

@@ -386,8 +386,34 @@ async fn an_allowlist_sandbox_reaches_its_host_only_and_leaves_nothing_behind() 
     let write = run(&*sandbox, "echo x > /run/maf-egress/x").await;
     assert_ne!(write.exit_code, 0, "the guest wrote the egress volume");
 
-    // Warm: the same instance, its proxy kept.
+    // Warm: the same instance, its proxy kept, however much the proxy has logged since it said
+    // it was ready (one line per request).
+    let requests = run(
+        &*sandbox,
+        "n=0; for i in $(seq 210); do curl -s -o /dev/null --max-time 5 http://denied.test/ && n=$((n+1)); done; echo $n",
+    )
+    .await;
+    assert_eq!(
+        requests.stdout_text().trim(),
+        "210",
+        "{}",
+        requests.stderr_text()
+    );
+    let started = std::time::Instant::now();
     let warm = backend.acquire(&key, &spec).await.expect("warm acquire");
+    println!(
+        "warm acquire (workload and proxy checked): {:.3} s",
+        started.elapsed().as_secs_f64()
+    );
+    let proxy_after = bounded(
+        "proxy inspect",
+        docker.inspect_container(&format!("{workload_name}-proxy"), None),
+    )
+    .await;
+    assert_eq!(
+        proxy_after.id, proxy_record.id,
+        "the ready proxy was replaced"
+    );
     assert_eq!(warm.instance_id(), sandbox.instance_id());
     assert!(!warm.freshly_created());
     let found = backend
