@@ -47,6 +47,8 @@ pub(crate) const LABEL_ROLE: &str = "maf-sandbox.role";
 pub(crate) const LABEL_EGRESS_V1: &str = "maf-sandbox.egress.v1";
 /// The `egress_id` prefix of a Unix-socket allowlist (never Python's `allow:`).
 const EGRESS_ID_PREFIX: &str = "allow-uds-v1:";
+/// The proxy's log file size before rotation (two files are kept).
+const PROXY_LOG_MAX_SIZE: &str = "10m";
 /// How many times one acquire makes a proxy whose name others keep taking and freeing.
 const PROXY_ATTEMPTS: usize = 4;
 /// The proxy container's pids limit.
@@ -274,8 +276,13 @@ impl BackendState {
             }
             // A current proxy may be another process's, created and not yet started, or
             // started and not yet ready: it gets the ready polls before it is judged broken.
+            // A running one this process saw ready is not read again (its log may have been
+            // rotated since).
             let current = existing.labels().get(LABEL_EGRESS_V1) == Some(&plan.digest)
                 && matches!(existing.status(), "running" | "created");
+            if current && existing.status() == "running" && self.is_ready_proxy(&existing.id) {
+                return Ok(true);
+            }
             if current && self.await_ready(&name, &existing.id).await.is_ok() {
                 return Ok(true);
             }
@@ -305,6 +312,14 @@ impl BackendState {
             nano_cpus: Some(resources.nano_cpus),
             network_mode: Some(plan.network.clone()),
             readonly_rootfs: Some(true),
+            // Readable logs (the ready line), bounded on disk: one line per request.
+            log_config: Some(bollard::models::HostConfigLogConfig {
+                typ: Some("json-file".to_owned()),
+                config: Some(HashMap::from([
+                    ("max-size".to_owned(), PROXY_LOG_MAX_SIZE.to_owned()),
+                    ("max-file".to_owned(), "2".to_owned()),
+                ])),
+            }),
             mounts: Some(vec![Mount {
                 target: Some(EGRESS_MOUNT.to_owned()),
                 source: Some(volume.clone()),
@@ -391,6 +406,7 @@ impl BackendState {
         for poll in 0..READY_POLLS {
             let (ready, text) = self.proxy_ready(id).await?;
             if ready {
+                self.mark_ready_proxy(id);
                 return Ok(());
             }
             logs = text;
