@@ -462,6 +462,41 @@ async fn an_allowlist_sandbox_reaches_its_host_only_and_leaves_nothing_behind() 
     let back = run(&*sandbox, "curl -s --max-time 10 http://allowed.test/").await;
     assert_eq!(back.stdout_text(), "allowed.test", "{}", back.stderr_text());
 
+    // Another policy digest (here: another outbound network, which is not part of the name)
+    // replaces the proxy of the same workload.
+    let mut moved = DockerConfig::default();
+    moved.egress_proxy_image = Some(DEFAULT_EGRESS_PROXY_IMAGE.into());
+    moved.allow_private_destinations = true;
+    let moved = DockerBackend::connect(moved).await.expect("connect");
+    let same = moved.acquire(&key, &spec).await.expect("acquire on bridge");
+    assert_eq!(same.instance_id(), sandbox.instance_id());
+    let replaced = bounded(
+        "proxy inspect",
+        docker.inspect_container(&format!("{workload_name}-proxy"), None),
+    )
+    .await;
+    assert_ne!(replaced.id, proxy_record.id);
+    assert_eq!(
+        replaced
+            .host_config
+            .clone()
+            .and_then(|h| h.network_mode)
+            .as_deref(),
+        Some("bridge")
+    );
+    let digest = |record: &bollard::models::ContainerInspectResponse| {
+        record
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|l| l.get("maf-sandbox.egress.v1").cloned())
+    };
+    assert_ne!(digest(&replaced), digest(&proxy_record));
+    // And back, through the first backend: the test network's proxy again.
+    backend.acquire(&key, &spec).await.expect("acquire back");
+    let back = run(&*sandbox, "curl -s --max-time 10 http://allowed.test/").await;
+    assert_eq!(back.stdout_text(), "allowed.test", "{}", back.stderr_text());
+
     // Another allowlist, or egress closed, on this warm key: refused, typed.
     for other in [
         allowlist(&["allowed.test", "denied.test"]),
