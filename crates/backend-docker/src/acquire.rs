@@ -138,6 +138,7 @@ impl BackendState {
                     plan.kind,
                     Some(&plan.base),
                     Some(&plan.image),
+                    self.config.workload_network(),
                     plan.egress_volume.as_deref(),
                 )
                 .map_err(|verdict| refusal(&plan.name, verdict))?;
@@ -334,6 +335,7 @@ impl BackendState {
                     plan.kind,
                     Some(&plan.base),
                     Some(&plan.image),
+                    self.config.workload_network(),
                     plan.egress_volume.as_deref(),
                 )
                 .map_err(|verdict| refusal(&plan.name, verdict))?;
@@ -602,7 +604,14 @@ impl BackendState {
         let name = record.bare_name().to_owned();
         let egress_volume = record.expected_egress_volume();
         record
-            .verify(key, kind, None, None, egress_volume.as_deref())
+            .verify(
+                key,
+                kind,
+                None,
+                None,
+                self.config.workload_network(),
+                egress_volume.as_deref(),
+            )
             .map_err(|verdict| refusal(&name, verdict))?;
         if self.is_retired(&record.id) {
             return Err(SandboxError::Retired {

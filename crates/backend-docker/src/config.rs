@@ -150,6 +150,15 @@ pub struct DockerConfig {
     /// Let proxies dial private addresses (10/8, 172.16/12, 192.168/16, fc00::/7); for offline
     /// tests on a network of their own, never for operators.
     pub allow_private_destinations: bool,
+    /// **Unsafe; the live tests' seam only** (present with the `live` feature, hidden from the
+    /// docs, and set by no `sandboxctl` flag): the engine network every workload is created on
+    /// instead of `none`, and the one its ownership check then expects. It exists so the live
+    /// tests can hand the egress preflight a sandbox that really is open and see it refused
+    /// (docs/docker-backend.md#egress). `None` (the default) keeps network `none`. Only a
+    /// bridge-like network name is accepted: never `host` or another container's namespace.
+    #[cfg(feature = "live")]
+    #[doc(hidden)]
+    pub unsafe_open_network: Option<String>,
 }
 
 impl Default for DockerConfig {
@@ -169,6 +178,8 @@ impl Default for DockerConfig {
             egress_proxy_image: None,
             outbound_network: DEFAULT_OUTBOUND_NETWORK.to_owned(),
             allow_private_destinations: false,
+            #[cfg(feature = "live")]
+            unsafe_open_network: None,
         }
     }
 }
@@ -210,6 +221,17 @@ impl DockerConfig {
                 self.memory_bytes
             )));
         }
+        #[cfg(feature = "live")]
+        if let Some(network) = &self.unsafe_open_network {
+            check_cli_word("unsafe_open_network", network)?;
+            if matches!(network.as_str(), "none" | "host" | "default")
+                || network.starts_with("container:")
+            {
+                return Err(SandboxError::invalid(format!(
+                    "unsafe_open_network must name a bridge network, not {network:?}"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -218,6 +240,16 @@ impl DockerConfig {
         self.egress_proxy_image
             .as_deref()
             .filter(|image| !image.is_empty())
+    }
+
+    /// The network every workload is created on and its ownership check expects: `none`, unless
+    /// the live tests' unsafe seam names another.
+    pub(crate) fn workload_network(&self) -> &str {
+        #[cfg(feature = "live")]
+        if let Some(network) = &self.unsafe_open_network {
+            return network;
+        }
+        "none"
     }
 
     /// A short fingerprint of the hardening this configuration applies, part of the warm cache's
@@ -264,6 +296,7 @@ mod tests {
         assert_eq!(config.outbound_network, "bridge");
         assert!(!config.allow_private_destinations);
         assert_eq!(config.proxy_image(), None);
+        assert_eq!(config.workload_network(), "none");
         config.validate().unwrap();
         let empty = DockerConfig {
             egress_proxy_image: Some(String::new()),
@@ -289,6 +322,12 @@ mod tests {
             Box::new(|c| c.egress_proxy_image = Some("-x".into())),
             Box::new(|c| c.outbound_network = String::new()),
             Box::new(|c| c.outbound_network = "a b".into()),
+            #[cfg(feature = "live")]
+            Box::new(|c| c.unsafe_open_network = Some("host".into())),
+            #[cfg(feature = "live")]
+            Box::new(|c| c.unsafe_open_network = Some("container:abc".into())),
+            #[cfg(feature = "live")]
+            Box::new(|c| c.unsafe_open_network = Some("--network".into())),
         ];
         for change in cases {
             let mut config = DockerConfig::default();

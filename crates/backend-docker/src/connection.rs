@@ -339,9 +339,13 @@ pub(crate) struct EngineConnection {
 
 impl EngineConnection {
     /// Opens the client for `endpoint` and negotiates the API version (an Engine 20.10 speaks
-    /// 1.41; the client never asks for more than the engine offers), in one round trip: the
-    /// engine's `version` answer gives both its API version and its OS, returned with the
-    /// connection.
+    /// 1.41; the client never asks for more than the engine offers), in one round trip whose
+    /// answer also gives the engine's OS, returned with the connection. On a Unix socket that
+    /// round trip is `GET /_ping`, read from its `Api-Version` and `Ostype` headers (the
+    /// `docker` CLI negotiates the same way): the engine answers it from memory, while its
+    /// `version` answer first gathers its components' versions (containerd, the runtime, the
+    /// init), several milliseconds per call. Anywhere else, or when the ping's answer names no
+    /// version, it is `GET /version`.
     ///
     /// # Errors
     /// BackendUnavailable naming the endpoint when the scheme is not supported, the TLS material
@@ -350,39 +354,26 @@ impl EngineConnection {
         endpoint: Endpoint,
         deadline: Duration,
     ) -> Result<(EngineConnection, Option<String>), SandboxError> {
-        let client = client_for(&endpoint, deadline, API_DEFAULT_VERSION)?;
-        let answer = match tokio::time::timeout(deadline, client.version()).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(e)) => {
-                return Err(unavailable(format!(
-                    "the engine at {endpoint} did not answer the version negotiation: {e}"
-                )))
-            }
-            Err(_) => {
-                return Err(unavailable(format!(
-                    "the engine at {endpoint} did not answer within {} s",
-                    deadline.as_secs()
-                )))
+        let pinged = match endpoint.host.strip_prefix("unix://") {
+            Some(path) => ping_unix(&endpoint, path, deadline).await?,
+            None => None,
+        };
+        let (offered, os, client) = match pinged {
+            Some(PingAnswer { api_version, os }) => (api_version, os, None),
+            None => {
+                let client = client_for(&endpoint, deadline, API_DEFAULT_VERSION)?;
+                let (offered, os) = negotiate_by_version(&client, &endpoint, deadline).await?;
+                (offered, os, Some(client))
             }
         };
-        let offered = answer
-            .api_version
-            .as_deref()
-            .and_then(parse_api_version)
-            .ok_or_else(|| {
-                unavailable(format!(
-                    "the engine at {endpoint} names no API version it speaks ({:?})",
-                    answer.api_version
-                ))
-            })?;
         // A client is pinned to its version at construction: an engine older than this client
         // gets a client of its own version (no further request; the answer above was all).
-        let docker = if offered < *API_DEFAULT_VERSION {
-            client_for(&endpoint, deadline, &offered)?
-        } else {
-            client
+        let docker = match client {
+            Some(client) if offered >= *API_DEFAULT_VERSION => client,
+            _ if offered < *API_DEFAULT_VERSION => client_for(&endpoint, deadline, &offered)?,
+            _ => client_for(&endpoint, deadline, API_DEFAULT_VERSION)?,
         };
-        let os = answer.os.filter(|os| !os.is_empty());
+        let os = os.filter(|os| !os.is_empty());
         Ok((EngineConnection { docker, endpoint }, os))
     }
 
@@ -467,6 +458,116 @@ impl EngineConnection {
 
 /// An API client of `endpoint` speaking `version`, with `deadline` (in whole seconds, at least
 /// one) as its per-request bound. Opening it sends nothing.
+/// The version negotiation by `GET /version`: the API version the engine speaks and its OS.
+async fn negotiate_by_version(
+    client: &Docker,
+    endpoint: &Endpoint,
+    deadline: Duration,
+) -> Result<(ClientVersion, Option<String>), SandboxError> {
+    let answer = match tokio::time::timeout(deadline, client.version()).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => {
+            return Err(unavailable(format!(
+                "the engine at {endpoint} did not answer the version negotiation: {e}"
+            )))
+        }
+        Err(_) => return Err(did_not_answer(endpoint, deadline)),
+    };
+    let offered = answer
+        .api_version
+        .as_deref()
+        .and_then(parse_api_version)
+        .ok_or_else(|| {
+            unavailable(format!(
+                "the engine at {endpoint} names no API version it speaks ({:?})",
+                answer.api_version
+            ))
+        })?;
+    Ok((offered, answer.os))
+}
+
+/// The most of a ping answer read: a status line and a dozen short headers.
+const PING_ANSWER_CAP: usize = 8 * 1024;
+
+/// What the ping's headers say.
+#[derive(Debug, Clone, PartialEq)]
+struct PingAnswer {
+    api_version: ClientVersion,
+    os: Option<String>,
+}
+
+/// `GET /_ping` on the Unix socket at `path`, within `deadline`. `Ok(None)` when the engine
+/// answered but not with a success naming its API version (the caller asks `version` instead);
+/// an engine that cannot be reached or does not answer in time is BackendUnavailable.
+async fn ping_unix(
+    endpoint: &Endpoint,
+    path: &str,
+    deadline: Duration,
+) -> Result<Option<PingAnswer>, SandboxError> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let exchange = async {
+        let mut stream = tokio::net::UnixStream::connect(path).await?;
+        stream
+            .write_all(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
+            .await?;
+        // Only the head is needed: reading stops at its end, so a peer that keeps the
+        // connection open anyway costs nothing.
+        let mut answer = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.len() < PING_ANSWER_CAP {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&chunk[..n]);
+        }
+        answer.truncate(PING_ANSWER_CAP);
+        Ok::<_, std::io::Error>(answer)
+    };
+    match tokio::time::timeout(deadline, exchange).await {
+        Ok(Ok(answer)) => Ok(read_ping_answer(&answer)),
+        Ok(Err(e)) => Err(unavailable(format!(
+            "the engine at {endpoint} did not answer the version negotiation: {e}"
+        ))),
+        Err(_) => Err(did_not_answer(endpoint, deadline)),
+    }
+}
+
+/// The API version and OS from a ping's answer (`HTTP/1.x 200`, headers `Api-Version` and
+/// `Ostype`, names in any case); `None` unless the status is a success and the version parses.
+fn read_ping_answer(answer: &[u8]) -> Option<PingAnswer> {
+    let head_end = answer.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&answer[..head_end]).ok()?;
+    let mut lines = head.split("\r\n");
+    let mut status = lines.next()?.split(' ');
+    if !status.next()?.starts_with("HTTP/1.") || !status.next()?.starts_with('2') {
+        return None;
+    }
+    let mut api_version = None;
+    let mut os = None;
+    for line in lines {
+        let (name, value) = line.split_once(':')?;
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("Api-Version") {
+            api_version = parse_api_version(value);
+        } else if name.eq_ignore_ascii_case("Ostype") {
+            os = Some(value.to_owned());
+        }
+    }
+    Some(PingAnswer {
+        api_version: api_version?,
+        os,
+    })
+}
+
+#[cold]
+fn did_not_answer(endpoint: &Endpoint, deadline: Duration) -> SandboxError {
+    unavailable(format!(
+        "the engine at {endpoint} did not answer within {} s",
+        deadline.as_secs()
+    ))
+}
+
 fn client_for(
     endpoint: &Endpoint,
     deadline: Duration,
@@ -662,6 +763,121 @@ mod tests {
         for bad in ["", "1", "1.", ".4", "1.41.2", "a.b", "1.-1"] {
             assert!(parse_api_version(bad).is_none(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_ping_answer_gives_the_api_version_and_the_os() {
+        let engine = b"HTTP/1.1 200 OK\r\nApi-Version: 1.41\r\nCache-Control: no-cache\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\nDocker-Experimental: false\r\nOstype: linux\r\nServer: Docker/20.10.24 (linux)\r\n\r\nOK";
+        let answer = read_ping_answer(engine).unwrap();
+        assert_eq!(answer.api_version, parse_api_version("1.41").unwrap());
+        assert_eq!(answer.os.as_deref(), Some("linux"));
+        let lower = b"HTTP/1.0 200 OK\r\napi-version:  1.47 \r\n\r\n";
+        let answer = read_ping_answer(lower).unwrap();
+        assert_eq!(answer.api_version, parse_api_version("1.47").unwrap());
+        assert_eq!(answer.os, None);
+        // No success, no version, no end of head, not HTTP: ask `version` instead.
+        for refused in [
+            &b"HTTP/1.1 500 Internal Server Error\r\nApi-Version: 1.41\r\n\r\n"[..],
+            b"HTTP/1.1 404 Not Found\r\nOstype: linux\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nOstype: linux\r\n\r\nOK",
+            b"HTTP/1.1 200 OK\r\nApi-Version: 1.x\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nApi-Version: 1.41\r\n",
+            b"SSH-2.0-OpenSSH\r\n\r\n",
+            b"",
+        ] {
+            assert_eq!(
+                read_ping_answer(refused),
+                None,
+                "{}",
+                String::from_utf8_lossy(refused)
+            );
+        }
+    }
+
+    /// A stand-in engine on a Unix socket: answers `/_ping` with `ping` and `/version` with an
+    /// engine's JSON, and records each request line. With `hold`, it keeps each connection open
+    /// after answering, as a peer that ignores `Connection: close` would.
+    fn stand_in_engine(
+        socket: &Path,
+        ping: &'static str,
+        hold: bool,
+    ) -> (
+        std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::UnixListener::bind(socket).unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = std::sync::Arc::clone(&seen);
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut request = vec![0u8; 4096];
+                let n = stream.read(&mut request).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&request[..n]).into_owned();
+                let line = head.lines().next().unwrap_or("").to_owned();
+                log.lock().unwrap().push(line.clone());
+                let response = if line.starts_with("GET /_ping ") {
+                    ping.to_owned()
+                } else {
+                    let body = r#"{"ApiVersion":"1.41","Os":"linux","Version":"20.10.24"}"#;
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                };
+                let _ = stream.write_all(response.as_bytes()).await;
+                if hold {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                        drop(stream);
+                    });
+                } else {
+                    let _ = stream.shutdown().await;
+                }
+            }
+        });
+        (seen, task)
+    }
+
+    #[tokio::test]
+    async fn the_negotiation_is_one_ping_on_a_socket_and_version_when_the_ping_names_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let answer =
+            "HTTP/1.1 200 OK\r\nApi-Version: 1.41\r\nOstype: linux\r\nContent-Length: 2\r\n\r\nOK";
+        let ping_only = &["GET /_ping HTTP/1.1"][..];
+        for (n, (ping, hold, requests)) in [
+            (answer, false, ping_only),
+            // A peer that keeps the connection open: the head is all that is read.
+            (answer, true, ping_only),
+            (
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
+                false,
+                &["GET /_ping HTTP/1.1", "GET /version HTTP/1.1"][..],
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let socket = dir.path().join(format!("engine-{n}.sock"));
+            let (seen, task) = stand_in_engine(&socket, ping, hold);
+            let host = format!("unix://{}", socket.display());
+            let endpoint = Endpoint::resolve(&env(&[("DOCKER_HOST", &host)]), None).unwrap();
+            let (connection, os) = EngineConnection::open(endpoint, Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(connection.api_version(), "1.41");
+            assert_eq!(os.as_deref(), Some("linux"));
+            assert_eq!(*seen.lock().unwrap(), requests);
+            task.abort();
+        }
+        // Nothing listening: unavailable, naming the endpoint.
+        let host = format!("unix://{}", dir.path().join("absent.sock").display());
+        let endpoint = Endpoint::resolve(&env(&[("DOCKER_HOST", &host)]), None).unwrap();
+        let error = EngineConnection::open(endpoint, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), sandbox_core::ErrorKind::BackendUnavailable);
+        assert!(error.to_string().contains("absent.sock"), "{error}");
     }
 
     #[test]

@@ -149,7 +149,7 @@ impl BackendState {
             memory: Some(shape.resources.memory_bytes),
             memory_swap: Some(shape.resources.memory_bytes),
             nano_cpus: Some(shape.resources.nano_cpus),
-            network_mode: Some("none".to_owned()),
+            network_mode: Some(self.config.workload_network().to_owned()),
             mounts: shape.egress_volume.map(|volume| {
                 vec![Mount {
                     target: Some(crate::egress::EGRESS_MOUNT.to_owned()),

@@ -9,6 +9,7 @@ use sandbox_core::SandboxError;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::config::EgressProbe;
 use crate::connection::quote as tail;
 use crate::egress::EgressPlan;
 use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
@@ -21,22 +22,21 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 const REACHED: i32 = 86;
 
 /// One command, every proxy variable removed and curl's own config ignored; `$1` by address,
-/// `$2` by name, `$3` the token server, `$4` the token. For an allowlist sandbox (host-hygiene
-/// rule 19), `$5` is an allowed host's URL, which must not be reached around the proxy, and `$6`
-/// the proxy, through which the targets off the list (every IP literal is) must not answer 2xx
-/// nor yield the token.
+/// `$2` by name, `$3` the token server, `$4` the token. On a reach it names the target on stdout.
+/// For an allowlist sandbox (host-hygiene rule 19), `$5` is an allowed host's URL, which must not
+/// be reached around the proxy, and `$6` the proxy, through which the targets off the list (every
+/// IP literal is) must not answer 2xx nor yield the token.
 const PROBE_SCRIPT: &str = r#"unset HTTP_PROXY HTTPS_PROXY ALL_PROXY NO_PROXY http_proxy https_proxy all_proxy no_proxy
-command -v curl >/dev/null 2>&1 || exit 127
-for u in "$1" "$2"; do
-  if curl --disable --fail --silent --insecure --max-time 3 -o /dev/null "$u"; then exit 86; fi
-done
+command -v curl >/dev/null 2>&1 || { echo 'no curl in the image' >&2; exit 127; }
+if curl --disable --fail --silent --insecure --max-time 3 -o /dev/null "$1"; then echo address; exit 86; fi
+if curl --disable --fail --silent --insecure --max-time 3 -o /dev/null "$2"; then echo name; exit 86; fi
 out=$(curl --disable --silent --insecure --max-time 3 "$3" 2>/dev/null)
-case $out in *"$4"*) exit 86 ;; esac
+case $out in *"$4"*) echo token; exit 86 ;; esac
 if [ -n "$5" ]; then
-  if curl --disable --fail --silent --insecure --max-time 3 --noproxy '*' -o /dev/null "$5"; then exit 86; fi
-  if curl --disable --fail --silent --insecure --max-time 3 --proxy "$6" -o /dev/null "$1"; then exit 86; fi
+  if curl --disable --fail --silent --insecure --max-time 3 --noproxy '*' -o /dev/null "$5"; then echo around; exit 86; fi
+  if curl --disable --fail --silent --insecure --max-time 3 --proxy "$6" -o /dev/null "$1"; then echo proxied-address; exit 86; fi
   out=$(curl --disable --silent --insecure --max-time 3 --proxy "$6" "$3" 2>/dev/null)
-  case $out in *"$4"*) exit 86 ;; esac
+  case $out in *"$4"*) echo proxied-token; exit 86 ;; esac
 fi
 exit 0
 "#;
@@ -93,23 +93,58 @@ pub(crate) async fn verify(
     let call = GuestCall::internal("/", &argv, SMALL_BUDGET as u64, PROBE_TIMEOUT);
     let end = shared.run_guest(id, call).await;
     drop(server);
-    match end? {
+    verdict(end?, probe, &url, egress.map(|_| direct.as_str()))
+}
+
+/// What the probe's end means (rule 17): exit 0 passes; the reach exit is HostNotConfined naming
+/// the target reached; anything else (no curl, a wrapper failure, the bound passed, too much
+/// output) leaves egress unverified, which refuses too. `allowed` is the allowed host's URL the
+/// direct probe aimed at, for an allowlist sandbox.
+fn verdict(
+    end: GuestEnd,
+    probe: &EgressProbe,
+    token_url: &str,
+    allowed: Option<&str>,
+) -> Result<(), SandboxError> {
+    const CLOSED: &str = "the sandbox reached the network although its egress is closed";
+    const ALLOWLIST: &str =
+        "the sandbox reached the network around its egress proxy, or through it off its allowlist";
+    match end {
         GuestEnd::Ran(output) if output.exit_code == 0 => Ok(()),
         GuestEnd::Ran(output) if output.exit_code == REACHED => {
-            Err(SandboxError::HostNotConfined(match egress {
-                None => "the sandbox reached the network although its egress is closed".to_owned(),
-                Some(_) => "the sandbox reached the network around its egress proxy, or through \
-                            it to a host off its allowlist"
-                    .to_owned(),
-            }))
+            let target = match String::from_utf8_lossy(&output.stdout).trim() {
+                "address" => format!("(a) by address, {}", probe.by_address),
+                "name" => format!("(b) by name, {}", probe.by_name),
+                "token" => format!("(c) the host's token server, {token_url}"),
+                "around" => format!(
+                    "an allowed host around the proxy, {}",
+                    allowed.unwrap_or("")
+                ),
+                "proxied-address" => format!(
+                    "through the proxy, a host off the allowlist, {}",
+                    probe.by_address
+                ),
+                "proxied-token" => {
+                    format!("through the proxy, the host's token server, {token_url}")
+                }
+                other => format!("an unnamed target: {}", tail(other.as_bytes())),
+            };
+            let what = match allowed {
+                None => CLOSED,
+                Some(_) => ALLOWLIST,
+            };
+            Err(SandboxError::HostNotConfined(format!("{what}: {target}")))
         }
         GuestEnd::Ran(output) => Err(SandboxError::engine(format!(
             "the egress preflight could not run (exit {}), so egress is unverified: {}",
             output.exit_code,
             tail(&output.stderr)
         ))),
-        GuestEnd::Expired(_) | GuestEnd::Overflowed => Err(SandboxError::engine(
+        GuestEnd::Expired(_) => Err(SandboxError::engine(
             "the egress preflight did not finish within 10 s, so egress is unverified",
+        )),
+        GuestEnd::Overflowed => Err(SandboxError::engine(
+            "the egress preflight printed more than its output budget, so egress is unverified",
         )),
     }
 }
@@ -240,6 +275,153 @@ async fn host_fetch(address: SocketAddr) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sandbox_core::{ErrorKind, ExecOutput, GuestCleanup};
+
+    fn ran(code: i32, stdout: &str, stderr: &str) -> GuestEnd {
+        GuestEnd::Ran(ExecOutput::exited(
+            stdout.as_bytes().to_vec(),
+            stderr.as_bytes().to_vec(),
+            code,
+        ))
+    }
+
+    #[test]
+    fn only_a_clean_exit_passes_and_every_other_end_refuses() {
+        let probe = EgressProbe::new("http://10.0.0.1:8/", "http://probe.invalid/", None);
+        let token_url = "http://10.0.0.1:4242/";
+        assert!(verdict(ran(0, "", ""), &probe, token_url, None).is_ok());
+        for (said, names) in [
+            ("address\n", "(a) by address, http://10.0.0.1:8/"),
+            ("name\n", "(b) by name, http://probe.invalid/"),
+            (
+                "token\n",
+                "(c) the host's token server, http://10.0.0.1:4242/",
+            ),
+            ("", "an unnamed target"),
+        ] {
+            let error = verdict(ran(REACHED, said, ""), &probe, token_url, None).unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::HostNotConfined, "{error}");
+            let message = error.to_string();
+            assert!(
+                message.contains("reached the network although its egress is closed"),
+                "{message}"
+            );
+            assert!(message.contains(names), "{said:?}: {message}");
+        }
+        // An allowlist sandbox's reach names the route: around the proxy, or through it.
+        for (said, names) in [
+            (
+                "around\n",
+                "an allowed host around the proxy, http://a.test/",
+            ),
+            (
+                "proxied-address\n",
+                "through the proxy, a host off the allowlist, http://10.0.0.1:8/",
+            ),
+            (
+                "proxied-token\n",
+                "through the proxy, the host's token server, http://10.0.0.1:4242/",
+            ),
+        ] {
+            let error = verdict(
+                ran(REACHED, said, ""),
+                &probe,
+                token_url,
+                Some("http://a.test/"),
+            )
+            .unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::HostNotConfined, "{error}");
+            let message = error.to_string();
+            assert!(message.contains("around its egress proxy"), "{message}");
+            assert!(message.contains(names), "{said:?}: {message}");
+        }
+        // A probe that cannot run, or cannot finish, leaves egress unverified: refused, never
+        // HostNotConfined and never a pass.
+        let unverified = [
+            (ran(127, "", "no curl in the image"), "exit 127"),
+            (ran(126, "", ""), "exit 126"),
+            (ran(1, "", "sh: syntax error"), "exit 1"),
+            (GuestEnd::Expired(GuestCleanup::Killed), "within 10 s"),
+            (GuestEnd::Overflowed, "output budget"),
+        ];
+        for (end, names) in unverified {
+            let error = verdict(end, &probe, token_url, None).unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::Engine, "{error}");
+            let message = error.to_string();
+            assert!(message.contains("unverified"), "{message}");
+            assert!(message.contains(names), "{message}");
+        }
+    }
+
+    /// Runs the real probe script on this host with a stand-in `curl` first on `PATH` (`false` =
+    /// no curl at all): the stand-in "reaches" a URL containing `open` (printing the URL back)
+    /// and anything at all while a proxy variable is still set.
+    async fn run_script(curl: bool, targets: [&str; 4]) -> (i32, String) {
+        let dir = tempfile::tempdir().unwrap();
+        if curl {
+            let stand_in = dir.path().join("curl");
+            std::fs::write(
+                &stand_in,
+                "#!/bin/sh\nfor a; do [ \"$prev\" = -o ] && exec >\"$a\"; prev=$a; url=$a; done\n\
+                 if [ -n \"$HTTP_PROXY$https_proxy$ALL_PROXY\" ]; then echo proxied; exit 0; fi\n\
+                 case $url in *open*) echo \"served $url\"; exit 0 ;; esac\nexit 7\n",
+            )
+            .unwrap();
+            let mut permissions = std::fs::metadata(&stand_in).unwrap().permissions();
+            std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+            std::fs::set_permissions(&stand_in, permissions).unwrap();
+        }
+        let output = exec_wrapper::BoundedCommand::new("/bin/sh", Duration::from_secs(10))
+            .args(["-c", PROBE_SCRIPT, "maf-egress"])
+            .args(targets)
+            .env("PATH", dir.path())
+            .env("HTTP_PROXY", "http://open.proxy/")
+            .env("https_proxy", "http://open.proxy/")
+            .env("ALL_PROXY", "http://open.proxy/")
+            .run()
+            .await
+            .unwrap();
+        let code = match output.status {
+            exec_wrapper::ExitKind::Exited(code) => code,
+            other => panic!("the probe script ended by {other:?}"),
+        };
+        (
+            code,
+            String::from_utf8_lossy(&output.stdout).trim().to_owned(),
+        )
+    }
+
+    #[tokio::test]
+    async fn the_probe_script_names_the_first_target_it_reaches() {
+        let token = "0123456789abcdef0123456789abcdef";
+        let closed = ["http://a/", "http://b/", "http://c/", token];
+        // Every proxy variable is unset before the first curl: the stand-in would "reach"
+        // anything through one.
+        assert_eq!(run_script(true, closed).await, (0, String::new()));
+        let cases = [
+            (
+                ["http://open-a/", "http://open-b/", "http://c/", token],
+                "address",
+            ),
+            (["http://a/", "http://open-b/", "http://c/", token], "name"),
+            (
+                ["http://a/", "http://b/", "http://open-c/", "open-c"],
+                "token",
+            ),
+        ];
+        for (targets, word) in cases {
+            assert_eq!(
+                run_script(true, targets).await,
+                (REACHED, word.to_owned()),
+                "{targets:?}"
+            );
+        }
+        // A token server that answers without the token is no reach (rule 17).
+        let wrong = ["http://a/", "http://b/", "http://open-c/", token];
+        assert_eq!(run_script(true, wrong).await, (0, String::new()));
+        // No curl: the probe cannot run, with its own exit.
+        assert_eq!(run_script(false, closed).await, (127, String::new()));
+    }
 
     #[test]
     fn the_direct_probe_aims_at_an_allowed_host() {

@@ -241,10 +241,15 @@ impl ContainerRecord {
             && call_ok
     }
 
-    /// Ownership 4: every capability dropped, none added, not privileged, network `none`, `--init`,
-    /// no bind, mount or published port, except, for an allowlist sandbox, exactly its egress
-    /// volume read-only at `/run/maf-egress`. `None` when the policy holds, else what differs.
-    pub(crate) fn policy_difference(&self, egress_volume: Option<&str>) -> Option<String> {
+    /// Ownership 4: every capability dropped, none added, not privileged, on `network` (`none`
+    /// outside the live tests' unsafe seam), `--init`, no bind, mount or published port, except,
+    /// for an allowlist sandbox, exactly its egress volume read-only at `/run/maf-egress`. `None`
+    /// when the policy holds, else what differs.
+    pub(crate) fn policy_difference(
+        &self,
+        network: &str,
+        egress_volume: Option<&str>,
+    ) -> Option<String> {
         let Some(host) = &self.host_config else {
             return Some("it reports no host configuration".to_owned());
         };
@@ -266,9 +271,9 @@ impl ContainerRecord {
         if host.privileged == Some(true) {
             return Some("it is privileged".to_owned());
         }
-        if host.network_mode.as_deref() != Some("none") {
+        if host.network_mode.as_deref() != Some(network) {
             return Some(format!(
-                "its network is {:?}, not none",
+                "its network is {:?}, not {network}",
                 host.network_mode.as_deref().unwrap_or("")
             ));
         }
@@ -321,14 +326,16 @@ impl ContainerRecord {
         None
     }
 
-    /// The ownership rules in order, first failure wins. `image` is `None` for `find`, which has no spec;
-    /// `egress_volume` is the allowlist sandbox's volume, `None` for egress closed.
+    /// The ownership rules in order, first failure wins. `image` is `None` for `find`, which has no
+    /// spec; `network` is the configured workload network (`none`); `egress_volume` is the
+    /// allowlist sandbox's volume, `None` for egress closed.
     pub(crate) fn verify(
         &self,
         key: &SandboxKey,
         kind: &str,
         base: Option<&str>,
         image: Option<&str>,
+        network: &str,
         egress_volume: Option<&str>,
     ) -> Result<(), Verdict> {
         if !self.owned_by(key, Some(kind)) {
@@ -345,7 +352,7 @@ impl ContainerRecord {
                 return Err(Verdict::OtherImage(self.image().map(str::to_owned)));
             }
         }
-        match self.policy_difference(egress_volume) {
+        match self.policy_difference(network, egress_volume) {
             Some(difference) => Err(Verdict::OtherPolicy(difference)),
             None => Ok(()),
         }
@@ -479,24 +486,32 @@ mod tests {
                 "python",
                 Some("/maf-sandbox/work"),
                 Some("sandbox-base:local"),
+                "none",
                 None
             ),
             Ok(())
         );
         assert_eq!(
-            ok.verify(&key(), "other", None, None, None),
+            ok.verify(&key(), "other", None, None, "none", None),
             Err(Verdict::NotOurs)
         );
         assert_eq!(
-            ok.verify(&key().with_call("c"), "python", None, None, None),
+            ok.verify(&key().with_call("c"), "python", None, None, "none", None),
             Err(Verdict::NotOurs)
         );
         assert_eq!(
-            ok.verify(&key(), "python", Some("/other"), Some("x"), None),
+            ok.verify(&key(), "python", Some("/other"), Some("x"), "none", None),
             Err(Verdict::OtherBase(Some("/maf-sandbox/work".into())))
         );
         assert_eq!(
-            ok.verify(&key(), "python", Some("/maf-sandbox/work"), Some("x"), None),
+            ok.verify(
+                &key(),
+                "python",
+                Some("/maf-sandbox/work"),
+                Some("x"),
+                "none",
+                None
+            ),
             Err(Verdict::OtherImage(Some("sandbox-base:local".into())))
         );
         assert_eq!(ok.bare_name(), "maf-sandbox-docker-x");
@@ -541,7 +556,7 @@ mod tests {
             ),
         ];
         for (host, want) in cases {
-            let difference = record(&labels, host).policy_difference(None);
+            let difference = record(&labels, host).policy_difference("none", None);
             match want {
                 None => assert_eq!(difference, None, "{host}"),
                 Some(word) => assert!(
@@ -550,6 +565,15 @@ mod tests {
                 ),
             }
         }
+        // The network is compared with the configured one: `none` refuses an open container,
+        // which only the live tests' unsafe seam expects.
+        let open = record(
+            &labels,
+            r#"{"CapDrop":["ALL"],"NetworkMode":"bridge","Init":true}"#,
+        );
+        assert_eq!(open.policy_difference("bridge", None), None);
+        let refused = open.policy_difference("none", None).unwrap_or_default();
+        assert!(refused.contains("\"bridge\", not none"), "{refused}");
     }
 
     #[test]
@@ -570,29 +594,36 @@ mod tests {
         let good_mnt =
             r#"[{"Type":"volume","Name":"v-egress","Destination":"/run/maf-egress","RW":false}]"#;
         let ok = with_mounts(good_req, good_mnt);
-        assert_eq!(ok.policy_difference(Some("v-egress")), None);
+        assert_eq!(ok.policy_difference("none", Some("v-egress")), None);
         // A closed sandbox never has it; another volume, a writable mount or a second one fail.
-        assert!(ok.policy_difference(None).unwrap().contains("mounts"));
-        assert!(ok.policy_difference(Some("w-egress")).is_some());
+        assert!(ok
+            .policy_difference("none", None)
+            .unwrap()
+            .contains("mounts"));
+        assert!(ok.policy_difference("none", Some("w-egress")).is_some());
         let writable = with_mounts(
             r#"[{"Type":"volume","Source":"v-egress","Target":"/run/maf-egress","ReadOnly":false}]"#,
             r#"[{"Type":"volume","Name":"v-egress","Destination":"/run/maf-egress","RW":true}]"#,
         );
-        assert!(writable.policy_difference(Some("v-egress")).is_some());
+        assert!(writable
+            .policy_difference("none", Some("v-egress"))
+            .is_some());
         let two = with_mounts(
             good_req,
             r#"[{"Type":"volume","Name":"v-egress","Destination":"/run/maf-egress","RW":false},
                 {"Type":"bind","Source":"/","Destination":"/host","RW":false}]"#,
         );
-        assert!(two.policy_difference(Some("v-egress")).is_some());
+        assert!(two.policy_difference("none", Some("v-egress")).is_some());
         let missing = with_mounts("[]", "[]");
-        assert!(missing.policy_difference(Some("v-egress")).is_some());
+        assert!(missing
+            .policy_difference("none", Some("v-egress"))
+            .is_some());
         let bridged = record(
             &labels,
             r#"{"CapDrop":["ALL"],"NetworkMode":"bridge","Init":true}"#,
         );
         assert!(bridged
-            .policy_difference(Some("v-egress"))
+            .policy_difference("none", Some("v-egress"))
             .unwrap()
             .contains("network"));
     }

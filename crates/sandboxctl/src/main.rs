@@ -28,8 +28,11 @@ fn main() -> ExitCode {
         Err(err) => return usage_error(&raw, err),
     };
     init_tracing();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One call per process, I/O-bound: a current-thread runtime starts no worker threads and
+    // hands no wake-up between threads, which on a loaded host is measurable per call
+    // (BENCHMARKS.md, `sandboxctl` per call). Blocking work (stdin, stdout) is on tokio's blocking
+    // pool either way.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

@@ -1258,8 +1258,8 @@ fn forward(
     let _ = to.shutdown(std::net::Shutdown::Write);
 }
 
-/// A call on a warm key costs one request to connect (the version negotiation, which also
-/// names the engine's OS), one to find the sandbox (its inspect answers ownership, hardening and
+/// A call on a warm key costs one request to connect (the version negotiation: a ping, whose
+/// headers also name the engine's OS), one to find the sandbox (its inspect answers ownership, hardening and
 /// state), then the work itself, and nothing twice: `exec` three (exec create, attached start,
 /// exec inspect), `stat .` one engine stat per directory from the root down, the working
 /// directory's doubling as the answer.
@@ -1301,7 +1301,7 @@ fn a_warm_call_makes_the_fewest_engine_requests() {
     assert_eq!(
         shape(&exec),
         [
-            "GET /version",
+            "GET /_ping",
             "GET /containers/ID/json",
             "POST /containers/ID/exec",
             "POST /exec/ID/start",
@@ -1313,7 +1313,7 @@ fn a_warm_call_makes_the_fewest_engine_requests() {
     let stat = via_proxy(&["stat", "--key", &key, "."]);
     assert_eq!(
         shape(&stat)[..2],
-        ["GET /version", "GET /containers/ID/json"],
+        ["GET /_ping", "GET /containers/ID/json"],
         "{stat:#?}"
     );
     let mut stated: Vec<&str> = stat[2..]

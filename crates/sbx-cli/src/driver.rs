@@ -4,11 +4,10 @@ use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use exec_wrapper::{BoundedCommand, ExitKind, OutputSink, RunOutput, Stream};
+use exec_wrapper::{BoundedCommand, ExitKind, OutputSink, RunOutput};
 use tokio::io::AsyncRead;
 use tokio::time::Instant;
 
@@ -218,14 +217,6 @@ struct Invocation {
     deadline: Option<Instant>,
     budget: usize,
     stdin: Option<Vec<u8>>,
-    watch: Option<StderrWatch>,
-}
-
-/// A stderr line to watch for while a call runs, and the flag raised when it arrives.
-#[derive(Clone)]
-struct StderrWatch {
-    line: Vec<u8>,
-    seen: Arc<AtomicBool>,
 }
 
 impl Invocation {
@@ -237,7 +228,6 @@ impl Invocation {
             deadline: None,
             budget,
             stdin: None,
-            watch: None,
         }
     }
 }
@@ -259,7 +249,6 @@ pub enum ExecUser {
 pub struct ExecRequest {
     name: SbxName,
     argv: Vec<OsString>,
-    watch: Option<StderrWatch>,
     user: ExecUser,
     stdin: Option<Vec<u8>>,
     deadline: Instant,
@@ -290,7 +279,6 @@ impl ExecRequest {
         ExecRequest {
             name,
             argv: argv.into_iter().map(Into::into).collect(),
-            watch: None,
             user: ExecUser::Default,
             stdin: None,
             deadline,
@@ -313,14 +301,6 @@ impl ExecRequest {
     /// Feeds these bytes to the command's stdin (`-i`), then closes it.
     pub fn stdin(mut self, bytes: Vec<u8>) -> Self {
         self.stdin = Some(bytes);
-        self
-    }
-
-    /// Raises `seen` as soon as a complete stderr line equal to `line` arrives, even when the
-    /// call then ends by its deadline or budget (whose errors carry no output): how a caller
-    /// learns that a wrapped command had started before it had to kill it.
-    pub fn watch_stderr_line(mut self, line: Vec<u8>, seen: Arc<AtomicBool>) -> Self {
-        self.watch = Some(StderrWatch { line, seen });
         self
     }
 
@@ -543,7 +523,7 @@ impl SbxCli {
             .map_err(|err| Error::from_runner(call, &self.config.sbx_path, err))
     }
 
-    /// The bounded command of one invocation: its environment, deadline, budget, stdin and watch.
+    /// The bounded command of one invocation: its environment, deadline, budget and stdin.
     fn bounded(&self, args: Vec<OsString>, inv: Invocation) -> BoundedCommand {
         let config = &self.config;
         let env = match inv.env {
@@ -567,13 +547,6 @@ impl SbxCli {
         }
         if let Some(bytes) = inv.stdin {
             command = command.stdin(bytes);
-        }
-        if let Some(StderrWatch { line, seen }) = inv.watch {
-            command = command.on_line(move |stream, bytes| {
-                if stream == Stream::Stderr && bytes == line.as_slice() {
-                    seen.store(true, Ordering::Relaxed);
-                }
-            });
         }
         command
     }
@@ -744,7 +717,6 @@ impl SbxCli {
             deadline: Some(request.deadline),
             budget: request.output_budget,
             stdin: request.stdin.clone(),
-            watch: request.watch.clone(),
         };
         self.invoke(request.sbx_args()?, inv).await
     }
@@ -754,7 +726,6 @@ impl SbxCli {
     /// reads. Every guarantee of [`SbxCli::exec`] holds: the request's deadline, its output budget
     /// over everything the sink was handed, and the `sbx` client's process tree killed and reaped
     /// on every early exit, the sink's own refusal and its [`OutputSink::abandoned`] included.
-    /// The request's stderr watch does not apply: the sink sees every stderr byte itself.
     ///
     /// # Errors
     ///
@@ -782,7 +753,6 @@ impl SbxCli {
             deadline: Some(request.deadline),
             budget: request.output_budget,
             stdin: request.stdin.clone(),
-            watch: None,
         };
         let mut command = self.bounded(args, inv);
         if let Some(reader) = stdin {

@@ -160,6 +160,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_view_of_a_name_is_its_text() {
+        let name = SbxName::new("maf-1").unwrap();
+        assert_eq!(name.as_str(), "maf-1");
+        assert_eq!(AsRef::<str>::as_ref(&name), "maf-1");
+        assert_eq!(name.to_string(), "maf-1");
+        assert_eq!(String::from(name.clone()), "maf-1");
+        assert_eq!(name.into_string(), "maf-1");
+        let size = MemorySize::new("512m").unwrap();
+        assert_eq!((size.as_str(), size.to_string().as_str()), ("512m", "512m"));
+    }
+
+    #[test]
     fn names_follow_the_sbx_rule() {
         let long_ok = format!("a{}", "-".repeat(62));
         let too_long = format!("a{}", "b".repeat(63));

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sbx_cli::{
-    Call, CreateRequest, Error, ExecRequest, ExitKind, Instant, MemorySize, Removal, SbxCli,
-    SbxName, CREATE_OUTPUT_BUDGET, LISTING_OUTPUT_BUDGET, SMALL_OUTPUT_BUDGET,
+    Call, CreateRequest, Error, ExecRequest, ExitKind, Instant, MemorySize, OutputSink, Removal,
+    SbxCli, SbxName, Stream, CREATE_OUTPUT_BUDGET, LISTING_OUTPUT_BUDGET, SMALL_OUTPUT_BUDGET,
 };
 
 const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -118,14 +118,31 @@ async fn version_runs_with_exactly_the_management_env() {
     );
 }
 
+#[test]
+fn debug_shows_env_names_never_values() {
+    let fake = Fake::new("exit 0");
+    let shown = format!("{:?}", fake.driver());
+    assert!(shown.contains("GITHUB_TOKEN"), "{shown}");
+    assert!(!shown.contains("ghp_not_for_guests"), "{shown}");
+}
+
 #[tokio::test]
 async fn exec_gets_the_filtered_env() {
     let fake = Fake::new("exit 0");
     let sbx = fake.driver();
-    assert!(sbx
+    let guest: Vec<(&str, &str)> = sbx
         .guest_env()
         .iter()
-        .all(|(n, _)| n.as_os_str() != "GITHUB_TOKEN"));
+        .map(|(n, v)| (n.to_str().unwrap(), v.to_str().unwrap()))
+        .collect();
+    assert_eq!(
+        guest,
+        [
+            ("PATH", PATH),
+            ("SBX_HOME_HINT", "/srv/sbx"),
+            ("SBX_NO_TELEMETRY", "1")
+        ]
+    );
     sbx.exec(&ExecRequest::new(name("maf-1"), ["true"], soon()))
         .await
         .unwrap();
@@ -199,6 +216,19 @@ fn the_builder_refuses_an_empty_path_and_zero_timeouts() {
     assert!(refused(
         SbxCli::builder("sbx", |_: &OsStr| true).create_timeout(Duration::ZERO)
     ));
+}
+
+#[test]
+fn the_getters_read_what_the_builder_set() {
+    let sbx = SbxCli::builder("sbx", |_: &OsStr| true)
+        .command_timeout(Duration::from_secs(3))
+        .create_timeout(Duration::from_secs(7))
+        .build()
+        .unwrap();
+    assert_eq!(sbx.command_timeout(), Duration::from_secs(3));
+    assert_eq!(sbx.create_timeout(), Duration::from_secs(7));
+    let defaults = SbxCli::builder("sbx", |_: &OsStr| true).build().unwrap();
+    assert_eq!(defaults.create_timeout(), sbx_cli::DEFAULT_CREATE_TIMEOUT);
 }
 
 #[tokio::test]
@@ -334,6 +364,45 @@ async fn exec_builds_each_form_and_returns_the_raw_output() {
         ["exec", "-i", "-u", "root", "maf-1", "sh", "-c", "cat"]
     );
     assert_eq!(std::fs::read(fake.file("stdin")).unwrap(), bytes);
+}
+
+/// A streaming sink that keeps stdout.
+#[derive(Default)]
+struct KeptStdout(Vec<u8>);
+
+impl OutputSink for KeptStdout {
+    async fn accept(&mut self, stream: Stream, bytes: &[u8]) -> exec_wrapper::Result<()> {
+        if stream == Stream::Stdout {
+            self.0.extend_from_slice(bytes);
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn exec_streaming_passes_i_once_for_bytes_or_a_reader() {
+    let fake = Fake::new("printf streamed");
+    let sbx = fake.driver();
+    let mut sink = KeptStdout::default();
+    let request = ExecRequest::new(name("maf-1"), ["cat"], soon()).stdin(b"bytes".to_vec());
+    let status = sbx.exec_streaming(&request, None, &mut sink).await.unwrap();
+    assert_eq!(status, ExitKind::Exited(0));
+    assert_eq!(sink.0, b"streamed");
+    assert_eq!(fake.args(), ["exec", "-i", "maf-1", "cat"]);
+    assert_eq!(std::fs::read(fake.file("stdin")).unwrap(), b"bytes");
+
+    let request = ExecRequest::new(name("maf-1"), ["cat"], soon());
+    let reader: Box<dyn tokio::io::AsyncRead + Send + Unpin> = Box::new(&b"from a reader"[..]);
+    sbx.exec_streaming(&request, Some(reader), &mut KeptStdout::default())
+        .await
+        .unwrap();
+    assert_eq!(fake.args(), ["exec", "-i", "maf-1", "cat"]);
+    assert_eq!(std::fs::read(fake.file("stdin")).unwrap(), b"from a reader");
+
+    sbx.exec_streaming(&request, None, &mut KeptStdout::default())
+        .await
+        .unwrap();
+    assert_eq!(fake.args(), ["exec", "maf-1", "cat"]);
 }
 
 #[tokio::test]
@@ -666,6 +735,22 @@ async fn floods_hit_each_calls_budget() {
     // Just under the budget is fine.
     let fits = Fake::new("head -c 65000 /dev/zero | tr '\\0' x");
     assert_eq!(fits.driver().version().await.unwrap().len(), 65000);
+
+    // A listing or a create just under its own budget is fine: the budgets are what they say.
+    let long_listing =
+        Fake::new("printf '['; head -c 8000000 /dev/zero | tr '\\0' ' '; printf ']'");
+    assert_eq!(long_listing.driver().ls().await.unwrap(), []);
+    let chatty_create = Fake::new("head -c 1000000 /dev/zero | tr '\\0' x");
+    chatty_create
+        .driver()
+        .create(&CreateRequest::new(
+            name("maf-1"),
+            "/w",
+            NonZeroU32::new(1).unwrap(),
+            MemorySize::new("1g").unwrap(),
+        ))
+        .await
+        .unwrap();
 
     let listing = Fake::new("yes '[]'");
     let err = listing.driver().ls().await.unwrap_err();

@@ -96,6 +96,25 @@ fn policy_ls_shape() {
 }
 
 #[test]
+fn only_a_global_active_allow_opens_every_sandbox() {
+    let rule = |scope: &str, decision: &str, status: &str| {
+        let list = parse_policy_ls(
+            format!(
+                r#"{{"rules":[{{"scope":"{scope}","decision":"{decision}","status":"{status}"}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        list.rules[0].is_active_global_allow()
+    };
+    assert!(rule("global", "allow", "active"));
+    // Each part alone is not enough.
+    assert!(!rule("sandbox:maf-1", "allow", "active"));
+    assert!(!rule("global", "deny", "active"));
+    assert!(!rule("global", "allow", "pending"));
+}
+
+#[test]
 fn policy_check_shapes() {
     let denied =
         parse_policy_check(br#"{"allowed":false,"governance":{"active":false},"reason":"x"}"#)
