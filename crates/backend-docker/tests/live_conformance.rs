@@ -109,7 +109,7 @@ async fn concurrent_acquires_across_processes_stay_one_instance_round_after_roun
 /// is judged to leave exactly that behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confinement_passes_a_clean_call_and_fails_each_residue() {
-    use conformance::{assert_call_leaves_nothing, assert_confinement, PosixGuestSubject};
+    use conformance::{assert_confinement, PosixGuestSubject};
     use sandbox_core::{Command, ExecRequest};
     let backend = backend(false).await;
     let scope = unique_scope("confine");
@@ -167,31 +167,9 @@ async fn confinement_passes_a_clean_call_and_fails_each_residue() {
             "printf a >/tmp/confinement-same",
         ]));
         assert_eq!(leaky.sandbox.exec(before).await.unwrap().exit_code, 0);
-        let result = assert_call_leaves_nothing(&leaky, &hooks, "leaky", |sandbox, work, _| {
-            Box::pin(async move {
-                let request =
-                    ExecRequest::new(Command::argv(["sh", "-c", script])).working_directory(work);
-                let output = sandbox
-                    .exec(request)
-                    .await
-                    .map_err(|e| conformance::ConformanceError::sandbox("the leaky call", e))?;
-                assert_eq!(output.exit_code, 0, "{name}: {}", output.stderr_text());
-                Ok(())
-            })
-        })
-        .await;
-        let error = match result {
-            Err(error) => error,
-            Ok(report) => panic!("{name}: a call leaving {residue:?} passed:\n{report}"),
-        };
-        let report = error.report().expect("a probe failure with its report");
-        assert_eq!(report.failed(), 1, "{name}:\n{report}");
-        let why = report.failures().next().unwrap().to_string();
-        assert!(
-            why.contains(residue),
-            "{name}: expected {residue:?} in {why}"
-        );
-        assert!(why.contains("the call left residue (1)"), "{name}: {why}");
+        conformance::expect_residue_caught(&leaky, &hooks, script, residue)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
     let threads = threads_of(&backend, &scope).await;
     assert_nothing_left(&backend, &scope, &threads).await;

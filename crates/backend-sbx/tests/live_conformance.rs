@@ -60,8 +60,7 @@ async fn every_declared_suite_passes_on_the_simulator() {
 /// leaves running ends with the call's PID namespace here, so it is no residue to show.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confinement_passes_a_clean_call_and_fails_a_residue_on_the_simulator() {
-    use conformance::{assert_call_leaves_nothing, assert_confinement, PosixGuestSubject};
-    use sandbox_core::{Command, ExecRequest};
+    use conformance::{assert_confinement, PosixGuestSubject};
     let host = SimHost::new();
     let backend = host.backend().await;
     let scope = unique_scope("confine");
@@ -100,30 +99,9 @@ async fn confinement_passes_a_clean_call_and_fails_a_residue_on_the_simulator() 
     ];
     for (name, script, residue) in cases {
         let leaky = subject(name).await;
-        let result = assert_call_leaves_nothing(&leaky, &hooks, "leaky", |sandbox, work, _| {
-            Box::pin(async move {
-                let request =
-                    ExecRequest::new(Command::argv(["sh", "-c", script])).working_directory(work);
-                let output = sandbox
-                    .exec(request)
-                    .await
-                    .map_err(|e| conformance::ConformanceError::sandbox("the leaky call", e))?;
-                assert_eq!(output.exit_code, 0, "{name}: {}", output.stderr_text());
-                Ok(())
-            })
-        })
-        .await;
-        let error = match result {
-            Err(error) => error,
-            Ok(report) => panic!("{name}: a call leaving {residue:?} passed:\n{report}"),
-        };
-        let report = error.report().expect("a probe failure with its report");
-        let why = report.failures().next().unwrap().to_string();
-        assert!(
-            why.contains(residue),
-            "{name}: expected {residue:?} in {why}"
-        );
-        assert!(why.contains("the call left residue (1)"), "{name}: {why}");
+        conformance::expect_residue_caught(&leaky, &hooks, script, residue)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
     dispose_all(&backend, &scope).await;
     host.assert_nothing_left().await;

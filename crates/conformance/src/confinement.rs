@@ -137,6 +137,64 @@ where
     suite.finish()
 }
 
+/// Shows that the CONFINEMENT judgement can fail, and for the right reason: judges a call that
+/// runs `sh -c script` in its working directory (exit 0 required) and requires the judgement to
+/// fail with exactly one failure naming `residue`. For a backend's own live tests, each with the
+/// residues its sandboxes can hold.
+///
+/// # Errors
+/// What went wrong, as text: the call passed the judgement, failed more than once, or its failure
+/// does not name `residue`; or the call itself did not exit 0.
+pub async fn expect_residue_caught(
+    subject: &dyn ConformanceSubject,
+    hooks: &dyn HardeningHooks,
+    script: &str,
+    residue: &str,
+) -> Result<(), String> {
+    let script = script.to_owned();
+    let result = assert_call_leaves_nothing(subject, hooks, "leaky", |sandbox, work, _| {
+        Box::pin(async move {
+            let request =
+                ExecRequest::new(Command::argv(["sh", "-c", &script])).working_directory(work);
+            let output = sandbox
+                .exec(request)
+                .await
+                .map_err(|e| ConformanceError::sandbox("the leaky call", e))?;
+            if output.exit_code != 0 {
+                return Err(ConformanceError::harness(
+                    CONFINEMENT,
+                    format!(
+                        "the leaky call exited {}: {}",
+                        output.exit_code,
+                        output.stderr_text()
+                    ),
+                ));
+            }
+            Ok(())
+        })
+    })
+    .await;
+    let error = match result {
+        Err(error) => error,
+        Ok(report) => return Err(format!("a call leaving {residue:?} passed:\n{report}")),
+    };
+    let Some(report) = error.report() else {
+        return Err(format!("the judgement failed without a report: {error}"));
+    };
+    if report.failed() != 1 {
+        return Err(format!("expected one failure:\n{report}"));
+    }
+    let why = report
+        .failures()
+        .next()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    if !why.contains(residue) || !why.contains("the call left residue (1)") {
+        return Err(format!("expected the residue {residue:?} alone in: {why}"));
+    }
+    Ok(())
+}
+
 async fn leaves_nothing<C>(
     subject: &dyn ConformanceSubject,
     hooks: &dyn HardeningHooks,

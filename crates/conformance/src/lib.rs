@@ -101,8 +101,8 @@ pub use backend_run::{run_backend_suites, RunOptions, CLEANUP};
 pub use call_scope::{assert_call_scope, CALL_SCOPE, CALL_SCOPE_PROBES};
 pub use child_acquire::{child_acquire_line, parse_child_acquires};
 pub use confinement::{
-    assert_call_leaves_nothing, assert_confinement, confinement_call, CallFuture, CONFINEMENT,
-    CONFINEMENT_CALL_SCRIPT, CONFINEMENT_PROBES,
+    assert_call_leaves_nothing, assert_confinement, confinement_call, expect_residue_caught,
+    CallFuture, CONFINEMENT, CONFINEMENT_CALL_SCRIPT, CONFINEMENT_PROBES,
 };
 pub use egress::{assert_egress, assert_egress_methods, EGRESS, EGRESS_METHODS};
 pub use error::ConformanceError;
