@@ -61,6 +61,7 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
     ("sbx-cli", &["exec-wrapper"]),
     ("sbx-sim", &["exec-wrapper"]),
     ("conformance", &["sandbox-core"]),
+    ("egress-proxy", &["sandbox-core"]),
 ];
 
 /// Crates whose name starts with this are backends; no backend depends on another.

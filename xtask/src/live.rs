@@ -35,14 +35,19 @@ pub enum Suite {
     },
 }
 
+/// The target the egress proxy is built for, statically linked (no musl target is installed
+/// here; the static C library resolves names with its built-in `files` and `dns` lookups).
+const PROXY_TARGET: &str = "x86_64-unknown-linux-gnu";
+
 /// Builds the images (all, or the given tags) with progress on stderr, caching debootstrap's
-/// output under `target/images-cache`.
+/// output under `target/images-cache`. When the egress proxy image is wanted and missing, the
+/// static `egress-proxy` binary is built first (release, `+crt-static`).
 pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskError> {
     let images = tags
         .iter()
         .map(|tag| LocalImage::from_tag(tag))
         .collect::<Result<Vec<_>, _>>()?;
-    let recipe = ImageRecipe::new()
+    let mut recipe = ImageRecipe::new()
         .cache_dir(workspace.target_dir().join("images-cache"))
         .progress(|line| eprintln!("images: {line}"));
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -52,6 +57,14 @@ pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskE
             command: "a tokio runtime for the image recipe".to_owned(),
             source,
         })?;
+    let wants_proxy = images.is_empty() || images.contains(&LocalImage::EgressProxy);
+    if wants_proxy
+        && runtime
+            .block_on(recipe.image_id(LocalImage::EgressProxy.tag()))?
+            .is_none()
+    {
+        recipe = recipe.egress_proxy_binary(build_static_proxy(workspace)?);
+    }
     let reports = runtime.block_on(recipe.build(&images))?;
     for report in reports {
         eprintln!(
@@ -62,6 +75,29 @@ pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskE
         );
     }
     Ok(())
+}
+
+/// Builds the static `egress-proxy` binary and returns its path.
+fn build_static_proxy(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
+    workspace.run(
+        cargo()
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "egress-proxy",
+                "--bin",
+                "egress-proxy",
+            ])
+            .args(["--target", PROXY_TARGET])
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env("RUSTFLAGS", "-C target-feature=+crt-static"),
+    )?;
+    Ok(workspace
+        .target_dir()
+        .join(PROXY_TARGET)
+        .join("release")
+        .join("egress-proxy"))
 }
 
 /// Runs one live suite.

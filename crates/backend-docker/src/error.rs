@@ -104,6 +104,13 @@ pub enum DockerError {
         reason: String,
     },
 
+    /// The egress proxy image needs a static `egress-proxy` binary and none was usable.
+    #[error("no usable static `egress-proxy` binary for the egress proxy image ({reason}); `cargo xtask images` builds one, or point the recipe at one with `ImageRecipe::egress_proxy_binary`")]
+    EgressProxyBinary {
+        /// Why the binary looked for (or given) cannot serve.
+        reason: String,
+    },
+
     /// A scratch directory still had file systems mounted inside it, so it was left in place
     /// rather than deleting through a mount.
     #[error("scratch directory {} still has mounts inside it ({mounts}); left in place, unmount and remove it by hand", path.display())]

@@ -150,7 +150,7 @@ pub use connection::{Endpoint, EndpointSource, TlsFiles, DEFAULT_DOCKER_HOST};
 pub use error::DockerError;
 pub use images::{
     mirror_from_apt_sources, ImageOutcome, ImageRecipe, ImageReport, LocalImage, ProgressSink,
-    DEBIAN_SUITE,
+    DEBIAN_SUITE, EGRESS_PROXY_DIR, EGRESS_PROXY_ID, EGRESS_PROXY_IMAGE, EGRESS_PROXY_PATH,
 };
 
 /// Entry points for the fuzz targets under `fuzz/`: the parsers that read what a guest can

@@ -234,6 +234,24 @@ mod tests {
             ran(b"ffffffffffffffffffffffff-nocwd\n", 125),
             WrapperOutcome::NoNonce { .. }
         ));
+        // A marker word no wrapper prints, even with the wrapper's 125, is a failure before
+        // the command, never a working-directory report.
+        assert!(matches!(
+            ran(b"0123456789abcdef01234567-other\n", 125),
+            WrapperOutcome::NoNonce { status: 125, .. }
+        ));
+    }
+
+    #[test]
+    fn the_nonce_line_is_seen_only_where_it_is() {
+        let line = nonce().line();
+        let mut stderr = b"transport noise before\n".to_vec();
+        assert!(!nonce_line_seen(&stderr, &nonce()));
+        stderr.extend_from_slice(&line);
+        stderr.extend_from_slice(b"the command's own stderr\n");
+        assert!(nonce_line_seen(&stderr, &nonce()));
+        // Half a line is not the line.
+        assert!(!nonce_line_seen(&line[..line.len() / 2], &nonce()));
     }
 
     #[test]

@@ -373,13 +373,15 @@ mod tests {
     #[test]
     fn a_signalled_client_keeps_the_tail() {
         let mut splitter = NonceSplitter::new(&nonce());
+        splitter.push(b"transport noise\n");
+        assert!(!splitter.started());
         splitter.push(format!("{NONCE}\nboom").as_bytes());
         assert!(splitter.started());
         assert_eq!(
             splitter.finish(ExitKind::Signaled(9)),
             CallEnd::ClientKilled {
                 signal: 9,
-                stderr_tail: format!("{NONCE}\nboom").into_bytes()
+                stderr_tail: format!("transport noise\n{NONCE}\nboom").into_bytes()
             }
         );
     }

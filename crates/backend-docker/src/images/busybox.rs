@@ -77,7 +77,7 @@ pub(super) fn find_static_busybox() -> Result<PathBuf, DockerError> {
 }
 
 /// Accepts a 64-bit little-endian ELF file without a program interpreter (`PT_INTERP`).
-fn elf_static_check(head: &[u8]) -> Result<(), String> {
+pub(super) fn elf_static_check(head: &[u8]) -> Result<(), String> {
     const PT_INTERP: u32 = 3;
     if head.len() < 64 || &head[..4] != b"\x7fELF" {
         return Err("not an ELF file".to_owned());
@@ -188,7 +188,7 @@ fn busybox_root_tar(busybox: &[u8], applets: &[String]) -> std::io::Result<Vec<u
     builder.into_inner()
 }
 
-fn tar_header(kind: tar::EntryType, mode: u32, owner: u32) -> tar::Header {
+pub(super) fn tar_header(kind: tar::EntryType, mode: u32, owner: u32) -> tar::Header {
     let mut header = tar::Header::new_gnu();
     header.set_entry_type(kind);
     header.set_mode(mode);

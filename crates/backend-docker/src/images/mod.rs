@@ -3,16 +3,19 @@
 //! Strategy: every image is a `docker import` of a root file system this module assembles on
 //! the host. The Debian images come from one `debootstrap --variant=minbase` per package set
 //! (archived once, optionally cached across runs); the BusyBox image is a tar written in memory
-//! around the host's static BusyBox. `cargo xtask images` and `sandboxctl images build` both
+//! around the host's static BusyBox; the egress proxy image is a tar written in memory around
+//! a static `egress-proxy` binary (`docs/egress-proxy.md`). `cargo xtask images` and `sandboxctl images build` both
 //! call [`ImageRecipe::build`].
 //!
 //! Modules: [`debian`] bootstraps the Debian roots, [`busybox`] writes the BusyBox root,
+//! [`egress_proxy`] writes the proxy's root,
 //! [`scratch`] owns the build's private directory and its cleanup, [`engine_import`] hands a
 //! finished root to the engine; this file holds the public types, the recipe and the bounded
 //! runner every step uses.
 
 mod busybox;
 mod debian;
+mod egress_proxy;
 mod engine_import;
 mod scratch;
 
@@ -53,12 +56,25 @@ const ROOT_RECIPE_VERSION: u32 = 1;
 /// The most output a host tool of the recipe may print (debootstrap is chatty, not unbounded).
 const TOOL_OUTPUT_BUDGET: usize = 64 * 1024 * 1024;
 
+/// The egress proxy image's reference (the default `egress_proxy_image`).
+pub const EGRESS_PROXY_IMAGE: &str = "sandbox-egress-proxy:local";
+
+/// The uid and gid the egress proxy image runs as.
+pub const EGRESS_PROXY_ID: u32 = 65532;
+
+/// Where the proxy image keeps its socket and the forwarder: the mount point of the egress
+/// volume, owned by [`EGRESS_PROXY_ID`] with mode 0755, so that a fresh named volume mounted
+/// there starts with that owner and the non-root proxy can create its socket in it.
+pub const EGRESS_PROXY_DIR: &str = "/run/maf-egress";
+
+/// Where the binary lives in the proxy image (its entrypoint).
+pub const EGRESS_PROXY_PATH: &str = "/usr/local/bin/egress-proxy";
+
 /// The tools the exec wrapper needs, which `sandbox-notools:local` must lack some of.
 const NOTOOLS_REMOVED: [&str; 2] = ["./usr/bin/base64", "./usr/bin/setsid"];
 
 /// One of the images the recipe builds.
 ///
-/// `sandbox-egress-proxy:local` (phase 2) is not built yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum LocalImage {
@@ -75,16 +91,20 @@ pub enum LocalImage {
     /// `sbx-sim-shell:local`: the base packages plus bash, mount and sudo (passwordless for
     /// `agent`), running as `agent`; the image sbx-sim's default template runs.
     SbxSimShell,
+    /// `sandbox-egress-proxy:local`: the static `egress-proxy` binary as its entrypoint,
+    /// running as 65532:65532, with `/run/maf-egress` owned by that user.
+    EgressProxy,
 }
 
 impl LocalImage {
     /// Every image the recipe builds, in build order.
-    pub const ALL: [LocalImage; 5] = [
+    pub const ALL: [LocalImage; 6] = [
         LocalImage::Base,
         LocalImage::BaseRoot,
         LocalImage::NoTools,
         LocalImage::Busybox,
         LocalImage::SbxSimShell,
+        LocalImage::EgressProxy,
     ];
 
     /// The image a backend uses when a spec names none.
@@ -98,6 +118,7 @@ impl LocalImage {
             LocalImage::Busybox => "sandbox-busybox:local",
             LocalImage::NoTools => "sandbox-notools:local",
             LocalImage::SbxSimShell => "sbx-sim-shell:local",
+            LocalImage::EgressProxy => EGRESS_PROXY_IMAGE,
         }
     }
 
@@ -117,6 +138,7 @@ impl LocalImage {
         match self {
             LocalImage::BaseRoot => "root".to_owned(),
             LocalImage::Busybox => format!("{AGENT_ID}:{AGENT_ID}"),
+            LocalImage::EgressProxy => format!("{EGRESS_PROXY_ID}:{EGRESS_PROXY_ID}"),
             LocalImage::Base | LocalImage::NoTools | LocalImage::SbxSimShell => {
                 AGENT_USER.to_owned()
             }
@@ -131,15 +153,21 @@ impl LocalImage {
             }
             LocalImage::SbxSimShell => RootSource::Debian(DebianRoot::SbxShell),
             LocalImage::Busybox => RootSource::Busybox,
+            LocalImage::EgressProxy => RootSource::EgressProxy,
         }
     }
 
     /// The `docker import --change` instructions for this image.
     fn import_changes(self) -> Vec<String> {
+        let last = match self {
+            // No shell in it: the binary is the entrypoint and the role its first argument.
+            LocalImage::EgressProxy => format!(r#"ENTRYPOINT ["{EGRESS_PROXY_PATH}"]"#),
+            _ => r#"CMD ["/bin/sh"]"#.to_owned(),
+        };
         vec![
             format!("USER {}", self.user()),
             format!("ENV PATH={IMAGE_PATH}"),
-            r#"CMD ["/bin/sh"]"#.to_owned(),
+            last,
         ]
     }
 }
@@ -162,6 +190,7 @@ impl FromStr for LocalImage {
 enum RootSource {
     Debian(DebianRoot),
     Busybox,
+    EgressProxy,
 }
 
 /// What happened to one requested image.
@@ -204,6 +233,7 @@ pub struct ImageRecipe {
     cache_dir: Option<PathBuf>,
     scratch_parent: PathBuf,
     mirror: Option<String>,
+    egress_proxy_binary: Option<PathBuf>,
     command_timeout: Duration,
     import_timeout: Duration,
     bootstrap_timeout: Duration,
@@ -217,6 +247,7 @@ impl fmt::Debug for ImageRecipe {
             .field("cache_dir", &self.cache_dir)
             .field("scratch_parent", &self.scratch_parent)
             .field("mirror", &self.mirror)
+            .field("egress_proxy_binary", &self.egress_proxy_binary)
             .field("command_timeout", &self.command_timeout)
             .field("import_timeout", &self.import_timeout)
             .field("bootstrap_timeout", &self.bootstrap_timeout)
@@ -241,6 +272,7 @@ impl ImageRecipe {
             cache_dir: None,
             scratch_parent: std::env::temp_dir(),
             mirror: None,
+            egress_proxy_binary: None,
             command_timeout: Duration::from_secs(60),
             import_timeout: Duration::from_secs(600),
             bootstrap_timeout: Duration::from_secs(1800),
@@ -282,6 +314,14 @@ impl ImageRecipe {
     /// The Debian mirror URL to bootstrap from, instead of the one in the apt sources.
     pub fn mirror(mut self, url: impl Into<String>) -> ImageRecipe {
         self.mirror = Some(url.into());
+        self
+    }
+
+    /// The static `egress-proxy` binary the egress proxy image is built around; by default an
+    /// `egress-proxy` beside this process's executable. It must be statically linked (it is
+    /// copied into workloads whose images may have no C library).
+    pub fn egress_proxy_binary(mut self, path: impl Into<PathBuf>) -> ImageRecipe {
+        self.egress_proxy_binary = Some(path.into());
         self
     }
 
@@ -379,6 +419,7 @@ impl ImageRecipe {
                     }
                 }
                 RootSource::Busybox => self.busybox_archive(&tools, &scratch).await?,
+                RootSource::EgressProxy => self.egress_proxy_archive(&tools, &scratch)?,
             };
             self.import(*image, &archive).await?;
             let elapsed = started.elapsed();
@@ -449,6 +490,13 @@ impl ImageRecipe {
                 mirror,
             });
         }
+        if missing.contains(&LocalImage::EgressProxy) {
+            let path = egress_proxy::find_egress_proxy(self.egress_proxy_binary.as_deref())?;
+            tools.egress_proxy = Some(Tool {
+                program: path,
+                package: "egress-proxy",
+            });
+        }
         if missing.contains(&LocalImage::Busybox) {
             let path = find_static_busybox()?;
             tools.busybox = Some(Tool {
@@ -474,6 +522,7 @@ fn unreachable_engine(operation: &str, error: sandbox_core::SandboxError) -> Doc
 struct HostTools {
     debian: Option<DebianTools>,
     busybox: Option<Tool>,
+    egress_proxy: Option<Tool>,
 }
 
 #[derive(Debug)]
@@ -738,5 +787,12 @@ mod tests {
         );
         assert!(DebianRoot::SbxShell.includes().contains("sudo"));
         assert_eq!(DebianRoot::Base.includes(), "util-linux,coreutils,curl");
+        let proxy = LocalImage::EgressProxy.import_changes();
+        assert!(proxy.contains(&"USER 65532:65532".to_owned()), "{proxy:?}");
+        assert!(
+            proxy.contains(&r#"ENTRYPOINT ["/usr/local/bin/egress-proxy"]"#.to_owned()),
+            "{proxy:?}"
+        );
+        assert_eq!(LocalImage::EgressProxy.tag(), EGRESS_PROXY_IMAGE);
     }
 }

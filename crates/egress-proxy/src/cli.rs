@@ -1,0 +1,359 @@
+//! The command line of the `egress-proxy` binary and the start-up of each role.
+//!
+//! The command line builds a [`Policy`] only through [`ProxyArgs::policy`], whose address
+//! policy never dials loopback: no flag reaches the test-only permission.
+
+use std::collections::BTreeSet;
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::address::AddressPolicy;
+use crate::error::{invalid_config, io_error, ProxyError};
+use crate::hostmatch::Allowlist;
+use crate::proxy::{Limits, Policy, DEFAULT_PORTS};
+use crate::serve::Reply;
+
+/// The line the proxy prints on stdout once it serves.
+pub const READY_LINE: &str = "maf-egress-proxy ready v1";
+
+/// The filtering egress proxy of the Docker backend's allowlist mode.
+#[derive(Debug, Parser)]
+#[command(name = "egress-proxy", version)]
+pub struct Cli {
+    /// The role to run.
+    #[command(subcommand)]
+    pub role: Role,
+}
+
+/// The roles of the binary.
+#[derive(Debug, Subcommand)]
+pub enum Role {
+    /// The filtering proxy, on a Unix socket.
+    Proxy(ProxyArgs),
+    /// The workload-side forwarder: TCP to the proxy's Unix socket.
+    Forward(ForwardArgs),
+    /// A tiny HTTP server answering every request 200 (tests and benchmarks).
+    Serve(ServeArgs),
+}
+
+/// `egress-proxy proxy`.
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// The Unix socket to listen on (a stale socket file is replaced; mode 0666).
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// Where to copy this executable (mode 0755) for the forwarder.
+    #[arg(long)]
+    pub install_forwarder: PathBuf,
+    /// An allowed host: `name` or `*.domain` (repeatable, at least one).
+    #[arg(long = "allow", required = true)]
+    pub allow: Vec<String>,
+    /// Also dial private ranges (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7).
+    #[arg(long)]
+    pub allow_private: bool,
+    /// An allowed destination port (repeatable; default 80 and 443).
+    #[arg(long = "port")]
+    pub ports: Vec<u16>,
+    /// An address never dialled (repeatable; the outbound network's gateways).
+    #[arg(long = "deny-address")]
+    pub deny_addresses: Vec<IpAddr>,
+}
+
+/// `egress-proxy forward`.
+#[derive(Debug, Args)]
+pub struct ForwardArgs {
+    /// The TCP address to listen on.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// The proxy's Unix socket.
+    #[arg(long)]
+    pub socket: PathBuf,
+}
+
+/// `egress-proxy serve`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("reply").required(true).args(["body", "size"])))]
+pub struct ServeArgs {
+    /// The TCP address to listen on.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// The body of every answer.
+    #[arg(long)]
+    pub body: Option<String>,
+    /// Answer with this many bytes of filler instead.
+    #[arg(long)]
+    pub size: Option<u64>,
+}
+
+impl ProxyArgs {
+    /// The policy these arguments describe.
+    ///
+    /// # Errors
+    /// An allowlist entry the grammar refuses, or port 0.
+    pub fn policy(&self) -> Result<Policy, ProxyError> {
+        let allow = Allowlist::new(&self.allow)?;
+        let ports: BTreeSet<u16> = if self.ports.is_empty() {
+            DEFAULT_PORTS.into_iter().collect()
+        } else {
+            self.ports.iter().copied().collect()
+        };
+        if ports.contains(&0) {
+            return Err(invalid_config("port 0 is not a destination port"));
+        }
+        Ok(Policy {
+            allow,
+            ports,
+            addresses: AddressPolicy::new(self.allow_private, self.deny_addresses.iter().copied()),
+            limits: Limits::default(),
+        })
+    }
+}
+
+/// Copies this process's executable to `dest`, mode 0755, through a temporary file in the
+/// same directory renamed into place.
+///
+/// # Errors
+/// Any failure reading the executable or writing the copy.
+pub fn install_forwarder(dest: &Path) -> Result<(), ProxyError> {
+    let source = Path::new("/proc/self/exe");
+    let dir = dest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = dest
+        .file_name()
+        .ok_or_else(|| invalid_config("--install-forwarder names no file"))?;
+    let temp = dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| {
+        std::fs::copy(source, &temp)
+            .map_err(|e| io_error("copying the executable to", &temp, e))?;
+        std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| io_error("setting the mode of", &temp, e))?;
+        std::fs::rename(&temp, dest).map_err(|e| io_error("renaming into place", dest, e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result
+}
+
+/// Binds the proxy's socket: a stale socket file is removed first (anything else there is an
+/// error), and the socket is made mode 0666.
+///
+/// # Errors
+/// Something other than a socket at `path`, or a bind or chmod failure.
+pub fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, ProxyError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            std::fs::remove_file(path)
+                .map_err(|e| io_error("removing the stale socket", path, e))?;
+        }
+        Ok(_) => {
+            return Err(io_error(
+                "binding",
+                path,
+                std::io::Error::new(std::io::ErrorKind::AlreadyExists, "not a socket"),
+            ))
+        }
+        Err(_) => {}
+    }
+    let listener =
+        tokio::net::UnixListener::bind(path).map_err(|e| io_error("binding", path, e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| io_error("setting the mode of", path, e))?;
+    Ok(listener)
+}
+
+/// Runs `role` until it fails or the process gets SIGTERM or SIGINT (then `Ok`): as PID 1 of a
+/// container without an init, a process that installs no handler ignores SIGTERM.
+async fn until_terminated(
+    role: impl std::future::Future<Output = std::io::Result<()>>,
+) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        result = role => result,
+        _ = term.recv() => Ok(()),
+        _ = interrupt.recv() => Ok(()),
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ProxyError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        // Name lookups run on blocking threads; the proxy's container has a small pids limit.
+        .max_blocking_threads(16)
+        .enable_all()
+        .build()
+        .map_err(|e| io_error("starting the runtime", "", e))
+}
+
+/// Runs the role `cli` names until it fails.
+///
+/// # Errors
+/// Bad configuration, a start-up failure, or a listener that stops accepting.
+pub fn run(cli: Cli) -> Result<(), ProxyError> {
+    match cli.role {
+        Role::Proxy(args) => {
+            let policy = Arc::new(args.policy()?);
+            install_forwarder(&args.install_forwarder)?;
+            let runtime = runtime()?;
+            runtime.block_on(async {
+                let listener = bind_socket(&args.socket)?;
+                let stdout = std::io::stdout();
+                let mut out = stdout.lock();
+                writeln!(out, "{READY_LINE}")
+                    .and_then(|()| out.flush())
+                    .map_err(|e| io_error("writing the ready line to", "stdout", e))?;
+                drop(out);
+                until_terminated(crate::proxy::serve(listener, policy))
+                    .await
+                    .map_err(|e| io_error("accepting on", &args.socket, e))
+            })
+        }
+        Role::Forward(args) => runtime()?.block_on(async {
+            let listener = tokio::net::TcpListener::bind(args.listen)
+                .await
+                .map_err(|e| io_error("binding", args.listen.to_string(), e))?;
+            until_terminated(crate::forward::serve(listener, args.socket))
+                .await
+                .map_err(|e| io_error("accepting on", args.listen.to_string(), e))
+        }),
+        Role::Serve(args) => {
+            let reply = match (args.body, args.size) {
+                (Some(text), _) => Reply::Text(text),
+                (None, Some(size)) => Reply::Filler(size),
+                (None, None) => return Err(invalid_config("give --body or --size")),
+            };
+            runtime()?.block_on(async {
+                let listener = tokio::net::TcpListener::bind(args.listen)
+                    .await
+                    .map_err(|e| io_error("binding", args.listen.to_string(), e))?;
+                until_terminated(crate::serve::serve(listener, reply))
+                    .await
+                    .map_err(|e| io_error("accepting on", args.listen.to_string(), e))
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proxy_args(extra: &[&str]) -> Result<ProxyArgs, clap::Error> {
+        let mut argv = vec![
+            "egress-proxy",
+            "proxy",
+            "--socket",
+            "/s",
+            "--install-forwarder",
+            "/f",
+        ];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).map(|cli| match cli.role {
+            Role::Proxy(args) => args,
+            other => panic!("{other:?}"),
+        })
+    }
+
+    #[test]
+    fn no_flag_lets_the_command_line_dial_loopback() {
+        let args = proxy_args(&[
+            "--allow",
+            "localhost",
+            "--allow-private",
+            "--port",
+            "1",
+            "--port",
+            "65535",
+        ])
+        .unwrap();
+        let policy = args.policy().unwrap();
+        for ip in ["127.0.0.1", "::1", "::ffff:127.0.0.1"] {
+            assert!(policy.addresses.check(ip.parse().unwrap()).is_err(), "{ip}");
+        }
+        assert_eq!(policy.ports, BTreeSet::from([1, 65535]));
+        assert!(proxy_args(&["--allow", "a.test", "--permit-loopback"]).is_err());
+        assert!(proxy_args(&["--allow", "a.test", "--loopback"]).is_err());
+    }
+
+    #[test]
+    fn the_command_line_validates_its_policy() {
+        assert!(proxy_args(&[]).is_err(), "an allowlist is required");
+        assert!(matches!(
+            proxy_args(&["--allow", "127.0.0.1"]).unwrap().policy(),
+            Err(ProxyError::InvalidAllow { .. })
+        ));
+        assert!(matches!(
+            proxy_args(&["--allow", "a.test", "--port", "0"])
+                .unwrap()
+                .policy(),
+            Err(ProxyError::InvalidConfig(_))
+        ));
+        assert!(proxy_args(&["--allow", "a.test", "--deny-address", "gateway"]).is_err());
+        let policy = proxy_args(&["--allow", "a.test", "--deny-address", "172.18.0.1"])
+            .unwrap()
+            .policy()
+            .unwrap();
+        assert_eq!(policy.ports, BTreeSet::from(DEFAULT_PORTS));
+        assert!(policy
+            .addresses
+            .check("172.18.0.1".parse().unwrap())
+            .is_err());
+        assert!(policy.addresses.check("10.0.0.1".parse().unwrap()).is_err());
+        assert!(Cli::try_parse_from(["egress-proxy", "serve", "--listen", "127.0.0.1:1"]).is_err());
+        assert!(Cli::try_parse_from([
+            "egress-proxy",
+            "serve",
+            "--listen",
+            "127.0.0.1:1",
+            "--body",
+            "x",
+            "--size",
+            "3"
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn the_forwarder_is_installed_atomically_and_executable() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("egress-forward");
+        std::fs::write(&dest, b"old").unwrap();
+        install_forwarder(&dest).unwrap();
+        let meta = std::fs::metadata(&dest).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o755);
+        let own = std::fs::read("/proc/self/exe").unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), own);
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(leftovers.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn sockets_replace_stale_sockets_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("proxy.sock");
+        drop(bind_socket(&path).unwrap());
+        let listener = bind_socket(&path).unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o666
+        );
+        drop(listener);
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"keep").unwrap();
+        assert!(bind_socket(&file).is_err());
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+    }
+}

@@ -1,0 +1,521 @@
+//! The proxy role: one task per client connection on the Unix socket, each serving exactly
+//! one request (a CONNECT tunnel or one plain-HTTP exchange) to exactly one upstream.
+
+use std::collections::BTreeSet;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::net::{TcpStream, UnixListener};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::address::AddressPolicy;
+use crate::head::{head_len, parse_head, Authority, Body, Host, RequestHead, Target, MAX_HEAD_LEN};
+use crate::hostmatch::Allowlist;
+use crate::relay::relay;
+
+/// The ports served when none is configured.
+pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
+
+/// The deadlines and caps of the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// From accept to a complete request head.
+    pub head_timeout: Duration,
+    /// Name resolution plus the upstream connect.
+    pub connect_timeout: Duration,
+    /// A relay with no byte moving either way for this long is closed.
+    pub idle_timeout: Duration,
+    /// Client connections served at once; more are answered 503 and closed.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            head_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            max_connections: 256,
+        }
+    }
+}
+
+/// What the proxy allows.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// The hosts.
+    pub allow: Allowlist,
+    /// The destination ports.
+    pub ports: BTreeSet<u16>,
+    /// The addresses it may dial.
+    pub addresses: AddressPolicy,
+    /// Deadlines and caps.
+    pub limits: Limits,
+}
+
+/// One decision, as logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Allowed or not.
+    pub allowed: bool,
+    /// The request method, when the request line was read.
+    pub method: Option<String>,
+    /// The requested host.
+    pub host: Option<String>,
+    /// The requested port.
+    pub port: Option<u16>,
+    /// Why.
+    pub reason: String,
+}
+
+impl Decision {
+    /// The decision as one JSON line.
+    pub fn to_json_line(&self) -> String {
+        serde_json::json!({
+            "decision": if self.allowed { "allow" } else { "deny" },
+            "method": self.method,
+            "host": self.host,
+            "port": self.port,
+            "reason": self.reason,
+        })
+        .to_string()
+    }
+}
+
+fn log(decision: &Decision) {
+    let line = decision.to_json_line();
+    let stderr = std::io::stderr();
+    let mut out = stderr.lock();
+    let _ = writeln!(out, "{line}");
+}
+
+/// Why [`Policy::admit`] refused a request, and the status it is answered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// 403, or 400 for a malformed body framing.
+    pub status: u16,
+    /// The one-line reason, for the response body and the log.
+    pub reason: String,
+}
+
+impl Refusal {
+    #[cold]
+    fn new(status: u16, reason: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A refusal or failure answered to the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Answer {
+    status: u16,
+    reason: String,
+}
+
+impl Answer {
+    #[cold]
+    fn forbidden(reason: impl Into<String>) -> Answer {
+        Answer {
+            status: 403,
+            reason: reason.into(),
+        }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let phrase = match self.status {
+            400 => "Bad Request",
+            403 => "Forbidden",
+            502 => "Bad Gateway",
+            503 => "Service Unavailable",
+            504 => "Gateway Timeout",
+            _ => "Error",
+        };
+        let body = format!("maf-egress-proxy: {}\n", self.reason);
+        format!(
+            "HTTP/1.1 {} {phrase}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.status,
+            body.len()
+        )
+        .into_bytes()
+    }
+}
+
+impl Policy {
+    /// The policy check of a parsed request before any resolution: host on the allowlist,
+    /// port allowed, no Upgrade, a body framing the proxy can bound.
+    ///
+    /// Returns the body framing of a plain-HTTP request, `None` for a tunnel.
+    ///
+    /// # Errors
+    /// The refusal (403, or 400 for a malformed body framing).
+    pub fn admit(&self, head: &RequestHead) -> Result<Option<Body>, Refusal> {
+        let authority = head.target.authority();
+        if !self.allow.allows(&authority.host) {
+            let why = match authority.host {
+                Host::Ip(_) => "IP literal not on the allowlist",
+                Host::Name(_) => "host not on the allowlist",
+            };
+            return Err(Refusal::new(403, why));
+        }
+        if !self.ports.contains(&authority.port) {
+            return Err(Refusal::new(
+                403,
+                format!("port {} not allowed", authority.port),
+            ));
+        }
+        match &head.target {
+            Target::Connect(_) => Ok(None),
+            Target::Absolute { .. } => head
+                .plain_body()
+                .map(Some)
+                .map_err(|e| Refusal::new(e.status(), e.reason())),
+        }
+    }
+
+    /// Resolves the authority and checks every address; all of them must be permitted.
+    async fn resolve(
+        &self,
+        authority: &Authority,
+        deadline: Instant,
+    ) -> Result<Vec<SocketAddr>, Answer> {
+        let addresses: Vec<SocketAddr> = match &authority.host {
+            Host::Ip(ip) => vec![SocketAddr::new(*ip, authority.port)],
+            Host::Name(name) => {
+                let lookup = tokio::net::lookup_host((name.as_str(), authority.port));
+                match tokio::time::timeout_at(deadline, lookup).await {
+                    Err(_) => {
+                        return Err(Answer {
+                            status: 504,
+                            reason: "name resolution timed out".to_owned(),
+                        })
+                    }
+                    Ok(Err(error)) => {
+                        return Err(Answer {
+                            status: 502,
+                            reason: format!("name resolution failed: {error}"),
+                        })
+                    }
+                    Ok(Ok(found)) => found.take(64).collect(),
+                }
+            }
+        };
+        if addresses.is_empty() {
+            return Err(Answer {
+                status: 502,
+                reason: "the name has no address".to_owned(),
+            });
+        }
+        for address in &addresses {
+            if let Err(class) = self.addresses.check(address.ip()) {
+                return Err(Answer::forbidden(format!(
+                    "resolves to a forbidden address ({class}: {})",
+                    address.ip()
+                )));
+            }
+        }
+        Ok(addresses)
+    }
+}
+
+/// Serves the proxy on `listener` until it fails.
+///
+/// # Errors
+/// An accept error that is not about one connection.
+pub async fn serve(listener: UnixListener, policy: Arc<Policy>) -> std::io::Result<()> {
+    let slots = Arc::new(Semaphore::new(policy.limits.max_connections));
+    loop {
+        let (mut stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) if is_per_connection(&error) => {
+                // Out of descriptors: let connections finish instead of spinning on accept.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            log(&Decision {
+                allowed: false,
+                method: None,
+                host: None,
+                port: None,
+                reason: "too many connections".to_owned(),
+            });
+            let answer = Answer {
+                status: 503,
+                reason: "too many connections".to_owned(),
+            };
+            tokio::spawn(async move { answer_and_close(&mut stream, &answer).await });
+            continue;
+        };
+        let policy = Arc::clone(&policy);
+        tokio::spawn(async move {
+            handle(stream, &policy).await;
+            drop(permit);
+        });
+    }
+}
+
+fn is_per_connection(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::Interrupted
+    ) || error
+        .raw_os_error()
+        .is_some_and(|code| code == 24 || code == 23)
+}
+
+/// Reads one head (bounded in size and time). Returns the head and any bytes after it.
+async fn read_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    deadline: Instant,
+) -> Result<(Vec<u8>, Vec<u8>), Answer> {
+    let mut buffer = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let read = tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await;
+        let n = match read {
+            Err(_) => {
+                return Err(Answer {
+                    status: 400,
+                    reason: "request head not received in time".to_owned(),
+                })
+            }
+            Ok(Err(_)) | Ok(Ok(0)) => {
+                return Err(Answer {
+                    status: 400,
+                    reason: "connection closed before a complete request head".to_owned(),
+                })
+            }
+            Ok(Ok(n)) => n,
+        };
+        buffer.extend_from_slice(&chunk[..n]);
+        if let Some(end) = head_len(&buffer) {
+            if end > MAX_HEAD_LEN {
+                return Err(Answer::forbidden("request head larger than 16 KiB"));
+            }
+            let rest = buffer.split_off(end);
+            return Ok((buffer, rest));
+        }
+        if buffer.len() >= MAX_HEAD_LEN {
+            return Err(Answer::forbidden("request head larger than 16 KiB"));
+        }
+    }
+}
+
+/// Serves one client connection.
+pub(crate) async fn handle<S>(mut client: S, policy: &Policy)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let started = Instant::now();
+    let mut decision = Decision {
+        allowed: false,
+        method: None,
+        host: None,
+        port: None,
+        reason: String::new(),
+    };
+    let outcome = serve_one(&mut client, policy, started, &mut decision).await;
+    if let Err(answer) = outcome {
+        if decision.reason.is_empty() {
+            decision.reason = answer.reason.clone();
+        }
+        decision.allowed = false;
+        log(&decision);
+        answer_and_close(&mut client, &answer).await;
+    }
+}
+
+/// Writes `answer`, ends the write side, then reads and discards what the client still sends
+/// (bounded in bytes and time) so that closing with unread input does not reset the
+/// connection before the client has read the answer.
+async fn answer_and_close<S>(client: &mut S, answer: &Answer)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        client.write_all(&answer.bytes()).await?;
+        client.shutdown().await
+    })
+    .await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let mut sink = [0u8; 4096];
+        let mut left: usize = 256 * 1024;
+        while left > 0 {
+            match client.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
+}
+
+async fn serve_one<S>(
+    client: &mut S,
+    policy: &Policy,
+    started: Instant,
+    decision: &mut Decision,
+) -> Result<(), Answer>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (head_bytes, rest) = read_head(client, started + policy.limits.head_timeout).await?;
+    let head = parse_head(&head_bytes).map_err(|error| Answer {
+        status: error.status(),
+        reason: error.reason().to_owned(),
+    })?;
+    decision.method = Some(head.method.clone());
+    let authority = head.target.authority().clone();
+    decision.host = Some(authority.host.to_string());
+    decision.port = Some(authority.port);
+    let body = policy.admit(&head).map_err(|refusal| Answer {
+        status: refusal.status,
+        reason: refusal.reason,
+    })?;
+    let deadline = Instant::now() + policy.limits.connect_timeout;
+    let addresses = policy.resolve(&authority, deadline).await?;
+    let mut upstream = connect(&addresses, deadline).await?;
+    decision.allowed = true;
+    decision.reason = match body {
+        None => "tunnel".to_owned(),
+        Some(_) => "plain http".to_owned(),
+    };
+    log(decision);
+    let idle = policy.limits.idle_timeout;
+    match body {
+        None => {
+            let established = b"HTTP/1.1 200 Connection established\r\n\r\n";
+            if client.write_all(established).await.is_err() {
+                return Ok(());
+            }
+            if !rest.is_empty() && upstream.write_all(&rest).await.is_err() {
+                return Ok(());
+            }
+            let _ = relay(client, upstream, idle, None).await;
+        }
+        Some(body) => {
+            let Some(rewritten) = head.rewrite_origin_form() else {
+                return Ok(());
+            };
+            let length = match body {
+                Body::Empty => 0,
+                Body::Length(n) => n,
+            };
+            let early = rest
+                .len()
+                .min(usize::try_from(length).unwrap_or(usize::MAX));
+            let mut first = rewritten;
+            first.extend_from_slice(&rest[..early]);
+            let sent = tokio::time::timeout(idle, upstream.write_all(&first)).await;
+            if !matches!(sent, Ok(Ok(()))) {
+                return Ok(());
+            }
+            let _ = relay(client, upstream, idle, Some(length - early as u64)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Dials the permitted addresses in order until one answers, all within `deadline`.
+async fn connect(addresses: &[SocketAddr], deadline: Instant) -> Result<TcpStream, Answer> {
+    let mut last = String::from("no address");
+    for address in addresses {
+        match tokio::time::timeout_at(deadline, TcpStream::connect(address)).await {
+            Err(_) => {
+                return Err(Answer {
+                    status: 504,
+                    reason: "connect timed out".to_owned(),
+                })
+            }
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                return Ok(stream);
+            }
+            Ok(Err(error)) => last = format!("{address}: {error}"),
+        }
+    }
+    Err(Answer {
+        status: 502,
+        reason: format!("connect failed ({last})"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::head::parse_head;
+
+    fn policy() -> Policy {
+        Policy {
+            allow: Allowlist::new(["pypi.org", "*.pythonhosted.org"]).unwrap(),
+            ports: DEFAULT_PORTS.into_iter().collect(),
+            addresses: AddressPolicy::new(false, []),
+            limits: Limits::default(),
+        }
+    }
+
+    fn admit(request: &str) -> Result<Option<Body>, Refusal> {
+        policy().admit(&parse_head(request.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn admission_checks_host_port_and_framing() {
+        assert_eq!(admit("CONNECT pypi.org:443 HTTP/1.1\r\n\r\n"), Ok(None));
+        assert_eq!(
+            admit("CONNECT files.pythonhosted.org:443 HTTP/1.1\r\n\r\n"),
+            Ok(None)
+        );
+        assert_eq!(
+            admit("POST http://pypi.org/x HTTP/1.1\r\nContent-Length: 3\r\n\r\n"),
+            Ok(Some(Body::Length(3)))
+        );
+        let refused = |request: &str| admit(request).unwrap_err();
+        assert_eq!(
+            refused("CONNECT pythonhosted.org:443 HTTP/1.1\r\n\r\n").reason,
+            "host not on the allowlist"
+        );
+        assert_eq!(
+            refused("CONNECT 151.101.0.223:443 HTTP/1.1\r\n\r\n").reason,
+            "IP literal not on the allowlist"
+        );
+        assert_eq!(
+            refused("CONNECT pypi.org:22 HTTP/1.1\r\n\r\n"),
+            Refusal::new(403, "port 22 not allowed")
+        );
+        assert_eq!(
+            refused("GET http://pypi.org/ HTTP/1.1\r\nUpgrade: websocket\r\n\r\n").status,
+            403
+        );
+        assert_eq!(
+            refused("GET http://pypi.org/ HTTP/1.1\r\nContent-Length: x\r\n\r\n").status,
+            400
+        );
+    }
+
+    #[test]
+    fn decisions_are_one_json_line() {
+        let line = Decision {
+            allowed: false,
+            method: Some("GET".into()),
+            host: Some("evil.test\n{\"decision\":\"allow\"}".into()),
+            port: Some(80),
+            reason: "host not on the allowlist".into(),
+        }
+        .to_json_line();
+        assert_eq!(line.lines().count(), 1);
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["decision"], "deny");
+        assert_eq!(value["port"], 80);
+    }
+}
