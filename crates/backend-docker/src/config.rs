@@ -19,7 +19,7 @@ pub const DEFAULT_EXEC_CLEANUP_TIMEOUT: Duration = Duration::from_secs(15);
 pub const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The egress proxy image the local image recipe builds (not configured by default).
-pub const DEFAULT_EGRESS_PROXY_IMAGE: &str = "sandbox-egress-proxy:local";
+pub const DEFAULT_EGRESS_PROXY_IMAGE: &str = crate::images::EGRESS_PROXY_IMAGE;
 
 /// The network a proxy's outbound leg joins unless configured otherwise.
 pub const DEFAULT_OUTBOUND_NETWORK: &str = "bridge";
