@@ -147,8 +147,8 @@ pub struct DockerConfig {
     /// The network each egress proxy's outbound leg joins (default `bridge`). Its gateways are
     /// refused as destinations.
     pub outbound_network: String,
-    /// Let proxies dial private addresses (10/8, 172.16/12, 192.168/16, fc00::/7); for offline
-    /// tests on a network of their own, never for operators.
+    /// Let proxies dial private addresses (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7);
+    /// for offline tests on a network of their own, never for operators.
     pub allow_private_destinations: bool,
     /// **Unsafe; the live tests' seam only** (present with the `live` feature, hidden from the
     /// docs, and set by no `sandboxctl` flag): the engine network every workload is created on
