@@ -40,8 +40,9 @@ pub enum Suite {
 const PROXY_TARGET: &str = "x86_64-unknown-linux-gnu";
 
 /// Builds the images (all, or the given tags) with progress on stderr, caching debootstrap's
-/// output under `target/images-cache`. When the egress proxy image is wanted and missing, the
-/// static `egress-proxy` binary is built first (release, `+crt-static`).
+/// output under `target/images-cache`. When the egress proxy image is wanted, the static
+/// `egress-proxy` binary is built first (release, `+crt-static`), and an image built around
+/// another binary is rebuilt.
 pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskError> {
     let images = tags
         .iter()
@@ -57,12 +58,10 @@ pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskE
             command: "a tokio runtime for the image recipe".to_owned(),
             source,
         })?;
+    // Built (a no-op when nothing changed) even when the image exists: the recipe rebuilds an
+    // image whose binary digest differs, so a changed proxy is never tested in a stale image.
     let wants_proxy = images.is_empty() || images.contains(&LocalImage::EgressProxy);
-    if wants_proxy
-        && runtime
-            .block_on(recipe.image_id(LocalImage::EgressProxy.tag()))?
-            .is_none()
-    {
+    if wants_proxy {
         recipe = recipe.egress_proxy_binary(build_static_proxy(workspace)?);
     }
     let reports = runtime.block_on(recipe.build(&images))?;
@@ -241,8 +240,10 @@ fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
         "sandboxctl",
         "-p",
         "exec-wrapper",
+        "-p",
+        "egress-proxy",
         "--features",
-        "backend-docker/live,sandboxctl/live,exec-wrapper/live",
+        "backend-docker/live,sandboxctl/live,exec-wrapper/live,egress-proxy/live",
         "--no-fail-fast",
         // Names each skipped test, so a skip can be reported by name.
         "--status-level",

@@ -428,6 +428,29 @@ impl EngineConnection {
         }
     }
 
+    /// The value of label `key` on image `reference`: `None` when the engine has no such image,
+    /// `Some(None)` when the image carries no such label.
+    pub(crate) async fn image_label(
+        &self,
+        deadline: Duration,
+        reference: &str,
+        key: &str,
+    ) -> Result<Option<Option<String>>, ApiFailure> {
+        match self
+            .call(deadline, self.docker.inspect_image(reference))
+            .await
+        {
+            Ok(image) => Ok(Some(
+                image
+                    .config
+                    .and_then(|config| config.labels)
+                    .and_then(|mut labels| labels.remove(key)),
+            )),
+            Err(failure) if failure.is_not_found() => Ok(None),
+            Err(failure) => Err(failure),
+        }
+    }
+
     /// Names a failure for the caller: an unreachable engine is BackendUnavailable naming the
     /// pinned endpoint, an expired deadline EngineTimeout, anything else Engine.
     #[cold]

@@ -20,30 +20,18 @@ const BINARY_NAME: &str = "egress-proxy";
 const MAX_BINARY: u64 = 256 * 1024 * 1024;
 
 impl ImageRecipe {
-    /// Writes the proxy's root as a tar archive in the scratch directory.
+    /// Writes the proxy's root as a tar archive in the scratch directory; returns it with the
+    /// binary's digest (the image's [`BINARY_DIGEST_LABEL`]).
     pub(super) fn egress_proxy_archive(
         &self,
         tools: &HostTools,
         scratch: &Scratch,
-    ) -> Result<PathBuf, DockerError> {
+    ) -> Result<(PathBuf, String), DockerError> {
         let tool = tools
             .egress_proxy
             .as_ref()
             .ok_or_else(|| not_usable("preflight found none".to_owned()))?;
-        let mut binary = Vec::new();
-        std::fs::File::open(&tool.program)
-            .and_then(|file| file.take(MAX_BINARY + 1).read_to_end(&mut binary))
-            .map_err(|source| DockerError::Io {
-                action: "reading",
-                path: tool.program.clone(),
-                source,
-            })?;
-        if binary.len() as u64 > MAX_BINARY {
-            return Err(not_usable(format!(
-                "{} is larger than 256 MiB",
-                tool.program.display()
-            )));
-        }
+        let binary = read_binary(&tool.program)?;
         let bytes = egress_proxy_root_tar(&binary).map_err(|source| DockerError::Io {
             action: "assembling the egress proxy root for",
             path: tool.program.clone(),
@@ -56,8 +44,40 @@ impl ImageRecipe {
             tool.program.display(),
             binary.len()
         ));
-        Ok(archive)
+        Ok((archive, binary_digest(&binary)))
     }
+}
+
+/// The image label holding the sha256 of the binary it was built around, so a recipe run with
+/// another binary (the proxy's code changed) rebuilds the image instead of keeping a stale one.
+pub(super) const BINARY_DIGEST_LABEL: &str = "maf-sandbox.egress-proxy.sha256";
+
+/// Reads the binary, refusing one over [`MAX_BINARY`].
+pub(super) fn read_binary(path: &Path) -> Result<Vec<u8>, DockerError> {
+    let mut binary = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_BINARY + 1).read_to_end(&mut binary))
+        .map_err(|source| DockerError::Io {
+            action: "reading",
+            path: path.to_owned(),
+            source,
+        })?;
+    if binary.len() as u64 > MAX_BINARY {
+        return Err(not_usable(format!(
+            "{} is larger than 256 MiB",
+            path.display()
+        )));
+    }
+    Ok(binary)
+}
+
+/// The lower-case hex sha256 of the binary.
+pub(super) fn binary_digest(binary: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(binary)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }
 
 #[cold]
@@ -128,6 +148,14 @@ fn egress_proxy_root_tar(binary: &[u8]) -> std::io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_binary_digest_is_its_sha256_in_lower_hex() {
+        assert_eq!(
+            binary_digest(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
 
     #[test]
     fn the_root_holds_the_binary_and_a_mount_point_the_proxy_user_owns() {

@@ -14,8 +14,14 @@ impl ImageRecipe {
         &self,
         image: LocalImage,
         archive: &Path,
+        labels: &[(&str, String)],
     ) -> Result<(), DockerError> {
-        let changes = image.import_changes();
+        let mut changes = image.import_changes();
+        changes.extend(
+            labels
+                .iter()
+                .map(|(key, value)| format!("LABEL {key}={value}")),
+        );
         self.say(&format!(
             "  image import as {image} ({})",
             changes.join("; ")

@@ -377,6 +377,13 @@ impl ImageRecipe {
         let mut missing = Vec::new();
         for image in &wanted {
             match self.image_id(image.tag()).await? {
+                Some(id) if *image == LocalImage::EgressProxy && self.proxy_is_stale().await? => {
+                    self.say(&format!(
+                        "{image}: present ({}) but built around another egress-proxy binary, rebuilding",
+                        short_id(&id)
+                    ));
+                    missing.push(*image);
+                }
                 Some(id) => {
                     self.say(&format!("{image}: present ({}), skipped", short_id(&id)));
                     reports.push(ImageReport {
@@ -402,6 +409,7 @@ impl ImageRecipe {
                 index + 1,
                 missing.len()
             ));
+            let mut labels = Vec::new();
             let archive = match image.root() {
                 RootSource::Debian(root) => {
                     let base = match roots.get(&root) {
@@ -419,9 +427,13 @@ impl ImageRecipe {
                     }
                 }
                 RootSource::Busybox => self.busybox_archive(&tools, &scratch).await?,
-                RootSource::EgressProxy => self.egress_proxy_archive(&tools, &scratch)?,
+                RootSource::EgressProxy => {
+                    let (archive, digest) = self.egress_proxy_archive(&tools, &scratch)?;
+                    labels.push((egress_proxy::BINARY_DIGEST_LABEL, digest));
+                    archive
+                }
             };
-            self.import(*image, &archive).await?;
+            self.import(*image, &archive, &labels).await?;
             let elapsed = started.elapsed();
             self.say(&format!("{image}: built in {:.1} s", elapsed.as_secs_f64()));
             reports.push(ImageReport {
@@ -450,6 +462,27 @@ impl ImageRecipe {
             .map_err(|failure| {
                 unreachable_engine("image inspect", engine.failure("image inspect", failure))
             })
+    }
+
+    /// Whether the proxy image present on the engine was built around another binary than the
+    /// one this recipe would use now. With no binary to compare (none found), the image stands.
+    async fn proxy_is_stale(&self) -> Result<bool, DockerError> {
+        let Ok(path) = egress_proxy::find_egress_proxy(self.egress_proxy_binary.as_deref()) else {
+            return Ok(false);
+        };
+        let digest = egress_proxy::binary_digest(&egress_proxy::read_binary(&path)?);
+        let engine = self.engine().await?;
+        let label = engine
+            .image_label(
+                self.command_timeout,
+                EGRESS_PROXY_IMAGE,
+                egress_proxy::BINARY_DIGEST_LABEL,
+            )
+            .await
+            .map_err(|failure| {
+                unreachable_engine("image inspect", engine.failure("image inspect", failure))
+            })?;
+        Ok(label.flatten().as_deref() != Some(digest.as_str()))
     }
 
     /// The engine this recipe talks to, resolved and connected now.
