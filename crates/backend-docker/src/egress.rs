@@ -70,7 +70,7 @@ pub(crate) struct EgressPlan {
     pub(crate) hosts: Vec<String>,
     /// Whether private destinations are dialled.
     pub(crate) private: bool,
-    /// The naming part (docker.md rule 45).
+    /// The part of the name (see [`egress_id`]).
     pub(crate) egress_id: String,
     /// SHA-256 (hex) of the whole policy: id, proxy image, outbound network, ports.
     pub(crate) digest: String,
@@ -136,7 +136,8 @@ pub(crate) fn plan(
     }
 }
 
-/// docker.md rule 45: `allow-uds-v1:` + the sorted display strings joined by `,` +
+/// The egress part of a name (docs/docker-backend.md#allowlist-egress): `allow-uds-v1:` + the
+/// sorted display strings joined by `,` +
 /// `:private=<bool>`.
 pub(crate) fn egress_id(sorted_hosts: &[String], private: bool) -> String {
     format!(
@@ -562,7 +563,7 @@ impl BackendState {
     }
 
     /// Removes a sandbox's proxy and volume (the proxy first: it holds the volume). Missing is
-    /// fine; a failure is `unknown` (docker.md rule 46).
+    /// fine; a failure is `unknown`.
     pub(crate) async fn remove_companions(&self, workload: &str) -> Vec<DisposalFailure> {
         let mut failures = Vec::new();
         if let Err(failure) = self.remove(&proxy_name(workload)).await {
@@ -627,7 +628,7 @@ impl BackendState {
     }
 }
 
-/// A companion's removal failure is `unknown`, whatever the engine said (docker.md rule 40).
+/// A companion's removal failure is `unknown`, whatever the engine said.
 fn companion_failure(failure: DisposalFailure) -> DisposalFailure {
     DisposalFailure::new(
         DisposalCode::Unknown,
