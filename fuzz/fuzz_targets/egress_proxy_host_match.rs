@@ -7,28 +7,9 @@
 use egress_proxy::hostmatch::Allowlist;
 use libfuzzer_sys::fuzz_target;
 
-fn model(entries: &[String], host: &str) -> bool {
-    let host = host.to_ascii_lowercase();
-    let labels_ok = host.split('.').all(|label| {
-        !label.is_empty()
-            && label
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    });
-    labels_ok
-        && entries.iter().any(|entry| {
-            let entry = entry.to_ascii_lowercase();
-            match entry.strip_prefix("*.") {
-                Some(domain) => {
-                    host.len() > domain.len() + 1
-                        && host.ends_with(domain)
-                        && host.as_bytes()[host.len() - domain.len() - 1] == b'.'
-                        && !host.starts_with('.')
-                }
-                None => host == entry,
-            }
-        })
-}
+#[path = "../../crates/egress-proxy/src/hostmatch_model.rs"]
+mod hostmatch_model;
+use hostmatch_model::model;
 
 fuzz_target!(|input: (Vec<String>, String)| {
     let (entries, host) = input;

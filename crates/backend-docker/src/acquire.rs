@@ -7,14 +7,14 @@ use std::time::Duration;
 use sandbox_core::naming::docker_container_name;
 use sandbox_core::storage_base::{plan_storage_base, storage_base_directories, validate_base};
 use sandbox_core::{
-    Capability, Egress, EntryKind, SandboxError, SandboxKey, SandboxSpec, TransferLimits,
-    DEFAULT_WORK_DIR,
+    Capability, EntryKind, SandboxError, SandboxKey, SandboxSpec, TransferLimits, DEFAULT_WORK_DIR,
 };
 use tokio::time::Instant;
 
 use crate::config::{check_image_reference, Resources};
 use crate::connection::quote;
 use crate::containers::{ContainerShape, Created, Lifecycle};
+use crate::egress::{keep_alive_with_forwarder, volume_name, EgressPlan, LABEL_EGRESS_V1};
 use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
 use crate::guest_scripts::{BASE_EXIT_FALLBACK, BASE_SCRIPT};
 use crate::handle::DockerSandbox;
@@ -44,6 +44,10 @@ struct Plan<'a> {
     resources: Resources,
     files_in: TransferLimits,
     files_out: TransferLimits,
+    /// The allowlist sandbox's proxy policy; `None` for egress closed.
+    egress: Option<EgressPlan>,
+    /// Its egress volume's name.
+    egress_volume: Option<String>,
 }
 
 /// How an existing container came to be served.
@@ -75,9 +79,23 @@ impl BackendState {
         let mut last_conflict = String::new();
         let mut replacements = 0usize;
         let mut adopted = false;
+        let mut egress_checked = false;
+        let mut proxy_ready = plan.egress.is_none();
         let mut record = self.inspect(&plan.name).await?;
         loop {
             let Some(existing) = record.take() else {
+                if !egress_checked {
+                    self.refuse_other_egress(&plan).await?;
+                    egress_checked = true;
+                }
+                if !proxy_ready {
+                    if let Err(error) = self.ensure_plan_proxy(&plan).await {
+                        // No workload: nothing is served by what the attempt made.
+                        self.remove_companions_shielded(&plan.name).await;
+                        return Err(error);
+                    }
+                    proxy_ready = true;
+                }
                 if replacements > MAX_REPLACEMENTS {
                     return Err(SandboxError::engine(format!(
                         "container {} kept disappearing while it was being acquired",
@@ -85,7 +103,17 @@ impl BackendState {
                     )));
                 }
                 replacements += 1;
-                match self.create(&plan).await? {
+                let created = match self.create(&plan).await {
+                    Ok(created) => created,
+                    Err(error) => {
+                        // Nothing serves the companions of a workload that was not made.
+                        if plan.egress.is_some() {
+                            self.remove_companions_shielded(&plan.name).await;
+                        }
+                        return Err(error);
+                    }
+                };
+                match created {
                     Created::Id(id) => return self.finish(&plan, &id, Arrival::Created).await,
                     Created::Conflict(text) => {
                         last_conflict = text;
@@ -111,12 +139,18 @@ impl BackendState {
                     Some(&plan.base),
                     Some(&plan.image),
                     self.config.workload_network(),
+                    plan.egress_volume.as_deref(),
                 )
                 .map_err(|verdict| refusal(&plan.name, verdict))?;
 
             if self.is_retired(&existing.id) {
                 self.replace(&existing.id).await?;
                 continue;
+            }
+            // A workload is never served, nor started, without a ready proxy.
+            if !proxy_ready {
+                self.ensure_plan_proxy(&plan).await?;
+                proxy_ready = true;
             }
             // A container made moments ago by another process is adopted as from a lost create
             // race, whether or not this call saw the conflict: its creator may still be preparing
@@ -179,12 +213,7 @@ impl BackendState {
         spec: &'a SandboxSpec,
         resources: Resources,
     ) -> Result<Plan<'a>, SandboxError> {
-        if spec.egress() != Egress::Closed {
-            return Err(SandboxError::EgressNotEnforced(format!(
-                "the docker backend enforces egress closed only; the spec asks for {}",
-                spec.egress()
-            )));
-        }
+        let egress = crate::egress::plan(spec, &self.config)?;
         let image = spec
             .image_id()
             .or(spec.image())
@@ -193,13 +222,25 @@ impl BackendState {
         check_image_reference(&image)?;
         let base = validate_base(spec.work_dir().unwrap_or(DEFAULT_WORK_DIR))?;
         let ceiling = self.declarations.limits;
+        let egress_id = egress.as_ref().map_or("", |e| e.egress_id.as_str());
+        let name = docker_container_name(key, spec.kind(), egress_id);
+        let mut labels = workload_labels(key, spec.kind(), spec.labels(), &base);
+        if let Some(egress) = &egress {
+            labels.push((LABEL_EGRESS_V1.to_owned(), egress.digest.clone()));
+        }
         Ok(Plan {
             resources,
             key,
             kind: spec.kind(),
-            name: docker_container_name(key, spec.kind(), ""),
-            policy: format!("{image}|{}", self.config.hardening_fingerprint(resources)),
-            labels: workload_labels(key, spec.kind(), spec.labels(), &base),
+            policy: format!(
+                "{image}|{}|{}",
+                self.config.hardening_fingerprint(resources),
+                egress.as_ref().map_or("closed", |e| e.digest.as_str())
+            ),
+            egress_volume: egress.as_ref().map(|_| volume_name(&name)),
+            egress,
+            name,
+            labels,
             needs_base: Capability::needs_storage_base(&spec.required_capabilities()),
             image,
             base,
@@ -239,8 +280,12 @@ impl BackendState {
         let mut discard = fresh.then(|| {
             let state = Arc::clone(self);
             let id = id.to_owned();
+            let companions = plan.egress.is_some().then(|| plan.name.clone());
             CleanupOnDrop::armed("the removal of a half-made sandbox", async move {
                 let _ = state.remove(&id).await;
+                if let Some(name) = companions {
+                    let _ = state.remove_companions(&name).await;
+                }
             })
         });
         let result = self.prepare(plan, id, arrival).await;
@@ -263,6 +308,9 @@ impl BackendState {
                 if let Some(guard) = discard.as_mut() {
                     guard.disarm();
                     self.remove_shielded(id).await;
+                    if plan.egress.is_some() {
+                        self.remove_companions_shielded(&plan.name).await;
+                    }
                 }
                 Err(error)
             }
@@ -288,6 +336,7 @@ impl BackendState {
                     Some(&plan.base),
                     Some(&plan.image),
                     self.config.workload_network(),
+                    plan.egress_volume.as_deref(),
                 )
                 .map_err(|verdict| refusal(&plan.name, verdict))?;
         }
@@ -296,7 +345,7 @@ impl BackendState {
             self.prepare_base(id, &plan.base, arrival).await?;
         }
         if self.config.verify_egress && arrival == Arrival::Created {
-            crate::egress_preflight::verify(self, id).await?;
+            crate::egress_preflight::verify(self, id, plan.egress.as_ref()).await?;
         }
         Ok(plan.needs_base)
     }
@@ -315,12 +364,17 @@ impl BackendState {
         let mut labels: std::collections::HashMap<String, String> =
             plan.labels.iter().cloned().collect();
         labels.insert(CREATE_MARK_LABEL.to_owned(), mark.clone());
+        let keep_alive = match plan.egress {
+            Some(_) => keep_alive_with_forwarder(KEEP_ALIVE),
+            None => KEEP_ALIVE.to_owned(),
+        };
         let shape = ContainerShape {
             name: &plan.name,
             image: &plan.image,
             labels,
-            keep_alive: KEEP_ALIVE,
+            keep_alive: &keep_alive,
             resources: plan.resources,
+            egress_volume: plan.egress_volume.as_deref(),
         };
         // Between the create request and its answer: when the call gives up, a task the caller
         // cannot cancel removes what the engine may still make under this name and this mark. It
@@ -536,19 +590,37 @@ impl BackendState {
         key: &SandboxKey,
         kind: &str,
     ) -> Result<Option<Arc<DockerSandbox>>, SandboxError> {
-        let name = docker_container_name(key, kind, "");
-        let _serialised = self.lock_name(&name).await;
-        let Some(record) = self.inspect(&name).await? else {
-            return Ok(None);
+        let closed_name = docker_container_name(key, kind, "");
+        let _serialised = self.lock_name(&closed_name).await;
+        let record = match self.inspect(&closed_name).await? {
+            Some(record) => record,
+            // Not closed: an allowlist sandbox of this key and kind, if any (its name carries
+            // an egress id `find` cannot know).
+            None => match self.allowlist_workload(key, kind).await? {
+                Some(record) => record,
+                None => return Ok(None),
+            },
         };
+        let name = record.bare_name().to_owned();
+        let egress_volume = record.expected_egress_volume();
         record
-            .verify(key, kind, None, None, self.config.workload_network())
+            .verify(
+                key,
+                kind,
+                None,
+                None,
+                self.config.workload_network(),
+                egress_volume.as_deref(),
+            )
             .map_err(|verdict| refusal(&name, verdict))?;
         if self.is_retired(&record.id) {
             return Err(SandboxError::Retired {
                 instance: record.id.clone(),
                 reason: "a timed-out command's kill did not land".to_owned(),
             });
+        }
+        if egress_volume.is_some() {
+            self.require_ready_proxy(&record).await?;
         }
         match record.status() {
             "running" => {}
@@ -624,6 +696,102 @@ fn refusal(name: &str, verdict: Verdict) -> SandboxError {
         Verdict::OtherPolicy(difference) => SandboxError::SpecMismatch(format!(
             "container {name}: {difference}; its runtime policy differs from this configuration; dispose it first"
         )),
+    }
+}
+
+impl BackendState {
+    /// The proxy of an allowlist plan, ready.
+    async fn ensure_plan_proxy(&self, plan: &Plan<'_>) -> Result<(), SandboxError> {
+        match &plan.egress {
+            Some(egress) => self.ensure_proxy(&plan.name, egress, &plan.labels).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The key's other workloads of this kind (another egress, so another name): one found means
+    /// the egress changed on a warm key, refused like any other spec change (docs/docker-backend.md#allowlist-egress).
+    async fn refuse_other_egress(&self, plan: &Plan<'_>) -> Result<(), SandboxError> {
+        for record in self.key_workloads(plan.key, plan.kind).await? {
+            if record.bare_name() == plan.name {
+                continue;
+            }
+            let theirs = if record.labels().contains_key(LABEL_EGRESS_V1) {
+                "egress allowlist with another list"
+            } else {
+                "egress closed"
+            };
+            let ours = match &plan.egress {
+                Some(egress) => format!("allowlist {}", egress.hosts.join(",")),
+                None => "closed".to_owned(),
+            };
+            return Err(SandboxError::SpecMismatch(format!(
+                "the sandbox {} of this key and kind runs with {theirs}; dispose it before \
+                 changing the egress to {ours}",
+                record.bare_name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The workloads whose labels name exactly this key (call included) and kind.
+    async fn key_workloads(
+        &self,
+        key: &SandboxKey,
+        kind: &str,
+    ) -> Result<Vec<ContainerRecord>, SandboxError> {
+        let selection = crate::ownership_labels::Selection::of_key(key, Some(kind));
+        let ids: Vec<String> = self
+            .listing(&selection)
+            .await?
+            .into_iter()
+            .filter(|(_, name)| !name.ends_with(crate::ownership_labels::PROXY_SUFFIX))
+            .map(|(id, _)| id)
+            .collect();
+        Ok(self
+            .inspect_many(&ids)
+            .await?
+            .into_iter()
+            .filter(|record| record.owned_by(key, Some(kind)))
+            .collect())
+    }
+
+    /// The allowlist workload of this key and kind, for `find`.
+    async fn allowlist_workload(
+        &self,
+        key: &SandboxKey,
+        kind: &str,
+    ) -> Result<Option<ContainerRecord>, SandboxError> {
+        let mut found: Vec<ContainerRecord> = self
+            .key_workloads(key, kind)
+            .await?
+            .into_iter()
+            .filter(|record| record.expected_egress_volume().is_some())
+            .collect();
+        found.sort_by(|a, b| a.id.cmp(&b.id));
+        if found.len() > 1 {
+            return Err(SandboxError::engine(format!(
+                "{} allowlist sandboxes of one key and kind exist ({}); dispose them",
+                found.len(),
+                found
+                    .iter()
+                    .map(ContainerRecord::bare_name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        Ok(found.pop())
+    }
+
+    /// Removes an allowlist sandbox's companions in a task the caller's drop cannot cancel.
+    async fn remove_companions_shielded(self: &Arc<Self>, name: &str) {
+        let state = Arc::clone(self);
+        let name = name.to_owned();
+        let _ = shielded(async move {
+            for failure in state.remove_companions(&name).await {
+                tracing::warn!(sandbox = %name, %failure, "could not remove an egress companion");
+            }
+        })
+        .await;
     }
 }
 

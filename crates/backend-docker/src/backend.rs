@@ -79,7 +79,11 @@ impl DockerBackend {
                 files_in: TRANSFER_CEILING,
                 files_out: TRANSFER_CEILING,
             },
-            egress_modes: BTreeSet::from([Egress::Closed]),
+            egress_modes: if config.proxy_image().is_some() {
+                BTreeSet::from([Egress::Closed, Egress::Allowlist])
+            } else {
+                BTreeSet::from([Egress::Closed])
+            },
             os_families,
             isolation_scopes: BTreeSet::from([IsolationScope::Conversation, IsolationScope::Call]),
             ..BackendDeclarations::default()

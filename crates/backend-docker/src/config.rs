@@ -18,6 +18,12 @@ pub const DEFAULT_EXEC_CLEANUP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Deadline of the explicit `docker pull` of an absent image.
 pub const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The egress proxy image the local image recipe builds (not configured by default).
+pub const DEFAULT_EGRESS_PROXY_IMAGE: &str = crate::images::EGRESS_PROXY_IMAGE;
+
+/// The network a proxy's outbound leg joins unless configured otherwise.
+pub const DEFAULT_OUTBOUND_NETWORK: &str = "bridge";
+
 /// The pids limit every container gets unless configured otherwise.
 pub const DEFAULT_PIDS_LIMIT: u32 = 512;
 
@@ -135,6 +141,15 @@ pub struct DockerConfig {
     /// `DOCKER_CONFIG`, `HOME`, the TLS variables); `None` = a snapshot of this process's
     /// environment taken at connect. Never read again afterwards.
     pub management_env: Option<Vec<(OsString, OsString)>>,
+    /// The egress proxy's image (docs/docker-backend.md#allowlist-egress); `None` or `""` = egress
+    /// `allowlist` is not offered, only `closed`.
+    pub egress_proxy_image: Option<String>,
+    /// The network each egress proxy's outbound leg joins (default `bridge`). Its gateways are
+    /// refused as destinations.
+    pub outbound_network: String,
+    /// Let proxies dial private addresses (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7);
+    /// for offline tests on a network of their own, never for operators.
+    pub allow_private_destinations: bool,
     /// **Unsafe; the live tests' seam only** (present with the `live` feature, hidden from the
     /// docs, and set by no `sandboxctl` flag): the engine network every workload is created on
     /// instead of `none`, and the one its ownership check then expects. It exists so the live
@@ -160,6 +175,9 @@ impl Default for DockerConfig {
             verify_egress: false,
             egress_probe: EgressProbe::default(),
             management_env: None,
+            egress_proxy_image: None,
+            outbound_network: DEFAULT_OUTBOUND_NETWORK.to_owned(),
+            allow_private_destinations: false,
             #[cfg(feature = "live")]
             unsafe_open_network: None,
         }
@@ -187,6 +205,10 @@ impl DockerConfig {
             check_cli_word("context", context)?;
         }
         check_image_reference(&self.default_image)?;
+        if let Some(image) = self.proxy_image() {
+            check_image_reference(image)?;
+        }
+        check_cli_word("outbound_network", &self.outbound_network)?;
         if !(self.cpus.is_finite() && self.cpus >= 0.01) {
             return Err(SandboxError::invalid(format!(
                 "cpus must be at least 0.01, not {}",
@@ -211,6 +233,13 @@ impl DockerConfig {
             }
         }
         Ok(())
+    }
+
+    /// The egress proxy's image when allowlist egress is offered (`""` counts as none).
+    pub(crate) fn proxy_image(&self) -> Option<&str> {
+        self.egress_proxy_image
+            .as_deref()
+            .filter(|image| !image.is_empty())
     }
 
     /// The network every workload is created on and its ownership check expects: `none`, unless
@@ -264,8 +293,17 @@ mod tests {
         assert_eq!(config.pids_limit, 512);
         assert_eq!(config.default_image, "sandbox-base:local");
         assert!(!config.verify_egress);
+        assert_eq!(config.outbound_network, "bridge");
+        assert!(!config.allow_private_destinations);
+        assert_eq!(config.proxy_image(), None);
         assert_eq!(config.workload_network(), "none");
         config.validate().unwrap();
+        let empty = DockerConfig {
+            egress_proxy_image: Some(String::new()),
+            ..DockerConfig::default()
+        };
+        assert_eq!(empty.proxy_image(), None);
+        empty.validate().unwrap();
     }
 
     #[test]
@@ -281,6 +319,9 @@ mod tests {
             Box::new(|c| c.cpus = -1.0),
             Box::new(|c| c.cpus = f64::NAN),
             Box::new(|c| c.context = Some(String::new())),
+            Box::new(|c| c.egress_proxy_image = Some("-x".into())),
+            Box::new(|c| c.outbound_network = String::new()),
+            Box::new(|c| c.outbound_network = "a b".into()),
             #[cfg(feature = "live")]
             Box::new(|c| c.unsafe_open_network = Some("host".into())),
             #[cfg(feature = "live")]

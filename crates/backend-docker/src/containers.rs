@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ListContainersOptionsBuilder,
     RemoveContainerOptionsBuilder,
@@ -44,6 +44,9 @@ pub(crate) struct ContainerShape<'a> {
     pub(crate) labels: HashMap<String, String>,
     pub(crate) keep_alive: &'a str,
     pub(crate) resources: crate::config::Resources,
+    /// The allowlist sandbox's egress volume, mounted read-only at `/run/maf-egress`, with the
+    /// proxy variables in the environment; `None` for egress closed.
+    pub(crate) egress_volume: Option<&'a str>,
 }
 
 /// What the engine says about itself.
@@ -147,10 +150,20 @@ impl BackendState {
             memory_swap: Some(shape.resources.memory_bytes),
             nano_cpus: Some(shape.resources.nano_cpus),
             network_mode: Some(self.config.workload_network().to_owned()),
+            mounts: shape.egress_volume.map(|volume| {
+                vec![Mount {
+                    target: Some(crate::egress::EGRESS_MOUNT.to_owned()),
+                    source: Some(volume.to_owned()),
+                    typ: Some(MountType::VOLUME),
+                    read_only: Some(true),
+                    ..Mount::default()
+                }]
+            }),
             ..HostConfig::default()
         };
         let body = ContainerCreateBody {
             image: Some(shape.image.to_owned()),
+            env: shape.egress_volume.map(|_| crate::egress::workload_env()),
             entrypoint: Some(vec!["sh".to_owned()]),
             cmd: Some(vec!["-c".to_owned(), shape.keep_alive.to_owned()]),
             labels: Some(shape.labels.clone()),

@@ -12,6 +12,7 @@ use sandbox_core::{
 };
 
 use crate::containers::Removal;
+use crate::egress::{proxy_name, volume_name};
 use crate::ownership_labels::{ContainerRecord, Selection, PROXY_SUFFIX};
 use crate::state::{bounded_join, BackendState};
 
@@ -109,32 +110,71 @@ impl BackendState {
         (removed, failures)
     }
 
-    /// Ids to sweep for a selection: the engine's listing, or, when it fails, what this process
-    /// remembers (reported as `unlisted` either way).
-    async fn sweep_targets(&self, selection: &Selection) -> (Vec<String>, Option<DisposalFailure>) {
+    /// What to sweep for a selection: the engine's listings of containers (workloads and
+    /// proxies) and egress volumes, or, when the container listing fails, what this process
+    /// remembers (reported as `unlisted`).
+    async fn sweep_targets(&self, selection: &Selection) -> (Sweep, Vec<DisposalFailure>) {
+        let mut sweep = Sweep::default();
+        let mut failures = Vec::new();
         match self.listing(selection).await {
-            Ok(listed) => (
-                Self::workloads(listed)
-                    .into_iter()
-                    .map(|(id, _)| id)
-                    .collect(),
-                None,
-            ),
+            Ok(listed) => {
+                for (id, name) in listed {
+                    if name.ends_with(PROXY_SUFFIX) {
+                        sweep.proxies.push(id);
+                    } else {
+                        sweep.workloads.push(id);
+                    }
+                }
+            }
             Err(error) => {
-                let remembered = self
-                    .remembered_matching(|r| selection.matches(&r.key, &r.kind))
-                    .into_iter()
-                    .map(|(_, r)| r.id)
-                    .collect();
-                (
-                    remembered,
-                    Some(DisposalFailure::new(
-                        DisposalCode::Unlisted,
-                        format!("the engine's listing failed: {error}"),
-                    )),
-                )
+                for (name, remembered) in
+                    self.remembered_matching(|r| selection.matches(&r.key, &r.kind))
+                {
+                    sweep.workloads.push(remembered.id);
+                    sweep.proxies.push(proxy_name(&name));
+                    sweep.volumes.push(volume_name(&name));
+                }
+                failures.push(DisposalFailure::new(
+                    DisposalCode::Unlisted,
+                    format!("the engine's listing failed: {error}"),
+                ));
             }
         }
+        match self.volume_listing(selection).await {
+            Ok(volumes) => sweep.volumes.extend(volumes),
+            Err(error) => failures.push(DisposalFailure::new(
+                DisposalCode::Unlisted,
+                format!("the engine's volume listing failed: {error}"),
+            )),
+        }
+        sweep.volumes.sort();
+        sweep.volumes.dedup();
+        (sweep, failures)
+    }
+
+    /// Removes the workloads, then the proxies, then the volumes (a volume in use cannot go);
+    /// returns how many workloads the engine removed, and the failures (a companion's is
+    /// `unknown`).
+    async fn remove_sweep(&self, sweep: Sweep) -> (u32, Vec<DisposalFailure>) {
+        let (removed, mut failures) = self.remove_all(sweep.workloads).await;
+        let (_, proxy_failures) = self.remove_all(sweep.proxies).await;
+        failures.extend(proxy_failures.into_iter().map(|failure| {
+            DisposalFailure::new(
+                DisposalCode::Unknown,
+                format!("egress proxy {}", failure.detail),
+            )
+        }));
+        let volumes = bounded_join(
+            sweep
+                .volumes
+                .iter()
+                .map(|volume| self.remove_volume(volume))
+                .collect(),
+            REMOVAL_CONCURRENCY,
+        )
+        .await;
+        failures.extend(volumes.into_iter().filter_map(Result::err));
+        (removed, failures)
     }
 
     /// `dispose(key, selector)`. Never raises.
@@ -149,8 +189,8 @@ impl BackendState {
                 .await;
         }
         let selection = Selection::of_key(key, selector.kind.as_deref());
-        let (ids, unlisted) = self.sweep_targets(&selection).await;
-        let (_, mut failures) = self.remove_all(ids).await;
+        let (sweep, unlisted) = self.sweep_targets(&selection).await;
+        let (_, mut failures) = self.remove_sweep(sweep).await;
         failures.extend(unlisted);
         DisposalFailure::fold(failures)
     }
@@ -176,7 +216,12 @@ impl BackendState {
         if !record.owned_by(key, kind) || record.bare_name().ends_with(PROXY_SUFFIX) {
             return None;
         }
-        self.remove(&record.id).await.err()
+        if let Err(failure) = self.remove(&record.id).await {
+            return Some(failure);
+        }
+        // A closed workload has no companions.
+        record.expected_egress_volume()?;
+        DisposalFailure::fold(self.remove_companions(record.bare_name()).await)
     }
 
     /// `dispose_scope`. Never raises.
@@ -186,14 +231,22 @@ impl BackendState {
             thread: Some(thread.to_owned()),
             ..Selection::default()
         };
-        let (ids, unlisted) = self.sweep_targets(&selection).await;
-        let (disposed, mut failures) = self.remove_all(ids).await;
+        let (sweep, unlisted) = self.sweep_targets(&selection).await;
+        let (disposed, mut failures) = self.remove_sweep(sweep).await;
         failures.extend(unlisted);
         ScopePurge {
             disposed,
             undisposed: DisposalFailure::fold(failures),
         }
     }
+}
+
+/// What one disposal removes: workloads (counted), proxies, egress volumes.
+#[derive(Debug, Default)]
+struct Sweep {
+    workloads: Vec<String>,
+    proxies: Vec<String>,
+    volumes: Vec<String>,
 }
 
 /// A failed engine call during disposal, as a disposal code.

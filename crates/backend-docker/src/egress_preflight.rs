@@ -11,6 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::EgressProbe;
 use crate::connection::quote as tail;
+use crate::egress::EgressPlan;
 use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
 use crate::state::BackendState;
 
@@ -22,17 +23,40 @@ const REACHED: i32 = 86;
 
 /// One command, every proxy variable removed and curl's own config ignored; `$1` by address,
 /// `$2` by name, `$3` the token server, `$4` the token. On a reach it names the target on stdout.
+/// For an allowlist sandbox (host-hygiene rule 19), `$5` is an allowed host's URL, which must not
+/// be reached around the proxy, and `$6` the proxy, through which the targets off the list (every
+/// IP literal is) must not answer 2xx nor yield the token.
 const PROBE_SCRIPT: &str = r#"unset HTTP_PROXY HTTPS_PROXY ALL_PROXY NO_PROXY http_proxy https_proxy all_proxy no_proxy
 command -v curl >/dev/null 2>&1 || { echo 'no curl in the image' >&2; exit 127; }
 if curl --disable --fail --silent --insecure --max-time 3 -o /dev/null "$1"; then echo address; exit 86; fi
 if curl --disable --fail --silent --insecure --max-time 3 -o /dev/null "$2"; then echo name; exit 86; fi
 out=$(curl --disable --silent --insecure --max-time 3 "$3" 2>/dev/null)
 case $out in *"$4"*) echo token; exit 86 ;; esac
+if [ -n "$5" ]; then
+  if curl --disable --fail --silent --insecure --max-time 3 --noproxy '*' -o /dev/null "$5"; then echo around; exit 86; fi
+  if curl --disable --fail --silent --insecure --max-time 3 --proxy "$6" -o /dev/null "$1"; then echo proxied-address; exit 86; fi
+  out=$(curl --disable --silent --insecure --max-time 3 --proxy "$6" "$3" 2>/dev/null)
+  case $out in *"$4"*) echo proxied-token; exit 86 ;; esac
+fi
 exit 0
 "#;
 
+/// The URL of an allowed host the direct probe aims at: the first entry, a wildcard's strict
+/// subdomain for `*.d`.
+fn allowed_url(egress: &EgressPlan) -> String {
+    let host = egress.hosts.first().map(String::as_str).unwrap_or("");
+    match host.strip_prefix("*.") {
+        Some(domain) => format!("http://maf-egress-probe.{domain}/"),
+        None => format!("http://{host}/"),
+    }
+}
+
 /// Runs the preflight against a freshly created sandbox.
-pub(crate) async fn verify(shared: &Arc<BackendState>, id: &str) -> Result<(), SandboxError> {
+pub(crate) async fn verify(
+    shared: &Arc<BackendState>,
+    id: &str,
+    egress: Option<&EgressPlan>,
+) -> Result<(), SandboxError> {
     let address = match shared.config.egress_probe.token_server {
         Some(address) => address,
         None => bridge_gateway(shared).await?,
@@ -50,6 +74,10 @@ pub(crate) async fn verify(shared: &Arc<BackendState>, id: &str) -> Result<(), S
         )));
     }
     let probe = &shared.config.egress_probe;
+    let (direct, proxy) = match egress {
+        Some(egress) => (allowed_url(egress), crate::egress::PROXY_URL.to_owned()),
+        None => (String::new(), String::new()),
+    };
     let argv = [
         "sh",
         "-c",
@@ -59,18 +87,28 @@ pub(crate) async fn verify(shared: &Arc<BackendState>, id: &str) -> Result<(), S
         probe.by_name.as_str(),
         url.as_str(),
         token.as_str(),
+        direct.as_str(),
+        proxy.as_str(),
     ];
     let call = GuestCall::internal("/", &argv, SMALL_BUDGET as u64, PROBE_TIMEOUT);
     let end = shared.run_guest(id, call).await;
     drop(server);
-    verdict(end?, probe, &url)
+    verdict(end?, probe, &url, egress.map(|_| direct.as_str()))
 }
 
 /// What the probe's end means (rule 17): exit 0 passes; the reach exit is HostNotConfined naming
 /// the target reached; anything else (no curl, a wrapper failure, the bound passed, too much
-/// output) leaves egress unverified, which refuses too.
-fn verdict(end: GuestEnd, probe: &EgressProbe, token_url: &str) -> Result<(), SandboxError> {
+/// output) leaves egress unverified, which refuses too. `allowed` is the allowed host's URL the
+/// direct probe aimed at, for an allowlist sandbox.
+fn verdict(
+    end: GuestEnd,
+    probe: &EgressProbe,
+    token_url: &str,
+    allowed: Option<&str>,
+) -> Result<(), SandboxError> {
     const CLOSED: &str = "the sandbox reached the network although its egress is closed";
+    const ALLOWLIST: &str =
+        "the sandbox reached the network around its egress proxy, or through it off its allowlist";
     match end {
         GuestEnd::Ran(output) if output.exit_code == 0 => Ok(()),
         GuestEnd::Ran(output) if output.exit_code == REACHED => {
@@ -78,9 +116,24 @@ fn verdict(end: GuestEnd, probe: &EgressProbe, token_url: &str) -> Result<(), Sa
                 "address" => format!("(a) by address, {}", probe.by_address),
                 "name" => format!("(b) by name, {}", probe.by_name),
                 "token" => format!("(c) the host's token server, {token_url}"),
+                "around" => format!(
+                    "an allowed host around the proxy, {}",
+                    allowed.unwrap_or("")
+                ),
+                "proxied-address" => format!(
+                    "through the proxy, a host off the allowlist, {}",
+                    probe.by_address
+                ),
+                "proxied-token" => {
+                    format!("through the proxy, the host's token server, {token_url}")
+                }
                 other => format!("an unnamed target: {}", tail(other.as_bytes())),
             };
-            Err(SandboxError::HostNotConfined(format!("{CLOSED}: {target}")))
+            let what = match allowed {
+                None => CLOSED,
+                Some(_) => ALLOWLIST,
+            };
+            Err(SandboxError::HostNotConfined(format!("{what}: {target}")))
         }
         GuestEnd::Ran(output) => Err(SandboxError::engine(format!(
             "the egress preflight could not run (exit {}), so egress is unverified: {}",
@@ -236,7 +289,7 @@ mod tests {
     fn only_a_clean_exit_passes_and_every_other_end_refuses() {
         let probe = EgressProbe::new("http://10.0.0.1:8/", "http://probe.invalid/", None);
         let token_url = "http://10.0.0.1:4242/";
-        assert!(verdict(ran(0, "", ""), &probe, token_url).is_ok());
+        assert!(verdict(ran(0, "", ""), &probe, token_url, None).is_ok());
         for (said, names) in [
             ("address\n", "(a) by address, http://10.0.0.1:8/"),
             ("name\n", "(b) by name, http://probe.invalid/"),
@@ -246,13 +299,40 @@ mod tests {
             ),
             ("", "an unnamed target"),
         ] {
-            let error = verdict(ran(REACHED, said, ""), &probe, token_url).unwrap_err();
+            let error = verdict(ran(REACHED, said, ""), &probe, token_url, None).unwrap_err();
             assert_eq!(error.kind(), ErrorKind::HostNotConfined, "{error}");
             let message = error.to_string();
             assert!(
                 message.contains("reached the network although its egress is closed"),
                 "{message}"
             );
+            assert!(message.contains(names), "{said:?}: {message}");
+        }
+        // An allowlist sandbox's reach names the route: around the proxy, or through it.
+        for (said, names) in [
+            (
+                "around\n",
+                "an allowed host around the proxy, http://a.test/",
+            ),
+            (
+                "proxied-address\n",
+                "through the proxy, a host off the allowlist, http://10.0.0.1:8/",
+            ),
+            (
+                "proxied-token\n",
+                "through the proxy, the host's token server, http://10.0.0.1:4242/",
+            ),
+        ] {
+            let error = verdict(
+                ran(REACHED, said, ""),
+                &probe,
+                token_url,
+                Some("http://a.test/"),
+            )
+            .unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::HostNotConfined, "{error}");
+            let message = error.to_string();
+            assert!(message.contains("around its egress proxy"), "{message}");
             assert!(message.contains(names), "{said:?}: {message}");
         }
         // A probe that cannot run, or cannot finish, leaves egress unverified: refused, never
@@ -265,7 +345,7 @@ mod tests {
             (GuestEnd::Overflowed, "output budget"),
         ];
         for (end, names) in unverified {
-            let error = verdict(end, &probe, token_url).unwrap_err();
+            let error = verdict(end, &probe, token_url, None).unwrap_err();
             assert_eq!(error.kind(), ErrorKind::Engine, "{error}");
             let message = error.to_string();
             assert!(message.contains("unverified"), "{message}");
@@ -341,6 +421,64 @@ mod tests {
         assert_eq!(run_script(true, wrong).await, (0, String::new()));
         // No curl: the probe cannot run, with its own exit.
         assert_eq!(run_script(false, closed).await, (127, String::new()));
+    }
+
+    #[test]
+    fn the_direct_probe_aims_at_an_allowed_host() {
+        let plan = |hosts: &[&str]| EgressPlan {
+            hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
+            private: false,
+            egress_id: String::new(),
+            digest: String::new(),
+            image: String::new(),
+            network: String::new(),
+        };
+        assert_eq!(allowed_url(&plan(&["a.test", "b.test"])), "http://a.test/");
+        assert_eq!(
+            allowed_url(&plan(&["*.d.test"])),
+            "http://maf-egress-probe.d.test/"
+        );
+    }
+
+    /// The script under `sh` with a fake `curl` that logs its arguments and succeeds only for
+    /// the URL named in `REACHABLE`: a direct request to the allowed host, or a proxied one off
+    /// the list, is reach (86); nothing reached is 0.
+    #[test]
+    fn the_allowlist_probe_fails_closed_on_either_route() {
+        let dir = std::env::temp_dir().join(format!("maf-probe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let curl = dir.join("curl");
+        std::fs::write(
+            &curl,
+            "#!/bin/sh\nfor a in \"$@\"; do last=$a; done\ncase \" $* \" in *\" $REACHABLE \"*) [ \"$last\" = \"$TARGET\" ] && exit 0 ;; esac\nexit 7\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&curl, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let run = |reachable: &str, target: &str| {
+            std::process::Command::new("sh")
+                .args([
+                    "-c",
+                    PROBE_SCRIPT,
+                    "maf-egress",
+                    "http://10.0.0.1/",
+                    "http://name.invalid/",
+                    "http://10.0.0.2/",
+                    "token",
+                    "http://a.test/",
+                    "http://127.0.0.1:3128",
+                ])
+                .env("PATH", format!("{}:/usr/bin:/bin", dir.display()))
+                .env("REACHABLE", reachable)
+                .env("TARGET", target)
+                .status()
+                .unwrap()
+                .code()
+        };
+        assert_eq!(run("nothing", "none"), Some(0));
+        assert_eq!(run("--noproxy", "http://a.test/"), Some(REACHED));
+        assert_eq!(run("--proxy", "http://10.0.0.1/"), Some(REACHED));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

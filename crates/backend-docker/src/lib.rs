@@ -128,6 +128,7 @@ mod config;
 mod connection;
 mod containers;
 mod disposal;
+mod egress;
 mod egress_preflight;
 mod error;
 mod exec;
@@ -141,8 +142,9 @@ mod tar_header;
 
 pub use backend::{DockerBackend, TRANSFER_CEILING};
 pub use config::{
-    DockerConfig, EgressProbe, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CPUS, DEFAULT_EXEC_CLEANUP_TIMEOUT,
-    DEFAULT_IMAGE, DEFAULT_MEMORY_BYTES, DEFAULT_PIDS_LIMIT, DEFAULT_PULL_TIMEOUT,
+    DockerConfig, EgressProbe, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CPUS, DEFAULT_EGRESS_PROXY_IMAGE,
+    DEFAULT_EXEC_CLEANUP_TIMEOUT, DEFAULT_IMAGE, DEFAULT_MEMORY_BYTES, DEFAULT_OUTBOUND_NETWORK,
+    DEFAULT_PIDS_LIMIT, DEFAULT_PULL_TIMEOUT,
 };
 pub use connection::{Endpoint, EndpointSource, TlsFiles, DEFAULT_DOCKER_HOST};
 pub use error::DockerError;

@@ -126,6 +126,8 @@ pub(crate) struct ConfigRecord {
     pub(crate) image: Option<String>,
     #[serde(rename = "Labels", default)]
     pub(crate) labels: Option<BTreeMap<String, String>>,
+    #[serde(rename = "User", default)]
+    pub(crate) user: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -193,6 +195,25 @@ impl ContainerRecord {
         self.config.as_ref().and_then(|c| c.image.as_deref())
     }
 
+    /// Whether it runs as root: no user, `root` or uid 0 (a group after `:` aside).
+    pub(crate) fn runs_as_root(&self) -> bool {
+        let user = self
+            .config
+            .as_ref()
+            .and_then(|c| c.user.as_deref())
+            .unwrap_or("");
+        let user = user.split(':').next().unwrap_or("");
+        matches!(user, "" | "root" | "0")
+    }
+
+    /// The egress volume it was made with, read from its labels: `<name>-egress` when it carries
+    /// an egress policy label, else none.
+    pub(crate) fn expected_egress_volume(&self) -> Option<String> {
+        self.labels()
+            .contains_key(crate::egress::LABEL_EGRESS_V1)
+            .then(|| crate::egress::volume_name(self.bare_name()))
+    }
+
     /// Its name without the leading `/`.
     pub(crate) fn bare_name(&self) -> &str {
         self.name.trim_start_matches('/')
@@ -221,9 +242,14 @@ impl ContainerRecord {
     }
 
     /// Ownership 4: every capability dropped, none added, not privileged, on `network` (`none`
-    /// outside the live tests' unsafe seam), `--init`, no bind, mount or published port. `None`
+    /// outside the live tests' unsafe seam), `--init`, no bind, mount or published port, except,
+    /// for an allowlist sandbox, exactly its egress volume read-only at `/run/maf-egress`. `None`
     /// when the policy holds, else what differs.
-    pub(crate) fn policy_difference(&self, network: &str) -> Option<String> {
+    pub(crate) fn policy_difference(
+        &self,
+        network: &str,
+        egress_volume: Option<&str>,
+    ) -> Option<String> {
         let Some(host) = &self.host_config else {
             return Some("it reports no host configuration".to_owned());
         };
@@ -254,13 +280,40 @@ impl ContainerRecord {
         if host.init != Some(true) {
             return Some("it runs without --init".to_owned());
         }
-        let non_empty =
-            |v: &Option<Vec<serde_json::Value>>| v.as_ref().is_some_and(|v| !v.is_empty());
-        if host.binds.as_ref().is_some_and(|b| !b.is_empty())
-            || non_empty(&host.mounts)
-            || non_empty(&self.mounts)
-        {
+        if host.binds.as_ref().is_some_and(|b| !b.is_empty()) {
             return Some("it has binds or mounts".to_owned());
+        }
+        let requested = host.mounts.as_deref().unwrap_or_default();
+        let mounted = self.mounts.as_deref().unwrap_or_default();
+        match egress_volume {
+            None if !requested.is_empty() || !mounted.is_empty() => {
+                return Some("it has binds or mounts".to_owned());
+            }
+            None => {}
+            Some(volume) => {
+                let field = |v: &serde_json::Value, name: &str| {
+                    v.get(name).cloned().unwrap_or(serde_json::Value::Null)
+                };
+                let requested_ok = requested.iter().all(|m| {
+                    field(m, "Type") == "volume"
+                        && field(m, "Source") == volume
+                        && field(m, "Target") == crate::egress::EGRESS_MOUNT
+                        && field(m, "ReadOnly") == true
+                });
+                let mounted_ok = mounted.len() == 1
+                    && mounted.iter().all(|m| {
+                        field(m, "Type") == "volume"
+                            && field(m, "Name") == volume
+                            && field(m, "Destination") == crate::egress::EGRESS_MOUNT
+                            && field(m, "RW") == false
+                    });
+                if !(requested_ok && mounted_ok) {
+                    return Some(format!(
+                        "it does not have exactly its egress volume {volume} mounted read-only at {}",
+                        crate::egress::EGRESS_MOUNT
+                    ));
+                }
+            }
         }
         let ports = match &host.port_bindings {
             None | Some(serde_json::Value::Null) => false,
@@ -274,7 +327,8 @@ impl ContainerRecord {
     }
 
     /// The ownership rules in order, first failure wins. `image` is `None` for `find`, which has no
-    /// spec; `network` is the configured workload network (`none`).
+    /// spec; `network` is the configured workload network (`none`); `egress_volume` is the
+    /// allowlist sandbox's volume, `None` for egress closed.
     pub(crate) fn verify(
         &self,
         key: &SandboxKey,
@@ -282,6 +336,7 @@ impl ContainerRecord {
         base: Option<&str>,
         image: Option<&str>,
         network: &str,
+        egress_volume: Option<&str>,
     ) -> Result<(), Verdict> {
         if !self.owned_by(key, Some(kind)) {
             return Err(Verdict::NotOurs);
@@ -297,7 +352,7 @@ impl ContainerRecord {
                 return Err(Verdict::OtherImage(self.image().map(str::to_owned)));
             }
         }
-        match self.policy_difference(network) {
+        match self.policy_difference(network, egress_volume) {
             Some(difference) => Err(Verdict::OtherPolicy(difference)),
             None => Ok(()),
         }
@@ -431,20 +486,21 @@ mod tests {
                 "python",
                 Some("/maf-sandbox/work"),
                 Some("sandbox-base:local"),
-                "none"
+                "none",
+                None
             ),
             Ok(())
         );
         assert_eq!(
-            ok.verify(&key(), "other", None, None, "none"),
+            ok.verify(&key(), "other", None, None, "none", None),
             Err(Verdict::NotOurs)
         );
         assert_eq!(
-            ok.verify(&key().with_call("c"), "python", None, None, "none"),
+            ok.verify(&key().with_call("c"), "python", None, None, "none", None),
             Err(Verdict::NotOurs)
         );
         assert_eq!(
-            ok.verify(&key(), "python", Some("/other"), Some("x"), "none"),
+            ok.verify(&key(), "python", Some("/other"), Some("x"), "none", None),
             Err(Verdict::OtherBase(Some("/maf-sandbox/work".into())))
         );
         assert_eq!(
@@ -453,7 +509,8 @@ mod tests {
                 "python",
                 Some("/maf-sandbox/work"),
                 Some("x"),
-                "none"
+                "none",
+                None
             ),
             Err(Verdict::OtherImage(Some("sandbox-base:local".into())))
         );
@@ -499,7 +556,7 @@ mod tests {
             ),
         ];
         for (host, want) in cases {
-            let difference = record(&labels, host).policy_difference("none");
+            let difference = record(&labels, host).policy_difference("none", None);
             match want {
                 None => assert_eq!(difference, None, "{host}"),
                 Some(word) => assert!(
@@ -514,9 +571,78 @@ mod tests {
             &labels,
             r#"{"CapDrop":["ALL"],"NetworkMode":"bridge","Init":true}"#,
         );
-        assert_eq!(open.policy_difference("bridge"), None);
-        let refused = open.policy_difference("none").unwrap_or_default();
+        assert_eq!(open.policy_difference("bridge", None), None);
+        let refused = open.policy_difference("none", None).unwrap_or_default();
         assert!(refused.contains("\"bridge\", not none"), "{refused}");
+    }
+
+    #[test]
+    fn an_allowlist_workload_has_exactly_its_volume_read_only() {
+        let labels = workload_labels(&key(), "k", &BTreeMap::new(), "/w");
+        let with_mounts = |requested: &str, mounted: &str| {
+            let mut r = record(
+                &labels,
+                &format!(
+                    r#"{{"CapDrop":["ALL"],"NetworkMode":"none","Init":true,"Mounts":{requested}}}"#
+                ),
+            );
+            r.mounts = serde_json::from_str(mounted).unwrap();
+            r
+        };
+        let good_req =
+            r#"[{"Type":"volume","Source":"v-egress","Target":"/run/maf-egress","ReadOnly":true}]"#;
+        let good_mnt =
+            r#"[{"Type":"volume","Name":"v-egress","Destination":"/run/maf-egress","RW":false}]"#;
+        let ok = with_mounts(good_req, good_mnt);
+        assert_eq!(ok.policy_difference("none", Some("v-egress")), None);
+        // A closed sandbox never has it; another volume, a writable mount or a second one fail.
+        assert!(ok
+            .policy_difference("none", None)
+            .unwrap()
+            .contains("mounts"));
+        assert!(ok.policy_difference("none", Some("w-egress")).is_some());
+        let writable = with_mounts(
+            r#"[{"Type":"volume","Source":"v-egress","Target":"/run/maf-egress","ReadOnly":false}]"#,
+            r#"[{"Type":"volume","Name":"v-egress","Destination":"/run/maf-egress","RW":true}]"#,
+        );
+        assert!(writable
+            .policy_difference("none", Some("v-egress"))
+            .is_some());
+        let two = with_mounts(
+            good_req,
+            r#"[{"Type":"volume","Name":"v-egress","Destination":"/run/maf-egress","RW":false},
+                {"Type":"bind","Source":"/","Destination":"/host","RW":false}]"#,
+        );
+        assert!(two.policy_difference("none", Some("v-egress")).is_some());
+        let missing = with_mounts("[]", "[]");
+        assert!(missing
+            .policy_difference("none", Some("v-egress"))
+            .is_some());
+        let bridged = record(
+            &labels,
+            r#"{"CapDrop":["ALL"],"NetworkMode":"bridge","Init":true}"#,
+        );
+        assert!(bridged
+            .policy_difference("none", Some("v-egress"))
+            .unwrap()
+            .contains("network"));
+    }
+
+    #[test]
+    fn root_users() {
+        let labels = workload_labels(&key(), "k", &BTreeMap::new(), "/w");
+        let mut r = record(&labels, HARDENED);
+        for (user, root) in [
+            (None, true),
+            (Some(""), true),
+            (Some("root"), true),
+            (Some("0:0"), true),
+            (Some("65532"), false),
+            (Some("proxy:proxy"), false),
+        ] {
+            r.config.as_mut().unwrap().user = user.map(str::to_owned);
+            assert_eq!(r.runs_as_root(), root, "{user:?}");
+        }
     }
 
     #[test]

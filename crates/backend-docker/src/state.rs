@@ -46,6 +46,8 @@ struct ProcessMemory {
     remembered: HashMap<String, Remembered>,
     /// The guest user's uid and gid per id, for files the engine writes on its behalf.
     guest_ids: HashMap<String, (u64, u64)>,
+    /// Egress proxy ids this process saw print their ready line.
+    ready_proxies: HashSet<String>,
 }
 
 /// Everything one [`DockerBackend`](crate::DockerBackend) and its handles share.
@@ -197,12 +199,23 @@ impl BackendState {
     }
 
     /// Forgets everything about a container that is gone.
+    /// Whether this process saw the proxy `id` ready.
+    pub(crate) fn is_ready_proxy(&self, id: &str) -> bool {
+        self.memory().ready_proxies.contains(id)
+    }
+
+    /// Remembers that the proxy `id` printed its ready line.
+    pub(crate) fn mark_ready_proxy(&self, id: &str) {
+        self.memory().ready_proxies.insert(id.to_owned());
+    }
+
     pub(crate) fn forget_instance(&self, id: &str) {
         let mut memory = self.memory();
         memory.warm.remove(id);
         memory.probed.remove(id);
         memory.subreaper.remove(id);
         memory.guest_ids.remove(id);
+        memory.ready_proxies.remove(id);
         memory.remembered.retain(|_, r| r.id != id);
         if !memory.unremovable.contains(id) {
             memory.retired.remove(id);

@@ -101,34 +101,16 @@ fn invalid_allow(entry: &str, reason: String) -> ProxyError {
     }
 }
 
+/// The matcher's plain model, shared by the property tests here and the fuzz target.
+#[cfg(test)]
+#[path = "hostmatch_model.rs"]
+mod hostmatch_model;
+
 #[cfg(test)]
 mod tests {
+    use super::hostmatch_model::model;
     use super::*;
     use proptest::prelude::*;
-
-    /// The specification, written as plainly as possible.
-    fn model(entries: &[String], host: &str) -> bool {
-        let host = host.to_ascii_lowercase();
-        let labels_ok = host.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        });
-        labels_ok
-            && entries.iter().any(|entry| {
-                let entry = entry.to_ascii_lowercase();
-                match entry.strip_prefix("*.") {
-                    Some(domain) => {
-                        host.len() > domain.len() + 1
-                            && host.ends_with(domain)
-                            && host.as_bytes()[host.len() - domain.len() - 1] == b'.'
-                            && !host.starts_with('.')
-                    }
-                    None => host == entry,
-                }
-            })
-    }
 
     #[test]
     fn exact_and_wildcard_entries_match_as_specified() {

@@ -21,6 +21,8 @@ pub async fn connect(
         BackendChoice::Docker => {
             let mut config = DockerConfig::default();
             config.management_env = Some(management_env(std::env::vars_os(), guest_names));
+            config.egress_proxy_image = Some(global.egress_proxy_image.clone());
+            config.outbound_network = global.outbound_network.clone();
             Ok(Arc::new(DockerBackend::connect(config).await?))
         }
         BackendChoice::Sbx => Ok(Arc::new(connect_sbx(global, guest_names).await?)),

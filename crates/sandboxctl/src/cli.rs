@@ -80,6 +80,13 @@ pub struct GlobalArgs {
     /// `container`, never `microvm`).
     #[arg(long, global = true)]
     pub allow_simulator: bool,
+    /// The image of the docker backend's egress proxy, which `run --allow` needs (build it with
+    /// `sandboxctl images build`).
+    #[arg(long, global = true, value_name = "IMAGE", default_value = backend_docker::DEFAULT_EGRESS_PROXY_IMAGE)]
+    pub egress_proxy_image: String,
+    /// The docker network the egress proxy's outbound leg joins.
+    #[arg(long, global = true, value_name = "NETWORK", default_value = backend_docker::DEFAULT_OUTBOUND_NETWORK)]
+    pub outbound_network: String,
 }
 
 fn parse_rung(s: &str) -> Result<Isolation, String> {
@@ -147,6 +154,11 @@ pub enum CommandLine {
         /// Keep the sandbox; its key is printed on stderr.
         #[arg(long)]
         keep: bool,
+        /// Let the sandbox reach this host over HTTP(S) through the egress proxy (repeatable; `*.d`
+        /// allows the strict subdomains of d). Without it, egress is closed. A kept sandbox's
+        /// allowlist cannot change: dispose it first.
+        #[arg(long = "allow", value_name = "HOST")]
+        allow: Vec<String>,
         /// The command and its arguments.
         #[arg(last = true, required = true, value_name = "CMD")]
         argv: Vec<std::ffi::OsString>,
@@ -398,6 +410,32 @@ mod tests {
         assert!(
             matches!(cli.command, CommandLine::Dispose { kind: None, instance: Some(id), .. } if id == "abc")
         );
+    }
+
+    #[test]
+    fn run_takes_repeated_allowed_hosts_and_the_proxy_settings() {
+        let cli = Cli::try_parse_from([
+            "sandboxctl",
+            "--outbound-network",
+            "egress-net",
+            "run",
+            "--allow",
+            "a.test",
+            "--allow",
+            "*.b.test",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(cli.global.outbound_network, "egress-net");
+        assert_eq!(cli.global.egress_proxy_image, "sandbox-egress-proxy:local");
+        match cli.command {
+            CommandLine::Run { allow, .. } => assert_eq!(allow, ["a.test", "*.b.test"]),
+            other => panic!("parsed as {other:?}"),
+        }
+        let plain = Cli::try_parse_from(["sandboxctl", "run", "--", "true"]).unwrap();
+        assert_eq!(plain.global.outbound_network, "bridge");
+        assert!(matches!(plain.command, CommandLine::Run { allow, .. } if allow.is_empty()));
     }
 
     #[test]

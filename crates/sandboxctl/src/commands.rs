@@ -25,8 +25,9 @@ pub async fn dispatch(cli: Cli) -> u8 {
             key,
             target,
             keep,
+            allow,
             argv,
-        } => return run(&global, image, &key, &target, keep, argv).await,
+        } => return run(&global, image, &key, &target, keep, &allow, argv).await,
         CommandLine::Exec { key, target, argv } => return exec(&global, &key, &target, argv).await,
         CommandLine::Images { action } => images(&global, action).await,
         CommandLine::Doctor { egress_probe } => {
@@ -333,6 +334,7 @@ async fn run(
     key: &KeyArgs,
     target: &RunTarget,
     keep: bool,
+    allow: &[String],
     argv: Vec<std::ffi::OsString>,
 ) -> u8 {
     let refused = |e: SandboxError| finish_run(global, Err(e), RunFacts::default());
@@ -355,11 +357,7 @@ async fn run(
             Err(e) => return refused(e),
         },
     };
-    let mut builder = SandboxSpec::builder(target.kind.clone());
-    if let Some(image) = image {
-        builder = builder.image(image);
-    }
-    let spec = match builder.build() {
+    let spec = match run_spec(&target.kind, image, allow) {
         Ok(s) => s,
         Err(e) => return refused(e),
     };
@@ -386,6 +384,26 @@ async fn run(
         }
     }
     code
+}
+
+/// The spec of `run`: the kind, the image, and egress allowlist when hosts are allowed (closed
+/// otherwise).
+fn run_spec(
+    kind: &str,
+    image: Option<String>,
+    allow: &[String],
+) -> Result<SandboxSpec, SandboxError> {
+    let mut builder = SandboxSpec::builder(kind);
+    if let Some(image) = image {
+        builder = builder.image(image);
+    }
+    if !allow.is_empty() {
+        builder = builder.egress(sandbox_core::Egress::Allowlist);
+        for host in allow {
+            builder = builder.allow(host.as_str());
+        }
+    }
+    builder.build()
 }
 
 async fn found(
@@ -705,6 +723,30 @@ fn key_flags(key: &SandboxKey) -> String {
 mod tests {
     use super::*;
     use std::path::Path;
+
+    #[test]
+    fn run_allows_hosts_as_an_allowlist_and_refuses_bad_ones() {
+        let closed = run_spec("default", None, &[]).unwrap();
+        assert_eq!(closed.egress(), sandbox_core::Egress::Closed);
+        let allow = run_spec(
+            "default",
+            Some("img:1".into()),
+            &["b.test".into(), "a.test".into()],
+        )
+        .unwrap();
+        assert_eq!(allow.egress(), sandbox_core::Egress::Allowlist);
+        let hosts: Vec<&str> = allow.egress_allow().iter().map(|e| e.host()).collect();
+        assert_eq!(hosts, ["b.test", "a.test"]);
+        assert_eq!(allow.image(), Some("img:1"));
+        for bad in ["10.0.0.1", "*", "a b"] {
+            let error = run_spec("default", None, &[bad.to_owned()]).unwrap_err();
+            assert_eq!(
+                error.kind(),
+                sandbox_core::ErrorKind::InvalidArgument,
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn kept_keys_print_as_flags_that_name_them_again() {

@@ -1392,3 +1392,180 @@ fn exec_streams_as_output_arrives_and_passes_stdin_with_i() {
     assert!(started.elapsed() >= Duration::from_secs(3));
     purge_and_check(&scope, "t1");
 }
+
+/// An internal network (nothing on it routes anywhere but to its members) with one server answering
+/// as `allowed.test`; removed, with whatever the scope left, when dropped.
+struct EgressNetwork {
+    name: String,
+    server: String,
+    scope: String,
+}
+
+impl EgressNetwork {
+    fn start(scope: &str) -> EgressNetwork {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let name = format!("maf-egress-test-{:08x}", nanos ^ std::process::id());
+        let network = EgressNetwork {
+            server: format!("{name}-allowed"),
+            name,
+            scope: scope.to_owned(),
+        };
+        let docker = |args: &[&str]| {
+            let out = ctl_bounded_docker(args);
+            assert!(
+                out.status.success(),
+                "docker {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        docker(&["network", "create", "--internal", &network.name]);
+        docker(&[
+            "run",
+            "-d",
+            "--name",
+            &network.server,
+            "--network",
+            &network.name,
+            "--network-alias",
+            "allowed.test",
+            "--cap-drop",
+            "ALL",
+            backend_docker_proxy_image(),
+            "serve",
+            "--listen",
+            "0.0.0.0:80",
+            "--body",
+            "allowed.test",
+        ]);
+        network
+    }
+}
+
+fn backend_docker_proxy_image() -> &'static str {
+    "sandbox-egress-proxy:local"
+}
+
+/// One bounded docker CLI call of the test's own.
+fn ctl_bounded_docker(args: &[&str]) -> Output {
+    let mut child = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("docker runs");
+    let until = Instant::now() + Duration::from_secs(60);
+    while matches!(child.try_wait(), Ok(None)) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    child.wait_with_output().expect("docker's output")
+}
+
+impl Drop for EgressNetwork {
+    fn drop(&mut self) {
+        let label = format!("label=maf-sandbox.scope={}", self.scope);
+        for args in [
+            vec!["ps", "-aq", "--filter", &label],
+            vec!["volume", "ls", "-q", "--filter", &label],
+        ] {
+            let listed = ctl_bounded_docker(&args);
+            let names: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect();
+            if !names.is_empty() {
+                let mut rm: Vec<&str> = if args[0] == "ps" {
+                    vec!["rm", "-f"]
+                } else {
+                    vec!["volume", "rm"]
+                };
+                rm.extend(names.iter().map(String::as_str));
+                let _ = ctl_bounded_docker(&rm);
+            }
+        }
+        let _ = ctl_bounded_docker(&["rm", "-f", &self.server]);
+        let _ = ctl_bounded_docker(&["network", "rm", &self.name]);
+    }
+}
+
+/// `run --allow` makes an allowlist sandbox: requests go through its proxy (which refuses the
+/// server's private address: sandboxctl never allows private destinations), nothing goes around it,
+/// `exec` finds the kept sandbox, and the purge leaves no container or volume.
+#[test]
+fn run_allow_routes_through_the_proxy_and_the_purge_takes_it() {
+    let scope = scope("allow");
+    let network = EgressNetwork::start(&scope);
+    let key = format!("{scope}/t1/a");
+    let out = ctl(&[
+        "--outbound-network",
+        &network.name,
+        "run",
+        "--key",
+        &key,
+        "--allow",
+        "allowed.test",
+        "--",
+        "sh",
+        "-c",
+        "curl -s -o /dev/null -w '%{http_code}' --max-time 10 http://allowed.test/; echo; \
+         curl -s --max-time 5 --noproxy '*' http://allowed.test/; echo around=$?",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        code(&out),
+        0,
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines[0], "403",
+        "the proxy answers, refusing a private address: {stdout}"
+    );
+    assert!(
+        lines[1].starts_with("around=") && lines[1] != "around=0",
+        "{stdout}"
+    );
+    let env = ctl(&["exec", "--key", &key, "--", "printenv", "HTTPS_PROXY"]);
+    assert_eq!(code(&env), 0, "{}", String::from_utf8_lossy(&env.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&env.stdout),
+        "http://127.0.0.1:3128\n"
+    );
+    let changed = ctl(&[
+        "--outbound-network",
+        &network.name,
+        "run",
+        "--key",
+        &key,
+        "--",
+        "true",
+    ]);
+    assert_eq!(
+        code(&changed),
+        125,
+        "closed egress on a kept allowlist key is refused"
+    );
+    assert!(
+        String::from_utf8_lossy(&changed.stderr).contains("dispose it"),
+        "{}",
+        String::from_utf8_lossy(&changed.stderr)
+    );
+    purge_and_check(&scope, "t1");
+    let label = format!("label=maf-sandbox.scope={scope}");
+    for args in [
+        vec!["ps", "-aq", "--filter", &label],
+        vec!["volume", "ls", "-q", "--filter", &label],
+    ] {
+        let left = ctl_bounded_docker(&args);
+        assert!(
+            String::from_utf8_lossy(&left.stdout).trim().is_empty(),
+            "left behind: {args:?}"
+        );
+    }
+    drop(network);
+}

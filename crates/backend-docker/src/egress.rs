@@ -1,0 +1,856 @@
+//! Allowlist egress (docs/docker-backend.md#allowlist-egress): a per-sandbox proxy container on the
+//! outbound network, a per-sandbox named volume carrying its Unix socket and its forwarder, and the
+//! workload settings that route HTTP(S) through them.
+//!
+//! The workload keeps network `none`; the volume, mounted read-only in it, is its only way out,
+//! and the proxy on the other end of the socket decides. What is enforced is the proxy's: hosts
+//! (exact or `*.d`), ports, refused address ranges. TLS is tunnelled, never decrypted, so methods
+//! and paths are not enforced and rules naming them are refused. Not defended here: what an
+//! allowed host does with what it is sent.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bollard::container::LogOutput;
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, ListVolumesOptionsBuilder, LogsOptionsBuilder,
+    RemoveVolumeOptionsBuilder,
+};
+use futures_util::StreamExt as _;
+use sandbox_core::{DisposalCode, DisposalFailure, Egress, EgressEntry, SandboxError, SandboxSpec};
+use sha2::{Digest as _, Sha256};
+
+use crate::config::DockerConfig;
+use crate::connection::{quote, ApiFailure};
+use crate::containers::{Lifecycle, Removal};
+use crate::ownership_labels::{ContainerRecord, Selection, PROXY_SUFFIX};
+use crate::state::BackendState;
+
+/// Where the egress volume is mounted, in the proxy (read-write) and the workload (read-only).
+pub(crate) const EGRESS_MOUNT: &str = "/run/maf-egress";
+/// The proxy's socket, in the volume.
+pub(crate) const PROXY_SOCKET: &str = "/run/maf-egress/proxy.sock";
+/// The forwarder binary the proxy installs in the volume.
+pub(crate) const FORWARDER: &str = "/run/maf-egress/egress-proxy";
+/// Where the forwarder listens inside the workload's own network namespace.
+pub(crate) const FORWARD_LISTEN: &str = "127.0.0.1:3128";
+/// The proxy URL the workload's environment names.
+pub(crate) const PROXY_URL: &str = "http://127.0.0.1:3128";
+/// The contract line a proxy prints on stdout once its socket and forwarder are in place.
+pub(crate) const READY_LINE: &str = "maf-egress-proxy ready v1";
+/// Suffix of a sandbox's egress volume's name.
+pub(crate) const VOLUME_SUFFIX: &str = "-egress";
+/// The label naming a companion's role (`proxy`, `egress-volume`).
+pub(crate) const LABEL_ROLE: &str = "maf-sandbox.role";
+/// The label carrying the SHA-256 of the egress policy (proxy, volume and workload).
+pub(crate) const LABEL_EGRESS_V1: &str = "maf-sandbox.egress.v1";
+/// The `egress_id` prefix of a Unix-socket allowlist (never Python's `allow:`).
+const EGRESS_ID_PREFIX: &str = "allow-uds-v1:";
+/// The proxy's log file size before rotation (two files are kept).
+const PROXY_LOG_MAX_SIZE: &str = "10m";
+/// How many times one acquire makes a proxy whose name others keep taking and freeing.
+const PROXY_ATTEMPTS: usize = 4;
+/// The proxy container's pids limit.
+const PROXY_PIDS_LIMIT: i64 = 64;
+/// How many times the proxy's logs are read for its ready line, and how far apart.
+const READY_POLLS: u32 = 60;
+const READY_POLL: Duration = Duration::from_millis(250);
+/// How much of the proxy's log one poll reads, from its start (the ready line comes first, however
+/// long the proxy has been logging since).
+const LOG_BUDGET: usize = 64 * 1024;
+/// How many log lines a readiness failure quotes, and how long each may be.
+const QUOTED_LINES: usize = 10;
+const QUOTED_LINE_CHARS: usize = 200;
+
+/// What an allowlist sandbox needs, decided before touching the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EgressPlan {
+    /// The allowed hosts, sorted.
+    pub(crate) hosts: Vec<String>,
+    /// Whether private destinations are dialled.
+    pub(crate) private: bool,
+    /// The naming part (docker.md rule 45).
+    pub(crate) egress_id: String,
+    /// SHA-256 (hex) of the whole policy: id, proxy image, outbound network, ports.
+    pub(crate) digest: String,
+    /// The proxy image.
+    pub(crate) image: String,
+    /// The proxy's outbound network.
+    pub(crate) network: String,
+}
+
+/// The egress part of an acquire: `None` for `closed`.
+///
+/// # Errors
+/// EgressNotEnforced for `unrestricted`, or for `allowlist` without a configured proxy image;
+/// CapabilityNotSupported for a rule narrowing methods or paths (TLS is tunnelled, never decrypted).
+pub(crate) fn plan(
+    spec: &SandboxSpec,
+    config: &DockerConfig,
+) -> Result<Option<EgressPlan>, SandboxError> {
+    match spec.egress() {
+        Egress::Closed => Ok(None),
+        Egress::Allowlist => {
+            let Some(image) = config.proxy_image() else {
+                return Err(SandboxError::EgressNotEnforced(
+                    "the docker backend offers egress allowlist only when an egress proxy image is \
+                     configured (egress_proxy_image)"
+                        .to_owned(),
+                ));
+            };
+            let mut hosts = Vec::new();
+            for entry in spec.egress_allow() {
+                match entry {
+                    EgressEntry::Host(host) => hosts.push(host.clone()),
+                    EgressEntry::Rule(rule) => {
+                        return Err(SandboxError::CapabilityNotSupported(format!(
+                            "the docker egress proxy tunnels TLS and cannot enforce methods or \
+                             paths; the rule {rule} needs them"
+                        )))
+                    }
+                }
+            }
+            if hosts.is_empty() {
+                return Err(SandboxError::invalid(
+                    "egress allowlist needs at least one allowed host",
+                ));
+            }
+            hosts.sort();
+            let private = config.allow_private_destinations;
+            let egress_id = egress_id(&hosts, private);
+            let network = config.outbound_network.clone();
+            let digest = policy_digest(&egress_id, image, &network);
+            Ok(Some(EgressPlan {
+                hosts,
+                private,
+                egress_id,
+                digest,
+                image: image.to_owned(),
+                network,
+            }))
+        }
+        other => Err(SandboxError::EgressNotEnforced(format!(
+            "the docker backend enforces egress closed and allowlist only; the spec asks for {other}"
+        ))),
+    }
+}
+
+/// docker.md rule 45: `allow-uds-v1:` + the sorted display strings joined by `,` +
+/// `:private=<bool>`.
+pub(crate) fn egress_id(sorted_hosts: &[String], private: bool) -> String {
+    format!(
+        "{EGRESS_ID_PREFIX}{}:private={private}",
+        sorted_hosts.join(",")
+    )
+}
+
+/// SHA-256 (lowercase hex) of the policy a proxy runs: what it allows, with which image, from which
+/// network. A proxy carrying another digest is replaced.
+pub(crate) fn policy_digest(egress_id: &str, image: &str, network: &str) -> String {
+    let text = format!(
+        "maf-egress-policy-v1\n{egress_id}\nimage={image}\nnetwork={network}\nports=80,443\n"
+    );
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The proxy container's name.
+pub(crate) fn proxy_name(workload: &str) -> String {
+    format!("{workload}{PROXY_SUFFIX}")
+}
+
+/// The egress volume's name.
+pub(crate) fn volume_name(workload: &str) -> String {
+    format!("{workload}{VOLUME_SUFFIX}")
+}
+
+/// The proxy's arguments (its image's entrypoint is the binary).
+pub(crate) fn proxy_command(plan: &EgressPlan, gateways: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "proxy",
+        "--socket",
+        PROXY_SOCKET,
+        "--install-forwarder",
+        FORWARDER,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    for host in &plan.hosts {
+        args.extend(["--allow".to_owned(), host.clone()]);
+    }
+    if plan.private {
+        args.push("--allow-private".to_owned());
+    }
+    for gateway in gateways {
+        args.extend(["--deny-address".to_owned(), gateway.clone()]);
+    }
+    args
+}
+
+/// The workload's environment: every client that honours the proxy variables goes through the
+/// forwarder.
+pub(crate) fn workload_env() -> Vec<String> {
+    let mut env: Vec<String> = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]
+        .iter()
+        .map(|name| format!("{name}={PROXY_URL}"))
+        .collect();
+    env.push("NO_PROXY=localhost,127.0.0.1".to_owned());
+    env.push("no_proxy=localhost,127.0.0.1".to_owned());
+    env
+}
+
+/// The workload's body: the forwarder in the background, then `keep_alive`. A guest that kills
+/// the forwarder loses only its own egress.
+pub(crate) fn keep_alive_with_forwarder(keep_alive: &str) -> String {
+    format!(
+        "if [ -x {FORWARDER} ]; then {FORWARDER} forward --listen {FORWARD_LISTEN} --socket {PROXY_SOCKET} \
+         </dev/null >/dev/null 2>&1 & fi; {keep_alive}"
+    )
+}
+
+/// Whether the proxy's stdout holds the ready line.
+pub(crate) fn is_ready(stdout: &str) -> bool {
+    stdout
+        .lines()
+        .any(|line| line.trim_end_matches('\r') == READY_LINE)
+}
+
+/// The last non-blank log lines, each bounded and with control characters escaped, for an error.
+pub(crate) fn log_tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let start = lines.len().saturating_sub(QUOTED_LINES);
+    lines[start..]
+        .iter()
+        .map(|line| {
+            let bounded: String = line.chars().take(QUOTED_LINE_CHARS).collect();
+            bounded.escape_debug().to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl BackendState {
+    /// Makes sure the sandbox `workload` has a ready proxy running `plan`: an owned proxy that is
+    /// running with this policy's digest and has said it is ready is kept; anything else is
+    /// replaced (the volume is created when missing). Never returns before the ready line.
+    ///
+    /// # Errors
+    /// Engine when a container or volume under the companion names belongs to another key, when
+    /// the proxy runs as root, or when it does not get ready (quoting its last log lines).
+    pub(crate) async fn ensure_proxy(
+        &self,
+        workload: &str,
+        plan: &EgressPlan,
+        labels: &[(String, String)],
+    ) -> Result<(), SandboxError> {
+        for _ in 0..PROXY_ATTEMPTS {
+            if self.ensure_proxy_once(workload, plan, labels).await? {
+                return Ok(());
+            }
+        }
+        Err(SandboxError::engine(format!(
+            "the egress proxy {} kept disappearing while it was being made",
+            proxy_name(workload)
+        )))
+    }
+
+    /// One pass of [`ensure_proxy`](Self::ensure_proxy): `false` when the name was taken by a
+    /// proxy that vanished before it could be read (another process replacing it), so the pass
+    /// is worth repeating.
+    async fn ensure_proxy_once(
+        &self,
+        workload: &str,
+        plan: &EgressPlan,
+        labels: &[(String, String)],
+    ) -> Result<bool, SandboxError> {
+        let name = proxy_name(workload);
+        if let Some(existing) = self.inspect(&name).await? {
+            let owned = owned_like(&existing.labels(), labels);
+            if !owned {
+                return Err(SandboxError::engine(format!(
+                    "a container named {name} exists that this key did not create; dispose it"
+                )));
+            }
+            // A current proxy may be another process's, created and not yet started, or
+            // started and not yet ready: it gets the ready polls before it is judged broken.
+            // A running one this process saw ready is not read again (its log may have been
+            // rotated since).
+            let current = existing.labels().get(LABEL_EGRESS_V1) == Some(&plan.digest)
+                && matches!(existing.status(), "running" | "created");
+            if current && existing.status() == "running" && self.is_ready_proxy(&existing.id) {
+                return Ok(true);
+            }
+            if current && self.await_ready(&name, &existing.id).await.is_ok() {
+                return Ok(true);
+            }
+            tracing::info!(proxy = %name, "replacing an egress proxy that is stopped, not ready or on another policy");
+            self.remove(&existing.id).await.map_err(|failure| {
+                SandboxError::engine(format!(
+                    "could not remove the egress proxy {name} to replace it: {failure}"
+                ))
+            })?;
+        }
+        // Present, or one explicit bounded pull, as for a workload's image (ImageMissing else).
+        self.ensure_image(&plan.image).await?;
+        let gateways = self.outbound_gateways(&plan.network).await?;
+        let volume = volume_name(workload);
+        self.ensure_volume(&volume, plan, labels).await?;
+        let mut proxy_labels: HashMap<String, String> = labels.iter().cloned().collect();
+        proxy_labels.insert(LABEL_ROLE.to_owned(), "proxy".to_owned());
+        proxy_labels.insert(LABEL_EGRESS_V1.to_owned(), plan.digest.clone());
+        let resources = self.resources().await;
+        let host_config = HostConfig {
+            init: Some(true),
+            cap_drop: Some(vec!["ALL".to_owned()]),
+            security_opt: Some(vec!["no-new-privileges".to_owned()]),
+            pids_limit: Some(PROXY_PIDS_LIMIT),
+            memory: Some(resources.memory_bytes),
+            memory_swap: Some(resources.memory_bytes),
+            nano_cpus: Some(resources.nano_cpus),
+            network_mode: Some(plan.network.clone()),
+            readonly_rootfs: Some(true),
+            // Readable logs (the ready line), bounded on disk: one line per request.
+            log_config: Some(bollard::models::HostConfigLogConfig {
+                typ: Some("json-file".to_owned()),
+                config: Some(HashMap::from([
+                    ("max-size".to_owned(), PROXY_LOG_MAX_SIZE.to_owned()),
+                    ("max-file".to_owned(), "2".to_owned()),
+                ])),
+            }),
+            mounts: Some(vec![Mount {
+                target: Some(EGRESS_MOUNT.to_owned()),
+                source: Some(volume.clone()),
+                typ: Some(MountType::VOLUME),
+                read_only: Some(false),
+                ..Mount::default()
+            }]),
+            ..HostConfig::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(plan.image.clone()),
+            cmd: Some(proxy_command(plan, &gateways)),
+            labels: Some(proxy_labels),
+            host_config: Some(host_config),
+            ..ContainerCreateBody::default()
+        };
+        let options = CreateContainerOptionsBuilder::new().name(&name).build();
+        let created = self
+            .engine
+            .call(
+                self.config.command_timeout,
+                self.engine.api().create_container(Some(options), body),
+            )
+            .await;
+        let id = match created {
+            Ok(response) => response.id,
+            Err(failure) if failure.is_not_found() => {
+                return Err(self.image_missing(&plan.image, failure.message()))
+            }
+            // Another process made it meanwhile: its proxy, once ready, serves this policy too.
+            // The engine holds the name from the start of a create, before an inspect finds it:
+            // the name is re-inspected every 0.25 s within one command timeout.
+            Err(failure) if failure.is_conflict() => {
+                let until = tokio::time::Instant::now() + self.config.command_timeout;
+                let existing = loop {
+                    match self.inspect(&name).await? {
+                        Some(existing) => break existing,
+                        None if tokio::time::Instant::now() < until => {
+                            tokio::time::sleep(READY_POLL).await;
+                        }
+                        None => return Ok(false),
+                    }
+                };
+                if !owned_like(&existing.labels(), labels)
+                    || existing.labels().get(LABEL_EGRESS_V1) != Some(&plan.digest)
+                {
+                    return Err(SandboxError::engine(format!(
+                        "another egress proxy took the name {name} meanwhile; acquire again"
+                    )));
+                }
+                return self.await_ready(&name, &existing.id).await.map(|()| true);
+            }
+            Err(failure) => return Err(self.engine.failure("egress proxy create", failure)),
+        };
+        let result = self.start_proxy(&name, &id).await;
+        if result.is_err() {
+            let _ = self.remove(&id).await;
+        }
+        result.map(|()| true)
+    }
+
+    /// Starts a created proxy, checks it is not root, and waits for its ready line.
+    async fn start_proxy(&self, name: &str, id: &str) -> Result<(), SandboxError> {
+        let record = self.inspect(id).await?.ok_or_else(|| {
+            SandboxError::engine(format!("the egress proxy {name} vanished after its create"))
+        })?;
+        if record.runs_as_root() {
+            return Err(SandboxError::engine(format!(
+                "the egress proxy image {} runs as root; it must name a non-root user",
+                record.image().unwrap_or("(unknown)")
+            )));
+        }
+        self.lifecycle(Lifecycle::Start, id).await?;
+        self.await_ready(name, id).await
+    }
+
+    /// Reads the proxy's log for its ready line, 60 times 0.25 s apart, giving up early when it
+    /// exited.
+    ///
+    /// # Errors
+    /// Engine quoting its last log lines when the line never came.
+    async fn await_ready(&self, name: &str, id: &str) -> Result<(), SandboxError> {
+        let mut logs = String::new();
+        for poll in 0..READY_POLLS {
+            let (ready, text) = self.proxy_ready(id).await?;
+            if ready {
+                self.mark_ready_proxy(id);
+                return Ok(());
+            }
+            logs = text;
+            if poll % 4 == 3 {
+                if let Some(record) = self.inspect(id).await? {
+                    if matches!(record.status(), "exited" | "dead") {
+                        break;
+                    }
+                }
+            }
+            tokio::time::sleep(READY_POLL).await;
+        }
+        Err(SandboxError::engine(format!(
+            "the egress proxy {name} did not print {READY_LINE:?}; its last log lines:\n{}",
+            log_tail(&logs)
+        )))
+    }
+
+    /// One read of the proxy's log from its start, up to the ready line or the budget: whether
+    /// stdout holds the ready line, and the log as read.
+    async fn proxy_ready(&self, id: &str) -> Result<(bool, String), SandboxError> {
+        let options = LogsOptionsBuilder::new()
+            .stdout(true)
+            .stderr(true)
+            .tail("all")
+            .build();
+        let read = async {
+            let mut stream = self.engine.api().logs(id, Some(options));
+            let (mut stdout, mut all) = (Vec::new(), Vec::new());
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                if let LogOutput::StdOut { message } | LogOutput::Console { message } = &chunk {
+                    stdout.extend_from_slice(message);
+                    if is_ready(&String::from_utf8_lossy(&stdout)) {
+                        break;
+                    }
+                }
+                all.extend_from_slice(chunk.as_ref());
+                if all.len() > LOG_BUDGET {
+                    break;
+                }
+            }
+            Ok((stdout, all))
+        };
+        let (stdout, all) = self
+            .engine
+            .call(self.config.command_timeout, read)
+            .await
+            .map_err(|f| self.engine.failure("egress proxy logs", f))?;
+        Ok((
+            is_ready(&String::from_utf8_lossy(&stdout)),
+            String::from_utf8_lossy(&all).into_owned(),
+        ))
+    }
+
+    /// Creates the egress volume, or checks that the one already there is this key's.
+    async fn ensure_volume(
+        &self,
+        volume: &str,
+        plan: &EgressPlan,
+        labels: &[(String, String)],
+    ) -> Result<(), SandboxError> {
+        let mut volume_labels: HashMap<String, String> = labels.iter().cloned().collect();
+        volume_labels.insert(LABEL_ROLE.to_owned(), "egress-volume".to_owned());
+        volume_labels.insert(LABEL_EGRESS_V1.to_owned(), plan.digest.clone());
+        let request = bollard::models::VolumeCreateRequest {
+            name: Some(volume.to_owned()),
+            driver: Some("local".to_owned()),
+            labels: Some(volume_labels),
+            ..Default::default()
+        };
+        let made = self
+            .engine
+            .call(
+                self.config.command_timeout,
+                self.engine.api().create_volume(request),
+            )
+            .await
+            .map_err(|f| self.engine.failure("egress volume create", f))?;
+        // An existing volume is returned as it is: it must be this key's.
+        let existing: std::collections::BTreeMap<String, String> =
+            made.labels.into_iter().collect();
+        if !owned_like(&existing, labels) {
+            return Err(SandboxError::engine(format!(
+                "a volume named {volume} exists that this key did not create; remove it"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The outbound network's gateways, refused as destinations by the proxy.
+    async fn outbound_gateways(&self, network: &str) -> Result<Vec<String>, SandboxError> {
+        let answer = self
+            .engine
+            .call(
+                self.config.command_timeout,
+                self.engine.api().inspect_network(
+                    network,
+                    None::<bollard::query_parameters::InspectNetworkOptions>,
+                ),
+            )
+            .await;
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(failure) if failure.is_not_found() => {
+                return Err(SandboxError::engine(format!(
+                    "the egress proxy's outbound network {network:?} does not exist on the engine"
+                )))
+            }
+            Err(failure) => return Err(self.engine.failure("network inspect", failure)),
+        };
+        let mut gateways = Vec::new();
+        for config in answer.ipam.and_then(|ipam| ipam.config).unwrap_or_default() {
+            let pair = format!(
+                "{} {}",
+                config.gateway.unwrap_or_default(),
+                config.subnet.unwrap_or_default()
+            );
+            if let Some(gateway) = crate::egress_preflight::gateway_from_ipam(&pair) {
+                gateways.push(gateway.to_string());
+            }
+        }
+        gateways.sort();
+        gateways.dedup();
+        Ok(gateways)
+    }
+
+    /// Whether a running workload's proxy is up and ready (for `find`, which has no policy to
+    /// compare): an owned `-proxy` container, running, that printed its ready line.
+    ///
+    /// # Errors
+    /// Engine when it is not: `find` never replaces a proxy, `acquire` does.
+    pub(crate) async fn require_ready_proxy(
+        &self,
+        workload: &ContainerRecord,
+    ) -> Result<(), SandboxError> {
+        let name = proxy_name(workload.bare_name());
+        let labels: Vec<(String, String)> = workload.labels().into_iter().collect();
+        let ready = match self.inspect(&name).await? {
+            Some(proxy) if owned_like(&proxy.labels(), &labels) && proxy.status() == "running" => {
+                self.proxy_ready(&proxy.id).await?.0
+            }
+            _ => false,
+        };
+        if ready {
+            Ok(())
+        } else {
+            Err(SandboxError::engine(format!(
+                "the egress proxy {name} of {} is not running and ready; acquire the sandbox again to replace it",
+                workload.bare_name()
+            )))
+        }
+    }
+
+    /// Removes a sandbox's proxy and volume (the proxy first: it holds the volume). Missing is
+    /// fine; a failure is `unknown` (docker.md rule 46).
+    pub(crate) async fn remove_companions(&self, workload: &str) -> Vec<DisposalFailure> {
+        let mut failures = Vec::new();
+        if let Err(failure) = self.remove(&proxy_name(workload)).await {
+            failures.push(companion_failure(failure));
+        }
+        if let Err(failure) = self.remove_volume(&volume_name(workload)).await {
+            failures.push(failure);
+        }
+        failures
+    }
+
+    /// Removes one volume; absent is fine. Never raises: a failure is `unknown`.
+    pub(crate) async fn remove_volume(&self, volume: &str) -> Result<Removal, DisposalFailure> {
+        let options = RemoveVolumeOptionsBuilder::new().force(false).build();
+        let answer = self
+            .engine
+            .call(
+                self.config.command_timeout,
+                self.engine.api().remove_volume(volume, Some(options)),
+            )
+            .await;
+        match answer {
+            Ok(()) => Ok(Removal::Removed),
+            Err(failure) if failure.is_not_found() => Ok(Removal::Absent),
+            Err(failure) => Err(DisposalFailure::new(
+                DisposalCode::Unknown,
+                format!(
+                    "egress volume {volume}: {}",
+                    match &failure {
+                        ApiFailure::Deadline(bound) =>
+                            format!("the removal did not finish within {} s", bound.as_secs()),
+                        other => quote(other.message().as_bytes()),
+                    }
+                ),
+            )),
+        }
+    }
+
+    /// The names of the egress volumes carrying all the selection's labels.
+    pub(crate) async fn volume_listing(
+        &self,
+        selection: &Selection,
+    ) -> Result<Vec<String>, SandboxError> {
+        let mut filters = selection.label_filters();
+        filters.push(format!("{LABEL_ROLE}=egress-volume"));
+        let filters = HashMap::from([("label".to_owned(), filters)]);
+        let options = ListVolumesOptionsBuilder::new().filters(&filters).build();
+        let listed = self
+            .engine
+            .call(
+                self.config.command_timeout,
+                self.engine.api().list_volumes(Some(options)),
+            )
+            .await
+            .map_err(|f| self.engine.failure("volume list", f))?;
+        Ok(listed
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|volume| volume.name)
+            .collect())
+    }
+}
+
+/// A companion's removal failure is `unknown`, whatever the engine said (docker.md rule 40).
+fn companion_failure(failure: DisposalFailure) -> DisposalFailure {
+    DisposalFailure::new(
+        DisposalCode::Unknown,
+        format!("egress proxy {}", failure.detail),
+    )
+}
+
+/// Whether `found` carries every ownership label of `expected` (the key's fields, call, kind)
+/// with the same value.
+fn owned_like(
+    found: &std::collections::BTreeMap<String, String>,
+    expected: &[(String, String)],
+) -> bool {
+    use sandbox_core::naming::{LABEL_AGENT, LABEL_CALL, LABEL_KIND, LABEL_SCOPE, LABEL_THREAD};
+    [
+        LABEL_SCOPE,
+        LABEL_THREAD,
+        LABEL_AGENT,
+        LABEL_CALL,
+        LABEL_KIND,
+    ]
+    .iter()
+    .all(|label| {
+        let want = expected.iter().find(|(k, _)| k == label).map(|(_, v)| v);
+        found.get(*label) == want
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_core::ErrorKind;
+
+    fn spec(hosts: &[&str]) -> SandboxSpec {
+        let mut builder = SandboxSpec::builder("k").egress(Egress::Allowlist);
+        for host in hosts {
+            builder = builder.allow(*host);
+        }
+        builder.build().unwrap()
+    }
+
+    fn offering() -> DockerConfig {
+        DockerConfig {
+            egress_proxy_image: Some("sandbox-egress-proxy:local".into()),
+            ..DockerConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_egress_id_sorts_the_display_strings_and_names_the_private_flag() {
+        let plan = plan(&spec(&["b.test", "a.test", "*.c.test"]), &offering())
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            plan.egress_id,
+            "allow-uds-v1:*.c.test,a.test,b.test:private=false"
+        );
+        let private = DockerConfig {
+            allow_private_destinations: true,
+            ..offering()
+        };
+        let other = super::plan(&spec(&["a.test", "b.test", "*.c.test"]), &private)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            other.egress_id,
+            "allow-uds-v1:*.c.test,a.test,b.test:private=true"
+        );
+        assert_ne!(plan.digest, other.digest);
+        assert_eq!(plan.digest.len(), 64);
+        // The order the spec listed them in does not change the name or the policy.
+        let again = super::plan(&spec(&["a.test", "*.c.test", "b.test"]), &offering())
+            .unwrap()
+            .unwrap();
+        assert_eq!(again, plan);
+        // The outbound network and the image are part of the policy, not of the name.
+        let moved = DockerConfig {
+            outbound_network: "other".into(),
+            ..offering()
+        };
+        let moved = super::plan(&spec(&["a.test", "b.test", "*.c.test"]), &moved)
+            .unwrap()
+            .unwrap();
+        assert_eq!(moved.egress_id, plan.egress_id);
+        assert_ne!(moved.digest, plan.digest);
+    }
+
+    #[test]
+    fn the_egress_id_enters_the_container_name() {
+        let key = sandbox_core::SandboxKey::conversation("prod", "thread-1", "agent");
+        let closed = sandbox_core::naming::docker_container_name(&key, "python", "");
+        assert_eq!(closed, "maf-sandbox-docker-aef172d1c789");
+        let id = egress_id(&["allowed.test".to_owned()], true);
+        let allow = sandbox_core::naming::docker_container_name(&key, "python", &id);
+        assert_ne!(allow, closed);
+        let preimage = sandbox_core::naming::docker_name_preimage(&[
+            "prod",
+            "thread-1",
+            "agent",
+            "python",
+            "allow-uds-v1:allowed.test:private=true",
+        ]);
+        let digest: String = Sha256::digest(&preimage)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(allow, format!("maf-sandbox-docker-{}", &digest[..12]));
+    }
+
+    #[test]
+    fn refusals_are_typed() {
+        let none = plan(&spec(&["a.test"]), &DockerConfig::default()).unwrap_err();
+        assert_eq!(none.kind(), ErrorKind::EgressNotEnforced);
+        let empty_image = DockerConfig {
+            egress_proxy_image: Some(String::new()),
+            ..DockerConfig::default()
+        };
+        assert_eq!(
+            plan(&spec(&["a.test"]), &empty_image).unwrap_err().kind(),
+            ErrorKind::EgressNotEnforced
+        );
+        let rule = sandbox_core::EgressRule::new("a.test", Some(vec!["GET".into()]), None).unwrap();
+        let ruled = SandboxSpec::builder("k")
+            .egress(Egress::Allowlist)
+            .allow(EgressEntry::Rule(rule))
+            .build()
+            .unwrap();
+        assert_eq!(
+            plan(&ruled, &offering()).unwrap_err().kind(),
+            ErrorKind::CapabilityNotSupported
+        );
+        let open = SandboxSpec::builder("k")
+            .egress(Egress::Unrestricted)
+            .build()
+            .unwrap();
+        assert_eq!(
+            plan(&open, &offering()).unwrap_err().kind(),
+            ErrorKind::EgressNotEnforced
+        );
+        assert_eq!(
+            plan(&SandboxSpec::builder("k").build().unwrap(), &offering()).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn the_proxy_command_follows_the_contract() {
+        let config = DockerConfig {
+            allow_private_destinations: true,
+            ..offering()
+        };
+        let plan = plan(&spec(&["b.test", "a.test"]), &config)
+            .unwrap()
+            .unwrap();
+        let args = proxy_command(&plan, &["172.18.0.1".to_owned()]);
+        assert_eq!(
+            args.join(" "),
+            "proxy --socket /run/maf-egress/proxy.sock --install-forwarder /run/maf-egress/egress-proxy \
+             --allow a.test --allow b.test --allow-private --deny-address 172.18.0.1"
+        );
+        let public = super::plan(&spec(&["a.test"]), &offering())
+            .unwrap()
+            .unwrap();
+        assert!(!proxy_command(&public, &[]).contains(&"--allow-private".to_owned()));
+    }
+
+    #[test]
+    fn the_workload_routes_through_the_forwarder() {
+        let env = workload_env();
+        for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            assert!(
+                env.contains(&format!("{name}=http://127.0.0.1:3128")),
+                "{name}"
+            );
+        }
+        assert!(env.contains(&"NO_PROXY=localhost,127.0.0.1".to_owned()));
+        assert!(env.contains(&"no_proxy=localhost,127.0.0.1".to_owned()));
+        let body = keep_alive_with_forwarder("while :; do sleep 3600; done");
+        assert!(body.starts_with("if [ -x /run/maf-egress/egress-proxy ]; then /run/maf-egress/egress-proxy forward --listen 127.0.0.1:3128 --socket /run/maf-egress/proxy.sock"));
+        assert!(
+            body.ends_with("& fi; while :; do sleep 3600; done"),
+            "{body}"
+        );
+        assert_eq!(proxy_name("n"), "n-proxy");
+        assert_eq!(volume_name("n"), "n-egress");
+    }
+
+    #[test]
+    fn readiness_and_the_quoted_tail() {
+        assert!(is_ready("starting\nmaf-egress-proxy ready v1\n"));
+        assert!(is_ready("maf-egress-proxy ready v1\r\n"));
+        assert!(!is_ready("maf-egress-proxy ready v10\n"));
+        assert!(!is_ready(" maf-egress-proxy ready v1"));
+        let log: String = (0..15).map(|i| format!("line {i}\n\n")).collect();
+        let tail = log_tail(&format!("{log}\x1b[31m{}\n", "x".repeat(300)));
+        let lines: Vec<&str> = tail.lines().collect();
+        assert_eq!(lines.len(), 10);
+        assert_eq!(lines[0], "line 6");
+        assert!(lines[9].starts_with("\\u{1b}[31m"), "{}", lines[9]);
+        assert!(!lines[9].contains('\x1b'));
+        assert_eq!(lines[9].matches('x').count(), 200 - 5);
+    }
+
+    #[test]
+    fn ownership_of_companions_is_by_the_key_labels() {
+        let key = sandbox_core::SandboxKey::conversation("s", "t", "a");
+        let labels = crate::ownership_labels::workload_labels(
+            &key,
+            "k",
+            &std::collections::BTreeMap::new(),
+            "/w",
+        );
+        let found: std::collections::BTreeMap<String, String> = labels.iter().cloned().collect();
+        assert!(owned_like(&found, &labels));
+        let call = crate::ownership_labels::workload_labels(
+            &key.with_call("c"),
+            "k",
+            &std::collections::BTreeMap::new(),
+            "/w",
+        );
+        assert!(!owned_like(&found, &call));
+        let mut other = found.clone();
+        other.insert("maf-sandbox.kind".into(), "x".into());
+        assert!(!owned_like(&other, &labels));
+    }
+}

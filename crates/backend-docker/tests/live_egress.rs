@@ -1,0 +1,684 @@
+//! Offline allowlist egress (docs/docker-backend.md#allowlist-egress), against the real engine:
+//! an internal network made for the test (nothing on it routes anywhere but to its members), two
+//! servers on it answering their own name as `allowed.test` and `denied.test`, and a sandbox whose
+//! proxy joins that network. The EGRESS suite, then the network-closed-by-content probe around the
+//! proxy, the egress preflight (on: every created sandbox passes it), adoption and replacement of
+//! the proxy, the refused allowlist change, and a purge that leaves no container, volume or network.
+//! No traffic leaves the test's network.
+
+mod support;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_docker::{DockerBackend, DockerConfig, EgressProbe, DEFAULT_EGRESS_PROXY_IMAGE};
+use bollard::models::{
+    ContainerCreateBody, EndpointSettings, HostConfig, NetworkCreateRequest, NetworkingConfig,
+};
+use bollard::query_parameters::{CreateContainerOptionsBuilder, ListVolumesOptionsBuilder};
+use bollard::Docker;
+use conformance::{assert_egress, assert_network_closed_by_content, PosixGuestSubject};
+use sandbox_core::{
+    Command, DisposeSelector, Egress, ErrorKind, ExecRequest, Sandbox, SandboxBackend, SandboxKey,
+    SandboxSpec,
+};
+use support::{unique_scope, BASE};
+
+/// Every engine call of the test's own is bounded by this.
+const BOUND: Duration = Duration::from_secs(60);
+
+async fn bounded<T, E: std::fmt::Debug>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, E>>,
+) -> T {
+    tokio::time::timeout(BOUND, call)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer within {BOUND:?}"))
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"))
+}
+
+/// The test network, its servers and whatever the backend made in the test's scope; removed when
+/// dropped, whatever happened (a finally): the scope's containers (workloads and proxies, which
+/// hold the network and the volumes), its volumes, the servers, the network.
+struct TestNetwork {
+    name: String,
+    scope: String,
+    containers: Vec<String>,
+}
+
+impl Drop for TestNetwork {
+    fn drop(&mut self) {
+        let label = format!("label=maf-sandbox.scope={}", self.scope);
+        let script = r#"docker ps -aq --filter "$1" | xargs -r docker rm -f
+docker volume ls -q --filter "$1" | xargs -r docker volume rm
+shift; net=$1; shift
+[ $# -gt 0 ] && docker rm -f "$@"
+docker network rm "$net""#;
+        let mut args = vec![
+            "-c".to_owned(),
+            script.to_owned(),
+            "cleanup".to_owned(),
+            label,
+            self.name.clone(),
+        ];
+        args.extend(self.containers.iter().cloned());
+        if let Ok(mut child) = std::process::Command::new("sh")
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+        {
+            let until = std::time::Instant::now() + BOUND;
+            while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn hex8() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "{:08x}",
+        (nanos as u32) ^ std::process::id().rotate_left(16)
+    )
+}
+
+/// An internal network, two `serve` containers on it, their addresses, and the network's gateway.
+async fn test_network(docker: &Docker, scope: &str) -> (TestNetwork, IpAddr, IpAddr, IpAddr) {
+    let name = format!("maf-egress-test-{}", hex8());
+    let mut network = TestNetwork {
+        name: name.clone(),
+        scope: scope.to_owned(),
+        containers: Vec::new(),
+    };
+    bounded(
+        "network create",
+        docker.create_network(NetworkCreateRequest {
+            name: name.clone(),
+            internal: Some(true),
+            driver: Some("bridge".into()),
+            ..Default::default()
+        }),
+    )
+    .await;
+    let mut addresses = Vec::new();
+    for alias in ["allowed.test", "denied.test"] {
+        let container = format!("{name}-{}", alias.trim_end_matches(".test"));
+        network.containers.push(container.clone());
+        let body = ContainerCreateBody {
+            image: Some(DEFAULT_EGRESS_PROXY_IMAGE.into()),
+            cmd: Some(
+                ["serve", "--listen", "0.0.0.0:80", "--body", alias]
+                    .map(str::to_owned)
+                    .to_vec(),
+            ),
+            host_config: Some(HostConfig {
+                network_mode: Some(name.clone()),
+                cap_drop: Some(vec!["ALL".into()]),
+                security_opt: Some(vec!["no-new-privileges".into()]),
+                ..Default::default()
+            }),
+            networking_config: Some(NetworkingConfig {
+                endpoints_config: Some(HashMap::from([(
+                    name.clone(),
+                    EndpointSettings {
+                        aliases: Some(vec![alias.to_owned()]),
+                        ..Default::default()
+                    },
+                )])),
+            }),
+            ..Default::default()
+        };
+        let options = CreateContainerOptionsBuilder::new()
+            .name(&container)
+            .build();
+        bounded(
+            "server create",
+            docker.create_container(Some(options), body),
+        )
+        .await;
+        bounded("server start", docker.start_container(&container, None)).await;
+        let inspect = bounded("server inspect", docker.inspect_container(&container, None)).await;
+        let address = inspect
+            .network_settings
+            .and_then(|s| s.networks)
+            .and_then(|n| n.get(&name).cloned())
+            .and_then(|e| e.ip_address)
+            .expect("the server has an address on the test network");
+        addresses.push(address.parse::<IpAddr>().expect("an IP address"));
+    }
+    let inspect = bounded(
+        "network inspect",
+        docker.inspect_network(
+            &name,
+            None::<bollard::query_parameters::InspectNetworkOptions>,
+        ),
+    )
+    .await;
+    let config = inspect
+        .ipam
+        .and_then(|i| i.config)
+        .and_then(|c| c.into_iter().next())
+        .expect("the test network has an IPAM config");
+    let gateway = match config.gateway.filter(|g| !g.is_empty()) {
+        Some(gateway) => gateway.parse().expect("a gateway address"),
+        None => {
+            let subnet = config.subnet.expect("a subnet");
+            let (base, _) = subnet.split_once('/').expect("a CIDR subnet");
+            let base: std::net::Ipv4Addr = base.parse().unwrap();
+            IpAddr::V4((u32::from(base) + 1).into())
+        }
+    };
+    (network, addresses[0], addresses[1], gateway)
+}
+
+async fn run(sandbox: &dyn Sandbox, line: &str) -> sandbox_core::ExecOutput {
+    sandbox
+        .exec(ExecRequest::new(Command::argv(["sh", "-c", line])).timeout(Duration::from_secs(30)))
+        .await
+        .expect("exec")
+}
+
+fn allowlist(hosts: &[&str]) -> SandboxSpec {
+    let mut builder = SandboxSpec::builder("egress")
+        .image(BASE)
+        .egress(Egress::Allowlist);
+    for host in hosts {
+        builder = builder.allow(*host);
+    }
+    builder.build().unwrap()
+}
+
+/// Names of the engine's containers and volumes carrying the scope's label.
+async fn engine_leftovers(docker: &Docker, scope: &str) -> Vec<String> {
+    let filter = HashMap::from([(
+        "label".to_owned(),
+        vec![format!("maf-sandbox.scope={scope}")],
+    )]);
+    let containers = bounded(
+        "container list",
+        docker.list_containers(Some(
+            bollard::query_parameters::ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filter)
+                .build(),
+        )),
+    )
+    .await;
+    let volumes = bounded(
+        "volume list",
+        docker.list_volumes(Some(
+            ListVolumesOptionsBuilder::new().filters(&filter).build(),
+        )),
+    )
+    .await;
+    containers
+        .into_iter()
+        .flat_map(|c| c.names.unwrap_or_default())
+        .chain(
+            volumes
+                .volumes
+                .unwrap_or_default()
+                .into_iter()
+                .map(|v| v.name),
+        )
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_allowlist_sandbox_reaches_its_host_only_and_leaves_nothing_behind() {
+    let docker = Docker::connect_with_local_defaults().expect("the local engine");
+    let scope = unique_scope("egress");
+    let (network, allowed, denied, gateway) = test_network(&docker, &scope).await;
+    let mut config = DockerConfig::default();
+    config.egress_proxy_image = Some(DEFAULT_EGRESS_PROXY_IMAGE.into());
+    config.outbound_network = network.name.clone();
+    config.allow_private_destinations = true;
+    // The preflight, local targets only: the denied server by address, a name only the test
+    // network resolves, and a token server on the test network's gateway.
+    config.verify_egress = true;
+    config.egress_probe = EgressProbe::new(
+        format!("http://{denied}/"),
+        "http://denied.test/",
+        Some(gateway),
+    );
+    let backend = DockerBackend::connect(config)
+        .await
+        .expect("the backend connects");
+    assert!(backend
+        .declarations()
+        .egress_modes
+        .contains(&Egress::Allowlist));
+    let key = SandboxKey::conversation(scope.clone(), "thread", "agent");
+    let spec = allowlist(&["allowed.test"]);
+
+    let started = std::time::Instant::now();
+    let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
+    println!(
+        "cold acquire with its proxy and the preflight: {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(sandbox.freshly_created());
+    let subject = PosixGuestSubject::in_storage_base(
+        Arc::clone(&sandbox),
+        backend.declarations().capabilities.clone(),
+    )
+    .expect("subject");
+
+    // EGRESS: the allowed server answers through the proxy, the denied one never does.
+    let report = assert_egress(
+        &subject,
+        "http://allowed.test/",
+        "http://denied.test/",
+        conformance::EGRESS_EXEC_TIMEOUT,
+    )
+    .await
+    .expect("the EGRESS suite runs");
+    assert_eq!(report.skipped(), 0, "{report}");
+    report
+        .assert_all_passed()
+        .unwrap_or_else(|e| panic!("{e}\n{report}"));
+    assert_eq!(report.passed(), 2, "{report}");
+    let body = run(&*sandbox, "curl -s --max-time 10 http://allowed.test/").await;
+    assert_eq!(body.stdout_text(), "allowed.test", "{}", body.stderr_text());
+
+    // Around the proxy: a token server on the servers' network is never reached, with or
+    // without --noproxy, and neither server answers a direct request by address.
+    let closed = assert_network_closed_by_content(&subject, gateway)
+        .await
+        .expect("the probe runs");
+    closed
+        .assert_all_passed()
+        .unwrap_or_else(|e| panic!("{e}\n{closed}"));
+    for address in [allowed, denied] {
+        let direct = run(
+            &*sandbox,
+            &format!("curl -s --max-time 5 --noproxy '*' http://{address}/"),
+        )
+        .await;
+        assert_ne!(direct.exit_code, 0, "{address} reached around the proxy");
+        // By address through the proxy: an IP literal is on no allowlist.
+        let proxied = run(
+            &*sandbox,
+            &format!("curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{address}/"),
+        )
+        .await;
+        assert!(
+            !proxied.stdout_text().starts_with('2'),
+            "{address} by address through the proxy: {}",
+            proxied.stdout_text()
+        );
+    }
+
+    // The engine's view: the workload has no network, the volume read-only, the proxy settings;
+    // the proxy is hardened, not root, labelled, on the outbound network.
+    let workload = bounded(
+        "workload inspect",
+        docker.inspect_container(sandbox.instance_id(), None),
+    )
+    .await;
+    let workload_name = workload.name.clone().unwrap();
+    let workload_name = workload_name.trim_start_matches('/');
+    let host = workload.host_config.clone().unwrap();
+    assert_eq!(host.network_mode.as_deref(), Some("none"));
+    let mounts = workload.mounts.clone().unwrap_or_default();
+    assert_eq!(mounts.len(), 1, "{mounts:?}");
+    assert_eq!(mounts[0].destination.as_deref(), Some("/run/maf-egress"));
+    assert_eq!(mounts[0].rw, Some(false));
+    assert_eq!(
+        mounts[0].name.as_deref(),
+        Some(format!("{workload_name}-egress").as_str())
+    );
+    let env = workload.config.clone().unwrap().env.unwrap_or_default();
+    assert!(
+        env.contains(&"HTTPS_PROXY=http://127.0.0.1:3128".to_owned()),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"NO_PROXY=localhost,127.0.0.1".to_owned()),
+        "{env:?}"
+    );
+    let proxy_record = bounded(
+        "proxy inspect",
+        docker.inspect_container(&format!("{workload_name}-proxy"), None),
+    )
+    .await;
+    let proxy_host = proxy_record.host_config.clone().unwrap();
+    assert_eq!(proxy_host.readonly_rootfs, Some(true));
+    assert_eq!(proxy_host.cap_drop, Some(vec!["ALL".to_owned()]));
+    assert_eq!(proxy_host.pids_limit, Some(64));
+    assert_eq!(
+        proxy_host.security_opt,
+        Some(vec!["no-new-privileges".to_owned()])
+    );
+    assert_eq!(
+        proxy_host.network_mode.as_deref(),
+        Some(network.name.as_str())
+    );
+    let proxy_config = proxy_record.config.clone().unwrap();
+    let user = proxy_config.user.clone().unwrap_or_default();
+    assert!(
+        !matches!(user.split(':').next(), Some("" | "0" | "root")),
+        "{user:?}"
+    );
+    let labels = proxy_config.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get("maf-sandbox.role").map(String::as_str),
+        Some("proxy")
+    );
+    assert_eq!(
+        labels.get("maf-sandbox.egress.v1").map(String::len),
+        Some(64)
+    );
+    assert_eq!(
+        labels.get("maf-sandbox.scope").map(String::as_str),
+        Some(scope.as_str())
+    );
+    // The guest cannot write the volume, so it cannot swap the socket or the forwarder.
+    let write = run(&*sandbox, "echo x > /run/maf-egress/x").await;
+    assert_ne!(write.exit_code, 0, "the guest wrote the egress volume");
+
+    // Warm: the same instance, its proxy kept, however much the proxy has logged since it said
+    // it was ready (one line per request).
+    let requests = run(
+        &*sandbox,
+        "n=0; for i in $(seq 210); do curl -s -o /dev/null --max-time 5 http://denied.test/ && n=$((n+1)); done; echo $n",
+    )
+    .await;
+    assert_eq!(
+        requests.stdout_text().trim(),
+        "210",
+        "{}",
+        requests.stderr_text()
+    );
+    let started = std::time::Instant::now();
+    let warm = backend.acquire(&key, &spec).await.expect("warm acquire");
+    println!(
+        "warm acquire (workload and proxy checked): {:.3} s",
+        started.elapsed().as_secs_f64()
+    );
+    let proxy_after = bounded(
+        "proxy inspect",
+        docker.inspect_container(&format!("{workload_name}-proxy"), None),
+    )
+    .await;
+    assert_eq!(
+        proxy_after.id, proxy_record.id,
+        "the ready proxy was replaced"
+    );
+    assert_eq!(warm.instance_id(), sandbox.instance_id());
+    assert!(!warm.freshly_created());
+    let found = backend
+        .find(&key, "egress")
+        .await
+        .expect("find")
+        .expect("found");
+    assert_eq!(found.instance_id(), sandbox.instance_id());
+
+    // A proxy removed behind the backend's back is replaced on the next acquire, and egress
+    // works again through the same workload.
+    let proxy = format!(
+        "{}-proxy",
+        bounded(
+            "workload inspect",
+            docker.inspect_container(sandbox.instance_id(), None)
+        )
+        .await
+        .name
+        .unwrap()
+        .trim_start_matches('/')
+    );
+    let options = bollard::query_parameters::RemoveContainerOptionsBuilder::new()
+        .force(true)
+        .build();
+    bounded(
+        "proxy removal",
+        docker.remove_container(&proxy, Some(options)),
+    )
+    .await;
+    let lost = run(
+        &*sandbox,
+        "curl -s -o /dev/null -w '%{http_code}' --max-time 5 http://allowed.test/",
+    )
+    .await;
+    assert!(
+        !lost.stdout_text().starts_with('2'),
+        "reached with no proxy"
+    );
+    let Err(find_error) = backend.find(&key, "egress").await else {
+        panic!("find served a sandbox whose proxy is gone");
+    };
+    assert!(find_error.to_string().contains("proxy"), "{find_error}");
+    let again = backend.acquire(&key, &spec).await.expect("re-acquire");
+    assert_eq!(again.instance_id(), sandbox.instance_id());
+    let back = run(&*sandbox, "curl -s --max-time 10 http://allowed.test/").await;
+    assert_eq!(back.stdout_text(), "allowed.test", "{}", back.stderr_text());
+
+    // Another policy digest (here: another outbound network, which is not part of the name)
+    // replaces the proxy of the same workload.
+    let mut moved = DockerConfig::default();
+    moved.egress_proxy_image = Some(DEFAULT_EGRESS_PROXY_IMAGE.into());
+    moved.allow_private_destinations = true;
+    let moved = DockerBackend::connect(moved).await.expect("connect");
+    let same = moved.acquire(&key, &spec).await.expect("acquire on bridge");
+    assert_eq!(same.instance_id(), sandbox.instance_id());
+    let replaced = bounded(
+        "proxy inspect",
+        docker.inspect_container(&format!("{workload_name}-proxy"), None),
+    )
+    .await;
+    assert_ne!(replaced.id, proxy_record.id);
+    assert_eq!(
+        replaced
+            .host_config
+            .clone()
+            .and_then(|h| h.network_mode)
+            .as_deref(),
+        Some("bridge")
+    );
+    let digest = |record: &bollard::models::ContainerInspectResponse| {
+        record
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|l| l.get("maf-sandbox.egress.v1").cloned())
+    };
+    assert_ne!(digest(&replaced), digest(&proxy_record));
+    // And back, through the first backend: the test network's proxy again.
+    backend.acquire(&key, &spec).await.expect("acquire back");
+    let back = run(&*sandbox, "curl -s --max-time 10 http://allowed.test/").await;
+    assert_eq!(back.stdout_text(), "allowed.test", "{}", back.stderr_text());
+
+    // Another allowlist, or egress closed, on this warm key: refused, typed.
+    for other in [
+        allowlist(&["allowed.test", "denied.test"]),
+        SandboxSpec::builder("egress").image(BASE).build().unwrap(),
+    ] {
+        let Err(refused) = backend.acquire(&key, &other).await else {
+            panic!("a changed egress was served on a warm key");
+        };
+        assert_eq!(refused.kind(), ErrorKind::SpecMismatch, "{refused}");
+        assert!(refused.to_string().contains("dispose it"), "{refused}");
+    }
+
+    // A guest that kills its forwarder loses its own egress and nothing else.
+    let kill = run(
+        &*sandbox,
+        "for p in /proc/[0-9]*; do case $(tr '\\0' ' ' <$p/cmdline 2>/dev/null) in '/run/maf-egress/egress-proxy forward'*) kill ${p#/proc/} ;; esac; done; sleep 0.5; \
+         curl -s -o /dev/null -w '%{http_code}' --max-time 5 http://allowed.test/; echo; echo alive",
+    )
+    .await;
+    let text = kill.stdout_text();
+    assert!(text.trim_end().ends_with("alive"), "{text}");
+    assert!(
+        !text.starts_with('2'),
+        "egress survived the forwarder: {text}"
+    );
+
+    // Disposing of one instance takes its proxy and volume with it.
+    let other_key = SandboxKey::conversation(scope.clone(), "instance", "agent");
+    let other = backend
+        .acquire(&other_key, &spec)
+        .await
+        .expect("acquire another");
+    let before = engine_leftovers(&docker, &scope).await;
+    assert_eq!(
+        before.len(),
+        6,
+        "two workloads, two proxies, two volumes: {before:?}"
+    );
+    let selector = DisposeSelector {
+        instance_id: Some(other.instance_id().to_owned()),
+        ..DisposeSelector::all()
+    };
+    assert!(backend.dispose(&other_key, selector).await.is_none());
+    let after = engine_leftovers(&docker, &scope).await;
+    assert_eq!(after.len(), 3, "one sandbox's three objects: {after:?}");
+
+    // Listing names the workload only; the purge removes it, its proxy and its volume.
+    let listed = backend.list(&scope, None).await.expect("list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(!engine_leftovers(&docker, &scope).await.is_empty());
+    let purge = backend.dispose_scope(&scope, "thread").await;
+    assert!(purge.undisposed.is_none(), "{purge:?}");
+    assert_eq!(purge.disposed, 1);
+    let left = engine_leftovers(&docker, &scope).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
+    assert!(backend
+        .dispose(&key, DisposeSelector::all())
+        .await
+        .is_none());
+    let network_name = network.name.clone();
+    drop(network);
+    let networks = bounded(
+        "network list",
+        docker.list_networks(None::<bollard::query_parameters::ListNetworksOptions>),
+    )
+    .await;
+    assert!(
+        !networks
+            .iter()
+            .any(|n| n.name.as_deref() == Some(network_name.as_str())),
+        "the test network {network_name} remains"
+    );
+}
+
+/// Two backends with their own locks and memory (as two processes are) acquire one allowlist key
+/// at once, three times each: one workload and one proxy serve them all, and egress works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_allowlist_acquires_share_one_workload_and_one_proxy() {
+    let docker = Docker::connect_with_local_defaults().expect("the local engine");
+    let scope = unique_scope("egress-race");
+    let (network, _, _, _) = test_network(&docker, &scope).await;
+    let connect = || async {
+        let mut config = DockerConfig::default();
+        config.egress_proxy_image = Some(DEFAULT_EGRESS_PROXY_IMAGE.into());
+        config.outbound_network = network.name.clone();
+        config.allow_private_destinations = true;
+        DockerBackend::connect(config).await.expect("connect")
+    };
+    let (first, second) = (connect().await, connect().await);
+    let key = SandboxKey::conversation(scope.clone(), "thread", "agent");
+    let spec = allowlist(&["allowed.test"]);
+    let acquires = (0..6).map(|i| {
+        let backend = if i % 2 == 0 { &first } else { &second };
+        let (key, spec) = (&key, &spec);
+        async move {
+            backend
+                .acquire(key, spec)
+                .await
+                .map(|s| s.instance_id().to_owned())
+        }
+    });
+    let ids: Vec<String> = futures_util::future::join_all(acquires)
+        .await
+        .into_iter()
+        .map(|r| r.expect("every acquire succeeds"))
+        .collect();
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    let objects = engine_leftovers(&docker, &scope).await;
+    assert_eq!(
+        objects.len(),
+        3,
+        "one workload, one proxy, one volume: {objects:?}"
+    );
+    let sandbox = first.acquire(&key, &spec).await.expect("acquire");
+    let body = run(&*sandbox, "curl -s --max-time 10 http://allowed.test/").await;
+    assert_eq!(body.stdout_text(), "allowed.test", "{}", body.stderr_text());
+    let purge = second.dispose_scope(&scope, "thread").await;
+    assert!(purge.undisposed.is_none(), "{purge:?}");
+    assert_eq!(purge.disposed, 1);
+    assert!(engine_leftovers(&docker, &scope).await.is_empty());
+}
+
+/// A missing proxy image is ImageMissing, a missing outbound network an engine error naming it,
+/// an image running as root an engine error saying so; none leaves a container or volume behind. Without a configured image, allowlist is not
+/// offered at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_proxy_that_cannot_be_made_leaves_nothing_behind() {
+    let docker = Docker::connect_with_local_defaults().expect("the local engine");
+    let scope = unique_scope("egress-refused");
+    let guard = TestNetwork {
+        name: format!("maf-egress-test-{}", hex8()),
+        scope: scope.clone(),
+        containers: Vec::new(),
+    };
+    let key = SandboxKey::conversation(scope.clone(), "thread", "agent");
+    let spec = allowlist(&["allowed.test"]);
+    let closed_only = DockerBackend::connect(DockerConfig::default())
+        .await
+        .expect("connect");
+    assert!(!closed_only
+        .declarations()
+        .egress_modes
+        .contains(&Egress::Allowlist));
+    let Err(refused) = closed_only.acquire(&key, &spec).await else {
+        panic!("allowlist served without a proxy image");
+    };
+    assert_eq!(refused.kind(), ErrorKind::EgressNotEnforced, "{refused}");
+    // The absent image names a registry on a local address where nothing listens: the pull fails
+    // without leaving the host.
+    let cases = [
+        (
+            "127.0.0.1:9/maf-egress-proxy-absent:never-built".to_owned(),
+            "bridge".to_owned(),
+            ErrorKind::ImageMissing,
+            "127.0.0.1:9/maf-egress-proxy-absent:never-built",
+        ),
+        (
+            DEFAULT_EGRESS_PROXY_IMAGE.to_owned(),
+            guard.name.clone(),
+            ErrorKind::Engine,
+            "does not exist",
+        ),
+        // An image that runs as root is never started as a proxy.
+        (
+            support::BASE_ROOT.to_owned(),
+            "bridge".to_owned(),
+            ErrorKind::Engine,
+            "runs as root",
+        ),
+    ];
+    for (image, network, kind, words) in cases {
+        let mut config = DockerConfig::default();
+        config.egress_proxy_image = Some(image);
+        config.outbound_network = network;
+        let backend = DockerBackend::connect(config).await.expect("connect");
+        let Err(error) = backend.acquire(&key, &spec).await else {
+            panic!("acquired without a proxy");
+        };
+        assert_eq!(error.kind(), kind, "{error}");
+        assert!(error.to_string().contains(words), "{error}");
+        let left = engine_leftovers(&docker, &scope).await;
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
+    drop(guard);
+}
