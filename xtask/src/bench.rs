@@ -5,9 +5,12 @@
 //! benchmarks (`crates/backend-docker/benches`) need the engine and `sandbox-base:local`, which
 //! is built first when missing; each measures the backend against the raw `docker` CLI in the
 //! same run (the sbx backend's, `crates/backend-sbx/benches`, against the bare `sbx-sim` CLI and
-//! `confined-fs` alone, on the simulator built first), prints one line per metric (`name:
-//! backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`; the exec wrapper's own cost as an
-//! absolute `added X ms at p50`) and exits non-zero when a pass/fail target is missed.
+//! `confined-fs` alone, on the simulator built first; the egress proxy's,
+//! `crates/egress-proxy/benches`, a download through the proxy image against the same download
+//! made directly, on `sandbox-egress-proxy:local`, built or refreshed first), prints one line per
+//! metric (`name: backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`; a cost added on top
+//! of the same call as an absolute `ours X ms, raw Y ms, added Z ms at p50`) and exits non-zero
+//! when a pass/fail target is missed.
 
 use crate::error::XtaskError;
 use crate::live::build_images;
@@ -96,6 +99,18 @@ const BENCHES: &[Bench] = &[
             "sbx",
         ],
     },
+    Bench {
+        name: "egress proxy download",
+        args: &[
+            "bench",
+            "-p",
+            "egress-proxy",
+            "--features",
+            "live",
+            "--bench",
+            "proxy",
+        ],
+    },
 ];
 
 /// The lines a benchmark prints as its report.
@@ -104,6 +119,7 @@ fn is_report_line(line: &str) -> bool {
         || line.starts_with("confined-fs reads:")
         || line.starts_with("flood:")
         || line.starts_with("exec wrapper cost:")
+        || (line.contains(": ours ") && line.contains(" ms at p50 "))
         || (line.contains(": backend ") && line.contains(" ms, raw "))
 }
 
@@ -114,6 +130,7 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         &[
             "sandbox-base:local".to_owned(),
             "sbx-sim-shell:local".to_owned(),
+            "sandbox-egress-proxy:local".to_owned(),
         ],
     )?;
     // The sbx benchmark drives the simulator's debug build.
@@ -199,6 +216,12 @@ mod tests {
         assert!(is_report_line(
             "exec wrapper cost: ours 21.0 ms, raw 17.2 ms, added 3.8 ms at p50 (target ≤ +6 ms) PASS [45 rounds]"
         ));
+        assert!(is_report_line(
+            "proxy connection setup: ours 2.6 ms, raw 1.9 ms, added 0.7 ms at p50 (target ≤ +5 ms) PASS [30 rounds]"
+        ));
+        assert!(is_report_line(
+            "proxy GET 1 MiB wall: backend 4.2 ms, raw 3.2 ms, ratio 1.31 (target ≤ 1.30) FAIL [30 rounds]"
+        ));
         assert!(!is_report_line(
             "     Running benches/exec.rs (target/release/deps/exec)"
         ));
@@ -207,10 +230,11 @@ mod tests {
 
     #[test]
     fn every_docker_bench_needs_the_live_feature() {
-        for bench in BENCHES
-            .iter()
-            .filter(|b| b.args.contains(&"backend-docker") || b.args.contains(&"sandboxctl"))
-        {
+        for bench in BENCHES.iter().filter(|b| {
+            ["backend-docker", "sandboxctl", "egress-proxy"]
+                .iter()
+                .any(|krate| b.args.contains(krate))
+        }) {
             assert!(
                 bench.args.windows(2).any(|w| w == ["--features", "live"]),
                 "{}",

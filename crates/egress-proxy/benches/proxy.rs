@@ -1,0 +1,240 @@
+//! The egress proxy's cost on a download (docs/egress-proxy.md#cost), on a real engine (feature
+//! `live`; needs `sandbox-egress-proxy:local` and `sandbox-base:local`).
+//!
+//! - Pass/fail: an HTTP GET of 1 MiB from an allowed `serve` container through forwarder and
+//!   proxy, from a `--network none` workload, within 1.3× the same GET made directly from a
+//!   container on the servers' internal network (wall, `curl`'s `time_total`, ratio of the two
+//!   medians).
+//! - Pass/fail: connection setup, the median time to first byte (`time_starttransfer`) through
+//!   the proxy minus the direct one, at most 5 ms.
+//!
+//! The topology is the live test's (`tests/support/topology.rs`). Timing happens inside the
+//! containers: one `docker exec` per side per batch runs `curl` several times, so the exec's own
+//! cost stays out of the numbers; the sides alternate which goes first from batch to batch, to
+//! share the machine's load. Prints `name: backend X ms, raw Y ms, ratio Z (target ≤ T)
+//! PASS|FAIL [N rounds]` and `name: ours X ms, raw Y ms, added Z ms at p50 (target ≤ +T ms)
+//! PASS|FAIL [N rounds]`, appends the rows to `target/bench/rows.jsonl`, and exits non-zero when
+//! a target is missed.
+
+#[path = "../tests/support/topology.rs"]
+#[allow(dead_code)] // shared with the live test, which uses other parts of it
+mod topology;
+
+use std::time::Duration;
+
+use topology::{
+    docker, internal_network, private_but_not_gateway, random_suffix, serve, start_direct,
+    start_proxy, start_workload, Cleanup,
+};
+
+/// The body `serve` answers with.
+const SIZE: u64 = 1 << 20;
+/// Discarded downloads per side before the measured ones.
+const WARMUP: usize = 3;
+/// Batches per side (one `docker exec` each).
+const BATCHES: usize = 6;
+/// Downloads per batch.
+const PER_BATCH: usize = 5;
+/// The wall target: through the proxy at most this many times the direct download.
+const WALL_TARGET: f64 = 1.3;
+/// The connection setup target: at most this much added to the time to first byte.
+const SETUP_TARGET_MS: f64 = 5.0;
+/// The deadline of one batch's `docker exec`.
+const BATCH_DEADLINE: Duration = Duration::from_secs(120);
+
+/// One download as `curl` timed it.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    first_byte_ms: f64,
+    total_ms: f64,
+}
+
+/// How one side reaches `allowed.test`.
+struct Side<'a> {
+    container: &'a str,
+    curl_flags: &'a str,
+}
+
+impl Side<'_> {
+    /// Downloads the body `n` times in one `docker exec`; checks every answer is a 200 with the
+    /// whole body.
+    async fn batch(&self, n: usize) -> Vec<Sample> {
+        let script = format!(
+            "i=0; while [ $i -lt {n} ]; do i=$((i+1)); \
+             curl -sS -m 30 {} -o /dev/null \
+             -w '%{{http_code}} %{{size_download}} %{{time_starttransfer}} %{{time_total}}\\n' \
+             http://allowed.test/ || exit 1; done",
+            self.curl_flags
+        );
+        let (code, out, err) = docker(
+            &["exec", self.container, "sh", "-c", &script],
+            BATCH_DEADLINE,
+        )
+        .await;
+        assert_eq!(code, 0, "curl in {}: {out} {err}", self.container);
+        let samples: Vec<Sample> = out.lines().map(parse_line).collect();
+        assert_eq!(samples.len(), n, "one line per download: {out}");
+        samples
+    }
+}
+
+/// Parses `CODE SIZE FIRST_BYTE_S TOTAL_S`; panics unless it is a 200 of the whole body.
+fn parse_line(line: &str) -> Sample {
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields.len(), 4, "a curl timing line: {line:?}");
+    assert_eq!(fields[0], "200", "an answer of 200: {line:?}");
+    assert_eq!(
+        fields[1].parse::<f64>().ok(),
+        Some(SIZE as f64),
+        "the whole body: {line:?}"
+    );
+    let seconds = |s: &str| s.parse::<f64>().expect("curl prints seconds") * 1000.0;
+    Sample {
+        first_byte_ms: seconds(fields[2]),
+        total_ms: seconds(fields[3]),
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    assert!(!values.is_empty(), "no rounds measured");
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// Appends one report row `{"name", "ours_ms", "raw_ms", "ratio", "target", "pass"}` to
+/// `target/bench/rows.jsonl`, as the Docker backend's benches do.
+fn record_row(name: &str, ours_ms: f64, raw_ms: f64, ratio: f64, target: &str, pass: bool) {
+    use std::io::Write as _;
+    let row = serde_json::json!({
+        "name": name,
+        "ours_ms": (ours_ms * 10.0).round() / 10.0,
+        "raw_ms": (raw_ms * 10.0).round() / 10.0,
+        "ratio": (ratio * 100.0).round() / 100.0,
+        "target": target,
+        "pass": pass,
+    });
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench/rows.jsonl");
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| writeln!(file, "{row}"));
+    if let Err(error) = appended {
+        eprintln!("could not record the row {name}: {error}");
+    }
+}
+
+fn verdict(pass: bool) -> &'static str {
+    if pass {
+        "PASS"
+    } else {
+        "FAIL"
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let suffix = random_suffix();
+    let mut cleanup = Cleanup::default();
+    let network = internal_network(&mut cleanup, &suffix).await;
+    let size = SIZE.to_string();
+    serve(
+        &mut cleanup,
+        &suffix,
+        &network,
+        "allowed.test",
+        &["--size", &size],
+    )
+    .await;
+    let private = private_but_not_gateway(&network).await;
+    let private: Vec<&str> = private.iter().map(String::as_str).collect();
+    let volume = start_proxy(&mut cleanup, &suffix, "bench", &network, &private).await;
+    let workload = start_workload(&mut cleanup, &suffix, &volume).await;
+    let direct = start_direct(&mut cleanup, &suffix, &network).await;
+
+    let proxied = Side {
+        container: &workload,
+        curl_flags: "-x http://127.0.0.1:3128",
+    };
+    let direct = Side {
+        container: &direct,
+        curl_flags: "--noproxy '*'",
+    };
+    // The forwarder starts with the workload; wait until it answers.
+    let (code, out, err) = docker(
+        &[
+            "exec",
+            proxied.container,
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 100 ]; do i=$((i+1)); \
+             curl -s -m 5 -x http://127.0.0.1:3128 -o /dev/null http://allowed.test/ && exit 0; \
+             sleep 0.1; done; exit 1",
+        ],
+        BATCH_DEADLINE,
+    )
+    .await;
+    assert_eq!(code, 0, "the forwarder never answered: {out} {err}");
+    proxied.batch(WARMUP).await;
+    direct.batch(WARMUP).await;
+
+    let (mut ours, mut raw) = (Vec::new(), Vec::new());
+    for batch in 0..BATCHES {
+        if batch % 2 == 0 {
+            ours.extend(proxied.batch(PER_BATCH).await);
+            raw.extend(direct.batch(PER_BATCH).await);
+        } else {
+            raw.extend(direct.batch(PER_BATCH).await);
+            ours.extend(proxied.batch(PER_BATCH).await);
+        }
+    }
+    let rounds = ours.len();
+
+    let ours_total = median(ours.iter().map(|s| s.total_ms).collect());
+    let raw_total = median(raw.iter().map(|s| s.total_ms).collect());
+    let ratio = ours_total / raw_total;
+    let wall_pass = ratio <= WALL_TARGET;
+    let wall_name = "proxy GET 1 MiB wall";
+    println!(
+        "{wall_name}: backend {ours_total:.1} ms, raw {raw_total:.1} ms, ratio {ratio:.2} (target ≤ {WALL_TARGET:.2}) {} [{rounds} rounds]",
+        verdict(wall_pass)
+    );
+    record_row(
+        wall_name,
+        ours_total,
+        raw_total,
+        ratio,
+        &format!("<= {WALL_TARGET:.2}"),
+        wall_pass,
+    );
+
+    let ours_first = median(ours.iter().map(|s| s.first_byte_ms).collect());
+    let raw_first = median(raw.iter().map(|s| s.first_byte_ms).collect());
+    let added = ours_first - raw_first;
+    let setup_pass = added <= SETUP_TARGET_MS;
+    let setup_name = "proxy connection setup";
+    println!(
+        "{setup_name}: ours {ours_first:.1} ms, raw {raw_first:.1} ms, added {added:.1} ms at p50 (target ≤ +{SETUP_TARGET_MS:.0} ms) {} [{rounds} rounds]",
+        verdict(setup_pass)
+    );
+    record_row(
+        setup_name,
+        ours_first,
+        raw_first,
+        added / SETUP_TARGET_MS,
+        &format!("added <= {SETUP_TARGET_MS:.0} ms at p50"),
+        setup_pass,
+    );
+
+    drop(cleanup);
+    std::process::exit(if wall_pass && setup_pass { 0 } else { 1 });
+}
