@@ -119,7 +119,10 @@ impl NonceSplitter {
         while let Some(at) = find(&self.pending[from..], &self.nonce).map(|i| i + from) {
             let after = at + NONCE_HEX_LEN;
             match self.pending.get(after) {
-                None => return self.hold_from(at),
+                None => {
+                    self.hold_from(at);
+                    return Vec::new();
+                }
                 Some(b'\n') => {
                     self.note_noise(at);
                     self.phase = StderrPhase::Started;
@@ -128,7 +131,10 @@ impl NonceSplitter {
                     return rest;
                 }
                 Some(b'-') => match marker_word(&self.pending[after + 1..]) {
-                    Word::Incomplete => return self.hold_from(at),
+                    Word::Incomplete => {
+                        self.hold_from(at);
+                        return Vec::new();
+                    }
                     Word::Complete(word) => {
                         self.note_noise(at);
                         let rest = self.pending[after + 2 + word.len()..].to_vec();
@@ -181,10 +187,10 @@ impl NonceSplitter {
         &self.tail
     }
 
-    fn hold_from(&mut self, at: usize) -> Vec<u8> {
+    /// Keeps `pending` from `at`, where a nonce line may be beginning; what comes before is noise.
+    fn hold_from(&mut self, at: usize) {
         self.note_noise(at);
         self.pending.drain(..at);
-        Vec::new()
     }
 
     fn note_noise(&mut self, bytes: usize) {
@@ -368,6 +374,41 @@ mod tests {
         held.push(format!("{NONCE}-unmou").as_bytes());
         assert!(held.pending.len() <= NONCE_HEX_LEN + 1 + MAX_MARKER_WORD);
         assert_eq!(held.phase(), &StderrPhase::Searching);
+    }
+
+    #[test]
+    fn noise_is_noted_once_and_only_when_there_is_some() {
+        let mut clean = NonceSplitter::new(&nonce());
+        clean.push(format!("{NONCE}\nout").as_bytes());
+        assert!(!clean.noise, "a nonce line first is no noise");
+        let mut held = NonceSplitter::new(&nonce());
+        held.push(&NONCE.as_bytes()[..5]);
+        assert!(!held.noise, "the start of a nonce line is no noise");
+        for first in [&b"noise\n"[..], b"x"] {
+            let mut noisy = NonceSplitter::new(&nonce());
+            noisy.push(first);
+            noisy.push(format!("{NONCE}\nout").as_bytes());
+            assert!(noisy.noise, "{first:?}");
+        }
+        // Noise longer than a nonce is noted before any nonce comes.
+        let mut long_noise = NonceSplitter::new(&nonce());
+        long_noise.push(b"a line of transport noise longer than a nonce\n");
+        assert!(long_noise.noise);
+    }
+
+    #[test]
+    fn the_marker_message_and_the_tail_are_bounded() {
+        let mut splitter = NonceSplitter::new(&nonce());
+        splitter.push(format!("{NONCE}-nocwd\n").as_bytes());
+        for _ in 0..4 {
+            splitter.push(&[b'm'; NO_CWD_REASON_BYTES]);
+        }
+        assert_eq!(splitter.stderr_tail().len(), STDERR_TAIL_BYTES);
+        assert!(splitter.stderr_tail().iter().all(|&b| b == b'm'));
+        let CallEnd::Marker { message, .. } = splitter.finish(ExitKind::Exited(125)) else {
+            panic!("a marker line came first");
+        };
+        assert_eq!(message, vec![b'm'; NO_CWD_REASON_BYTES]);
     }
 
     #[test]
