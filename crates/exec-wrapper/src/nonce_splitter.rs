@@ -355,6 +355,13 @@ mod tests {
             feed(long.as_bytes(), &[]).1,
             CallEnd::NoNonce { .. }
         ));
+        // A word too long is refused at once, never held waiting: the real line after it counts.
+        let then_started = format!("{long}{NONCE}\nout");
+        let (command, end) = feed(then_started.as_bytes(), &[]);
+        assert_eq!(
+            (command, end),
+            (b"out".to_vec(), CallEnd::Ran { status: 0 })
+        );
         let longest = format!("{NONCE}-{}\n", "a".repeat(MAX_MARKER_WORD));
         assert!(matches!(
             feed(longest.as_bytes(), &[]).1,
