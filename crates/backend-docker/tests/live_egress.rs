@@ -385,6 +385,52 @@ async fn an_allowlist_sandbox_reaches_its_host_only_and_leaves_nothing_behind() 
     // The guest cannot write the volume, so it cannot swap the socket or the forwarder.
     let write = run(&*sandbox, "echo x > /run/maf-egress/x").await;
     assert_ne!(write.exit_code, 0, "the guest wrote the egress volume");
+    // No name resolves in the guest: the proxy resolves, the workload has no DNS.
+    for name in ["allowed.test", "denied.test"] {
+        // getent's 2 is "not found" (a missing getent would be 127, and prove nothing).
+        let lookup = run(&*sandbox, &format!("getent hosts {name}")).await;
+        assert_eq!(
+            lookup.exit_code,
+            2,
+            "{name} resolved in the guest: {}",
+            lookup.stdout_text()
+        );
+    }
+    // The engine's gateway (the host's side of the network) is reached neither around the
+    // proxy nor through it.
+    let around = run(
+        &*sandbox,
+        &format!("curl -s --max-time 5 --noproxy '*' http://{gateway}/"),
+    )
+    .await;
+    assert_ne!(around.exit_code, 0, "the gateway answered around the proxy");
+    let through = run(
+        &*sandbox,
+        &format!("curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{gateway}/"),
+    )
+    .await;
+    assert_eq!(through.stdout_text(), "403", "{}", through.stderr_text());
+    // A guest talking to the socket itself, without the forwarder, meets the same rules.
+    let direct = |host: &str| {
+        format!(
+            "curl -s -w ' %{{http_code}}' --max-time 5 --unix-socket /run/maf-egress/proxy.sock \
+             --request-target http://{host}/ http://{host}/"
+        )
+    };
+    let allowed_direct = run(&*sandbox, &direct("allowed.test")).await;
+    assert!(
+        allowed_direct.stdout_text().ends_with("allowed.test 200"),
+        "{} {}",
+        allowed_direct.stdout_text(),
+        allowed_direct.stderr_text()
+    );
+    let denied_direct = run(&*sandbox, &direct("denied.test")).await;
+    assert!(
+        denied_direct.stdout_text().ends_with(" 403"),
+        "{} {}",
+        denied_direct.stdout_text(),
+        denied_direct.stderr_text()
+    );
 
     // Warm: the same instance, its proxy kept, however much the proxy has logged since it said
     // it was ready (one line per request).
