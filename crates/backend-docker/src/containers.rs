@@ -170,9 +170,31 @@ impl BackendState {
             host_config: Some(host_config),
             ..ContainerCreateBody::default()
         };
-        let options = CreateContainerOptionsBuilder::new()
-            .name(shape.name)
-            .build();
+        let id = match self
+            .create_named(shape.name, shape.image, body, "container create")
+            .await?
+        {
+            Ok(id) => id,
+            Err(taken) => return Ok(Created::Conflict(quote(taken.as_bytes()))),
+        };
+        if let Err(error) = self.lifecycle(Lifecycle::Start, &id).await {
+            let _ = self.remove(&id).await;
+            return Err(error);
+        }
+        Ok(Created::Id(id))
+    }
+
+    /// Creates container `name` from `body`: its id, or `Ok(Err(message))` when the name is
+    /// taken (what a conflict means is the caller's). A missing `image` is ImageMissing; any
+    /// other failure is Engine, named `operation`.
+    pub(crate) async fn create_named(
+        &self,
+        name: &str,
+        image: &str,
+        body: ContainerCreateBody,
+        operation: &str,
+    ) -> Result<Result<String, String>, SandboxError> {
+        let options = CreateContainerOptionsBuilder::new().name(name).build();
         let created = self
             .engine
             .call(
@@ -180,21 +202,14 @@ impl BackendState {
                 self.engine.api().create_container(Some(options), body),
             )
             .await;
-        let id = match created {
-            Ok(response) => response.id,
-            Err(failure) if failure.is_conflict() => {
-                return Ok(Created::Conflict(quote(failure.message().as_bytes())))
-            }
+        match created {
+            Ok(response) => Ok(Ok(response.id)),
+            Err(failure) if failure.is_conflict() => Ok(Err(failure.message().to_owned())),
             Err(failure) if failure.is_not_found() => {
-                return Err(self.image_missing(shape.image, failure.message()))
+                Err(self.image_missing(image, failure.message()))
             }
-            Err(failure) => return Err(self.engine.failure("container create", failure)),
-        };
-        if let Err(error) = self.lifecycle(Lifecycle::Start, &id).await {
-            let _ = self.remove(&id).await;
-            return Err(error);
+            Err(failure) => Err(self.engine.failure(operation, failure)),
         }
-        Ok(Created::Id(id))
     }
 
     /// Start, pause or unpause one container; a failure is Engine.

@@ -14,8 +14,7 @@ use std::time::Duration;
 use bollard::container::LogOutput;
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, ListVolumesOptionsBuilder, LogsOptionsBuilder,
-    RemoveVolumeOptionsBuilder,
+    ListVolumesOptionsBuilder, LogsOptionsBuilder, RemoveVolumeOptionsBuilder,
 };
 use futures_util::StreamExt as _;
 use sandbox_core::{DisposalCode, DisposalFailure, Egress, EgressEntry, SandboxError, SandboxSpec};
@@ -337,23 +336,15 @@ impl BackendState {
             host_config: Some(host_config),
             ..ContainerCreateBody::default()
         };
-        let options = CreateContainerOptionsBuilder::new().name(&name).build();
-        let created = self
-            .engine
-            .call(
-                self.config.command_timeout,
-                self.engine.api().create_container(Some(options), body),
-            )
-            .await;
-        let id = match created {
-            Ok(response) => response.id,
-            Err(failure) if failure.is_not_found() => {
-                return Err(self.image_missing(&plan.image, failure.message()))
-            }
+        let id = match self
+            .create_named(&name, &plan.image, body, "egress proxy create")
+            .await?
+        {
+            Ok(id) => id,
             // Another process made it meanwhile: its proxy, once ready, serves this policy too.
             // The engine holds the name from the start of a create, before an inspect finds it:
             // the name is re-inspected every 0.25 s within one command timeout.
-            Err(failure) if failure.is_conflict() => {
+            Err(_taken) => {
                 let until = tokio::time::Instant::now() + self.config.command_timeout;
                 let existing = loop {
                     match self.inspect(&name).await? {
@@ -373,7 +364,6 @@ impl BackendState {
                 }
                 return self.await_ready(&name, &existing.id).await.map(|()| true);
             }
-            Err(failure) => return Err(self.engine.failure("egress proxy create", failure)),
         };
         let result = self.start_proxy(&name, &id).await;
         if result.is_err() {
