@@ -674,10 +674,198 @@ mod tests {
     }
 
     #[test]
+    fn only_a_clean_exit_of_a_probe_means_the_exact_kill() {
+        assert!(read_kill_mode_probe(ExitKind::Exited(0)));
+        // A failing init or `unshare`, a refused exec (126), a missing tool (127), a wrapper-like
+        // 125, a status no shell gives, and every death by signal: the group kill.
+        for status in [
+            ExitKind::Exited(1),
+            ExitKind::Exited(2),
+            ExitKind::Exited(125),
+            ExitKind::Exited(126),
+            ExitKind::Exited(127),
+            ExitKind::Exited(255),
+            ExitKind::Exited(-1),
+            ExitKind::Exited(i32::MIN),
+            ExitKind::Signaled(0),
+            ExitKind::Signaled(9),
+            ExitKind::Signaled(15),
+        ] {
+            assert!(!read_kill_mode_probe(status), "{status:?}");
+        }
+    }
+
+    #[test]
     fn scripts_never_use_the_double_dash_kill_form() {
         for script in [DOCKER_WRAPPER, SBX_WRAPPER, KILL_SCRIPT] {
             assert!(!script.contains("kill -KILL --"));
             assert!(!script.contains("eval"));
         }
+    }
+}
+
+/// The kill-mode probes run on this host's `sh` against stand-ins for the guest's init and
+/// `unshare`, each of which records its arguments and answers with a chosen status.
+#[cfg(all(test, unix))]
+mod probe_runs {
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::argv_encoding::encode_invocation;
+    use crate::bounded_runner::BoundedCommand;
+
+    const SYSTEM_PATH: &str = "/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+    /// Writes `dir/name`, an executable that records its arguments one per line in
+    /// `dir/name.args` and exits with `status`. A separate shell writes it, so no write handle
+    /// of this process can leak into a concurrent test's child and keep the file busy.
+    fn stand_in(dir: &Path, name: &str, status: i32) -> PathBuf {
+        let path = dir.join(name);
+        let body = format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$@\" >'{}.args'\nexit {status}\n",
+            path.display()
+        );
+        let written = std::process::Command::new("/bin/sh")
+            .args(["-c", r#"printf '%s' "$1" >"$2" && chmod 755 "$2""#, "sh"])
+            .arg(&body)
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(written.success(), "writing {}", path.display());
+        path
+    }
+
+    /// What the stand-in at `path` was called with, or `None` if it never ran.
+    fn recorded(path: &Path) -> Option<Vec<String>> {
+        let text = std::fs::read_to_string(format!("{}.args", path.display())).ok()?;
+        Some(text.lines().map(str::to_owned).collect())
+    }
+
+    fn run(argv: &[String], path: &str) -> ExitKind {
+        assert_eq!(argv[0], "sh", "a probe starts with sh");
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(
+                BoundedCommand::new(&argv[0], Duration::from_secs(10))
+                    .args(&argv[1..])
+                    .env("PATH", path)
+                    .run(),
+            )
+            .unwrap()
+            .status
+    }
+
+    /// The init probe's argv, with the init it names replaced by `init`.
+    fn init_probe_with(init: &Path) -> Vec<String> {
+        let argv = docker_init_probe_argv();
+        assert_eq!(
+            argv.iter().filter(|arg| *arg == DOCKER_INIT_PATH).count(),
+            1,
+            "the probe names the engine's init once: {argv:?}"
+        );
+        argv.into_iter()
+            .map(|arg| {
+                if arg == DOCKER_INIT_PATH {
+                    init.display().to_string()
+                } else {
+                    arg
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_init_probe_runs_the_init_as_a_subreaper_and_reads_its_status() {
+        let dir = tempfile::tempdir().unwrap();
+        for (status, exact) in [(0, true), (1, false), (2, false)] {
+            let init = stand_in(dir.path(), &format!("init-{status}"), status);
+            let answer = run(&init_probe_with(&init), SYSTEM_PATH);
+            assert_eq!(answer, ExitKind::Exited(status));
+            assert_eq!(read_kill_mode_probe(answer), exact, "init exits {status}");
+            assert_eq!(
+                recorded(&init).as_deref(),
+                Some(["-s", "--", "true"].map(str::to_owned).as_slice()),
+                "the init runs `true` as a subreaper"
+            );
+        }
+    }
+
+    #[test]
+    fn without_a_runnable_init_the_probe_says_group_kill() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-init");
+        let answer = run(&init_probe_with(&missing), SYSTEM_PATH);
+        assert_eq!(answer, ExitKind::Exited(127));
+        assert!(!read_kill_mode_probe(answer));
+
+        let not_executable = dir.path().join("not-executable");
+        std::fs::write(&not_executable, "#!/bin/sh\nexit 0\n").unwrap();
+        let answer = run(&init_probe_with(&not_executable), SYSTEM_PATH);
+        assert_eq!(answer, ExitKind::Exited(126));
+        assert!(!read_kill_mode_probe(answer));
+
+        // As this host is, when it has no init at that path (containers get it from the engine).
+        if !Path::new(DOCKER_INIT_PATH).exists() {
+            let answer = run(&docker_init_probe_argv(), SYSTEM_PATH);
+            assert_eq!(answer, ExitKind::Exited(127));
+            assert!(!read_kill_mode_probe(answer));
+        }
+    }
+
+    #[test]
+    fn the_namespace_probe_asks_unshare_for_what_the_enter_pid_stage_needs() {
+        let dir = tempfile::tempdir().unwrap();
+        let unshare = stand_in(dir.path(), "unshare", 0);
+        let path = format!("{}:{SYSTEM_PATH}", dir.path().display());
+
+        let answer = run(&pid_namespace_probe_argv(), &path);
+        assert_eq!(answer, ExitKind::Exited(0));
+        assert!(read_kill_mode_probe(answer));
+        let probe = recorded(&unshare).expect("the probe runs unshare");
+        std::fs::remove_file(format!("{}.args", unshare.display())).unwrap();
+
+        let nonce = Nonce::parse("00112233445566778899aabb").unwrap();
+        let mount = SbxMount {
+            parent: "/maf-sandbox".into(),
+            guest_mount: "/home/agent/ws".into(),
+        };
+        let invocation = encode_invocation(b"/", &[b"true"]).unwrap();
+        let stage = sbx_pid_namespace_wrapper_argv(&nonce, &mount, false, &invocation).unwrap();
+        assert_eq!(run(&stage, &path), ExitKind::Exited(0));
+        let stage = recorded(&unshare).expect("the enter-pid stage runs unshare");
+
+        // The same namespaces, the same `env -u`, then `true` in place of the wrapper.
+        assert_eq!(
+            probe[..9],
+            stage[..9],
+            "probe {probe:?} and stage {stage:?} disagree"
+        );
+        assert_eq!(stage[9], "maf-sbx-00112233445566778899aabb");
+        assert_eq!(probe[9..], ["maf-sbx-probe", "true"]);
+    }
+
+    #[test]
+    fn a_namespace_probe_that_fails_says_group_kill() {
+        let dir = tempfile::tempdir().unwrap();
+        let refused = dir.path().join("refused");
+        std::fs::create_dir(&refused).unwrap();
+        stand_in(&refused, "unshare", 1);
+        let answer = run(
+            &pid_namespace_probe_argv(),
+            &format!("{}:{SYSTEM_PATH}", refused.display()),
+        );
+        assert_eq!(answer, ExitKind::Exited(1));
+        assert!(!read_kill_mode_probe(answer));
+
+        // A guest without `unshare`: only `sh` on the path.
+        let bare = dir.path().join("bare");
+        std::fs::create_dir(&bare).unwrap();
+        std::os::unix::fs::symlink("/bin/sh", bare.join("sh")).unwrap();
+        let answer = run(&pid_namespace_probe_argv(), &bare.display().to_string());
+        assert_eq!(answer, ExitKind::Exited(127));
+        assert!(!read_kill_mode_probe(answer));
     }
 }

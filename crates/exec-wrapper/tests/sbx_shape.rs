@@ -747,3 +747,26 @@ fn the_namespace_kill_ends_every_process_of_an_enter_pid_call() {
         site.assert_nothing_mounted();
     }
 }
+
+/// On a host where the `enter-pid` stage runs (above), the namespace probe passes for the same
+/// caller: the real `unshare` takes the options the probe asks for.
+#[test]
+fn the_namespace_probe_passes_where_the_enter_pid_stage_runs() {
+    let site = Site::new();
+    for shell in &site.shells {
+        let argv = exec_wrapper::pid_namespace_probe_argv();
+        assert_eq!(argv[0], "sh");
+        let output = runtime().block_on(
+            site.caller
+                .command(&shell.program, argv[1..].iter().map(OsString::from))
+                .env("PATH", &shell.path)
+                .run(),
+        );
+        assert!(
+            matches!(&output, Ok(probe) if exec_wrapper::read_kill_mode_probe(probe.status)),
+            "{}: {}",
+            shell.name,
+            describe(&output)
+        );
+    }
+}
