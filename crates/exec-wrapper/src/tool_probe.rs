@@ -115,6 +115,15 @@ mod tests {
             read_tool_probe(ExitKind::Exited(126), b""),
             ToolProbeOutcome::NoShell
         );
+        // 126 or 127 after naming tools: a shell ran, so it is no missing shell.
+        for status in [126, 127] {
+            assert_eq!(
+                read_tool_probe(ExitKind::Exited(status), b"base64\n"),
+                ToolProbeOutcome::Failed {
+                    status: ExitKind::Exited(status)
+                }
+            );
+        }
         assert_eq!(
             read_tool_probe(ExitKind::Exited(1), b""),
             ToolProbeOutcome::Failed {

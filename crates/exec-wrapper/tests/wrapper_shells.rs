@@ -10,8 +10,8 @@ use common::{shells, Shell};
 use exec_wrapper::{
     cancel_file, docker_wrapper_argv, encode_arg, encode_env_file, encode_invocation, kill_argv,
     new_nonce, parse_run_output, pid_file, read_tool_probe, sbx_env_file_name, sbx_wrapper_argv,
-    tool_probe_argv, ExitKind, KillOutcome, Nonce, SbxMount, ToolProbeOutcome, WrapperOutcome,
-    WrapperOutput, DOCKER_TOOLS,
+    tool_probe_argv, ExitKind, KillFailure, KillOutcome, Nonce, SbxMount, ToolProbeOutcome,
+    WrapperOutcome, WrapperOutput, DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
 };
 use proptest::prelude::*;
 
@@ -494,11 +494,25 @@ where
 #[tokio::test]
 async fn the_kill_script_reports_an_unwritable_cancel_file() {
     for shell in shells() {
+        // Run as the backends run it: the shell's complaint fits the kill call's budget.
         let kill = shell
-            .run(&kill_argv("/nonexistent-dir/maf-sbx-x.pgid"), BOUND)
-            .await
-            .unwrap();
+            .command(&kill_argv("/nonexistent-dir/maf-sbx-x.pgid"), BOUND)
+            .output_budget(KILL_OUTPUT_BUDGET)
+            .run()
+            .await;
+        assert_eq!(
+            KillOutcome::from_run(&kill),
+            KillOutcome::NotLanded(KillFailure::CancelFileUnwritable),
+            "{}: {kill:?}",
+            shell.name
+        );
+        let kill = kill.unwrap();
         assert_eq!(kill.status, ExitKind::Exited(5), "{}", shell.name);
+        assert!(
+            !kill.stderr.is_empty(),
+            "{}: the shell says why",
+            shell.name
+        );
         let kill = shell.run(&kill_argv(""), BOUND).await.unwrap();
         assert_eq!(
             kill.status,
@@ -513,7 +527,13 @@ async fn the_kill_script_reports_an_unwritable_cancel_file() {
 async fn the_tool_probe_names_every_missing_tool() {
     for shell in shells() {
         let argv = tool_probe_argv(&["cat", "no-such-tool-1", "base64", "no-such-tool-2"]).unwrap();
-        let output = shell.run(&argv, BOUND).await.unwrap();
+        // Run as the backends run it, within the probe's budget.
+        let output = shell
+            .command(&argv, BOUND)
+            .output_budget(PROBE_OUTPUT_BUDGET)
+            .run()
+            .await
+            .unwrap();
         assert_eq!(
             read_tool_probe(output.status, &output.stdout),
             ToolProbeOutcome::Missing(vec!["no-such-tool-1".into(), "no-such-tool-2".into()]),
