@@ -240,10 +240,8 @@ pub trait OutputSink: Send {
         std::future::pending()
     }
 
-    /// `stream` reached its end; nothing more comes from it.
-    fn closed(&mut self, stream: Stream) {
-        let _ = stream;
-    }
+    /// `stream` reached its end; nothing more comes from it. The default does nothing.
+    fn closed(&mut self, _stream: Stream) {}
 }
 
 /// The collected form's sink: keeps both streams and feeds the line callback.

@@ -247,6 +247,33 @@ async fn prefix_mode_stops_on_purpose() {
     assert_eq!(output.status, ExitKind::Signaled(9));
 }
 
+/// The prefix is exactly `stop_after` stdout bytes however the child's writes split it, and only
+/// stdout counts towards it. The child writes its second part only once the host has read the
+/// first, so the cut falls inside a later read.
+#[tokio::test]
+async fn prefix_mode_cuts_inside_a_later_read_and_counts_stdout_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let script = format!(
+        "printf 'err\\n' >&2; printf 'ab\\n'; \
+         until [ -e '{}' ]; do sleep 0.01; done; printf 'cdefgh\\n'; sleep 30",
+        go.display()
+    );
+    let output = sh(&script, Duration::from_secs(10))
+        .stop_after(6)
+        .on_line(move |stream, line| {
+            if stream == Stream::Stdout && line == b"ab\n" {
+                std::fs::write(&go, b"").unwrap();
+            }
+        })
+        .run()
+        .await
+        .unwrap();
+    assert!(output.truncated);
+    assert_eq!(output.stdout, b"ab\ncde");
+    assert_eq!(output.status, ExitKind::Signaled(9));
+}
+
 #[tokio::test]
 async fn a_timeout_too_large_for_the_clock_is_no_deadline_never_a_panic() {
     for timeout in [Duration::MAX, Duration::from_secs(u64::MAX / 2)] {
