@@ -26,8 +26,8 @@ pub const DEFAULT_OUTPUT_BUDGET: usize = 8 * 1024 * 1024;
 /// Largest single read from either pipe.
 pub const READ_CHUNK: usize = 65_536;
 
-/// How long the runner waits for a killed child to be reaped before handing it to a background
-/// reaper and returning.
+/// How long the runner waits for a killed child to be reaped before leaving it to tokio's
+/// background orphan reaping and returning.
 pub const REAP_GRACE: Duration = Duration::from_secs(3);
 
 /// Which pipe a line came from.
@@ -288,8 +288,8 @@ impl OutputSink for KeepSink {
 ///
 /// Not cancel safe in the sense of keeping output: dropping the future discards it. Dropping it
 /// is safe for the host: the child's process tree is killed at once and the child is
-/// reaped by a background task on the current tokio runtime (or, without one, by tokio's
-/// kill-on-drop and orphan reaping). No call ever blocks on that reaping.
+/// reaped in the background by tokio's kill-on-drop and orphan reaping. No call ever blocks on
+/// that reaping.
 pub async fn run_bounded(mut command: BoundedCommand) -> Result<RunOutput> {
     let mut sink = KeepSink {
         out: Kept::new(Stream::Stdout),
@@ -603,8 +603,9 @@ impl Kept {
     }
 }
 
-/// Owns the child until it is reaped; dropping it unreaped kills the process tree and hands the
-/// child to a background reaper.
+/// Owns the child until it is reaped; dropping it unreaped kills the process tree, and the child,
+/// dropped with it, goes to tokio's background orphan reaping (its kill-on-drop signals it again,
+/// harmlessly: an unreaped child keeps its pid).
 struct ChildGuard {
     child: Option<Child>,
     /// Held only while the child is unreaped (see [`ProcessTree::release`]).
@@ -657,47 +658,26 @@ impl ChildGuard {
     }
 
     /// Kills the process tree and waits for the exit, for at most [`REAP_GRACE`]; past that the
-    /// child goes to a background reaper. Returns the exit status if it was reaped here. The
-    /// pipes are closed by then: a killed child needs no reading to exit, and a writer that
-    /// escaped the kill gets a broken pipe rather than a reader.
+    /// child stays with the guard, killed and unreaped, and goes to tokio's orphan reaping when
+    /// the guard drops. Returns the exit status if it was reaped here. The pipes are closed by
+    /// then: a killed child needs no reading to exit, and a writer that escaped the kill gets a
+    /// broken pipe rather than a reader.
     async fn kill_and_reap(&mut self) -> Option<ExitStatus> {
         // Already reaped: nothing to kill, and the group id may no longer be ours.
         self.child.as_ref()?;
         self.kill_tree();
-        match tokio::time::timeout(REAP_GRACE, self.wait()).await {
-            Ok(Ok(status)) => Some(status),
-            Ok(Err(_)) | Err(_) => {
-                self.hand_to_reaper();
-                None
-            }
-        }
-    }
-
-    fn hand_to_reaper(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        // Killed already; on Windows closing the job also ends whatever the kill missed.
-        self.tree = None;
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    let _ = child.wait().await;
-                });
-            }
-            // No runtime: tokio's kill-on-drop sends SIGKILL and queues the pid for its own
-            // orphan reaping.
-            Err(_) => drop(child),
-        }
+        tokio::time::timeout(REAP_GRACE, self.wait())
+            .await
+            .ok()?
+            .ok()
     }
 }
 
 impl Drop for ChildGuard {
+    /// Kills the tree of a child not yet reaped (a reaped one has neither child nor tree left).
+    /// On Windows the job, dropped with the guard, also ends whatever the kill missed.
     fn drop(&mut self) {
-        if self.child.is_some() {
-            self.kill_tree();
-            self.hand_to_reaper();
-        }
+        self.kill_tree();
     }
 }
 

@@ -207,6 +207,11 @@ async fn the_line_callback_sees_every_line_in_order() {
             .iter()
             .flat_map(|p| p.iter().copied())
             .eq(bytes.iter().copied()));
+        // A long line is handed over as it arrives, never held whole: no piece reaches two
+        // chunks.
+        for piece in &pieces {
+            assert!(piece.len() < 2 * READ_CHUNK, "{}", piece.len());
+        }
         // Every piece but the last is a complete line or a piece of at least one chunk.
         for piece in &pieces[..pieces.len() - 1] {
             assert!(
