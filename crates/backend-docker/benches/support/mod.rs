@@ -13,7 +13,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use backend_docker::{DockerBackend, DockerConfig};
-use sandbox_core::SandboxBackend;
+use std::sync::Arc;
+
+use sandbox_core::{Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
 use tokio::io::AsyncWriteExt as _;
 
 #[path = "../../../../xtask/bench_row.rs"]
@@ -130,6 +132,40 @@ pub async fn run_raw_container(scope: &str) -> String {
     let id = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     assert_eq!(id.len(), 64, "docker run -d printed {id:?}");
     id
+}
+
+/// The start of a side-by-side bench: a fresh scope and its [`Sweep`], the sandbox of the scope's
+/// thread `t` on `spec`, and a raw container to run the same work in.
+pub struct SideBySide {
+    pub scope: String,
+    pub sweep: Sweep,
+    pub sandbox: Arc<dyn Sandbox>,
+    pub raw: String,
+}
+
+impl SideBySide {
+    /// Acquires thread `t` of a fresh scope tagged `tag` on `spec`, and runs the raw container.
+    pub async fn start(backend: &DockerBackend, tag: &str, spec: &SandboxSpec) -> SideBySide {
+        let scope = unique_scope(tag);
+        let sweep = Sweep::new(&scope);
+        let key = SandboxKey::conversation(scope.as_str(), "t", "bench");
+        let sandbox = backend.acquire(&key, spec).await.expect("acquire");
+        let raw = run_raw_container(&scope).await;
+        SideBySide {
+            scope,
+            sweep,
+            sandbox,
+            raw,
+        }
+    }
+}
+
+/// The spec of a bench sandbox on [`IMAGE`] with no transfer ceilings beyond the defaults.
+pub fn bench_spec() -> SandboxSpec {
+    SandboxSpec::builder("bench")
+        .image(IMAGE)
+        .build()
+        .expect("a valid spec")
 }
 
 /// `docker rm -f <id>`.
