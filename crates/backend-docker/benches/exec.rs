@@ -26,7 +26,7 @@ use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use futures_util::StreamExt as _;
 use sandbox_core::{Command, ErrorKind, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec};
 use support::{
-    backend, docker, record_row, round_robin, run_raw_container, unique_scope, Metric, Sweep,
+    backend, bench_spec, docker, record_row, round_robin, run_raw_container, Metric, SideBySide,
     Target,
 };
 
@@ -106,15 +106,12 @@ fn peak_rss_kib(reset: bool) -> u64 {
 #[tokio::main]
 async fn main() {
     let backend = backend().await;
-    let scope = unique_scope("exec");
-    let sweep = Sweep::new(&scope);
-    let key = SandboxKey::conversation(scope.as_str(), "t", "bench");
-    let spec = SandboxSpec::builder("bench")
-        .image(support::IMAGE)
-        .build()
-        .expect("a valid spec");
-    let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
-    let raw = run_raw_container(&scope).await;
+    let SideBySide {
+        scope,
+        sweep,
+        sandbox,
+        raw,
+    } = SideBySide::start(&backend, "exec", &bench_spec()).await;
 
     let api = bollard::Docker::connect_with_unix_defaults()
         .expect("a client of the default socket")

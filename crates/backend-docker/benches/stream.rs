@@ -14,10 +14,8 @@ mod support;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use sandbox_core::{
-    Command, ExecChunk, ExecEvent, ExecRequest, ExecStdin, SandboxBackend, SandboxKey, SandboxSpec,
-};
-use support::{backend, run_raw_container, unique_scope, Metric, Sweep, Target};
+use sandbox_core::{Command, ExecChunk, ExecEvent, ExecRequest, ExecStdin};
+use support::{backend, bench_spec, Metric, SideBySide, Target};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const FIRST_BYTE_WARMUP: usize = 2;
@@ -93,15 +91,12 @@ async fn raw_cat(id: &str) {
 #[tokio::main]
 async fn main() {
     let backend = backend().await;
-    let scope = unique_scope("stream");
-    let sweep = Sweep::new(&scope);
-    let key = SandboxKey::conversation(scope.as_str(), "t", "bench");
-    let spec = SandboxSpec::builder("bench")
-        .image(support::IMAGE)
-        .build()
-        .expect("a valid spec");
-    let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
-    let raw = run_raw_container(&scope).await;
+    let SideBySide {
+        sweep,
+        sandbox,
+        raw,
+        ..
+    } = SideBySide::start(&backend, "stream", &bench_spec()).await;
 
     let mut first_byte = Metric::new("stream first byte p50", Target::AtMost(1.10));
     for round in 0..FIRST_BYTE_WARMUP + FIRST_BYTE_ROUNDS {

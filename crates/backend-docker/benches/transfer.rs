@@ -12,10 +12,9 @@ mod support;
 use std::path::Path;
 
 use backend_docker::TRANSFER_CEILING;
-use sandbox_core::{Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
+use sandbox_core::{Sandbox, SandboxSpec};
 use support::{
-    backend, docker, docker_with_stdin, paired, round_robin, run_raw_container, unique_scope,
-    Metric, Sweep, Target,
+    backend, docker, docker_with_stdin, paired, round_robin, Metric, SideBySide, Target,
 };
 
 const MIB: usize = 1024 * 1024;
@@ -46,17 +45,18 @@ fn payload(len: usize, seed: u64) -> Vec<u8> {
 #[tokio::main]
 async fn main() {
     let backend = backend().await;
-    let scope = unique_scope("transfer");
-    let sweep = Sweep::new(&scope);
-    let key = SandboxKey::conversation(scope.as_str(), "t", "bench");
     let spec = SandboxSpec::builder("bench")
         .image(support::IMAGE)
         .files_in(TRANSFER_CEILING)
         .files_out(TRANSFER_CEILING)
         .build()
         .expect("a valid spec");
-    let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
-    let raw = run_raw_container(&scope).await;
+    let SideBySide {
+        sweep,
+        sandbox,
+        raw,
+        ..
+    } = SideBySide::start(&backend, "transfer", &spec).await;
     docker(&["exec", &raw, "mkdir", "-p", &format!("{RAW_WORK}/d1/d2")]).await;
     let host = tempfile::tempdir().expect("a host temp dir");
 

@@ -202,12 +202,13 @@ pub(crate) fn workload_env() -> Vec<String> {
     env
 }
 
-/// The workload's body: the forwarder in the background, then `keep_alive`. A guest that kills
-/// the forwarder loses only its own egress.
+/// The workload's body: the forwarder, kept running by a background loop that starts it again a
+/// second after it ends (a crash, or a guest that killed it), then `keep_alive`. A guest that
+/// kills the loop too loses only its own egress, until the workload restarts.
 pub(crate) fn keep_alive_with_forwarder(keep_alive: &str) -> String {
     format!(
-        "if [ -x {FORWARDER} ]; then {FORWARDER} forward --listen {FORWARD_LISTEN} --socket {PROXY_SOCKET} \
-         </dev/null >/dev/null 2>&1 & fi; {keep_alive}"
+        "(while :; do if [ -x {FORWARDER} ]; then {FORWARDER} forward --listen {FORWARD_LISTEN} \
+         --socket {PROXY_SOCKET}; fi; sleep 1; done) </dev/null >/dev/null 2>&1 & {keep_alive}"
     )
 }
 
@@ -797,10 +798,11 @@ mod tests {
         assert!(env.contains(&"NO_PROXY=localhost,127.0.0.1".to_owned()));
         assert!(env.contains(&"no_proxy=localhost,127.0.0.1".to_owned()));
         let body = keep_alive_with_forwarder("while :; do sleep 3600; done");
-        assert!(body.starts_with("if [ -x /run/maf-egress/egress-proxy ]; then /run/maf-egress/egress-proxy forward --listen 127.0.0.1:3128 --socket /run/maf-egress/proxy.sock"));
-        assert!(
-            body.ends_with("& fi; while :; do sleep 3600; done"),
-            "{body}"
+        assert_eq!(
+            body,
+            "(while :; do if [ -x /run/maf-egress/egress-proxy ]; then /run/maf-egress/egress-proxy \
+             forward --listen 127.0.0.1:3128 --socket /run/maf-egress/proxy.sock; fi; sleep 1; done) \
+             </dev/null >/dev/null 2>&1 & while :; do sleep 3600; done"
         );
         assert_eq!(proxy_name("n"), "n-proxy");
         assert_eq!(volume_name("n"), "n-egress");

@@ -6,14 +6,17 @@ use sandbox_core::HealthCheck;
 use crate::backend::DockerBackend;
 use crate::config::DockerConfig;
 use crate::connection::{Endpoint, EngineConnection};
+use crate::ownership_labels::user_is_root;
 
 impl DockerBackend {
     /// What this host needs for the backend, checked in order, each a [`HealthCheck`]:
     /// `docker.context` (the endpoint resolves as the CLI would), `docker.engine` (it answers the
     /// version negotiation), `docker.engine_os` (linux), `kernel.init` (the engine names an init
     /// binary, for `--init`), `kernel.pids_cgroup` (this host has the pids controller, for
-    /// `--pids-limit`) and `docker.image` (`config.default_image` is present). Checks after a failed
-    /// endpoint or engine are not run. Reads only; changes nothing.
+    /// `--pids-limit`), `docker.image` (`config.default_image` is present), and, for `allowlist`
+    /// egress, `docker.egress_proxy_image` and `docker.outbound_network` (one
+    /// `docker.egress_proxy` not-applicable line when no proxy image is configured). Checks after a
+    /// failed endpoint or engine are not run. Reads only; changes nothing.
     ///
     /// # Cancel safety
     /// Dropping the future drops the engine request in flight; nothing is created.
@@ -103,8 +106,94 @@ impl DockerBackend {
                 "sandboxctl images build",
             ),
         });
+        checks.extend(egress_checks(&engine, config).await);
         checks
     }
+}
+
+/// The `allowlist` egress mode's two needs, when it is configured (`config.egress_proxy_image`):
+/// `docker.egress_proxy_image` (present, and naming a non-root user, as acquire requires) and
+/// `docker.outbound_network` (it exists and is not `none` or `host`, so the proxy has a leg out
+/// and a gateway to refuse). Without an image, one `docker.egress_proxy` not-applicable line.
+async fn egress_checks(engine: &EngineConnection, config: &DockerConfig) -> Vec<HealthCheck> {
+    let Some(image) = config.egress_proxy_image.as_deref() else {
+        return vec![HealthCheck::not_applicable(
+            "docker.egress_proxy",
+            "allowlist egress is off: no egress proxy image is configured",
+        )];
+    };
+    let deadline = config.command_timeout;
+    let build = format!("sandboxctl images build {image}");
+    let image_check = match engine
+        .call(deadline, engine.api().inspect_image(image))
+        .await
+    {
+        Ok(answer) => {
+            let user = answer.config.and_then(|c| c.user).unwrap_or_default();
+            if user_is_root(&user) {
+                HealthCheck::fail(
+                    "docker.egress_proxy_image",
+                    format!("{image} runs as root (user {user:?}); acquire refuses such a proxy"),
+                    "build the proxy image with a non-root USER",
+                )
+            } else {
+                HealthCheck::pass(
+                    "docker.egress_proxy_image",
+                    format!("{image} present, runs as user {user}"),
+                )
+            }
+        }
+        Err(failure) if failure.is_not_found() => HealthCheck::fail(
+            "docker.egress_proxy_image",
+            format!("{image} missing: allowlist egress (`run --allow`) cannot start"),
+            build,
+        ),
+        Err(failure) => HealthCheck::fail(
+            "docker.egress_proxy_image",
+            engine.failure("image inspect", failure).to_string(),
+            build,
+        ),
+    };
+    let network = config.outbound_network.as_str();
+    let create =
+        format!("docker network create {network}, or name another with --outbound-network");
+    let network_check = match engine
+        .call(
+            deadline,
+            engine.api().inspect_network(
+                network,
+                None::<bollard::query_parameters::InspectNetworkOptions>,
+            ),
+        )
+        .await
+    {
+        Ok(answer) => {
+            let driver = answer.driver.unwrap_or_default();
+            if matches!(driver.as_str(), "null" | "host") {
+                HealthCheck::fail(
+                    "docker.outbound_network",
+                    format!("{network} has driver {driver}: the proxy needs a routed network"),
+                    create,
+                )
+            } else {
+                HealthCheck::pass(
+                    "docker.outbound_network",
+                    format!("{network} present (driver {driver})"),
+                )
+            }
+        }
+        Err(failure) if failure.is_not_found() => HealthCheck::fail(
+            "docker.outbound_network",
+            format!("{network} does not exist on the engine"),
+            create,
+        ),
+        Err(failure) => HealthCheck::fail(
+            "docker.outbound_network",
+            engine.failure("network inspect", failure).to_string(),
+            create,
+        ),
+    };
+    vec![image_check, network_check]
 }
 
 /// `--pids-limit` needs the pids cgroup controller (v2: listed in `cgroup.controllers`; v1: its

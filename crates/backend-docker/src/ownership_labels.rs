@@ -195,15 +195,14 @@ impl ContainerRecord {
         self.config.as_ref().and_then(|c| c.image.as_deref())
     }
 
-    /// Whether it runs as root: no user, `root` or uid 0 (a group after `:` aside).
+    /// Whether it runs as root (see [`user_is_root`]).
     pub(crate) fn runs_as_root(&self) -> bool {
-        let user = self
-            .config
-            .as_ref()
-            .and_then(|c| c.user.as_deref())
-            .unwrap_or("");
-        let user = user.split(':').next().unwrap_or("");
-        matches!(user, "" | "root" | "0")
+        user_is_root(
+            self.config
+                .as_ref()
+                .and_then(|c| c.user.as_deref())
+                .unwrap_or(""),
+        )
     }
 
     /// The egress volume it was made with, read from its labels: `<name>-egress` when it carries
@@ -424,6 +423,12 @@ pub(crate) fn parse_rfc3339(text: &str) -> Option<SystemTime> {
     let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset_seconds;
     let seconds = u64::try_from(seconds).ok()?;
     Some(UNIX_EPOCH + Duration::new(seconds, nanos))
+}
+
+/// Whether a container or image `user` setting means root: none, `root` or uid 0 (a group after
+/// `:` aside).
+pub(crate) fn user_is_root(user: &str) -> bool {
+    matches!(user.split(':').next().unwrap_or(""), "" | "root" | "0")
 }
 
 #[cfg(test)]

@@ -495,6 +495,40 @@ fn windows_rules_refuse_reserved_names_when_chosen() {
     assert_eq!(windows.root_names("."), ["dir"]);
 }
 
+#[test]
+fn a_windows_name_refusal_says_which_rule_and_what_broke_it() {
+    let windows = Layout::with(RootOptions::default().name_rules(NameRules::Windows));
+    for (path, expected) in [
+        (
+            "dir/nul.txt",
+            "dir/nul.txt: refused: reserved name: NUL is a Windows device name",
+        ),
+        (
+            "a|b",
+            "a|b: refused: reserved name: the character '|' is reserved on Windows",
+        ),
+        (
+            "trailing ",
+            "trailing : refused: reserved name: a trailing dot or space is stripped on Windows",
+        ),
+        // The control character is named by its code point, which a reader can see.
+        (
+            "esc\u{1b}",
+            "esc\u{1b}: refused: reserved name: the control character U+001B is refused on Windows",
+        ),
+    ] {
+        assert_eq!(
+            windows.root.write(path, b"x").unwrap_err().to_string(),
+            expected
+        );
+    }
+    // No Unix path can hold an unpaired surrogate; the problem still reads as one sentence.
+    assert_eq!(
+        WindowsNameProblem::NotUnicode.to_string(),
+        "an unpaired surrogate is not a Unicode name"
+    );
+}
+
 /// A stand-in for a case-folding file system: the kernel resolves the names the test creates,
 /// but the directory "stores" some of them with another spelling, as a case-insensitive
 /// file system does when `README` was created and `readme` is asked for.

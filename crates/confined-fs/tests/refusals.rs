@@ -58,20 +58,43 @@ fn refusals_and_host_failures_are_told_apart() {
     let root = ConfinedRoot::open(dir.path()).unwrap();
     root.write("f", b"x").unwrap();
 
-    let escape = root.read("../x", 10).unwrap_err();
-    assert!(escape.is_confinement() && escape.is_refusal(), "{escape}");
+    root.make_dirs("d").unwrap();
+    std::os::unix::fs::symlink("f", dir.path().join("link")).unwrap();
 
-    let missing = root.read("missing", 10).unwrap_err();
-    assert!(
-        !missing.is_confinement() && missing.is_refusal(),
-        "{missing}"
-    );
+    // Every confinement refusal, whatever its reason, is both.
+    let confinements = [
+        root.read("../x", 10).unwrap_err(),
+        root.read("/etc/passwd", 10).unwrap_err(),
+        root.read("link/x", 10).unwrap_err(),
+        root.remove(".", true).unwrap_err(),
+    ];
+    for refused in &confinements {
+        assert!(matches!(refused, Error::Confinement { .. }), "{refused:?}");
+        assert!(
+            refused.is_confinement() && refused.is_refusal(),
+            "{refused}"
+        );
+    }
 
-    let not_a_directory = root.read("f/x", 10).unwrap_err();
-    assert!(
-        !not_a_directory.is_confinement() && not_a_directory.is_refusal(),
-        "{not_a_directory}"
-    );
+    // Every other decision of the crate is a refusal, not a confinement breach.
+    let refusals = [
+        root.read("missing", 10).unwrap_err(),
+        root.read("f/x", 10).unwrap_err(),
+        root.read("d", 10).unwrap_err(),
+        root.read("link", 10).unwrap_err(),
+        root.read("f", 0).unwrap_err(),
+    ];
+    assert!(matches!(refusals[0], Error::NotFound { .. }));
+    assert!(matches!(refusals[1], Error::NotADirectory { .. }));
+    assert!(matches!(refusals[2], Error::IsADirectory { .. }));
+    assert!(matches!(refusals[3], Error::NotRegularFile { .. }));
+    assert!(matches!(refusals[4], Error::TooLarge { .. }));
+    for refused in &refusals {
+        assert!(
+            !refused.is_confinement() && refused.is_refusal(),
+            "{refused}"
+        );
+    }
 
     // A name longer than any file system allows: the host fails the call, nothing refused it.
     let too_long = "n".repeat(300);

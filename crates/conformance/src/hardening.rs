@@ -1,6 +1,6 @@
 //! HARDENING (docs/conformance.md#hardening): the probes this project adds beyond the reference suites.
 //!
-//! Ten run on a shared sandbox after EXEC ([`assert_hardening`]), six of them hostile commands a
+//! Eleven run on a shared sandbox after EXEC ([`assert_hardening`]), six of them hostile commands a
 //! timeout must end completely ([`HOSTILE_TIMEOUT_CASES`]); three need sandboxes or keys of their
 //! own ([`assert_engine_failure_is_not_an_exit_code`], [`assert_concurrent_acquires_yield_one`],
 //! [`assert_network_closed_by_content`]). The engine-side facts come from a [`HardeningHooks`] the
@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use sandbox_core::{
-    Capability, Command, Egress, ErrorKind, ExecRequest, Sandbox, SandboxBackend, SandboxError,
-    SandboxKey, SandboxSpec, DEFAULT_MAX_OUTPUT_BYTES,
+    Capability, Command, Egress, ErrorKind, ExecChunk, ExecEvent, ExecRequest, ExecStdin, Sandbox,
+    SandboxBackend, SandboxError, SandboxKey, SandboxSpec, DEFAULT_MAX_OUTPUT_BYTES,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -32,9 +32,9 @@ use crate::suite_runner::{ensure, refused_with, ProbeError, Refusal, SuiteRun, V
 /// The suite label.
 pub const HARDENING: &str = "HARDENING";
 
-/// How many probes [`assert_hardening`] runs on the shared sandbox: four, then one per
+/// How many probes [`assert_hardening`] runs on the shared sandbox: five, then one per
 /// [`HOSTILE_TIMEOUT_CASES`] entry.
-pub const HARDENING_SHARED_PROBES: usize = 4 + HOSTILE_TIMEOUT_CASES.len();
+pub const HARDENING_SHARED_PROBES: usize = 5 + HOSTILE_TIMEOUT_CASES.len();
 
 /// How many HARDENING probes run on sandboxes or keys of their own: `network-closed-by-content`,
 /// `engine-failure-is-not-an-exit-code`, `concurrent-acquires-yield-one`.
@@ -81,6 +81,17 @@ pub const ACQUIRES_PER_PROCESS: usize = 4;
 
 /// How the flood probe's host memory growth is bounded: 2 × the output budget + 8 MiB.
 pub const FLOOD_RSS_ALLOWANCE: u64 = 2 * DEFAULT_MAX_OUTPUT_BYTES + 8 * 1024 * 1024;
+
+/// How many bytes the slow-consumer probe streams: 1 GiB.
+pub const STREAMED_BYTES: u64 = 1 << 30;
+
+/// How much of [`STREAMED_BYTES`] the slow-consumer probe takes at a crawl (2 ms per chunk).
+const SLOW_PART_BYTES: u64 = 64 << 20;
+
+/// How far host memory may grow while 1 GiB streams to a slow consumer: 64 MiB. The stream holds
+/// a few 64 KiB chunks; the engine connection, the runner and the allocator add their own buffers.
+/// The whole output held would be 1 GiB.
+pub const SLOW_CONSUMER_RSS_ALLOWANCE: u64 = 64 << 20;
 
 /// One acquire made by a child process: the handle's instance id and whether it created the instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -334,6 +345,68 @@ pub async fn assert_hardening(
             );
             expect_none_left(subject, "head-c1073741824", "/dev/zero", work).await?;
             expect_handle_works(subject, work, &instance_id).await
+        })
+        .await;
+
+    suite
+        .probe("a-slow-consumer-holds-host-memory-bounded", &[], async {
+            let before = hooks.host_rss_bytes().ok_or_else(|| {
+                ProbeError::Harness("the host's resident set size cannot be sampled".into())
+            })?;
+            let request = ExecRequest::new(Command::argv([
+                "sh",
+                "-c",
+                "head -c \"$1\" /dev/zero",
+                "stream",
+                &STREAMED_BYTES.to_string(),
+            ]))
+            .working_directory(work)
+            .timeout(Duration::from_secs(600));
+            let mut stream = subject
+                .sandbox()
+                .exec_stream(request, ExecStdin::Closed)
+                .await?;
+            let mut peak = before;
+            let (mut received, mut chunks) = (0u64, 0u64);
+            let exit = loop {
+                match stream.next().await {
+                    Some(Ok(ExecEvent::Output(ExecChunk::Stdout(bytes)))) => {
+                        received += bytes.len() as u64;
+                        chunks += 1;
+                        // The first part at a crawl, so the producer has every chance to run
+                        // ahead of the consumer; then as fast as the chunks come.
+                        if received < SLOW_PART_BYTES {
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        }
+                        if chunks % 64 == 0 {
+                            if let Some(rss) = hooks.host_rss_bytes() {
+                                peak = peak.max(rss);
+                            }
+                        }
+                    }
+                    Some(Ok(ExecEvent::Output(ExecChunk::Stderr(bytes)))) => {
+                        return Err(ProbeError::Assertion(format!(
+                            "the stream wrote {:?} on stderr",
+                            String::from_utf8_lossy(&bytes)
+                        )))
+                    }
+                    Some(Ok(ExecEvent::Exit(exit))) => break exit,
+                    Some(Err(error)) => return Err(error.into()),
+                    None => return Err(ProbeError::Assertion("the stream ended".into())),
+                }
+            };
+            ensure!(exit.exit_code == 0, "the command exited {}", exit.exit_code);
+            ensure!(
+                received == STREAMED_BYTES,
+                "the stream delivered {received} of {STREAMED_BYTES} bytes"
+            );
+            let growth = peak.saturating_sub(before);
+            ensure!(
+                growth < SLOW_CONSUMER_RSS_ALLOWANCE,
+                "host memory grew by {growth} bytes streaming 1 GiB to a slow consumer \
+                 (allowance {SLOW_CONSUMER_RSS_ALLOWANCE})"
+            );
+            Ok(())
         })
         .await;
 

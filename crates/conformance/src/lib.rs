@@ -121,7 +121,8 @@ pub use hardening::{
     acquire_retrying_busy, assert_concurrent_acquires_yield_one,
     assert_engine_failure_is_not_an_exit_code, assert_hardening, assert_network_closed_by_content,
     AcquireOutcome, HardeningHooks, ACQUIRES_PER_PROCESS, FLOOD_RSS_ALLOWANCE, HARDENING,
-    HARDENING_OWN_SANDBOX_PROBES, HARDENING_SHARED_PROBES, HOSTILE_TIMEOUT_CASES, SURVIVOR_POLL,
+    HARDENING_OWN_SANDBOX_PROBES, HARDENING_SHARED_PROBES, HOSTILE_TIMEOUT_CASES,
+    SLOW_CONSUMER_RSS_ALLOWANCE, STREAMED_BYTES, SURVIVOR_POLL,
 };
 pub use lifecycle::{
     assert_fresh_acquire, assert_instance_disposal, instance_is_listed, FRESH_ACQUIRE,

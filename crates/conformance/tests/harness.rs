@@ -439,6 +439,8 @@ async fn an_unreadable_group_poll_is_a_harness_error_never_a_pass() {
     };
     assert!(why("a-timed-out-group-is-dead").starts_with("harness error: the survivor poll"));
     assert!(why("a-flood-is-refused-and-bounded").contains("is still alive"));
+    // A refused stream is the probe's failure, never a pass.
+    assert!(why("a-slow-consumer-holds-host-memory-bounded").contains("OutputLimitExceeded"));
     assert_eq!(
         report.get("HARDENING", "argv-refuses-nul").unwrap().outcome,
         ProbeOutcome::Passed,
@@ -488,6 +490,11 @@ async fn a_timeout_probe_fails_on_a_survivor_or_a_retired_sandbox() {
         .cloned()
         .unwrap();
     let outcome = |probe: &str| report.get("HARDENING", probe).unwrap().outcome.clone();
+    // A command that ends early: the stream came short of its gibibyte.
+    match outcome("a-slow-consumer-holds-host-memory-bounded") {
+        ProbeOutcome::Failed { why } => assert!(why.contains("delivered 0 of 1073741824"), "{why}"),
+        other => panic!("a short stream passed: {other:?}"),
+    }
     for (name, _) in HOSTILE_TIMEOUT_CASES {
         match (name, outcome(name)) {
             ("a-timeout-kills-a-double-fork-daemon", ProbeOutcome::Failed { why }) => {

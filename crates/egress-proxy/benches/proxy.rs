@@ -20,8 +20,12 @@
 #[allow(dead_code)] // shared with the live test, which uses other parts of it
 mod topology;
 
+#[path = "../../../xtask/bench_row.rs"]
+mod bench_row;
+
 use std::time::Duration;
 
+use bench_row::{median, record_row};
 use topology::{
     docker, internal_network, private_but_not_gateway, random_suffix, serve, start_direct,
     start_proxy, start_workload, Cleanup,
@@ -92,44 +96,6 @@ fn parse_line(line: &str) -> Sample {
     Sample {
         first_byte_ms: seconds(fields[2]),
         total_ms: seconds(fields[3]),
-    }
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    assert!(!values.is_empty(), "no rounds measured");
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
-/// Appends one report row `{"name", "ours_ms", "raw_ms", "ratio", "target", "pass"}` to
-/// `target/bench/rows.jsonl`, as the Docker backend's benches do.
-fn record_row(name: &str, ours_ms: f64, raw_ms: f64, ratio: f64, target: &str, pass: bool) {
-    use std::io::Write as _;
-    let row = serde_json::json!({
-        "name": name,
-        "ours_ms": (ours_ms * 10.0).round() / 10.0,
-        "raw_ms": (raw_ms * 10.0).round() / 10.0,
-        "ratio": (ratio * 100.0).round() / 100.0,
-        "target": target,
-        "pass": pass,
-    });
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench/rows.jsonl");
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let appended = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut file| writeln!(file, "{row}"));
-    if let Err(error) = appended {
-        eprintln!("could not record the row {name}: {error}");
     }
 }
 

@@ -32,6 +32,7 @@
 //! caps. The isolation itself (the workload's `--network none`, the read-only mount of the
 //! socket's volume) is the backend's, not this crate's.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod address;
 pub mod cli;

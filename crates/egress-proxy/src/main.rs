@@ -1,4 +1,5 @@
 //! `egress-proxy`: the proxy, forwarder and test-server roles (see the library's docs).
+#![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 

@@ -27,7 +27,7 @@ pub async fn doctor(global: &GlobalArgs, egress_probe: &[String]) -> u8 {
         return crate::exit_codes::USAGE;
     }
     let checks = match global.backend {
-        BackendChoice::Docker => docker_checks(egress_probe).await,
+        BackendChoice::Docker => docker_checks(global, egress_probe).await,
         BackendChoice::Sbx => sbx_checks(global).await,
     };
     print(&checks, global.json);
@@ -65,9 +65,12 @@ fn print(checks: &[HealthCheck], as_json: bool) {
     }
 }
 
-async fn docker_checks(egress_probe: &[String]) -> Vec<HealthCheck> {
+async fn docker_checks(global: &GlobalArgs, egress_probe: &[String]) -> Vec<HealthCheck> {
     let mut config = DockerConfig::default();
     config.management_env = Some(management_env(std::env::vars_os(), &[]));
+    // As `run` connects: `run --allow` needs the proxy image and the outbound network.
+    config.egress_proxy_image = Some(global.egress_proxy_image.clone());
+    config.outbound_network = global.outbound_network.clone();
     let mut checks = DockerBackend::health_checks(&config).await;
     checks.push(HealthCheck::not_applicable(
         "sbx",

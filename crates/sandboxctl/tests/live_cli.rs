@@ -398,6 +398,82 @@ fn purge_leaves_nothing() {
 }
 
 #[test]
+fn doctor_fails_an_unusable_allowlist_setup_naming_each_fix() {
+    let checks = |args: &[&str]| {
+        let out = ctl(args);
+        assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stdout));
+        let v = json(&out);
+        assert_eq!(v["ok"], false);
+        v["checks"].as_array().unwrap().clone()
+    };
+    let find = |checks: &[Value], id: &str| {
+        checks
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("no {id} in {checks:?}"))
+            .clone()
+    };
+    // A proxy image that runs as root, and a network with no way out.
+    let root = checks(&[
+        "--json",
+        "--egress-proxy-image",
+        "sandbox-base-root:local",
+        "--outbound-network",
+        "none",
+        "doctor",
+    ]);
+    let image = find(&root, "docker.egress_proxy_image");
+    assert_eq!(image["status"], "fail", "{image}");
+    assert!(
+        image["detail"].as_str().unwrap().contains("runs as root"),
+        "{image}"
+    );
+    assert!(
+        image["fix"].as_str().unwrap().contains("non-root USER"),
+        "{image}"
+    );
+    let network = find(&root, "docker.outbound_network");
+    assert_eq!(network["status"], "fail", "{network}");
+    assert!(
+        network["detail"].as_str().unwrap().contains("driver null"),
+        "{network}"
+    );
+    // A failed check means no throwaway sandbox is tried.
+    assert!(root.iter().all(|c| c["id"] != "docker.sandbox"), "{root:?}");
+
+    // Neither exists.
+    let missing = checks(&[
+        "--json",
+        "--egress-proxy-image",
+        "sandbox-egress-proxy:never-built",
+        "--outbound-network",
+        "sandboxctl-doctor-no-such-network",
+        "doctor",
+    ]);
+    let image = find(&missing, "docker.egress_proxy_image");
+    assert_eq!(image["status"], "fail", "{image}");
+    assert!(
+        image["detail"].as_str().unwrap().contains("missing"),
+        "{image}"
+    );
+    assert_eq!(
+        image["fix"],
+        "sandboxctl images build sandbox-egress-proxy:never-built"
+    );
+    let network = find(&missing, "docker.outbound_network");
+    assert_eq!(network["status"], "fail", "{network}");
+    assert!(
+        network["fix"]
+            .as_str()
+            .unwrap()
+            .starts_with("docker network create sandboxctl-doctor-no-such-network"),
+        "{network}"
+    );
+    // The rest of the host is still reported as it is.
+    assert_eq!(find(&missing, "docker.image")["status"], "pass");
+}
+
+#[test]
 fn doctor_passes_here_and_names_the_fix_when_the_engine_is_away() {
     let out = ctl(&[
         "--json",
@@ -427,12 +503,19 @@ fn doctor_passes_here_and_names_the_fix_when_the_engine_is_away() {
             ("kernel.init", "pass"),
             ("kernel.pids_cgroup", "pass"),
             ("docker.image", "pass"),
+            ("docker.egress_proxy_image", "pass"),
+            ("docker.outbound_network", "pass"),
             ("sbx", "not_applicable"),
             ("docker.sandbox", "pass"),
         ]
     );
     let image = &v["checks"][5];
     assert_eq!(image["detail"], "sandbox-base:local present", "{image}");
+    let proxy = &v["checks"][6];
+    assert_eq!(
+        proxy["detail"], "sandbox-egress-proxy:local present, runs as user 65532:65532",
+        "{proxy}"
+    );
 
     // Every check goes through the Engine API: no `docker` program on the PATH changes nothing.
     let no_cli = Command::new(BIN)

@@ -13,8 +13,15 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use backend_docker::{DockerBackend, DockerConfig};
-use sandbox_core::SandboxBackend;
+use std::sync::Arc;
+
+use sandbox_core::{Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
 use tokio::io::AsyncWriteExt as _;
+
+#[path = "../../../../xtask/bench_row.rs"]
+mod bench_row;
+use bench_row::median;
+pub use bench_row::record_row;
 
 /// The image every benchmark runs on (docs/docker-backend.md#local-images; `cargo xtask images` builds it).
 pub const IMAGE: &str = "sandbox-base:local";
@@ -125,6 +132,40 @@ pub async fn run_raw_container(scope: &str) -> String {
     let id = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     assert_eq!(id.len(), 64, "docker run -d printed {id:?}");
     id
+}
+
+/// The start of a side-by-side bench: a fresh scope and its [`Sweep`], the sandbox of the scope's
+/// thread `t` on `spec`, and a raw container to run the same work in.
+pub struct SideBySide {
+    pub scope: String,
+    pub sweep: Sweep,
+    pub sandbox: Arc<dyn Sandbox>,
+    pub raw: String,
+}
+
+impl SideBySide {
+    /// Acquires thread `t` of a fresh scope tagged `tag` on `spec`, and runs the raw container.
+    pub async fn start(backend: &DockerBackend, tag: &str, spec: &SandboxSpec) -> SideBySide {
+        let scope = unique_scope(tag);
+        let sweep = Sweep::new(&scope);
+        let key = SandboxKey::conversation(scope.as_str(), "t", "bench");
+        let sandbox = backend.acquire(&key, spec).await.expect("acquire");
+        let raw = run_raw_container(&scope).await;
+        SideBySide {
+            scope,
+            sweep,
+            sandbox,
+            raw,
+        }
+    }
+}
+
+/// The spec of a bench sandbox on [`IMAGE`] with no transfer ceilings beyond the defaults.
+pub fn bench_spec() -> SandboxSpec {
+    SandboxSpec::builder("bench")
+        .image(IMAGE)
+        .build()
+        .expect("a valid spec")
 }
 
 /// `docker rm -f <id>`.
@@ -297,50 +338,10 @@ impl Metric {
     }
 }
 
-/// Where the rows of one `cargo xtask bench` run collect, one JSON object per line.
-pub fn rows_file() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench/rows.jsonl")
-}
-
-/// Appends one report row `{"name", "ours_ms", "raw_ms", "ratio", "target", "pass"}`.
-pub fn record_row(name: &str, ours_ms: f64, raw_ms: f64, ratio: f64, target: &str, pass: bool) {
-    use std::io::Write as _;
-    let row = serde_json::json!({
-        "name": name,
-        "ours_ms": (ours_ms * 10.0).round() / 10.0,
-        "raw_ms": (raw_ms * 10.0).round() / 10.0,
-        "ratio": (ratio * 100.0).round() / 100.0,
-        "target": target,
-        "pass": pass,
-    });
-    let path = rows_file();
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let appended = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut file| writeln!(file, "{row}"));
-    if let Err(error) = appended {
-        eprintln!("could not record the row {name}: {error}");
-    }
-}
-
 fn percentile(mut values: Vec<f64>, p: f64) -> f64 {
     values.sort_by(f64::total_cmp);
     let index = ((values.len() as f64 - 1.0) * p).round() as usize;
     values[index.min(values.len() - 1)]
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
 }
 
 /// Ends the process with the run's verdict: non-zero when any pass/fail target was missed.
