@@ -161,6 +161,13 @@ pub trait HardeningHooks: Send + Sync {
     }
 }
 
+/// The host's resident set size before a memory probe: a harness error when it cannot be sampled.
+fn rss_before(hooks: &dyn HardeningHooks) -> Result<u64, ProbeError> {
+    hooks.host_rss_bytes().ok_or_else(|| {
+        ProbeError::Harness("the host's resident set size cannot be sampled".into())
+    })
+}
+
 /// Polls, from a second exec, until no process whose command line (NUL separators dropped)
 /// contains `$2$1` remains: exit 0 once none does, 1 when one survives 50 polls 0.1 s apart, 3
 /// when `/proc` cannot be read. The marker comes in two pieces, in that order, so the poll's own
@@ -303,9 +310,7 @@ pub async fn assert_hardening(
     suite
         .probe("a-flood-is-refused-and-bounded", &[], async {
             let instance_id = subject.sandbox().instance_id().to_owned();
-            let before = hooks.host_rss_bytes().ok_or_else(|| {
-                ProbeError::Harness("the host's resident set size cannot be sampled".into())
-            })?;
+            let before = rss_before(hooks)?;
             let request = ExecRequest::new(Command::argv([
                 "sh",
                 "-c",
@@ -350,9 +355,7 @@ pub async fn assert_hardening(
 
     suite
         .probe("a-slow-consumer-holds-host-memory-bounded", &[], async {
-            let before = hooks.host_rss_bytes().ok_or_else(|| {
-                ProbeError::Harness("the host's resident set size cannot be sampled".into())
-            })?;
+            let before = rss_before(hooks)?;
             let request = ExecRequest::new(Command::argv([
                 "sh",
                 "-c",
