@@ -163,9 +163,9 @@ pub trait HardeningHooks: Send + Sync {
 
 /// The host's resident set size before a memory probe: a harness error when it cannot be sampled.
 fn rss_before(hooks: &dyn HardeningHooks) -> Result<u64, ProbeError> {
-    hooks.host_rss_bytes().ok_or_else(|| {
-        ProbeError::Harness("the host's resident set size cannot be sampled".into())
-    })
+    hooks
+        .host_rss_bytes()
+        .ok_or_else(|| ProbeError::Harness("the host's resident set size cannot be sampled".into()))
 }
 
 /// Polls, from a second exec, until no process whose command line (NUL separators dropped)
