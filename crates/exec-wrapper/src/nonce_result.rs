@@ -245,7 +245,13 @@ mod tests {
     #[test]
     fn the_nonce_line_is_seen_only_where_it_is() {
         let line = nonce().line();
-        let mut stderr = b"transport noise before\n".to_vec();
+        // Noise longer than the line, and another call's nonce line of the same length: neither
+        // is this call's line.
+        let other = Nonce::parse("fedcba9876543210fedcba98").unwrap().line();
+        assert!(!nonce_line_seen(&other, &nonce()));
+        let mut stderr =
+            b"transport noise before the command starts, longer than a nonce line\n".to_vec();
+        assert!(stderr.len() > line.len());
         assert!(!nonce_line_seen(&stderr, &nonce()));
         stderr.extend_from_slice(&line);
         stderr.extend_from_slice(b"the command's own stderr\n");
