@@ -401,6 +401,18 @@ mod tests {
         let mut long_noise = NonceSplitter::new(&nonce());
         long_noise.push(b"a line of transport noise longer than a nonce\n");
         assert!(long_noise.noise);
+        // Noise before a nonce whose line end has not come is noted at once, and only the nonce
+        // is held: what is held never grows with the noise before it.
+        let mut before_a_nonce = NonceSplitter::new(&nonce());
+        let mut chunk = vec![b'n'; 4096];
+        chunk.extend_from_slice(NONCE.as_bytes());
+        assert!(before_a_nonce.push(&chunk).is_empty());
+        assert!(
+            before_a_nonce.noise,
+            "the noise before a held nonce is noted"
+        );
+        assert_eq!(before_a_nonce.pending, NONCE.as_bytes());
+        assert_eq!(before_a_nonce.push(b"\nout"), b"out");
     }
 
     #[test]
