@@ -54,6 +54,15 @@ pub enum XtaskError {
         step: &'static str,
     },
 
+    /// The `ci` step table is inconsistent.
+    #[error("the ci step `{step}` is malformed: {reason}")]
+    StepTable {
+        /// The step.
+        step: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
     /// nextest's closing summary line never appeared, so skips cannot be counted.
     #[error("`{command}` printed no nextest summary line; cannot tell whether tests were skipped")]
     NoTestSummary {

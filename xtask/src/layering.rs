@@ -28,7 +28,6 @@ use serde::Deserialize;
 
 use crate::error::XtaskError;
 use crate::process::{capture_in, cargo, Workspace};
-use crate::Step;
 
 /// The deadline of `cargo metadata --no-deps` (it resolves nothing, so it takes well under a
 /// second; the margin is for a loaded machine).
@@ -66,14 +65,6 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
 
 /// Crates whose name starts with this are backends; no backend depends on another.
 const BACKEND_PREFIX: &str = "backend-";
-
-/// The `ci` step that runs the check.
-pub fn step(workspace: &Workspace) -> Step<'_> {
-    Step {
-        name: "layering",
-        run: Box::new(|| run(workspace)),
-    }
-}
 
 /// Reads the workspace's metadata and checks it against the rules, then checks that no code
 /// comment cites a document outside the repository ([`crate::citations`]).

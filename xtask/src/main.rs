@@ -1,9 +1,10 @@
 //! Project automation, run as `cargo xtask <command>` from anywhere in the workspace.
 //!
 //! - `ci`: the one test command (formatting, the layering rules, clippy, every test through
-//!   nextest, doctests, rustdoc with `-D warnings`, the fuzz targets' build, the Windows and
-//!   macOS type checks, the live Docker suite, the live sbx suite on `sbx-sim`), failing fast,
-//!   with a timed summary;
+//!   nextest, doctests, rustdoc with `-D warnings`, the local images, the fuzz targets' build,
+//!   the Windows and macOS type checks, the live Docker suite, the live sbx suite on
+//!   `sbx-sim`): one table of steps on lanes that run beside each other (see `ci.rs`), failing
+//!   fast, with a table of each step's time at the end;
 //! - `fuzz`: builds the fuzz targets on the stable toolchain and runs each for a while;
 //! - `images`: builds the local Docker images (the recipe in `backend_docker`);
 //! - `e2e docker`: builds the images, runs the live Docker suite, then checks the suite
@@ -25,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod ci;
 mod citations;
 mod error;
 mod fuzz;
@@ -39,7 +41,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::error::XtaskError;
-use crate::process::{cargo, Workspace};
+use crate::process::Workspace;
 
 #[derive(Debug, Parser)]
 #[command(name = "cargo xtask", about = "Project automation for this workspace")]
@@ -50,7 +52,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Runs every check CI runs, in order, stopping at the first failure.
+    /// Runs every check CI runs (the table in `ci.rs`), independent steps beside each other,
+    /// stopping at the first failure, then prints each step's time.
     Ci,
     /// Builds the fuzz targets (stable toolchain, no sanitizer) and runs each for a while.
     Fuzz(fuzz::FuzzArgs),
@@ -78,7 +81,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = Workspace::locate().and_then(|workspace| match cli.command {
-        Command::Ci => ci(&workspace),
+        Command::Ci => ci::run(&workspace),
         Command::Fuzz(args) => fuzz::run(&workspace, &args),
         Command::Images { tags } => live::build_images(&workspace, &tags),
         Command::E2e { suite } => live::run(&workspace, &suite),
@@ -94,65 +97,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// One step of `ci`: a name for the summary and the work.
-struct Step<'a> {
-    name: &'static str,
-    run: Box<dyn Fn() -> Result<(), XtaskError> + 'a>,
-}
-
-fn ci(workspace: &Workspace) -> Result<(), XtaskError> {
-    let command_step = |name: &'static str, args: &'static [&'static str]| Step {
-        name,
-        run: Box::new(move || workspace.run(cargo().args(args))),
-    };
-    let steps = vec![
-        command_step("fmt", &["fmt", "--all", "--check"]),
-        layering::step(workspace),
-        command_step(
-            "clippy",
-            &[
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--all-features",
-                "--",
-                "-D",
-                "warnings",
-            ],
-        ),
-        command_step("nextest", &["nextest", "run", "--workspace"]),
-        command_step("doctests", &["test", "--doc", "--workspace"]),
-        Step {
-            // Every public item documented, every intra-doc link resolving.
-            name: "docs",
-            run: Box::new(|| {
-                workspace.run(
-                    cargo()
-                        .args(["doc", "--workspace", "--no-deps", "--all-features"])
-                        .env("RUSTDOCFLAGS", "-D warnings"),
-                )
-            }),
-        },
-        Step {
-            name: "fuzz build",
-            run: Box::new(|| fuzz::build_all(workspace)),
-        },
-        Step {
-            name: "check targets",
-            run: Box::new(|| targets::run(workspace)),
-        },
-        Step {
-            name: "e2e docker",
-            run: Box::new(|| live::run(workspace, &live::Suite::Docker)),
-        },
-        Step {
-            name: "e2e sbx",
-            run: Box::new(|| live::run(workspace, &live::Suite::Sbx { sbx_path: None })),
-        },
-    ];
-    process::run_steps("ci", &steps)
 }
 
 /// The benchmarks (not part of `ci`): confined-fs, then the Docker backend's against the raw CLI.

@@ -7,7 +7,6 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::error::XtaskError;
-use crate::Step;
 
 /// The workspace this xtask belongs to; every command runs from its root.
 #[derive(Debug, Clone)]
@@ -292,64 +291,6 @@ pub fn strip_ansi(text: &str) -> String {
     out
 }
 
-/// How one step of a sequence ended.
-#[derive(Debug, Clone, Copy)]
-enum StepOutcome {
-    NotRun,
-    Passed(Duration),
-    Failed(Duration),
-}
-
-/// Runs `steps` in order with a banner and a timing each, stopping at the first failure, then
-/// prints a summary table.
-pub fn run_steps(suite: &'static str, steps: &[Step<'_>]) -> Result<(), XtaskError> {
-    let started = Instant::now();
-    let mut outcomes = vec![StepOutcome::NotRun; steps.len()];
-    let mut failed = None;
-    for (index, step) in steps.iter().enumerate() {
-        eprintln!();
-        eprintln!("{}", "=".repeat(72));
-        eprintln!("==> {suite} [{}/{}] {}", index + 1, steps.len(), step.name);
-        eprintln!("{}", "=".repeat(72));
-        let step_started = Instant::now();
-        let outcome = (step.run)();
-        let elapsed = step_started.elapsed();
-        match outcome {
-            Ok(()) => {
-                eprintln!("==> {suite}: {} passed in {}", step.name, seconds(elapsed));
-                outcomes[index] = StepOutcome::Passed(elapsed);
-            }
-            Err(error) => {
-                eprintln!(
-                    "==> {suite}: {} FAILED after {}: {error}",
-                    step.name,
-                    seconds(elapsed)
-                );
-                outcomes[index] = StepOutcome::Failed(elapsed);
-                failed = Some(step.name);
-                break;
-            }
-        }
-    }
-    eprintln!();
-    eprintln!("{}", "=".repeat(72));
-    eprintln!("{suite} summary");
-    for (step, outcome) in steps.iter().zip(&outcomes) {
-        let (label, time) = match outcome {
-            StepOutcome::Passed(elapsed) => ("ok", seconds(*elapsed)),
-            StepOutcome::Failed(elapsed) => ("FAILED", seconds(*elapsed)),
-            StepOutcome::NotRun => ("not run", "-".to_owned()),
-        };
-        eprintln!("  {label:<8} {time:>9}  {}", step.name);
-    }
-    eprintln!("  {:<8} {:>9}", "total", seconds(started.elapsed()));
-    eprintln!("{}", "=".repeat(72));
-    match failed {
-        None => Ok(()),
-        Some(step) => Err(XtaskError::StepFailed { suite, step }),
-    }
-}
-
 /// A duration as seconds with one decimal (`12.3s`).
 pub fn seconds(duration: Duration) -> String {
     format!("{:.1}s", duration.as_secs_f64())
@@ -376,42 +317,6 @@ mod tests {
             describe(&command),
             "docker ps --format '{{.ID}}\t{{.Names}}' 'it'\\''s'"
         );
-    }
-
-    #[test]
-    fn a_failing_step_stops_the_sequence() {
-        let ran = std::cell::Cell::new(0);
-        let steps = vec![
-            Step {
-                name: "first",
-                run: Box::new(|| {
-                    ran.set(ran.get() + 1);
-                    Ok(())
-                }),
-            },
-            Step {
-                name: "second",
-                run: Box::new(|| {
-                    ran.set(ran.get() + 10);
-                    Err(XtaskError::NoTestSummary {
-                        command: "x".into(),
-                    })
-                }),
-            },
-            Step {
-                name: "third",
-                run: Box::new(|| {
-                    ran.set(ran.get() + 100);
-                    Ok(())
-                }),
-            },
-        ];
-        let error = run_steps("test", &steps).unwrap_err();
-        assert!(
-            matches!(error, XtaskError::StepFailed { step: "second", .. }),
-            "{error}"
-        );
-        assert_eq!(ran.get(), 11);
     }
 
     #[test]

@@ -1,0 +1,580 @@
+//! `cargo xtask ci`: every check CI runs, as one table of steps ([`STEPS`]) run on lanes.
+//!
+//! A step names its lane and the steps it waits for. Steps of one lane run one at a time in
+//! table order; lanes run beside each other. The `workspace` lane holds every step that builds
+//! in the workspace's own target directory (cargo would serialise them on its lock anyway) and
+//! streams its output; every other lane writes each step's output to `target/ci/<step>.log`
+//! (its tail is printed when the step fails). So the image build (mostly debootstrap, waiting
+//! on the disk and the mirror), the fuzz build (`fuzz/` is a workspace of its own) and the
+//! target checks (their own toolchain root and target directory) run while clippy and the unit
+//! tests compile, and the sbx suite runs while the Docker suite does.
+//!
+//! Adding a suite is one entry: its name, its lane, the xtask or cargo command, and what it
+//! waits for (a live suite waits for `images`). A suite that judges the engine's leftovers by
+//! difference must not share the engine with another suite that makes the same kind of
+//! objects: give it the lane of that suite.
+//!
+//! The first failure stops the run: no further step starts, and the steps still running are
+//! sent SIGTERM and reaped (a grandchild that made a process group of its own, as a bounded
+//! command does, ends at its own deadline). The end prints one table: each step's lane, when it
+//! started, how long it took and how it ended.
+
+use std::fs::File;
+use std::io::{BufRead as _, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::XtaskError;
+use crate::process::{cargo, describe, seconds, Workspace};
+
+/// How a step runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Run {
+    /// `cargo` with these arguments.
+    Cargo(&'static [&'static str]),
+    /// This xtask with these arguments (one of its own commands).
+    Xtask(&'static [&'static str]),
+}
+
+/// One entry of the step table.
+#[derive(Debug, Clone, Copy)]
+pub struct CiStep {
+    /// The name in banners, logs and the summary; unique.
+    pub name: &'static str,
+    /// Steps of one lane run one at a time, in table order.
+    pub lane: &'static str,
+    /// The command.
+    pub run: Run,
+    /// Environment variables set for the command.
+    pub env: &'static [(&'static str, &'static str)],
+    /// Steps (of any lane) that must have passed before this one starts.
+    pub after: &'static [&'static str],
+}
+
+/// The lane whose steps build in the workspace's target directory and stream their output.
+pub const WORKSPACE_LANE: &str = "workspace";
+
+const fn step(name: &'static str, lane: &'static str, run: Run) -> CiStep {
+    CiStep {
+        name,
+        lane,
+        run,
+        env: &[],
+        after: &[],
+    }
+}
+
+impl CiStep {
+    const fn env(mut self, env: &'static [(&'static str, &'static str)]) -> CiStep {
+        self.env = env;
+        self
+    }
+
+    const fn after(mut self, after: &'static [&'static str]) -> CiStep {
+        self.after = after;
+        self
+    }
+}
+
+/// Every step of `ci`.
+pub const STEPS: &[CiStep] = &[
+    step(
+        "fmt",
+        WORKSPACE_LANE,
+        Run::Cargo(&["fmt", "--all", "--check"]),
+    ),
+    step("layering", WORKSPACE_LANE, Run::Xtask(&["layering"])),
+    // Debootstrap and the static proxy build (its own target layout): beside the compiles.
+    step("images", "images", Run::Xtask(&["images"])),
+    // `fuzz/` has its own target directory; cargo-fuzz is installed once per machine.
+    step("fuzz build", "fuzz", Run::Xtask(&["fuzz", "--build-only"])),
+    // Its own toolchain root and target directory, cached per machine.
+    step("check targets", "targets", Run::Xtask(&["check-targets"])),
+    step(
+        "clippy",
+        WORKSPACE_LANE,
+        Run::Cargo(&[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    ),
+    step(
+        "nextest",
+        WORKSPACE_LANE,
+        Run::Cargo(&["nextest", "run", "--workspace"]),
+    ),
+    step(
+        "doctests",
+        WORKSPACE_LANE,
+        Run::Cargo(&["test", "--doc", "--workspace"]),
+    ),
+    // Every public item documented, every intra-doc link resolving.
+    step(
+        "docs",
+        WORKSPACE_LANE,
+        Run::Cargo(&["doc", "--workspace", "--no-deps", "--all-features"]),
+    )
+    .env(&[("RUSTDOCFLAGS", "-D warnings")]),
+    step("e2e docker", WORKSPACE_LANE, Run::Xtask(&["e2e", "docker"])).after(&["images"]),
+    // Its leftovers (simulator containers under its own run directory) are disjoint from the
+    // Docker suite's, so it runs beside it; it starts once the workspace lane's compiles are
+    // done, so the two suites' tests do not run under those compiles.
+    step("e2e sbx", "sbx", Run::Xtask(&["e2e", "sbx"])).after(&["images", "docs"]),
+];
+
+/// Runs [`STEPS`].
+pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
+    check_table(STEPS)?;
+    let log_dir = workspace.target_dir().join("ci");
+    std::fs::create_dir_all(&log_dir).map_err(|source| XtaskError::Io {
+        action: "creating",
+        path: log_dir.display().to_string(),
+        source,
+    })?;
+    let exe = std::env::current_exe().map_err(|source| XtaskError::Spawn {
+        command: "the xtask binary's own path".to_owned(),
+        source,
+    })?;
+    schedule(STEPS, |step, children, index| {
+        let mut command = match step.run {
+            Run::Cargo(args) => {
+                let mut command = cargo();
+                command.args(args);
+                command
+            }
+            Run::Xtask(args) => {
+                let mut command = Command::new(&exe);
+                command.args(args);
+                command
+            }
+        };
+        command.envs(step.env.iter().copied());
+        let log = (step.lane != WORKSPACE_LANE).then(|| log_dir.join(log_name(step.name)));
+        run_child(workspace, step, &mut command, log, (children, index))
+    })
+}
+
+/// A step's log file name: its name with spaces as dashes.
+fn log_name(name: &str) -> String {
+    format!("{}.log", name.replace(' ', "-"))
+}
+
+/// Fails on a duplicate name or an `after` naming no step or a later step of its own lane
+/// (which could never run).
+fn check_table(steps: &[CiStep]) -> Result<(), XtaskError> {
+    for (index, step) in steps.iter().enumerate() {
+        if steps[..index].iter().any(|other| other.name == step.name) {
+            return Err(XtaskError::StepTable {
+                step: step.name,
+                reason: "the name is used twice",
+            });
+        }
+        for dependency in step.after {
+            match steps.iter().position(|other| other.name == *dependency) {
+                None => {
+                    return Err(XtaskError::StepTable {
+                        step: step.name,
+                        reason: "it waits for a step that is not in the table",
+                    })
+                }
+                Some(position) if position >= index && steps[position].lane == step.lane => {
+                    return Err(XtaskError::StepTable {
+                        step: step.name,
+                        reason: "it waits for a later step of its own lane",
+                    })
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The children of the steps now running, by step index, so a failure can stop them.
+#[derive(Debug, Default)]
+pub struct Children {
+    running: Mutex<Vec<(usize, u32)>>,
+    stopping: std::sync::atomic::AtomicBool,
+}
+
+impl Children {
+    fn add(&self, index: usize, pid: u32) {
+        if let Ok(mut running) = self.running.lock() {
+            running.push((index, pid));
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn remove(&self, index: usize) {
+        if let Ok(mut running) = self.running.lock() {
+            running.retain(|(other, _)| *other != index);
+        }
+    }
+
+    /// Sends SIGTERM to every running step's child; each step's thread reaps its own.
+    fn stop_all(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let pids: Vec<u32> = self
+            .running
+            .lock()
+            .map(|running| running.iter().map(|(_, pid)| *pid).collect())
+            .unwrap_or_default();
+        for pid in pids {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// Runs one step's command: streamed when `log` is `None`, else into the log file, whose tail
+/// is printed when the step fails.
+fn run_child(
+    workspace: &Workspace,
+    step: &CiStep,
+    command: &mut Command,
+    log: Option<PathBuf>,
+    (children, index): (&Children, usize),
+) -> Result<(), XtaskError> {
+    let line = describe(command);
+    command.current_dir(workspace.root()).stdin(Stdio::null());
+    if let Some(path) = &log {
+        let file = File::create(path).map_err(|source| XtaskError::Io {
+            action: "creating",
+            path: path.display().to_string(),
+            source,
+        })?;
+        let copy = file.try_clone().map_err(|source| XtaskError::Io {
+            action: "opening",
+            path: path.display().to_string(),
+            source,
+        })?;
+        command.stdout(file).stderr(copy);
+        eprintln!("$ {line}  (log: {})", path.display());
+    } else {
+        eprintln!("$ {line}");
+    }
+    let spawned: std::io::Result<Child> = command.spawn();
+    let mut child = spawned.map_err(|source| XtaskError::Spawn {
+        command: line.clone(),
+        source,
+    })?;
+    children.add(index, child.id());
+    // A failure elsewhere may have been noted between the spawn and the registration.
+    if children.stopping() {
+        let _ = child.kill();
+    }
+    let status = child.wait();
+    children.remove(index);
+    let status = status.map_err(|source| XtaskError::Spawn {
+        command: line.clone(),
+        source,
+    })?;
+    if status.success() {
+        return Ok(());
+    }
+    if let Some(path) = &log {
+        print_tail(step.name, path);
+    }
+    Err(XtaskError::CommandFailed {
+        command: line,
+        status: status.to_string(),
+    })
+}
+
+/// The last lines of a failed step's log.
+fn print_tail(name: &str, path: &std::path::Path) {
+    const TAIL: usize = 60;
+    let Ok(file) = File::open(path) else { return };
+    let lines: Vec<String> = BufReader::new(file).lines().map_while(Result::ok).collect();
+    let start = lines.len().saturating_sub(TAIL);
+    eprintln!(
+        "==> ci: {name}: last {} line(s) of {}:",
+        lines.len() - start,
+        path.display()
+    );
+    for line in &lines[start..] {
+        eprintln!("  | {line}");
+    }
+}
+
+/// Where a step stands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    Waiting,
+    Running(Duration),
+    Passed(Duration, Duration),
+    Failed(Duration, Duration),
+    /// Ended unsuccessfully after another step's failure stopped it.
+    Stopped(Duration, Duration),
+    NotRun,
+}
+
+/// Runs `steps` on their lanes with `run`, prints the summary table, and fails when a step
+/// failed. `run` gets the step and the registry its child goes into (with the step's index).
+fn schedule<F>(steps: &[CiStep], run: F) -> Result<(), XtaskError>
+where
+    F: Fn(&CiStep, &Children, usize) -> Result<(), XtaskError> + Sync,
+{
+    let started = Instant::now();
+    let states = Mutex::new(vec![State::Waiting; steps.len()]);
+    let changed = Condvar::new();
+    let children = Children::default();
+    let mut failed: Option<&'static str> = None;
+    std::thread::scope(|scope| {
+        let mut guard = states.lock().unwrap_or_else(|poison| poison.into_inner());
+        loop {
+            for index in 0..steps.len() {
+                if guard[index] != State::Waiting {
+                    continue;
+                }
+                if failed.is_some() || !can_ever_start(steps, &guard, index) {
+                    guard[index] = State::NotRun;
+                    continue;
+                }
+                if !ready(steps, &guard, index) {
+                    continue;
+                }
+                let at = started.elapsed();
+                guard[index] = State::Running(at);
+                let step = &steps[index];
+                eprintln!();
+                eprintln!("{}", "=".repeat(72));
+                eprintln!(
+                    "==> ci [{}/{}] {} (lane {}, at {})",
+                    index + 1,
+                    steps.len(),
+                    step.name,
+                    step.lane,
+                    seconds(at)
+                );
+                eprintln!("{}", "=".repeat(72));
+                let (states, changed, children, run) = (&states, &changed, &children, &run);
+                scope.spawn(move || {
+                    let outcome = run(step, children, index);
+                    let took = started.elapsed() - at;
+                    let stopped = outcome.is_err() && children.stopping();
+                    match &outcome {
+                        Ok(()) => eprintln!("==> ci: {} passed in {}", step.name, seconds(took)),
+                        Err(_) if stopped => {
+                            eprintln!("==> ci: {} stopped after {}", step.name, seconds(took));
+                        }
+                        Err(error) => eprintln!(
+                            "==> ci: {} FAILED after {}: {error}",
+                            step.name,
+                            seconds(took)
+                        ),
+                    }
+                    let mut states = states.lock().unwrap_or_else(|poison| poison.into_inner());
+                    states[index] = match outcome {
+                        Ok(()) => State::Passed(at, took),
+                        Err(_) if stopped => State::Stopped(at, took),
+                        Err(_) => State::Failed(at, took),
+                    };
+                    changed.notify_all();
+                });
+            }
+            if failed.is_none() {
+                if let Some(index) = guard
+                    .iter()
+                    .position(|state| matches!(state, State::Failed(..)))
+                {
+                    failed = Some(steps[index].name);
+                    children.stop_all();
+                    continue;
+                }
+            }
+            if !guard
+                .iter()
+                .any(|state| matches!(state, State::Waiting | State::Running(_)))
+            {
+                break;
+            }
+            guard = changed
+                .wait(guard)
+                .unwrap_or_else(|poison| poison.into_inner());
+        }
+    });
+    let states = states
+        .into_inner()
+        .unwrap_or_else(|poison| poison.into_inner());
+    print_summary(steps, &states, started.elapsed());
+    match failed {
+        None => Ok(()),
+        Some(step) => Err(XtaskError::StepFailed { suite: "ci", step }),
+    }
+}
+
+/// Every `after` step passed and every earlier step of the lane has ended.
+fn ready(steps: &[CiStep], states: &[State], index: usize) -> bool {
+    let step = &steps[index];
+    let lane_free = steps[..index]
+        .iter()
+        .zip(states)
+        .filter(|(other, _)| other.lane == step.lane)
+        .all(|(_, state)| matches!(state, State::Passed(..)));
+    let after_passed = step.after.iter().all(|name| {
+        steps
+            .iter()
+            .zip(states)
+            .any(|(other, state)| other.name == *name && matches!(state, State::Passed(..)))
+    });
+    lane_free && after_passed
+}
+
+/// False once a step this one waits for (or an earlier one of its lane) failed or will not run.
+fn can_ever_start(steps: &[CiStep], states: &[State], index: usize) -> bool {
+    let step = &steps[index];
+    let dead = |state: &State| {
+        matches!(
+            state,
+            State::Failed(..) | State::Stopped(..) | State::NotRun
+        )
+    };
+    let lane_dead = steps[..index]
+        .iter()
+        .zip(states)
+        .any(|(other, state)| other.lane == step.lane && dead(state));
+    let after_dead = step.after.iter().any(|name| {
+        steps
+            .iter()
+            .zip(states)
+            .any(|(other, state)| other.name == *name && dead(state))
+    });
+    !lane_dead && !after_dead
+}
+
+fn print_summary(steps: &[CiStep], states: &[State], wall: Duration) {
+    eprintln!();
+    eprintln!("{}", "=".repeat(72));
+    eprintln!("ci summary (wall {})", seconds(wall));
+    eprintln!(
+        "  {:<16} {:<10} {:>9} {:>9}  outcome",
+        "step", "lane", "start", "took"
+    );
+    for (step, state) in steps.iter().zip(states) {
+        let (start, took, outcome) = match state {
+            State::Passed(at, took) => (seconds(*at), seconds(*took), "ok"),
+            State::Failed(at, took) => (seconds(*at), seconds(*took), "FAILED"),
+            State::Stopped(at, took) => (seconds(*at), seconds(*took), "stopped"),
+            State::Running(at) => (seconds(*at), "-".to_owned(), "running"),
+            State::Waiting | State::NotRun => ("-".to_owned(), "-".to_owned(), "not run"),
+        };
+        eprintln!(
+            "  {:<16} {:<10} {start:>9} {took:>9}  {outcome}",
+            step.name, step.lane
+        );
+    }
+    eprintln!(
+        "  {:<16} {:<10} {:>9} {:>9}",
+        "total",
+        "",
+        "",
+        seconds(wall)
+    );
+    eprintln!("{}", "=".repeat(72));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    fn noop() -> Run {
+        Run::Cargo(&[])
+    }
+
+    #[test]
+    fn the_table_is_consistent() {
+        check_table(STEPS).unwrap();
+        assert!(STEPS.iter().any(|step| step.lane == WORKSPACE_LANE));
+        let bad = [step("a", "x", noop()).after(&["b"]), step("b", "x", noop())];
+        assert!(matches!(
+            check_table(&bad),
+            Err(XtaskError::StepTable { step: "a", .. })
+        ));
+        let unknown = [step("a", "x", noop()).after(&["zzz"])];
+        assert!(check_table(&unknown).is_err());
+        let twice = [step("a", "x", noop()), step("a", "y", noop())];
+        assert!(check_table(&twice).is_err());
+    }
+
+    #[test]
+    fn lanes_run_beside_each_other_and_in_order_within() {
+        // "slow" (lane b) must run while "one" and "two" (lane a) run in order; "last" waits
+        // for "slow".
+        let steps = [
+            step("one", "a", noop()),
+            step("slow", "b", noop()),
+            step("two", "a", noop()),
+            step("last", "a", noop()).after(&["slow"]),
+        ];
+        let order = Mutex::new(Vec::new());
+        let slow_running = std::sync::atomic::AtomicBool::new(false);
+        let overlapped = AtomicUsize::new(0);
+        schedule(&steps, |step, _, _| {
+            order.lock().unwrap().push(format!("start {}", step.name));
+            if step.name == "slow" {
+                slow_running.store(true, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(300));
+                slow_running.store(false, Ordering::SeqCst);
+            } else {
+                if slow_running.load(Ordering::SeqCst) {
+                    overlapped.fetch_add(1, Ordering::SeqCst);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            order.lock().unwrap().push(format!("end {}", step.name));
+            Ok(())
+        })
+        .unwrap();
+        let order = order.into_inner().unwrap();
+        let at = |entry: &str| order.iter().position(|e| e == entry).unwrap();
+        assert!(at("end one") < at("start two"));
+        assert!(at("end two") < at("start last"));
+        assert!(at("end slow") < at("start last"));
+        assert!(overlapped.load(Ordering::SeqCst) >= 1, "{order:?}");
+    }
+
+    #[test]
+    fn a_failure_stops_every_step_not_yet_started() {
+        let steps = [
+            step("first", "a", noop()),
+            step("second", "a", noop()),
+            step("third", "a", noop()),
+            step("beside", "b", noop()).after(&["second"]),
+        ];
+        let ran = Mutex::new(Vec::new());
+        let error = schedule(&steps, |step, _, _| {
+            ran.lock().unwrap().push(step.name);
+            if step.name == "second" {
+                Err(XtaskError::NoTestSummary {
+                    command: "x".into(),
+                })
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap_err();
+        assert!(
+            matches!(error, XtaskError::StepFailed { step: "second", .. }),
+            "{error}"
+        );
+        assert_eq!(ran.into_inner().unwrap(), vec!["first", "second"]);
+    }
+}
