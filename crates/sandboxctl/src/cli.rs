@@ -175,6 +175,60 @@ pub enum CommandLine {
         #[arg(last = true, required = true, value_name = "CMD")]
         argv: Vec<std::ffi::OsString>,
     },
+    /// The commands on one existing sandbox's files.
+    #[command(flatten)]
+    File(FileCommand),
+    /// List sandboxes of a scope (default scope: sandboxctl).
+    List {
+        /// The scope.
+        #[arg(long, default_value = crate::keys::GENERATED_SCOPE)]
+        scope: String,
+        /// Only this conversation.
+        #[arg(long)]
+        thread: Option<String>,
+    },
+    /// Dispose of a key's sandboxes: every kind, one kind (--kind) or one instance (--instance).
+    Dispose {
+        /// The sandbox's key.
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Only this kind (default: every kind of the key).
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only this physical instance (an id from `list` or `run --json`); a stale id disposes of
+        /// nothing, never of its replacement.
+        #[arg(long, value_name = "ID")]
+        instance: Option<String>,
+    },
+    /// Dispose of every sandbox of a conversation.
+    Purge {
+        /// The scope.
+        #[arg(long)]
+        scope: String,
+        /// The conversation.
+        #[arg(long)]
+        thread: String,
+    },
+    /// Check this host: engine, context, images, kernel features, and a throwaway sandbox whose
+    /// egress is proven closed from inside. Reads, never writes, host settings.
+    Doctor {
+        /// A URL the throwaway sandbox must NOT reach (repeatable, at most two: one naming its host
+        /// by address, one by name). Replaces the defaults (`https://1.1.1.1/`, `https://example.com/`).
+        #[arg(long = "egress-probe", value_name = "URL")]
+        egress_probe: Vec<String>,
+    },
+    /// Local images.
+    Images {
+        /// What to do with them.
+        #[command(subcommand)]
+        action: ImagesAction,
+    },
+}
+
+/// The commands that work on the files of one existing sandbox: each names it by key and kind, and
+/// resolves its guest path against a guest working directory ([`FileTarget`]).
+#[derive(Debug, Subcommand)]
+pub enum FileCommand {
     /// Copy a local file into a sandbox. Refuses credential paths (~/.ssh, ~/.aws, ...; as root also
     /// /etc/shadow and every user's home) unless --allow-credential-path, and files of pseudo file
     /// systems (/proc, /sys, /dev) always (exit 69).
@@ -266,51 +320,24 @@ pub enum CommandLine {
         /// The directory to remove.
         directory: String,
     },
-    /// List sandboxes of a scope (default scope: sandboxctl).
-    List {
-        /// The scope.
-        #[arg(long, default_value = crate::keys::GENERATED_SCOPE)]
-        scope: String,
-        /// Only this conversation.
-        #[arg(long)]
-        thread: Option<String>,
-    },
-    /// Dispose of a key's sandboxes: every kind, one kind (--kind) or one instance (--instance).
-    Dispose {
-        /// The sandbox's key.
-        #[command(flatten)]
-        key: KeyArgs,
-        /// Only this kind (default: every kind of the key).
-        #[arg(long)]
-        kind: Option<String>,
-        /// Only this physical instance (an id from `list` or `run --json`); a stale id disposes of
-        /// nothing, never of its replacement.
-        #[arg(long, value_name = "ID")]
-        instance: Option<String>,
-    },
-    /// Dispose of every sandbox of a conversation.
-    Purge {
-        /// The scope.
-        #[arg(long)]
-        scope: String,
-        /// The conversation.
-        #[arg(long)]
-        thread: String,
-    },
-    /// Check this host: engine, context, images, kernel features, and a throwaway sandbox whose
-    /// egress is proven closed from inside. Reads, never writes, host settings.
-    Doctor {
-        /// A URL the throwaway sandbox must NOT reach (repeatable, at most two: one naming its host
-        /// by address, one by name). Replaces the defaults (`https://1.1.1.1/`, `https://example.com/`).
-        #[arg(long = "egress-probe", value_name = "URL")]
-        egress_probe: Vec<String>,
-    },
-    /// Local images.
-    Images {
-        /// What to do with them.
-        #[command(subcommand)]
-        action: ImagesAction,
-    },
+}
+
+impl FileCommand {
+    /// The guest path the command names and the target it resolves against.
+    pub fn guest_and_target(&self) -> (&str, &FileTarget) {
+        match self {
+            FileCommand::CpIn { guest, target, .. }
+            | FileCommand::CpOut { guest, target, .. }
+            | FileCommand::Stat { guest, target, .. }
+            | FileCommand::Ls { guest, target, .. }
+            | FileCommand::Rm { guest, target, .. }
+            | FileCommand::Reclaim {
+                directory: guest,
+                target,
+                ..
+            } => (guest, target),
+        }
+    }
 }
 
 /// `images` subcommands.
@@ -382,10 +409,11 @@ mod tests {
                 args.extend_from_slice(extra);
                 args.push("x");
                 match Cli::try_parse_from(args).unwrap().command {
-                    CommandLine::Stat { target, .. }
-                    | CommandLine::Ls { target, .. }
-                    | CommandLine::Rm { target, .. }
-                    | CommandLine::Reclaim { target, .. } => target,
+                    CommandLine::File(file) => {
+                        let (guest, target) = file.guest_and_target();
+                        assert_eq!(guest, "x", "{command}");
+                        target.clone()
+                    }
                     other => panic!("parsed as {other:?}"),
                 }
             };
@@ -396,7 +424,7 @@ mod tests {
         let cli =
             Cli::try_parse_from(["sandboxctl", "reclaim", "--key", "s/t/a", "calls/c1"]).unwrap();
         assert!(
-            matches!(cli.command, CommandLine::Reclaim { timeout, directory, .. } if timeout == 60.0 && directory == "calls/c1")
+            matches!(cli.command, CommandLine::File(FileCommand::Reclaim { timeout, directory, .. }) if timeout == 60.0 && directory == "calls/c1")
         );
         let cli = Cli::try_parse_from([
             "sandboxctl",
@@ -410,6 +438,31 @@ mod tests {
         assert!(
             matches!(cli.command, CommandLine::Dispose { kind: None, instance: Some(id), .. } if id == "abc")
         );
+    }
+
+    #[test]
+    fn copies_are_file_commands_with_their_own_positional_order() {
+        let cli =
+            Cli::try_parse_from(["sandboxctl", "cp-in", "--key", "s/t/a", "/l", "g"]).unwrap();
+        assert!(
+            matches!(&cli.command, CommandLine::File(FileCommand::CpIn { local, guest, .. }) if local.as_os_str() == "/l" && guest == "g")
+        );
+        let cli =
+            Cli::try_parse_from(["sandboxctl", "cp-out", "--key", "s/t/a", "g", "/l"]).unwrap();
+        match &cli.command {
+            CommandLine::File(file @ FileCommand::CpOut { local, .. }) => {
+                assert_eq!(local.as_os_str(), "/l");
+                assert_eq!(file.guest_and_target().0, "g");
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        for listing in [&["list"][..], &["purge", "--scope", "s", "--thread", "t"]] {
+            let cli = Cli::try_parse_from([&["sandboxctl"][..], listing].concat()).unwrap();
+            assert!(
+                !matches!(cli.command, CommandLine::File(_)),
+                "{listing:?} works on no sandbox's files"
+            );
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use sandbox_core::{
 };
 use serde_json::{json, Value};
 
-use crate::cli::{Cli, CommandLine, FileTarget, GlobalArgs, ImagesAction, RunTarget};
+use crate::cli::{Cli, CommandLine, FileCommand, FileTarget, GlobalArgs, ImagesAction, RunTarget};
 use crate::host_files::{credential_guard, Destination, Source};
 use crate::keys::{check_field, generated_key, KeyArgs};
 use crate::{backends, exit_codes, guest_env, report};
@@ -33,7 +33,14 @@ pub async fn dispatch(cli: Cli) -> u8 {
         CommandLine::Doctor { egress_probe } => {
             return crate::doctor::doctor(&global, &egress_probe).await
         }
-        other => other_command(&global, other).await,
+        CommandLine::File(command) => file_command(&global, command).await,
+        CommandLine::List { scope, thread } => list(&global, scope, thread).await,
+        CommandLine::Dispose {
+            key,
+            kind,
+            instance,
+        } => dispose(&global, key, kind, instance).await,
+        CommandLine::Purge { scope, thread } => purge(&global, scope, thread).await,
     };
     debug_assert!(!runs);
     match result {
@@ -480,33 +487,21 @@ fn with_workdir_hint(error: SandboxError, guest: &str, target: &FileTarget) -> S
     }
 }
 
-async fn other_command(global: &GlobalArgs, command: CommandLine) -> Done {
-    let hinted = match &command {
-        CommandLine::CpIn { guest, target, .. }
-        | CommandLine::CpOut { guest, target, .. }
-        | CommandLine::Stat { guest, target, .. }
-        | CommandLine::Ls { guest, target, .. }
-        | CommandLine::Rm { guest, target, .. }
-        | CommandLine::Reclaim {
-            directory: guest,
-            target,
-            ..
-        } => Some((guest.clone(), target.clone())),
-        _ => None,
-    };
-    file_or_other_command(global, command)
+/// A file command; a confinement refusal of its guest path says how `--workdir` reaches it.
+async fn file_command(global: &GlobalArgs, command: FileCommand) -> Done {
+    let (guest, target) = command.guest_and_target();
+    let (guest, target) = (guest.to_owned(), target.clone());
+    run_file_command(global, command)
         .await
         .map_err(|mut failure| {
-            if let Some((guest, target)) = hinted {
-                failure.error = with_workdir_hint(failure.error, &guest, &target);
-            }
+            failure.error = with_workdir_hint(failure.error, &guest, &target);
             failure
         })
 }
 
-async fn file_or_other_command(global: &GlobalArgs, command: CommandLine) -> Done {
+async fn run_file_command(global: &GlobalArgs, command: FileCommand) -> Done {
     match command {
-        CommandLine::CpIn {
+        FileCommand::CpIn {
             key,
             target,
             allow_credential_path,
@@ -528,7 +523,7 @@ async fn file_or_other_command(global: &GlobalArgs, command: CommandLine) -> Don
                 String::new(),
             ))
         }
-        CommandLine::CpOut {
+        FileCommand::CpOut {
             key,
             target,
             allow_credential_path,
@@ -550,14 +545,14 @@ async fn file_or_other_command(global: &GlobalArgs, command: CommandLine) -> Don
                 String::new(),
             ))
         }
-        CommandLine::Stat { key, target, guest } => {
+        FileCommand::Stat { key, target, guest } => {
             let sandbox = found_gated(global, key, &target).await?;
             match sandbox.stat_file(&guest, &target.workdir).await? {
                 Some(entry) => Ok((entry_json(&entry), entry_line(&entry))),
                 None => Err(SandboxError::NotFound { path: guest }.into()),
             }
         }
-        CommandLine::Ls { key, target, guest } => {
+        FileCommand::Ls { key, target, guest } => {
             let sandbox = found_gated(global, key, &target).await?;
             let entries = sandbox.list_dir(&guest, &target.workdir).await?;
             Ok((
@@ -565,7 +560,7 @@ async fn file_or_other_command(global: &GlobalArgs, command: CommandLine) -> Don
                 entries.iter().map(entry_line).collect(),
             ))
         }
-        CommandLine::Rm {
+        FileCommand::Rm {
             key,
             target,
             recursive,
@@ -575,7 +570,7 @@ async fn file_or_other_command(global: &GlobalArgs, command: CommandLine) -> Don
             sandbox.remove(&guest, &target.workdir, recursive).await?;
             Ok((json!({"removed": guest}), String::new()))
         }
-        CommandLine::Reclaim {
+        FileCommand::Reclaim {
             key,
             target,
             timeout,
@@ -586,66 +581,67 @@ async fn file_or_other_command(global: &GlobalArgs, command: CommandLine) -> Don
             sandbox.reclaim(&directory, &target.workdir, bound).await?;
             Ok((json!({"reclaimed": directory}), String::new()))
         }
-        CommandLine::List { scope, thread } => {
-            check_field("scope", &scope)?;
-            if let Some(thread) = &thread {
-                check_field("thread", thread)?;
-            }
-            let backend = backends::connect(global, &[]).await?;
-            let found = backend.list(&scope, thread.as_deref()).await?;
-            let rows: Vec<Value> = found.iter().map(summary_json).collect();
-            let text = found.iter().map(summary_line).collect();
-            Ok((json!({"sandboxes": rows}), text))
-        }
-        CommandLine::Dispose {
-            key,
-            kind,
-            instance,
-        } => {
-            let key = key.require()?;
-            let backend = backends::connect(global, &[]).await?;
-            let selector = DisposeSelector {
-                kind,
-                instance_id: instance,
-            };
-            match backend.dispose(&key, selector).await {
-                None => Ok((json!({"disposed": true}), String::new())),
-                Some(failure) => Err(Failure {
-                    code: exit_codes::ENGINE,
-                    error: SandboxError::engine(failure.to_string()),
-                    extra: Some(
-                        json!({"undisposed": {"code": failure.code.as_str(), "detail": failure.detail}}),
-                    ),
-                }),
-            }
-        }
-        CommandLine::Purge { scope, thread } => {
-            check_field("scope", &scope)?;
-            check_field("thread", &thread)?;
-            let backend = backends::connect(global, &[]).await?;
-            let purge = backend.dispose_scope(&scope, &thread).await;
-            let value = json!({
-                "disposed": purge.disposed,
-                "undisposed": purge.undisposed.as_ref().map(|f| json!({"code": f.code.as_str(), "detail": f.detail})),
-            });
-            match purge.undisposed {
-                None => Ok((value, format!("disposed {}\n", purge.disposed))),
-                Some(failure) => Err(Failure {
-                    code: exit_codes::ENGINE,
-                    error: SandboxError::engine(format!(
-                        "disposed {}, left undisposed: {failure}",
-                        purge.disposed
-                    )),
-                    extra: Some(value),
-                }),
-            }
-        }
-        CommandLine::Run { .. }
-        | CommandLine::Exec { .. }
-        | CommandLine::Doctor { .. }
-        | CommandLine::Images { .. } => {
-            unreachable!("dispatched before")
-        }
+    }
+}
+
+/// The sandboxes of a scope, or of one conversation.
+async fn list(global: &GlobalArgs, scope: String, thread: Option<String>) -> Done {
+    check_field("scope", &scope)?;
+    if let Some(thread) = &thread {
+        check_field("thread", thread)?;
+    }
+    let backend = backends::connect(global, &[]).await?;
+    let found = backend.list(&scope, thread.as_deref()).await?;
+    let rows: Vec<Value> = found.iter().map(summary_json).collect();
+    let text = found.iter().map(summary_line).collect();
+    Ok((json!({"sandboxes": rows}), text))
+}
+
+/// Disposes of a key's sandboxes: every kind, one kind or one instance.
+async fn dispose(
+    global: &GlobalArgs,
+    key: KeyArgs,
+    kind: Option<String>,
+    instance: Option<String>,
+) -> Done {
+    let key = key.require()?;
+    let backend = backends::connect(global, &[]).await?;
+    let selector = DisposeSelector {
+        kind,
+        instance_id: instance,
+    };
+    match backend.dispose(&key, selector).await {
+        None => Ok((json!({"disposed": true}), String::new())),
+        Some(failure) => Err(Failure {
+            code: exit_codes::ENGINE,
+            error: SandboxError::engine(failure.to_string()),
+            extra: Some(
+                json!({"undisposed": {"code": failure.code.as_str(), "detail": failure.detail}}),
+            ),
+        }),
+    }
+}
+
+/// Disposes of every sandbox of a conversation.
+async fn purge(global: &GlobalArgs, scope: String, thread: String) -> Done {
+    check_field("scope", &scope)?;
+    check_field("thread", &thread)?;
+    let backend = backends::connect(global, &[]).await?;
+    let purge = backend.dispose_scope(&scope, &thread).await;
+    let value = json!({
+        "disposed": purge.disposed,
+        "undisposed": purge.undisposed.as_ref().map(|f| json!({"code": f.code.as_str(), "detail": f.detail})),
+    });
+    match purge.undisposed {
+        None => Ok((value, format!("disposed {}\n", purge.disposed))),
+        Some(failure) => Err(Failure {
+            code: exit_codes::ENGINE,
+            error: SandboxError::engine(format!(
+                "disposed {}, left undisposed: {failure}",
+                purge.disposed
+            )),
+            extra: Some(value),
+        }),
     }
 }
 
