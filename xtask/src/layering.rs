@@ -10,6 +10,8 @@
 //! - `conformance` depends on `sandbox-core` only, so the suites attack the contract and never a
 //!   backend's internals;
 //! - no backend (`backend-*`) depends on another backend;
+//! - `sandbox-backends` (the one place hosts name concrete backends) depends on the core, the
+//!   backends and `exec-wrapper`; `sandbox-mcp` reaches backends only through it;
 //! - `sandbox-core`'s in-process fake backend (its `testing` feature) is enabled only from
 //!   dev-dependencies, so no binary of ours links it;
 //! - `sandbox-core` does no I/O: its normal dependencies are a short allow-list, and a new one
@@ -61,6 +63,16 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
     ("sbx-sim", &["exec-wrapper"]),
     ("conformance", &["sandbox-core"]),
     ("egress-proxy", &["sandbox-core"]),
+    (
+        "sandbox-backends",
+        &[
+            "sandbox-core",
+            "backend-docker",
+            "backend-sbx",
+            "exec-wrapper",
+        ],
+    ),
+    ("sandbox-mcp", &["sandbox-core", "sandbox-backends"]),
 ];
 
 /// Crates whose name starts with this are backends; no backend depends on another.

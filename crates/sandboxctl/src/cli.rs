@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
+pub use sandbox_backends::{BackendArgs, BackendChoice};
+#[cfg(test)]
 use sandbox_core::Isolation;
 
 use crate::guest_env::EnvArgs;
@@ -60,46 +62,25 @@ Host files refused (exit 69):
   regular file (67); at most the transfer cap plus one byte is ever read (68 over it).
   --env-file takes a regular file of at most 1 MiB.";
 
-/// Flags every command takes.
+/// Flags every command takes: the backend's (shared with every host binary) and `--json`.
+///
+/// It dereferences to the backend flags, so `global.backend` reads as it always has.
 #[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
-    /// The backend.
-    #[arg(long, global = true, value_enum, default_value_t = BackendChoice::Docker)]
-    pub backend: BackendChoice,
-    /// The lowest isolation rung accepted for commands that run code or move files. The docker backend
-    /// is rung `container`, so it needs `--min-isolation container`.
-    #[arg(long, global = true, value_name = "RUNG", default_value = "microvm", value_parser = parse_rung)]
-    pub min_isolation: Isolation,
+    /// The backend and its configuration.
+    #[command(flatten)]
+    pub backends: BackendArgs,
     /// Print exactly one JSON object on stdout.
     #[arg(long, global = true)]
     pub json: bool,
-    /// The `sbx` program of `--backend sbx`.
-    #[arg(long, global = true, value_name = "PATH", default_value = "sbx")]
-    pub sbx_path: std::path::PathBuf,
-    /// Accept `sbx-sim`, the Docker-backed stand-in for `sbx`, with `--backend sbx` (it is rung
-    /// `container`, never `microvm`).
-    #[arg(long, global = true)]
-    pub allow_simulator: bool,
-    /// The image of the docker backend's egress proxy, which `run --allow` needs (build it with
-    /// `sandboxctl images build`).
-    #[arg(long, global = true, value_name = "IMAGE", default_value = backend_docker::DEFAULT_EGRESS_PROXY_IMAGE)]
-    pub egress_proxy_image: String,
-    /// The docker network the egress proxy's outbound leg joins.
-    #[arg(long, global = true, value_name = "NETWORK", default_value = backend_docker::DEFAULT_OUTBOUND_NETWORK)]
-    pub outbound_network: String,
 }
 
-fn parse_rung(s: &str) -> Result<Isolation, String> {
-    s.parse::<Isolation>().map_err(|e| e.to_string())
-}
+impl std::ops::Deref for GlobalArgs {
+    type Target = BackendArgs;
 
-/// The backends sandboxctl can drive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BackendChoice {
-    /// Docker containers (rung `container`).
-    Docker,
-    /// Docker Sandboxes microVMs through `sbx` (rung `microvm`).
-    Sbx,
+    fn deref(&self) -> &BackendArgs {
+        &self.backends
+    }
 }
 
 /// Where a command runs.

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandbox_core::{
-    Command, DisposeSelector, ExecChunk, ExecEvent, ExecOutput, ExecRequest, ExecStdin, Router,
-    RouterConfig, Sandbox, SandboxBackend, SandboxError, SandboxKey, SandboxSpec,
+    Command, DisposeSelector, ExecChunk, ExecEvent, ExecOutput, ExecRequest, ExecStdin, Sandbox,
+    SandboxBackend, SandboxError, SandboxKey, SandboxSpec,
 };
 use serde_json::{json, Value};
 
@@ -117,20 +117,7 @@ type Done = Result<(Value, String), Failure>;
 
 /// The floor gates commands that run code or move files: the router refuses a backend below it.
 fn gate(global: &GlobalArgs, backend: &Arc<dyn SandboxBackend>) -> Result<(), SandboxError> {
-    let config = RouterConfig::default().min_isolation(global.min_isolation);
-    Router::new(vec![backend.clone()], config)
-        .map(|_| ())
-        .map_err(|e| match e {
-            SandboxError::NotPermitted(msg) if global.min_isolation > backend.isolation() => {
-                SandboxError::NotPermitted(format!(
-                    "{msg}; the {} backend is rung {}: pass --min-isolation {} to accept it",
-                    backend.name(),
-                    backend.isolation(),
-                    backend.isolation()
-                ))
-            }
-            other => other,
-        })
+    backends::gated_router(global, backend.clone()).map(|_| ())
 }
 
 /// The selected backend, refused below the floor. `guest_names` are the `--env` names whose values go to

@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use backend_docker::{DockerBackend, DockerConfig, EgressProbe};
+use backend_docker::{DockerBackend, EgressProbe};
 use backend_sbx::SbxBackend;
 use sandbox_core::{
     Command, DisposeSelector, ExecRequest, HealthCheck, SandboxBackend, SandboxError, SandboxSpec,
 };
 use serde_json::json;
 
-use crate::backends::{connect_sbx, management_env};
+use crate::backends::{connect_sbx, docker_config, sbx_config};
 use crate::cli::{BackendChoice, GlobalArgs};
 use crate::keys::generated_key;
 
@@ -66,11 +66,8 @@ fn print(checks: &[HealthCheck], as_json: bool) {
 }
 
 async fn docker_checks(global: &GlobalArgs, egress_probe: &[String]) -> Vec<HealthCheck> {
-    let mut config = DockerConfig::default();
-    config.management_env = Some(management_env(std::env::vars_os(), &[]));
     // As `run` connects: `run --allow` needs the proxy image and the outbound network.
-    config.egress_proxy_image = Some(global.egress_proxy_image.clone());
-    config.outbound_network = global.outbound_network.clone();
+    let mut config = docker_config(global, &[]);
     let mut checks = DockerBackend::health_checks(&config).await;
     checks.push(HealthCheck::not_applicable(
         "sbx",
@@ -106,11 +103,7 @@ async fn docker_checks(global: &GlobalArgs, egress_probe: &[String]) -> Vec<Heal
 /// The sbx host; then a throwaway sandbox, whose create runs the mount proof (user namespaces and
 /// `mount --bind` in the template).
 async fn sbx_checks(global: &GlobalArgs) -> Vec<HealthCheck> {
-    let mut config = backend_sbx::SbxConfig::default();
-    config.sbx_path = global.sbx_path.clone();
-    config.simulator_ok = global.allow_simulator;
-    config.management_env = Some(management_env(std::env::vars_os(), &[]));
-    let mut checks = SbxBackend::health_checks(config).await;
+    let mut checks = SbxBackend::health_checks(sbx_config(global, &[])).await;
     if checks.iter().any(HealthCheck::failed) {
         return checks;
     }

@@ -1,0 +1,347 @@
+//! Backend selection and construction, shared by every host binary of the workspace
+//! (`sandboxctl`, `sandbox-mcp`): the flags that choose and configure a backend, the one place that
+//! names concrete backends, the isolation gate a router applies to them, and the local default
+//! image. A host sees only `Arc<dyn SandboxBackend>` and a [`Router`], so a new backend joins here
+//! without changing any command or tool.
+//!
+//! What it does not do: run commands, pick keys or talk to a user. Those are each host's own.
+//!
+//! Threat model: the engine client inherits this process's environment minus the names a host
+//! means for a guest ([`management_env`]), so a value given to a guest never also sits in an
+//! engine client's environment.
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_docker::{DockerBackend, DockerConfig, ImageOutcome, ImageRecipe, LocalImage};
+use backend_sbx::{SbxBackend, SbxConfig};
+use clap::{Args, ValueEnum};
+use exec_wrapper::{BoundedCommand, ExitKind};
+use sandbox_core::{Isolation, Router, RouterConfig, SandboxBackend, SandboxError};
+
+/// The flags that choose and configure a backend. Every flag is `global`, so a host with
+/// subcommands accepts them before or after the subcommand's name.
+#[derive(Debug, Clone, Args)]
+pub struct BackendArgs {
+    /// The backend.
+    #[arg(long, global = true, value_enum, default_value_t = BackendChoice::Docker)]
+    pub backend: BackendChoice,
+    /// The lowest isolation rung accepted for commands that run code or move files. The docker backend
+    /// is rung `container`, so it needs `--min-isolation container`.
+    #[arg(long, global = true, value_name = "RUNG", default_value = "microvm", value_parser = parse_rung)]
+    pub min_isolation: Isolation,
+    /// The `sbx` program of `--backend sbx`.
+    #[arg(long, global = true, value_name = "PATH", default_value = "sbx")]
+    pub sbx_path: PathBuf,
+    /// Accept `sbx-sim`, the Docker-backed stand-in for `sbx`, with `--backend sbx` (it is rung
+    /// `container`, never `microvm`).
+    #[arg(long, global = true)]
+    pub allow_simulator: bool,
+    /// The image of the docker backend's egress proxy, which allowlist egress needs (build it with
+    /// `sandboxctl images build`).
+    #[arg(long, global = true, value_name = "IMAGE", default_value = backend_docker::DEFAULT_EGRESS_PROXY_IMAGE)]
+    pub egress_proxy_image: String,
+    /// The docker network the egress proxy's outbound leg joins.
+    #[arg(long, global = true, value_name = "NETWORK", default_value = backend_docker::DEFAULT_OUTBOUND_NETWORK)]
+    pub outbound_network: String,
+}
+
+fn parse_rung(s: &str) -> Result<Isolation, String> {
+    s.parse::<Isolation>().map_err(|e| e.to_string())
+}
+
+/// The backends a host can drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendChoice {
+    /// Docker containers (rung `container`).
+    Docker,
+    /// Docker Sandboxes microVMs through `sbx` (rung `microvm`).
+    Sbx,
+}
+
+/// The docker backend's configuration from the flags. `guest_names` as for [`connect`].
+pub fn docker_config(args: &BackendArgs, guest_names: &[String]) -> DockerConfig {
+    let mut config = DockerConfig::default();
+    config.management_env = Some(management_env(std::env::vars_os(), guest_names));
+    config.egress_proxy_image = Some(args.egress_proxy_image.clone());
+    config.outbound_network = args.outbound_network.clone();
+    config
+}
+
+/// The sbx backend's configuration from the flags. `guest_names` as for [`connect`].
+pub fn sbx_config(args: &BackendArgs, guest_names: &[String]) -> SbxConfig {
+    let mut config = SbxConfig::default();
+    config.sbx_path = args.sbx_path.clone();
+    config.simulator_ok = args.allow_simulator;
+    config.management_env = Some(management_env(std::env::vars_os(), guest_names));
+    config
+}
+
+/// A router over `backend` that refuses it below `--min-isolation`. The refusal names the flag
+/// that would accept the backend, so an operator is told what to change.
+///
+/// # Errors
+/// [`SandboxError::NotPermitted`] below the floor; what [`Router::new`] refuses otherwise.
+pub fn gated_router(
+    args: &BackendArgs,
+    backend: Arc<dyn SandboxBackend>,
+) -> Result<Router, SandboxError> {
+    let config = RouterConfig::default().min_isolation(args.min_isolation);
+    let isolation = backend.isolation();
+    let name = backend.name().to_owned();
+    Router::new(vec![backend], config).map_err(|e| match e {
+        SandboxError::NotPermitted(msg) if args.min_isolation > isolation => {
+            SandboxError::NotPermitted(format!(
+                "{msg}; the {name} backend is rung {isolation}: pass --min-isolation {isolation} to accept it"
+            ))
+        }
+        other => other,
+    })
+}
+
+/// Connects the chosen backend. `guest_names` are the `--env` names whose values are meant for the guest.
+///
+/// # Errors
+/// What the backend's own connect refuses (engine unreachable, `sbx` missing or a simulator not
+/// accepted).
+///
+/// # Cancel safety and drop
+/// Dropping the future abandons the connect; nothing is created before it returns.
+pub async fn connect(
+    args: &BackendArgs,
+    guest_names: &[String],
+) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+    match args.backend {
+        BackendChoice::Docker => Ok(Arc::new(
+            DockerBackend::connect(docker_config(args, guest_names)).await?,
+        )),
+        BackendChoice::Sbx => Ok(Arc::new(connect_sbx(args, guest_names).await?)),
+    }
+}
+
+/// The sbx backend itself (not behind the trait), for a host that also asks for its health checks.
+///
+/// # Errors
+/// As [`connect`].
+///
+/// # Cancel safety and drop
+/// As [`connect`].
+pub async fn connect_sbx(
+    args: &BackendArgs,
+    guest_names: &[String],
+) -> Result<SbxBackend, SandboxError> {
+    SbxBackend::connect(sbx_config(args, guest_names)).await
+}
+
+/// The engine client's environment: this process's own, minus the variables a host gives a guest. Their values
+/// go to the guest through the backend's env file; left here they would also sit in every docker client's
+/// environment. Names the client itself needs to reach its daemon stay, or it could not connect: a
+/// guest may be given `PATH` or `HOME` too.
+pub fn management_env(
+    own: impl IntoIterator<Item = (OsString, OsString)>,
+    guest_names: &[String],
+) -> Vec<(OsString, OsString)> {
+    let client_needs = |name: &str| {
+        matches!(name, "PATH" | "HOME" | "LOCALAPPDATA")
+            || name.starts_with("XDG_")
+            || name.starts_with("DOCKER_")
+    };
+    own.into_iter()
+        .filter(|(name, _)| {
+            let name = name.to_string_lossy();
+            client_needs(&name) || !guest_names.iter().any(|g| *g == name)
+        })
+        .collect()
+}
+
+fn sbx_has_no_images() -> SandboxError {
+    SandboxError::invalid(
+        "the local images are the docker backend's; sbx sandboxes start from sbx templates",
+    )
+}
+
+fn recipe() -> ImageRecipe {
+    ImageRecipe::new().progress(|line| eprintln!("images: {line}"))
+}
+
+/// The default image's reference, built locally first when it is missing (no registry needed);
+/// `None` for sbx, whose default is its own `shell` template. `guest_names` as for [`connect`]:
+/// the presence check runs with the same client environment, and when there are any the build runs
+/// in a child of the current executable (`<exe> images build TAG`), whose environment lacks them.
+///
+/// # Errors
+/// [`SandboxError::ImageMissing`] when the image is absent and building it failed.
+///
+/// # Cancel safety and drop
+/// Dropping the future abandons the build; a child build is killed with its runner.
+pub async fn ensure_default_image(
+    choice: BackendChoice,
+    guest_names: &[String],
+) -> Result<Option<String>, SandboxError> {
+    match choice {
+        BackendChoice::Docker => {
+            let image = LocalImage::DEFAULT;
+            // The command's stderr is relayed byte for byte: say nothing unless a build is needed.
+            if image_present(image.tag(), guest_names).await {
+                return Ok(Some(image.tag().to_owned()));
+            }
+            if guest_names.is_empty() {
+                recipe()
+                    .build(&[image])
+                    .await
+                    .map_err(|e| SandboxError::ImageMissing {
+                        image: image.tag().into(),
+                        hint: format!("building it locally failed: {e}"),
+                    })?;
+            } else {
+                build_in_a_child(image, guest_names).await?;
+            }
+            Ok(Some(image.tag().to_owned()))
+        }
+        BackendChoice::Sbx => Ok(None),
+    }
+}
+
+/// Builds `image` in a child `sandboxctl images build` whose environment lacks the `--env` values:
+/// the recipe's own tools inherit their process's environment, and a guest value must never sit in
+/// a host process's environment other than the guest's own.
+async fn build_in_a_child(image: LocalImage, guest_names: &[String]) -> Result<(), SandboxError> {
+    let failed = |why: String| SandboxError::ImageMissing {
+        image: image.tag().into(),
+        hint: format!("building it locally failed: {why}"),
+    };
+    let me = std::env::current_exe().map_err(|e| failed(e.to_string()))?;
+    let build = BoundedCommand::new(me, Duration::from_secs(30 * 60))
+        .args(["images", "build", image.tag()])
+        .envs(management_env(std::env::vars_os(), guest_names))
+        .output_budget(1 << 20)
+        .on_line(|_, line| {
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line);
+        })
+        .run()
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    if build.status == ExitKind::Exited(0) {
+        Ok(())
+    } else {
+        Err(failed(format!(
+            "`sandboxctl images build` ended with {:?}",
+            build.status
+        )))
+    }
+}
+
+/// Whether `tag` is in the engine's image store, asked through the image recipe (the backend's one
+/// way to ask) with the management env of [`connect`], so no `--env` value reaches the engine client.
+/// An engine that cannot answer counts as "absent": the build that follows says why.
+async fn image_present(tag: &str, guest_names: &[String]) -> bool {
+    matches!(
+        ImageRecipe::new()
+            .management_env(management_env(std::env::vars_os(), guest_names))
+            .image_id(tag)
+            .await,
+        Ok(Some(_))
+    )
+}
+
+/// Builds the named local images (default: the default image); returns (tag, outcome) per image.
+///
+/// # Errors
+/// [`SandboxError::InvalidArgument`] for sbx or an unknown tag, an engine error when a build fails.
+///
+/// # Cancel safety and drop
+/// Dropping the future abandons the build.
+pub async fn build_images(
+    choice: BackendChoice,
+    tags: &[String],
+) -> Result<Vec<(String, &'static str)>, SandboxError> {
+    if choice == BackendChoice::Sbx {
+        return Err(sbx_has_no_images());
+    }
+    let images = if tags.is_empty() {
+        vec![LocalImage::DEFAULT]
+    } else {
+        tags.iter()
+            .map(|t| LocalImage::from_tag(t).map_err(|e| SandboxError::invalid(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let reports = recipe()
+        .build(&images)
+        .await
+        .map_err(|e| SandboxError::engine(format!("image build failed: {e}")))?;
+    Ok(reports
+        .into_iter()
+        .map(|r| {
+            let outcome = match r.outcome {
+                ImageOutcome::AlreadyPresent => "already present",
+                _ => "built",
+            };
+            (r.image.tag().to_owned(), outcome)
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Host {
+        #[command(flatten)]
+        args: BackendArgs,
+    }
+
+    fn parse(words: &[&str]) -> BackendArgs {
+        <Host as clap::Parser>::parse_from(std::iter::once("host").chain(words.iter().copied()))
+            .args
+    }
+
+    #[test]
+    fn defaults_are_docker_at_the_microvm_floor() {
+        let args = parse(&[]);
+        assert_eq!(args.backend, BackendChoice::Docker);
+        assert_eq!(args.min_isolation, Isolation::Microvm);
+        assert_eq!(args.sbx_path, PathBuf::from("sbx"));
+        assert!(!args.allow_simulator);
+        assert_eq!(args.outbound_network, "bridge");
+    }
+
+    #[test]
+    fn the_floor_refusal_names_the_flag_that_accepts_the_backend() {
+        use sandbox_core::testing::FakeBackend;
+        let backend: Arc<dyn SandboxBackend> =
+            Arc::new(FakeBackend::new("fake", Isolation::Container));
+        let refused = gated_router(&parse(&[]), backend.clone()).unwrap_err();
+        assert_eq!(refused.kind(), sandbox_core::ErrorKind::NotPermitted);
+        assert!(
+            refused
+                .to_string()
+                .contains("pass --min-isolation container to accept it"),
+            "{refused}"
+        );
+        assert!(gated_router(&parse(&["--min-isolation", "container"]), backend).is_ok());
+    }
+
+    #[test]
+    fn guest_values_stay_out_of_the_client_environment() {
+        let own = [
+            ("PATH", "/usr/bin"),
+            ("HOME", "/home/u"),
+            ("DOCKER_HOST", "unix:///run/docker.sock"),
+            ("PROBE_VALUE", "guest only"),
+            ("OTHER", "kept"),
+        ]
+        .map(|(n, v)| (OsString::from(n), OsString::from(v)));
+        let guest = ["PROBE_VALUE", "PATH", "HOME"].map(String::from);
+        let names: Vec<String> = management_env(own, &guest)
+            .into_iter()
+            .map(|(n, _)| n.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["PATH", "HOME", "DOCKER_HOST", "OTHER"]);
+    }
+}
