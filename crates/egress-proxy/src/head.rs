@@ -328,10 +328,12 @@ pub enum Body {
     Length(u64),
 }
 
-/// Header fields never forwarded: hop-by-hop fields (RFC 9110 §7.6.1) and the host, which
-/// the rewrite sets from the request target.
+/// Header fields never forwarded as the client wrote them: hop-by-hop fields (RFC 9110 §7.6.1),
+/// the host, which the rewrite sets from the request target, and `Content-Length`, which it
+/// writes once, canonical, from the framing the proxy itself uses.
 const DROPPED: &[&str] = &[
     "host",
+    "content-length",
     "connection",
     "keep-alive",
     "te",
@@ -388,7 +390,9 @@ impl RequestHead {
 
     /// The head to send upstream for a plain-HTTP request: origin-form request line, `Host`
     /// from the target, hop-by-hop and `Proxy-*` fields (and fields the client's `Connection`
-    /// names) dropped, `Connection: close` appended.
+    /// names) dropped, one canonical `Content-Length` (when the client sent any, from the length
+    /// the proxy frames the body by: equal duplicates or a list like `5, 5` never reach an
+    /// upstream that might read them otherwise), `Connection: close` appended.
     ///
     /// Returns `None` for a CONNECT head.
     pub fn rewrite_origin_form(&self) -> Option<Vec<u8>> {
@@ -421,6 +425,14 @@ impl RequestHead {
             out.push_str(": ");
             out.push_str(value);
             out.push_str("\r\n");
+        }
+        if self.field_values("content-length").next().is_some() {
+            match self.plain_body() {
+                Ok(Body::Length(n)) => out.push_str(&format!("Content-Length: {n}\r\n")),
+                Ok(Body::Empty) => out.push_str("Content-Length: 0\r\n"),
+                // Never sent: the proxy refuses such a request before it rewrites it.
+                Err(_) => {}
+            }
         }
         out.push_str("Connection: close\r\n\r\n");
         Some(out.into_bytes())
@@ -609,6 +621,27 @@ mod tests {
         );
         let connect = head("CONNECT a.test:443 HTTP/1.1\r\n\r\n").unwrap();
         assert_eq!(connect.rewrite_origin_form(), None);
+        // One canonical Content-Length, whatever equal forms the client used.
+        for fields in [
+            "Content-Length: 5\r\nContent-Length: 5\r\n",
+            "Content-Length: 5, 5\r\n",
+            "content-length: 005\r\n",
+        ] {
+            let parsed = head(&format!(
+                "POST http://a.test/ HTTP/1.1\r\n{fields}X: y\r\n\r\n"
+            ))
+            .unwrap();
+            let rewritten = String::from_utf8(parsed.rewrite_origin_form().unwrap()).unwrap();
+            assert_eq!(
+                rewritten,
+                "POST / HTTP/1.1\r\nHost: a.test\r\nX: y\r\nContent-Length: 5\r\nConnection: close\r\n\r\n",
+                "{fields:?}"
+            );
+        }
+        let zero = head("POST http://a.test/ HTTP/1.1\r\nContent-Length: 0\r\n\r\n").unwrap();
+        assert!(String::from_utf8(zero.rewrite_origin_form().unwrap())
+            .unwrap()
+            .ends_with("\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"));
     }
 
     #[test]

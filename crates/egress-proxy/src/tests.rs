@@ -274,3 +274,297 @@ async fn the_forwarder_relays_to_the_socket() {
     assert_eq!(answer.len() - end, 1 << 20);
     assert!(answer[end..].iter().all(|b| *b == b'x'));
 }
+
+/// An allowed upstream that records every connection's bytes (until the client is idle for a
+/// moment) and then answers `ok`.
+async fn recording_upstream() -> (u16, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let sender = sender.clone();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let read =
+                        tokio::time::timeout(Duration::from_millis(300), stream.read(&mut chunk));
+                    match read.await {
+                        Ok(Ok(n)) if n > 0 => seen.extend_from_slice(&chunk[..n]),
+                        _ => break,
+                    }
+                }
+                let _ = stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                    )
+                    .await;
+                let _ = sender.send(seen);
+            });
+        }
+    });
+    (port, receiver)
+}
+
+/// Checks that `seen` is exactly one request, framed by `Content-Length` alone, carrying
+/// `body`: returns its head.
+fn one_framed_request(seen: &[u8], body: &[u8]) -> Result<String, String> {
+    let end = crate::head::head_len(seen).ok_or("no complete head")?;
+    let head = String::from_utf8(seen[..end].to_vec()).map_err(|_| "head not UTF-8")?;
+    if &seen[end..] != body {
+        return Err(format!(
+            "body {:?} instead of {:?}",
+            String::from_utf8_lossy(&seen[end..]),
+            String::from_utf8_lossy(body)
+        ));
+    }
+    let mut lengths = Vec::new();
+    for line in head.lines().skip(1) {
+        let (name, value) = line.split_once(':').unwrap_or((line, ""));
+        match name.to_ascii_lowercase().as_str() {
+            "transfer-encoding" => return Err("Transfer-Encoding forwarded".into()),
+            "content-length" => lengths.push(value.trim().to_owned()),
+            _ => {}
+        }
+    }
+    // No length for an empty body, or exactly one, canonical, equal to the body's.
+    let declared = (body.is_empty() && lengths.is_empty()) || lengths == [body.len().to_string()];
+    if !declared || !head.contains("\r\nConnection: close\r\n") {
+        return Err(format!("framing not exact: {head:?}"));
+    }
+    Ok(head)
+}
+
+#[tokio::test]
+async fn request_smuggling_attempts_reach_the_upstream_as_one_exactly_framed_request_or_not_at_all()
+{
+    let (port, mut recorded) = recording_upstream().await;
+    let limits = Limits {
+        head_timeout: Duration::from_secs(2),
+        ..Limits::default()
+    };
+    let h = start_with(port, limits).await;
+    let p = port;
+    let smuggled =
+        format!("GET http://other.test:{p}/smuggled HTTP/1.1\r\nHost: other.test\r\n\r\n");
+    // (request, what the upstream must see: None = nothing at all, Some(body) = one request
+    // carrying exactly that body), and the status the client must get.
+    let cases: Vec<(String, Option<&[u8]>, &str)> = vec![
+        // Content-Length and Transfer-Encoding together, in either order and spelling.
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{smuggled}"), None, "403"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 6\r\n\r\n0\r\n\r\n{smuggled}"), None, "403"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nTRANSFER-ENCODING: chunked\r\nContent-Length: 6\r\n\r\n0\r\n\r\n{smuggled}"), None, "403"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nTransfer-Encoding:\tchunked\r\n\r\n0\r\n\r\n"), None, "403"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nTransfer-Encoding: identity\r\nContent-Length: 6\r\n\r\nhello!"), None, "403"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n"), None, "403"),
+        // A space before the colon, or a field folded onto the line before (obs-fold).
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nTransfer-Encoding : chunked\r\nContent-Length: 6\r\n\r\n0\r\n\r\n"), None, "400"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nX-A: b\r\n Transfer-Encoding: chunked\r\nContent-Length: 6\r\n\r\n0\r\n\r\n"), None, "400"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nContent-Length: 5\r\n\t0\r\n\r\nhello"), None, "400"),
+        // Duplicate or listed Content-Length values that disagree, or are not plain numbers.
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"), None, "400"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nContent-Length: 5, 6\r\n\r\nhello!"), None, "400"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello"), None, "400"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nContent-Length: 0x5\r\n\r\nhello"), None, "400"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nContent-Length: 5 5\r\n\r\nhello"), None, "400"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nContent-Length: 18446744073709551616\r\n\r\nhello"), None, "400"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nContent-Length:\r\n\r\nhello"), None, "400"),
+        // A bare CR or NUL hiding a field, and bare LF line ends.
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nX-A: b\rTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"), None, "400"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nX-A: b\0c\r\nContent-Length: 5\r\n\r\nhello"), None, "400"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\nContent-Length: 5\n\nhello{smuggled}"), None, "400"),
+        // Accepted: equal duplicates, a body holding a request, a pipelined second request.
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello{smuggled}"), Some(b"hello"), "200"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\nhello{smuggled}"), Some(b"hello"), "200"),
+        (format!("GET http://localhost:{p}/a HTTP/1.1\r\n\r\n{smuggled}"), Some(b""), "200"),
+        (format!("GET http://localhost:{p}/a HTTP/1.1\r\nContent-Length: 0\r\n\r\nGET http://localhost:{p}/second HTTP/1.1\r\n\r\n"), Some(b""), "200"),
+        (format!("GET http://localhost:{p}/a HTTP/1.0\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\r\n{smuggled}"), Some(b""), "200"),
+        (format!("POST http://localhost:{p}/a HTTP/1.1\r\nContent-Length: {}\r\n\r\n{smuggled}{smuggled}", smuggled.len()), Some(smuggled.as_bytes()), "200"),
+    ];
+    for (request, expected, status_code) in &cases {
+        let answer = exchange(&h.socket, request.as_bytes()).await;
+        let text = String::from_utf8_lossy(&answer);
+        assert_eq!(
+            status(&answer),
+            format!("HTTP/1.1 {status_code}"),
+            "{request:?}: {text}"
+        );
+        match expected {
+            None => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                assert!(
+                    recorded.try_recv().is_err(),
+                    "{request:?} reached the upstream"
+                );
+            }
+            Some(body) => {
+                let seen = tokio::time::timeout(Duration::from_secs(5), recorded.recv())
+                    .await
+                    .expect("the upstream saw the request")
+                    .unwrap();
+                let head = one_framed_request(&seen, body)
+                    .unwrap_or_else(|why| panic!("{request:?}: {why}: {seen:?}"));
+                assert!(
+                    head.starts_with("GET /a HTTP/1.") || head.starts_with("POST /a HTTP/1.1"),
+                    "{head}"
+                );
+                assert!(!head.to_ascii_lowercase().contains("keep-alive"), "{head}");
+                assert_eq!(head.matches("\r\nHost: ").count(), 1, "{head}");
+                assert!(
+                    head.contains(&format!("\r\nHost: localhost:{p}\r\n")),
+                    "{head}"
+                );
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                assert!(
+                    recorded.try_recv().is_err(),
+                    "{request:?}: a second connection reached the upstream"
+                );
+            }
+        }
+    }
+}
+
+/// Open descriptors of this process (nextest runs each test in its own process).
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Resident memory of this process, in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+// One thread: one allocator arena, so what the process keeps after a burst is comparable
+// between bursts.
+#[tokio::test]
+async fn three_hundred_concurrent_connections_hold_the_bound_and_leave_nothing_behind() {
+    // An upstream that holds every request until released, counting connections in flight.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (release, released) = tokio::sync::watch::channel(false);
+    let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let upstream = {
+        let (in_flight, peak) = (Arc::clone(&in_flight), Arc::clone(&peak));
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let now = in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                peak.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                let (in_flight, mut released) = (Arc::clone(&in_flight), released.clone());
+                tokio::spawn(async move {
+                    let mut head = [0u8; 4096];
+                    let _ = stream.read(&mut head).await;
+                    let _ = released.wait_for(|go| *go).await;
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                        )
+                        .await;
+                    drop(stream);
+                    in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                });
+            }
+        })
+    };
+    let h = start_with(port, Limits::default()).await;
+    // Warm the runtime and the allocator with one request, so the baseline is not a cold start.
+    release.send_replace(true);
+    let warm = exchange(
+        &h.socket,
+        format!("GET http://localhost:{port}/ HTTP/1.1\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert_eq!(status(&warm), "HTTP/1.1 200");
+    release.send_replace(false);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let (fds_before, tasks_before, rss_before) = (open_fds(), metrics.num_alive_tasks(), rss_kib());
+    // Four bursts: descriptors and tasks return to the baseline after each; memory settles on a
+    // plateau (what the allocator keeps from the bursts' peak) and neither the peak nor what is
+    // kept grows from one burst to the next, as they would if anything were kept per connection.
+    let (mut rss_peaks, mut rss_after) = (Vec::new(), Vec::new());
+    for burst in 0..4 {
+        release.send_replace(false);
+        peak.store(0, std::sync::atomic::Ordering::SeqCst);
+        let clients: Vec<_> = (0..300)
+            .map(|i| {
+                let socket = h.socket.clone();
+                tokio::spawn(async move {
+                    let request = format!("GET http://localhost:{port}/{i} HTTP/1.1\r\n\r\n");
+                    exchange(&socket, request.as_bytes()).await
+                })
+            })
+            .collect();
+        // Every slot taken: 256 requests held at the upstream.
+        let until = tokio::time::Instant::now() + Duration::from_secs(30);
+        while in_flight.load(std::sync::atomic::Ordering::SeqCst) < 256 {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "only {} in flight",
+                in_flight.load(std::sync::atomic::Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let fds_peak = open_fds();
+        let rss_peak = rss_kib();
+        rss_peaks.push(rss_peak);
+        release.send_replace(true);
+        let mut answers = std::collections::BTreeMap::<String, usize>::new();
+        for client in clients {
+            let answer = client.await.unwrap();
+            *answers.entry(status(&answer).to_owned()).or_default() += 1;
+        }
+        assert_eq!(
+            peak.load(std::sync::atomic::Ordering::SeqCst),
+            256,
+            "{answers:?}"
+        );
+        assert_eq!(answers.get("HTTP/1.1 200"), Some(&256), "{answers:?}");
+        assert_eq!(answers.get("HTTP/1.1 503"), Some(&44), "{answers:?}");
+        assert!(
+            fds_peak >= fds_before + 2 * 256,
+            "the peak did not hold the connections: {fds_peak}"
+        );
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        let settled = loop {
+            let now = (open_fds(), metrics.num_alive_tasks());
+            if (now.0 <= fds_before && now.1 <= tasks_before) || tokio::time::Instant::now() > until
+            {
+                break now;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        rss_after.push(rss_kib());
+        println!(
+            "burst {burst}: 300 connections: fds {fds_before} -> {fds_peak} -> {}, tasks \
+             {tasks_before} -> {}, rss {rss_before} KiB -> {rss_peak} KiB -> {} KiB",
+            settled.0, settled.1, rss_after[burst]
+        );
+        assert!(
+            settled.0 <= fds_before,
+            "descriptors leaked: {fds_before} -> {}",
+            settled.0
+        );
+        assert!(
+            settled.1 <= tasks_before,
+            "tasks leaked: {tasks_before} -> {}",
+            settled.1
+        );
+    }
+    assert!(
+        rss_peaks[3] <= rss_peaks[1] + 4 * 1024 && rss_after[3] <= rss_peaks[1] + 4 * 1024,
+        "memory grows with each burst: peaks {rss_peaks:?} KiB, after {rss_after:?} KiB"
+    );
+    assert!(
+        rss_after.iter().all(|kib| *kib <= rss_before + 96 * 1024),
+        "memory kept after the bursts: {rss_after:?} KiB"
+    );
+    upstream.abort();
+}
