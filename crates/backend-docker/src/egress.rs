@@ -146,10 +146,12 @@ pub(crate) fn egress_id(sorted_hosts: &[String], private: bool) -> String {
 }
 
 /// SHA-256 (lowercase hex) of the policy a proxy runs: what it allows, with which image, from which
-/// network. A proxy carrying another digest is replaced.
+/// network, denying what. A proxy carrying another digest is replaced (so a proxy started before
+/// the engine host's addresses were denied is replaced on its next acquire).
 pub(crate) fn policy_digest(egress_id: &str, image: &str, network: &str) -> String {
     let text = format!(
-        "maf-egress-policy-v1\n{egress_id}\nimage={image}\nnetwork={network}\nports=80,443\n"
+        "maf-egress-policy-v1\n{egress_id}\nimage={image}\nnetwork={network}\nports=80,443\n\
+         deny=gateways,engine-host-addresses\n"
     );
     Sha256::digest(text.as_bytes())
         .iter()
@@ -167,8 +169,9 @@ pub(crate) fn volume_name(workload: &str) -> String {
     format!("{workload}{VOLUME_SUFFIX}")
 }
 
-/// The proxy's arguments (its image's entrypoint is the binary).
-pub(crate) fn proxy_command(plan: &EgressPlan, gateways: &[String]) -> Vec<String> {
+/// The proxy's arguments (its image's entrypoint is the binary); `denied` are the addresses it
+/// never dials (the outbound network's gateways, the engine host's addresses).
+pub(crate) fn proxy_command(plan: &EgressPlan, denied: &[String]) -> Vec<String> {
     let mut args: Vec<String> = [
         "proxy",
         "--socket",
@@ -184,8 +187,8 @@ pub(crate) fn proxy_command(plan: &EgressPlan, gateways: &[String]) -> Vec<Strin
     if plan.private {
         args.push("--allow-private".to_owned());
     }
-    for gateway in gateways {
-        args.extend(["--deny-address".to_owned(), gateway.clone()]);
+    for address in denied {
+        args.extend(["--deny-address".to_owned(), address.clone()]);
     }
     args
 }
@@ -296,7 +299,17 @@ impl BackendState {
         }
         // Present, or one explicit bounded pull, as for a workload's image (ImageMissing else).
         self.ensure_image(&plan.image).await?;
-        let gateways = self.outbound_gateways(&plan.network).await?;
+        // Never dialled: the outbound network's gateways and every address of the engine host
+        // (a service on the host bound to 0.0.0.0 answers on all of them).
+        let mut denied = self.outbound_gateways(&plan.network).await?;
+        denied.extend(
+            self.engine_host_addresses(&plan.image)
+                .await?
+                .iter()
+                .map(ToString::to_string),
+        );
+        denied.sort();
+        denied.dedup();
         let volume = volume_name(workload);
         self.ensure_volume(&volume, plan, labels).await?;
         let mut proxy_labels: HashMap<String, String> = labels.iter().cloned().collect();
@@ -332,7 +345,7 @@ impl BackendState {
         };
         let body = ContainerCreateBody {
             image: Some(plan.image.clone()),
-            cmd: Some(proxy_command(plan, &gateways)),
+            cmd: Some(proxy_command(plan, &denied)),
             labels: Some(proxy_labels),
             host_config: Some(host_config),
             ..ContainerCreateBody::default()

@@ -129,6 +129,7 @@ mod connection;
 mod containers;
 mod disposal;
 mod egress;
+mod egress_host;
 mod egress_preflight;
 mod error;
 mod exec;

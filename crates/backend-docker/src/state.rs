@@ -63,6 +63,8 @@ pub(crate) struct BackendState {
     pub(crate) stat_slots: tokio::sync::Semaphore,
     name_locks: Arc<NameLocks>,
     memory: Mutex<ProcessMemory>,
+    /// The engine host's addresses the egress proxy denies, as last read.
+    pub(crate) host_addresses: crate::egress_host::HostAddressCache,
 }
 
 impl BackendState {
@@ -79,6 +81,7 @@ impl BackendState {
             stat_slots: tokio::sync::Semaphore::new(crate::archive::STAT_CONCURRENCY),
             name_locks: Arc::default(),
             memory: Mutex::new(ProcessMemory::default()),
+            host_addresses: crate::egress_host::HostAddressCache::default(),
         }
     }
 

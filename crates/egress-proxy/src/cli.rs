@@ -39,6 +39,10 @@ pub enum Role {
     Forward(ForwardArgs),
     /// A tiny HTTP server answering every request 200 (tests and benchmarks).
     Serve(ServeArgs),
+    /// Prints every address of the interfaces of its network namespace, one a line, then
+    /// `end <count>` (run by the backend in the engine host's namespace, whose addresses the
+    /// proxy then denies).
+    HostAddresses,
 }
 
 /// `egress-proxy proxy`.
@@ -59,7 +63,8 @@ pub struct ProxyArgs {
     /// An allowed destination port (repeatable; default 80 and 443).
     #[arg(long = "port")]
     pub ports: Vec<u16>,
-    /// An address never dialled (repeatable; the outbound network's gateways).
+    /// An address never dialled (repeatable; the engine host's interface addresses and the
+    /// outbound network's gateways).
     #[arg(long = "deny-address")]
     pub deny_addresses: Vec<IpAddr>,
 }
@@ -229,6 +234,14 @@ pub fn run(cli: Cli) -> Result<(), ProxyError> {
                 .await
                 .map_err(|e| io_error("accepting on", args.listen.to_string(), e))
         }),
+        Role::HostAddresses => {
+            let addresses = interface_addresses()?;
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            out.write_all(host_addresses_listing(&addresses).as_bytes())
+                .and_then(|()| out.flush())
+                .map_err(|e| io_error("writing the addresses to", "stdout", e))
+        }
         Role::Serve(args) => {
             let reply = match (args.body, args.size) {
                 (Some(text), _) => Reply::Text(text),
@@ -247,9 +260,57 @@ pub fn run(cli: Cli) -> Result<(), ProxyError> {
     }
 }
 
+/// The end line of the `host-addresses` listing: a listing without it was cut short.
+pub const HOST_ADDRESSES_END: &str = "end";
+
+/// Every address of every interface of this process's network namespace, up or down, sorted
+/// and without repeats.
+///
+/// # Errors
+/// The interfaces cannot be listed.
+pub fn interface_addresses() -> Result<Vec<IpAddr>, ProxyError> {
+    let mut addresses: Vec<IpAddr> = if_addrs::get_if_addrs()
+        .map_err(|e| io_error("listing the interfaces of", "this network namespace", e))?
+        .into_iter()
+        .map(|interface| interface.ip())
+        .collect();
+    addresses.sort();
+    addresses.dedup();
+    Ok(addresses)
+}
+
+/// The `host-addresses` output: one address a line, then `end <count>`.
+pub fn host_addresses_listing(addresses: &[IpAddr]) -> String {
+    let mut text: String = addresses.iter().map(|ip| format!("{ip}\n")).collect();
+    text.push_str(&format!("{HOST_ADDRESSES_END} {}\n", addresses.len()));
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_addresses_role_lists_this_namespace_and_says_where_it_ends() {
+        let role = Cli::try_parse_from(["egress-proxy", "host-addresses"]).unwrap();
+        assert!(matches!(role.role, Role::HostAddresses));
+        let addresses = interface_addresses().unwrap();
+        // Every namespace has its loopback, and the listing names each address once.
+        assert!(
+            addresses.contains(&"127.0.0.1".parse().unwrap()),
+            "{addresses:?}"
+        );
+        let text = host_addresses_listing(&addresses);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), addresses.len() + 1);
+        assert_eq!(
+            lines.last(),
+            Some(&format!("end {}", addresses.len()).as_str())
+        );
+        for (line, ip) in lines.iter().zip(&addresses) {
+            assert_eq!(line.parse::<IpAddr>().unwrap(), *ip);
+        }
+    }
 
     fn proxy_args(extra: &[&str]) -> Result<ProxyArgs, clap::Error> {
         let mut argv = vec![

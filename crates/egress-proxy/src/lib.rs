@@ -1,6 +1,6 @@
 //! The filtering egress proxy of the Docker backend's `allowlist` mode (`docs/egress-proxy.md`).
 //!
-//! One binary, three roles:
+//! One binary, four roles:
 //!
 //! - **proxy** ([`proxy`]): listens on a Unix socket in a volume shared with the workload and
 //!   is the workload's only path out. It serves absolute-form plain-HTTP requests and
@@ -11,13 +11,17 @@
 //! - **forward** ([`forward`]): runs inside the workload, listening on `127.0.0.1:3128`, and
 //!   relays each connection byte for byte to the socket. It parses and resolves nothing.
 //! - **serve** ([`serve`]): a tiny HTTP server for offline tests and benchmarks.
+//! - **host-addresses** ([`cli::interface_addresses`]): lists the addresses of its network
+//!   namespace's interfaces; the backend runs it in the engine host's namespace and passes what
+//!   it prints to the proxy as denied addresses.
 //!
 //! The parsers ([`head`], [`hostmatch`], [`address`]) are pure and public so that fuzz
 //! targets and tests drive them directly.
 //!
 //! What it defends: a guest reaching a host, port or address the allowlist does not grant,
 //! through the proxy — by naming a host off the list, an IP literal, a name that resolves to
-//! loopback, link-local, metadata, multicast, gateway or (unless allowed) private addresses,
+//! loopback, link-local, metadata, multicast, IANA special-purpose, the engine host's own, gateway
+//! or (unless allowed) private addresses,
 //! userinfo or case tricks in the authority, a `Host` header disagreeing with the target, a
 //! second request on the same connection aimed elsewhere, or a protocol upgrade on plain HTTP.
 //! Heads are bounded (16 KiB, 10 s), connects are bounded (10 s), relays close when idle, and
