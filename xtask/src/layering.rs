@@ -4,11 +4,12 @@
 //! with one line per broken rule. The rules, and why each exists, are in
 //! `docs/architecture.md#layering-rules`; in short:
 //!
-//! - the leaves (`exec-wrapper`, `confined-fs`) and the contract (`sandbox-core`) depend on
-//!   nothing of ours, so each can be read and tested alone;
+//! - the leaves (`exec-wrapper`, `confined-fs`, `token-server`) and the contract (`sandbox-core`)
+//!   depend on nothing of ours, so each can be read and tested alone;
+//! - `wrapper-stream` joins `exec-wrapper` and `sandbox-core` and nothing else;
 //! - `sbx-cli` and `sbx-sim` depend on `exec-wrapper` only;
-//! - `conformance` depends on `sandbox-core` only, so the suites attack the contract and never a
-//!   backend's internals;
+//! - `conformance` depends on `sandbox-core` (and the `token-server` leaf) only, so the suites
+//!   attack the contract and never a backend's internals;
 //! - no backend (`backend-*`) depends on another backend;
 //! - `sandbox-backends` (the one place hosts name concrete backends) depends on the core, the
 //!   backends and `exec-wrapper`; `sandbox-mcp` reaches backends only through it;
@@ -61,7 +62,9 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
     ("sandbox-core", &[]),
     ("sbx-cli", &["exec-wrapper"]),
     ("sbx-sim", &["exec-wrapper"]),
-    ("conformance", &["sandbox-core"]),
+    ("token-server", &[]),
+    ("wrapper-stream", &["sandbox-core", "exec-wrapper"]),
+    ("conformance", &["sandbox-core", "token-server"]),
     ("egress-proxy", &["sandbox-core"]),
     (
         "sandbox-backends",
@@ -544,7 +547,7 @@ mod tests {
             found,
             vec![
                 "`conformance` has a dev dependency on `backend-docker`, but may depend only on \
-                 `sandbox-core`"
+                 `sandbox-core`, `token-server`"
             ]
         );
     }

@@ -38,6 +38,7 @@ pub const HOST_CRATES: &[&str] = &[
     "confined-fs",
     "sandbox-core",
     "sbx-cli",
+    "wrapper-stream",
     "backend-sbx",
 ];
 

@@ -11,15 +11,15 @@ use std::time::Duration;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use exec_wrapper::{
-    docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, new_nonce, outcome_of,
-    raw_invocation, read_tool_probe, tool_probe_argv, tree_kill_argv, ExitKind, KillFailure,
-    KillOutcome, KillReport, Nonce, NonceSplitter, ToolProbeOutcome, WrapperOutcome,
-    DOCKER_INIT_PATH, DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
+    docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, new_nonce, raw_invocation,
+    read_tool_probe, tool_probe_argv, tree_kill_argv, ExitKind, KillFailure, KillOutcome,
+    KillReport, Nonce, NonceSplitter, ToolProbeOutcome, WrapperOutcome, DOCKER_INIT_PATH,
+    DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
 };
 use futures_util::StreamExt as _;
+use sandbox_core::backend_kit::{ExecStreamSender, SendRefused};
 use sandbox_core::{
-    ExecChunk, ExecEnv, ExecExit, ExecOutput, ExecStdin, ExecStream, ExecStreamSender,
-    GuestCleanup, SandboxError, SendRefused,
+    ExecChunk, ExecEnv, ExecExit, ExecOutput, ExecStdin, ExecStream, GuestCleanup, SandboxError,
 };
 use tokio::io::AsyncWriteExt as _;
 
@@ -493,8 +493,7 @@ impl BackendState {
             Ok(Err(failure)) => Err(self.exec_failure(&id, "exec", failure)),
             Ok(Ok(exit_code)) => {
                 let end = splitter.finish(ExitKind::Exited(exit_code));
-                self.exit_of(&id, outcome_of(end, Vec::new(), Vec::new()), started)
-                    .await
+                self.exit_of(&id, end, started).await
             }
         };
         sender.finish(outcome).await;

@@ -196,7 +196,7 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecOutput, SandboxError> {
-        sandbox_core::collect_exec(self, request).await
+        sandbox_core::backend_kit::collect_exec(self, request).await
     }
 
     async fn exec_stream(

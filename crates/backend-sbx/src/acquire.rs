@@ -17,7 +17,7 @@ use sandbox_core::{
 };
 use sbx_cli::{CreateRequest, Error as CliError, Instant, LsRow, MemorySize, SbxName};
 
-use crate::backend::{spawn_detached, SbxHost};
+use crate::backend::SbxHost;
 use crate::disposal::record_key;
 use crate::engine::{classified, exit_code, sbx_name, short_exec, to_sandbox_error};
 use crate::guest_scripts::{
@@ -27,6 +27,7 @@ use crate::guest_scripts::{
 use crate::handle::{GuestEnd, SbxSandbox};
 use crate::host_plane::HostPlane;
 use crate::layout::{self, Record, RECORD_VERSION};
+use sandbox_core::backend_kit::spawn_detached;
 
 /// How long an abandoned create is watched for, and how often `ls` is asked.
 const WATCH_FOR: Duration = Duration::from_secs(10);
@@ -157,7 +158,7 @@ pub(crate) async fn acquire(
         spec.work_dir().unwrap_or(DEFAULT_WORK_DIR),
     )?;
     host.check_host().await?;
-    let _guard = host.locks.lock(&target.name).await;
+    let _guard = host.locks.lock(target.name.clone()).await;
     let rows = host.cli.ls().await.map_err(to_sandbox_error)?;
     let mut row = rows.into_iter().find(|row| row.name == target.name);
     let mut record = read_record(host, &target).await?;
@@ -236,7 +237,7 @@ pub(crate) async fn find(
 ) -> Result<Option<Arc<SbxSandbox>>, SandboxError> {
     // The record says which storage base; the name does not depend on it.
     let probe = Target::new(host, key, kind, DEFAULT_WORK_DIR)?;
-    let _guard = host.locks.lock(&probe.name).await;
+    let _guard = host.locks.lock(probe.name.clone()).await;
     let rows = host.cli.ls().await.map_err(to_sandbox_error)?;
     let row = rows.into_iter().find(|row| row.name == probe.name);
     let record = read_record(host, &probe).await?;
@@ -534,7 +535,7 @@ impl Drop for CreateCleanup {
 
 /// Removes a sandbox this process created but could not make ready, with its generation.
 async fn discard(host: &SbxHost, name: &SbxName, generation: String) {
-    let _guard = host.locks.lock(name.as_str()).await;
+    let _guard = host.locks.lock(name.as_str().to_owned()).await;
     if let Err(failure) = host.remove_one(name.as_str(), None, Some(generation)).await {
         tracing::warn!(sandbox = %name, %failure, "could not discard a sandbox whose acquire failed");
     }

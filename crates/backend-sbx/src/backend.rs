@@ -1,11 +1,11 @@
 //! The backend: construction, declarations, the host checks, retirement, and the trait.
 
 use std::collections::{BTreeSet, HashMap};
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use sandbox_core::backend_kit::LockTable;
 use sandbox_core::naming::NamePrefix;
 use sandbox_core::{
     BackendDeclarations, Capability, DisposalFailure, DisposeSelector, Egress, ErrorKind,
@@ -17,7 +17,6 @@ use sbx_cli::SbxCli;
 use crate::config::{CheckedConfig, SbxConfig};
 use crate::engine::to_sandbox_error;
 use crate::layout;
-use crate::name_locks::NameLocks;
 use crate::BACKEND_NAME;
 
 /// The setting that must read `false`.
@@ -40,7 +39,7 @@ pub struct SbxBackend {
 pub(crate) struct SbxHost {
     pub(crate) config: CheckedConfig,
     pub(crate) cli: SbxCli,
-    pub(crate) locks: NameLocks,
+    pub(crate) locks: LockTable<String>,
     isolation: Isolation,
     declarations: BackendDeclarations,
     /// Instance id → why it was retired.
@@ -149,7 +148,7 @@ impl SbxBackend {
             host: Arc::new(SbxHost {
                 config,
                 cli,
-                locks: NameLocks::default(),
+                locks: LockTable::default(),
                 isolation,
                 declarations: declarations(),
                 retired: Mutex::new(HashMap::new()),
@@ -322,20 +321,6 @@ impl SbxHost {
                 tracing::warn!(sandbox = %name, instance = %instance_id, %error, "retired in memory; the record update did not run")
             }
         }
-    }
-}
-
-/// Runs `work` in a task the caller cannot cancel (a cleanup that protects a guarantee). Outside
-/// a tokio runtime it cannot run and says so in the log.
-pub(crate) fn spawn_detached<F>(what: &'static str, work: F)
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            runtime.spawn(work);
-        }
-        Err(_) => tracing::error!(what, "no tokio runtime to run a cleanup on; it was skipped"),
     }
 }
 

@@ -204,7 +204,7 @@ impl SbxHost {
         }
         let mut disposed = 0;
         for name in names {
-            let _guard = self.locks.lock(&name).await;
+            let _guard = self.locks.lock(name.clone()).await;
             match self.remove_one(&name, instance_id, None).await {
                 Ok(true) => disposed += 1,
                 Ok(false) => {}

@@ -7,21 +7,21 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use exec_wrapper::{
-    encode_env_file, encode_invocation, namespace_kill_argv, new_nonce, outcome_of,
-    pid_namespace_probe_argv, read_kill_mode_probe, sbx_env_file_name,
-    sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, ExitKind, KillFailure, KillOutcome,
-    KillReport, Nonce, NonceSplitter, OutputSink, SbxMount, Stream, WrapperOutcome,
+    encode_env_file, encode_invocation, namespace_kill_argv, new_nonce, pid_namespace_probe_argv,
+    read_kill_mode_probe, sbx_env_file_name, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv,
+    ExitKind, KillFailure, KillOutcome, KillReport, Nonce, SbxMount, WrapperOutcome,
     KILL_OUTPUT_BUDGET,
 };
+use sandbox_core::backend_kit::{CleanupOnDrop, ExecStreamSender};
 use sandbox_core::guest_path::{self, Access};
 use sandbox_core::{
-    EntryKind, ExecChunk, ExecEnv, ExecExit, ExecOutput, ExecRequest, ExecStdin, ExecStream,
-    ExecStreamSender, GuestCleanup, Sandbox, SandboxEntry, SandboxError, SendRefused,
-    TransferLimits,
+    EntryKind, ExecEnv, ExecExit, ExecOutput, ExecRequest, ExecStdin, ExecStream, GuestCleanup,
+    Sandbox, SandboxEntry, SandboxError, TransferLimits,
 };
 use sbx_cli::{Error as CliError, ExecRequest as CliExec, Instant, SbxName};
+use wrapper_stream::WrapperStreamSink;
 
-use crate::backend::{spawn_detached, SbxHost};
+use crate::backend::SbxHost;
 use crate::engine::to_sandbox_error;
 use crate::host_plane::{placement, HostPlane, Placement};
 
@@ -62,55 +62,16 @@ pub(crate) struct SbxSandbox {
     pub(crate) files_out: TransferLimits,
 }
 
-/// The kill of an expired or abandoned call, run by whoever drops it armed: a task the caller
-/// cannot cancel.
-struct PendingKill {
-    armed: bool,
-    host: Arc<SbxHost>,
-    name: SbxName,
-    instance_id: String,
-    nonce: Nonce,
-    /// Raised once the call's nonce line arrived: the command had started.
-    started: Arc<AtomicBool>,
-}
+/// The kill of an expired or abandoned call: armed before the call starts, run at once after a
+/// deadline or an over-budget end, spawned if the call's task is dropped armed (a task the caller
+/// cannot cancel either way).
+type PendingKill = CleanupOnDrop<GuestCleanup>;
 
-impl PendingKill {
-    /// The call ended on its own: nothing to kill.
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-
-    /// Runs the kill in a detached task and waits for it; dropping this wait does not stop it.
-    async fn run_now(mut self) -> GuestCleanup {
-        self.armed = false;
-        let host = self.host.clone();
-        let (name, instance, nonce, started) = (
-            self.name.clone(),
-            self.instance_id.clone(),
-            self.nonce.clone(),
-            self.started.clone(),
-        );
-        match tokio::spawn(kill(host, name, instance, nonce, started)).await {
-            Ok(cleanup) => cleanup,
-            Err(_) => GuestCleanup::Retired,
-        }
-    }
-}
-
-impl Drop for PendingKill {
-    fn drop(&mut self) {
-        if self.armed {
-            let work = kill(
-                self.host.clone(),
-                self.name.clone(),
-                self.instance_id.clone(),
-                self.nonce.clone(),
-                self.started.clone(),
-            );
-            spawn_detached("the kill of an abandoned command", async move {
-                let _ = work.await;
-            });
-        }
+/// Runs an armed kill now; a kill task that did not reach its end leaves the instance retired.
+async fn kill_now(pending: PendingKill) -> GuestCleanup {
+    match pending.run_now().await {
+        Ok(Some(cleanup)) => cleanup,
+        Ok(None) | Err(_) => GuestCleanup::Retired,
     }
 }
 
@@ -186,47 +147,42 @@ impl WrappedCall {
         timeout: Duration,
         sender: ExecStreamSender,
     ) {
-        let started = Arc::new(AtomicBool::new(false));
-        let pending = PendingKill {
-            armed: true,
-            host: self.host.clone(),
-            name: self.name.clone(),
-            instance_id: self.instance_id.clone(),
-            nonce: nonce.clone(),
-            started: started.clone(),
-        };
         let cap = sender.cap();
-        let mut sink = WrapperSink {
-            sender,
-            splitter: NonceSplitter::new(&nonce),
-            started,
-        };
+        let mut sink = WrapperStreamSink::new(sender, &nonce, "sbx");
+        let mut pending = PendingKill::armed(
+            "the kill of an abandoned command",
+            kill(
+                self.host.clone(),
+                self.name.clone(),
+                self.instance_id.clone(),
+                nonce,
+                sink.started_flag(),
+            ),
+        );
         let result = self
             .host
             .cli
             .exec_streaming(&request, reader, &mut sink)
             .await;
-        let WrapperSink {
-            sender, splitter, ..
-        } = sink;
+        let (sender, splitter) = sink.into_parts();
         let outcome = match result {
             Ok(status) => {
                 pending.disarm();
-                self.exit_of(outcome_of(splitter.finish(status), Vec::new(), Vec::new()))
+                self.exit_of(splitter.finish(status))
             }
             Err(CliError::Timeout { .. }) => Err(SandboxError::Timeout {
                 operation: "command".to_owned(),
                 bound: timeout,
-                cleanup: Some(pending.run_now().await),
+                cleanup: Some(kill_now(pending).await),
             }),
             Err(CliError::OutputLimit { budget, .. }) => {
-                let cleanup = pending.run_now().await;
+                let cleanup = kill_now(pending).await;
                 let limit = cap.unwrap_or(budget as u64);
                 tracing::info!(sandbox = %self.name, %cleanup, limit, "command output exceeded its budget");
                 Err(SandboxError::OutputLimitExceeded { limit })
             }
             Err(_) if sender.is_dropped() => {
-                let cleanup = pending.run_now().await;
+                let cleanup = kill_now(pending).await;
                 tracing::debug!(sandbox = %self.name, %cleanup, "the stream was dropped; its command was killed");
                 self.remove_env_file().await;
                 return;
@@ -282,45 +238,6 @@ impl WrappedCall {
                 tracing::warn!(sandbox = %self.name, %error, "could not remove an unread env file");
             }
         }
-    }
-}
-
-/// Feeds a wrapper call's output to its stream: stderr through the nonce splitter, so transport
-/// noise never reaches the consumer however the chunks cut the nonce line.
-struct WrapperSink {
-    sender: ExecStreamSender,
-    splitter: NonceSplitter,
-    started: Arc<AtomicBool>,
-}
-
-impl OutputSink for WrapperSink {
-    async fn accept(&mut self, stream: Stream, bytes: &[u8]) -> Result<(), exec_wrapper::Error> {
-        let chunk = match stream {
-            Stream::Stdout => ExecChunk::Stdout(bytes.to_vec()),
-            Stream::Stderr => {
-                let command = self.splitter.push(bytes);
-                if self.splitter.started() {
-                    self.started.store(true, Ordering::Relaxed);
-                }
-                ExecChunk::Stderr(command)
-            }
-        };
-        self.sender
-            .send(chunk)
-            .await
-            .map_err(|refused| match refused {
-                SendRefused::Dropped => exec_wrapper::Error::Abandoned {
-                    program: "sbx".to_owned(),
-                },
-                SendRefused::OverCap { limit } => exec_wrapper::Error::OutputLimit {
-                    program: "sbx".to_owned(),
-                    budget: usize::try_from(limit).unwrap_or(usize::MAX),
-                },
-            })
-    }
-
-    async fn abandoned(&mut self) {
-        self.sender.dropped().await;
     }
 }
 
@@ -590,7 +507,7 @@ impl Sandbox for SbxSandbox {
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecOutput, SandboxError> {
-        sandbox_core::collect_exec(self, request).await
+        sandbox_core::backend_kit::collect_exec(self, request).await
     }
 
     async fn exec_stream(

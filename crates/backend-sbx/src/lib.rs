@@ -80,7 +80,6 @@ mod guest_scripts;
 mod handle;
 mod host_plane;
 mod layout;
-mod name_locks;
 
 pub use backend::SbxBackend;
 pub use config::{

@@ -9,7 +9,7 @@
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hasher};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,8 +18,7 @@ use sandbox_core::{
     Capability, Command, Egress, ErrorKind, ExecChunk, ExecEvent, ExecRequest, ExecStdin, Sandbox,
     SandboxBackend, SandboxError, SandboxKey, SandboxSpec, DEFAULT_MAX_OUTPUT_BYTES,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use token_server::TokenServer;
 
 use crate::error::ConformanceError;
 use crate::fingerprint::Fingerprint;
@@ -640,68 +639,8 @@ fn fresh_token() -> String {
     format!("{:016x}{:016x}", half(), half())
 }
 
-/// Serves `token` to every HTTP request on `listener` until dropped.
-struct TokenServer {
-    address: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TokenServer {
-    async fn start(ip: IpAddr, token: String) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).await?;
-        let address = listener.local_addr()?;
-        let task = tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let token = token.clone();
-                tokio::spawn(async move {
-                    let mut request = Vec::new();
-                    let mut buf = [0u8; 1024];
-                    // Read the request head (bounded), then answer whatever it asked.
-                    while request.len() < 8192 && !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match stream.read(&mut buf).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => request.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let response = format!(
-                        "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{token}",
-                        token.len()
-                    );
-                    let _ = stream.write_all(response.as_bytes()).await;
-                    let _ = stream.shutdown().await;
-                });
-            }
-        });
-        Ok(TokenServer { address, task })
-    }
-}
-
-impl Drop for TokenServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// The host itself fetches the token: the control that makes a guest's silence meaningful.
-async fn host_fetch(address: SocketAddr) -> std::io::Result<Vec<u8>> {
-    let fetch = async {
-        let mut stream = TcpStream::connect(address).await?;
-        stream
-            .write_all(format!("GET / HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
-            .await?;
-        let mut body = Vec::new();
-        stream.read_to_end(&mut body).await?;
-        Ok(body)
-    };
-    tokio::time::timeout(Duration::from_secs(5), fetch)
-        .await
-        .unwrap_or_else(|_| {
-            Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the host's own fetch timed out",
-            ))
-        })
-}
+/// How long the host's own fetch of its token server may take.
+const HOST_FETCH_BOUND: Duration = Duration::from_secs(5);
 
 /// `network-closed-by-content`, on a sandbox of its own acquired with egress closed: a token served by
 /// this host on `host_address` (an address the engine routes to; never public) must never appear in the
@@ -725,16 +664,16 @@ pub async fn assert_network_closed_by_content(
             let token = fresh_token();
             let server = TokenServer::start(host_address, token.clone())
                 .await
-                .map_err(|e| ProbeError::Harness(format!("serving on {host_address}: {e}")))?;
-            let seen = host_fetch(server.address)
+                .map_err(|e| ProbeError::Harness(e.to_string()))?;
+            let seen = token_server::fetch(server.address(), HOST_FETCH_BOUND)
                 .await
-                .map_err(|e| ProbeError::Harness(format!("the host's own fetch failed: {e}")))?;
+                .map_err(|e| ProbeError::Harness(e.to_string()))?;
             if !contains(&seen, token.as_bytes()) {
                 return Err(ProbeError::Harness(
                     "the host's own fetch did not see the token".into(),
                 ));
             }
-            let url = format!("http://{}/", server.address);
+            let url = server.url();
             let line = format!(
                 "curl -s --max-time 5 {url}; curl -s --max-time 5 --noproxy '*' {url}; exit 0"
             );
@@ -815,14 +754,5 @@ mod tests {
         marked.kill().unwrap();
         marked.wait().unwrap();
         assert_eq!(poll("sleepZZ31", "9"), Some(0));
-    }
-
-    #[tokio::test]
-    async fn the_token_server_answers_the_host() {
-        let server = TokenServer::start("127.0.0.1".parse().unwrap(), "abc123".into())
-            .await
-            .unwrap();
-        let body = host_fetch(server.address).await.unwrap();
-        assert!(contains(&body, b"\r\n\r\nabc123"));
     }
 }

@@ -142,10 +142,10 @@ pub use group_kill::{
     KILL_EXIT_NO_CANCEL_FILE, KILL_EXIT_SURVIVOR, KILL_OUTPUT_BUDGET,
 };
 pub use nonce_result::{
-    nonce_line_seen, outcome_of, parse_result, parse_run_output, WrapperOutcome, WrapperOutput,
+    nonce_line_seen, parse_result, parse_run_output, WrapperOutcome, WrapperOutput,
     NO_CWD_REASON_BYTES, NO_CWD_WORD, STDERR_TAIL_BYTES, UNMOUNTED_WORD,
 };
-pub use nonce_splitter::{CallEnd, NonceSplitter, StderrPhase, MAX_MARKER_WORD};
+pub use nonce_splitter::{NonceSplitter, StderrPhase, MAX_MARKER_WORD};
 pub use tool_probe::{
     missing_tools, read_tool_probe, tool_probe_argv, ToolProbeOutcome, DOCKER_TOOLS,
     PROBE_OUTPUT_BUDGET, SBX_TOOLS, TOOL_PROBE_SCRIPT,

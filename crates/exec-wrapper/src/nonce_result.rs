@@ -85,12 +85,13 @@ pub fn parse_result(
 ) -> WrapperOutcome {
     let mut splitter = NonceSplitter::new(nonce);
     let command_stderr = splitter.push(stderr);
-    outcome_of(splitter.finish(status), stdout, command_stderr)
+    outcome_of(splitter.read_end(status), stdout, command_stderr)
 }
 
 /// The outcome of a call whose end the [`NonceSplitter`] read, with the bytes the caller kept:
-/// `stdout` and the command's stderr (what the splitter returned), used only when it ran.
-pub fn outcome_of(end: CallEnd, stdout: Vec<u8>, command_stderr: Vec<u8>) -> WrapperOutcome {
+/// `stdout` and the command's stderr (what the splitter returned), used only when it ran. The
+/// one place a marker line's word and status become an outcome.
+pub(crate) fn outcome_of(end: CallEnd, stdout: Vec<u8>, command_stderr: Vec<u8>) -> WrapperOutcome {
     match end {
         CallEnd::Ran { status } => WrapperOutcome::Ran(WrapperOutput {
             stdout,

@@ -8,7 +8,7 @@
 
 use crate::bounded_runner::ExitKind;
 use crate::call_identity::{Nonce, NONCE_HEX_LEN};
-use crate::nonce_result::{NO_CWD_REASON_BYTES, STDERR_TAIL_BYTES};
+use crate::nonce_result::{outcome_of, WrapperOutcome, NO_CWD_REASON_BYTES, STDERR_TAIL_BYTES};
 
 /// The longest word of a marker line `<nonce>-<word>\n` (lowercase ASCII letters).
 pub const MAX_MARKER_WORD: usize = 32;
@@ -25,9 +25,12 @@ pub enum StderrPhase {
     Marker(String),
 }
 
-/// How a wrapper call ended, read from its stderr and its client status, without the bytes.
+/// What a wrapper call's stderr and client status said, before it is read as a
+/// [`WrapperOutcome`]: the marker's word and message as they came. Private: callers get the
+/// outcome, the one enum of a call's end; this raw reading exists so the splitter's model test can
+/// check the splitter alone, apart from the interpretation in [`outcome_of`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CallEnd {
+pub(crate) enum CallEnd {
     /// The nonce line came and the client exited: the status is the command's.
     Ran {
         /// The command's status, verbatim.
@@ -156,8 +159,15 @@ impl NonceSplitter {
         Vec::new()
     }
 
-    /// The call's end, once its client has exited with `status`.
-    pub fn finish(self, status: ExitKind) -> CallEnd {
+    /// The call's outcome, once its client has exited with `status`. A streaming reader has
+    /// already handed the command's bytes on, so its [`WrapperOutcome::Ran`] carries none: only
+    /// the status.
+    pub fn finish(self, status: ExitKind) -> WrapperOutcome {
+        outcome_of(self.read_end(status), Vec::new(), Vec::new())
+    }
+
+    /// The raw reading of the call's end (see [`CallEnd`]).
+    pub(crate) fn read_end(self, status: ExitKind) -> CallEnd {
         let code = match status {
             ExitKind::Exited(code) => code,
             ExitKind::Signaled(signal) => {
@@ -264,7 +274,7 @@ mod tests {
             command.extend(splitter.push(&stderr[at..cut]));
             at = cut;
         }
-        (command, splitter.finish(ExitKind::Exited(0)))
+        (command, splitter.read_end(ExitKind::Exited(0)))
     }
 
     /// The model: the first occurrence of the nonce followed by `\n` or by a marker word.
@@ -424,10 +434,38 @@ mod tests {
         }
         assert_eq!(splitter.stderr_tail().len(), STDERR_TAIL_BYTES);
         assert!(splitter.stderr_tail().iter().all(|&b| b == b'm'));
-        let CallEnd::Marker { message, .. } = splitter.finish(ExitKind::Exited(125)) else {
+        let CallEnd::Marker { message, .. } = splitter.read_end(ExitKind::Exited(125)) else {
             panic!("a marker line came first");
         };
         assert_eq!(message, vec![b'm'; NO_CWD_REASON_BYTES]);
+    }
+
+    #[test]
+    fn finish_reads_the_end_as_an_outcome_without_the_bytes() {
+        let mut ran = NonceSplitter::new(&nonce());
+        assert_eq!(ran.push(format!("noise\n{NONCE}\nerr").as_bytes()), b"err");
+        assert_eq!(
+            ran.finish(ExitKind::Exited(3)),
+            WrapperOutcome::Ran(crate::WrapperOutput {
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+                status: 3,
+            })
+        );
+        let mut no_cwd = NonceSplitter::new(&nonce());
+        no_cwd.push(format!("{NONCE}-nocwd\nsh: cd: /x: No such file\n").as_bytes());
+        assert_eq!(
+            no_cwd.finish(ExitKind::Exited(125)),
+            WrapperOutcome::NoWorkingDirectory {
+                reason: "sh: cd: /x: No such file".to_owned()
+            }
+        );
+        let mut unmounted = NonceSplitter::new(&nonce());
+        unmounted.push(format!("{NONCE}-unmounted\n").as_bytes());
+        assert_eq!(
+            unmounted.finish(ExitKind::Exited(125)),
+            WrapperOutcome::Unmounted
+        );
     }
 
     #[test]
@@ -438,7 +476,7 @@ mod tests {
         splitter.push(format!("{NONCE}\nboom").as_bytes());
         assert!(splitter.started());
         assert_eq!(
-            splitter.finish(ExitKind::Signaled(9)),
+            splitter.read_end(ExitKind::Signaled(9)),
             CallEnd::ClientKilled {
                 signal: 9,
                 stderr_tail: format!("transport noise\n{NONCE}\nboom").into_bytes()

@@ -2,7 +2,7 @@
 //! ordered, tagged chunks while it runs, its exit last.
 //!
 //! Streaming is the primitive; the collected [`crate::Sandbox::exec`] is [`ExecStream::collect`]
-//! over it ([`collect_exec`] for a backend with a native stream). The stream is a bounded channel: a backend's producer waits for the consumer, so a
+//! over it ([`collect_exec`](crate::backend_kit::collect_exec) for a backend with a native stream). The stream is a bounded channel: a backend's producer waits for the consumer, so a
 //! slow consumer makes the host hold at most [`STREAM_BUFFER_CHUNKS`] chunks of at most
 //! [`MAX_CHUNK_BYTES`] each, never the whole output.
 

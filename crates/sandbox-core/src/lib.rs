@@ -21,6 +21,8 @@
 //! - [`credential_paths`]: the credential paths a host never exposes, and the matchers over them.
 //! - [`hygiene`]: the secret-looking environment-name denylist.
 //! - [`egress`]: the egress modes (also at the root) and the allowlist grammar's validators.
+//! - [`backend_kit`]: what only a backend author needs: the producer end of an exec stream, the
+//!   per-name lock table, and cleanups that finish when the caller's future is dropped.
 //! - `testing` (feature `testing`): an in-memory fake backend for tests of hosts and of the router.
 //!
 //! # Example
@@ -41,6 +43,7 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+pub mod backend_kit;
 mod capability;
 pub mod credential_paths;
 mod declarations;
@@ -75,8 +78,7 @@ pub use exec::{
     Command, ExecEnv, ExecOutput, ExecRequest, DEFAULT_MAX_OUTPUT_BYTES, WORKDIR_UNUSABLE_EXIT,
 };
 pub use exec_stream::{
-    collect_exec, ExecChunk, ExecEvent, ExecExit, ExecStdin, ExecStream, ExecStreamSender,
-    SendRefused, MAX_CHUNK_BYTES, STREAM_BUFFER_CHUNKS,
+    ExecChunk, ExecEvent, ExecExit, ExecStdin, ExecStream, MAX_CHUNK_BYTES, STREAM_BUFFER_CHUNKS,
 };
 pub use health::{CheckStatus, HealthCheck};
 pub use isolation::{Isolation, IsolationScope, OsFamily};

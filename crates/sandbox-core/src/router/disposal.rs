@@ -12,6 +12,7 @@ use tracing::{debug, warn};
 
 use super::ledger::Target;
 use super::{quoted_names, secs, FailedCleanup, Gate, Inner, Router};
+use crate::backend_kit::run_detached;
 use crate::{
     DisposalCode, DisposalFailure, IsolationScope, SandboxBackend, SandboxError, SandboxKey,
     ScopePurge,
@@ -232,7 +233,7 @@ impl Router {
                 undisposed: DisposalFailure::fold(reports.into_iter().filter_map(|r| r.undisposed)),
             }
         };
-        detached(operation).await.unwrap_or_else(|_| ScopePurge {
+        run_detached(operation).await.unwrap_or_else(|_| ScopePurge {
             disposed: 0,
             undisposed: Some(DisposalFailure::new(
                 DisposalCode::Unknown,
@@ -348,7 +349,7 @@ impl Inner {
             guard.settle(&results);
             results
         };
-        detached(operation).await.unwrap_or_else(|_| {
+        run_detached(operation).await.unwrap_or_else(|_| {
             let unknown = DisposalFailure::new(
                 DisposalCode::Unknown,
                 "the disposal did not run to its end (no tokio runtime, a panic, or a runtime shutting down)",
@@ -387,12 +388,12 @@ impl Inner {
             guard.settle(&[(target, failure.clone())]);
             (failure, held)
         };
-        match detached(operation).await {
+        match run_detached(operation).await {
             Ok((failure, held)) => {
                 *gate = held;
                 failure
             }
-            Err(Detached) => Some(DisposalFailure::new(
+            Err(_) => Some(DisposalFailure::new(
                 DisposalCode::Unknown,
                 "the cleanup did not run to its end (no tokio runtime, a panic, or a runtime shutting down)",
             )),
@@ -452,25 +453,6 @@ impl Drop for PurgeMarker {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// A detached future did not complete: it panicked, its runtime cancelled it, or there was no tokio
-/// runtime to run it on.
-struct Detached;
-
-/// Runs `future` to completion whether or not the caller keeps waiting, spawned on the current tokio
-/// runtime (a panic inside becomes `Err`). With no runtime the future is not run at all and the result is
-/// `Err`: run in place, a drop could cancel it, and its timers would panic.
-async fn detached<T: Send + 'static>(
-    future: impl Future<Output = T> + Send + 'static,
-) -> Result<T, Detached> {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) => handle.spawn(future).await.map_err(|_| Detached),
-        Err(_) => {
-            warn!("no tokio runtime: a router cleanup could not run");
-            Err(Detached)
-        }
-    }
-}
-
 /// Polls every future concurrently and returns their outputs in order.
 async fn join_all<T>(futures: Vec<BoxFuture<T>>) -> Vec<T> {
     let mut slots: Vec<Option<BoxFuture<T>>> = futures.into_iter().map(Some).collect();
@@ -508,15 +490,17 @@ async fn dispose_one(
     let name = backend.name().to_owned();
     let selector = target.selector();
     let outcome =
-        detached(async move { tokio::time::timeout(bound, backend.dispose(&key, selector)).await })
-            .await;
+        run_detached(
+            async move { tokio::time::timeout(bound, backend.dispose(&key, selector)).await },
+        )
+        .await;
     let failure = match outcome {
         Ok(Ok(report)) => report,
         Ok(Err(_elapsed)) => Some(DisposalFailure::new(
             DisposalCode::Timeout,
             format!("disposal exceeded its {} s bound", secs(bound)),
         )),
-        Err(Detached) => Some(DisposalFailure::new(
+        Err(_) => Some(DisposalFailure::new(
             DisposalCode::Unknown,
             "the disposal panicked or was cancelled",
         )),
@@ -532,7 +516,7 @@ async fn purge_one(
     bound: Duration,
 ) -> ScopePurge {
     let name = backend.name().to_owned();
-    let outcome = detached(async move {
+    let outcome = run_detached(async move {
         tokio::time::timeout(bound, backend.dispose_scope(&scope, &thread_id)).await
     })
     .await;
@@ -545,7 +529,7 @@ async fn purge_one(
                 format!("scope disposal exceeded its {} s bound", secs(bound)),
             )),
         },
-        Err(Detached) => ScopePurge {
+        Err(_) => ScopePurge {
             disposed: 0,
             undisposed: Some(DisposalFailure::new(
                 DisposalCode::Unknown,
@@ -572,18 +556,5 @@ mod tests {
         ];
         assert_eq!(join_all(futures).await, vec![1, 2]);
         assert!(join_all::<u8>(Vec::new()).await.is_empty());
-    }
-
-    #[tokio::test]
-    async fn a_panicking_detached_task_is_an_error_not_a_crash() {
-        let outcome = detached(async {
-            if std::hint::black_box(true) {
-                panic!("boom");
-            }
-            1u8
-        })
-        .await;
-        assert!(outcome.is_err());
-        assert_eq!(detached(async { 7u8 }).await.ok(), Some(7));
     }
 }

@@ -10,16 +10,16 @@
 //!
 //! # Layout
 //! This module holds the router, its construction and the admission entry points; `acquire` the acquire
-//! path (gates, adoption); `disposal` every disposal and the cleanups the router runs itself, with the
-//! detached-task machinery they share. `admission` (the refusal rules), `config`, `ledger` (remembered
-//! instances and the unclean ledger) and `locks` (per-key async locks) are their building blocks.
+//! path (gates, adoption); `disposal` every disposal and the cleanups the router runs itself.
+//! `admission` (the refusal rules), `config` and `ledger` (remembered instances and the unclean ledger)
+//! are their building blocks; the per-key locks and the detached tasks are the ones every backend uses
+//! ([`crate::backend_kit`]).
 
 mod acquire;
 mod admission;
 mod config;
 mod disposal;
 mod ledger;
-mod locks;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -30,9 +30,9 @@ use tracing::warn;
 pub use config::{FailedCleanup, RouterConfig, Selection, DEFAULT_CLEANUP_TIMEOUT};
 pub use disposal::UncleanTarget;
 
+use crate::backend_kit::{LockGuard, LockTable};
 use admission::{backend_refusal, compose, spec_level, HostPolicy, Offer};
 use ledger::State;
-use locks::{LockGuard, LockTable};
 
 /// The acquire gate of one (key, kind).
 type Gate = LockGuard<(SandboxKey, String)>;
