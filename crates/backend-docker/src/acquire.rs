@@ -14,7 +14,8 @@ use tokio::time::Instant;
 use crate::config::{check_image_reference, Resources};
 use crate::connection::quote;
 use crate::containers::{ContainerShape, Created, Lifecycle};
-use crate::egress::{keep_alive_with_forwarder, volume_name, EgressPlan, LABEL_EGRESS_V1};
+use crate::egress::EgressPlan;
+use crate::egress_names::{keep_alive_with_forwarder, volume_name, LABEL_EGRESS_V1};
 use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
 use crate::guest_scripts::{BASE_EXIT_FALLBACK, BASE_SCRIPT};
 use crate::handle::DockerSandbox;
@@ -63,8 +64,71 @@ enum Arrival {
     Adopted,
 }
 
+/// What [`Step::Existing`] decided.
+enum Served {
+    /// The container is running and verified for this plan already: hand it out as it is.
+    Warm(String),
+    /// The next step.
+    Next(Step),
+}
+
+impl Progress {
+    /// Fails once another process has held the name past the adopt deadline; `had_container`
+    /// says whether a container stood behind the name (it could not serve) or nothing did.
+    fn past_adopt_deadline(
+        &self,
+        name: &str,
+        had_container: bool,
+        state: &BackendState,
+    ) -> Result<(), SandboxError> {
+        if !self.adopted || Instant::now() < self.adopt_deadline {
+            return Ok(());
+        }
+        let last_conflict = &self.last_conflict;
+        Err(SandboxError::engine(if had_container {
+            format!(
+                "could not adopt {name} within {} s: {last_conflict}",
+                state.config.command_timeout.as_secs()
+            )
+        } else {
+            format!("the name {name} stayed in use without a container behind it: {last_conflict}")
+        }))
+    }
+}
+
+/// One step of an acquire. Each turn of [`BackendState::acquire_sandbox`]'s loop runs one step
+/// and names the next; a step that goes back to the top (a new look at the name, a create) passes
+/// the adopt deadline first.
+enum Step {
+    /// Nothing holds the name: check the egress companions, make the proxy, create the workload.
+    Create,
+    /// The create lost the name to another process: find what holds it now.
+    AfterConflict,
+    /// A container holds the name: verify it, then serve, revive or replace it.
+    Existing(Box<ContainerRecord>),
+    /// The container cannot serve (retired, failed to start, in a state that cannot serve):
+    /// remove it, then create.
+    Replace(String),
+    /// Serve this container, prepared as its arrival needs.
+    Finish(String, Arrival),
+}
+
+/// What an acquire carries from one step to the next.
+struct Progress {
+    adopt_deadline: Instant,
+    /// The engine's last answer to a create that lost the name.
+    last_conflict: String,
+    /// Creates attempted.
+    replacements: usize,
+    /// Whether another process won the name during this acquire.
+    adopted: bool,
+    egress_checked: bool,
+    proxy_ready: bool,
+}
+
 impl BackendState {
-    /// Get-or-create: find, verify, revive or replace, else create; then prepare.
+    /// Get-or-create: find, verify, revive or replace, else create; then prepare. An explicit
+    /// state machine over [`Step`].
     pub(crate) async fn acquire_sandbox(
         self: &Arc<Self>,
         key: &SandboxKey,
@@ -75,136 +139,169 @@ impl BackendState {
         let _serialised = self.lock_name(&plan.name).await;
         self.sweep_unremovable().await;
 
-        let adopt_deadline = Instant::now() + self.config.command_timeout;
-        let mut last_conflict = String::new();
-        let mut replacements = 0usize;
-        let mut adopted = false;
-        let mut egress_checked = false;
-        let mut proxy_ready = plan.egress.is_none();
-        let mut record = self.inspect(&plan.name).await?;
+        let mut progress = Progress {
+            adopt_deadline: Instant::now() + self.config.command_timeout,
+            last_conflict: String::new(),
+            replacements: 0,
+            adopted: false,
+            egress_checked: false,
+            proxy_ready: plan.egress.is_none(),
+        };
+        let mut step = match self.inspect(&plan.name).await? {
+            Some(existing) => Step::Existing(Box::new(existing)),
+            None => Step::Create,
+        };
         loop {
-            let Some(existing) = record.take() else {
-                if !egress_checked {
-                    self.refuse_other_egress(&plan).await?;
-                    egress_checked = true;
-                }
-                if !proxy_ready {
-                    if let Err(error) = self.ensure_plan_proxy(&plan).await {
-                        // No workload: nothing is served by what the attempt made.
-                        self.remove_companions_shielded(&plan.name).await;
-                        return Err(error);
+            step = match step {
+                Step::Create => self.create_step(&plan, &mut progress).await?,
+                Step::AfterConflict => match self.inspect(&plan.name).await? {
+                    Some(existing) => Step::Existing(Box::new(existing)),
+                    None => {
+                        // The engine holds the name from the start of a create, before an
+                        // inspect finds it: wait a poll, then create again.
+                        progress.past_adopt_deadline(&plan.name, false, self)?;
+                        tokio::time::sleep(ADOPT_POLL).await;
+                        Step::Create
                     }
-                    proxy_ready = true;
-                }
-                if replacements > MAX_REPLACEMENTS {
-                    return Err(SandboxError::engine(format!(
-                        "container {} kept disappearing while it was being acquired",
-                        plan.name
-                    )));
-                }
-                replacements += 1;
-                let created = match self.create(&plan).await {
-                    Ok(created) => created,
-                    Err(error) => {
-                        // Nothing serves the companions of a workload that was not made.
-                        if plan.egress.is_some() {
-                            self.remove_companions_shielded(&plan.name).await;
-                        }
-                        return Err(error);
-                    }
-                };
-                match created {
-                    Created::Id(id) => return self.finish(&plan, &id, Arrival::Created).await,
-                    Created::Conflict(text) => {
-                        last_conflict = text;
-                        adopted = true;
-                        record = self.inspect(&plan.name).await?;
-                        if record.is_none() {
-                            if Instant::now() >= adopt_deadline {
-                                return Err(SandboxError::engine(format!(
-                                    "the name {} stayed in use without a container behind it: {last_conflict}",
-                                    plan.name
-                                )));
-                            }
-                            tokio::time::sleep(ADOPT_POLL).await;
-                        }
-                        continue;
+                },
+                Step::Existing(existing) => {
+                    match self.existing_step(&plan, existing, &mut progress).await? {
+                        Served::Warm(id) => return Ok(self.handle(&plan, &id, false)),
+                        Served::Next(next) => next,
                     }
                 }
+                Step::Replace(id) => {
+                    self.replace(&id).await?;
+                    progress.past_adopt_deadline(&plan.name, true, self)?;
+                    Step::Create
+                }
+                Step::Finish(id, arrival) => return self.finish(&plan, &id, arrival).await,
             };
-            existing
-                .verify(
-                    key,
-                    plan.kind,
-                    Some(&plan.base),
-                    Some(&plan.image),
-                    self.config.workload_network(),
-                    plan.egress_volume.as_deref(),
-                )
-                .map_err(|verdict| refusal(&plan.name, verdict))?;
-
-            if self.is_retired(&existing.id) {
-                self.replace(&existing.id).await?;
-                continue;
-            }
-            // A workload is never served, nor started, without a ready proxy.
-            if !proxy_ready {
-                self.ensure_plan_proxy(&plan).await?;
-                proxy_ready = true;
-            }
-            // A container made moments ago by another process is adopted as from a lost create
-            // race, whether or not this call saw the conflict: its creator may still be preparing
-            // the storage base, which must not be frozen under it.
-            let arrival = if adopted || self.is_young(&existing) {
-                Arrival::Adopted
-            } else {
-                Arrival::Found
-            };
-            match existing.status() {
-                "running" => {
-                    if let Some(entry) = self.warm_entry(&existing.id) {
-                        let warm = entry.base == plan.base
-                            && entry.policy == plan.policy
-                            && (entry.base_ready || !plan.needs_base);
-                        if warm {
-                            return Ok(self.handle(&plan, &existing.id, false));
-                        }
-                    }
-                    return self.finish(&plan, &existing.id, arrival).await;
-                }
-                "paused" => {
-                    self.forget_warm(&existing.id);
-                    self.lifecycle(Lifecycle::Unpause, &existing.id).await?;
-                    return self.finish(&plan, &existing.id, Arrival::Revived).await;
-                }
-                "created" | "exited" => {
-                    self.forget_warm(&existing.id);
-                    self.recheck_os().await?;
-                    if let Err(error) = self.lifecycle(Lifecycle::Start, &existing.id).await {
-                        tracing::warn!(container = %existing.id, %error, "start failed; replacing");
-                        self.replace(&existing.id).await?;
-                        continue;
-                    }
-                    let arrival = if adopted {
-                        Arrival::Adopted
-                    } else {
-                        Arrival::Revived
-                    };
-                    return self.finish(&plan, &existing.id, arrival).await;
-                }
-                other => {
-                    tracing::info!(container = %existing.id, state = other, "replacing a container that cannot serve");
-                    self.replace(&existing.id).await?;
-                    if adopted && Instant::now() >= adopt_deadline {
-                        return Err(SandboxError::engine(format!(
-                            "could not adopt {} within {} s: {last_conflict}",
-                            plan.name,
-                            self.config.command_timeout.as_secs()
-                        )));
-                    }
-                }
-            }
         }
+    }
+
+    /// [`Step::Create`]: the egress checks and proxy once, then one create.
+    async fn create_step(
+        self: &Arc<Self>,
+        plan: &Plan<'_>,
+        progress: &mut Progress,
+    ) -> Result<Step, SandboxError> {
+        if !progress.egress_checked {
+            self.refuse_other_egress(plan).await?;
+            progress.egress_checked = true;
+        }
+        if !progress.proxy_ready {
+            if let Err(error) = self.ensure_plan_proxy(plan).await {
+                // No workload: nothing is served by what the attempt made.
+                self.remove_companions_shielded(&plan.name).await;
+                return Err(error);
+            }
+            progress.proxy_ready = true;
+        }
+        if progress.replacements > MAX_REPLACEMENTS {
+            return Err(SandboxError::engine(format!(
+                "container {} kept disappearing while it was being acquired",
+                plan.name
+            )));
+        }
+        progress.replacements += 1;
+        let created = match self.create(plan).await {
+            Ok(created) => created,
+            Err(error) => {
+                // Nothing serves the companions of a workload that was not made.
+                if plan.egress.is_some() {
+                    self.remove_companions_shielded(&plan.name).await;
+                }
+                return Err(error);
+            }
+        };
+        Ok(match created {
+            Created::Id(id) => Step::Finish(id, Arrival::Created),
+            Created::Conflict(text) => {
+                progress.last_conflict = text;
+                progress.adopted = true;
+                Step::AfterConflict
+            }
+        })
+    }
+
+    /// [`Step::Existing`]: verify the container, then serve it warm, revive it, or replace it.
+    async fn existing_step(
+        self: &Arc<Self>,
+        plan: &Plan<'_>,
+        existing: Box<ContainerRecord>,
+        progress: &mut Progress,
+    ) -> Result<Served, SandboxError> {
+        self.verify_for(plan, &existing)?;
+
+        if self.is_retired(&existing.id) {
+            return Ok(Served::Next(Step::Replace(existing.id)));
+        }
+        // A workload is never served, nor started, without a ready proxy.
+        if !progress.proxy_ready {
+            self.ensure_plan_proxy(plan).await?;
+            progress.proxy_ready = true;
+        }
+        // A container made moments ago by another process is adopted as from a lost create
+        // race, whether or not this call saw the conflict: its creator may still be preparing
+        // the storage base, which must not be frozen under it.
+        let arrival = if progress.adopted || self.is_young(&existing) {
+            Arrival::Adopted
+        } else {
+            Arrival::Found
+        };
+        let next = match existing.status() {
+            "running" => {
+                if let Some(entry) = self.warm_entry(&existing.id) {
+                    let warm = entry.base == plan.base
+                        && entry.policy == plan.policy
+                        && (entry.base_ready || !plan.needs_base);
+                    if warm {
+                        return Ok(Served::Warm(existing.id));
+                    }
+                }
+                Step::Finish(existing.id, arrival)
+            }
+            "paused" => {
+                self.forget_warm(&existing.id);
+                self.lifecycle(Lifecycle::Unpause, &existing.id).await?;
+                Step::Finish(existing.id, Arrival::Revived)
+            }
+            "created" | "exited" => {
+                self.forget_warm(&existing.id);
+                self.recheck_os().await?;
+                if let Err(error) = self.lifecycle(Lifecycle::Start, &existing.id).await {
+                    tracing::warn!(container = %existing.id, %error, "start failed; replacing");
+                    return Ok(Served::Next(Step::Replace(existing.id)));
+                }
+                let arrival = if progress.adopted {
+                    Arrival::Adopted
+                } else {
+                    Arrival::Revived
+                };
+                Step::Finish(existing.id, arrival)
+            }
+            other => {
+                tracing::info!(container = %existing.id, state = other, "replacing a container that cannot serve");
+                Step::Replace(existing.id)
+            }
+        };
+        Ok(Served::Next(next))
+    }
+
+    /// Refuses a container that is not the one `plan` would make (owner, kind, base, image,
+    /// network, egress volume, hardening).
+    fn verify_for(&self, plan: &Plan<'_>, record: &ContainerRecord) -> Result<(), SandboxError> {
+        record
+            .verify(
+                plan.key,
+                plan.kind,
+                Some(&plan.base),
+                Some(&plan.image),
+                self.config.workload_network(),
+                plan.egress_volume.as_deref(),
+            )
+            .map_err(|verdict| refusal(&plan.name, verdict))
     }
 
     fn plan<'a>(
@@ -268,7 +365,8 @@ impl BackendState {
         ))
     }
 
-    /// Rules 18–21 for a container this call created or found not yet verified.
+    /// Verifies, prepares and remembers a container this call created or found not yet verified;
+    /// one this call created is removed again (with its egress companions) on any failure.
     async fn finish(
         self: &Arc<Self>,
         plan: &Plan<'_>,
@@ -329,16 +427,7 @@ impl BackendState {
                     "container {id} vanished right after it was created"
                 ))
             })?;
-            record
-                .verify(
-                    plan.key,
-                    plan.kind,
-                    Some(&plan.base),
-                    Some(&plan.image),
-                    self.config.workload_network(),
-                    plan.egress_volume.as_deref(),
-                )
-                .map_err(|verdict| refusal(&plan.name, verdict))?;
+            self.verify_for(plan, &record)?;
         }
         self.probe_tools(id, &plan.image).await?;
         if plan.needs_base {
@@ -744,7 +833,7 @@ impl BackendState {
             .listing(&selection)
             .await?
             .into_iter()
-            .filter(|(_, name)| !name.ends_with(crate::ownership_labels::PROXY_SUFFIX))
+            .filter(|(_, name)| !crate::egress_names::is_proxy_name(name))
             .map(|(id, _)| id)
             .collect();
         Ok(self

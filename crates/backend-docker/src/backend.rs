@@ -11,7 +11,8 @@ use sandbox_core::{
 };
 
 use crate::config::DockerConfig;
-use crate::connection::{Endpoint, EngineConnection};
+use crate::connection::EngineConnection;
+use crate::endpoint::Endpoint;
 use crate::state::BackendState;
 use crate::BACKEND_NAME;
 

@@ -1,9 +1,9 @@
-//! Containers and images through the Engine API: inspect, list by label, create, start, pause,
-//! unpause, remove, the image presence check and the engine's own facts (OS, host size).
+//! Containers and images through the Engine API: inspect, list by label, create (with the one
+//! hardened host configuration every container gets), start, pause, unpause, remove, and the
+//! image presence check.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use bollard::query_parameters::{
@@ -49,11 +49,52 @@ pub(crate) struct ContainerShape<'a> {
     pub(crate) egress_volume: Option<&'a str>,
 }
 
-/// What the engine says about itself.
-pub(crate) struct EngineFacts {
-    pub(crate) os: Option<String>,
-    pub(crate) cpus: i64,
-    pub(crate) memory: i64,
+/// How a container mounts its egress volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VolumeAccess {
+    /// The workload: it reads the socket and the forwarder, and can change neither.
+    ReadOnly,
+    /// The proxy: it puts them there.
+    ReadWrite,
+}
+
+/// What differs between the containers this backend makes; everything else about their
+/// hardening is the same for all of them ([`hardened_host_config`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hardening<'a> {
+    pub(crate) pids_limit: i64,
+    pub(crate) resources: crate::config::Resources,
+    pub(crate) network: &'a str,
+    /// The egress volume and how it is mounted at the egress mount point; `None` mounts nothing.
+    pub(crate) egress_volume: Option<(&'a str, VolumeAccess)>,
+}
+
+/// The one hardened host configuration of every container this backend makes, workload and
+/// egress proxy alike: the engine's init, every capability dropped, no privilege gain, a pids
+/// limit, memory (swap included) and CPUs bounded, one network, and no mount but the egress
+/// volume. A container that needs more (the proxy's read-only root and bounded logs) adds to it,
+/// never takes from it.
+pub(crate) fn hardened_host_config(hardening: Hardening<'_>) -> HostConfig {
+    HostConfig {
+        init: Some(true),
+        cap_drop: Some(vec!["ALL".to_owned()]),
+        security_opt: Some(vec!["no-new-privileges".to_owned()]),
+        pids_limit: Some(hardening.pids_limit),
+        memory: Some(hardening.resources.memory_bytes),
+        memory_swap: Some(hardening.resources.memory_bytes),
+        nano_cpus: Some(hardening.resources.nano_cpus),
+        network_mode: Some(hardening.network.to_owned()),
+        mounts: hardening.egress_volume.map(|(volume, access)| {
+            vec![Mount {
+                target: Some(crate::egress_names::EGRESS_MOUNT.to_owned()),
+                source: Some(volume.to_owned()),
+                typ: Some(MountType::VOLUME),
+                read_only: Some(access == VolumeAccess::ReadOnly),
+                ..Mount::default()
+            }]
+        }),
+        ..HostConfig::default()
+    }
 }
 
 impl BackendState {
@@ -141,29 +182,19 @@ impl BackendState {
         &self,
         shape: &ContainerShape<'_>,
     ) -> Result<Created, SandboxError> {
-        let host_config = HostConfig {
-            init: Some(true),
-            cap_drop: Some(vec!["ALL".to_owned()]),
-            security_opt: Some(vec!["no-new-privileges".to_owned()]),
-            pids_limit: Some(i64::from(self.config.pids_limit)),
-            memory: Some(shape.resources.memory_bytes),
-            memory_swap: Some(shape.resources.memory_bytes),
-            nano_cpus: Some(shape.resources.nano_cpus),
-            network_mode: Some(self.config.workload_network().to_owned()),
-            mounts: shape.egress_volume.map(|volume| {
-                vec![Mount {
-                    target: Some(crate::egress::EGRESS_MOUNT.to_owned()),
-                    source: Some(volume.to_owned()),
-                    typ: Some(MountType::VOLUME),
-                    read_only: Some(true),
-                    ..Mount::default()
-                }]
-            }),
-            ..HostConfig::default()
-        };
+        let host_config = hardened_host_config(Hardening {
+            pids_limit: i64::from(self.config.pids_limit),
+            resources: shape.resources,
+            network: self.config.workload_network(),
+            egress_volume: shape
+                .egress_volume
+                .map(|volume| (volume, VolumeAccess::ReadOnly)),
+        });
         let body = ContainerCreateBody {
             image: Some(shape.image.to_owned()),
-            env: shape.egress_volume.map(|_| crate::egress::workload_env()),
+            env: shape
+                .egress_volume
+                .map(|_| crate::egress_names::workload_env()),
             entrypoint: Some(vec!["sh".to_owned()]),
             cmd: Some(vec!["-c".to_owned(), shape.keep_alive.to_owned()]),
             labels: Some(shape.labels.clone()),
@@ -337,27 +368,12 @@ impl BackendState {
 
     /// The engine's OS; `None` when unreadable.
     pub(crate) async fn engine_os(&self) -> Option<String> {
-        engine_facts(&self.engine, self.config.command_timeout)
+        self.engine
+            .facts(self.config.command_timeout)
             .await
             .ok()
             .and_then(|facts| facts.os)
     }
-}
-
-/// The engine's OS and host size, from one `info` call.
-pub(crate) async fn engine_facts(
-    engine: &crate::connection::EngineConnection,
-    deadline: Duration,
-) -> Result<EngineFacts, SandboxError> {
-    let info = engine
-        .call(deadline, engine.api().info())
-        .await
-        .map_err(|f| engine.failure("engine info", f))?;
-    Ok(EngineFacts {
-        os: info.os_type.filter(|os| !os.is_empty()),
-        cpus: info.ncpu.unwrap_or(0),
-        memory: info.mem_total.unwrap_or(0),
-    })
 }
 
 /// The lifecycle verbs the backend uses (never `stop`).
@@ -374,6 +390,71 @@ impl Lifecycle {
             Lifecycle::Start => "start",
             Lifecycle::Pause => "pause",
             Lifecycle::Unpause => "unpause",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hardening(egress_volume: Option<(&str, VolumeAccess)>) -> HostConfig {
+        hardened_host_config(Hardening {
+            pids_limit: 7,
+            resources: crate::config::Resources {
+                nano_cpus: 1_500_000_000,
+                memory_bytes: 64 << 20,
+            },
+            network: "none",
+            egress_volume,
+        })
+    }
+
+    #[test]
+    fn every_container_gets_the_same_hardening() {
+        let closed = hardening(None);
+        assert_eq!(closed.init, Some(true));
+        assert_eq!(closed.cap_drop, Some(vec!["ALL".to_owned()]));
+        assert_eq!(
+            closed.security_opt,
+            Some(vec!["no-new-privileges".to_owned()])
+        );
+        assert_eq!(closed.pids_limit, Some(7));
+        // Swap is bounded with memory: the limit cannot be escaped into swap.
+        assert_eq!(closed.memory, Some(64 << 20));
+        assert_eq!(closed.memory_swap, Some(64 << 20));
+        assert_eq!(closed.nano_cpus, Some(1_500_000_000));
+        assert_eq!(closed.network_mode.as_deref(), Some("none"));
+        assert_eq!(closed.mounts, None);
+        assert_eq!(closed.binds, None);
+        assert_eq!(closed.privileged, None);
+        assert_eq!(closed.cap_add, None);
+    }
+
+    #[test]
+    fn the_egress_volume_is_the_one_mount_read_only_for_the_workload() {
+        for (access, read_only) in [
+            (VolumeAccess::ReadOnly, true),
+            (VolumeAccess::ReadWrite, false),
+        ] {
+            let config = hardening(Some(("v-egress", access)));
+            let mounts = config.mounts.unwrap();
+            assert_eq!(mounts.len(), 1);
+            assert_eq!(mounts[0].source.as_deref(), Some("v-egress"));
+            assert_eq!(
+                mounts[0].target.as_deref(),
+                Some(crate::egress_names::EGRESS_MOUNT)
+            );
+            assert_eq!(mounts[0].typ, Some(MountType::VOLUME));
+            assert_eq!(mounts[0].read_only, Some(read_only));
+            // Everything else is as without a volume.
+            assert_eq!(
+                HostConfig {
+                    mounts: None,
+                    ..hardening(Some(("v-egress", access)))
+                },
+                hardening(None)
+            );
         }
     }
 }

@@ -12,8 +12,8 @@ use sandbox_core::{
 };
 
 use crate::containers::Removal;
-use crate::egress::{proxy_name, volume_name};
-use crate::ownership_labels::{ContainerRecord, Selection, PROXY_SUFFIX};
+use crate::egress_names::{is_proxy_name, proxy_name, volume_name};
+use crate::ownership_labels::{ContainerRecord, Selection};
 use crate::state::{bounded_join, BackendState};
 
 /// How many removals run at once.
@@ -24,7 +24,7 @@ impl BackendState {
     fn workloads(listed: Vec<(String, String)>) -> Vec<(String, String)> {
         listed
             .into_iter()
-            .filter(|(_, name)| !name.ends_with(PROXY_SUFFIX))
+            .filter(|(_, name)| !is_proxy_name(name))
             .collect()
     }
 
@@ -119,7 +119,7 @@ impl BackendState {
         match self.listing(selection).await {
             Ok(listed) => {
                 for (id, name) in listed {
-                    if name.ends_with(PROXY_SUFFIX) {
+                    if is_proxy_name(&name) {
                         sweep.proxies.push(id);
                     } else {
                         sweep.workloads.push(id);
@@ -213,7 +213,7 @@ impl BackendState {
         };
         // A stale id never selects a replacement: the removal is by this id, after the labels
         // were found to name this key.
-        if !record.owned_by(key, kind) || record.bare_name().ends_with(PROXY_SUFFIX) {
+        if !record.owned_by(key, kind) || is_proxy_name(record.bare_name()) {
             return None;
         }
         if let Err(failure) = self.remove(&record.id).await {

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bollard::container::LogOutput;
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{
     ListVolumesOptionsBuilder, LogsOptionsBuilder, RemoveVolumeOptionsBuilder,
 };
@@ -22,28 +22,15 @@ use sha2::{Digest as _, Sha256};
 
 use crate::config::DockerConfig;
 use crate::connection::{quote, ApiFailure};
-use crate::containers::{Lifecycle, Removal};
-use crate::ownership_labels::{ContainerRecord, Selection, PROXY_SUFFIX};
+use crate::containers::{hardened_host_config, Hardening, Lifecycle, Removal, VolumeAccess};
+use crate::egress_names::{
+    proxy_name, volume_name, FORWARDER, LABEL_EGRESS_V1, LABEL_ROLE, PROXY_SOCKET,
+};
+use crate::ownership_labels::{ContainerRecord, Selection};
 use crate::state::BackendState;
 
-/// Where the egress volume is mounted, in the proxy (read-write) and the workload (read-only).
-pub(crate) const EGRESS_MOUNT: &str = "/run/maf-egress";
-/// The proxy's socket, in the volume.
-pub(crate) const PROXY_SOCKET: &str = "/run/maf-egress/proxy.sock";
-/// The forwarder binary the proxy installs in the volume.
-pub(crate) const FORWARDER: &str = "/run/maf-egress/egress-proxy";
-/// Where the forwarder listens inside the workload's own network namespace.
-pub(crate) const FORWARD_LISTEN: &str = "127.0.0.1:3128";
-/// The proxy URL the workload's environment names.
-pub(crate) const PROXY_URL: &str = "http://127.0.0.1:3128";
 /// The contract line a proxy prints on stdout once its socket and forwarder are in place.
-pub(crate) const READY_LINE: &str = "maf-egress-proxy ready v1";
-/// Suffix of a sandbox's egress volume's name.
-pub(crate) const VOLUME_SUFFIX: &str = "-egress";
-/// The label naming a companion's role (`proxy`, `egress-volume`).
-pub(crate) const LABEL_ROLE: &str = "maf-sandbox.role";
-/// The label carrying the SHA-256 of the egress policy (proxy, volume and workload).
-pub(crate) const LABEL_EGRESS_V1: &str = "maf-sandbox.egress.v1";
+const READY_LINE: &str = "maf-egress-proxy ready v1";
 /// The `egress_id` prefix of a Unix-socket allowlist (never Python's `allow:`).
 const EGRESS_ID_PREFIX: &str = "allow-uds-v1:";
 /// The proxy's log file size before rotation (two files are kept).
@@ -159,16 +146,6 @@ pub(crate) fn policy_digest(egress_id: &str, image: &str, network: &str) -> Stri
         .collect()
 }
 
-/// The proxy container's name.
-pub(crate) fn proxy_name(workload: &str) -> String {
-    format!("{workload}{PROXY_SUFFIX}")
-}
-
-/// The egress volume's name.
-pub(crate) fn volume_name(workload: &str) -> String {
-    format!("{workload}{VOLUME_SUFFIX}")
-}
-
 /// The proxy's arguments (its image's entrypoint is the binary); `denied` are the addresses it
 /// never dials (the outbound network's gateways, the engine host's addresses).
 pub(crate) fn proxy_command(plan: &EgressPlan, denied: &[String]) -> Vec<String> {
@@ -191,28 +168,6 @@ pub(crate) fn proxy_command(plan: &EgressPlan, denied: &[String]) -> Vec<String>
         args.extend(["--deny-address".to_owned(), address.clone()]);
     }
     args
-}
-
-/// The workload's environment: every client that honours the proxy variables goes through the
-/// forwarder.
-pub(crate) fn workload_env() -> Vec<String> {
-    let mut env: Vec<String> = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]
-        .iter()
-        .map(|name| format!("{name}={PROXY_URL}"))
-        .collect();
-    env.push("NO_PROXY=localhost,127.0.0.1".to_owned());
-    env.push("no_proxy=localhost,127.0.0.1".to_owned());
-    env
-}
-
-/// The workload's body: the forwarder, kept running by a background loop that starts it again a
-/// second after it ends (a crash, or a guest that killed it), then `keep_alive`. A guest that
-/// kills the loop too loses only its own egress, until the workload restarts.
-pub(crate) fn keep_alive_with_forwarder(keep_alive: &str) -> String {
-    format!(
-        "(while :; do if [ -x {FORWARDER} ]; then {FORWARDER} forward --listen {FORWARD_LISTEN} \
-         --socket {PROXY_SOCKET}; fi; sleep 1; done) </dev/null >/dev/null 2>&1 & {keep_alive}"
-    )
 }
 
 /// Whether the proxy's stdout holds the ready line.
@@ -317,14 +272,6 @@ impl BackendState {
         proxy_labels.insert(LABEL_EGRESS_V1.to_owned(), plan.digest.clone());
         let resources = self.resources().await;
         let host_config = HostConfig {
-            init: Some(true),
-            cap_drop: Some(vec!["ALL".to_owned()]),
-            security_opt: Some(vec!["no-new-privileges".to_owned()]),
-            pids_limit: Some(PROXY_PIDS_LIMIT),
-            memory: Some(resources.memory_bytes),
-            memory_swap: Some(resources.memory_bytes),
-            nano_cpus: Some(resources.nano_cpus),
-            network_mode: Some(plan.network.clone()),
             readonly_rootfs: Some(true),
             // Readable logs (the ready line), bounded on disk: one line per request.
             log_config: Some(bollard::models::HostConfigLogConfig {
@@ -334,14 +281,12 @@ impl BackendState {
                     ("max-file".to_owned(), "2".to_owned()),
                 ])),
             }),
-            mounts: Some(vec![Mount {
-                target: Some(EGRESS_MOUNT.to_owned()),
-                source: Some(volume.clone()),
-                typ: Some(MountType::VOLUME),
-                read_only: Some(false),
-                ..Mount::default()
-            }]),
-            ..HostConfig::default()
+            ..hardened_host_config(Hardening {
+                pids_limit: PROXY_PIDS_LIMIT,
+                resources,
+                network: &plan.network,
+                egress_volume: Some((&volume, VolumeAccess::ReadWrite)),
+            })
         };
         let body = ContainerCreateBody {
             image: Some(plan.image.clone()),
@@ -530,7 +475,7 @@ impl BackendState {
                 config.gateway.unwrap_or_default(),
                 config.subnet.unwrap_or_default()
             );
-            if let Some(gateway) = crate::egress_preflight::gateway_from_ipam(&pair) {
+            if let Some(gateway) = gateway_from_ipam(&pair) {
                 gateways.push(gateway.to_string());
             }
         }
@@ -658,6 +603,24 @@ fn owned_like(
     .all(|label| {
         let want = expected.iter().find(|(k, _)| k == label).map(|(_, v)| v);
         found.get(*label) == want
+    })
+}
+
+/// The gateway from `<gateway> <subnet>` pairs: the explicit one, else (engines that leave it
+/// implicit) the subnet's first host address, which is where the engine puts it.
+pub(crate) fn gateway_from_ipam(answer: &str) -> Option<std::net::IpAddr> {
+    let words: Vec<&str> = answer.split_whitespace().collect();
+    let explicit = words
+        .iter()
+        .filter_map(|word| word.parse::<std::net::IpAddr>().ok())
+        .find(|ip| !ip.is_unspecified());
+    explicit.or_else(|| {
+        words.iter().find_map(|word| {
+            let (network, prefix) = word.split_once('/')?;
+            let network: std::net::Ipv4Addr = network.parse().ok()?;
+            let prefix: u32 = prefix.parse().ok()?;
+            (prefix < 31).then(|| std::net::IpAddr::V4((u32::from(network) + 1).into()))
+        })
     })
 }
 
@@ -797,28 +760,6 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(!proxy_command(&public, &[]).contains(&"--allow-private".to_owned()));
-    }
-
-    #[test]
-    fn the_workload_routes_through_the_forwarder() {
-        let env = workload_env();
-        for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
-            assert!(
-                env.contains(&format!("{name}=http://127.0.0.1:3128")),
-                "{name}"
-            );
-        }
-        assert!(env.contains(&"NO_PROXY=localhost,127.0.0.1".to_owned()));
-        assert!(env.contains(&"no_proxy=localhost,127.0.0.1".to_owned()));
-        let body = keep_alive_with_forwarder("while :; do sleep 3600; done");
-        assert_eq!(
-            body,
-            "(while :; do if [ -x /run/maf-egress/egress-proxy ]; then /run/maf-egress/egress-proxy \
-             forward --listen 127.0.0.1:3128 --socket /run/maf-egress/proxy.sock; fi; sleep 1; done) \
-             </dev/null >/dev/null 2>&1 & while :; do sleep 3600; done"
-        );
-        assert_eq!(proxy_name("n"), "n-proxy");
-        assert_eq!(volume_name("n"), "n-egress");
     }
 
     #[test]

@@ -28,7 +28,7 @@ use bollard::query_parameters::{LogsOptionsBuilder, WaitContainerOptionsBuilder}
 use futures_util::StreamExt as _;
 use sandbox_core::SandboxError;
 
-use crate::egress::LABEL_ROLE;
+use crate::egress_names::LABEL_ROLE;
 use crate::state::BackendState;
 
 /// How long one reading of the host's addresses is used for new proxies.

@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::EgressProbe;
 use crate::connection::quote as tail;
-use crate::egress::EgressPlan;
+use crate::egress::{gateway_from_ipam, EgressPlan};
 use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
 use crate::state::BackendState;
 
@@ -23,7 +23,7 @@ const REACHED: i32 = 86;
 
 /// One command, every proxy variable removed and curl's own config ignored; `$1` by address,
 /// `$2` by name, `$3` the token server, `$4` the token. On a reach it names the target on stdout.
-/// For an allowlist sandbox (host-hygiene rule 19), `$5` is an allowed host's URL, which must not
+/// For an allowlist sandbox (`docs/egress-proxy.md`), `$5` is an allowed host's URL, which must not
 /// be reached around the proxy, and `$6` the proxy, through which the targets off the list (every
 /// IP literal is) must not answer 2xx nor yield the token.
 const PROBE_SCRIPT: &str = r#"unset HTTP_PROXY HTTPS_PROXY ALL_PROXY NO_PROXY http_proxy https_proxy all_proxy no_proxy
@@ -75,7 +75,10 @@ pub(crate) async fn verify(
     }
     let probe = &shared.config.egress_probe;
     let (direct, proxy) = match egress {
-        Some(egress) => (allowed_url(egress), crate::egress::PROXY_URL.to_owned()),
+        Some(egress) => (
+            allowed_url(egress),
+            crate::egress_names::PROXY_URL.to_owned(),
+        ),
         None => (String::new(), String::new()),
     };
     let argv = [
@@ -96,7 +99,7 @@ pub(crate) async fn verify(
     verdict(end?, probe, &url, egress.map(|_| direct.as_str()))
 }
 
-/// What the probe's end means (rule 17): exit 0 passes; the reach exit is HostNotConfined naming
+/// What the probe's end means: exit 0 passes; the reach exit is HostNotConfined naming
 /// the target reached; anything else (no curl, a wrapper failure, the bound passed, too much
 /// output) leaves egress unverified, which refuses too. `allowed` is the allowed host's URL the
 /// direct probe aimed at, for an allowlist sandbox.
@@ -183,24 +186,6 @@ async fn bridge_gateway(state: &BackendState) -> Result<IpAddr, SandboxError> {
         .collect();
     gateway_from_ipam(&answer)
         .ok_or_else(|| SandboxError::engine("the default bridge reports no gateway address"))
-}
-
-/// The gateway from `<gateway> <subnet>` pairs: the explicit one, else (engines that leave it
-/// implicit) the subnet's first host address, which is where the engine puts it.
-pub(crate) fn gateway_from_ipam(answer: &str) -> Option<IpAddr> {
-    let words: Vec<&str> = answer.split_whitespace().collect();
-    let explicit = words
-        .iter()
-        .filter_map(|word| word.parse::<IpAddr>().ok())
-        .find(|ip| !ip.is_unspecified());
-    explicit.or_else(|| {
-        words.iter().find_map(|word| {
-            let (network, prefix) = word.split_once('/')?;
-            let network: std::net::Ipv4Addr = network.parse().ok()?;
-            let prefix: u32 = prefix.parse().ok()?;
-            (prefix < 31).then(|| IpAddr::V4((u32::from(network) + 1).into()))
-        })
-    })
 }
 
 /// Serves one token over plain HTTP on one address (never a wildcard) until dropped.
@@ -416,7 +401,7 @@ mod tests {
                 "{targets:?}"
             );
         }
-        // A token server that answers without the token is no reach (rule 17).
+        // A token server that answers without the token is no reach: only the token proves one.
         let wrong = ["http://a/", "http://b/", "http://open-c/", token];
         assert_eq!(run_script(true, wrong).await, (0, String::new()));
         // No curl: the probe cannot run, with its own exit.

@@ -5,7 +5,8 @@ use sandbox_core::HealthCheck;
 
 use crate::backend::DockerBackend;
 use crate::config::DockerConfig;
-use crate::connection::{Endpoint, EngineConnection};
+use crate::connection::EngineConnection;
+use crate::endpoint::Endpoint;
 use crate::ownership_labels::user_is_root;
 
 impl DockerBackend {

@@ -130,7 +130,9 @@ mod containers;
 mod disposal;
 mod egress;
 mod egress_host;
+mod egress_names;
 mod egress_preflight;
+mod endpoint;
 mod error;
 mod exec;
 mod guest_scripts;
@@ -147,7 +149,7 @@ pub use config::{
     DEFAULT_EXEC_CLEANUP_TIMEOUT, DEFAULT_IMAGE, DEFAULT_MEMORY_BYTES, DEFAULT_OUTBOUND_NETWORK,
     DEFAULT_PIDS_LIMIT, DEFAULT_PULL_TIMEOUT,
 };
-pub use connection::{Endpoint, EndpointSource, TlsFiles, DEFAULT_DOCKER_HOST};
+pub use endpoint::{Endpoint, EndpointSource, TlsFiles, DEFAULT_DOCKER_HOST};
 pub use error::DockerError;
 pub use images::{
     mirror_from_apt_sources, ImageOutcome, ImageRecipe, ImageReport, LocalImage, ProgressSink,

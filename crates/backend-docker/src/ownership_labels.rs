@@ -11,9 +11,6 @@ use sandbox_core::naming::{
 use sandbox_core::SandboxKey;
 use serde::Deserialize;
 
-/// Suffix of a phase-2 proxy container's name; never selected as a workload.
-pub(crate) const PROXY_SUFFIX: &str = "-proxy";
-
 /// The labels a workload carries, in a stable order.
 pub(crate) fn workload_labels(
     key: &SandboxKey,
@@ -209,8 +206,8 @@ impl ContainerRecord {
     /// an egress policy label, else none.
     pub(crate) fn expected_egress_volume(&self) -> Option<String> {
         self.labels()
-            .contains_key(crate::egress::LABEL_EGRESS_V1)
-            .then(|| crate::egress::volume_name(self.bare_name()))
+            .contains_key(crate::egress_names::LABEL_EGRESS_V1)
+            .then(|| crate::egress_names::volume_name(self.bare_name()))
     }
 
     /// Its name without the leading `/`.
@@ -296,20 +293,20 @@ impl ContainerRecord {
                 let requested_ok = requested.iter().all(|m| {
                     field(m, "Type") == "volume"
                         && field(m, "Source") == volume
-                        && field(m, "Target") == crate::egress::EGRESS_MOUNT
+                        && field(m, "Target") == crate::egress_names::EGRESS_MOUNT
                         && field(m, "ReadOnly") == true
                 });
                 let mounted_ok = mounted.len() == 1
                     && mounted.iter().all(|m| {
                         field(m, "Type") == "volume"
                             && field(m, "Name") == volume
-                            && field(m, "Destination") == crate::egress::EGRESS_MOUNT
+                            && field(m, "Destination") == crate::egress_names::EGRESS_MOUNT
                             && field(m, "RW") == false
                     });
                 if !(requested_ok && mounted_ok) {
                     return Some(format!(
                         "it does not have exactly its egress volume {volume} mounted read-only at {}",
-                        crate::egress::EGRESS_MOUNT
+                        crate::egress_names::EGRESS_MOUNT
                     ));
                 }
             }

@@ -91,10 +91,7 @@ impl BackendState {
         *self
             .resources
             .get_or_init(|| async {
-                let facts =
-                    crate::containers::engine_facts(&self.engine, self.config.command_timeout)
-                        .await
-                        .ok();
+                let facts = self.engine.facts(self.config.command_timeout).await.ok();
                 crate::config::Resources::clamped(
                     &self.config,
                     facts.as_ref().map_or(0, |f| f.cpus),
@@ -201,7 +198,6 @@ impl BackendState {
             .collect()
     }
 
-    /// Forgets everything about a container that is gone.
     /// Whether this process saw the proxy `id` ready.
     pub(crate) fn is_ready_proxy(&self, id: &str) -> bool {
         self.memory().ready_proxies.contains(id)
@@ -212,6 +208,7 @@ impl BackendState {
         self.memory().ready_proxies.insert(id.to_owned());
     }
 
+    /// Forgets everything about a container that is gone.
     pub(crate) fn forget_instance(&self, id: &str) {
         let mut memory = self.memory();
         memory.warm.remove(id);

@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 
 use exec_wrapper::{BoundedCommand, ExitKind, RunOutput};
 
-use crate::connection::{Endpoint, EngineConnection};
+use crate::connection::EngineConnection;
+use crate::endpoint::Endpoint;
 
 use crate::error::DockerError;
 
