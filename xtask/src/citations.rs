@@ -7,6 +7,12 @@
 //! without anyone noticing. This check walks every `.rs` file of the workspace and fails, one line
 //! per hit, on those citation forms. A citation of `docs/<file>.md` is what replaces them and is
 //! never flagged.
+//!
+//! The outside pages also numbered their rules, so a comment can cite one without naming the page:
+//! the word "rule" or "rules" followed by a number, or one of the admission checks' outside labels
+//! (a capital A or B followed by one digit). In a comment, a rule number is flagged unless the same
+//! comment line cites `docs/` (the repo's own documents number some of their rules too), and an
+//! admission label always is.
 
 use std::path::{Path, PathBuf};
 
@@ -115,9 +121,40 @@ fn is_unchecked(relative: &str, unchecked: &[&str]) -> bool {
     })
 }
 
-/// Whether a line cites an outside page (`<page>.md` not preceded by `docs/`) or an outside
-/// design (the word `design`, one space, then one of [`OUTSIDE_DESIGNS`] as a word).
+/// Whether a line cites an outside page (`<page>.md` not preceded by `docs/`), an outside design
+/// (the word `design`, one space, then one of [`OUTSIDE_DESIGNS`] as a word), or, in its comment,
+/// an outside rule ([`cites_outside_rule`]).
 fn cites_outside_document(line: &str) -> bool {
+    cites_outside_page_or_design(line)
+        || line
+            .find("//")
+            .is_some_and(|at| cites_outside_rule(&line[at..]))
+}
+
+/// Whether comment text cites a rule by number ("rule" or "rules", then a number) without citing
+/// `docs/` on the same line, or names an admission check by its outside label (A or B, one digit).
+fn cites_outside_rule(comment: &str) -> bool {
+    let words = |text: &str| {
+        text.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.'))
+            .map(|word| word.trim_end_matches('.').to_owned())
+            .collect::<Vec<_>>()
+    };
+    let words = words(comment);
+    let numbered_rule = words.windows(2).any(|pair| {
+        matches!(pair[0].to_ascii_lowercase().as_str(), "rule" | "rules")
+            && pair[1].starts_with(|c: char| c.is_ascii_digit())
+    });
+    let admission_label = words.iter().any(|word| {
+        let mut chars = word.chars();
+        matches!(
+            (chars.next(), chars.next(), chars.next()),
+            (Some('A' | 'B'), Some('1'..='9'), None)
+        )
+    });
+    (numbered_rule && !comment.contains("docs/")) || admission_label
+}
+
+fn cites_outside_page_or_design(line: &str) -> bool {
     let cites_page = OUTSIDE_PAGES.iter().any(|page| {
         let citation = format!("{page}.md");
         line.match_indices(&citation)
@@ -147,7 +184,7 @@ mod tests {
     #[test]
     fn outside_citations_are_found_and_repository_ones_are_not() {
         for page_name in OUTSIDE_PAGES {
-            let line = format!("// see {} rule 12", page(page_name));
+            let line = format!("// see {} about {}", page(page_name), "egress");
             assert!(cites_outside_document(&line), "{line}");
         }
         assert!(cites_outside_document(&format!("/// as design {}", 'B')));
@@ -172,6 +209,51 @@ mod tests {
     }
 
     #[test]
+    fn outside_rule_numbers_are_found_and_repository_ones_are_not() {
+        // Assembled at run time, as above.
+        let rule = |word: &str, number: &str| format!("{word} {number}");
+        for stale in [
+            format!(
+                "    /// {}: an instance acquired while unclean",
+                rule("Rules", "39.7")
+            ),
+            format!(
+                "/// For an allowlist sandbox (host-hygiene {}), the URL",
+                rule("rule", "19")
+            ),
+            format!("    // {} comes first", rule("Rule", "1")),
+            format!(
+                "/// {} for a container this call created",
+                rule("Rules", "18–21")
+            ),
+            format!(
+                "//! the spec-level checks ({}, {})",
+                'A'.to_string() + "1",
+                "A2"
+            ),
+            format!("    // {}: the floor", 'B'.to_string() + "7"),
+            format!("let x = 1; // ({})", 'B'.to_string() + "1"),
+        ] {
+            assert!(cites_outside_document(&stale), "{stale}");
+        }
+        for fine in [
+            format!(
+                "// docs/architecture.md#layering-rules, {}",
+                rule("rule", "6")
+            ),
+            "// the rules of the wire protocol".to_owned(),
+            "// a rule named in place: never follow a link".to_owned(),
+            "/// rules 'a' and 'b' differ".to_owned(),
+            // Outside a comment, code and strings are not read for rule numbers.
+            format!("assert_eq!(msg, \"{}\");", rule("rule", "2")),
+            "// sha256 B64 and AB1 and A10 are no labels".to_owned(),
+            "let b1 = 2; // x".to_owned(),
+        ] {
+            assert!(!cites_outside_document(&fine), "{fine}");
+        }
+    }
+
+    #[test]
     fn the_walk_reports_path_and_line_and_honours_the_unchecked_list() {
         let temp = tempfile::tempdir().unwrap();
         let write = |relative: &str, text: &str| {
@@ -179,7 +261,7 @@ mod tests {
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(path, text).unwrap();
         };
-        let stale = format!("fn a() {{}}\n// per {} rule 3\n", page("sbx"));
+        let stale = format!("fn a() {{}}\n// per {} naming\n", page("sbx"));
         write("crates/a/src/lib.rs", &stale);
         write("crates/b/src/lib.rs", &stale);
         write("crates/b/src/main.rs", &stale);
@@ -187,7 +269,7 @@ mod tests {
         write("target/debug/build/x.rs", &stale);
         write("docs/example.rs", &stale);
         write("crates/c/src/lib.rs", "// docs/sbx-backend.md#naming\n");
-        let line = format!("// per {} rule 3", page("sbx"));
+        let line = format!("// per {} naming", page("sbx"));
 
         let all = stale_citations(temp.path(), &[]).unwrap();
         assert_eq!(

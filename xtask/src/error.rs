@@ -104,10 +104,22 @@ pub enum XtaskError {
         listing: String,
     },
 
+    /// Three or more modules of one crate import each other in a circle (`crate::module_circles`).
+    #[error(
+        "{count} module circle(s) of three or more; give each module what it owns so the \
+         modules form a stack:\n{listing}"
+    )]
+    ModuleCircles {
+        /// How many.
+        count: usize,
+        /// One line per circle: the crate and the modules in it.
+        listing: String,
+    },
+
     /// Code comments cite documents outside the repository (`crate::citations`).
     #[error(
-        "{} comment line(s) cite a document outside the repository; cite docs/<file>.md#<section> \
-         or say it in place:\n{}",
+        "{} comment line(s) cite a document or a rule number outside the repository; cite \
+         docs/<file>.md#<section> or say the rule in place:\n{}",
         .0.len(),
         .0.join("\n")
     )]

@@ -32,6 +32,7 @@ mod error;
 mod fuzz;
 mod layering;
 mod live;
+mod module_circles;
 mod mutants;
 mod process;
 mod targets;

@@ -296,7 +296,7 @@ fn the_first_refusal_wins_in_the_contract_order() {
         egress_method_tokens: Some(BTreeSet::new()),
     };
 
-    // B1 through the spec floor: the host floor is container (so a container backend can be registered),
+    // The floor check through the spec floor: the host floor is container (so a container backend can be registered),
     // the spec asks for microvm.
     let floor_spec = spec(
         SandboxSpec::builder("k")

@@ -77,7 +77,7 @@ async fn fixed_with_no_backends_is_a_router_with_no_candidate() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NoBackend);
-    // Rule 1 comes first: a selected name with nothing registered is still "no candidate".
+    // No candidate is checked first: a selected name with nothing registered is still "no candidate".
     let router = Router::new(Vec::new(), RouterConfig::default().selected("docker")).unwrap();
     assert!(!router.enabled());
 }

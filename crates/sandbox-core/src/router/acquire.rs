@@ -147,8 +147,8 @@ impl Router {
         Ok(sandbox)
     }
 
-    /// Rules 39.7 and 39.8: an instance acquired while the key turned unclean is disposed of; so is one
-    /// with an empty id. "Turned unclean" includes a disposal that started and landed while the backend
+    /// An instance acquired while the key turned unclean is disposed of, and so is one with an empty
+    /// id. "Turned unclean" includes a disposal that started and landed while the backend
     /// was still acquiring: it may have missed an instance being created, which must not outlive it.
     async fn settle_acquired(
         &self,

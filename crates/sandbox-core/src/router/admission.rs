@@ -1,5 +1,5 @@
-//! Admission: the spec-level checks (A1, A2) and the per-backend checks (B1 to B7), in the contract's
-//! order. Pure functions of the spec, the host's policy and the backends' declarations: never of load or
+//! Admission: the two spec-level checks and the seven per-backend checks, in the order of
+//! `docs/architecture.md#the-contract-in-one-page`. Pure functions of the spec, the host's policy and the backends' declarations: never of load or
 //! health.
 
 use std::collections::BTreeSet;
@@ -68,7 +68,7 @@ impl Refusal {
     }
 }
 
-/// The spec-level checks, run once per admission: (A1) an allowlist with nothing allowed, (A2) a required
+/// The spec-level checks, run once per admission: an allowlist with nothing allowed, then a required
 /// capability the host denies.
 pub(crate) fn spec_level(
     egress: Egress,
@@ -108,7 +108,7 @@ pub(crate) struct HostPolicy {
     pub(crate) min_isolation_scope: IsolationScope,
 }
 
-/// The per-backend checks B1 to B7, in order; the first refusal wins.
+/// The per-backend checks, in order; the first refusal wins.
 pub(crate) fn backend_refusal(
     offer: &Offer<'_>,
     host: &HostPolicy,
@@ -117,7 +117,7 @@ pub(crate) fn backend_refusal(
     let name = offer.name;
     let decl = offer.declarations;
 
-    // B1: the effective floor is the higher of the host's and the spec's.
+    // The effective floor is the higher of the host's and the spec's.
     let floor = spec
         .min_isolation()
         .map_or(host.min_isolation, |s| s.max(host.min_isolation));
@@ -131,7 +131,7 @@ pub(crate) fn backend_refusal(
         ));
     }
 
-    // B2: every required capability must be declared.
+    // Every required capability must be declared.
     let required = spec.required_capabilities();
     let missing: Vec<&str> = required
         .difference(&decl.capabilities)
@@ -144,7 +144,7 @@ pub(crate) fn backend_refusal(
         ));
     }
 
-    // B3: the HTTP methods named by egress rules must be enforceable, when the backend lists tokens.
+    // The HTTP methods named by egress rules must be enforceable, when the backend lists tokens.
     if let Some(tokens) = &decl.egress_method_tokens {
         let unknown: Vec<&str> = spec
             .egress_methods_named()
@@ -162,7 +162,7 @@ pub(crate) fn backend_refusal(
         }
     }
 
-    // B4: a named OS family must be declared.
+    // A named OS family must be declared.
     if let Some(family) = spec.requires_os_family() {
         if !decl.os_families.contains(&family) {
             return Some(Refusal::new(
@@ -172,7 +172,7 @@ pub(crate) fn backend_refusal(
         }
     }
 
-    // B5: transfer limits are compared with the ceiling, never clamped.
+    // Transfer limits are compared with the ceiling, never clamped.
     for (direction, asked, ceiling) in [
         ("files_in", spec.files_in(), decl.limits.files_in),
         ("files_out", spec.files_out(), decl.limits.files_out),
@@ -182,7 +182,7 @@ pub(crate) fn backend_refusal(
         }
     }
 
-    // B6: the spec's egress mode must be enforced exactly; no other mode is substituted.
+    // The spec's egress mode must be enforced exactly; no other mode is substituted.
     if !decl.egress_modes.contains(&spec.egress()) {
         let enforced: Vec<&str> = decl.egress_modes.iter().map(|e| e.as_str()).collect();
         let enforced = if enforced.is_empty() {
@@ -199,7 +199,7 @@ pub(crate) fn backend_refusal(
         ));
     }
 
-    // B7: the effective isolation scope must be served.
+    // The effective isolation scope must be served.
     let scope = IsolationScope::effective(host.min_isolation_scope, spec.isolation_scope());
     if !decl.serves_scope(scope) {
         return Some(Refusal::new(
@@ -253,7 +253,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a1_an_allowlist_with_nothing_allowed_comes_before_a_denied_capability() {
+    fn an_allowlist_with_nothing_allowed_comes_before_a_denied_capability() {
         let required = BTreeSet::from([Capability::Exec, Capability::FilesIn]);
         let denied = BTreeSet::from([Capability::Exec]);
         let r = spec_level(Egress::Allowlist, true, &required, &denied).expect("refused");
@@ -261,7 +261,7 @@ mod tests {
         assert_eq!(
             r.into_error().kind(),
             crate::ErrorKind::InvalidArgument,
-            "A1 is an invalid argument"
+            "an allowlist that allows nothing is an invalid argument"
         );
         let r = spec_level(Egress::Allowlist, false, &required, &denied).expect("refused");
         assert_eq!(r.kind, RefusalKind::CapabilityDenied);

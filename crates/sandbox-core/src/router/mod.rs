@@ -237,12 +237,13 @@ impl Router {
         &self.inner.backends
     }
 
-    /// Runs the admission checks without acquiring anything: [`SandboxError::NoBackend`] with no
-    /// candidate, then (A1) an allowlist with nothing allowed → InvalidArgument, (A2) a denied capability →
-    /// CapabilityDenied, then per backend (B1) floor → NotPermitted, (B2) capabilities and (B3) egress
-    /// method tokens → CapabilityNotSupported, (B4) OS family → OsFamilyNotSupported, (B5) transfer limits
-    /// → TransferLimitsNotPermitted, (B6) egress mode → EgressNotEnforced, (B7) isolation scope →
-    /// ScopeNotEnforced. The first refusal wins.
+    /// Runs the admission checks without acquiring anything, in the order of
+    /// `docs/architecture.md#the-contract-in-one-page`: [`SandboxError::NoBackend`] with no
+    /// candidate, then for the spec an allowlist with nothing allowed → InvalidArgument and a denied
+    /// capability → CapabilityDenied, then per backend the floor → NotPermitted, capabilities and
+    /// egress method tokens → CapabilityNotSupported, the OS family → OsFamilyNotSupported, transfer
+    /// limits → TransferLimitsNotPermitted, the egress mode → EgressNotEnforced, the isolation scope
+    /// → ScopeNotEnforced. The first refusal wins.
     ///
     /// With [`Selection::PerSpec`] and no candidate serving, the first candidate's refusal is returned
     /// with its kind; its message names the other candidates and their refusal kinds.
