@@ -25,7 +25,7 @@ use crate::hardening::{
 };
 use crate::lifecycle::{
     assert_fresh_acquire, assert_instance_disposal, instance_is_listed, FRESH_ACQUIRE,
-    INSTANCE_DISPOSAL,
+    FRESH_ACQUIRE_PROBES, INSTANCE_DISPOSAL, INSTANCE_DISPOSAL_PROBES,
 };
 use crate::reach::{assert_reach, REACH, REACH_PROBES};
 use crate::reclaim::{assert_reclaim, RECLAIM, RECLAIM_PROBES};
@@ -63,8 +63,8 @@ impl RunOptions<'_> {
         } else {
             // Two storage bases, fresh acquire, instance disposal, REACH on the shared sandbox.
             2 * STORAGE_BASE_STEPS
-                + 1
-                + 1
+                + FRESH_ACQUIRE_PROBES
+                + INSTANCE_DISPOSAL_PROBES
                 + REACH_PROBES
                 + if declarations.serves_scope(IsolationScope::Call) {
                     CALL_SCOPE_PROBES

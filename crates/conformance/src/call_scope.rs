@@ -16,7 +16,16 @@ use crate::suite_runner::{ensure, ProbeError, SuiteRun, Verdict};
 pub const CALL_SCOPE: &str = "CALL_SCOPE";
 
 /// How many probes [`assert_call_scope`] runs.
-pub const CALL_SCOPE_PROBES: usize = 5;
+pub const CALL_SCOPE_PROBES: usize = CALL_SCOPE_PROBE_TABLE.len();
+
+/// The probes of this suite, in the order they run (the one place they are counted).
+const CALL_SCOPE_PROBE_TABLE: &[&str] = &[
+    "arrives-without-the-other-calls-data",
+    "the-other-calls-file-is-not-here",
+    "the-same-name-holds-this-calls-bytes",
+    "the-listing-holds-only-this-calls-files",
+    "disposing-this-call-leaves-the-other",
+];
 
 /// Asserts call isolation between `subject` and a second call's sandbox.
 ///
@@ -82,7 +91,13 @@ where
     D: FnOnce() -> DFut,
     DFut: Future<Output = Option<DisposalFailure>>,
 {
-    let mut run = SuiteRun::start(CALL_SCOPE, None, subject.capabilities(), Verdict::Aggregate)?;
+    let mut run = SuiteRun::start(
+        CALL_SCOPE,
+        CALL_SCOPE_PROBE_TABLE,
+        None,
+        subject.capabilities(),
+        Verdict::Aggregate,
+    )?;
     let p = paths;
     let work = paths.work.as_str();
 

@@ -26,8 +26,12 @@ use crate::suite_runner::{ensure, ProbeError, ProbeResult, SuiteRun, Verdict};
 /// The suite label.
 pub const CONFINEMENT: &str = "CONFINEMENT";
 
-/// How many probes [`assert_confinement`] runs.
-pub const CONFINEMENT_PROBES: usize = 1;
+/// How many probes [`assert_confinement`] runs: one judgement of one call per run, whatever the
+/// call ([`assert_call_leaves_nothing`] holds each run to the one probe it names).
+pub const CONFINEMENT_PROBES: usize = CONFINEMENT_PROBE_TABLE.len();
+
+/// The probe [`assert_confinement`] runs.
+const CONFINEMENT_PROBE_TABLE: [&str; 1] = ["a-call-leaves-nothing-behind"];
 
 /// The call's own directory, under the subject's working directory.
 const CALL_DIRECTORY: &str = "confinement-call";
@@ -99,7 +103,7 @@ pub async fn assert_confinement(
     assert_call_leaves_nothing(
         subject,
         hooks,
-        "a-call-leaves-nothing-behind",
+        CONFINEMENT_PROBE_TABLE[0],
         |sandbox, work, call_directory| Box::pin(confinement_call(sandbox, work, call_directory)),
     )
     .await
@@ -125,6 +129,7 @@ where
     use Capability::{Exec, FilesDelete, FilesIn, Reclaim};
     let mut suite = SuiteRun::start(
         CONFINEMENT,
+        &[probe],
         Some(Exec),
         subject.capabilities(),
         Verdict::Aggregate,

@@ -15,6 +15,16 @@ pub const EGRESS: &str = "EGRESS";
 /// The EGRESS_METHODS suite label.
 pub const EGRESS_METHODS: &str = "EGRESS_METHODS";
 
+/// The EGRESS probes, in the order they run.
+const EGRESS_PROBE_TABLE: &[&str] = &["an-allowed-host-is-reachable", "a-denied-host-is-refused"];
+
+/// The EGRESS_METHODS probes, in the order they run.
+const EGRESS_METHODS_PROBE_TABLE: &[&str] = &[
+    "an-unscoped-post-is-reachable",
+    "a-scoped-get-is-reachable",
+    "a-scoped-post-is-refused",
+];
+
 /// `value` single-quoted for `sh`.
 pub(crate) fn shell_quote(value: &str) -> String {
     format!("'{}'", value.replace('\'', "'\\''"))
@@ -73,6 +83,7 @@ pub async fn assert_egress(
     validate_timeout(exec_timeout)?;
     let mut suite = SuiteRun::start(
         EGRESS,
+        EGRESS_PROBE_TABLE,
         Some(Capability::Exec),
         subject.capabilities(),
         Verdict::Aggregate,
@@ -143,6 +154,7 @@ pub async fn assert_egress_methods(
     }
     let mut suite = SuiteRun::start(
         EGRESS_METHODS,
+        EGRESS_METHODS_PROBE_TABLE,
         Some(Capability::EgressMethods),
         scoped.capabilities(),
         Verdict::Aggregate,

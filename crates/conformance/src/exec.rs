@@ -26,7 +26,23 @@ use crate::suite_runner::{
 pub const EXEC: &str = "EXEC";
 
 /// How many probes [`assert_exec`] runs.
-pub const EXEC_PROBES: usize = 12;
+pub const EXEC_PROBES: usize = EXEC_PROBE_TABLE.len();
+
+/// The probes of this suite, in the order they run (the one place they are counted).
+const EXEC_PROBE_TABLE: &[&str] = &[
+    "an-argv-sequence-runs",
+    "exit-code-fidelity",
+    "argv-is-quoted",
+    "working-directory-is-honoured",
+    "streams-stay-separate",
+    "exec-byte-fidelity",
+    "a-timeout-raises-timeout-error",
+    "a-stream-delivers-chunks-before-the-end",
+    "stdin-round-trips-through-cat",
+    "unread-stdin-does-not-hang",
+    "a-dropped-stream-leaves-no-process",
+    "a-stream-over-its-cap-is-refused",
+];
 
 /// How many bytes of stdin the round-trip probe sends through `cat`: 8 MiB.
 pub const STREAM_STDIN_BYTES: usize = 8 * 1024 * 1024;
@@ -143,6 +159,7 @@ pub async fn assert_exec(
 ) -> Result<ConformanceReport, ConformanceError> {
     let mut suite = SuiteRun::start(
         EXEC,
+        EXEC_PROBE_TABLE,
         Some(Capability::Exec),
         subject.capabilities(),
         Verdict::Aggregate,

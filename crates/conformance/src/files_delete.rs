@@ -13,7 +13,21 @@ use crate::suite_runner::{ensure, refused_with, Refusal, SuiteRun, Verdict};
 pub const FILES_DELETE: &str = "FILES_DELETE";
 
 /// How many probes [`assert_files_delete`] runs.
-pub const FILES_DELETE_PROBES: usize = 10;
+pub const FILES_DELETE_PROBES: usize = FILES_DELETE_PROBE_TABLE.len();
+
+/// The probes of this suite, in the order they run (the one place they are counted).
+const FILES_DELETE_PROBE_TABLE: &[&str] = &[
+    "a-removal-removes",
+    "a-missing-path-is-success",
+    "a-link-is-removed-never-followed",
+    "a-path-through-a-linked-parent-is-refused",
+    "a-directory-needs-recursive",
+    "an-empty-directory-needs-recursive",
+    "recursive-removes-the-tree",
+    "a-link-inside-a-recursive-removal-is-unlinked-not-followed",
+    "the-working-directory-is-refused",
+    "a-path-outside-is-refused",
+];
 
 /// Attacks `remove`. Gate `files_delete`; each probe plants its own fixtures.
 pub async fn assert_files_delete(
@@ -35,7 +49,13 @@ async fn files_delete(
     verdict: Verdict,
 ) -> Result<ConformanceReport, ConformanceError> {
     let gate = (verdict != Verdict::MeasureOnly).then_some(Capability::FilesDelete);
-    let mut run = SuiteRun::start(FILES_DELETE, gate, subject.capabilities(), verdict)?;
+    let mut run = SuiteRun::start(
+        FILES_DELETE,
+        FILES_DELETE_PROBE_TABLE,
+        gate,
+        subject.capabilities(),
+        verdict,
+    )?;
     let paths = ConformancePaths::under(subject.working_directory());
     let s = subject.sandbox();
     let p = &paths;

@@ -16,7 +16,23 @@ use crate::suite_runner::{ensure, refused_with, Refusal, SuiteRun, Verdict};
 pub const FILES_IN: &str = "FILES_IN";
 
 /// How many probes [`assert_files_in`] runs.
-pub const FILES_IN_PROBES: usize = 12;
+pub const FILES_IN_PROBES: usize = FILES_IN_PROBE_TABLE.len();
+
+/// The probes of this suite, in the order they run (the one place they are counted).
+const FILES_IN_PROBE_TABLE: &[&str] = &[
+    "a-write-lands-and-reads-back",
+    "bytes-survive-the-round-trip",
+    "str-content-is-utf8",
+    "a-second-write-replaces",
+    "parents-are-created",
+    "a-path-outside-is-refused",
+    "a-path-through-a-linked-parent-is-refused",
+    "a-linked-destination-is-refused-not-followed",
+    "the-working-directory-is-refused",
+    "a-backslash-is-refused",
+    "a-linked-working-directory",
+    "a-linked-ancestor-of-the-working-directory",
+];
 
 /// Attacks the write side of the file plane. Gate `files_in`; each probe plants its own fixtures and
 /// verifies through guest commands in the working directory.
@@ -25,6 +41,7 @@ pub async fn assert_files_in(
 ) -> Result<ConformanceReport, ConformanceError> {
     let mut run = SuiteRun::start(
         FILES_IN,
+        FILES_IN_PROBE_TABLE,
         Some(Capability::FilesIn),
         subject.capabilities(),
         Verdict::Aggregate,

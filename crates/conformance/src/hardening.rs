@@ -31,13 +31,33 @@ use crate::suite_runner::{ensure, refused_with, ProbeError, Refusal, SuiteRun, V
 /// The suite label.
 pub const HARDENING: &str = "HARDENING";
 
-/// How many probes [`assert_hardening`] runs on the shared sandbox: five, then one per
-/// [`HOSTILE_TIMEOUT_CASES`] entry.
-pub const HARDENING_SHARED_PROBES: usize = 5 + HOSTILE_TIMEOUT_CASES.len();
+/// How many probes [`assert_hardening`] runs on the shared sandbox: those of its table, then one
+/// per [`HOSTILE_TIMEOUT_CASES`] entry.
+pub const HARDENING_SHARED_PROBES: usize =
+    HARDENING_SHARED_PROBE_TABLE.len() + HOSTILE_TIMEOUT_CASES.len();
 
-/// How many HARDENING probes run on sandboxes or keys of their own: `network-closed-by-content`,
-/// `engine-failure-is-not-an-exit-code`, `concurrent-acquires-yield-one`.
-pub const HARDENING_OWN_SANDBOX_PROBES: usize = 3;
+/// The probes [`assert_hardening`] runs on the shared sandbox before the hostile-timeout cases,
+/// in order.
+const HARDENING_SHARED_PROBE_TABLE: &[&str] = &[
+    "argv-round-trips-bytes",
+    "argv-refuses-nul",
+    "a-timed-out-group-is-dead",
+    "a-flood-is-refused-and-bounded",
+    "a-slow-consumer-holds-host-memory-bounded",
+];
+
+/// How many HARDENING probes run on sandboxes or keys of their own.
+pub const HARDENING_OWN_SANDBOX_PROBES: usize = HARDENING_OWN_SANDBOX_PROBE_TABLE.len();
+
+/// The HARDENING probes that run on sandboxes or keys of their own, one suite run each.
+const HARDENING_OWN_SANDBOX_PROBE_TABLE: [&str; 3] = [
+    NETWORK_CLOSED_BY_CONTENT,
+    ENGINE_FAILURE_IS_NOT_AN_EXIT_CODE,
+    CONCURRENT_ACQUIRES_YIELD_ONE,
+];
+const NETWORK_CLOSED_BY_CONTENT: &str = "network-closed-by-content";
+const ENGINE_FAILURE_IS_NOT_AN_EXIT_CODE: &str = "engine-failure-is-not-an-exit-code";
+const CONCURRENT_ACQUIRES_YIELD_ONE: &str = "concurrent-acquires-yield-one";
 
 /// The commands a timeout must end completely: (probe name, `sh -c` script). Each runs as
 /// `sh -c <script> sleep <marker>`, so every process it starts carries `sleep<marker>` in its
@@ -236,8 +256,14 @@ pub async fn assert_hardening(
     subject: &dyn ConformanceSubject,
     hooks: &dyn HardeningHooks,
 ) -> Result<ConformanceReport, ConformanceError> {
+    let table: Vec<&'static str> = HARDENING_SHARED_PROBE_TABLE
+        .iter()
+        .copied()
+        .chain(HOSTILE_TIMEOUT_CASES.iter().map(|(name, _)| *name))
+        .collect();
     let mut suite = SuiteRun::start(
         HARDENING,
+        &table,
         Some(Capability::Exec),
         subject.capabilities(),
         Verdict::Aggregate,
@@ -508,12 +534,13 @@ pub async fn assert_engine_failure_is_not_an_exit_code(
     let capabilities = backend.declarations().capabilities.clone();
     let mut suite = SuiteRun::start(
         HARDENING,
+        &[ENGINE_FAILURE_IS_NOT_AN_EXIT_CODE],
         Some(Capability::Exec),
         &capabilities,
         Verdict::Aggregate,
     )?;
     suite
-        .probe("engine-failure-is-not-an-exit-code", &[], async {
+        .probe(ENGINE_FAILURE_IS_NOT_AN_EXIT_CODE, &[], async {
             let sandbox = backend.acquire(key, spec).await?;
             let old = sandbox.instance_id().to_owned();
             hooks.remove_behind_the_handle(sandbox.as_ref()).await?;
@@ -560,9 +587,15 @@ pub async fn assert_concurrent_acquires_yield_one(
     hooks: &dyn HardeningHooks,
 ) -> Result<ConformanceReport, ConformanceError> {
     let capabilities = backend.declarations().capabilities.clone();
-    let mut suite = SuiteRun::start(HARDENING, None, &capabilities, Verdict::Aggregate)?;
+    let mut suite = SuiteRun::start(
+        HARDENING,
+        &[CONCURRENT_ACQUIRES_YIELD_ONE],
+        None,
+        &capabilities,
+        Verdict::Aggregate,
+    )?;
     suite
-        .probe("concurrent-acquires-yield-one", &[], async {
+        .probe(CONCURRENT_ACQUIRES_YIELD_ONE, &[], async {
             let one = || async {
                 acquire_retrying_busy(backend, key, spec)
                     .await
@@ -652,6 +685,7 @@ pub async fn assert_network_closed_by_content(
 ) -> Result<ConformanceReport, ConformanceError> {
     let mut suite = SuiteRun::start(
         HARDENING,
+        &[NETWORK_CLOSED_BY_CONTENT],
         Some(Capability::Exec),
         subject.capabilities(),
         Verdict::Aggregate,
@@ -660,7 +694,7 @@ pub async fn assert_network_closed_by_content(
     plant_nothing(subject, &paths).await?;
     let work = paths.work.as_str();
     suite
-        .probe("network-closed-by-content", &[], async {
+        .probe(NETWORK_CLOSED_BY_CONTENT, &[], async {
             let token = fresh_token();
             let server = TokenServer::start(host_address, token.clone())
                 .await

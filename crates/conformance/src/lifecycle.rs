@@ -15,6 +15,18 @@ pub const FRESH_ACQUIRE: &str = "FRESH_ACQUIRE";
 /// The instance-disposal suite label.
 pub const INSTANCE_DISPOSAL: &str = "INSTANCE_DISPOSAL";
 
+/// The fresh-acquire probes, in the order they run.
+const FRESH_ACQUIRE_PROBE_TABLE: &[&str] = &["a-new-sandbox-is-fresh-and-its-reacquire-warm"];
+
+/// How many probes [`assert_fresh_acquire`] runs.
+pub(crate) const FRESH_ACQUIRE_PROBES: usize = FRESH_ACQUIRE_PROBE_TABLE.len();
+
+/// The instance-disposal probes, in the order they run.
+const INSTANCE_DISPOSAL_PROBE_TABLE: &[&str] = &["disposing-one-instance-leaves-its-siblings"];
+
+/// How many probes the instance-disposal suite runs.
+pub(crate) const INSTANCE_DISPOSAL_PROBES: usize = INSTANCE_DISPOSAL_PROBE_TABLE.len();
+
 /// Asserts that `sandbox` was freshly created and that `reacquire` (the backend directly, no router,
 /// same key and spec) returns the same instance, warm, without changing the first handle's answer.
 pub async fn assert_fresh_acquire<F, Fut>(
@@ -26,7 +38,13 @@ where
     Fut: Future<Output = Result<Arc<dyn Sandbox>, SandboxError>>,
 {
     let none = BTreeSet::new();
-    let mut run = SuiteRun::start(FRESH_ACQUIRE, None, &none, Verdict::Aggregate)?;
+    let mut run = SuiteRun::start(
+        FRESH_ACQUIRE,
+        FRESH_ACQUIRE_PROBE_TABLE,
+        None,
+        &none,
+        Verdict::Aggregate,
+    )?;
     run.probe(
         "a-new-sandbox-is-fresh-and-its-reacquire-warm",
         &[],
@@ -95,7 +113,13 @@ where
         }
     }
     let none = BTreeSet::new();
-    let mut run = SuiteRun::start(INSTANCE_DISPOSAL, None, &none, Verdict::Aggregate)?;
+    let mut run = SuiteRun::start(
+        INSTANCE_DISPOSAL,
+        INSTANCE_DISPOSAL_PROBE_TABLE,
+        None,
+        &none,
+        Verdict::Aggregate,
+    )?;
     run.probe("disposing-one-instance-leaves-its-siblings", &[], async {
         for round in ["first", "second"] {
             let selector = DisposeSelector::instance(kind, instance_id);

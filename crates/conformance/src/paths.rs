@@ -1,32 +1,34 @@
 //! Where the suites plant their fixtures, derived from the subject's working directory.
 
-/// Lexical normal form of a guest path: `.` and empty segments dropped, `..` pops (dropped
-/// at the root, kept in a relative path with nothing to pop), leading slashes folded into one, `.` for
-/// the empty result.
+/// The suites' own reading of the guest-path normal form, written from the rules in
+/// `docs/conformance.md#how-a-run-works` (the paths bullet), not from the core's code: the suites
+/// are the oracle the backends (which use `sandbox_core::guest_path`) are judged by, so a mistake
+/// in the core must show up as a disagreement, never be copied here.
 ///
-/// Deliberately not `sandbox_core::guest_path::norm`: the suites are the oracle the backends (which use
-/// the core's helpers) are judged by, so they keep their own reading of the rule.
+/// It reads the rules as a rewriting to a fixed point, where the core walks a stack: the path is
+/// split into its segments with empty and `.` segments gone; then a segment other than `..`
+/// followed by `..` cancels out with it, again and again until no such pair is left; what `..`
+/// remain stand at the front, and an absolute path drops them (nothing is above its root).
 pub(crate) fn norm(path: &str) -> String {
     let absolute = path.starts_with('/');
-    let mut segments: Vec<&str> = Vec::new();
-    for segment in path.split('/') {
-        match segment {
-            "" | "." => {}
-            ".." => match segments.last() {
-                Some(&last) if last != ".." => {
-                    segments.pop();
-                }
-                _ if absolute => {}
-                _ => segments.push(".."),
-            },
-            other => segments.push(other),
-        }
+    let mut segments: Vec<&str> = path
+        .split('/')
+        .filter(|segment| !segment.is_empty() && *segment != ".")
+        .collect();
+    while let Some(at) = segments
+        .windows(2)
+        .position(|pair| pair[0] != ".." && pair[1] == "..")
+    {
+        segments.drain(at..at + 2);
     }
-    let joined = segments.join("/");
-    match (absolute, joined.is_empty()) {
-        (true, _) => format!("/{joined}"),
-        (false, true) => ".".to_owned(),
-        (false, false) => joined,
+    if absolute {
+        segments.retain(|segment| *segment != "..");
+        return format!("/{}", segments.join("/"));
+    }
+    if segments.is_empty() {
+        ".".to_owned()
+    } else {
+        segments.join("/")
     }
 }
 
@@ -127,12 +129,143 @@ mod tests {
     use super::*;
 
     #[test]
-    fn norm_matches_the_core_rule() {
+    fn norm_reads_the_documented_rules() {
         assert_eq!(norm("//w/./a/../b/"), "/w/b");
         assert_eq!(norm("/.."), "/");
+        assert_eq!(norm("/a/../../b"), "/b");
         assert_eq!(norm("../a/.."), "..");
         assert_eq!(norm(""), ".");
+        assert_eq!(norm("./."), ".");
         assert_eq!(norm("a/../../b"), "../b");
+        assert_eq!(norm("a/b/../../.."), "..");
+        assert_eq!(norm("///"), "/");
+    }
+
+    /// Every path of up to five segments drawn from the ones the rules treat differently, with
+    /// and without a leading slash (and a doubled one).
+    fn corpus() -> Vec<String> {
+        const SEGMENTS: [&str; 5] = ["", ".", "..", "a", "b"];
+        let mut paths = vec![String::new()];
+        let mut layer = vec![String::new()];
+        for _ in 0..5 {
+            layer = layer
+                .iter()
+                .flat_map(|prefix| {
+                    SEGMENTS.iter().map(move |segment| {
+                        if prefix.is_empty() {
+                            (*segment).to_owned()
+                        } else {
+                            format!("{prefix}/{segment}")
+                        }
+                    })
+                })
+                .collect();
+            paths.extend(layer.iter().cloned());
+        }
+        let relative = paths.clone();
+        paths.extend(relative.iter().map(|p| format!("/{p}")));
+        paths.extend(relative.iter().map(|p| format!("//{p}")));
+        paths
+    }
+
+    /// The corpus paths where `candidate` disagrees with the oracle.
+    fn disagreements(candidate: impl Fn(&str) -> String) -> Vec<String> {
+        corpus()
+            .into_iter()
+            .filter(|path| candidate(path) != norm(path))
+            .collect()
+    }
+
+    #[test]
+    fn the_core_agrees_with_the_oracle_on_every_short_path() {
+        assert!(corpus().len() > 10_000);
+        assert_eq!(
+            disagreements(sandbox_core::guest_path::norm),
+            Vec::<String>::new()
+        );
+    }
+
+    /// Plausible mistakes in the core's normal form, each a small change to a correct walk: the
+    /// oracle catches every one.
+    #[test]
+    fn the_oracle_catches_a_broken_core() {
+        /// A stack walk with switches for the mistakes.
+        fn walk(
+            path: &str,
+            keep_dots_at_root: bool,
+            pop_dotdot: bool,
+            empty_is_dot: bool,
+        ) -> String {
+            let absolute = path.starts_with('/');
+            let mut stack: Vec<&str> = Vec::new();
+            for segment in path.split('/') {
+                match segment {
+                    "" | "." => {}
+                    ".." => match stack.last() {
+                        Some(&last) if last != ".." || pop_dotdot => {
+                            stack.pop();
+                        }
+                        _ if absolute && !keep_dots_at_root => {}
+                        _ => stack.push(".."),
+                    },
+                    other => stack.push(other),
+                }
+            }
+            let joined = stack.join("/");
+            match (absolute, joined.is_empty()) {
+                (true, _) => format!("/{joined}"),
+                (false, true) if empty_is_dot => ".".to_owned(),
+                (false, _) => joined,
+            }
+        }
+        // The walk without mistakes is right: the broken ones differ only by their mistake.
+        assert_eq!(
+            disagreements(|p| walk(p, false, false, true)),
+            Vec::<String>::new()
+        );
+        type NormalForm = Box<dyn Fn(&str) -> String>;
+        let broken: [(&str, NormalForm); 5] = [
+            (
+                "`..` climbs above the root",
+                Box::new(|p| walk(p, true, false, true)),
+            ),
+            (
+                "`..` cancels a `..`",
+                Box::new(|p| walk(p, false, true, true)),
+            ),
+            (
+                "the empty path stays empty",
+                Box::new(|p| walk(p, false, false, false)),
+            ),
+            (
+                "a leading `//` is kept",
+                Box::new(|p| {
+                    let normal = walk(p, false, false, true);
+                    if p.starts_with("//") {
+                        format!("/{normal}")
+                    } else {
+                        normal
+                    }
+                }),
+            ),
+            (
+                "a trailing slash is kept",
+                Box::new(|p| {
+                    let normal = walk(p, false, false, true);
+                    if p.ends_with('/') && normal != "/" {
+                        format!("{normal}/")
+                    } else {
+                        normal
+                    }
+                }),
+            ),
+        ];
+        for (mistake, candidate) in broken {
+            assert!(
+                !disagreements(candidate).is_empty(),
+                "{mistake} went unnoticed"
+            );
+        }
     }
 
     #[test]

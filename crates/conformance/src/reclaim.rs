@@ -14,7 +14,16 @@ use crate::suite_runner::{SuiteRun, Verdict};
 pub const RECLAIM: &str = "RECLAIM";
 
 /// How many probes [`assert_reclaim`] runs.
-pub const RECLAIM_PROBES: usize = 5;
+pub const RECLAIM_PROBES: usize = RECLAIM_PROBE_TABLE.len();
+
+/// The probes of this suite, in the order they run (the one place they are counted).
+const RECLAIM_PROBE_TABLE: &[&str] = &[
+    "a-created-directory-is-gone",
+    "nested-content-goes-with-it",
+    "a-link-inside-is-unlinked-not-followed",
+    "a-missing-directory-is-success",
+    "an-absent-working-directory-still-succeeds",
+];
 
 /// Attacks `reclaim` with absolute targets and a 60 s bound. Gate `reclaim`.
 pub async fn assert_reclaim(
@@ -22,6 +31,7 @@ pub async fn assert_reclaim(
 ) -> Result<ConformanceReport, ConformanceError> {
     let mut run = SuiteRun::start(
         RECLAIM,
+        RECLAIM_PROBE_TABLE,
         Some(Capability::Reclaim),
         subject.capabilities(),
         Verdict::Aggregate,

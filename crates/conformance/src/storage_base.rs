@@ -15,7 +15,27 @@ use crate::suite_runner::{ensure, refused_with, ProbeError, Refusal, SuiteRun, V
 pub const STORAGE_BASE: &str = "STORAGE_BASE";
 
 /// How many steps [`assert_storage_base`] reports.
-pub const STORAGE_BASE_STEPS: usize = 16;
+pub const STORAGE_BASE_STEPS: usize = STORAGE_BASE_PROBE_TABLE.len();
+
+/// The probes of this suite, in the order they run (the one place they are counted).
+const STORAGE_BASE_PROBE_TABLE: &[&str] = &[
+    "exec-runs-in-the-base",
+    "exec-cannot-leave-the-base",
+    "the-base-stats-as-a-directory",
+    "the-base-is-not-read-as-a-file",
+    "the-base-listing-names-no-self-or-parent",
+    "out-of-base-stat-and-read-are-refused",
+    "out-of-base-listings-are-refused",
+    "out-of-base-removals-are-refused",
+    "out-of-base-reclaims-are-refused",
+    "relative-writes-land",
+    "exec-reads-a-relative-write",
+    "relative-stat-and-read-agree",
+    "a-relative-listing-is-exact",
+    "out-of-base-writes-are-refused",
+    "a-relative-removal-removes",
+    "a-relative-reclaim-reclaims",
+];
 
 use Capability::{Exec, FilesDelete, FilesIn, FilesList, FilesOut, Reclaim};
 
@@ -45,6 +65,7 @@ pub async fn assert_storage_base(
 ) -> Result<ConformanceReport, ConformanceError> {
     let mut run = SuiteRun::start(
         STORAGE_BASE,
+        STORAGE_BASE_PROBE_TABLE,
         None,
         capabilities,
         Verdict::StopAtFirstFailure,

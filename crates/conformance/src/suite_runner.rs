@@ -82,8 +82,15 @@ pub(crate) enum Verdict {
 }
 
 /// One run of one suite.
+///
+/// A suite names its probes once, in a table in the order they run; the suite's exported count is
+/// that table's length. The run holds the suite to its table: a probe that runs where the table
+/// lists another name, or a table entry never reported, is a failure of the run, so the count and
+/// the probes cannot drift apart.
 pub(crate) struct SuiteRun<'c> {
     suite: &'static str,
+    table: Vec<&'static str>,
+    table_mismatches: Vec<String>,
     capabilities: &'c BTreeSet<Capability>,
     verdict: Verdict,
     halted: bool,
@@ -94,6 +101,7 @@ impl<'c> SuiteRun<'c> {
     /// Starts a suite, refusing it before anything is planted when its gate is not declared.
     pub(crate) fn start(
         suite: &'static str,
+        table: &[&'static str],
         gate: Option<Capability>,
         capabilities: &'c BTreeSet<Capability>,
         verdict: Verdict,
@@ -105,6 +113,8 @@ impl<'c> SuiteRun<'c> {
         }
         Ok(SuiteRun {
             suite,
+            table: table.to_vec(),
+            table_mismatches: Vec::new(),
             capabilities,
             verdict,
             halted: false,
@@ -132,6 +142,13 @@ impl<'c> SuiteRun<'c> {
         requires: &[Capability],
         probe: impl Future<Output = ProbeResult>,
     ) {
+        let listed = self.table.get(self.report.probes().len()).copied();
+        if listed != Some(name) {
+            self.table_mismatches.push(match listed {
+                Some(listed) => format!("{name} ran where the probe table lists {listed}"),
+                None => format!("{name} ran past the end of the probe table"),
+            });
+        }
         let skip_reason = if self.halted {
             Some("not run: an earlier step of this suite failed".to_owned())
         } else {
@@ -172,7 +189,22 @@ impl<'c> SuiteRun<'c> {
     }
 
     /// The report, or a [`ConformanceError::ConformanceFailure`] naming every failed probe.
-    pub(crate) fn finish(self) -> Result<ConformanceReport, ConformanceError> {
+    pub(crate) fn finish(mut self) -> Result<ConformanceReport, ConformanceError> {
+        let reported = self.report.probes().len();
+        for unreported in self.table.iter().skip(reported) {
+            self.table_mismatches.push(format!(
+                "{unreported} is in the probe table but was never reported"
+            ));
+        }
+        if !self.table_mismatches.is_empty() {
+            return Err(ConformanceError::harness(
+                self.suite,
+                format!(
+                    "the suite and its probe table disagree: {}",
+                    self.table_mismatches.join("; ")
+                ),
+            ));
+        }
         if self.verdict == Verdict::MeasureOnly {
             return Ok(self.report);
         }
@@ -273,5 +305,63 @@ pub async fn refused_with<T>(
         Ok(_) => Err(RefusalMismatch::ReturnedNormally { expected }),
         Err(error) if expected.accepts(error.kind()) => Ok(error),
         Err(error) => Err(RefusalMismatch::WrongKind { expected, error }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: &[&str] = &["first", "second"];
+
+    async fn passes() -> ProbeResult {
+        Ok(())
+    }
+
+    fn harness_detail(result: Result<ConformanceReport, ConformanceError>) -> String {
+        match result {
+            Err(ConformanceError::Harness { suite, detail }) => {
+                assert_eq!(suite, "T");
+                detail
+            }
+            other => panic!("expected a harness error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_suite_that_runs_its_table_passes() {
+        let none = BTreeSet::new();
+        let mut run = SuiteRun::start("T", TABLE, None, &none, Verdict::Aggregate).unwrap();
+        run.probe("first", &[], passes()).await;
+        run.probe("second", &[Capability::Exec], passes()).await;
+        let report = run.finish().unwrap();
+        // The skipped probe is still reported: the table counts what is reported.
+        assert_eq!(report.probes().len(), TABLE.len());
+    }
+
+    #[tokio::test]
+    async fn a_probe_off_the_table_or_one_never_reported_fails_the_run() {
+        let none = BTreeSet::new();
+        for verdict in [Verdict::Aggregate, Verdict::MeasureOnly] {
+            let mut run = SuiteRun::start("T", TABLE, None, &none, verdict).unwrap();
+            run.probe("first", &[], passes()).await;
+            let detail = harness_detail(run.finish());
+            assert!(
+                detail.contains("second is in the probe table but was never reported"),
+                "{detail}"
+            );
+
+            let mut run = SuiteRun::start("T", TABLE, None, &none, verdict).unwrap();
+            run.probe("second", &[], passes()).await;
+            run.probe("first", &[], passes()).await;
+            run.probe("third", &[], passes()).await;
+            let detail = harness_detail(run.finish());
+            assert!(
+                detail.contains("second ran where the probe table lists first")
+                    && detail.contains("first ran where the probe table lists second")
+                    && detail.contains("third ran past the end of the probe table"),
+                "{detail}"
+            );
+        }
     }
 }
