@@ -598,7 +598,7 @@ impl BackendState {
                 .iter()
                 .map(|d| self.stat_kind(id, d.clone()))
                 .collect(),
-            crate::archive::STAT_CONCURRENCY,
+            crate::state::STAT_CONCURRENCY,
         )
         .await;
         let mut kinds: Vec<Option<EntryKind>> = Vec::new();

@@ -13,10 +13,6 @@ use sandbox_core::{EntryKind, SandboxError};
 use crate::state::BackendState;
 use crate::tar_header::{first_entry_at, FirstEntry, TarStat, MAX_PREFIX};
 
-/// How many engine stats run at once for one backend: an ancestor walk of a deep path waits for
-/// a slot rather than opening one request per component.
-pub(crate) const STAT_CONCURRENCY: usize = 8;
-
 // Go's `os.FileMode` type bits, as the path-stat header carries them.
 const MODE_DIR: u32 = 1 << 31;
 const MODE_SYMLINK: u32 = 1 << 27;

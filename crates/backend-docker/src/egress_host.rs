@@ -38,12 +38,6 @@ const LISTING_BUDGET: usize = 64 * 1024;
 /// The prefix of the listing container's name (a random suffix follows).
 const LISTING_NAME: &str = "maf-sandbox-host-addresses-";
 
-/// The engine's host addresses, as last read.
-#[derive(Debug, Default)]
-pub(crate) struct HostAddressCache {
-    read: tokio::sync::Mutex<Option<(Instant, Vec<IpAddr>)>>,
-}
-
 /// Reads the `host-addresses` listing: one address a line, then `end <count>`. `None` when it
 /// was cut short, miscounted or holds anything else.
 pub(crate) fn parse_listing(text: &str) -> Option<Vec<IpAddr>> {
@@ -91,7 +85,7 @@ impl BackendState {
         &self,
         image: &str,
     ) -> Result<Vec<IpAddr>, SandboxError> {
-        let mut read = self.host_addresses.read.lock().await;
+        let mut read = self.host_addresses.lock().await;
         if let Some((at, addresses)) = read.as_ref() {
             if at.elapsed() < HOST_ADDRESSES_TTL {
                 return Ok(addresses.clone());

@@ -13,6 +13,15 @@ use tokio::sync::OwnedMutexGuard;
 use crate::config::DockerConfig;
 use crate::connection::EngineConnection;
 
+/// How many engine stats run at once for one backend: an ancestor walk of a deep path waits for
+/// a slot rather than opening one request per component.
+pub(crate) const STAT_CONCURRENCY: usize = 8;
+
+/// The engine host's addresses as last read, and when: kept here, filled and renewed by
+/// [`crate::egress_host`].
+pub(crate) type HostAddressCache =
+    tokio::sync::Mutex<Option<(std::time::Instant, Vec<std::net::IpAddr>)>>;
+
 /// What the process remembers about a container it verified (the warm cache).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct WarmEntry {
@@ -59,12 +68,12 @@ pub(crate) struct BackendState {
     /// Resolved per-sandbox limits (CPUs in nano-CPUs, memory in bytes), clamped to the host:
     /// asked of the engine the first time a sandbox is acquired, never by a `find`.
     resources: tokio::sync::OnceCell<crate::config::Resources>,
-    /// Bounds the engine stats in flight (see [`crate::archive::STAT_CONCURRENCY`]).
+    /// Bounds the engine stats in flight (at most [`STAT_CONCURRENCY`]).
     pub(crate) stat_slots: tokio::sync::Semaphore,
     name_locks: Arc<NameLocks>,
     memory: Mutex<ProcessMemory>,
     /// The engine host's addresses the egress proxy denies, as last read.
-    pub(crate) host_addresses: crate::egress_host::HostAddressCache,
+    pub(crate) host_addresses: HostAddressCache,
 }
 
 impl BackendState {
@@ -78,10 +87,10 @@ impl BackendState {
             engine,
             declarations,
             resources: tokio::sync::OnceCell::new(),
-            stat_slots: tokio::sync::Semaphore::new(crate::archive::STAT_CONCURRENCY),
+            stat_slots: tokio::sync::Semaphore::new(STAT_CONCURRENCY),
             name_locks: Arc::default(),
             memory: Mutex::new(ProcessMemory::default()),
-            host_addresses: crate::egress_host::HostAddressCache::default(),
+            host_addresses: HostAddressCache::default(),
         }
     }
 
