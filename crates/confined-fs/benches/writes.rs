@@ -3,6 +3,11 @@
 //! `ConfinedRoot::read` against `std::fs::read`. Each round times both back to back; each line
 //! printed gives the best time of each and the median of the per-round ratios, which resists the
 //! noise of a shared machine better than a ratio of two independent minima.
+//!
+//! Then the cost of one read against the size of its directory: reads of 4 KiB files from a
+//! directory of 10 entries and from one of 10,000, interleaved per round; the line gives the best
+//! per-read time of each and the median ratio of large to small (a lookup that lists the whole
+//! directory would make it grow with the entries).
 
 use std::fs;
 use std::io::Write;
@@ -99,6 +104,59 @@ impl Summary {
     }
 }
 
+/// Entries of the small and the large directory of the per-read row.
+const SMALL_DIR: usize = 10;
+const LARGE_DIR: usize = 10_000;
+/// Reads timed per directory per round.
+const DIR_READS: usize = 2_000;
+
+fn dir_read_round(root: &ConfinedRoot, dir: &str, entries: usize) -> Duration {
+    let start = Instant::now();
+    for index in 0..DIR_READS {
+        // A stride through the directory, so the large one is not read from a few names only.
+        let file = (index * 7919) % entries;
+        let contents = root
+            .read(format!("{dir}/file-{file}"), FILE_SIZE as u64)
+            .expect("a confined read succeeds");
+        assert_eq!(contents.len(), FILE_SIZE);
+    }
+    start.elapsed()
+}
+
+fn per_read_by_directory_size(contents: &[u8]) {
+    let workspace = tempfile::tempdir().expect("a temporary directory");
+    for (dir, entries) in [("small", SMALL_DIR), ("large", LARGE_DIR)] {
+        let path = workspace.path().join(dir);
+        fs::create_dir(&path).expect("the directory is created");
+        for index in 0..entries {
+            fs::write(path.join(format!("file-{index}")), contents).expect("a file is written");
+        }
+    }
+    let root = ConfinedRoot::open(workspace.path()).expect("the root opens");
+    let (mut small, mut large) = (Duration::MAX, Duration::MAX);
+    let mut ratios = Vec::with_capacity(ROUNDS);
+    for round in 0..ROUNDS {
+        let (s, l) = if round % 2 == 0 {
+            let s = dir_read_round(&root, "small", SMALL_DIR);
+            (s, dir_read_round(&root, "large", LARGE_DIR))
+        } else {
+            let l = dir_read_round(&root, "large", LARGE_DIR);
+            (dir_read_round(&root, "small", SMALL_DIR), l)
+        };
+        small = small.min(s);
+        large = large.min(l);
+        ratios.push(l.as_secs_f64() / s.as_secs_f64());
+    }
+    ratios.sort_by(f64::total_cmp);
+    let per_read = |d: Duration| d.as_secs_f64() * 1e6 / DIR_READS as f64;
+    println!(
+        "confined-fs read by directory size: {SMALL_DIR} entries {:.1} us/read, {LARGE_DIR} entries {:.1} us/read, ratio {:.2} (target <= 1.5)",
+        per_read(small),
+        per_read(large),
+        ratios[ratios.len() / 2]
+    );
+}
+
 fn main() {
     let workspace = tempfile::tempdir().expect("a temporary directory");
     let root = ConfinedRoot::open(workspace.path()).expect("the root opens");
@@ -121,4 +179,5 @@ fn main() {
     }
     writes.print("writes");
     reads.print("reads");
+    per_read_by_directory_size(&contents);
 }

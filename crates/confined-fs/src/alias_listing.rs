@@ -5,6 +5,14 @@
 //! resolves to a long one. A name that resolves but is not listed verbatim is such an alias and
 //! is refused. Linux offers no such file system to test on here, so the listing is a trait a
 //! test can replace with a case-folding fake.
+//!
+//! Reading the whole directory per lookup would make every operation cost as much as the
+//! directory is large. On Linux, [`KernelListing`] first asks whether the directory's lookups
+//! are byte-exact (see [`exact_lookup`]); there a name is listed verbatim exactly when a
+//! no-follow `fstatat` of it finds an entry, which is one system call whatever the directory
+//! holds. Anywhere else (another file system, a case-folding directory, an answer it cannot get)
+//! it reads the listing. The race is the one the listing has: a guest may rename between the
+//! check and the operation that follows it, whichever way the check was answered.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -62,6 +70,10 @@ impl KernelListing {
 
 impl DirectoryListing for KernelListing {
     fn lists_verbatim(&self, dir: DirectoryHandle<'_>, name: &OsStr) -> io::Result<bool> {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        if let Some(listed) = exact_lookup::lists_verbatim(dir, name) {
+            return Ok(listed);
+        }
         for entry in dir.as_filelike_view::<Dir>().entries()? {
             if entry?.file_name() == name {
                 return Ok(true);
@@ -76,4 +88,133 @@ pub(crate) fn names_of(dir: &Dir) -> io::Result<Vec<OsString>> {
     dir.entries()?
         .map(|entry| entry.map(|entry| entry.file_name()))
         .collect()
+}
+
+/// The byte-exact lookup: on a file system whose lookups compare names byte for byte, in a
+/// directory without the case-folding flag, a name is listed verbatim exactly when it is found.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub(crate) mod exact_lookup {
+    use std::ffi::OsStr;
+    use std::os::fd::BorrowedFd;
+
+    use rustix::fs::{fstatfs, ioctl_getflags, openat, statat, AtFlags, Mode, OFlags};
+    use rustix::io::Errno;
+
+    /// ext2/3/4 (case-folding per directory, with the flag), tmpfs (likewise since Linux 6.13),
+    /// btrfs (never case-folding) and overlayfs (passes its layers' flags through). Not XFS (its
+    /// ASCII case-insensitive format leaves no per-directory flag), nor any other: FAT, exFAT,
+    /// NTFS, SMB, HFS+ and FUSE file systems may fold case or normalise.
+    const BYTE_EXACT_FILE_SYSTEMS: [i64; 4] = [0xEF53, 0x0102_1994, 0x9123_683E, 0x794C_7630];
+
+    /// `FS_CASEFOLD_FL`: the directory's lookups fold case.
+    const CASEFOLD_FLAG: u32 = 0x4000_0000;
+
+    /// Whether `dir` lists `name` verbatim, or `None` when only its listing can tell.
+    ///
+    /// The flag is read before the lookup: a directory's case folding can only be switched while
+    /// it is empty, so a name found after the flag read "byte-exact" was stored as spelled
+    /// unless the guest emptied, flagged and refilled the directory in between, which is the
+    /// race any check before an operation has (a rename after it).
+    pub(crate) fn lists_verbatim(dir: BorrowedFd<'_>, name: &OsStr) -> Option<bool> {
+        // No listing holds these; a lookup would resolve them (or a path), so answer here.
+        let bytes = name.as_encoded_bytes();
+        if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
+            return Some(false);
+        }
+        if !is_byte_exact(dir) {
+            return None;
+        }
+        match statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(_) => Some(true),
+            Err(Errno::NOENT) => Some(false),
+            // Anything else (a name too long, no permission): the listing answers.
+            Err(_) => None,
+        }
+    }
+
+    /// The directory's file system compares names byte for byte and the directory does not
+    /// fold case.
+    fn is_byte_exact(dir: BorrowedFd<'_>) -> bool {
+        let Ok(statfs) = fstatfs(dir) else {
+            return false;
+        };
+        // `f_type` is a C long on most targets, an unsigned word on a few.
+        #[allow(clippy::unnecessary_cast)]
+        let kind = statfs.f_type as i64;
+        if !BYTE_EXACT_FILE_SYSTEMS.contains(&kind) {
+            return false;
+        }
+        // The walk holds its directories as path-only descriptors, which cannot be asked for
+        // flags: the directory itself (`.`, no link to follow) is opened for that. A file system
+        // that cannot report the flags (a kernel from before its case folding) is left to the
+        // listing too: slower, never wrong.
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        openat(dir, ".", flags, Mode::empty())
+            .and_then(ioctl_getflags)
+            .is_ok_and(|flags| flags.bits() & CASEFOLD_FLAG == 0)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use std::os::fd::AsFd;
+
+        use super::*;
+
+        #[test]
+        fn names_no_listing_holds_are_never_listed() {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::create_dir(dir.path().join("sub")).unwrap();
+            std::fs::write(dir.path().join("sub/f"), b"").unwrap();
+            let handle = std::fs::File::open(dir.path()).unwrap();
+            for name in ["", ".", "..", "sub/f", "sub/", "/"] {
+                assert_eq!(
+                    lists_verbatim(handle.as_fd(), name.as_ref()),
+                    Some(false),
+                    "{name:?}"
+                );
+            }
+        }
+
+        #[test]
+        fn a_byte_exact_directory_answers_by_lookup() {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("Readme"), b"").unwrap();
+            std::os::unix::fs::symlink("nowhere", dir.path().join("dangling")).unwrap();
+            // Opened as the walk holds its directories: path-only.
+            let handle = rustix::fs::open(
+                dir.path(),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap();
+            #[allow(clippy::unnecessary_cast)]
+            let kind = fstatfs(handle.as_fd()).unwrap().f_type as i64;
+            if !BYTE_EXACT_FILE_SYSTEMS.contains(&kind) {
+                // A temporary directory on a file system the lookup does not trust: the listing
+                // answers there, which the other tests cover.
+                assert!(!is_byte_exact(handle.as_fd()));
+                assert_eq!(lists_verbatim(handle.as_fd(), "Readme".as_ref()), None);
+                return;
+            }
+            // A fresh temporary directory does not fold case.
+            assert!(is_byte_exact(handle.as_fd()));
+            assert_eq!(
+                lists_verbatim(handle.as_fd(), "Readme".as_ref()),
+                Some(true)
+            );
+            // A link is found without being followed, even one that leads nowhere.
+            assert_eq!(
+                lists_verbatim(handle.as_fd(), "dangling".as_ref()),
+                Some(true)
+            );
+            assert_eq!(
+                lists_verbatim(handle.as_fd(), "readme".as_ref()),
+                Some(false)
+            );
+            assert_eq!(
+                lists_verbatim(handle.as_fd(), "absent".as_ref()),
+                Some(false)
+            );
+        }
+    }
 }

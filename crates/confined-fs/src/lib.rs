@@ -57,6 +57,10 @@
 //!   `readme` on a case-insensitive volume (APFS, NTFS), `é` asked decomposed when stored
 //!   composed (APFS), and `PROGRA~1` (an NTFS 8.3 short name). The listing is the
 //!   [`DirectoryListing`] seam, [`KernelListing`] (cap-std's directory entries) by default.
+//!   On Linux, where ext4, tmpfs, btrfs and overlayfs compare names byte for byte in any
+//!   directory without the case-folding flag, [`KernelListing`] answers there with one no-follow
+//!   lookup of the name instead of reading the directory, so an operation costs the same in a
+//!   directory of ten entries as in one of a hundred thousand.
 //! - `read` opens the leaf with cap-std's no-follow, nonblocking open (a pipe cannot block the
 //!   open), refuses anything but a regular file with one link from the open file's metadata,
 //!   and refuses a file over the cap whole, reading at most one byte past it.
@@ -85,7 +89,8 @@
 //!   still refused. Lookups and opens are relative to the held handle (`NtCreateFile`), and
 //!   opens never follow a reparse point. The Windows naming rules always apply.
 //! - **Where rustix is used** (Unix only): to read the errno of a failed no-follow open
-//!   (`ELOOP`, `EMLINK`), which std cannot name on stable. Everything else goes through
+//!   (`ELOOP`, `EMLINK`), which std cannot name on stable, and on Linux for the alias check's
+//!   file system type, case-folding flag and single-name lookup. Everything else goes through
 //!   cap-std and cap-fs-ext.
 //!
 //! # Threat model
