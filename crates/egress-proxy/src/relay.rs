@@ -1,11 +1,20 @@
 //! The byte relay between two streams, with an idle deadline.
+//!
+//! Each direction is its own pump, and the two run at once: a chunk read from one side is
+//! written to the other while the next chunk is being read, so a download costs the slower of
+//! reading and writing rather than their sum, and one direction waiting on a slow peer never
+//! holds up the other. The bounds are unchanged: a fixed buffer pair per direction, at most
+//! `forward_limit` bytes forward, and the idle deadline over both directions together.
 
 use std::io;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::time::Instant;
 
-/// The relay's buffer per direction.
+/// The relay's buffer; each direction holds two (one being written while the other fills).
 const BUFFER: usize = 64 * 1024;
 
 /// How a relay ended.
@@ -19,13 +28,47 @@ pub struct Relayed {
     pub idled_out: bool,
 }
 
-/// Copies `a` → `b` and `b` → `a` until both sides have ended, or nothing has moved for
-/// `idle`. The end of one side's input is passed on as a write shutdown. With
-/// `forward_limit`, at most that many bytes go from `a` to `b`; past it, `a` is no longer read
-/// (a plain-HTTP request body), and `b`'s end alone ends the relay.
+/// What both pumps share: the byte counts and when a byte last moved.
+struct Progress {
+    started: Instant,
+    /// Nanoseconds after `started` of the last completed read or write, either direction.
+    last_moved: AtomicU64,
+    forward: AtomicU64,
+    back: AtomicU64,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            last_moved: AtomicU64::new(0),
+            forward: AtomicU64::new(0),
+            back: AtomicU64::new(0),
+        }
+    }
+
+    fn moved(&self) {
+        let nanos = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_moved.fetch_max(nanos, Ordering::Relaxed);
+    }
+
+    /// When the idle deadline passes unless something moves first.
+    fn idle_deadline(&self, idle: Duration) -> Instant {
+        self.started + Duration::from_nanos(self.last_moved.load(Ordering::Relaxed)) + idle
+    }
+}
+
+/// Copies `a` → `b` and `b` → `a` until `b`'s side has ended, or nothing has moved for `idle`.
+/// The end of `a`'s input is passed on as a write shutdown of `b` (and `b`'s as one of `a`).
+/// With `forward_limit`, at most that many bytes go from `a` to `b`; past it, `a` is no longer
+/// read (a plain-HTTP request body). The relay ends when `b`'s input ends and everything read
+/// from it is written to `a`.
 ///
 /// # Errors
 /// An I/O error of either side other than the peer going away.
+///
+/// # Cancel safety and drop
+/// Dropping the future drops both streams' halves; bytes read and not yet written are lost.
 pub async fn relay<A, B>(
     a: A,
     b: B,
@@ -38,70 +81,130 @@ where
 {
     let (mut a_read, mut a_write) = tokio::io::split(a);
     let (mut b_read, mut b_write) = tokio::io::split(b);
-    let mut a_buffer = vec![0u8; BUFFER];
-    let mut b_buffer = vec![0u8; BUFFER];
-    let mut remaining = forward_limit;
-    let mut a_open = remaining != Some(0);
-    let mut b_open = true;
-    let mut done = Relayed {
-        forward: 0,
-        back: 0,
-        idled_out: false,
-    };
-    enum Step {
-        A(io::Result<usize>),
-        B(io::Result<usize>),
-    }
-    while b_open {
-        let a_want = match remaining {
-            Some(left) => BUFFER.min(usize::try_from(left).unwrap_or(BUFFER)),
-            None => BUFFER,
-        };
-        let step = tokio::time::timeout(idle, async {
+    let progress = Progress::new();
+    let mut idled_out = false;
+    {
+        let mut forward = pin!(pump(
+            &mut a_read,
+            &mut b_write,
+            forward_limit,
+            &progress,
+            &progress.forward,
+        ));
+        let mut back = pin!(pump(
+            &mut b_read,
+            &mut a_write,
+            None,
+            &progress,
+            &progress.back,
+        ));
+        let mut forward_done = false;
+        loop {
+            let deadline = progress.idle_deadline(idle);
             tokio::select! {
-                read = a_read.read(&mut a_buffer[..a_want]), if a_open => Step::A(read),
-                read = b_read.read(&mut b_buffer), if b_open => Step::B(read),
-            }
-        })
-        .await;
-        let Ok(step) = step else {
-            done.idled_out = true;
-            break;
-        };
-        match step {
-            Step::A(read) => {
-                let n = gone_is_end(read)?;
-                if n == 0 {
-                    a_open = false;
-                    let _ = b_write.shutdown().await;
-                    continue;
+                ended = &mut back => {
+                    ended?;
+                    break;
                 }
-                write_within(&mut b_write, &a_buffer[..n], idle, &mut done).await?;
-                done.forward += n as u64;
-                if let Some(left) = remaining.as_mut() {
-                    *left -= n as u64;
-                    if *left == 0 {
-                        a_open = false;
+                ended = &mut forward, if !forward_done => {
+                    ended?;
+                    forward_done = true;
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    if progress.idle_deadline(idle) <= Instant::now() {
+                        idled_out = true;
+                        break;
                     }
                 }
             }
-            Step::B(read) => {
-                let n = gone_is_end(read)?;
-                if n == 0 {
-                    b_open = false;
-                    let _ = a_write.shutdown().await;
-                    continue;
-                }
-                write_within(&mut a_write, &b_buffer[..n], idle, &mut done).await?;
-                done.back += n as u64;
-            }
-        }
-        if done.idled_out {
-            break;
         }
     }
     let _ = a_write.shutdown().await;
-    Ok(done)
+    Ok(Relayed {
+        forward: progress.forward.load(Ordering::Relaxed),
+        back: progress.back.load(Ordering::Relaxed),
+        idled_out,
+    })
+}
+
+/// Copies `reader` to `writer` until the reader ends (then shuts the writer down) or `limit`
+/// bytes have gone (then stops reading, leaving the writer open), writing each chunk while the
+/// next one is read.
+async fn pump<R, W>(
+    reader: &mut R,
+    writer: &mut W,
+    limit: Option<u64>,
+    progress: &Progress,
+    count: &AtomicU64,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut remaining = limit;
+    let mut pending = vec![0u8; BUFFER];
+    let mut next = vec![0u8; BUFFER];
+    let want = |remaining: Option<u64>| match remaining {
+        Some(left) => BUFFER.min(usize::try_from(left).unwrap_or(BUFFER)),
+        None => BUFFER,
+    };
+    // The chunk waiting to be written: `pending[..held]`.
+    let mut held = 0;
+    let mut reading = remaining != Some(0);
+    let mut ended = false;
+    loop {
+        let read_len = if reading { want(remaining) } else { 0 };
+        // Either side's error ends the pump at once, without waiting for the other.
+        let n = if held == 0 {
+            if !reading {
+                break;
+            }
+            gone_is_end(reader.read(&mut next[..read_len]).await)?
+        } else if reading {
+            tokio::try_join!(
+                write_chunk(writer, &pending[..held], progress, count),
+                async { gone_is_end(reader.read(&mut next[..read_len]).await) }
+            )?
+            .1
+        } else {
+            write_chunk(writer, &pending[..held], progress, count).await?;
+            0
+        };
+        held = 0;
+        if reading {
+            if n == 0 {
+                reading = false;
+                ended = true;
+            } else {
+                progress.moved();
+                std::mem::swap(&mut pending, &mut next);
+                held = n;
+                if let Some(left) = remaining.as_mut() {
+                    *left -= n as u64;
+                    if *left == 0 {
+                        reading = false;
+                    }
+                }
+            }
+        }
+    }
+    if ended {
+        let _ = writer.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Writes one chunk whole, then counts it and notes the movement.
+async fn write_chunk<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    bytes: &[u8],
+    progress: &Progress,
+    count: &AtomicU64,
+) -> io::Result<()> {
+    writer.write_all(bytes).await?;
+    count.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    progress.moved();
+    Ok(())
 }
 
 /// A reset or broken pipe from the peer ends that direction like an orderly close.
@@ -119,17 +222,133 @@ fn gone_is_end(read: io::Result<usize>) -> io::Result<usize> {
     }
 }
 
-async fn write_within<W: AsyncWrite + Unpin>(
-    writer: &mut W,
-    bytes: &[u8],
-    idle: Duration,
-    done: &mut Relayed,
-) -> io::Result<()> {
-    match tokio::time::timeout(idle, writer.write_all(bytes)).await {
-        Ok(result) => result,
-        Err(_) => {
-            done.idled_out = true;
-            Ok(())
-        }
+#[cfg(test)]
+mod tests {
+    use tokio::io::{duplex, AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    /// A body of `len` bytes that is not one repeated byte, so a reordered chunk shows.
+    fn body(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8).collect()
+    }
+
+    #[tokio::test]
+    async fn both_directions_arrive_whole_and_in_order() {
+        let (a, mut a_peer) = duplex(4096);
+        let (b, mut b_peer) = duplex(4096);
+        let relay = tokio::spawn(relay(a, b, Duration::from_secs(10), None));
+        let up = body(300_000);
+        let down = body(1 << 20);
+        let (up_sent, down_sent) = (up.clone(), down.clone());
+        let client = tokio::spawn(async move {
+            let (mut read, mut write) = tokio::io::split(&mut a_peer);
+            let writer = async move {
+                write.write_all(&up_sent).await.unwrap();
+                write.shutdown().await.unwrap();
+            };
+            let reader = async move {
+                let mut got = Vec::new();
+                read.read_to_end(&mut got).await.unwrap();
+                got
+            };
+            tokio::join!(writer, reader).1
+        });
+        let mut got_up = vec![0u8; up.len()];
+        let server = async {
+            let (mut read, mut write) = tokio::io::split(&mut b_peer);
+            let writer = async move {
+                write.write_all(&down_sent).await.unwrap();
+                write.shutdown().await.unwrap();
+            };
+            let reader = async {
+                read.read_exact(&mut got_up).await.unwrap();
+                // The forward end was passed on as a shutdown.
+                assert_eq!(read.read(&mut [0u8; 1]).await.unwrap(), 0);
+            };
+            tokio::join!(writer, reader);
+        };
+        server.await;
+        let got_down = client.await.unwrap();
+        assert!(got_up == up, "the forward bytes arrive in order");
+        assert!(got_down == down, "the backward bytes arrive in order");
+        let done = relay.await.unwrap().unwrap();
+        assert_eq!(
+            done,
+            Relayed {
+                forward: up.len() as u64,
+                back: down.len() as u64,
+                idled_out: false
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn the_forward_limit_stops_reading_without_ending_the_other_side() {
+        let (a, mut a_peer) = duplex(1 << 16);
+        let (b, mut b_peer) = duplex(1 << 16);
+        let relay = tokio::spawn(relay(a, b, Duration::from_secs(10), Some(10)));
+        a_peer.write_all(b"0123456789 and more").await.unwrap();
+        let mut got = [0u8; 10];
+        b_peer.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"0123456789");
+        // Nothing past the limit, and the upstream's write side is not shut down.
+        let mut past = [0u8; 8];
+        let more = tokio::time::timeout(Duration::from_millis(200), b_peer.read(&mut past));
+        assert!(more.await.is_err(), "nothing past the limit arrives");
+        b_peer.write_all(b"answer").await.unwrap();
+        b_peer.shutdown().await.unwrap();
+        let mut answer = Vec::new();
+        a_peer.read_to_end(&mut answer).await.unwrap();
+        assert_eq!(answer, b"answer");
+        let done = relay.await.unwrap().unwrap();
+        assert_eq!((done.forward, done.back, done.idled_out), (10, 6, false));
+    }
+
+    #[tokio::test]
+    async fn nothing_moving_ends_the_relay_at_the_idle_deadline() {
+        let idle = Duration::from_millis(400);
+        let (a, mut a_peer) = duplex(1 << 16);
+        let (b, mut b_peer) = duplex(1 << 16);
+        let relay = tokio::spawn(relay(a, b, idle, None));
+        a_peer.write_all(b"ping").await.unwrap();
+        let mut got = [0u8; 4];
+        b_peer.read_exact(&mut got).await.unwrap();
+        tokio::time::sleep(idle * 3 / 4).await;
+        // Movement pushes the deadline back: the relay outlives the first deadline.
+        let moved = Instant::now();
+        b_peer.write_all(b"pong").await.unwrap();
+        a_peer.read_exact(&mut got).await.unwrap();
+        let done = relay.await.unwrap().unwrap();
+        let after_move = moved.elapsed();
+        assert!(done.idled_out);
+        assert_eq!((done.forward, done.back), (4, 4));
+        assert!(
+            after_move >= idle * 3 / 4 && after_move < idle * 5,
+            "{after_move:?}"
+        );
+        // The client's side was shut down.
+        assert_eq!(a_peer.read(&mut [0u8; 1]).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_upstream_ending_ends_the_relay_while_the_client_is_still_open() {
+        let (a, mut a_peer) = duplex(1 << 16);
+        let (b, mut b_peer) = duplex(1 << 16);
+        let relay = tokio::spawn(relay(a, b, Duration::from_secs(30), None));
+        b_peer.write_all(b"bye").await.unwrap();
+        drop(b_peer);
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), a_peer.read_to_end(&mut answer))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer, b"bye");
+        let done = tokio::time::timeout(Duration::from_secs(5), relay)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!((done.back, done.idled_out), (3, false));
     }
 }
