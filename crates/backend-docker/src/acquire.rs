@@ -20,8 +20,9 @@ use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
 use crate::guest_scripts::{BASE_EXIT_FALLBACK, BASE_SCRIPT};
 use crate::handle::DockerSandbox;
 use crate::ownership_labels::{workload_labels, ContainerRecord, Verdict};
-use crate::state::{bounded_join, shielded, BackendState, CleanupOnDrop, Remembered, WarmEntry};
+use crate::state::{bounded_join, BackendState, Remembered, WarmEntry};
 use crate::tar_header::directory_entry;
+use sandbox_core::backend_kit::{run_detached, CleanupOnDrop};
 
 /// The body every workload runs, so any image stays alive whatever its entrypoint.
 const KEEP_ALIVE: &str = "while :; do sleep 3600; done";
@@ -647,7 +648,7 @@ impl BackendState {
             guard.disarm();
             let state = Arc::clone(self);
             let id = id.to_owned();
-            shielded(async move { state.lifecycle(Lifecycle::Unpause, &id).await }).await??;
+            run_detached(async move { state.lifecycle(Lifecycle::Unpause, &id).await }).await??;
         }
         result
     }
@@ -875,7 +876,7 @@ impl BackendState {
     async fn remove_companions_shielded(self: &Arc<Self>, name: &str) {
         let state = Arc::clone(self);
         let name = name.to_owned();
-        let _ = shielded(async move {
+        let _ = run_detached(async move {
             for failure in state.remove_companions(&name).await {
                 tracing::warn!(sandbox = %name, %failure, "could not remove an egress companion");
             }

@@ -309,7 +309,7 @@ impl BackendState {
     pub(crate) async fn remove_shielded(self: &Arc<Self>, id: &str) {
         let state = Arc::clone(self);
         let id = id.to_owned();
-        let _ = crate::state::shielded(async move {
+        let _ = sandbox_core::backend_kit::run_detached(async move {
             if let Err(failure) = state.remove(&id).await {
                 tracing::warn!(container = %id, %failure, "could not remove a half-made sandbox");
             }

@@ -20,10 +20,9 @@ pub(crate) const PROXY_URL: &str = "http://127.0.0.1:3128";
 const VOLUME_SUFFIX: &str = "-egress";
 /// Suffix of a sandbox's egress proxy's name.
 const PROXY_SUFFIX: &str = "-proxy";
-/// The label naming a companion's role (`proxy`, `egress-volume`).
-pub(crate) const LABEL_ROLE: &str = "maf-sandbox.role";
-/// The label carrying the SHA-256 of the egress policy (proxy, volume and workload).
-pub(crate) const LABEL_EGRESS_V1: &str = "maf-sandbox.egress.v1";
+// The role label (`proxy`, `egress-volume`) and the egress-policy digest label (proxy, volume
+// and workload) are the core's, shared with every host that reads them.
+pub(crate) use sandbox_core::naming::{LABEL_EGRESS_V1, LABEL_ROLE};
 
 /// The proxy container's name.
 pub(crate) fn proxy_name(workload: &str) -> String {

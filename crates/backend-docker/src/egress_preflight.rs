@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandbox_core::SandboxError;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use token_server::TokenServer;
 
 use crate::config::EgressProbe;
 use crate::connection::quote as tail;
@@ -62,10 +61,10 @@ pub(crate) async fn verify(
         None => bridge_gateway(shared).await?,
     };
     let token = fresh_token()?;
-    let server = TokenServer::start(address, token.clone()).await?;
-    let url = format!("http://{}/", server.address);
+    let server = serve_token(address, &token).await?;
+    let url = server.url();
     // The host's own fetch must see the token, or the preflight proves nothing.
-    if !host_fetch(server.address)
+    if !host_fetch(server.address())
         .await
         .is_some_and(|body| body.contains(&token))
     {
@@ -188,73 +187,29 @@ async fn bridge_gateway(state: &BackendState) -> Result<IpAddr, SandboxError> {
         .ok_or_else(|| SandboxError::engine("the default bridge reports no gateway address"))
 }
 
-/// Serves one token over plain HTTP on one address (never a wildcard) until dropped.
-struct TokenServer {
-    address: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
+/// How long the host's own fetch of its token may take.
+const HOST_FETCH_BOUND: Duration = Duration::from_secs(3);
 
-impl TokenServer {
-    async fn start(ip: IpAddr, token: String) -> Result<TokenServer, SandboxError> {
-        if ip.is_unspecified() {
-            return Err(SandboxError::invalid(
-                "the egress token server never binds a wildcard address",
-            ));
-        }
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
-            .await
-            .map_err(|source| SandboxError::Io {
+/// Serves `token` on `ip` (never a wildcard) until the server is dropped.
+async fn serve_token(ip: IpAddr, token: &str) -> Result<TokenServer, SandboxError> {
+    TokenServer::start(ip, token)
+        .await
+        .map_err(|error| match error {
+            token_server::Error::Bind { source, .. } => SandboxError::Io {
                 operation: "bind the egress token server",
                 path: ip.to_string(),
                 source,
-            })?;
-        let address = listener.local_addr().map_err(|source| SandboxError::Io {
-            operation: "bind the egress token server",
-            path: ip.to_string(),
-            source,
-        })?;
-        let task = tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let token = token.clone();
-                tokio::spawn(async move {
-                    let mut request = [0u8; 1024];
-                    let _ = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut request))
-                        .await;
-                    let response = format!(
-                        "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{token}",
-                        token.len()
-                    );
-                    let _ = stream.write_all(response.as_bytes()).await;
-                    let _ = stream.shutdown().await;
-                });
-            }
-        });
-        Ok(TokenServer { address, task })
-    }
+            },
+            other => SandboxError::invalid(format!("the egress token server: {other}")),
+        })
 }
 
-impl Drop for TokenServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// The host's control fetch of its own token server.
+/// The host's control fetch of its own token server: the whole answer, or `None`.
 async fn host_fetch(address: SocketAddr) -> Option<String> {
-    let fetch = async {
-        let mut stream = TcpStream::connect(address).await.ok()?;
-        stream
-            .write_all(format!("GET / HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
-            .await
-            .ok()?;
-        let mut body = Vec::new();
-        stream.read_to_end(&mut body).await.ok()?;
-        Some(String::from_utf8_lossy(&body).into_owned())
-    };
-    tokio::time::timeout(Duration::from_secs(3), fetch)
+    token_server::fetch(address, HOST_FETCH_BOUND)
         .await
         .ok()
-        .flatten()
+        .map(|body| String::from_utf8_lossy(&body).into_owned())
 }
 
 #[cfg(test)]
@@ -471,15 +426,17 @@ mod tests {
         let token = fresh_token().unwrap();
         assert_eq!(token.len(), 32);
         assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
-        let server = TokenServer::start("127.0.0.1".parse().unwrap(), token.clone())
+        let server = serve_token("127.0.0.1".parse().unwrap(), &token)
             .await
             .unwrap();
-        assert!(server.address.ip().is_loopback());
-        let body = host_fetch(server.address).await.unwrap();
+        assert!(server.address().ip().is_loopback());
+        let body = host_fetch(server.address()).await.unwrap();
         assert!(body.starts_with("HTTP/1.0 200 OK"));
         assert!(body.ends_with(&token));
-        assert!(TokenServer::start("0.0.0.0".parse().unwrap(), token)
-            .await
-            .is_err());
+        let wildcard = serve_token("0.0.0.0".parse().unwrap(), &token).await;
+        assert_eq!(
+            wildcard.unwrap_err().kind(),
+            sandbox_core::ErrorKind::InvalidArgument
+        );
     }
 }

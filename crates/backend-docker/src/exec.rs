@@ -3,7 +3,6 @@
 //! exit code from the exec inspect, and the remote kill that follows an expired, over-budget or
 //! dropped command. The collected form is a collector over the same stream.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,15 +12,16 @@ use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use exec_wrapper::{
     docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, new_nonce, raw_invocation,
     read_tool_probe, tool_probe_argv, tree_kill_argv, ExitKind, KillFailure, KillOutcome,
-    KillReport, Nonce, NonceSplitter, ToolProbeOutcome, WrapperOutcome, DOCKER_INIT_PATH,
+    KillReport, Nonce, OutputSink, Stream, ToolProbeOutcome, WrapperOutcome, DOCKER_INIT_PATH,
     DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
 };
 use futures_util::StreamExt as _;
-use sandbox_core::backend_kit::{ExecStreamSender, SendRefused};
+use sandbox_core::backend_kit::ExecStreamSender;
 use sandbox_core::{
-    ExecChunk, ExecEnv, ExecExit, ExecOutput, ExecStdin, ExecStream, GuestCleanup, SandboxError,
+    ExecEnv, ExecExit, ExecOutput, ExecStdin, ExecStream, GuestCleanup, SandboxError,
 };
 use tokio::io::AsyncWriteExt as _;
+use wrapper_stream::WrapperStreamSink;
 
 use crate::connection::{quote, ApiFailure};
 use crate::state::BackendState;
@@ -89,19 +89,6 @@ enum ExecFailure {
     Dropped,
 }
 
-/// Where an attached exec's output goes as it arrives.
-trait OutputSink: Send {
-    /// Takes one piece of stdout (`is_stdout`) or stderr, waiting while the consumer is behind.
-    fn accept(
-        &mut self,
-        is_stdout: bool,
-        bytes: bytes::Bytes,
-    ) -> impl Future<Output = Result<(), ExecFailure>> + Send;
-
-    /// Resolves once nobody reads the output any more.
-    fn dropped(&self) -> impl Future<Output = ()> + Send;
-}
-
 /// Collects a backend-internal call's output against its budget.
 struct CollectSink {
     stdout: Vec<u8>,
@@ -110,53 +97,18 @@ struct CollectSink {
 }
 
 impl OutputSink for CollectSink {
-    async fn accept(&mut self, is_stdout: bool, bytes: bytes::Bytes) -> Result<(), ExecFailure> {
+    async fn accept(&mut self, stream: Stream, bytes: &[u8]) -> Result<(), exec_wrapper::Error> {
         if (self.stdout.len() + self.stderr.len() + bytes.len()) as u64 > self.budget {
-            return Err(ExecFailure::OverBudget);
+            return Err(exec_wrapper::Error::OutputLimit {
+                program: "docker".to_owned(),
+                budget: usize::try_from(self.budget).unwrap_or(usize::MAX),
+            });
         }
-        if is_stdout {
-            self.stdout.extend_from_slice(&bytes);
-        } else {
-            self.stderr.extend_from_slice(&bytes);
+        match stream {
+            Stream::Stdout => self.stdout.extend_from_slice(bytes),
+            Stream::Stderr => self.stderr.extend_from_slice(bytes),
         }
         Ok(())
-    }
-
-    async fn dropped(&self) {
-        std::future::pending::<()>().await;
-    }
-}
-
-/// Feeds a wrapper call's output to its stream: stderr through the nonce splitter, so transport
-/// noise never reaches the consumer however the chunks cut the nonce line.
-struct WrapperSink {
-    sender: ExecStreamSender,
-    splitter: NonceSplitter,
-    started_seen: Arc<AtomicBool>,
-}
-
-impl OutputSink for WrapperSink {
-    async fn accept(&mut self, is_stdout: bool, bytes: bytes::Bytes) -> Result<(), ExecFailure> {
-        let chunk = if is_stdout {
-            ExecChunk::Stdout(bytes.to_vec())
-        } else {
-            let command = self.splitter.push(&bytes);
-            if self.splitter.started() {
-                self.started_seen.store(true, Ordering::Relaxed);
-            }
-            ExecChunk::Stderr(command)
-        };
-        self.sender
-            .send(chunk)
-            .await
-            .map_err(|refused| match refused {
-                SendRefused::Dropped => ExecFailure::Dropped,
-                SendRefused::OverCap { .. } => ExecFailure::OverBudget,
-            })
-    }
-
-    async fn dropped(&self) {
-        self.sender.dropped().await;
     }
 }
 
@@ -274,15 +226,22 @@ impl BackendState {
                     fed = true;
                     continue;
                 }
-                () = sink.dropped() => return Err(ExecFailure::Dropped),
+                () = sink.abandoned() => return Err(ExecFailure::Dropped),
             };
-            match chunk {
+            let (stream, message) = match chunk {
                 LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                    sink.accept(true, message).await?;
+                    (Stream::Stdout, message)
                 }
-                LogOutput::StdErr { message } => sink.accept(false, message).await?,
-                LogOutput::StdIn { .. } => {}
-            }
+                LogOutput::StdErr { message } => (Stream::Stderr, message),
+                LogOutput::StdIn { .. } => continue,
+            };
+            sink.accept(stream, &message)
+                .await
+                .map_err(|refused| match refused {
+                    exec_wrapper::Error::Abandoned { .. } => ExecFailure::Dropped,
+                    // The output cap; no other refusal comes from a sink.
+                    _ => ExecFailure::OverBudget,
+                })?;
         }
         let inspected = api
             .inspect_exec(&created.id)
@@ -443,22 +402,16 @@ impl BackendState {
         nonce: Nonce,
         sender: ExecStreamSender,
     ) {
-        let started_seen = Arc::new(AtomicBool::new(false));
         let limit = sender.cap();
-        let mut sink = WrapperSink {
-            sender,
-            splitter: NonceSplitter::new(&nonce),
-            started_seen: Arc::clone(&started_seen),
-        };
+        let mut sink = WrapperStreamSink::new(sender, &nonce, "docker");
+        let started_seen = sink.started_flag();
         let started = std::time::SystemTime::now();
         let ran = tokio::time::timeout(
             timeout,
             self.exec_attached(&id, argv, env, stdin, &mut sink),
         )
         .await;
-        let WrapperSink {
-            sender, splitter, ..
-        } = sink;
+        let (sender, splitter) = sink.into_parts();
         let outcome = match ran {
             Err(_) => Err(SandboxError::Timeout {
                 operation: "command".to_owned(),

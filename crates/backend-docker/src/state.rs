@@ -4,11 +4,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
+use sandbox_core::backend_kit::{LockGuard, LockTable};
 use sandbox_core::{BackendDeclarations, SandboxError, SandboxKey};
-use tokio::sync::OwnedMutexGuard;
 
 use crate::config::DockerConfig;
 use crate::connection::EngineConnection;
@@ -70,7 +69,7 @@ pub(crate) struct BackendState {
     resources: tokio::sync::OnceCell<crate::config::Resources>,
     /// Bounds the engine stats in flight (at most [`STAT_CONCURRENCY`]).
     pub(crate) stat_slots: tokio::sync::Semaphore,
-    name_locks: Arc<NameLocks>,
+    name_locks: LockTable<String>,
     memory: Mutex<ProcessMemory>,
     /// The engine host's addresses the egress proxy denies, as last read.
     pub(crate) host_addresses: HostAddressCache,
@@ -88,7 +87,7 @@ impl BackendState {
             declarations,
             resources: tokio::sync::OnceCell::new(),
             stat_slots: tokio::sync::Semaphore::new(STAT_CONCURRENCY),
-            name_locks: Arc::default(),
+            name_locks: LockTable::default(),
             memory: Mutex::new(ProcessMemory::default()),
             host_addresses: HostAddressCache::default(),
         }
@@ -116,8 +115,8 @@ impl BackendState {
     }
 
     /// Waits for the process-wide lock of one container name.
-    pub(crate) async fn lock_name(&self, name: &str) -> NameGuard {
-        self.name_locks.lock(name).await
+    pub(crate) async fn lock_name(&self, name: &str) -> LockGuard<String> {
+        self.name_locks.lock(name.to_owned()).await
     }
 
     pub(crate) fn is_retired(&self, id: &str) -> bool {
@@ -237,109 +236,6 @@ impl BackendState {
     }
 }
 
-type Slot = Arc<tokio::sync::Mutex<()>>;
-
-/// Per-name async locks whose slots disappear when nobody holds or awaits them, so a long-lived
-/// backend serving many keys does not grow a lock per name it ever saw.
-#[derive(Debug, Default)]
-struct NameLocks {
-    slots: Mutex<HashMap<String, Slot>>,
-}
-
-impl NameLocks {
-    fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
-        // A poisoned table still holds valid slots: nothing is left half-written under it.
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Cancel safe: dropping the future while it waits gives up its place and prunes the slot if
-    /// nobody else uses it.
-    async fn lock(self: &Arc<Self>, name: &str) -> NameGuard {
-        let slot = self.slots().entry(name.to_owned()).or_default().clone();
-        let mut guard = NameGuard {
-            table: Arc::clone(self),
-            name: name.to_owned(),
-            held: None,
-            slot: Some(Arc::clone(&slot)),
-        };
-        guard.held = Some(slot.lock_owned().await);
-        guard
-    }
-}
-
-/// Holds one name's lock; its release drops the slot when nobody else holds or awaits it.
-#[derive(Debug)]
-pub(crate) struct NameGuard {
-    table: Arc<NameLocks>,
-    name: String,
-    held: Option<OwnedMutexGuard<()>>,
-    slot: Option<Slot>,
-}
-
-impl Drop for NameGuard {
-    fn drop(&mut self) {
-        self.held.take();
-        self.slot.take();
-        let mut slots = self.table.slots();
-        // Every holder or waiter clones the slot out of the table under this same lock, so a
-        // count of one (the table's own) means nobody else can be using it.
-        if slots
-            .get(&self.name)
-            .is_some_and(|slot| Arc::strong_count(slot) == 1)
-        {
-            slots.remove(&self.name);
-        }
-    }
-}
-
-/// A cleanup that must happen even if the future that armed it is dropped: unless disarmed, it is
-/// spawned on the runtime when the guard drops, where no caller can cancel it.
-pub(crate) struct CleanupOnDrop {
-    what: &'static str,
-    pending: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
-}
-
-impl CleanupOnDrop {
-    pub(crate) fn armed(
-        what: &'static str,
-        cleanup: impl Future<Output = ()> + Send + 'static,
-    ) -> Self {
-        CleanupOnDrop {
-            what,
-            pending: Some(Box::pin(cleanup)),
-        }
-    }
-
-    pub(crate) fn disarm(&mut self) {
-        self.pending = None;
-    }
-}
-
-impl Drop for CleanupOnDrop {
-    fn drop(&mut self) {
-        if let Some(cleanup) = self.pending.take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(cleanup);
-                }
-                Err(_) => tracing::warn!(
-                    cleanup = self.what,
-                    "dropped outside a tokio runtime; the cleanup could not run"
-                ),
-            }
-        }
-    }
-}
-
-/// Runs `task` to its end in a task of its own, so the caller's drop cannot cancel it.
-pub(crate) async fn shielded<T: Send + 'static>(
-    task: impl Future<Output = T> + Send + 'static,
-) -> Result<T, SandboxError> {
-    tokio::spawn(task)
-        .await
-        .map_err(|e| SandboxError::engine(format!("a cleanup task failed: {e}")))
-}
-
 /// Runs the futures with at most `limit` in flight, outputs in input order.
 pub(crate) async fn bounded_join<F: Future>(futures: Vec<F>, limit: usize) -> Vec<F::Output> {
     use futures_util::StreamExt as _;
@@ -353,54 +249,8 @@ pub(crate) async fn bounded_join<F: Future>(futures: Vec<F>, limit: usize) -> Ve
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
     use std::time::Duration;
-
-    #[tokio::test]
-    async fn name_locks_serialise_and_prune() {
-        let table: Arc<NameLocks> = Arc::default();
-        let first = table.lock("a").await;
-        let other = table.lock("b").await;
-        assert_eq!(table.slots().len(), 2);
-        drop(other);
-        assert_eq!(table.slots().len(), 1);
-        let waiter = {
-            let table = Arc::clone(&table);
-            tokio::spawn(async move { table.lock("a").await })
-        };
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        assert!(!waiter.is_finished());
-        drop(first);
-        let second = waiter.await.unwrap();
-        assert_eq!(table.slots().len(), 1);
-        drop(second);
-        assert_eq!(table.slots().len(), 0);
-        // A waiter dropped while it waits leaves nothing behind.
-        let held = table.lock("c").await;
-        let abandoned = tokio::time::timeout(Duration::from_millis(5), table.lock("c")).await;
-        assert!(abandoned.is_err());
-        drop(held);
-        assert_eq!(table.slots().len(), 0);
-    }
-
-    #[tokio::test]
-    async fn a_cleanup_runs_when_dropped_armed_and_not_when_disarmed() {
-        let ran = Arc::new(AtomicUsize::new(0));
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let counter = Arc::clone(&ran);
-        drop(CleanupOnDrop::armed("test", async move {
-            counter.fetch_add(1, Ordering::SeqCst);
-            let _ = tx.send(());
-        }));
-        rx.await.unwrap();
-        let counter = Arc::clone(&ran);
-        let mut disarmed = CleanupOnDrop::armed("test", async move {
-            counter.fetch_add(1, Ordering::SeqCst);
-        });
-        disarmed.disarm();
-        drop(disarmed);
-        tokio::task::yield_now().await;
-        assert_eq!(ran.load(Ordering::SeqCst), 1);
-    }
 
     #[tokio::test]
     async fn bounded_join_keeps_order_and_the_bound() {
