@@ -11,10 +11,38 @@
 //! metric (`name: backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`; a cost added on top
 //! of the same call as an absolute `ours X ms, raw Y ms, added Z ms at p50`) and exits non-zero
 //! when a pass/fail target is missed.
+//!
+//! `--runs N` runs every bench N times. The rows each run records (`target/bench/rows.jsonl`)
+//! are gathered by name: a row's times and ratio are the medians over the runs, its spread the
+//! lowest and highest ratio, and it passes when the median ratio meets a `≤ X` target (any
+//! other target: when most runs passed). `target/bench/report.json` holds those rows with the
+//! machine, the load average before and after, the date and the number of runs; the section of
+//! `BENCHMARKS.md` between its generated-section markers is rewritten from it, and everything
+//! outside the markers (the hand-written account of what moved each row) is kept as it is.
+//! `--report-only` rewrites that section from the last report without running anything.
+
+use std::path::Path;
+use std::time::Duration;
+
+use clap::Args;
 
 use crate::error::XtaskError;
 use crate::live::build_images;
-use crate::process::{cargo, tee_in, Workspace};
+use crate::process::{capture_in, cargo, tee_in, Workspace};
+
+/// Arguments of `cargo xtask bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Runs of every bench; each row is the median of its runs, with the spread of its ratio.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    runs: usize,
+    /// Only the benches whose name contains one of these (e.g. `confined-fs`, `egress`).
+    #[arg(long, value_name = "NAME")]
+    only: Vec<String>,
+    /// Rewrites the generated section of BENCHMARKS.md from target/bench/report.json and exits.
+    #[arg(long)]
+    report_only: bool,
+}
 
 /// One benchmark: a name for the summary and the `cargo` arguments that run it.
 struct Bench {
@@ -24,7 +52,7 @@ struct Bench {
 
 const BENCHES: &[Bench] = &[
     Bench {
-        name: "confined-fs writes",
+        name: "confined-fs writes and reads",
         args: &["bench", "-p", "confined-fs", "--bench", "writes"],
     },
     Bench {
@@ -117,14 +145,35 @@ const BENCHES: &[Bench] = &[
 fn is_report_line(line: &str) -> bool {
     line.starts_with("confined-fs writes:")
         || line.starts_with("confined-fs reads:")
+        || line.starts_with("confined-fs read by directory size:")
         || line.starts_with("flood:")
         || line.starts_with("exec wrapper cost:")
         || (line.contains(": ours ") && line.contains(" ms at p50 "))
         || (line.contains(": backend ") && line.contains(" ms, raw "))
 }
 
-/// Runs every benchmark, prints the summary, and fails when any of them failed.
-pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
+/// Runs the benchmarks `args` selects `args.runs` times, prints the summary, writes the report
+/// and the generated section of `BENCHMARKS.md`, and fails when any bench failed.
+pub fn run(workspace: &Workspace, args: &BenchArgs) -> Result<(), XtaskError> {
+    let bench_dir = workspace.root().join("target/bench");
+    let report_path = bench_dir.join("report.json");
+    if args.report_only {
+        let text = std::fs::read_to_string(&report_path).map_err(|source| XtaskError::Io {
+            action: "reading",
+            path: report_path.display().to_string(),
+            source,
+        })?;
+        let report: serde_json::Value =
+            serde_json::from_str(&text).map_err(|_| XtaskError::Malformed {
+                what: "target/bench/report.json",
+            })?;
+        return write_benchmarks_md(workspace, &report);
+    }
+    let selected: Vec<&Bench> = BENCHES
+        .iter()
+        .filter(|bench| args.only.is_empty() || args.only.iter().any(|o| bench.name.contains(o)))
+        .collect();
+    let runs = args.runs.max(1);
     build_images(
         workspace,
         &[
@@ -135,24 +184,30 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     )?;
     // The sbx benchmark drives the simulator's debug build.
     workspace.run(cargo().args(["build", "-p", "sbx-sim"]))?;
-    // The Docker benches append one JSON row per line; the run's rows become report.json.
-    let bench_dir = workspace.root().join("target/bench");
+    let load_before = load_average();
+    // Each bench appends one JSON row per line; each run's rows are taken before the next.
     let rows = bench_dir.join("rows.jsonl");
-    let _ = std::fs::remove_file(&rows);
-    let mut outcomes = Vec::with_capacity(BENCHES.len());
-    for bench in BENCHES {
-        eprintln!();
-        eprintln!("==> bench: {}", bench.name);
-        let teed = tee_in(workspace.root(), cargo().args(bench.args), is_report_line)?;
-        outcomes.push((bench.name, teed));
+    let mut all_rows = Vec::new();
+    let mut outcomes = Vec::with_capacity(selected.len() * runs);
+    for run in 1..=runs {
+        let _ = std::fs::remove_file(&rows);
+        for bench in &selected {
+            eprintln!();
+            eprintln!("==> bench: {} (run {run} of {runs})", bench.name);
+            let teed = tee_in(workspace.root(), cargo().args(bench.args), is_report_line)?;
+            outcomes.push((bench.name, run, teed));
+        }
+        all_rows.extend(parse_rows(
+            &std::fs::read_to_string(&rows).unwrap_or_default(),
+        ));
     }
     eprintln!();
     eprintln!("{}", "=".repeat(72));
     eprintln!("bench summary");
     let mut first_failure = None;
-    for (name, teed) in &outcomes {
+    for (name, run, teed) in &outcomes {
         let label = if teed.success { "ok" } else { "FAILED" };
-        eprintln!("  {label:<8} {name}");
+        eprintln!("  {label:<8} {name} (run {run})");
         for line in &teed.kept {
             eprintln!("             {line}");
         }
@@ -161,16 +216,37 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
             first_failure.get_or_insert(*name);
         }
     }
-    eprintln!("{}", "=".repeat(72));
-    let lines = std::fs::read_to_string(&rows).unwrap_or_default();
-    let report = report_json(&lines);
-    match std::fs::write(bench_dir.join("report.json"), report) {
-        Ok(()) => eprintln!(
-            "rows written to {}",
-            bench_dir.join("report.json").display()
-        ),
-        Err(error) => eprintln!("could not write target/bench/report.json: {error}"),
+    let aggregated = aggregate(&all_rows);
+    if runs > 1 {
+        eprintln!("medians over {runs} runs:");
+        for row in &aggregated {
+            eprintln!(
+                "  {:<8} {}: ratio {:.2} (spread {:.2}-{:.2}, {} runs, target {})",
+                if row.pass { "pass" } else { "MISSED" },
+                row.name,
+                row.ratio,
+                row.ratio_min,
+                row.ratio_max,
+                row.runs,
+                row.target
+            );
+        }
     }
+    eprintln!("{}", "=".repeat(72));
+    let report = serde_json::json!({
+        "date": utc_now(workspace),
+        "machine": machine(workspace),
+        "load_average": { "before": load_before, "after": load_average() },
+        "runs": runs,
+        "benches": selected.iter().map(|bench| bench.name).collect::<Vec<_>>(),
+        "rows": aggregated.iter().map(Aggregate::to_json).collect::<Vec<_>>(),
+    });
+    let _ = std::fs::create_dir_all(&bench_dir);
+    match std::fs::write(&report_path, format!("{report:#}\n")) {
+        Ok(()) => eprintln!("rows written to {}", report_path.display()),
+        Err(error) => eprintln!("could not write {}: {error}", report_path.display()),
+    }
+    write_benchmarks_md(workspace, &report)?;
     match first_failure {
         None => Ok(()),
         Some(step) => Err(XtaskError::StepFailed {
@@ -180,25 +256,351 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     }
 }
 
-/// The rows (one JSON object per line) as one JSON list.
-fn report_json(lines: &str) -> String {
-    let rows: Vec<&str> = lines
+/// One row as a bench recorded it.
+#[derive(Debug, Clone, PartialEq)]
+struct Row {
+    name: String,
+    ours_ms: f64,
+    raw_ms: f64,
+    ratio: f64,
+    target: String,
+    pass: bool,
+}
+
+/// The rows (one JSON object per line); a line that is not a row is skipped.
+fn parse_rows(lines: &str) -> Vec<Row> {
+    lines
         .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    format!("[\n  {}\n]\n", rows.join(",\n  "))
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line.trim()).ok())
+        .filter_map(|value| {
+            Some(Row {
+                name: value["name"].as_str()?.to_owned(),
+                ours_ms: value["ours_ms"].as_f64()?,
+                raw_ms: value["raw_ms"].as_f64()?,
+                ratio: value["ratio"].as_f64()?,
+                target: value["target"].as_str().unwrap_or("").to_owned(),
+                pass: value["pass"].as_bool()?,
+            })
+        })
+        .collect()
+}
+
+/// A row over every run that recorded it.
+#[derive(Debug, Clone, PartialEq)]
+struct Aggregate {
+    name: String,
+    target: String,
+    runs: usize,
+    ours_ms: f64,
+    raw_ms: f64,
+    ratio: f64,
+    ratio_min: f64,
+    ratio_max: f64,
+    pass: bool,
+}
+
+impl Aggregate {
+    fn to_json(&self) -> serde_json::Value {
+        let round = |value: f64, scale: f64| (value * scale).round() / scale;
+        serde_json::json!({
+            "name": self.name,
+            "ours_ms": round(self.ours_ms, 10.0),
+            "raw_ms": round(self.raw_ms, 10.0),
+            "ratio": round(self.ratio, 100.0),
+            "ratio_min": round(self.ratio_min, 100.0),
+            "ratio_max": round(self.ratio_max, 100.0),
+            "runs": self.runs,
+            "target": self.target,
+            "pass": self.pass,
+        })
+    }
+}
+
+/// Groups the rows by name, in the order first seen: medians, the ratio's spread, and the verdict.
+fn aggregate(rows: &[Row]) -> Vec<Aggregate> {
+    let mut names: Vec<&str> = Vec::new();
+    for row in rows {
+        if !names.contains(&row.name.as_str()) {
+            names.push(&row.name);
+        }
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let runs: Vec<&Row> = rows.iter().filter(|row| row.name == name).collect();
+            let values = |pick: fn(&Row) -> f64| runs.iter().map(|row| pick(row)).collect();
+            let ratios: Vec<f64> = values(|row| row.ratio);
+            let ratio = median(ratios.clone());
+            let target = runs[0].target.clone();
+            let pass = match ratio_bound(&target) {
+                Some(bound) => ratio <= bound,
+                None => runs.iter().filter(|row| row.pass).count() * 2 > runs.len(),
+            };
+            Aggregate {
+                name: name.to_owned(),
+                runs: runs.len(),
+                ours_ms: median(values(|row| row.ours_ms)),
+                raw_ms: median(values(|row| row.raw_ms)),
+                ratio,
+                ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+                ratio_max: ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                target,
+                pass,
+            }
+        })
+        .collect()
+}
+
+/// The bound of a plain ratio target (`≤ 1.10`, `<= 3`); `None` for any other kind.
+fn ratio_bound(target: &str) -> Option<f64> {
+    let rest = target
+        .trim()
+        .strip_prefix('≤')
+        .or_else(|| target.trim().strip_prefix("<="))?;
+    rest.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|bound| bound.is_finite())
+}
+
+/// The median (the mean of the middle two for an even count); 0 for none.
+fn median(mut values: Vec<f64>) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// `/proc/loadavg`'s three averages, or empty where there is none.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default()
+}
+
+fn utc_now(workspace: &Workspace) -> String {
+    capture_in(
+        workspace.root(),
+        std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]),
+        Duration::from_secs(10),
+    )
+    .map(|text| text.trim().to_owned())
+    .unwrap_or_default()
+}
+
+/// Cores, memory, kernel and engine version of this machine.
+fn machine(workspace: &Workspace) -> serde_json::Value {
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let memory_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|line| line.starts_with("MemTotal:"))
+                .and_then(|line| line.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| (kib / 1024.0 / 1024.0 * 10.0).round() / 10.0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|text| text.trim().to_owned())
+        .unwrap_or_default();
+    let docker = capture_in(
+        workspace.root(),
+        std::process::Command::new("docker").args(["version", "--format", "{{.Server.Version}}"]),
+        Duration::from_secs(30),
+    )
+    .map(|text| text.trim().to_owned())
+    .unwrap_or_default();
+    serde_json::json!({ "cores": cores, "memory_gib": memory_gib, "kernel": kernel, "docker": docker })
+}
+
+/// The markers around the generated section of `BENCHMARKS.md`.
+const GENERATED_START: &str =
+    "<!-- generated by `cargo xtask bench` from target/bench/report.json; edits here are overwritten -->";
+const GENERATED_END: &str = "<!-- end of the generated section -->";
+
+/// Rewrites the generated section of `BENCHMARKS.md` from `report`, keeping the rest.
+fn write_benchmarks_md(
+    workspace: &Workspace,
+    report: &serde_json::Value,
+) -> Result<(), XtaskError> {
+    let path = workspace.root().join("BENCHMARKS.md");
+    let text = std::fs::read_to_string(&path).map_err(|source| XtaskError::Io {
+        action: "reading",
+        path: path.display().to_string(),
+        source,
+    })?;
+    let updated =
+        replace_generated(&text, &render_report(report)).ok_or(XtaskError::Malformed {
+            what: "BENCHMARKS.md (no generated-section markers)",
+        })?;
+    std::fs::write(&path, updated).map_err(|source| XtaskError::Io {
+        action: "writing",
+        path: path.display().to_string(),
+        source,
+    })?;
+    eprintln!("{} regenerated", display_relative(&path, workspace.root()));
+    Ok(())
+}
+
+fn display_relative(path: &Path, root: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+/// `text` with what lies between the markers replaced by `generated`; `None` without markers.
+fn replace_generated(text: &str, generated: &str) -> Option<String> {
+    let start = text.find(GENERATED_START)? + GENERATED_START.len();
+    let end = start + text[start..].find(GENERATED_END)?;
+    Some(format!(
+        "{}\n{}\n{}",
+        &text[..start],
+        generated.trim_end(),
+        &text[end..]
+    ))
+}
+
+/// The generated section: the run's header and one table of its rows.
+fn render_report(report: &serde_json::Value) -> String {
+    let text = |value: &serde_json::Value| value.as_str().unwrap_or("?").to_owned();
+    let machine = &report["machine"];
+    let runs = report["runs"].as_u64().unwrap_or(1);
+    let mut out = String::new();
+    out.push_str("## Latest run\n\n");
+    out.push_str(&format!(
+        "`cargo xtask bench --runs {runs}` on {}: {} cores, {} GiB, kernel {}, Docker Engine {}; \
+         load average (1, 5, 15 min) {} before and {} after the run (the machine was shared with \
+         other builds). Benches run: {}. Each row is the median of its runs; the spread is the \
+         lowest and the highest ratio over them.\n\n",
+        text(&report["date"]),
+        machine["cores"],
+        machine["memory_gib"],
+        text(&machine["kernel"]),
+        text(&machine["docker"]),
+        text(&report["load_average"]["before"]),
+        text(&report["load_average"]["after"]),
+        report["benches"]
+            .as_array()
+            .map(|names| names.iter().map(text).collect::<Vec<_>>().join(", "))
+            .unwrap_or_default(),
+    ));
+    out.push_str("| row | ours | raw reference | ratio (median) | spread | runs | target | |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|\n");
+    for row in report["rows"].as_array().into_iter().flatten() {
+        let number = |key: &str| row[key].as_f64().unwrap_or(f64::NAN);
+        out.push_str(&format!(
+            "| {} | {:.1} ms | {:.1} ms | {:.2} | {:.2}–{:.2} | {} | {} | {} |\n",
+            text(&row["name"]),
+            number("ours_ms"),
+            number("raw_ms"),
+            number("ratio"),
+            number("ratio_min"),
+            number("ratio_max"),
+            row["runs"],
+            text(&row["target"]),
+            if row["pass"].as_bool() == Some(true) {
+                "pass"
+            } else {
+                "missed"
+            },
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn row(name: &str, ratio: f64, target: &str, pass: bool) -> String {
+        format!(
+            "{{\"name\":\"{name}\",\"ours_ms\":{},\"raw_ms\":10.0,\"ratio\":{ratio},\"target\":\"{target}\",\"pass\":{pass}}}\n",
+            ratio * 10.0
+        )
+    }
+
     #[test]
-    fn rows_become_one_list() {
+    fn rows_over_runs_become_medians_with_their_spread() {
+        let lines = [
+            row("a", 1.4, "≤ 1.3", false),
+            row("b", 0.5, "≤ +5 ms", true),
+            "not a row\n".to_owned(),
+            row("a", 1.2, "≤ 1.3", true),
+            row("b", 0.7, "≤ +5 ms", false),
+            row("a", 1.25, "≤ 1.3", true),
+            row("b", 0.6, "≤ +5 ms", true),
+        ]
+        .concat();
+        let rows = parse_rows(&lines);
+        assert_eq!(rows.len(), 6);
+        let aggregated = aggregate(&rows);
+        assert_eq!(aggregated.len(), 2);
+        let a = &aggregated[0];
+        assert_eq!((a.name.as_str(), a.runs), ("a", 3));
+        assert!((a.ratio - 1.25).abs() < 1e-9 && (a.ours_ms - 12.5).abs() < 1e-9);
+        assert!((a.ratio_min - 1.2).abs() < 1e-9 && (a.ratio_max - 1.4).abs() < 1e-9);
+        // The median ratio meets the bound though one run missed it.
+        assert!(a.pass);
+        // Not a plain ratio target: most runs passed.
+        assert!(aggregated[1].pass);
+        let missed = aggregate(&parse_rows(
+            &[row("c", 1.5, "≤ 1.3", true), row("c", 1.6, "≤ 1.3", true)].concat(),
+        ));
+        assert!(!missed[0].pass);
+        assert!((missed[0].ratio - 1.55).abs() < 1e-9);
+    }
+
+    #[test]
+    fn ratio_bounds_are_read_from_plain_ratio_targets_only() {
+        assert_eq!(ratio_bound("≤ 1.10"), Some(1.1));
+        assert_eq!(ratio_bound("<= 3"), Some(3.0));
+        assert_eq!(ratio_bound("≤ +5 ms"), None);
+        assert_eq!(ratio_bound("0 failures, ≤ 1.0"), None);
+        assert_eq!(ratio_bound(""), None);
+    }
+
+    #[test]
+    fn only_the_generated_section_is_rewritten() {
+        let text = format!(
+            "# Benchmarks\nintro\n{GENERATED_START}\nold table\n{GENERATED_END}\n\n## Prose\nkept\n"
+        );
+        let updated = replace_generated(&text, "new table\n").unwrap();
         assert_eq!(
-            report_json("{\"name\":\"a\"}\n\n{\"name\":\"b\"}\n"),
-            "[\n  {\"name\":\"a\"},\n  {\"name\":\"b\"}\n]\n"
+            updated,
+            format!("# Benchmarks\nintro\n{GENERATED_START}\nnew table\n{GENERATED_END}\n\n## Prose\nkept\n")
+        );
+        assert_eq!(replace_generated("no markers", "x"), None);
+        let report = serde_json::json!({
+            "date": "2026-12-01 11:00 UTC",
+            "machine": {"cores": 2, "memory_gib": 23.4, "kernel": "6.1", "docker": "20.10.24"},
+            "load_average": {"before": "1.0 2.0 3.0", "after": "4.0 5.0 6.0"},
+            "runs": 5,
+            "benches": ["x"],
+            "rows": [aggregate(&parse_rows(&row("a", 1.2, "≤ 1.3", true)))[0].to_json()],
+        });
+        let rendered = render_report(&report);
+        assert!(
+            rendered.contains("--runs 5` on 2026-12-01 11:00 UTC: 2 cores, 23.4 GiB"),
+            "{rendered}"
+        );
+        assert!(
+            rendered.contains("1.0 2.0 3.0 before and 4.0 5.0 6.0 after"),
+            "{rendered}"
+        );
+        assert!(
+            rendered.contains("| a | 12.0 ms | 10.0 ms | 1.20 | 1.20–1.20 | 1 | ≤ 1.3 | pass |"),
+            "{rendered}"
         );
     }
 

@@ -41,7 +41,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::error::XtaskError;
 use crate::process::Workspace;
 
 #[derive(Debug, Parser)]
@@ -68,8 +67,9 @@ enum Command {
         #[command(subcommand)]
         suite: live::Suite,
     },
-    /// Runs the benchmarks and prints their reports.
-    Bench,
+    /// Runs the benchmarks (`--runs N`: each row the median of N runs), prints their reports,
+    /// and regenerates the generated section of BENCHMARKS.md.
+    Bench(bench::BenchArgs),
     /// Fails when a crate depends on one it may not (docs/architecture.md#layering-rules), or when
     /// a code comment cites a document outside the repository.
     Layering,
@@ -86,7 +86,7 @@ fn main() -> ExitCode {
         Command::Fuzz(args) => fuzz::run(&workspace, &args),
         Command::Images { tags } => live::build_images(&workspace, &tags),
         Command::E2e { suite } => live::run(&workspace, &suite),
-        Command::Bench => bench(&workspace),
+        Command::Bench(args) => bench::run(&workspace, &args),
         Command::Layering => layering::run(&workspace),
         Command::CheckTargets => targets::run(&workspace),
         Command::Mutants(args) => mutants::run(&workspace, &args),
@@ -98,9 +98,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// The benchmarks (not part of `ci`): confined-fs, then the Docker backend's against the raw CLI.
-fn bench(workspace: &Workspace) -> Result<(), XtaskError> {
-    bench::run(workspace)
 }

@@ -16,6 +16,11 @@ use std::time::{Duration, Instant};
 
 use confined_fs::ConfinedRoot;
 
+#[path = "../../../xtask/bench_row.rs"]
+mod bench_row;
+
+use bench_row::{median, record_row};
+
 const FILES: usize = 1000;
 const FILE_SIZE: usize = 4096;
 const ROUNDS: usize = 11;
@@ -91,15 +96,24 @@ impl Summary {
             .push(confined.as_secs_f64() / plain.as_secs_f64());
     }
 
-    fn print(mut self, what: &str) {
-        self.ratios.sort_by(f64::total_cmp);
+    /// Prints the line and records the row against `target` (a ratio bound).
+    fn print(self, what: &str, target: f64) {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let ratio = median(self.ratios);
         println!(
             "confined-fs {what}: {FILES} files x {} KiB: confined {:.1} ms, std {:.1} ms, ratio {:.2}",
             FILE_SIZE / 1024,
             ms(self.confined),
             ms(self.plain),
-            self.ratios[self.ratios.len() / 2]
+            ratio
+        );
+        record_row(
+            &format!("confined-fs {what}, {FILES} x 4 KiB, vs std::fs"),
+            ms(self.confined),
+            ms(self.plain),
+            ratio,
+            &format!("≤ {target}"),
+            ratio <= target,
         );
     }
 }
@@ -147,13 +161,22 @@ fn per_read_by_directory_size(contents: &[u8]) {
         large = large.min(l);
         ratios.push(l.as_secs_f64() / s.as_secs_f64());
     }
-    ratios.sort_by(f64::total_cmp);
+    let ratio = median(ratios);
     let per_read = |d: Duration| d.as_secs_f64() * 1e6 / DIR_READS as f64;
     println!(
-        "confined-fs read by directory size: {SMALL_DIR} entries {:.1} us/read, {LARGE_DIR} entries {:.1} us/read, ratio {:.2} (target <= 1.5)",
+        "confined-fs read by directory size: {SMALL_DIR} entries {:.1} us/read, {LARGE_DIR} entries {:.1} us/read, ratio {ratio:.2} (target <= 1.5)",
         per_read(small),
         per_read(large),
-        ratios[ratios.len() / 2]
+    );
+    record_row(
+        &format!(
+            "confined-fs {DIR_READS} reads in a {LARGE_DIR}-entry vs a {SMALL_DIR}-entry directory"
+        ),
+        large.as_secs_f64() * 1000.0,
+        small.as_secs_f64() * 1000.0,
+        ratio,
+        "≤ 1.5",
+        ratio <= 1.5,
     );
 }
 
@@ -177,7 +200,7 @@ fn main() {
             reads.add(confined_read_round(&root, round), p);
         }
     }
-    writes.print("writes");
-    reads.print("reads");
+    writes.print("writes", 1.3);
+    reads.print("reads", 3.0);
     per_read_by_directory_size(&contents);
 }
