@@ -41,14 +41,28 @@ const PROXY_TARGET: &str = "x86_64-unknown-linux-gnu";
 
 /// Builds the images (all, or the given tags) with progress on stderr, caching debootstrap's
 /// output under `target/images-cache`. When the egress proxy image is wanted, the static
-/// `egress-proxy` binary is built first (release, `+crt-static`), and an image built around
-/// another binary is rebuilt.
+/// `egress-proxy` binary is built (release, `+crt-static`) beside the other images (a compile
+/// beside a debootstrap that mostly waits on the mirror and the disk), and the proxy image is
+/// built last, around it; an image built around another binary is rebuilt.
 pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskError> {
     let images = tags
         .iter()
         .map(|tag| LocalImage::from_tag(tag))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut recipe = ImageRecipe::new()
+    let wanted = if images.is_empty() {
+        LocalImage::ALL.to_vec()
+    } else {
+        images
+    };
+    // Built (a no-op when nothing changed) even when the image exists: the recipe rebuilds an
+    // image whose binary digest differs, so a changed proxy is never tested in a stale image.
+    let wants_proxy = wanted.contains(&LocalImage::EgressProxy);
+    let others: Vec<LocalImage> = wanted
+        .iter()
+        .copied()
+        .filter(|image| *image != LocalImage::EgressProxy)
+        .collect();
+    let recipe = ImageRecipe::new()
         .cache_dir(workspace.target_dir().join("images-cache"))
         .progress(|line| eprintln!("images: {line}"));
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -58,13 +72,29 @@ pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskE
             command: "a tokio runtime for the image recipe".to_owned(),
             source,
         })?;
-    // Built (a no-op when nothing changed) even when the image exists: the recipe rebuilds an
-    // image whose binary digest differs, so a changed proxy is never tested in a stale image.
-    let wants_proxy = images.is_empty() || images.contains(&LocalImage::EgressProxy);
-    if wants_proxy {
-        recipe = recipe.egress_proxy_binary(build_static_proxy(workspace)?);
+    let (proxy, others_built) = std::thread::scope(|scope| {
+        let proxy = wants_proxy.then(|| scope.spawn(|| build_static_proxy(workspace)));
+        // An empty list would mean every image to the recipe.
+        let others_built = if others.is_empty() {
+            Ok(Vec::new())
+        } else {
+            runtime.block_on(recipe.build(&others))
+        };
+        let proxy = proxy.map(|build| {
+            build.join().unwrap_or_else(|_| {
+                Err(XtaskError::Spawn {
+                    command: "the static egress-proxy build".to_owned(),
+                    source: std::io::Error::other("its thread panicked"),
+                })
+            })
+        });
+        (proxy, others_built)
+    });
+    let mut reports = others_built?;
+    if let Some(binary) = proxy.transpose()? {
+        let recipe = recipe.egress_proxy_binary(binary);
+        reports.extend(runtime.block_on(recipe.build(&[LocalImage::EgressProxy]))?);
     }
-    let reports = runtime.block_on(recipe.build(&images))?;
     for report in reports {
         eprintln!(
             "images: {:<26} {:?} ({:.1} s)",

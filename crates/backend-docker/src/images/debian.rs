@@ -1,4 +1,5 @@
-//! The Debian roots: one `debootstrap --variant=minbase` per package set, archived once.
+//! The Debian roots: one `debootstrap --variant=minbase` of every root's packages, then per root a
+//! copy with the packages it lacks purged, archived once.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -21,11 +22,25 @@ pub(super) enum DebianRoot {
     SbxShell,
 }
 
+/// What the one debootstrap installs besides minbase: the packages of every root. `bash` and
+/// `mount` are of priority `required`, so minbase has them in the base root too; `sudo` is not,
+/// and is purged from the base root's copy ([`DebianRoot::purged`]).
+pub(super) const BOOTSTRAP_INCLUDES: &str = "util-linux,coreutils,curl,bash,mount,sudo";
+
 impl DebianRoot {
+    /// The packages this root holds besides minbase.
     pub(super) fn includes(self) -> &'static str {
         match self {
             DebianRoot::Base => "util-linux,coreutils,curl",
             DebianRoot::SbxShell => "util-linux,coreutils,curl,bash,mount,sudo",
+        }
+    }
+
+    /// The packages of [`BOOTSTRAP_INCLUDES`] this root must not hold.
+    pub(super) fn purged(self) -> &'static [&'static str] {
+        match self {
+            DebianRoot::Base => &["sudo"],
+            DebianRoot::SbxShell => &[],
         }
     }
 
@@ -45,13 +60,16 @@ impl DebianRoot {
 }
 
 impl ImageRecipe {
-    /// The tar archive of a debootstrapped root: from the cache when there, else built.
-    pub(super) async fn debian_archive(
+    /// The tar archives of `roots`, each from the cache when there. The missing ones come from
+    /// one debootstrap of [`BOOTSTRAP_INCLUDES`] (every root's packages): each root is a copy of
+    /// that tree (the last one the tree itself) with the packages it lacks purged, the user
+    /// added and the package caches emptied.
+    pub(super) async fn debian_archives(
         &self,
-        root: DebianRoot,
+        roots: &[DebianRoot],
         tools: &HostTools,
         scratch: &Scratch,
-    ) -> Result<PathBuf, DockerError> {
+    ) -> Result<HashMap<DebianRoot, PathBuf>, DockerError> {
         let debian = tools
             .debian
             .as_ref()
@@ -63,21 +81,58 @@ impl ImageRecipe {
             Some(dir) => Some(ensure_dir(dir)?),
             None => None,
         };
-        let archive = match &cache {
-            Some(dir) => dir.join(root.archive_name()),
-            None => scratch.path().join(root.archive_name()),
-        };
-        if archive.is_file() {
-            self.say(&format!("  using cached root {}", archive.display()));
-            return Ok(archive);
+        let mut archives = HashMap::new();
+        let mut missing = Vec::new();
+        for root in roots {
+            let archive = match &cache {
+                Some(dir) => dir.join(root.archive_name()),
+                None => scratch.path().join(root.archive_name()),
+            };
+            if archive.is_file() {
+                self.say(&format!("  using cached root {}", archive.display()));
+                archives.insert(*root, archive);
+            } else if !missing.iter().any(|(other, _)| other == root) {
+                missing.push((*root, archive));
+            }
         }
+        let Some(last) = missing.len().checked_sub(1) else {
+            return Ok(archives);
+        };
 
-        let target = scratch.path().join(format!("root-{}", root.id()));
+        let shared = scratch.path().join("root-bootstrap");
+        self.bootstrap(&shared, cache.as_deref(), debian).await?;
+        for (index, (root, archive)) in missing.into_iter().enumerate() {
+            let tree = if index == last {
+                shared.clone()
+            } else {
+                let copy = scratch.path().join(format!("root-{}", root.id()));
+                let args: Vec<OsString> = vec![
+                    "-a".into(),
+                    shared.clone().into_os_string(),
+                    copy.clone().into_os_string(),
+                ];
+                run_checked(&debian.cp, &args, &[], self.import_timeout).await?;
+                copy
+            };
+            self.finish_root(root, &tree, &archive, debian).await?;
+            archives.insert(root, archive);
+        }
+        Ok(archives)
+    }
+
+    /// `debootstrap --variant=minbase` of [`BOOTSTRAP_INCLUDES`] into `target`, keeping the
+    /// downloaded packages under `cache/debs` when there is a cache.
+    async fn bootstrap(
+        &self,
+        target: &Path,
+        cache: Option<&Path>,
+        debian: &DebianTools,
+    ) -> Result<(), DockerError> {
         let mut args: Vec<OsString> = vec![
             "--variant=minbase".into(),
-            format!("--include={}", root.includes()).into(),
+            format!("--include={BOOTSTRAP_INCLUDES}").into(),
         ];
-        if let Some(dir) = &cache {
+        if let Some(dir) = cache {
             let debs = ensure_dir(&dir.join("debs"))?;
             let mut flag = OsString::from("--cache-dir=");
             flag.push(debs.as_os_str());
@@ -85,12 +140,11 @@ impl ImageRecipe {
         }
         args.extend([
             OsString::from(DEBIAN_SUITE),
-            target.clone().into_os_string(),
+            target.to_owned().into_os_string(),
             OsString::from(&debian.mirror),
         ]);
         self.say(&format!(
-            "  debootstrap {DEBIAN_SUITE} (minbase + {}) from {}",
-            root.includes(),
+            "  debootstrap {DEBIAN_SUITE} (minbase + {BOOTSTRAP_INCLUDES}) from {}",
             debian.mirror
         ));
         let started = Instant::now();
@@ -102,21 +156,48 @@ impl ImageRecipe {
         )
         .await;
         // debootstrap unmounts what it mounted on a normal exit; a killed one may not have.
-        unmount_under(&target);
+        unmount_under(target);
         outcome?;
         self.say(&format!(
             "  debootstrap done in {:.1} s",
             started.elapsed().as_secs_f64()
         ));
+        Ok(())
+    }
 
-        self.add_agent_user(root, &target, debian).await?;
-        trim_package_caches(&target)?;
+    /// Makes `tree` (a copy of the bootstrapped tree) into `root` and archives it to `archive`:
+    /// purges the packages the root lacks, adds the user, empties the package caches.
+    async fn finish_root(
+        &self,
+        root: DebianRoot,
+        tree: &Path,
+        archive: &Path,
+        debian: &DebianTools,
+    ) -> Result<(), DockerError> {
+        let purged = root.purged();
+        if !purged.is_empty() {
+            let mut args: Vec<OsString> =
+                vec![tree.as_os_str().to_owned(), "dpkg".into(), "--purge".into()];
+            args.extend(purged.iter().map(OsString::from));
+            // sudo's removal script refuses while root has no password (as in every root
+            // here) unless told the removal is meant.
+            let mut env = chroot_env();
+            env.push(("SUDO_FORCE_REMOVE", "yes"));
+            run_checked(&debian.chroot, &args, &env, self.command_timeout).await?;
+            self.say(&format!(
+                "  {}: purged {} from a copy of the bootstrapped root",
+                root.id(),
+                purged.join(", ")
+            ));
+        }
+        self.add_agent_user(root, tree, debian).await?;
+        trim_package_caches(tree)?;
 
         let partial = archive.with_extension("tar.partial");
         let tar_args: Vec<OsString> = vec![
             "--numeric-owner".into(),
             "-C".into(),
-            target.clone().into_os_string(),
+            tree.to_owned().into_os_string(),
             "-cf".into(),
             partial.clone().into_os_string(),
             ".".into(),
@@ -126,18 +207,20 @@ impl ImageRecipe {
             let _ = std::fs::remove_file(&partial);
             return Err(error);
         }
-        std::fs::rename(&partial, &archive).map_err(|source| DockerError::Io {
+        std::fs::rename(&partial, archive).map_err(|source| DockerError::Io {
             action: "moving the root archive into place at",
-            path: archive.clone(),
+            path: archive.to_owned(),
             source,
         })?;
-        remove_tree(&target)?;
+        remove_tree(tree)?;
         self.say(&format!(
-            "  root archived to {} ({} MiB)",
+            "  root {} (minbase + {}) archived to {} ({} MiB)",
+            root.id(),
+            root.includes(),
             archive.display(),
-            file_size(&archive) / (1024 * 1024)
+            file_size(archive) / (1024 * 1024)
         ));
-        Ok(archive)
+        Ok(())
     }
 
     /// Adds user `agent` (1000:1000, home `/home/agent`) inside the root, and for the sbx

@@ -52,7 +52,7 @@ const AGENT_USER: &str = "agent";
 const AGENT_ID: u32 = 1000;
 
 /// Bumped whenever a root's contents change, so a stale cached archive is never reused.
-const ROOT_RECIPE_VERSION: u32 = 1;
+const ROOT_RECIPE_VERSION: u32 = 2;
 
 /// The most output a host tool of the recipe may print (debootstrap is chatty, not unbounded).
 const TOOL_OUTPUT_BUDGET: usize = 64 * 1024 * 1024;
@@ -402,7 +402,23 @@ impl ImageRecipe {
 
         let tools = self.preflight(&missing)?;
         let scratch = Scratch::create(&self.scratch_parent)?;
-        let mut roots: HashMap<DebianRoot, PathBuf> = HashMap::new();
+        // Every Debian root the missing images need, from one debootstrap; its time counts
+        // toward the first image that needs one.
+        let mut needed: Vec<DebianRoot> = Vec::new();
+        for image in &missing {
+            if let RootSource::Debian(root) = image.root() {
+                if !needed.contains(&root) {
+                    needed.push(root);
+                }
+            }
+        }
+        let roots_started = Instant::now();
+        let roots: HashMap<DebianRoot, PathBuf> = if needed.is_empty() {
+            HashMap::new()
+        } else {
+            self.debian_archives(&needed, &tools, &scratch).await?
+        };
+        let mut roots_elapsed = Some(roots_started.elapsed());
         for (index, image) in missing.iter().enumerate() {
             let started = Instant::now();
             self.say(&format!(
@@ -413,14 +429,11 @@ impl ImageRecipe {
             let mut labels = Vec::new();
             let archive = match image.root() {
                 RootSource::Debian(root) => {
-                    let base = match roots.get(&root) {
-                        Some(path) => path.clone(),
-                        None => {
-                            let path = self.debian_archive(root, &tools, &scratch).await?;
-                            roots.insert(root, path.clone());
-                            path
-                        }
-                    };
+                    let base = roots.get(&root).cloned().ok_or_else(|| DockerError::Io {
+                        action: "finding the archive of the Debian root for",
+                        path: PathBuf::from(image.tag()),
+                        source: std::io::Error::from(std::io::ErrorKind::NotFound),
+                    })?;
                     if *image == LocalImage::NoTools {
                         self.without_wrapper_tools(&base, &tools, &scratch).await?
                     } else {
@@ -435,7 +448,10 @@ impl ImageRecipe {
                 }
             };
             self.import(*image, &archive, &labels).await?;
-            let elapsed = started.elapsed();
+            let mut elapsed = started.elapsed();
+            if matches!(image.root(), RootSource::Debian(_)) {
+                elapsed += roots_elapsed.take().unwrap_or_default();
+            }
             self.say(&format!("{image}: built in {:.1} s", elapsed.as_secs_f64()));
             reports.push(ImageReport {
                 image: *image,
@@ -520,6 +536,7 @@ impl ImageRecipe {
             tools.debian = Some(DebianTools {
                 debootstrap: bootstrap,
                 chroot: Tool::find("chroot", "coreutils")?,
+                cp: Tool::find("cp", "coreutils")?,
                 tar: Tool::find("tar", "tar")?,
                 mirror,
             });
@@ -563,6 +580,7 @@ struct HostTools {
 struct DebianTools {
     debootstrap: Tool,
     chroot: Tool,
+    cp: Tool,
     tar: Tool,
     mirror: String,
 }
@@ -821,6 +839,20 @@ mod tests {
         );
         assert!(DebianRoot::SbxShell.includes().contains("sudo"));
         assert_eq!(DebianRoot::Base.includes(), "util-linux,coreutils,curl");
+        // One debootstrap serves both roots: it installs the larger set, and the base root's
+        // copy purges what the base lacks except what minbase has anyway (priority required).
+        assert_eq!(DebianRoot::SbxShell.includes(), debian::BOOTSTRAP_INCLUDES);
+        assert!(DebianRoot::SbxShell.purged().is_empty());
+        let required_in_minbase = ["bash", "mount"];
+        let base: Vec<&str> = DebianRoot::Base.includes().split(',').collect();
+        for package in debian::BOOTSTRAP_INCLUDES.split(',') {
+            let in_base = base.contains(&package) || required_in_minbase.contains(&package);
+            assert_eq!(
+                !in_base,
+                DebianRoot::Base.purged().contains(&package),
+                "{package}"
+            );
+        }
         let proxy = LocalImage::EgressProxy.import_changes();
         assert!(proxy.contains(&"USER 65532:65532".to_owned()), "{proxy:?}");
         assert!(
