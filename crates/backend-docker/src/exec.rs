@@ -10,10 +10,11 @@ use std::time::Duration;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use exec_wrapper::{
-    docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, new_nonce, raw_invocation,
-    read_tool_probe, tool_probe_argv, tree_kill_argv, ExitKind, KillFailure, KillOutcome,
-    KillReport, Nonce, OutputSink, Stream, ToolProbeOutcome, WrapperOutcome, DOCKER_INIT_PATH,
-    DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
+    docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, init_status_argv,
+    init_status_confirms, new_nonce, raw_invocation, read_tool_probe, tool_probe_argv,
+    tree_kill_argv, ExitKind, KillFailure, KillOutcome, KillReport, Nonce, OutputSink, Stream,
+    ToolProbeOutcome, WrapperOutcome, DOCKER_INIT_PATH, DOCKER_TOOLS, KILL_OUTPUT_BUDGET,
+    PROBE_OUTPUT_BUDGET,
 };
 use futures_util::StreamExt as _;
 use sandbox_core::backend_kit::ExecStreamSender;
@@ -446,7 +447,7 @@ impl BackendState {
             Ok(Err(failure)) => Err(self.exec_failure(&id, "exec", failure)),
             Ok(Ok(exit_code)) => {
                 let end = splitter.finish(ExitKind::Exited(exit_code));
-                self.exit_of(&id, end, started).await
+                self.exit_of(&id, &nonce, end, started).await
             }
         };
         sender.finish(outcome).await;
@@ -456,6 +457,7 @@ impl BackendState {
     async fn exit_of(
         &self,
         id: &str,
+        nonce: &Nonce,
         outcome: WrapperOutcome,
         started: std::time::SystemTime,
     ) -> Result<ExecExit, SandboxError> {
@@ -464,6 +466,9 @@ impl BackendState {
                 if ran.status > SIGNAL_STATUS_FLOOR {
                     self.refuse_if_container_died(id, ran.status, started)
                         .await?;
+                    if self.has_subreaper(id) {
+                        self.refuse_if_init_killed(id, nonce, ran.status).await?;
+                    }
                 }
                 Ok(ExecExit::exited(ran.status))
             }
@@ -556,6 +561,43 @@ impl BackendState {
                 GuestCleanup::Retired
             }
         }
+    }
+
+    /// Under the engine's init, a signal-shaped status is the command's only when its wrapper
+    /// recorded it (docs/wrapper-protocol.md#docker-the-engines-init-as-the-calls-subreaper):
+    /// otherwise the command killed its init or its wrapper, the status is theirs, and the
+    /// command and whatever it started may still run outside any call. That is the wrapper's
+    /// failure, never an exit code: the sandbox is retired (its removal ends every process).
+    async fn refuse_if_init_killed(
+        &self,
+        id: &str,
+        nonce: &Nonce,
+        status: i32,
+    ) -> Result<(), SandboxError> {
+        let check = self.exec_collect(
+            id,
+            init_status_argv(nonce),
+            Vec::new(),
+            KILL_OUTPUT_BUDGET as u64,
+        );
+        let confirmed = match tokio::time::timeout(self.config.exec_cleanup_timeout, check).await {
+            Ok(Ok(collected)) => init_status_confirms(
+                ExitKind::Exited(collected.exit_code),
+                &collected.stdout,
+                status,
+            ),
+            Ok(Err(_)) | Err(_) => false,
+        };
+        if confirmed {
+            return Ok(());
+        }
+        tracing::warn!(container = %id, status, "a command killed its call's init or wrapper; retiring the sandbox");
+        self.retire(id).await;
+        Err(SandboxError::engine(format!(
+            "the command killed the process that runs it (the call's init or wrapper): status \
+             {status} is not the command's, and the sandbox {id} was retired to end what it left \
+             running"
+        )))
     }
 
     /// Retires an instance: removed by id, so every process creates a replacement; when the

@@ -129,6 +129,52 @@ async fn a_create_that_gives_up_leaves_no_container_behind() {
     assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
 }
 
+/// A command that kills the process running it (the call's init, or the wrapper waiting for it)
+/// ends its call early with a signal status that is not its own: an error, never an exit code,
+/// and the sandbox is retired, so nothing the command started keeps running.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_that_kills_its_init_is_an_error_and_leaves_nothing_running() {
+    let backend = backend(false).await;
+    let scope = unique_scope("init-kill");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    for line in [
+        "sleep 902 & kill -9 $PPID; sleep 30",
+        "sleep 903 & read -r s </proc/$PPID/stat; s=${s##*) }; s=${s#* }; kill -KILL ${s%% *}; sleep 30",
+    ] {
+        let sandbox = backend.acquire(&key, &spec(BASE)).await.unwrap();
+        let id = sandbox.instance_id().to_owned();
+        let started = Instant::now();
+        let result = sandbox
+            .exec(
+                ExecRequest::new(Command::argv(["sh", "-c", line]))
+                    .timeout(Duration::from_secs(5)),
+            )
+            .await;
+        let error = match result {
+            Ok(output) => panic!(
+                "{line}: read as the command's exit {} after {:?}",
+                output.exit_code,
+                started.elapsed()
+            ),
+            Err(error) => error,
+        };
+        assert_eq!(error.kind(), ErrorKind::Engine, "{line}: {error}");
+        assert!(error.to_string().contains("retired"), "{error}");
+        // The retired container is gone, and every process in it.
+        let inspect = docker(["inspect", "--format", "{{.State.Status}}", &id]).await;
+        assert_ne!(
+            inspect.status,
+            exec_wrapper::ExitKind::Exited(0),
+            "{line}: the container remains: {}",
+            String::from_utf8_lossy(&inspect.stdout)
+        );
+        let fresh = backend.acquire(&key, &spec(BASE)).await.unwrap();
+        assert_ne!(fresh.instance_id(), id);
+        assert_eq!(run(fresh.as_ref(), &["true"]).await.exit_code, 0);
+    }
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_timed_out_group_is_killed_and_the_container_kept() {
     let backend = backend(false).await;

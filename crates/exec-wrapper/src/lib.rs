@@ -151,9 +151,10 @@ pub use tool_probe::{
     PROBE_OUTPUT_BUDGET, SBX_TOOLS, TOOL_PROBE_SCRIPT,
 };
 pub use wrapper_scripts::{
-    docker_init_probe_argv, docker_init_wrapper_argv, docker_wrapper_argv, kill_argv,
-    namespace_kill_argv, pid_namespace_probe_argv, read_kill_mode_probe,
-    sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, tree_kill_argv, SbxMount, DOCKER_INIT_PATH,
-    DOCKER_INIT_WRAPPER, DOCKER_WRAPPER, KILL_SCRIPT, NAMESPACE_KILL_SCRIPT, SBX_WRAPPER,
-    SCRIPT_NAME, TREE_KILL_SCRIPT, WORKSPACE_MARKER, WRAPPER_FAILURE_EXIT,
+    docker_init_probe_argv, docker_init_wrapper_argv, docker_wrapper_argv, init_status_argv,
+    init_status_confirms, kill_argv, namespace_kill_argv, pid_namespace_probe_argv,
+    read_kill_mode_probe, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, tree_kill_argv,
+    SbxMount, DOCKER_INIT_PATH, DOCKER_INIT_WRAPPER, DOCKER_WRAPPER, INIT_STATUS_SCRIPT,
+    KILL_SCRIPT, NAMESPACE_KILL_SCRIPT, SBX_WRAPPER, SCRIPT_NAME, TREE_KILL_SCRIPT,
+    WORKSPACE_MARKER, WRAPPER_FAILURE_EXIT,
 };

@@ -190,9 +190,14 @@ pub const DOCKER_INIT_PATH: &str = "/sbin/docker-init";
 /// `r` for a raw value or `x` for an `x`-base64 one, per value), then the working directory and
 /// the argv. In order: the mask must match the values; a cancel file means the kill came first
 /// (exit 125, no nonce); only `x` values are decoded (any failure: 125, no nonce); `cd` (failure:
-/// the `<nonce>-nocwd` line, the shell's message, 125, no nonce); the nonce line; then the shell
-/// replaces itself with the command, so the call costs the init and one shell. The init puts the command in its own process group and
-/// stays its subreaper: whatever the command starts, even in a new session, stays in its tree.
+/// the `<nonce>-nocwd` line, the shell's message, 125, no nonce); the nonce line; then the
+/// command runs in a subshell that replaces itself with it (`(exec "$@")`: exactly the argv, never
+/// a shell builtin), while the wrapper waits. A signal-shaped status (over 128) is written to
+/// `/tmp/maf-sbx-<nonce>.status` before the wrapper exits with it, so the host can tell a command
+/// killed by a signal (the file holds its status) from an init or wrapper the command killed (no
+/// file: nothing waited for the command); see [`init_status_argv`]. The init puts the wrapper in
+/// its own process group and stays the subreaper: whatever the command starts, even in a new
+/// session, stays in its tree.
 pub const DOCKER_INIT_WRAPPER: &str = concat!(
     r#"n=$1 m=$2;shift 2;[ "${#m}" -eq "$#" ]||exit 125;"#,
     r#"if [ -e "/tmp/maf-sbx-$n.pgid.cancel" ]||[ -L "/tmp/maf-sbx-$n.pgid.cancel" ];then exit 125;fi;"#,
@@ -201,8 +206,43 @@ pub const DOCKER_INIT_WRAPPER: &str = concat!(
     r#"a=$(printf '%s' "${a#x}"|base64 -d&&printf x)||exit 125;a=${a%x};fi;"#,
     r#"set -- "$@" "$a";done;shift "$k";;esac;"#,
     r#"cd -- "$1" 2>/dev/null||{ printf '%s-nocwd\n' "$n" >&2;cd -- "$1";exit 125;};"#,
-    r#"printf '%s\n' "$n" >&2;shift;exec "$@""#
+    r#"printf '%s\n' "$n" >&2;shift;(exec "$@");s=$?;"#,
+    r#"[ "$s" -le 128 ]||printf '%s' "$s" >"/tmp/maf-sbx-$n.status";exit "$s""#
 );
+
+/// After a call in the Docker init shape ended with a signal-shaped status (over 128): `sh -c
+/// INIT_STATUS_SCRIPT maf-sbx <nonce>` prints the status its wrapper recorded (and removes the
+/// record), or `none` when there is none: then the command killed its init or wrapper, the
+/// status is theirs, not the command's, and the command may still run. A missing nonce or one
+/// not of 24 lowercase hex digits: exit 3.
+pub const INIT_STATUS_SCRIPT: &str = r#"n=$1
+case $n in ''|*[!0-9a-f]*) exit 3 ;; esac
+[ "${#n}" -eq 24 ] || exit 3
+f="/tmp/maf-sbx-$n.status"
+if [ -f "$f" ] && [ ! -L "$f" ]; then
+  s=
+  read -r s <"$f"
+  rm -f -- "$f"
+  printf '%s\n' "$s"
+else
+  echo none
+fi
+"#;
+
+/// The argv of [`INIT_STATUS_SCRIPT`] for `nonce`, run as a second exec.
+pub fn init_status_argv(nonce: &Nonce) -> Vec<String> {
+    ["sh", "-c", INIT_STATUS_SCRIPT, SCRIPT_NAME, nonce.as_str()]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+/// Whether the status check's output confirms `status` as the command's own: its wrapper
+/// recorded exactly that status. Anything else (`none`, another number, a failed check) means
+/// the command killed its init or wrapper.
+pub fn init_status_confirms(check_status: ExitKind, stdout: &[u8], status: i32) -> bool {
+    check_status == ExitKind::Exited(0)
+        && std::str::from_utf8(stdout).is_ok_and(|text| text.trim_end() == status.to_string())
+}
 
 // The start of the exact kills: check the nonce, create the cancel file first (the start race
 // is closed as for the group kill: a wrapper checks it only after its init or namespace exists).
@@ -608,6 +648,71 @@ pub fn kill_argv(pid_file: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs the init shape's wrapper under `sh` (no init: the test is its parent) with `argv`
+    /// raw, then the status check: (the wrapper's status, what the check printed).
+    fn wrapper_then_status_check(argv: &[&str]) -> (i32, String) {
+        let nonce = crate::new_nonce().unwrap();
+        let mask = "r".repeat(argv.len() + 1);
+        let ran = std::process::Command::new("sh")
+            .args([
+                "-c",
+                DOCKER_INIT_WRAPPER,
+                SCRIPT_NAME,
+                nonce.as_str(),
+                &mask,
+                "/",
+            ])
+            .args(argv)
+            .output()
+            .unwrap();
+        assert!(crate::nonce_line_seen(&ran.stderr, &nonce), "{ran:?}");
+        let status = ran.status.code().unwrap_or_else(|| {
+            128 + std::os::unix::process::ExitStatusExt::signal(&ran.status).unwrap()
+        });
+        let check = std::process::Command::new("sh")
+            .args(&init_status_argv(&nonce)[1..])
+            .output()
+            .unwrap();
+        assert_eq!(check.status.code(), Some(0));
+        let printed = String::from_utf8(check.stdout).unwrap();
+        assert!(
+            init_status_confirms(ExitKind::Exited(0), printed.as_bytes(), status)
+                == (printed.trim_end() != "none")
+        );
+        // The record is read once: a second check finds none.
+        let again = std::process::Command::new("sh")
+            .args(&init_status_argv(&nonce)[1..])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&again.stdout), "none\n");
+        (status, printed.trim_end().to_owned())
+    }
+
+    #[test]
+    fn the_init_shape_records_a_signal_status_and_not_a_killed_wrapper() {
+        // Plain statuses leave no record; a command killed by a signal leaves its status.
+        assert_eq!(wrapper_then_status_check(&["true"]), (0, "none".to_owned()));
+        assert_eq!(
+            wrapper_then_status_check(&["sh", "-c", "exit 7"]),
+            (7, "none".to_owned())
+        );
+        assert_eq!(
+            wrapper_then_status_check(&["sh", "-c", "kill -KILL $$"]),
+            (137, "137".to_owned())
+        );
+        // The command is exactly its argv, never a shell builtin.
+        assert_eq!(wrapper_then_status_check(&["exit", "3"]).0, 127);
+        // A command that kills the process waiting for it: no record, so the status (the
+        // wrapper's death) is never taken for the command's.
+        assert_eq!(
+            wrapper_then_status_check(&["sh", "-c", "kill -KILL $PPID; sleep 0.2"]),
+            (137, "none".to_owned())
+        );
+        assert!(!init_status_confirms(ExitKind::Exited(0), b"none\n", 137));
+        assert!(!init_status_confirms(ExitKind::Exited(3), b"137\n", 137));
+        assert!(init_status_confirms(ExitKind::Exited(0), b"137\n", 137));
+    }
     use crate::argv_encoding::encode_invocation;
 
     #[test]
