@@ -86,8 +86,65 @@ const KIT_CHECK: &str = "test -x /bin/sh && test -x /bin/bash";
 const USERNS_CHECK: &str =
     "command -v unshare >/dev/null 2>&1 || exit 0; unshare --user --mount --map-root-user true";
 
-/// The `docker run` argv of a sandbox container.
-pub fn run_argv(home: &StateHome, request: &CreateRequest, id: &str, created: &str) -> Vec<String> {
+/// Where a home keeps the guest's seccomp profile (the docker CLI reads it from a file).
+pub fn guest_seccomp_path(home: &StateHome) -> PathBuf {
+    home.dir().join("guest-seccomp-v1.json")
+}
+
+/// The guest's seccomp profile: everything allowed (the exec wrapper needs `unshare` and `mount`,
+/// which Docker's default profile refuses without `CAP_SYS_ADMIN`) except giving a file the
+/// set-uid or set-gid bit: `chmod`, `fchmod`, `fchmodat`, `fchmodat2`, `creat`, `mknod`,
+/// `mknodat`, and `open`/`openat` creating a file (`O_CREAT`, `O_TMPFILE`) with such a mode fail
+/// with `EPERM`; `openat2`, whose mode the filter cannot read, is `ENOSYS` (callers fall back
+/// to `openat`), and io_uring, which would open files past the filter, is `EPERM`. So a guest
+/// that is root (a root-owned workspace) still leaves no set-uid or set-gid file in the host's
+/// workspace.
+pub fn guest_seccomp_profile() -> serde_json::Value {
+    const S_ISUID: u64 = 0o4000;
+    const S_ISGID: u64 = 0o2000;
+    const O_CREAT: u64 = 0o100;
+    const O_TMPFILE: u64 = 0o20000000;
+    const EPERM: u64 = 1;
+    const ENOSYS: u64 = 38;
+    let bit = |index: u32, value: u64| serde_json::json!({"index": index, "value": value, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"});
+    let deny = |names: &[&str], args: Vec<serde_json::Value>, errno: u64| serde_json::json!({"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": errno, "args": args});
+    let mut rules = Vec::new();
+    for mode in [S_ISUID, S_ISGID] {
+        rules.push(deny(
+            &["chmod", "fchmod", "creat", "mknod"],
+            vec![bit(1, mode)],
+            EPERM,
+        ));
+        rules.push(deny(
+            &["fchmodat", "fchmodat2", "mknodat"],
+            vec![bit(2, mode)],
+            EPERM,
+        ));
+        for flag in [O_CREAT, O_TMPFILE] {
+            rules.push(deny(&["open"], vec![bit(1, flag), bit(2, mode)], EPERM));
+            rules.push(deny(&["openat"], vec![bit(2, flag), bit(3, mode)], EPERM));
+        }
+    }
+    rules.push(deny(&["openat2"], Vec::new(), ENOSYS));
+    rules.push(deny(
+        &["io_uring_setup", "io_uring_enter", "io_uring_register"],
+        Vec::new(),
+        EPERM,
+    ));
+    serde_json::json!({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": rules})
+}
+
+/// The `docker run` argv of a sandbox container whose commands run as `exec_user` (`uid:gid`,
+/// the workspace's owner). The container's own user is the same: under `no-new-privileges` an
+/// exec gains no capability its container's user lacks, and a root guest needs `CAP_SETFCAP`
+/// to map itself into a user namespace.
+pub fn run_argv(
+    home: &StateHome,
+    request: &CreateRequest,
+    id: &str,
+    created: &str,
+    exec_user: &str,
+) -> Vec<String> {
     let name = &request.name;
     let mut argv: Vec<String> = [
         "run",
@@ -113,6 +170,7 @@ pub fn run_argv(home: &StateHome, request: &CreateRequest, id: &str, created: &s
         argv.push("--label".to_owned());
         argv.push(format!("{key}={value}"));
     }
+    argv.extend(["--user".to_owned(), exec_user.to_owned()]);
     argv.extend(
         [
             "--cpus",
@@ -125,14 +183,21 @@ pub fn run_argv(home: &StateHome, request: &CreateRequest, id: &str, created: &s
             "ALL",
             "--cap-add",
             "SETFCAP",
+            // No set-uid binary (sudo in the shell template) lifts the guest to root: the guest
+            // stays the workspace's owner. User namespaces and bind mounts need no new
+            // privileges. The seccomp profile (below) keeps set-uid bits off its files.
             "--security-opt",
-            "seccomp=unconfined",
+            "no-new-privileges",
             "--security-opt",
             "apparmor=unconfined",
         ]
         .iter()
         .map(|s| (*s).to_owned()),
     );
+    argv.extend([
+        "--security-opt".to_owned(),
+        format!("seccomp={}", guest_seccomp_path(home).display()),
+    ]);
     if request.network_none {
         argv.extend(["--network".to_owned(), "none".to_owned()]);
     }
@@ -243,11 +308,12 @@ async fn run_create(home: &StateHome, docker: &Docker, request: &CreateRequest) 
     let id = random_hex(16)?;
     let created = rfc3339(std::time::SystemTime::now());
     let exec_user = owner_of(Path::new(&request.workspace))?;
+    crate::state::write_json_at(&guest_seccomp_path(home), &guest_seccomp_profile())?;
     let out = docker
         .call(
             "run",
             CREATE_TIMEOUT,
-            run_argv(home, request, &id, &created),
+            run_argv(home, request, &id, &created, &exec_user),
         )
         .await?;
     if out.status != exec_wrapper::ExitKind::Exited(0) {
@@ -433,15 +499,17 @@ mod tests {
             agent_socket: None,
             client_pid: 1,
         };
-        let argv = run_argv(&home, &request, "ID", "T");
+        let argv = run_argv(&home, &request, "ID", "T", "1000:1000");
         let d = home.digest();
         let expected = format!(
             "run -d --pull=never --init --name sbx-sim-{d}-sb --hostname sb \
              --label sbx-sim.home={d} --label sbx-sim.name=sb --label sbx-sim.id=ID \
              --label sbx-sim.workspace=/w/ws-1 --label sbx-sim.template=shell \
-             --label sbx-sim.created=T --cpus 2 --memory 2g --pids-limit 4096 --cap-drop ALL \
-             --cap-add SETFCAP --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
-             --network none -v /w/ws-1:/w/ws-1 -w /w/ws-1 --entrypoint sh sbx-sim-shell:local -c"
+             --label sbx-sim.created=T --user 1000:1000 --cpus 2 --memory 2g --pids-limit 4096 --cap-drop ALL \
+             --cap-add SETFCAP --security-opt no-new-privileges --security-opt apparmor=unconfined \
+             --security-opt seccomp={} \
+             --network none -v /w/ws-1:/w/ws-1 -w /w/ws-1 --entrypoint sh sbx-sim-shell:local -c",
+            guest_seccomp_path(&home).display()
         );
         assert_eq!(argv[..argv.len() - 1].join(" "), expected);
         assert_eq!(argv.last().unwrap(), KEEP_ALIVE);
@@ -449,7 +517,7 @@ mod tests {
             network_none: false,
             ..request
         };
-        assert!(!run_argv(&home, &open, "ID", "T").contains(&"--network".to_owned()));
+        assert!(!run_argv(&home, &open, "ID", "T", "0:0").contains(&"--network".to_owned()));
     }
 
     #[test]

@@ -737,6 +737,9 @@ async fn doctor(home: &StateHome, docker: &Docker) -> Result<i32> {
         .map(|out| format!("{SHELL_IMAGE} {}", String::from_utf8_lossy(&out).trim()));
     report("template image", image);
     let probe_name = format!("sbx-sim-{}-doctor-{}", home.digest(), random_hex(4)?);
+    let profile = crate::background::guest_seccomp_path(home);
+    crate::state::write_json_at(&profile, &crate::background::guest_seccomp_profile())?;
+    let seccomp = format!("seccomp={}", profile.display());
     let userns = docker
         .checked(
             "run",
@@ -758,7 +761,9 @@ async fn doctor(home: &StateHome, docker: &Docker) -> Result<i32> {
                 "--cap-add",
                 "SETFCAP",
                 "--security-opt",
-                "seccomp=unconfined",
+                "no-new-privileges",
+                "--security-opt",
+                &seccomp,
                 "--security-opt",
                 "apparmor=unconfined",
                 "--entrypoint",

@@ -5,9 +5,13 @@
 //! injects the faults real `sbx` shows (a lapsed login, a daemon without its VM backend, a
 //! wedged create or exec, odd listing shapes), so the backend and its conformance suites run on
 //! any Docker host, without KVM and without a login. It does **not** stand in for the microVM
-//! boundary: every sandbox is a container with seccomp and AppArmor unconfined (the exec wrapper
-//! needs `unshare --user --mount` and `mount --bind` inside it), every capability dropped but
-//! `CAP_SETFCAP`, sharing the host kernel. `version` says so, and a backend that sees
+//! boundary: every sandbox is a container with AppArmor unconfined and a seccomp profile that
+//! allows everything but set-uid and set-gid file modes (the exec wrapper needs `unshare --user
+//! --mount` and `mount --bind` inside it, which Docker's default profile refuses), every
+//! capability dropped but `CAP_SETFCAP`, `no-new-privileges` (no set-uid binary, such as the
+//! template's `sudo`, makes the guest root), sharing the host kernel. Commands run as the
+//! workspace's owner, and whatever the guest is, no set-uid or set-gid file it makes appears in
+//! the host's workspace (`chmod`, `open`, `mknod` and kin with such a mode fail with `EPERM`). `version` says so, and a backend that sees
 //! `sbx-sim` there must declare the `container` isolation rung, never `microvm`.
 //!
 //! State lives in `$SBX_SIM_HOME` (else `$XDG_STATE_HOME/sbx-sim`, else

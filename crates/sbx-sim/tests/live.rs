@@ -344,7 +344,13 @@ fn create_ls_exec_rm_round_trip_with_the_container_mapping() {
     );
     assert_eq!(host["CapAdd"], serde_json::json!(["CAP_SETFCAP"]));
     let secopts = host["SecurityOpt"].to_string();
-    assert!(secopts.contains("seccomp=unconfined") && secopts.contains("apparmor=unconfined"));
+    assert!(secopts.contains("apparmor=unconfined"), "{secopts}");
+    assert!(secopts.contains("no-new-privileges"), "{secopts}");
+    // The profile is carried inline; it is not "unconfined".
+    assert!(
+        secopts.contains("seccomp=") && !secopts.contains("seccomp=unconfined"),
+        "{secopts}"
+    );
     assert_eq!(host["Binds"][0], format!("{0}:{0}", ws.display()));
 
     // The default exec: the workspace owner's uid, in the workspace, at its host path.
@@ -373,13 +379,23 @@ fn create_ls_exec_rm_round_trip_with_the_container_mapping() {
     assert_eq!(out.stdout, b"out\n");
     assert_eq!(out.stderr, b"err\n");
     // What the exec wrapper does, a user namespace with a bind mount in it, works for the
-    // default user and for root.
+    // default user (a root-owned workspace's root guest: see the set-uid tests).
     let bind = "d=$(mktemp -d) && mkdir $d/a $d/b && touch $d/a/seen && \
                 unshare --user --mount --map-root-user sh -c \"mount --bind $d/a $d/b && ls $d/b\"";
     assert_eq!(home.ok(["exec", "main", "sh", "-c", bind]), "seen\n");
+    // An explicit root exec into a sandbox of a non-root owner is root by uid only: under
+    // no-new-privileges it holds no capability its container's user lacks.
     assert_eq!(
-        home.ok(["exec", "-u", "root", "main", "sh", "-c", bind]),
-        "seen\n"
+        home.ok([
+            "exec",
+            "-u",
+            "root",
+            "main",
+            "grep",
+            "CapEff",
+            "/proc/self/status"
+        ]),
+        "CapEff:\t0000000000000000\n"
     );
     // No network beyond loopback.
     assert_eq!(home.ok(["exec", "main", "ls", "/sys/class/net"]), "lo\n");
@@ -434,6 +450,90 @@ fn create_ls_exec_rm_round_trip_with_the_container_mapping() {
     home.fails(["rm", "-f", "main"], "sandbox main not found");
     home.fails(["exec", "main", "true"], "sandbox main not found");
     assert!(!home.path().join("sandboxes/main.json").exists());
+    home.finish();
+}
+
+/// The guest is its workspace's owner and nothing more: it cannot become root (the template's
+/// passwordless `sudo` is a set-uid binary, which `no-new-privileges` disarms), so a set-uid root
+/// binary never appears in the host's workspace, and a set-uid bit it sets on its own file is
+/// the owner's, granting nothing.
+#[test]
+fn the_guest_cannot_plant_a_set_uid_root_binary_in_the_host_workspace() {
+    use std::os::unix::fs::MetadataExt as _;
+    let home = Home::new();
+    let ws = home.workspace("suid", Some((1000, 1000)));
+    home.create("suid", &ws, &["--deny-network", "**"]);
+    let attempt = home.run([
+        "exec",
+        "suid",
+        "sh",
+        "-c",
+        "grep NoNewPrivs /proc/self/status; \
+         sudo -n sh -c 'cp /bin/sh root-sh && chown 0:0 root-sh && chmod 4755 root-sh' 2>&1; \
+         echo sudo=$?; cp /bin/sh own-sh && chmod 4755 own-sh; echo own=$?",
+    ]);
+    let text = String::from_utf8_lossy(&attempt.stdout);
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+    assert!(!text.contains("sudo=0"), "sudo made the guest root: {text}");
+    match std::fs::symlink_metadata(ws.join("root-sh")) {
+        Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::NotFound),
+        Ok(meta) => assert!(
+            meta.uid() != 0 || meta.mode() & 0o6000 == 0,
+            "a set-uid root file on the host: uid {} mode {:o}",
+            meta.uid(),
+            meta.mode()
+        ),
+    }
+    // Not even on its own file: no set-uid or set-gid bit appears on the host.
+    let own = std::fs::symlink_metadata(ws.join("own-sh")).expect("the copy is made");
+    assert_eq!((own.uid(), own.gid()), (1000, 1000));
+    assert_eq!(own.mode() & 0o6000, 0, "mode {:o}", own.mode());
+    assert!(!text.contains("own=0"), "{text}");
+    // Nor does a set-uid binary in the guest lift it: `su` and `sudo` stay the owner.
+    let id = home.ok([
+        "exec",
+        "suid",
+        "sh",
+        "-c",
+        "sudo -n id -u 2>/dev/null || id -u",
+    ]);
+    assert_eq!(id, "1000\n");
+    home.finish();
+}
+
+/// A workspace of this process's user (root when the suite runs as root, as it does here, so the
+/// guest is root): every way to give a file a set-uid or set-gid mode fails, so no set-uid root
+/// binary appears in the host's workspace.
+#[test]
+fn a_root_guest_cannot_give_a_workspace_file_a_set_uid_mode() {
+    use std::os::unix::fs::MetadataExt as _;
+    let home = Home::new();
+    let mine = home.workspace("mine", None);
+    home.create("mine", &mine, &["--deny-network", "**"]);
+    let tries = home.run([
+        "exec",
+        "mine",
+        "sh",
+        "-c",
+        "id -u; cp /bin/sh a && chmod 4755 a; echo chmod=$?; cp /bin/sh b && chmod g+s b; \
+         echo setgid=$?; install -m 4755 /bin/sh c; echo install=$?; \
+         perl -e 'sysopen(F, \"d\", 0100|01, 04755) or exit 1'; echo open=$?; \
+         perl -e 'my $p = \"a\"; exit(syscall(452, -100, $p, 04755, 0) == 0 ? 0 : 1)'; echo chmodat2=$?",
+    ]);
+    let said = String::from_utf8_lossy(&tries.stdout);
+    for attempt in ["chmod", "setgid", "install", "open", "chmodat2"] {
+        assert!(!said.contains(&format!("{attempt}=0")), "{attempt}: {said}");
+    }
+    for name in ["a", "b", "c", "d"] {
+        if let Ok(meta) = std::fs::symlink_metadata(mine.join(name)) {
+            assert_eq!(
+                meta.mode() & 0o6000,
+                0,
+                "{name}: mode {:o}: {said}",
+                meta.mode()
+            );
+        }
+    }
     home.finish();
 }
 
