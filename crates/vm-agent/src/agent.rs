@@ -1,0 +1,1016 @@
+//! The agent: `/init` (modules, root switch, a reaping PID 1) and the protocol server.
+//!
+//! PID 1 loads the virtio and ext4 modules listed in the initramfs's `/modules/order`, mounts
+//! `/dev/vda` and switches to it, mounts cgroup v2, then runs the server as a child (`serve`)
+//! and reaps every orphan the guest's processes leave; a server that dies is started again.
+//! The server reads frames from the `sbx.agent` virtio-serial port. Each request runs on its own
+//! thread; frames out are written whole under one lock and only for the current session, so a
+//! reconnecting host never sees a frame of an earlier session after its handshake answer.
+//!
+//! Every exec runs in its own cgroup v2 group (`/sys/fs/cgroup/sbx-<session>-<id>`), joined
+//! before `exec` so nothing it starts escapes; a timeout, a `Kill`, the end of the exec's main
+//! process and the end of the session all write `cgroup.kill`. Nothing an exec starts outlives
+//! it.
+//!
+//! Not here: any trust in the host's bytes beyond the protocol's bounds (a malformed frame ends
+//! the session and the agent waits for a new handshake).
+
+use std::collections::HashMap;
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::fs::Timespec;
+use rustix::mount::{mount, mount_move, MountFlags};
+use rustix::process::{pidfd_open, Pid, PidfdFlags, WaitOptions};
+use vm_agent::proto::{
+    self, encode, hello_prefix, Entry, ErrorCode, ExecRequest, ExitStatus, FileKind, FrameDecoder,
+    GuestMsg, HostMsg, Stat, CHUNK, WINDOW,
+};
+
+/// The name of the virtio-serial port the agent serves.
+const PORT_NAME: &str = "sbx.agent";
+
+/// How long boot waits for a device node (the root disk, the port).
+const DEVICE_WAIT: Duration = Duration::from_secs(20);
+
+/// How long an exec's output threads may run on after its group was killed.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
+
+/// Entries per `Entries` frame: names are at most 255 bytes, so a frame stays well under the
+/// payload bound.
+const ENTRIES_PER_FRAME: usize = 2048;
+
+/// The agent's behaviour, from `vm_agent.mode=` on the kernel command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Serves the protocol.
+    Serve,
+    /// Test mode: answers the handshake, then answers every request with malformed frames.
+    Garbage,
+}
+
+pub fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    match args.get(1).and_then(|arg| arg.to_str()) {
+        Some("serve") => {
+            let mode = match args.get(2).and_then(|arg| arg.to_str()) {
+                Some("garbage") => Mode::Garbage,
+                _ => Mode::Serve,
+            };
+            serve(mode)
+        }
+        _ if std::process::id() == 1 => init(),
+        _ => {
+            eprintln!("vm-agent: run as the guest's /init, or `vm-agent serve`");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn say(message: &str) {
+    eprintln!("vm-agent: {message}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// PID 1
+// ---------------------------------------------------------------------------------------------
+
+fn init() -> ExitCode {
+    if let Err(message) = boot() {
+        say(&format!("boot failed: {message}"));
+        // With `-no-reboot` the host's QEMU exits, which the driver reports as a failed boot.
+        rustix::fs::sync();
+        let _ = rustix::system::reboot(rustix::system::RebootCommand::Restart);
+    }
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    let mode = if cmdline
+        .split_whitespace()
+        .any(|word| word == "vm_agent.mode=garbage")
+    {
+        "garbage"
+    } else {
+        "serve"
+    };
+    let mut server = start_server(mode);
+    loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((pid, _))) => {
+                if Some(pid.as_raw_nonzero().get() as u32) == server {
+                    thread::sleep(Duration::from_millis(100));
+                    server = start_server(mode);
+                }
+            }
+            _ => thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+fn start_server(mode: &str) -> Option<u32> {
+    match Command::new("/proc/self/exe").args(["serve", mode]).spawn() {
+        Ok(child) => Some(child.id()),
+        Err(error) => {
+            say(&format!("cannot start the server: {error}"));
+            None
+        }
+    }
+}
+
+fn boot() -> Result<(), String> {
+    for (source, target, fstype) in [
+        ("devtmpfs", "/dev", "devtmpfs"),
+        ("proc", "/proc", "proc"),
+        ("sysfs", "/sys", "sysfs"),
+    ] {
+        let _ = std::fs::create_dir_all(target);
+        mount(source, target, fstype, MountFlags::empty(), None)
+            .map_err(|error| format!("mount {target}: {error}"))?;
+    }
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    load_modules(&cmdline);
+    let disk = Path::new("/dev/vda");
+    wait_for(|| disk.exists(), "the root disk /dev/vda")?;
+    std::fs::create_dir_all("/newroot").map_err(|error| format!("mkdir /newroot: {error}"))?;
+    mount(disk, "/newroot", "ext4", MountFlags::NOATIME, None)
+        .map_err(|error| format!("mount /dev/vda: {error}"))?;
+    for dir in ["dev", "proc", "sys"] {
+        let target = Path::new("/newroot").join(dir);
+        let _ = std::fs::create_dir_all(&target);
+        mount_move(Path::new("/").join(dir), &target)
+            .map_err(|error| format!("move /{dir}: {error}"))?;
+    }
+    std::env::set_current_dir("/newroot").map_err(|error| format!("chdir: {error}"))?;
+    mount_move(".", "/").map_err(|error| format!("move the root: {error}"))?;
+    rustix::process::chroot(".").map_err(|error| format!("chroot: {error}"))?;
+    std::env::set_current_dir("/").map_err(|error| format!("chdir /: {error}"))?;
+    mount(
+        "cgroup2",
+        "/sys/fs/cgroup",
+        "cgroup2",
+        MountFlags::empty(),
+        None,
+    )
+    .map_err(|error| format!("mount cgroup2: {error}"))?;
+    let _ = std::fs::create_dir_all("/tmp");
+    let _ = mount("tmpfs", "/tmp", "tmpfs", MountFlags::NOSUID, None);
+    let _ = std::fs::create_dir_all("/dev/pts");
+    let _ = mount("devpts", "/dev/pts", "devpts", MountFlags::empty(), None);
+    Ok(())
+}
+
+/// Loads the modules named in `/modules/order`, in that order, with any `module.param=value`
+/// of the kernel command line (the kernel applies those only to built-in code; `modprobe` would
+/// pass them to modules). A module that fails (already loaded, or for hardware this guest
+/// lacks) is reported and skipped: the boot fails later, by name, if something needed is
+/// missing.
+fn load_modules(cmdline: &str) {
+    let order = std::fs::read_to_string("/modules/order").unwrap_or_default();
+    for name in order.lines().map(str::trim).filter(|name| !name.is_empty()) {
+        let module = name.replace('-', "_");
+        let params: Vec<&str> = cmdline
+            .split_whitespace()
+            .filter_map(|word| {
+                let (head, rest) = word.split_once('.')?;
+                (head.replace('-', "_") == module).then_some(rest)
+            })
+            .collect();
+        let params = CString::new(params.join(" ")).unwrap_or_default();
+        let path = Path::new("/modules").join(format!("{name}.ko"));
+        let loaded = File::open(&path)
+            .map_err(|error| {
+                rustix::io::Errno::from_io_error(&error).unwrap_or(rustix::io::Errno::IO)
+            })
+            .and_then(|file| rustix::system::finit_module(&file, &params, 0));
+        match loaded {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(error) => say(&format!("module {name}: {error}")),
+        }
+    }
+}
+
+fn wait_for(ready: impl Fn() -> bool, what: &str) -> Result<(), String> {
+    let deadline = Instant::now() + DEVICE_WAIT;
+    while !ready() {
+        if Instant::now() > deadline {
+            return Err(format!("{what} did not appear"));
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server
+// ---------------------------------------------------------------------------------------------
+
+fn find_port() -> Option<PathBuf> {
+    let entries = std::fs::read_dir("/sys/class/virtio-ports").ok()?;
+    for entry in entries.flatten() {
+        let name = std::fs::read_to_string(entry.path().join("name")).unwrap_or_default();
+        if name.trim() == PORT_NAME {
+            return Some(Path::new("/dev").join(entry.file_name()));
+        }
+    }
+    None
+}
+
+/// The port's write side: whole frames under one lock, only for the current session.
+struct Port {
+    file: Mutex<File>,
+    session: AtomicU64,
+}
+
+impl Port {
+    /// Sends `message` for request `id` of session `session`; false when that session is over
+    /// or the port failed.
+    fn send(&self, session: u64, id: u32, message: &GuestMsg) -> bool {
+        let frame = encode(id, message);
+        let Ok(mut file) = self.file.lock() else {
+            return false;
+        };
+        if self.session.load(Ordering::SeqCst) != session {
+            return false;
+        }
+        file.write_all(&frame).is_ok()
+    }
+
+    fn error(&self, session: u64, id: u32, code: ErrorCode, message: String) {
+        let mut message = message;
+        message.truncate(4096);
+        self.send(session, id, &GuestMsg::Error { code, message });
+    }
+}
+
+/// Byte credit a stream's sender waits on.
+struct Credit {
+    available: Mutex<u64>,
+    changed: Condvar,
+    closed: AtomicBool,
+}
+
+impl Credit {
+    fn new() -> Arc<Credit> {
+        Arc::new(Credit {
+            available: Mutex::new(u64::from(WINDOW)),
+            changed: Condvar::new(),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Waits for `n` bytes of credit; false once closed.
+    fn take(&self, n: u64) -> bool {
+        let Ok(mut available) = self.available.lock() else {
+            return false;
+        };
+        loop {
+            if self.closed.load(Ordering::SeqCst) {
+                return false;
+            }
+            if *available >= n {
+                *available -= n;
+                return true;
+            }
+            available = match self.changed.wait(available) {
+                Ok(guard) => guard,
+                Err(_) => return false,
+            };
+        }
+    }
+
+    fn give(&self, n: u32) {
+        if let Ok(mut available) = self.available.lock() {
+            *available = available.saturating_add(u64::from(n));
+        }
+        self.changed.notify_all();
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let _guard = self.available.lock();
+        self.changed.notify_all();
+    }
+}
+
+/// Input to a stream the agent consumes (an exec's stdin, a file being written).
+enum Input {
+    Data(Vec<u8>),
+    Eof,
+}
+
+/// A request in flight, as the reader thread routes frames to it.
+struct Inflight {
+    /// Where `Data` and `Eof` go, for requests that take input.
+    input: Option<mpsc::Sender<Input>>,
+    /// Input received and not yet credited back, bounded by the window.
+    unacked: Arc<AtomicU64>,
+    /// The credit of the request's output stream.
+    output: Arc<Credit>,
+    /// The exec's cgroup, for `Kill` and the session's end.
+    cgroup: Option<PathBuf>,
+    killed: Arc<AtomicBool>,
+}
+
+struct Session {
+    id: u64,
+    requests: Mutex<HashMap<u32, Inflight>>,
+}
+
+impl Session {
+    fn end(&self) {
+        if let Ok(mut requests) = self.requests.lock() {
+            for (_, request) in requests.drain() {
+                request.output.close();
+                if let Some(cgroup) = &request.cgroup {
+                    kill_cgroup(cgroup);
+                }
+            }
+        }
+    }
+
+    fn finish(&self, id: u32) {
+        if let Ok(mut requests) = self.requests.lock() {
+            requests.remove(&id);
+        }
+    }
+}
+
+fn kill_cgroup(cgroup: &Path) {
+    let _ = std::fs::write(cgroup.join("cgroup.kill"), b"1");
+}
+
+fn serve(mode: Mode) -> ExitCode {
+    if let Err(message) = wait_for(|| find_port().is_some(), "the agent port") {
+        say(&message);
+        return ExitCode::FAILURE;
+    }
+    let Some(path) = find_port() else {
+        return ExitCode::FAILURE;
+    };
+    let file = match OpenOptions::new().read(true).write(true).open(&path) {
+        Ok(file) => file,
+        Err(error) => {
+            say(&format!("open {}: {error}", path.display()));
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut reader = match file.try_clone() {
+        Ok(reader) => reader,
+        Err(error) => {
+            say(&format!("dup the port: {error}"));
+            return ExitCode::FAILURE;
+        }
+    };
+    let port = Arc::new(Port {
+        file: Mutex::new(file),
+        session: AtomicU64::new(0),
+    });
+    let prefix = hello_prefix();
+    let mut decoder = FrameDecoder::<HostMsg>::new();
+    let mut session: Option<Arc<Session>> = None;
+    let mut next_session = 1u64;
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(n) => n,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => 0,
+        };
+        if n == 0 {
+            // The host is gone (or not yet there): end the session, wait for a connection.
+            if let Some(old) = session.take() {
+                end_session(&port, &old);
+            }
+            decoder = FrameDecoder::new();
+            wait_for_host(&reader);
+            continue;
+        }
+        decoder.push(&buf[..n]);
+        loop {
+            if session.is_none() && !decoder.skip_to(&prefix) {
+                break;
+            }
+            match decoder.next_message() {
+                Ok(None) => break,
+                Ok(Some((_, HostMsg::Hello { nonce }))) => {
+                    if let Some(old) = session.take() {
+                        end_session(&port, &old);
+                    }
+                    let id = next_session;
+                    next_session += 1;
+                    port.session.store(id, Ordering::SeqCst);
+                    let fresh = Arc::new(Session {
+                        id,
+                        requests: Mutex::new(HashMap::new()),
+                    });
+                    port.send(id, 0, &GuestMsg::HelloAck { nonce });
+                    session = Some(fresh);
+                }
+                Ok(Some((id, message))) => {
+                    let Some(current) = &session else {
+                        continue;
+                    };
+                    let ok = if mode == Mode::Garbage {
+                        send_garbage(&port);
+                        true
+                    } else {
+                        dispatch(&port, current, id, message)
+                    };
+                    if !ok {
+                        if let Some(old) = session.take() {
+                            end_session(&port, &old);
+                        }
+                        decoder = FrameDecoder::new();
+                    }
+                }
+                Err(error) => {
+                    say(&format!("malformed frame, session closed: {error}"));
+                    if let Some(old) = session.take() {
+                        end_session(&port, &old);
+                    }
+                    decoder = FrameDecoder::new();
+                    break;
+                }
+            }
+        }
+    }
+}
+
+fn end_session(port: &Port, session: &Session) {
+    // No frame of the old session is written from here on.
+    port.session
+        .compare_exchange(session.id, 0, Ordering::SeqCst, Ordering::SeqCst)
+        .ok();
+    session.end();
+}
+
+/// Sleeps until the host end of the port is connected again (the port polls as hung up until
+/// then).
+fn wait_for_host(reader: &File) {
+    loop {
+        let mut fds = [PollFd::new(reader, PollFlags::IN)];
+        let timeout = Timespec {
+            tv_sec: 0,
+            tv_nsec: 50_000_000,
+        };
+        match poll(&mut fds, Some(&timeout)) {
+            Ok(_) => {
+                let revents = fds[0].revents();
+                if !revents.contains(PollFlags::HUP) {
+                    return;
+                }
+                if revents.contains(PollFlags::IN) {
+                    return;
+                }
+            }
+            Err(_) => return,
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A frame of an unknown kind followed by a header announcing an oversized payload.
+fn send_garbage(port: &Port) {
+    let mut bytes = vec![0, 0, 0, 16, proto::VERSION, 250, 0, 0, 0, 1];
+    bytes.extend_from_slice(&[0xa5; 16]);
+    bytes.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, proto::VERSION, 66, 0, 0, 0, 1]);
+    if let Ok(mut file) = port.file.lock() {
+        let _ = file.write_all(&bytes);
+    }
+}
+
+/// Routes one message; false when the host broke the protocol (the session ends).
+fn dispatch(port: &Arc<Port>, session: &Arc<Session>, id: u32, message: HostMsg) -> bool {
+    let sid = session.id;
+    match message {
+        HostMsg::Data(bytes) => {
+            let Ok(requests) = session.requests.lock() else {
+                return false;
+            };
+            let Some(request) = requests.get(&id) else {
+                // A request that already ended (its error raced the host's data).
+                return true;
+            };
+            let Some(input) = &request.input else {
+                return false;
+            };
+            let unacked = request
+                .unacked
+                .fetch_add(bytes.len() as u64, Ordering::SeqCst)
+                + bytes.len() as u64;
+            if unacked > u64::from(WINDOW) {
+                say("the host overran an input window");
+                return false;
+            }
+            let _ = input.send(Input::Data(bytes));
+            true
+        }
+        HostMsg::Eof => {
+            if let Ok(requests) = session.requests.lock() {
+                if let Some(input) = requests.get(&id).and_then(|r| r.input.as_ref()) {
+                    let _ = input.send(Input::Eof);
+                }
+            }
+            true
+        }
+        HostMsg::Credit(n) => {
+            if let Ok(requests) = session.requests.lock() {
+                if let Some(request) = requests.get(&id) {
+                    request.output.give(n);
+                }
+            }
+            true
+        }
+        HostMsg::Kill => {
+            if let Ok(requests) = session.requests.lock() {
+                if let Some(request) = requests.get(&id) {
+                    request.killed.store(true, Ordering::SeqCst);
+                    if let Some(cgroup) = &request.cgroup {
+                        kill_cgroup(cgroup);
+                    }
+                }
+            }
+            true
+        }
+        HostMsg::Hello { .. } => true,
+        request => {
+            let duplicate = session
+                .requests
+                .lock()
+                .map(|requests| requests.contains_key(&id))
+                .unwrap_or(true);
+            if duplicate || id == 0 {
+                return false;
+            }
+            let takes_input = matches!(
+                &request,
+                HostMsg::Exec(ExecRequest { stdin: true, .. }) | HostMsg::Write { .. }
+            );
+            let (sender, receiver) = mpsc::channel();
+            let cgroup = matches!(request, HostMsg::Exec(_))
+                .then(|| PathBuf::from(format!("/sys/fs/cgroup/sbx-{sid}-{id}")));
+            let inflight = Inflight {
+                input: takes_input.then_some(sender),
+                unacked: Arc::new(AtomicU64::new(0)),
+                output: Credit::new(),
+                cgroup,
+                killed: Arc::new(AtomicBool::new(false)),
+            };
+            let job = Job {
+                port: Arc::clone(port),
+                session: Arc::clone(session),
+                id,
+                output: Arc::clone(&inflight.output),
+                unacked: Arc::clone(&inflight.unacked),
+                cgroup: inflight.cgroup.clone(),
+                killed: Arc::clone(&inflight.killed),
+                input: Mutex::new(Some(receiver)),
+            };
+            if let Ok(mut requests) = session.requests.lock() {
+                requests.insert(id, inflight);
+            }
+            thread::spawn(move || job.run(request));
+            true
+        }
+    }
+}
+
+/// One request's worker.
+struct Job {
+    port: Arc<Port>,
+    session: Arc<Session>,
+    id: u32,
+    output: Arc<Credit>,
+    unacked: Arc<AtomicU64>,
+    cgroup: Option<PathBuf>,
+    killed: Arc<AtomicBool>,
+    input: Mutex<Option<mpsc::Receiver<Input>>>,
+}
+
+impl Job {
+    fn take_input(&self) -> Option<mpsc::Receiver<Input>> {
+        self.input.lock().ok().and_then(|mut slot| slot.take())
+    }
+
+    fn send(&self, message: &GuestMsg) -> bool {
+        self.port.send(self.session.id, self.id, message)
+    }
+
+    fn fail(&self, code: ErrorCode, message: String) {
+        self.port.error(self.session.id, self.id, code, message);
+    }
+
+    fn io_fail(&self, what: &str, path: &[u8], error: &std::io::Error) {
+        self.fail(
+            ErrorCode::from_io(error),
+            format!("{what} {}: {error}", String::from_utf8_lossy(path)),
+        );
+    }
+
+    fn run(self, request: HostMsg) {
+        match request {
+            HostMsg::Exec(exec) => self.exec(exec),
+            HostMsg::Stat { path } => match std::fs::symlink_metadata(OsStr::from_bytes(&path)) {
+                Ok(meta) => {
+                    self.send(&GuestMsg::Stat(stat_of(&meta)));
+                }
+                Err(error) => self.io_fail("stat", &path, &error),
+            },
+            HostMsg::Read { path } => self.read(&path),
+            HostMsg::Write { path, mode } => self.write(&path, mode),
+            HostMsg::List { path } => self.list(&path),
+            HostMsg::Remove { path, recursive } => {
+                let target = Path::new(OsStr::from_bytes(&path));
+                let removed = match std::fs::symlink_metadata(target) {
+                    Ok(meta) if meta.is_dir() && recursive => std::fs::remove_dir_all(target),
+                    Ok(meta) if meta.is_dir() => std::fs::remove_dir(target),
+                    Ok(_) => std::fs::remove_file(target),
+                    Err(error) => Err(error),
+                };
+                match removed {
+                    Ok(()) => {
+                        self.send(&GuestMsg::Done);
+                    }
+                    Err(error) => self.io_fail("remove", &path, &error),
+                }
+            }
+            HostMsg::Reclaim => {
+                let before_kib = mem_available_kib();
+                rustix::fs::sync();
+                let _ = std::fs::write("/proc/sys/vm/drop_caches", b"3");
+                let _ = std::fs::write("/proc/sys/vm/compact_memory", b"1");
+                self.send(&GuestMsg::Reclaimed {
+                    before_kib,
+                    after_kib: mem_available_kib(),
+                });
+            }
+            HostMsg::Shutdown => {
+                self.send(&GuestMsg::Done);
+                self.session.end();
+                rustix::fs::sync();
+                // `reboot=t` and QEMU's `-no-reboot` turn a restart into QEMU's exit.
+                let _ = rustix::system::reboot(rustix::system::RebootCommand::Restart);
+            }
+            _ => {}
+        }
+        self.session.finish(self.id);
+    }
+
+    fn read(&self, path: &[u8]) {
+        let mut file = match File::open(OsStr::from_bytes(path)) {
+            Ok(file) => file,
+            Err(error) => return self.io_fail("open", path, &error),
+        };
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            match file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if !self.output.take(n as u64) || !self.send(&GuestMsg::Data(buf[..n].to_vec()))
+                    {
+                        return;
+                    }
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(error) => return self.io_fail("read", path, &error),
+            }
+        }
+        self.send(&GuestMsg::Done);
+    }
+
+    fn write(&self, path: &[u8], mode: u32) {
+        let opened = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode & 0o7777)
+            .open(OsStr::from_bytes(path));
+        let mut file = match opened {
+            Ok(file) => file,
+            Err(error) => return self.io_fail("create", path, &error),
+        };
+        let Some(input) = self.take_input() else {
+            return;
+        };
+        let mut failed = None;
+        loop {
+            match input.recv() {
+                Ok(Input::Data(bytes)) => {
+                    if failed.is_none() {
+                        if let Err(error) = file.write_all(&bytes) {
+                            failed = Some(error);
+                        }
+                    }
+                    let n = bytes.len() as u32;
+                    self.unacked.fetch_sub(u64::from(n), Ordering::SeqCst);
+                    if !self.send(&GuestMsg::Credit(n)) {
+                        return;
+                    }
+                }
+                Ok(Input::Eof) => break,
+                Err(_) => return,
+            }
+        }
+        match failed {
+            Some(error) => self.io_fail("write", path, &error),
+            None => {
+                self.send(&GuestMsg::Done);
+            }
+        }
+    }
+
+    fn list(&self, path: &[u8]) {
+        let entries = match std::fs::read_dir(OsStr::from_bytes(path)) {
+            Ok(entries) => entries,
+            Err(error) => return self.io_fail("list", path, &error),
+        };
+        let mut batch = Vec::new();
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else {
+                continue;
+            };
+            batch.push(Entry {
+                name: entry.file_name().into_vec(),
+                kind: kind_of(&meta),
+                size: meta.len(),
+            });
+            if batch.len() == ENTRIES_PER_FRAME
+                && !self.send(&GuestMsg::Entries(std::mem::take(&mut batch)))
+            {
+                return;
+            }
+        }
+        if !batch.is_empty() && !self.send(&GuestMsg::Entries(batch)) {
+            return;
+        }
+        self.send(&GuestMsg::Done);
+    }
+
+    fn exec(&self, request: ExecRequest) {
+        let Some(cgroup) = self.cgroup.clone() else {
+            return;
+        };
+        if let Err(error) = std::fs::create_dir(&cgroup) {
+            return self.fail(
+                ErrorCode::Io,
+                format!("cgroup {}: {error}", cgroup.display()),
+            );
+        }
+        let started = self.spawn(&request, &cgroup);
+        let mut child = match started {
+            Ok(child) => child,
+            Err(error) => {
+                let _ = std::fs::remove_dir(&cgroup);
+                let code = match error.kind() {
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+                        ErrorCode::from_io(&error)
+                    }
+                    _ => ErrorCode::SpawnFailed,
+                };
+                return self.fail(
+                    code,
+                    format!(
+                        "spawn {}: {error}",
+                        String::from_utf8_lossy(&request.argv[0])
+                    ),
+                );
+            }
+        };
+        self.send(&GuestMsg::Started { pid: child.id() });
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let mut pumps = Vec::new();
+        if let Some(stdout) = child.stdout.take() {
+            pumps.push(self.pump(stdout, true, done_tx.clone()));
+        }
+        if let Some(stderr) = child.stderr.take() {
+            pumps.push(self.pump(stderr, false, done_tx.clone()));
+        }
+        drop(done_tx);
+        if let Some(stdin) = child.stdin.take() {
+            self.feed(stdin);
+        }
+        let timed_out = wait_exit(&child, request.timeout_ms);
+        if timed_out {
+            kill_cgroup(&cgroup);
+        }
+        let status = child.wait();
+        // The exec is over: whatever it started goes with it.
+        kill_cgroup(&cgroup);
+        let grace = Instant::now() + DRAIN_GRACE;
+        while done_rx
+            .recv_timeout(grace.saturating_duration_since(Instant::now()))
+            .is_ok()
+        {}
+        if Instant::now() >= grace {
+            self.output.close();
+        }
+        for pump in pumps {
+            let _ = pump.join();
+        }
+        remove_cgroup(&cgroup);
+        let status = match status {
+            Ok(status) => ExitStatus {
+                code: status.code(),
+                signal: status.signal(),
+                timed_out,
+                killed: self.killed.load(Ordering::SeqCst),
+            },
+            Err(error) => {
+                return self.fail(ErrorCode::Io, format!("wait: {error}"));
+            }
+        };
+        self.send(&GuestMsg::Exited(status));
+    }
+
+    fn spawn(&self, request: &ExecRequest, cgroup: &Path) -> std::io::Result<Child> {
+        if request.argv.is_empty() {
+            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+        }
+        let procs = OpenOptions::new()
+            .write(true)
+            .open(cgroup.join("cgroup.procs"))?;
+        let mut command = Command::new(OsStr::from_bytes(&request.argv[0]));
+        command
+            .args(request.argv[1..].iter().map(|arg| OsStr::from_bytes(arg)))
+            .env_clear()
+            .envs(
+                request
+                    .env
+                    .iter()
+                    .map(|(name, value)| (OsStr::from_bytes(name), OsStr::from_bytes(value))),
+            )
+            .current_dir(if request.workdir.is_empty() {
+                OsStr::new("/")
+            } else {
+                OsStr::from_bytes(&request.workdir)
+            })
+            .stdin(if request.stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some((uid, gid)) = request.user {
+            command.uid(uid).gid(gid);
+        }
+        // SAFETY: the closure runs in the forked child before exec and makes only two
+        // async-signal-safe system calls (write, setsid) on a descriptor opened before the
+        // fork; it allocates nothing and takes no lock.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || {
+                // Join the exec's group before anything runs, so nothing it starts escapes.
+                rustix::io::write(&procs, b"0")?;
+                rustix::process::setsid()?;
+                Ok(())
+            });
+        }
+        command.spawn()
+    }
+
+    /// A thread that moves one output pipe to the host in credited chunks.
+    fn pump(
+        &self,
+        mut pipe: impl Read + Send + 'static,
+        stdout: bool,
+        done: mpsc::Sender<()>,
+    ) -> thread::JoinHandle<()> {
+        let port = Arc::clone(&self.port);
+        let session = self.session.id;
+        let id = self.id;
+        let credit = Arc::clone(&self.output);
+        thread::spawn(move || {
+            let mut buf = vec![0u8; CHUNK];
+            let mut sending = true;
+            loop {
+                match pipe.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) if sending => {
+                        let chunk = buf[..n].to_vec();
+                        let message = if stdout {
+                            GuestMsg::Stdout(chunk)
+                        } else {
+                            GuestMsg::Stderr(chunk)
+                        };
+                        // Once the host stops taking output, the pipe is still drained so
+                        // the process is never stuck on a full pipe.
+                        sending = credit.take(n as u64) && port.send(session, id, &message);
+                    }
+                    Ok(_) => {}
+                    Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = done.send(());
+        })
+    }
+
+    /// A thread that writes the host's stdin chunks to the process, crediting each one back
+    /// once written (so the host never has more than a window in flight).
+    fn feed(&self, mut stdin: std::process::ChildStdin) {
+        let port = Arc::clone(&self.port);
+        let session = self.session.id;
+        let id = self.id;
+        let unacked = Arc::clone(&self.unacked);
+        let Some(input) = self.take_input() else {
+            return;
+        };
+        thread::spawn(move || {
+            let mut open = true;
+            while let Ok(item) = input.recv() {
+                match item {
+                    Input::Data(bytes) => {
+                        if open && stdin.write_all(&bytes).is_err() {
+                            open = false;
+                        }
+                        let n = bytes.len() as u32;
+                        unacked.fetch_sub(u64::from(n), Ordering::SeqCst);
+                        port.send(session, id, &GuestMsg::Credit(n));
+                    }
+                    Input::Eof => break,
+                }
+            }
+            drop(stdin);
+        });
+    }
+}
+
+/// Waits for the process to exit, at most `timeout_ms` (0: no limit); true when the limit
+/// passed first.
+fn wait_exit(child: &Child, timeout_ms: u64) -> bool {
+    let Some(pid) = Pid::from_raw(child.id() as i32) else {
+        return false;
+    };
+    let Ok(pidfd) = pidfd_open(pid, PidfdFlags::empty()) else {
+        return false;
+    };
+    let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms));
+    loop {
+        let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
+        let timeout = deadline.map(|deadline| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: i64::from(left.subsec_nanos()),
+            }
+        });
+        match poll(&mut fds, timeout.as_ref()) {
+            Ok(0) => return true,
+            Ok(_) => return false,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Removes an exec's group once its killed processes are gone (rmdir fails while any is).
+fn remove_cgroup(cgroup: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::fs::remove_dir(cgroup).is_err() && Instant::now() < deadline {
+        kill_cgroup(cgroup);
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn kind_of(meta: &std::fs::Metadata) -> FileKind {
+    let kind = meta.file_type();
+    if kind.is_symlink() {
+        FileKind::Symlink
+    } else if kind.is_dir() {
+        FileKind::Dir
+    } else if kind.is_file() {
+        FileKind::File
+    } else {
+        FileKind::Other
+    }
+}
+
+fn stat_of(meta: &std::fs::Metadata) -> Stat {
+    Stat {
+        kind: kind_of(meta),
+        size: meta.len(),
+        mode: meta.permissions().mode() & 0o7777,
+        mtime: meta.mtime(),
+    }
+}
+
+fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("MemAvailable:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0)
+}
