@@ -88,6 +88,9 @@ pub const STEPS: &[CiStep] = &[
     step("layering", WORKSPACE_LANE, Run::Xtask(&["layering"])),
     // Debootstrap and the static proxy build (its own target layout): beside the compiles.
     step("images", "images", Run::Xtask(&["images"])),
+    // The static guest agent, the kernel and the ext4 root made from the Debian root `images`
+    // just cached: after it on its lane, so debootstrap runs once.
+    step("vm image", "images", Run::Xtask(&["images", "vm"])),
     // `fuzz/` has its own target directory; cargo-fuzz is installed once per machine.
     step("fuzz build", "fuzz", Run::Xtask(&["fuzz", "--build-only"])),
     // Its own toolchain root and target directory, cached per machine.
@@ -127,6 +130,9 @@ pub const STEPS: &[CiStep] = &[
     // Docker suite's, so it runs beside it; it starts once the workspace lane's compiles are
     // done, so the two suites' tests do not run under those compiles.
     step("e2e sbx", "sbx", Run::Xtask(&["e2e", "sbx"])).after(&["images", "docs"]),
+    // QEMU guests, not engine objects: its leftovers (QEMU processes and VM directories under
+    // its own run directory) are disjoint from both Docker suites'.
+    step("e2e vm", "vm", Run::Xtask(&["e2e", "vm"])).after(&["vm image", "docs"]),
 ];
 
 /// Runs [`STEPS`].

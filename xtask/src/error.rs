@@ -44,6 +44,9 @@ pub enum XtaskError {
     /// Building the local images failed.
     #[error("building the local images: {0}")]
     Images(#[from] backend_docker::DockerError),
+    /// Building the VM image failed.
+    #[error("VM image: {0}")]
+    VmImage(#[from] qemu_vm::VmError),
 
     /// A `ci` step failed; the summary above says which.
     #[error("{suite} failed at step `{step}`")]

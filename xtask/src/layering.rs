@@ -10,9 +10,12 @@
 //! - `sbx-cli` and `sbx-sim` depend on `exec-wrapper` only;
 //! - `conformance` depends on `sandbox-core` (and the `token-server` leaf) only, so the suites
 //!   attack the contract and never a backend's internals;
+//! - `vm-agent` (the guest agent and its protocol) depends on nothing of ours, and `qemu-vm`
+//!   on `vm-agent` and `exec-wrapper` only;
 //! - no backend (`backend-*`) depends on another backend;
 //! - `sandbox-backends` (the one place hosts name concrete backends) depends on the core, the
-//!   backends and `exec-wrapper`; `sandbox-mcp` reaches backends only through it;
+//!   backends, `exec-wrapper` and `qemu-vm` (the microVM image); `sandbox-mcp` reaches backends
+//!   only through it;
 //! - `sandbox-core`'s in-process fake backend (its `testing` feature) is enabled only from
 //!   dev-dependencies, so no binary of ours links it;
 //! - `sandbox-core` does no I/O: its normal dependencies are a short allow-list, and a new one
@@ -73,9 +76,12 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
             "backend-docker",
             "backend-sbx",
             "exec-wrapper",
+            "qemu-vm",
         ],
     ),
     ("sandbox-mcp", &["sandbox-core", "sandbox-backends"]),
+    ("vm-agent", &[]),
+    ("qemu-vm", &["vm-agent", "exec-wrapper"]),
 ];
 
 /// Crates whose name starts with this are backends; no backend depends on another.

@@ -33,18 +33,33 @@ pub enum Suite {
         #[arg(long)]
         sbx_path: Option<PathBuf>,
     },
+    /// The microVM driver against real QEMU (the VM image is built first).
+    Vm,
 }
 
 /// The target the egress proxy is built for, statically linked (no musl target is installed
 /// here; the static C library resolves names with its built-in `files` and `dns` lookups).
 const PROXY_TARGET: &str = "x86_64-unknown-linux-gnu";
 
-/// Builds the images (all, or the given tags) with progress on stderr, caching debootstrap's
-/// output under `target/images-cache`. When the egress proxy image is wanted, the static
-/// `egress-proxy` binary is built (release, `+crt-static`) beside the other images (a compile
-/// beside a debootstrap that mostly waits on the mirror and the disk), and the proxy image is
-/// built last, around it; an image built around another binary is rebuilt.
+/// Builds the images (every engine image, or the given tags) with progress on stderr, caching
+/// debootstrap's output under `target/images-cache`. When the egress proxy image is wanted, the
+/// static `egress-proxy` binary is built (release, `+crt-static`) beside the other images (a
+/// compile beside a debootstrap that mostly waits on the mirror and the disk), and the proxy
+/// image is built last, around it; an image built around another binary is rebuilt. The tag
+/// `vm` names the microVM image, which is not an engine image: it is built only when named,
+/// after the engine images (from the same cached Debian root).
 pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskError> {
+    if tags.iter().any(|tag| tag == crate::vm::VM_IMAGE) {
+        let engine_tags: Vec<String> = tags
+            .iter()
+            .filter(|tag| *tag != crate::vm::VM_IMAGE)
+            .cloned()
+            .collect();
+        if !engine_tags.is_empty() {
+            build_images(workspace, &engine_tags)?;
+        }
+        return crate::vm::build_image(workspace).map(drop);
+    }
     let images = tags
         .iter()
         .map(|tag| LocalImage::from_tag(tag))
@@ -134,6 +149,7 @@ pub fn run(workspace: &Workspace, suite: &Suite) -> Result<(), XtaskError> {
     match suite {
         Suite::Docker => docker(workspace),
         Suite::Sbx { sbx_path } => sbx(workspace, sbx_path.as_deref()),
+        Suite::Vm => crate::vm::e2e(workspace),
     }
 }
 
@@ -242,7 +258,7 @@ fn sim_containers_under(
 }
 
 /// Whatever a run left in its temporary directory (simulator homes, workspace roots).
-fn files_under(dir: &std::path::Path) -> Vec<EngineObject> {
+pub(crate) fn files_under(dir: &std::path::Path) -> Vec<EngineObject> {
     std::fs::read_dir(dir)
         .map(|entries| {
             entries
@@ -301,7 +317,7 @@ fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
 
 /// The verdict of a live suite: it passed, the extra step passed, nothing was skipped, and
 /// nothing was left on the engine (reported in every case).
-fn judge_suite(
+pub(crate) fn judge_suite(
     suite: &str,
     teed: crate::process::Teed,
     left: &[&EngineObject],
@@ -369,12 +385,12 @@ fn listing(objects: &[&EngineObject]) -> String {
 }
 
 /// nextest's closing line: `Summary [   1.234s] 17 tests run: 17 passed, 0 skipped`.
-fn is_summary_line(line: &str) -> bool {
+pub(crate) fn is_summary_line(line: &str) -> bool {
     line.trim_start().starts_with("Summary [")
 }
 
 /// nextest's per-test skip line (`SKIP [ …] crate test`) at `--status-level skip`.
-fn is_skip_line(line: &str) -> bool {
+pub(crate) fn is_skip_line(line: &str) -> bool {
     line.trim_start().starts_with("SKIP ")
 }
 
@@ -408,10 +424,10 @@ fn skipped_count(summary: &str) -> u64 {
 
 /// Something on the engine a live suite may have made.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct EngineObject {
-    kind: &'static str,
-    id: String,
-    name: String,
+pub(crate) struct EngineObject {
+    pub(crate) kind: &'static str,
+    pub(crate) id: String,
+    pub(crate) name: String,
 }
 
 /// Containers, networks and volumes carrying the ownership label, and those named like the

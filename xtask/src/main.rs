@@ -2,15 +2,19 @@
 //!
 //! - `ci`: the one test command (formatting, the layering rules, clippy, every test through
 //!   nextest, doctests, rustdoc with `-D warnings`, the local images, the fuzz targets' build,
-//!   the Windows and macOS type checks, the live Docker suite, the live sbx suite on
-//!   `sbx-sim`): one table of steps on lanes that run beside each other (see `ci.rs`), failing
-//!   fast, with a table of each step's time at the end;
+//!   the Windows and macOS type checks, the microVM image, the live Docker suite, the live sbx
+//!   suite on `sbx-sim`, the live microVM suite under QEMU): one table of steps on lanes that
+//!   run beside each other (see `ci.rs`), failing fast, with a table of each step's time at the
+//!   end;
 //! - `fuzz`: builds the fuzz targets on the stable toolchain and runs each for a while;
-//! - `images`: builds the local Docker images (the recipe in `backend_docker`);
+//! - `images`: builds the local Docker images (the recipe in `backend_docker`); `images vm`
+//!   builds the microVM image (`qemu_vm::ImageRecipe` over the same Debian root, see `vm.rs`);
 //! - `e2e docker`: builds the images, runs the live Docker suite, then checks the suite
 //!   skipped nothing and left nothing behind on the engine;
 //! - `e2e sbx [--sbx-path PATH]`: builds `sbx-sim` (unless a path is given), runs the live sbx
 //!   suite against it, then checks the same;
+//! - `e2e vm`: builds the microVM image, runs `qemu-vm`'s live tests against real QEMU, then
+//!   checks nothing skipped and no QEMU or VM directory of the run is left;
 //! - `check-targets`: type-checks the crates a Windows or macOS host builds, for those targets,
 //!   with a Debian toolchain in a cached chroot (see `targets.rs`);
 //! - `bench`: runs the benchmarks;
@@ -36,6 +40,7 @@ mod module_circles;
 mod mutants;
 mod process;
 mod targets;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -57,9 +62,11 @@ enum Command {
     Ci,
     /// Builds the fuzz targets (stable toolchain, no sanitizer) and runs each for a while.
     Fuzz(fuzz::FuzzArgs),
-    /// Builds the local Docker images that are missing (all of them unless tags are given).
+    /// Builds the local Docker images that are missing (all of them unless tags are given), and
+    /// the microVM image when `vm` is named.
     Images {
-        /// Tags to build, e.g. `sandbox-base:local`; none means every image.
+        /// Tags to build, e.g. `sandbox-base:local`, or `vm` for the microVM image; none means
+        /// every Docker image.
         tags: Vec<String>,
     },
     /// Runs a live suite against a real engine.

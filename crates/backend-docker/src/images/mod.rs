@@ -464,6 +464,40 @@ impl ImageRecipe {
         Ok(reports)
     }
 
+    /// The tar archive of the base Debian root (the root of [`LocalImage::Base`]: minbase with
+    /// util-linux, coreutils and curl, user `agent`), from the cache when there, else
+    /// bootstrapped into it. Other image formats (the microVM root file system) are made from
+    /// this archive, so every image a guest runs comes from this one recipe. Needs no engine.
+    /// The archive lives in the recipe's cache directory, or without one in
+    /// `sandbox-images-cache` under the scratch parent, so it outlives the call.
+    ///
+    /// # Errors
+    /// HostToolMissing or NeedsRoot when debootstrap cannot run; Io or a command failure when a
+    /// step fails.
+    ///
+    /// # Cancel safety
+    /// As [`ImageRecipe::build`]: the scratch directory is removed, a partial archive never
+    /// replaces a good one.
+    pub async fn base_root_archive(&self) -> Result<PathBuf, DockerError> {
+        let mut recipe = self.clone();
+        if recipe.cache_dir.is_none() {
+            recipe.cache_dir = Some(self.scratch_parent.join("sandbox-images-cache"));
+        }
+        let tools = recipe.preflight(&[LocalImage::Base])?;
+        let scratch = Scratch::create(&recipe.scratch_parent)?;
+        let mut archives = recipe
+            .debian_archives(&[DebianRoot::Base], &tools, &scratch)
+            .await?;
+        scratch.remove()?;
+        archives
+            .remove(&DebianRoot::Base)
+            .ok_or_else(|| DockerError::Io {
+                action: "finding the archive of the Debian root for",
+                path: PathBuf::from(LocalImage::Base.tag()),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            })
+    }
+
     /// The engine's id for `tag`, or `None` when the engine has no such image.
     ///
     /// # Errors

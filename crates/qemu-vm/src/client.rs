@@ -1,0 +1,830 @@
+//! The host side of the agent protocol: one connection, many requests.
+//!
+//! A reader task decodes the guest's frames and routes each to its request by id; whatever
+//! the guest sends is bounded: a frame by the decoder, a request's buffered frames by its
+//! window (data is credited back only as the caller consumes it), the handshake search by
+//! [`HANDSHAKE_SCAN_CAP`]. The first malformed frame closes the connection and every request
+//! on it fails with [`VmError::Protocol`]; frames for ids no request owns are dropped.
+//!
+//! Not here: QEMU (see [`crate::Vm`]); retries (a closed client stays closed; connect again).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, Semaphore};
+use vm_agent::proto::{
+    encode, hello_ack_bytes, Entry, ExecRequest, ExitStatus, FrameDecoder, GuestMsg, HostMsg, Stat,
+    CHUNK, MAX_PAYLOAD, WINDOW,
+};
+
+use crate::error::VmError;
+
+/// The most bytes the handshake answer is searched for in (what an earlier connection left
+/// on the port comes first).
+pub const HANDSHAKE_SCAN_CAP: usize = 8 * 1024 * 1024;
+
+/// What one request may have buffered and not yet consumed: its data window plus room for
+/// control frames.
+const ROUTE_CAP: u64 = WINDOW as u64 + 2 * MAX_PAYLOAD as u64;
+
+/// The deadline of the small requests (stat, list, remove, reclaim, shutdown).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most entries [`AgentClient::list`] collects.
+pub const MAX_LIST_ENTRIES: usize = 100_000;
+
+struct Route {
+    sender: mpsc::UnboundedSender<(GuestMsg, u64)>,
+    buffered: Arc<std::sync::atomic::AtomicU64>,
+    /// Credit for the input this request sends (stdin, a written file).
+    input_credit: Arc<Semaphore>,
+}
+
+/// Why a connection closed, kept so every request on it fails with the same typed error.
+#[derive(Debug, Clone)]
+enum Closed {
+    Protocol(vm_agent::proto::ProtoError),
+    Overrun { buffered: u64, window: u64 },
+    Other(String),
+}
+
+impl From<String> for Closed {
+    fn from(reason: String) -> Closed {
+        Closed::Other(reason)
+    }
+}
+
+struct Shared {
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    routes: Mutex<HashMap<u32, Route>>,
+    next_id: AtomicU32,
+    closed: Mutex<Option<Closed>>,
+}
+
+impl Shared {
+    fn close(&self, reason: impl Into<Closed>) {
+        let reason = reason.into();
+        if let Ok(mut closed) = self.closed.lock() {
+            closed.get_or_insert(reason);
+        }
+        if let Ok(mut routes) = self.routes.lock() {
+            routes.clear();
+        }
+    }
+
+    fn closed_error(&self) -> VmError {
+        let reason = self
+            .closed
+            .lock()
+            .ok()
+            .and_then(|closed| closed.clone())
+            .unwrap_or_else(|| Closed::Other("closed".to_owned()));
+        match reason {
+            Closed::Protocol(error) => VmError::Protocol(error),
+            Closed::Overrun { buffered, window } => VmError::WindowOverrun { buffered, window },
+            Closed::Other(reason) => VmError::closed(reason),
+        }
+    }
+
+    async fn send(&self, id: u32, message: &HostMsg) -> Result<(), VmError> {
+        if self.closed.lock().map(|c| c.is_some()).unwrap_or(true) {
+            return Err(self.closed_error());
+        }
+        let frame = encode(id, message);
+        let mut writer = self.writer.lock().await;
+        writer
+            .write_all(&frame)
+            .await
+            .map_err(|e| VmError::closed(format!("writing to the agent: {e}")))
+    }
+}
+
+/// A connection to a guest agent. Cloning shares the connection.
+#[derive(Clone)]
+pub struct AgentClient {
+    shared: Arc<Shared>,
+    reader: Arc<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for AgentClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentClient").finish_non_exhaustive()
+    }
+}
+
+impl Drop for AgentClient {
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.reader) == 1 {
+            self.reader.abort();
+        }
+    }
+}
+
+/// How an exec is bounded on the host.
+#[derive(Debug, Clone, Copy)]
+pub struct RunLimits {
+    /// The most stdout plus stderr bytes collected; past it the exec is killed and the call
+    /// fails with [`VmError::OutputLimit`].
+    pub output_cap: u64,
+    /// The host's deadline for the whole call; past it the exec is killed and the call fails
+    /// with [`VmError::Deadline`]. The guest-side limit is the request's `timeout_ms`.
+    pub deadline: Duration,
+}
+
+impl Default for RunLimits {
+    fn default() -> Self {
+        RunLimits {
+            output_cap: 64 * 1024 * 1024,
+            deadline: Duration::from_secs(600),
+        }
+    }
+}
+
+/// A finished exec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// How it ended.
+    pub status: ExitStatus,
+    /// Every stdout byte.
+    pub stdout: Vec<u8>,
+    /// Every stderr byte.
+    pub stderr: Vec<u8>,
+}
+
+/// What a running exec produces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExecEvent {
+    /// A stdout chunk.
+    Stdout(Vec<u8>),
+    /// A stderr chunk.
+    Stderr(Vec<u8>),
+    /// The end; no event follows.
+    Exited(ExitStatus),
+}
+
+/// One request's end of the connection.
+struct Call {
+    shared: Arc<Shared>,
+    id: u32,
+    receiver: mpsc::UnboundedReceiver<(GuestMsg, u64)>,
+    buffered: Arc<std::sync::atomic::AtomicU64>,
+    input_credit: Arc<Semaphore>,
+    finished: bool,
+}
+
+impl Call {
+    /// The next message, its buffered size released; data sizes are credited back.
+    async fn next(&mut self) -> Result<GuestMsg, VmError> {
+        match self.receiver.recv().await {
+            Some((message, size)) => {
+                self.buffered.fetch_sub(size, Ordering::SeqCst);
+                if let GuestMsg::Stdout(bytes) | GuestMsg::Stderr(bytes) | GuestMsg::Data(bytes) =
+                    &message
+                {
+                    if !bytes.is_empty() {
+                        self.shared
+                            .send(self.id, &HostMsg::Credit(bytes.len() as u32))
+                            .await?;
+                    }
+                }
+                Ok(message)
+            }
+            None => Err(self.shared.closed_error()),
+        }
+    }
+
+    async fn send_data(&self, bytes: &[u8]) -> Result<(), VmError> {
+        send_data(&self.shared, &self.input_credit, self.id, bytes).await
+    }
+}
+
+/// Sends `bytes` as `Data` frames of request `id`, each after its credit arrived.
+async fn send_data(
+    shared: &Shared,
+    credit: &Semaphore,
+    id: u32,
+    bytes: &[u8],
+) -> Result<(), VmError> {
+    for chunk in bytes.chunks(CHUNK) {
+        let permits = credit
+            .acquire_many(chunk.len() as u32)
+            .await
+            .map_err(|_| shared.closed_error())?;
+        permits.forget();
+        shared.send(id, &HostMsg::Data(chunk.to_vec())).await?;
+    }
+    Ok(())
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if let Ok(mut routes) = self.shared.routes.lock() {
+            routes.remove(&self.id);
+        }
+        if !self.finished {
+            // An abandoned exec must not run on: kill its group (best effort, the connection
+            // may be gone).
+            let shared = Arc::clone(&self.shared);
+            let id = self.id;
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let _ = shared.send(id, &HostMsg::Kill).await;
+                });
+            }
+        }
+    }
+}
+
+impl AgentClient {
+    /// Connects to the agent socket at `path` and completes the handshake within `timeout`.
+    ///
+    /// # Errors
+    /// Io when the socket cannot be reached; Deadline when no answer comes in time;
+    /// Handshake when the guest sends [`HANDSHAKE_SCAN_CAP`] bytes without the answer;
+    /// ChannelClosed when the guest closes.
+    ///
+    /// # Cancel safety and drop
+    /// Dropping the future closes the connection.
+    pub async fn connect(path: &Path, timeout: Duration) -> Result<AgentClient, VmError> {
+        let handshake = async {
+            let stream = UnixStream::connect(path)
+                .await
+                .map_err(|e| VmError::io("connecting to", path, e))?;
+            let (mut read, mut write) = stream.into_split();
+            let mut nonce = [0u8; 16];
+            getrandom::fill(&mut nonce)
+                .map_err(|e| VmError::Invalid(format!("no entropy for the nonce: {e}")))?;
+            write
+                .write_all(&encode(0, &HostMsg::Hello { nonce }))
+                .await
+                .map_err(|e| VmError::io("writing to", path, e))?;
+            let ack = hello_ack_bytes(nonce);
+            let mut decoder = FrameDecoder::<GuestMsg>::new();
+            let mut scanned = 0usize;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = read
+                    .read(&mut buf)
+                    .await
+                    .map_err(|e| VmError::closed(format!("reading the handshake: {e}")))?;
+                if n == 0 {
+                    return Err(VmError::closed("the guest closed during the handshake"));
+                }
+                scanned += n;
+                decoder.push(&buf[..n]);
+                if decoder.skip_to(&ack) {
+                    // Consume the answer itself; what follows is this session's.
+                    decoder.next_message()?;
+                    return Ok((read, write, decoder));
+                }
+                if scanned > HANDSHAKE_SCAN_CAP {
+                    return Err(VmError::Handshake { scanned });
+                }
+            }
+        };
+        let (read, write, decoder) =
+            tokio::time::timeout(timeout, handshake)
+                .await
+                .map_err(|_| VmError::Deadline {
+                    what: "the agent handshake",
+                    after: timeout,
+                })??;
+        let shared = Arc::new(Shared {
+            writer: tokio::sync::Mutex::new(write),
+            routes: Mutex::new(HashMap::new()),
+            next_id: AtomicU32::new(1),
+            closed: Mutex::new(None),
+        });
+        let reader = tokio::spawn(read_loop(read, decoder, Arc::clone(&shared)));
+        Ok(AgentClient {
+            shared,
+            reader: Arc::new(reader),
+        })
+    }
+
+    /// Whether the connection is closed (a protocol error, the guest or QEMU gone).
+    pub fn is_closed(&self) -> bool {
+        self.shared
+            .closed
+            .lock()
+            .map(|c| c.is_some())
+            .unwrap_or(true)
+    }
+
+    async fn call(&self, message: &HostMsg) -> Result<Call, VmError> {
+        let id = self.shared.next_id.fetch_add(1, Ordering::SeqCst);
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let buffered = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let input_credit = Arc::new(Semaphore::new(WINDOW as usize));
+        {
+            let mut routes = self
+                .shared
+                .routes
+                .lock()
+                .map_err(|_| VmError::closed("poisoned"))?;
+            if self.is_closed() {
+                return Err(self.shared.closed_error());
+            }
+            routes.insert(
+                id,
+                Route {
+                    sender,
+                    buffered: Arc::clone(&buffered),
+                    input_credit: Arc::clone(&input_credit),
+                },
+            );
+        }
+        let call = Call {
+            shared: Arc::clone(&self.shared),
+            id,
+            receiver,
+            buffered,
+            input_credit,
+            finished: true,
+        };
+        self.shared.send(id, message).await?;
+        Ok(call)
+    }
+
+    /// Runs a process to its end: `stdin` streamed in (with backpressure), output collected
+    /// up to `limits.output_cap`.
+    ///
+    /// # Errors
+    /// Agent when the guest cannot start it (not found: `code` NotFound); OutputLimit or
+    /// Deadline (the exec is killed first); Protocol, Unexpected, WindowOverrun or
+    /// ChannelClosed when the guest misbehaves or goes away.
+    ///
+    /// # Cancel safety and drop
+    /// Dropping the future kills the exec's whole group in the guest (best effort when the
+    /// connection is gone).
+    pub async fn run(
+        &self,
+        request: ExecRequest,
+        stdin: Option<&[u8]>,
+        limits: RunLimits,
+    ) -> Result<ExecOutput, VmError> {
+        let mut request = request;
+        request.stdin = stdin.is_some();
+        let mut exec = self.exec(request).await?;
+        let shared = Arc::clone(&exec.call.shared);
+        let credit = Arc::clone(&exec.call.input_credit);
+        let id = exec.call.id;
+        let work = async {
+            let feed = async {
+                if let Some(bytes) = stdin {
+                    send_data(&shared, &credit, id, bytes).await?;
+                    shared.send(id, &HostMsg::Eof).await?;
+                }
+                Ok::<(), VmError>(())
+            };
+            // Once fed (or failed: the process closed stdin), the feed idles; the call ends
+            // with the exec, even when stdin was never wholly taken.
+            let feed = async {
+                let _ = feed.await;
+                std::future::pending::<()>().await;
+            };
+            let collect = async {
+                let mut stdout = Vec::new();
+                let mut stderr = Vec::new();
+                loop {
+                    let event = next_event(&mut exec.call).await?;
+                    match event {
+                        ExecEvent::Stdout(bytes) => stdout.extend_from_slice(&bytes),
+                        ExecEvent::Stderr(bytes) => stderr.extend_from_slice(&bytes),
+                        ExecEvent::Exited(status) => {
+                            return Ok(ExecOutput {
+                                status,
+                                stdout,
+                                stderr,
+                            })
+                        }
+                    }
+                    if (stdout.len() + stderr.len()) as u64 > limits.output_cap {
+                        return Err(VmError::OutputLimit {
+                            limit: limits.output_cap,
+                        });
+                    }
+                }
+            };
+            // Output is collected while stdin is fed, so a process that writes before it
+            // reads never deadlocks.
+            tokio::select! {
+                collected = collect => collected,
+                () = feed => Err(VmError::unexpected("the stdin feed ended the call")),
+            }
+        };
+        match tokio::time::timeout(limits.deadline, work).await {
+            Ok(Ok(output)) => {
+                exec.call.finished = true;
+                Ok(output)
+            }
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(VmError::Deadline {
+                what: "an exec",
+                after: limits.deadline,
+            }),
+        }
+    }
+
+    /// Starts a process and returns its stream of events.
+    ///
+    /// # Errors
+    /// Agent when the guest refuses to start it; ChannelClosed or Protocol otherwise.
+    ///
+    /// # Cancel safety and drop
+    /// Dropping the returned [`Exec`] before its `Exited` event kills its group.
+    pub async fn exec(&self, request: ExecRequest) -> Result<Exec, VmError> {
+        if request.argv.is_empty() {
+            return Err(VmError::Invalid("empty argv".to_owned()));
+        }
+        let mut call = self.call(&HostMsg::Exec(request)).await?;
+        call.finished = false;
+        match call.next().await? {
+            GuestMsg::Started { pid } => Ok(Exec { call, pid }),
+            GuestMsg::Error { code, message } => {
+                call.finished = true;
+                Err(VmError::Agent { code, message })
+            }
+            other => Err(VmError::unexpected(format!("{other:?} instead of Started"))),
+        }
+    }
+
+    /// Stats a path in the guest (a final symlink is not followed).
+    ///
+    /// # Errors
+    /// Agent (NotFound, ...) or a channel error.
+    pub async fn stat(&self, path: &[u8]) -> Result<Stat, VmError> {
+        self.small(
+            "stat",
+            HostMsg::Stat {
+                path: path.to_vec(),
+            },
+            |m| match m {
+                GuestMsg::Stat(stat) => Some(stat),
+                _ => None,
+            },
+        )
+        .await
+    }
+
+    /// Removes a file, or a directory (with its contents when `recursive`).
+    ///
+    /// # Errors
+    /// Agent or a channel error.
+    pub async fn remove(&self, path: &[u8], recursive: bool) -> Result<(), VmError> {
+        self.small(
+            "remove",
+            HostMsg::Remove {
+                path: path.to_vec(),
+                recursive,
+            },
+            |m| matches!(m, GuestMsg::Done).then_some(()),
+        )
+        .await
+    }
+
+    /// Drops the guest's caches; returns `MemAvailable` before and after, KiB.
+    ///
+    /// # Errors
+    /// A channel error.
+    pub async fn reclaim(&self) -> Result<(u64, u64), VmError> {
+        self.small("reclaim", HostMsg::Reclaim, |m| match m {
+            GuestMsg::Reclaimed {
+                before_kib,
+                after_kib,
+            } => Some((before_kib, after_kib)),
+            _ => None,
+        })
+        .await
+    }
+
+    /// Asks the guest to power off (it answers first).
+    ///
+    /// # Errors
+    /// A channel error.
+    pub async fn shutdown(&self) -> Result<(), VmError> {
+        self.small("shutdown", HostMsg::Shutdown, |m| {
+            matches!(m, GuestMsg::Done).then_some(())
+        })
+        .await
+    }
+
+    async fn small<T>(
+        &self,
+        what: &'static str,
+        message: HostMsg,
+        pick: impl Fn(GuestMsg) -> Option<T>,
+    ) -> Result<T, VmError> {
+        let work = async {
+            let mut call = self.call(&message).await?;
+            let answer = call.next().await?;
+            if let GuestMsg::Error { code, message } = answer {
+                return Err(VmError::Agent { code, message });
+            }
+            pick(answer.clone())
+                .ok_or_else(|| VmError::unexpected(format!("{answer:?} answering {what}")))
+        };
+        tokio::time::timeout(CALL_TIMEOUT, work)
+            .await
+            .map_err(|_| VmError::Deadline {
+                what,
+                after: CALL_TIMEOUT,
+            })?
+    }
+
+    /// Lists a directory, at most [`MAX_LIST_ENTRIES`] entries.
+    ///
+    /// # Errors
+    /// Agent, OutputLimit past the entry cap, or a channel error.
+    pub async fn list(&self, path: &[u8]) -> Result<Vec<Entry>, VmError> {
+        let work = async {
+            let mut call = self
+                .call(&HostMsg::List {
+                    path: path.to_vec(),
+                })
+                .await?;
+            let mut entries = Vec::new();
+            loop {
+                match call.next().await? {
+                    GuestMsg::Entries(batch) => entries.extend(batch),
+                    GuestMsg::Done => return Ok(entries),
+                    GuestMsg::Error { code, message } => {
+                        return Err(VmError::Agent { code, message })
+                    }
+                    other => return Err(VmError::unexpected(format!("{other:?} in a listing"))),
+                }
+                if entries.len() > MAX_LIST_ENTRIES {
+                    return Err(VmError::OutputLimit {
+                        limit: MAX_LIST_ENTRIES as u64,
+                    });
+                }
+            }
+        };
+        tokio::time::timeout(CALL_TIMEOUT, work)
+            .await
+            .map_err(|_| VmError::Deadline {
+                what: "list",
+                after: CALL_TIMEOUT,
+            })?
+    }
+
+    /// Reads a whole file, at most `cap` bytes, within `deadline`.
+    ///
+    /// # Errors
+    /// Agent, OutputLimit past `cap`, Deadline, or a channel error.
+    pub async fn read_file(
+        &self,
+        path: &[u8],
+        cap: u64,
+        deadline: Duration,
+    ) -> Result<Vec<u8>, VmError> {
+        let work = async {
+            let mut call = self
+                .call(&HostMsg::Read {
+                    path: path.to_vec(),
+                })
+                .await?;
+            let mut data = Vec::new();
+            loop {
+                match call.next().await? {
+                    GuestMsg::Data(bytes) => {
+                        if (data.len() + bytes.len()) as u64 > cap {
+                            return Err(VmError::OutputLimit { limit: cap });
+                        }
+                        data.extend_from_slice(&bytes);
+                    }
+                    GuestMsg::Done => return Ok(data),
+                    GuestMsg::Error { code, message } => {
+                        return Err(VmError::Agent { code, message })
+                    }
+                    other => return Err(VmError::unexpected(format!("{other:?} in a read"))),
+                }
+            }
+        };
+        tokio::time::timeout(deadline, work)
+            .await
+            .map_err(|_| VmError::Deadline {
+                what: "read",
+                after: deadline,
+            })?
+    }
+
+    /// Writes a file from `source` (created with `mode`, truncated), within `deadline`;
+    /// returns the bytes written.
+    ///
+    /// # Errors
+    /// Agent, Io when `source` fails, Deadline, or a channel error.
+    pub async fn write_file(
+        &self,
+        path: &[u8],
+        mode: u32,
+        mut source: impl AsyncRead + Unpin,
+        deadline: Duration,
+    ) -> Result<u64, VmError> {
+        let work = async {
+            let mut call = self
+                .call(&HostMsg::Write {
+                    path: path.to_vec(),
+                    mode,
+                })
+                .await?;
+            let mut buf = vec![0u8; CHUNK];
+            let mut total = 0u64;
+            loop {
+                // An early refusal (the file cannot be created) arrives while data flows.
+                if let Ok((GuestMsg::Error { code, message }, _)) = call.receiver.try_recv() {
+                    return Err(VmError::Agent { code, message });
+                }
+                let n = source
+                    .read(&mut buf)
+                    .await
+                    .map_err(|e| VmError::io("reading the source of", Path::new("(write)"), e))?;
+                if n == 0 {
+                    break;
+                }
+                total += n as u64;
+                let credit = Arc::clone(&call.input_credit);
+                let permits = tokio::select! {
+                    permits = credit.acquire_many(n as u32) => {
+                        permits.map_err(|_| call.shared.closed_error())?
+                    }
+                    message = call.next() => {
+                        return Err(match message? {
+                            GuestMsg::Error { code, message } => VmError::Agent { code, message },
+                            other => VmError::unexpected(format!("{other:?} during a write")),
+                        });
+                    }
+                };
+                permits.forget();
+                call.shared
+                    .send(call.id, &HostMsg::Data(buf[..n].to_vec()))
+                    .await?;
+            }
+            call.shared.send(call.id, &HostMsg::Eof).await?;
+            match call.next().await? {
+                GuestMsg::Done => Ok(total),
+                GuestMsg::Error { code, message } => Err(VmError::Agent { code, message }),
+                other => Err(VmError::unexpected(format!("{other:?} ending a write"))),
+            }
+        };
+        tokio::time::timeout(deadline, work)
+            .await
+            .map_err(|_| VmError::Deadline {
+                what: "write",
+                after: deadline,
+            })?
+    }
+}
+
+/// A running exec.
+pub struct Exec {
+    call: Call,
+    pid: u32,
+}
+
+impl std::fmt::Debug for Exec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exec")
+            .field("id", &self.call.id)
+            .field("pid", &self.pid)
+            .finish()
+    }
+}
+
+impl Exec {
+    /// The process's pid in the guest.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The next event; after `Exited`, none.
+    ///
+    /// # Errors
+    /// Protocol, Unexpected, WindowOverrun or ChannelClosed.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: an event not yet returned stays queued.
+    pub async fn next_event(&mut self) -> Result<ExecEvent, VmError> {
+        let event = next_event(&mut self.call).await?;
+        if matches!(event, ExecEvent::Exited(_)) {
+            self.call.finished = true;
+        }
+        Ok(event)
+    }
+
+    /// Streams `bytes` to stdin (the exec must have been started with `stdin: true`), each
+    /// chunk after the guest's credit for it.
+    ///
+    /// # Errors
+    /// A channel error.
+    pub async fn write_stdin(&self, bytes: &[u8]) -> Result<(), VmError> {
+        self.call.send_data(bytes).await
+    }
+
+    /// Closes stdin.
+    ///
+    /// # Errors
+    /// A channel error.
+    pub async fn close_stdin(&self) -> Result<(), VmError> {
+        self.call.shared.send(self.call.id, &HostMsg::Eof).await
+    }
+
+    /// Kills every process of the exec; its `Exited` event follows.
+    ///
+    /// # Errors
+    /// A channel error.
+    pub async fn kill(&self) -> Result<(), VmError> {
+        self.call.shared.send(self.call.id, &HostMsg::Kill).await
+    }
+}
+
+async fn next_event(call: &mut Call) -> Result<ExecEvent, VmError> {
+    match call.next().await? {
+        GuestMsg::Stdout(bytes) => Ok(ExecEvent::Stdout(bytes)),
+        GuestMsg::Stderr(bytes) => Ok(ExecEvent::Stderr(bytes)),
+        GuestMsg::Exited(status) => {
+            call.finished = true;
+            Ok(ExecEvent::Exited(status))
+        }
+        GuestMsg::Error { code, message } => {
+            call.finished = true;
+            Err(VmError::Agent { code, message })
+        }
+        other => Err(VmError::unexpected(format!("{other:?} in an exec"))),
+    }
+}
+
+async fn read_loop(
+    mut read: tokio::net::unix::OwnedReadHalf,
+    mut decoder: FrameDecoder<GuestMsg>,
+    shared: Arc<Shared>,
+) {
+    let mut buf = vec![0u8; 256 * 1024];
+    let reason = loop {
+        loop {
+            match decoder.next_message() {
+                Ok(Some((id, message))) => {
+                    if let Err(reason) = route(&shared, id, message) {
+                        shared.close(reason);
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    shared.close(Closed::Protocol(error));
+                    return;
+                }
+            }
+        }
+        match read.read(&mut buf).await {
+            Ok(0) => break "the guest end closed (QEMU or the agent is gone)".to_owned(),
+            Ok(n) => decoder.push(&buf[..n]),
+            Err(error) => break format!("reading from the agent: {error}"),
+        }
+    };
+    shared.close(reason);
+}
+
+/// Routes one frame; an error closes the connection.
+fn route(shared: &Shared, id: u32, message: GuestMsg) -> Result<(), Closed> {
+    let Ok(mut routes) = shared.routes.lock() else {
+        return Err(Closed::Other("poisoned".to_owned()));
+    };
+    let Some(route) = routes.get(&id) else {
+        return Ok(());
+    };
+    if let GuestMsg::Credit(n) = message {
+        let available = route.input_credit.available_permits() as u64 + u64::from(n);
+        if available > u64::from(WINDOW) {
+            return Err(Closed::Overrun {
+                buffered: available,
+                window: u64::from(WINDOW),
+            });
+        }
+        route.input_credit.add_permits(n as usize);
+        return Ok(());
+    }
+    let size = match &message {
+        GuestMsg::Stdout(b) | GuestMsg::Stderr(b) | GuestMsg::Data(b) => b.len() as u64 + 16,
+        GuestMsg::Entries(entries) => entries.iter().map(|e| e.name.len() as u64 + 16).sum(),
+        _ => 64,
+    };
+    let buffered = route.buffered.fetch_add(size, Ordering::SeqCst) + size;
+    if buffered > ROUTE_CAP {
+        return Err(Closed::Overrun {
+            buffered,
+            window: ROUTE_CAP,
+        });
+    }
+    if route.sender.send((message, size)).is_err() {
+        routes.remove(&id);
+    }
+    Ok(())
+}

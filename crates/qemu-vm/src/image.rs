@@ -1,0 +1,528 @@
+//! The VM image: a PVH kernel, the initramfs (the agent as `/init` plus the modules it loads)
+//! and an ext4 root file system, each cached under a directory by the digest of what it is
+//! made from (`docs/vm.md#image`).
+//!
+//! The kernel comes from the host's Debian kernel package: `/boot/vmlinuz-<release>` is a
+//! bzImage whose payload is xz-compressed; the uncompressed ELF `vmlinux` inside it boots
+//! through PVH on QEMU's `microvm` machine, so it is extracted once. The modules come from
+//! `/lib/modules/<release>`, with their dependencies from `modules.dep`, in load order. The
+//! root file system is made from a tar archive of a root the caller supplies (the workspace's
+//! one Debian recipe) with `mkfs.ext4 -d`.
+//!
+//! Not here: downloading anything; the host must have the kernel package installed.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use exec_wrapper::{BoundedCommand, ExitKind};
+use sha2::{Digest, Sha256};
+
+use crate::cpio::{self, Member};
+use crate::error::VmError;
+
+/// The modules the agent loads, in order; each one's dependencies are added before it.
+pub const MODULES: [&str; 7] = [
+    "virtio_mmio",
+    "virtio_blk",
+    "virtio_console",
+    "crc32c_generic",
+    "crc16",
+    "jbd2",
+    "ext4",
+];
+
+/// Bumped whenever the initramfs layout or the root file system recipe changes.
+const RECIPE_VERSION: u32 = 1;
+
+/// The most a decompressed kernel may be.
+const MAX_VMLINUX: usize = 256 * 1024 * 1024;
+
+/// The deadline of each host tool the recipe runs.
+const TOOL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Free space the root file system gets beyond its contents, MiB.
+const ROOT_HEADROOM_MIB: u64 = 768;
+
+/// The manifest file [`VmImage::load`] reads.
+pub const MANIFEST: &str = "vm-image.json";
+
+/// A built image: three files, and the digest that names the combination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmImage {
+    /// The uncompressed PVH kernel.
+    pub kernel: PathBuf,
+    /// The initramfs (uncompressed `newc` cpio).
+    pub initramfs: PathBuf,
+    /// The ext4 root file system; VMs attach it copy-on-write and never write it.
+    pub rootfs: PathBuf,
+    /// The kernel release the modules belong to.
+    pub kernel_release: String,
+    /// A digest of the three parts.
+    pub digest: String,
+}
+
+impl VmImage {
+    /// The image whose manifest `cargo xtask images` wrote in `dir`.
+    ///
+    /// # Errors
+    /// Io when the manifest is missing or unreadable; Invalid when a listed file is gone.
+    pub fn load(dir: &Path) -> Result<VmImage, VmError> {
+        let path = dir.join(MANIFEST);
+        let text = std::fs::read_to_string(&path).map_err(|e| VmError::io("reading", &path, e))?;
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| VmError::Invalid(format!("{}: {e}", path.display())))?;
+        let field = |name: &str| -> Result<String, VmError> {
+            value
+                .get(name)
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+                .ok_or_else(|| VmError::Invalid(format!("{}: no {name}", path.display())))
+        };
+        let image = VmImage {
+            kernel: PathBuf::from(field("kernel")?),
+            initramfs: PathBuf::from(field("initramfs")?),
+            rootfs: PathBuf::from(field("rootfs")?),
+            kernel_release: field("kernel_release")?,
+            digest: field("digest")?,
+        };
+        for file in [&image.kernel, &image.initramfs, &image.rootfs] {
+            if !file.is_file() {
+                return Err(VmError::Invalid(format!(
+                    "{} lists {}, which is gone",
+                    path.display(),
+                    file.display()
+                )));
+            }
+        }
+        Ok(image)
+    }
+
+    fn write_manifest(&self, dir: &Path) -> Result<(), VmError> {
+        let value = serde_json::json!({
+            "kernel": self.kernel,
+            "initramfs": self.initramfs,
+            "rootfs": self.rootfs,
+            "kernel_release": self.kernel_release,
+            "digest": self.digest,
+        });
+        write_atomic(&dir.join(MANIFEST), value.to_string().as_bytes())
+    }
+}
+
+/// What an image is made from.
+#[derive(Debug, Clone)]
+pub struct ImageRecipe {
+    /// Where the parts are cached (by digest) and the manifest is written.
+    pub cache_dir: PathBuf,
+    /// The static agent binary (the initramfs's `/init`).
+    pub agent: PathBuf,
+    /// A tar archive of the root file system.
+    pub root_archive: PathBuf,
+    /// The kernel release; `None` picks the newest `/boot/vmlinuz-*` with modules.
+    pub kernel_release: Option<String>,
+    /// Where kernels and modules are read from (`/` normally).
+    pub host_root: PathBuf,
+}
+
+/// A sink for progress lines.
+pub type Progress<'a> = &'a (dyn Fn(&str) + Send + Sync);
+
+impl ImageRecipe {
+    /// Builds whatever part is missing from the cache, writes the manifest, returns the image.
+    ///
+    /// # Errors
+    /// Kernel when the kernel image holds no usable payload; Io, Spawn or ToolFailed when a
+    /// step fails (`xz`, `tar` and `mkfs.ext4` are run under deadlines).
+    ///
+    /// # Cancel safety and drop
+    /// Parts are written to temporary names and renamed into place when complete; a dropped
+    /// build leaves at most a temporary file or directory under the cache.
+    pub async fn build(&self, progress: Progress<'_>) -> Result<VmImage, VmError> {
+        std::fs::create_dir_all(&self.cache_dir)
+            .map_err(|e| VmError::io("creating", &self.cache_dir, e))?;
+        let release = match &self.kernel_release {
+            Some(release) => release.clone(),
+            None => newest_kernel(&self.host_root)?,
+        };
+        let kernel = self.kernel(&release, progress).await?;
+        let initramfs = self.initramfs(&release, progress)?;
+        let rootfs = self.rootfs(progress).await?;
+        let mut digest = Sha256::new();
+        for part in [&kernel, &initramfs, &rootfs] {
+            digest.update(
+                part.file_name()
+                    .map(|n| n.as_encoded_bytes())
+                    .unwrap_or(b""),
+            );
+        }
+        let image = VmImage {
+            kernel,
+            initramfs,
+            rootfs,
+            kernel_release: release,
+            digest: hex(&digest.finalize())[..16].to_owned(),
+        };
+        image.write_manifest(&self.cache_dir)?;
+        progress(&format!("vm image {} ready", image.digest));
+        Ok(image)
+    }
+
+    async fn kernel(&self, release: &str, progress: Progress<'_>) -> Result<PathBuf, VmError> {
+        let vmlinuz = self
+            .host_root
+            .join("boot")
+            .join(format!("vmlinuz-{release}"));
+        let bytes = std::fs::read(&vmlinuz).map_err(|e| VmError::io("reading", &vmlinuz, e))?;
+        let out = self
+            .cache_dir
+            .join(format!("vmlinux-{release}-{}", &digest_of(&bytes)[..16]));
+        if out.is_file() {
+            progress(&format!("kernel: cached {}", out.display()));
+            return Ok(out);
+        }
+        progress(&format!(
+            "kernel: extracting vmlinux from {}",
+            vmlinuz.display()
+        ));
+        let vmlinux = extract_vmlinux(&vmlinuz, &bytes).await?;
+        write_atomic(&out, &vmlinux)?;
+        Ok(out)
+    }
+
+    fn initramfs(&self, release: &str, progress: Progress<'_>) -> Result<PathBuf, VmError> {
+        let agent =
+            std::fs::read(&self.agent).map_err(|e| VmError::io("reading", &self.agent, e))?;
+        let modules_dir = self.host_root.join("lib/modules").join(release);
+        let modules = module_load_order(&modules_dir, &MODULES)?;
+        let mut blobs = Vec::new();
+        for (name, path) in &modules {
+            let bytes = std::fs::read(path).map_err(|e| VmError::io("reading", path, e))?;
+            blobs.push((format!("modules/{name}.ko"), bytes));
+        }
+        let order: String = modules
+            .iter()
+            .map(|(name, _)| format!("{name}\n"))
+            .collect();
+        let mut members = vec![
+            Member::Dir("dev"),
+            Member::CharDev("dev/console", 5, 1),
+            Member::CharDev("dev/null", 1, 3),
+            Member::Dir("proc"),
+            Member::Dir("sys"),
+            Member::Dir("newroot"),
+            Member::Dir("modules"),
+            Member::File("init", 0o755, &agent),
+            Member::File("modules/order", 0o644, order.as_bytes()),
+        ];
+        for (name, bytes) in &blobs {
+            members.push(Member::File(name, 0o644, bytes));
+        }
+        let archive = cpio::archive(&members);
+        let digest = digest_of(&archive);
+        let out = self.cache_dir.join(format!(
+            "initramfs-v{RECIPE_VERSION}-{}.cpio",
+            &digest[..16]
+        ));
+        if !out.is_file() {
+            write_atomic(&out, &archive)?;
+        }
+        progress(&format!(
+            "initramfs: {} ({} modules: {})",
+            out.display(),
+            modules.len(),
+            order.trim().replace('\n', " ")
+        ));
+        Ok(out)
+    }
+
+    async fn rootfs(&self, progress: Progress<'_>) -> Result<PathBuf, VmError> {
+        let digest = file_digest(&self.root_archive)?;
+        let out = self
+            .cache_dir
+            .join(format!("rootfs-v{RECIPE_VERSION}-{}.ext4", &digest[..16]));
+        if out.is_file() {
+            progress(&format!("root file system: cached {}", out.display()));
+            return Ok(out);
+        }
+        progress(&format!(
+            "root file system: mkfs.ext4 -d from {}",
+            self.root_archive.display()
+        ));
+        let tree = self
+            .cache_dir
+            .join(format!("rootfs-tree-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tree);
+        std::fs::create_dir_all(&tree).map_err(|e| VmError::io("creating", &tree, e))?;
+        let built = async {
+            run_tool(
+                "tar",
+                &[
+                    "--numeric-owner".as_ref(),
+                    "-xpf".as_ref(),
+                    self.root_archive.as_os_str(),
+                    "-C".as_ref(),
+                    tree.as_os_str(),
+                ],
+            )
+            .await?;
+            // Where the agent mounts cgroup v2 and its tmpfs.
+            for dir in ["sys/fs/cgroup", "tmp", "dev/pts"] {
+                let _ = std::fs::create_dir_all(tree.join(dir));
+            }
+            let used_mib = tree_size(&tree) / (1024 * 1024);
+            let size = format!("{}M", used_mib + ROOT_HEADROOM_MIB);
+            let partial = out.with_extension("partial");
+            let _ = std::fs::remove_file(&partial);
+            run_tool(
+                "mkfs.ext4",
+                &[
+                    "-q".as_ref(),
+                    "-F".as_ref(),
+                    "-L".as_ref(),
+                    "sbxroot".as_ref(),
+                    "-d".as_ref(),
+                    tree.as_os_str(),
+                    partial.as_os_str(),
+                    size.as_ref(),
+                ],
+            )
+            .await?;
+            std::fs::rename(&partial, &out).map_err(|e| VmError::io("renaming", &partial, e))
+        }
+        .await;
+        let _ = std::fs::remove_dir_all(&tree);
+        built?;
+        Ok(out)
+    }
+}
+
+/// The newest kernel release with both an image in `/boot` and modules.
+fn newest_kernel(root: &Path) -> Result<String, VmError> {
+    let boot = root.join("boot");
+    let entries = std::fs::read_dir(&boot).map_err(|e| VmError::io("listing", &boot, e))?;
+    let mut releases: Vec<String> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            name.strip_prefix("vmlinuz-").map(str::to_owned)
+        })
+        .filter(|release| root.join("lib/modules").join(release).is_dir())
+        .collect();
+    releases.sort();
+    releases.pop().ok_or_else(|| VmError::Kernel {
+        path: boot,
+        message: "no vmlinuz-* with modules (install linux-image-amd64)".to_owned(),
+    })
+}
+
+/// The modules to load for `wanted`, dependencies first, each once: (name, path).
+///
+/// # Errors
+/// Io when `modules.dep` is unreadable; Kernel when a module is missing or compressed.
+pub fn module_load_order(
+    modules_dir: &Path,
+    wanted: &[&str],
+) -> Result<Vec<(String, PathBuf)>, VmError> {
+    let dep_path = modules_dir.join("modules.dep");
+    let text =
+        std::fs::read_to_string(&dep_path).map_err(|e| VmError::io("reading", &dep_path, e))?;
+    let mut deps = std::collections::HashMap::new();
+    for line in text.lines() {
+        let Some((module, rest)) = line.split_once(':') else {
+            continue;
+        };
+        deps.insert(
+            module_name(module),
+            (
+                module.to_owned(),
+                rest.split_whitespace()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>(),
+            ),
+        );
+    }
+    let mut order: Vec<(String, PathBuf)> = Vec::new();
+    fn visit(
+        name: &str,
+        deps: &std::collections::HashMap<String, (String, Vec<String>)>,
+        dir: &Path,
+        order: &mut Vec<(String, PathBuf)>,
+        depth: usize,
+    ) -> Result<(), VmError> {
+        if order.iter().any(|(n, _)| n == name) || depth > 32 {
+            return Ok(());
+        }
+        let Some((path, needs)) = deps.get(name) else {
+            return Err(VmError::Kernel {
+                path: dir.join("modules.dep"),
+                message: format!("module {name} is not there (built in, or another kernel)"),
+            });
+        };
+        if !path.ends_with(".ko") {
+            return Err(VmError::Kernel {
+                path: dir.join(path),
+                message: "compressed modules are not supported".to_owned(),
+            });
+        }
+        // modules.dep lists the nearest dependency first; modprobe loads from the end.
+        for need in needs.iter().rev() {
+            visit(&module_name(need), deps, dir, order, depth + 1)?;
+        }
+        order.push((name.to_owned(), dir.join(path)));
+        Ok(())
+    }
+    for name in wanted {
+        visit(name, &deps, modules_dir, &mut order, 0)?;
+    }
+    Ok(order)
+}
+
+fn module_name(path: &str) -> String {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    file.split('.').next().unwrap_or(file).replace('-', "_")
+}
+
+/// The ELF `vmlinux` inside a bzImage: the xz payload found by its magic and decompressed by
+/// `xz --single-stream` (which stops at the stream's end, ignoring the trailer).
+async fn extract_vmlinux(path: &Path, bytes: &[u8]) -> Result<Vec<u8>, VmError> {
+    const XZ_MAGIC: &[u8] = b"\xfd7zXZ\x00";
+    let mut from = 0;
+    while let Some(offset) = bytes[from..]
+        .windows(XZ_MAGIC.len())
+        .position(|w| w == XZ_MAGIC)
+    {
+        let at = from + offset;
+        let output = BoundedCommand::new("xz", TOOL_TIMEOUT)
+            .args(["-dcq", "--single-stream"])
+            .env("PATH", TOOL_PATH)
+            .stdin(bytes[at..].to_vec())
+            .output_budget(MAX_VMLINUX)
+            .run()
+            .await
+            .map_err(|e| VmError::ToolFailed {
+                command: "xz -dc".to_owned(),
+                status: e.to_string(),
+                stderr: String::new(),
+            })?;
+        if output.stdout.starts_with(b"\x7fELF") {
+            return Ok(output.stdout);
+        }
+        from = at + 1;
+    }
+    Err(VmError::Kernel {
+        path: path.to_owned(),
+        message: "no xz payload decompressing to an ELF image".to_owned(),
+    })
+}
+
+/// The `PATH` host tools are looked up in (the runner passes no environment of ours).
+const TOOL_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+async fn run_tool(program: &str, args: &[&std::ffi::OsStr]) -> Result<(), VmError> {
+    let output = BoundedCommand::new(program, TOOL_TIMEOUT)
+        .args(args.iter().map(|a| a.to_os_string()))
+        .env("PATH", TOOL_PATH)
+        .output_budget(1024 * 1024)
+        .run()
+        .await
+        .map_err(|e| VmError::Spawn {
+            program: program.to_owned(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+    if output.status != ExitKind::Exited(0) {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Err(VmError::ToolFailed {
+            command: format!(
+                "{program} {}",
+                args.iter()
+                    .map(|a| a.to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            status: format!("{:?}", output.status),
+            stderr: stderr
+                .chars()
+                .rev()
+                .take(2000)
+                .collect::<String>()
+                .chars()
+                .rev()
+                .collect(),
+        });
+    }
+    Ok(())
+}
+
+fn tree_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(entry.path());
+            }
+            total += meta.len() + 4096;
+        }
+    }
+    total
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), VmError> {
+    let partial = path.with_extension("partial");
+    let mut file =
+        std::fs::File::create(&partial).map_err(|e| VmError::io("creating", &partial, e))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| VmError::io("writing", &partial, e))?;
+    std::fs::rename(&partial, path).map_err(|e| VmError::io("renaming", &partial, e))
+}
+
+fn digest_of(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn file_digest(path: &Path) -> Result<String, VmError> {
+    let mut file = std::fs::File::open(path).map_err(|e| VmError::io("opening", path, e))?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(|e| VmError::io("reading", path, e))?;
+    Ok(hex(&hasher.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dependencies_load_before_their_users_and_once() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("modules.dep"),
+            "kernel/fs/ext4/ext4.ko: kernel/lib/crc16.ko kernel/fs/mbcache.ko kernel/fs/jbd2/jbd2.ko\n\
+             kernel/lib/crc16.ko:\nkernel/fs/mbcache.ko:\nkernel/fs/jbd2/jbd2.ko:\n\
+             kernel/drivers/virtio/virtio.ko: kernel/drivers/virtio/virtio_ring.ko\n\
+             kernel/drivers/virtio/virtio_ring.ko:\n",
+        )
+        .unwrap();
+        let order = module_load_order(dir.path(), &["virtio", "jbd2", "ext4"]).unwrap();
+        let names: Vec<&str> = order.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["virtio_ring", "virtio", "jbd2", "mbcache", "crc16", "ext4"]
+        );
+        assert!(matches!(
+            module_load_order(dir.path(), &["nope"]),
+            Err(VmError::Kernel { .. })
+        ));
+    }
+}

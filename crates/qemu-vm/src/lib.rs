@@ -1,0 +1,33 @@
+//! A typed, bounded async driver for microVMs under QEMU (`docs/vm.md`).
+//!
+//! Scope: the VM image ([`ImageRecipe`], [`VmImage`]), one VM's QEMU process and its QMP
+//! monitor ([`Vm`], [`VmConfig`]), the guest agent's requests as typed async calls
+//! ([`AgentClient`]), and the choice of accelerator by a test boot ([`probe_accel`]). Every
+//! call has a deadline and every answer from the guest or QEMU is bounded.
+//!
+//! Not here: sandboxes, keys, limits policy: a backend builds those on top (a VM per sandbox,
+//! found again from another process by its directory with [`Vm::attach`]).
+//!
+//! Threat model: the guest is hostile. Its bytes reach the host only through the agent
+//! channel and are decoded by `vm_agent::proto`'s bounded decoder; a malformed frame closes
+//! the channel with a typed error. QEMU is trusted as a process but its monitor's lines are
+//! capped all the same.
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+#![cfg(target_os = "linux")]
+
+mod accel;
+mod client;
+mod cpio;
+mod error;
+mod image;
+mod machine;
+
+pub use accel::{probe_accel, AccelReport};
+pub use client::{
+    AgentClient, Exec, ExecEvent, ExecOutput, RunLimits, HANDSHAKE_SCAN_CAP, MAX_LIST_ENTRIES,
+};
+pub use error::VmError;
+pub use image::{module_load_order, ImageRecipe, Progress, VmImage, MANIFEST, MODULES};
+pub use machine::{host_tsc_khz, Accel, Vm, VmConfig, VmStatus};
+pub use vm_agent::proto::{Entry, ErrorCode, ExecRequest, ExitStatus, FileKind, Stat};

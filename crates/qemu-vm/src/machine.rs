@@ -1,0 +1,653 @@
+//! One VM: its QEMU command line, its detached process, its state directory, QMP.
+//!
+//! A VM lives in a directory the driver creates (`<parent>/<name>`): `qmp.sock` and
+//! `agent.sock`, bound by the driver before QEMU starts and handed to it as listening
+//! descriptors (so no other process can take either path between a bind and QEMU's start),
+//! `vm.json` (QEMU's pid, the accelerator, the limits) and, when asked, `console.log`. QEMU
+//! runs in its own session, so the VM outlives the process that made it; any process can
+//! [`Vm::attach`] to the directory later. The root image is attached with `snapshot=on`: QEMU
+//! keeps the guest's writes in an already-unlinked temporary file in the VM's directory and
+//! never writes the base.
+//!
+//! Not here: the agent's protocol (see [`crate::AgentClient`]).
+
+use std::os::fd::AsFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+use crate::client::AgentClient;
+use crate::error::VmError;
+use crate::image::VmImage;
+
+/// How a VM's CPU is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Accel {
+    /// Hardware virtualisation.
+    Kvm,
+    /// QEMU's emulator.
+    Tcg,
+}
+
+impl Accel {
+    /// QEMU's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Accel> {
+        match name {
+            "kvm" => Some(Accel::Kvm),
+            "tcg" => Some(Accel::Tcg),
+            _ => None,
+        }
+    }
+}
+
+/// The most QMP may send in one line.
+const QMP_LINE_CAP: usize = 1024 * 1024;
+
+/// The deadline of each QMP exchange.
+const QMP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a killed QEMU may take to go.
+const EXIT_WAIT: Duration = Duration::from_secs(10);
+
+/// What a VM is started with.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// The image.
+    pub image: VmImage,
+    /// The directory the VM's own directory is made in.
+    pub parent_dir: PathBuf,
+    /// The VM's name (its directory's name): ASCII letters, digits, `-` and `_`.
+    pub name: String,
+    /// Guest memory, MiB.
+    pub memory_mib: u32,
+    /// Guest CPUs.
+    pub cpus: u32,
+    /// The accelerator (see [`crate::probe_accel`]).
+    pub accel: Accel,
+    /// The QEMU program.
+    pub qemu: PathBuf,
+    /// Extra kernel command-line words (test modes, debugging).
+    pub kernel_args: Vec<String>,
+    /// Whether the guest's serial console goes to `console.log` in the VM's directory (for
+    /// debugging a boot; the guest can write to it without bound, so off by default).
+    pub console_log: bool,
+}
+
+impl VmConfig {
+    /// A config with 512 MiB, one CPU, TCG, `qemu-system-x86_64` from `PATH`.
+    pub fn new(image: VmImage, parent_dir: impl Into<PathBuf>, name: impl Into<String>) -> Self {
+        VmConfig {
+            image,
+            parent_dir: parent_dir.into(),
+            name: name.into(),
+            memory_mib: 512,
+            cpus: 1,
+            accel: Accel::Tcg,
+            qemu: PathBuf::from("qemu-system-x86_64"),
+            kernel_args: Vec::new(),
+            console_log: false,
+        }
+    }
+
+    /// The VM's directory.
+    pub fn dir(&self) -> PathBuf {
+        self.parent_dir.join(&self.name)
+    }
+
+    /// QEMU's arguments, with the QMP listener on descriptor 3 and the agent's on 4.
+    pub fn qemu_args(&self, tsc_khz: Option<u64>) -> Vec<String> {
+        let dir = self.dir();
+        let mut append = vec![
+            "quiet".to_owned(),
+            "panic=-1".to_owned(),
+            "reboot=t".to_owned(),
+            "rdinit=/init".to_owned(),
+        ];
+        if self.console_log {
+            append.push("console=ttyS0".to_owned());
+        }
+        if let (Accel::Tcg, Some(khz)) = (self.accel, tsc_khz) {
+            // Without it the guest calibrates the TSC against an emulated timer and hangs.
+            append.push(format!("tsc_early_khz={khz}"));
+        }
+        append.extend(self.kernel_args.iter().cloned());
+        let mut args: Vec<String> = vec![
+            "-name".into(),
+            format!("sbx-vm-{}", self.name),
+            "-nodefaults".into(),
+            "-no-user-config".into(),
+            "-nographic".into(),
+            "-no-reboot".into(),
+            "-M".into(),
+            "microvm".into(),
+            "-accel".into(),
+            self.accel.name().into(),
+        ];
+        if self.accel == Accel::Kvm {
+            args.extend(["-cpu".into(), "host".into()]);
+        }
+        args.extend([
+            "-m".into(),
+            format!("{}M", self.memory_mib),
+            "-smp".into(),
+            self.cpus.to_string(),
+            "-kernel".into(),
+            self.image.kernel.display().to_string(),
+            "-initrd".into(),
+            self.image.initramfs.display().to_string(),
+            "-append".into(),
+            append.join(" "),
+            "-drive".into(),
+            format!(
+                "id=root,file={},format=raw,if=none,snapshot=on",
+                self.image.rootfs.display()
+            ),
+            "-device".into(),
+            "virtio-blk-device,drive=root".into(),
+            "-device".into(),
+            "virtio-serial-device,id=vser".into(),
+            "-chardev".into(),
+            "socket,id=agent,fd=4,server=on,wait=off".into(),
+            "-device".into(),
+            "virtserialport,bus=vser.0,chardev=agent,name=sbx.agent".into(),
+            "-chardev".into(),
+            "socket,id=qmp,fd=3,server=on,wait=off".into(),
+            "-mon".into(),
+            "chardev=qmp,mode=control".into(),
+            "-serial".into(),
+        ]);
+        if self.console_log {
+            args.push(format!("file:{}", dir.join("console.log").display()));
+        } else {
+            args.push("none".into());
+        }
+        args
+    }
+}
+
+/// QEMU's run state, from QMP `query-status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmStatus {
+    /// Whether the guest's CPUs run.
+    pub running: bool,
+    /// QEMU's status word (`running`, `paused`, `shutdown`, ...).
+    pub status: String,
+}
+
+/// A running VM, made here or attached to.
+#[derive(Debug)]
+pub struct Vm {
+    dir: PathBuf,
+    pid: i32,
+    accel: Accel,
+    /// Reaps QEMU when this process made it, so it never lingers as a zombie.
+    reaper: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Vm {
+    /// Starts QEMU for `config` and returns once its QMP monitor answers (the guest is then
+    /// booting; [`Vm::agent`] waits for it).
+    ///
+    /// # Errors
+    /// Io when the directory exists or cannot be made; Spawn when QEMU cannot start;
+    /// QemuExited when it exits at once (its log's tail says why); Qmp or Deadline when its
+    /// monitor does not answer.
+    ///
+    /// # Cancel safety and drop
+    /// A future dropped after QEMU started leaves that VM running (it is detached by
+    /// design); [`Vm::attach`] finds it by its directory.
+    pub async fn start(config: &VmConfig) -> Result<Vm, VmError> {
+        if config.name.is_empty()
+            || !config
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(VmError::Invalid(format!("VM name {:?}", config.name)));
+        }
+        let dir = config.dir();
+        std::fs::create_dir_all(&config.parent_dir)
+            .map_err(|e| VmError::io("creating", &config.parent_dir, e))?;
+        std::fs::create_dir(&dir).map_err(|e| VmError::io("creating", &dir, e))?;
+        let started = Vm::spawn(config, &dir);
+        if started.is_err() {
+            // Nothing runs there: the directory goes with the failure.
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let vm = started?;
+        match vm.status().await {
+            Ok(_) => Ok(vm),
+            Err(error) => {
+                let detail = vm.log_tail();
+                let _ = vm.kill().await;
+                Err(match error {
+                    VmError::Qmp { .. } | VmError::ChannelClosed { .. } | VmError::Io { .. } => {
+                        VmError::QemuExited { detail }
+                    }
+                    other => other,
+                })
+            }
+        }
+    }
+
+    fn spawn(config: &VmConfig, dir: &Path) -> Result<Vm, VmError> {
+        let dir = dir.to_owned();
+        let qmp = std::os::unix::net::UnixListener::bind(dir.join("qmp.sock"))
+            .map_err(|e| VmError::io("binding", dir.join("qmp.sock"), e))?;
+        let agent = std::os::unix::net::UnixListener::bind(dir.join("agent.sock"))
+            .map_err(|e| VmError::io("binding", dir.join("agent.sock"), e))?;
+        // Above 3 and 4, so the dup2 in the child always makes a fresh, inheritable copy.
+        let qmp_fd = rustix::io::fcntl_dupfd_cloexec(qmp.as_fd(), 10)
+            .map_err(|e| VmError::io("duplicating", dir.join("qmp.sock"), e.into()))?;
+        let agent_fd = rustix::io::fcntl_dupfd_cloexec(agent.as_fd(), 10)
+            .map_err(|e| VmError::io("duplicating", dir.join("agent.sock"), e.into()))?;
+        let log_path = dir.join("qemu.log");
+        let mut command = std::process::Command::new(&config.qemu);
+        command
+            .args(config.qemu_args(host_tsc_khz()))
+            .env("TMPDIR", &dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(
+                std::fs::File::options()
+                    .create(true)
+                    .append(true)
+                    .open(&log_path)
+                    .map_err(|e| VmError::io("opening", &log_path, e))?,
+            )
+            .stderr(
+                std::fs::File::options()
+                    .create(true)
+                    .append(true)
+                    .open(&log_path)
+                    .map_err(|e| VmError::io("opening", &log_path, e))?,
+            );
+        let (qmp_raw, agent_raw) = (raw(&qmp_fd), raw(&agent_fd));
+        // SAFETY: as above: only dup2 (through the raw-descriptor helper) and setsid run in the
+        // child between fork and exec.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || {
+                place_fd(qmp_raw, 3)?;
+                place_fd(agent_raw, 4)?;
+                rustix::process::setsid()?;
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().map_err(|source| VmError::Spawn {
+            program: config.qemu.display().to_string(),
+            source,
+        })?;
+        drop((qmp_fd, agent_fd, qmp, agent));
+        let pid = child.id() as i32;
+        let state = serde_json::json!({
+            "pid": pid,
+            "accel": config.accel.name(),
+            "memory_mib": config.memory_mib,
+            "cpus": config.cpus,
+        });
+        std::fs::write(dir.join("vm.json"), state.to_string())
+            .map_err(|e| VmError::io("writing", dir.join("vm.json"), e))?;
+        let reaper = std::thread::spawn(move || {
+            let _ = child.wait();
+        });
+        Ok(Vm {
+            dir,
+            pid,
+            accel: config.accel,
+            reaper: Some(reaper),
+        })
+    }
+
+    /// The VM whose directory is `dir`, made by this or another process.
+    ///
+    /// # Errors
+    /// NotRunning when `vm.json` is missing, its pid is gone, or the process there is not the
+    /// QEMU of this directory.
+    pub fn attach(dir: &Path) -> Result<Vm, VmError> {
+        let state = std::fs::read_to_string(dir.join("vm.json"))
+            .map_err(|e| VmError::not_running(dir, format!("no vm.json: {e}")))?;
+        let value: serde_json::Value = serde_json::from_str(&state)
+            .map_err(|e| VmError::not_running(dir, format!("vm.json: {e}")))?;
+        let pid = value
+            .get("pid")
+            .and_then(serde_json::Value::as_i64)
+            .and_then(|pid| i32::try_from(pid).ok())
+            .ok_or_else(|| VmError::not_running(dir, "vm.json has no pid"))?;
+        let accel = value
+            .get("accel")
+            .and_then(serde_json::Value::as_str)
+            .and_then(Accel::parse)
+            .ok_or_else(|| VmError::not_running(dir, "vm.json has no accelerator"))?;
+        let vm = Vm {
+            dir: dir.to_owned(),
+            pid,
+            accel,
+            reaper: None,
+        };
+        if !vm.is_alive() {
+            return Err(VmError::not_running(
+                dir,
+                format!("pid {pid} is not its QEMU"),
+            ));
+        }
+        Ok(vm)
+    }
+
+    /// The VM's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// QEMU's pid.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The accelerator it runs under.
+    pub fn accel(&self) -> Accel {
+        self.accel
+    }
+
+    /// Whether QEMU still runs and is this directory's (its command line names the
+    /// directory's QMP socket... through the fixed `-name`).
+    pub fn is_alive(&self) -> bool {
+        let Ok(cmdline) = std::fs::read(format!("/proc/{}/cmdline", self.pid)) else {
+            return false;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
+        // A zombie has exited; its command line is empty anyway, but say so explicitly.
+        if stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        {
+            return false;
+        }
+        let name = self
+            .dir
+            .file_name()
+            .map(|n| format!("sbx-vm-{}", n.to_string_lossy()))
+            .unwrap_or_default();
+        let tmpdir_ok = std::fs::read(format!("/proc/{}/environ", self.pid))
+            .map(|env| {
+                let want = format!("TMPDIR={}", self.dir.display());
+                env.split(|b| *b == 0).any(|var| var == want.as_bytes())
+            })
+            .unwrap_or(false);
+        cmdline.split(|b| *b == 0).any(|arg| arg == name.as_bytes()) && tmpdir_ok
+    }
+
+    /// Connects to the guest agent, waiting up to `timeout` for it (a booting guest answers
+    /// once its agent runs).
+    ///
+    /// # Errors
+    /// BootTimeout when the agent does not answer in time; QemuExited when QEMU is gone;
+    /// Handshake or Protocol when the guest answers with something else.
+    ///
+    /// # Cancel safety and drop
+    /// Dropping the future closes the connection; the agent then waits for the next one.
+    pub async fn agent(&self, timeout: Duration) -> Result<AgentClient, VmError> {
+        let socket = self.dir.join("agent.sock");
+        let connect = AgentClient::connect(&socket, timeout);
+        tokio::pin!(connect);
+        let started = Instant::now();
+        loop {
+            tokio::select! {
+                result = &mut connect => {
+                    return match result {
+                        Err(VmError::Deadline { .. }) => Err(VmError::BootTimeout { after: timeout }),
+                        Err(error) if !self.is_alive() => {
+                            Err(VmError::QemuExited { detail: format!("{error}; {}", self.log_tail()) })
+                        }
+                        other => other,
+                    };
+                }
+                () = tokio::time::sleep(Duration::from_millis(200)) => {
+                    if !self.is_alive() {
+                        return Err(VmError::QemuExited { detail: self.log_tail() });
+                    }
+                    if started.elapsed() > timeout + Duration::from_secs(1) {
+                        return Err(VmError::BootTimeout { after: timeout });
+                    }
+                }
+            }
+        }
+    }
+
+    /// QEMU's run state.
+    ///
+    /// # Errors
+    /// Qmp, Deadline, or Io/ChannelClosed when the monitor is gone.
+    pub async fn status(&self) -> Result<VmStatus, VmError> {
+        let answer = self.qmp("query-status").await?;
+        let ret = answer.get("return").ok_or_else(|| VmError::Qmp {
+            message: format!("query-status answered {answer}"),
+        })?;
+        Ok(VmStatus {
+            running: ret.get("running").and_then(serde_json::Value::as_bool) == Some(true),
+            status: ret
+                .get("status")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+        })
+    }
+
+    /// Asks QEMU to quit at once (QMP `quit`), then waits for it to go.
+    ///
+    /// # Errors
+    /// As [`Vm::status`]; Deadline when QEMU does not exit.
+    pub async fn quit(self) -> Result<(), VmError> {
+        let _ = self.qmp("quit").await;
+        self.wait_gone(EXIT_WAIT).await?;
+        self.cleanup();
+        Ok(())
+    }
+
+    /// Kills QEMU (SIGKILL), waits for it to go and removes the VM's directory.
+    ///
+    /// # Errors
+    /// Deadline when it does not go; Io when the directory cannot be removed.
+    pub async fn kill(self) -> Result<(), VmError> {
+        if self.is_alive() {
+            if let Some(pid) = rustix::process::Pid::from_raw(self.pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        self.wait_gone(EXIT_WAIT).await?;
+        self.cleanup();
+        Ok(())
+    }
+
+    /// Shuts the guest down through its agent, waits up to `timeout` for QEMU to exit, and
+    /// kills it if it does not.
+    ///
+    /// # Errors
+    /// As [`Vm::kill`].
+    pub async fn shutdown(self, timeout: Duration) -> Result<(), VmError> {
+        if let Ok(client) = self.agent(Duration::from_secs(2)).await {
+            let _ = client.shutdown().await;
+        }
+        if self.wait_gone(timeout).await.is_ok() {
+            self.cleanup();
+            return Ok(());
+        }
+        self.kill().await
+    }
+
+    async fn wait_gone(&self, timeout: Duration) -> Result<(), VmError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            // Reaps QEMU when it is a child of this process without a reaper thread (it was
+            // made by a process that exited, and this one is its subreaper); otherwise ECHILD.
+            if let Some(pid) = rustix::process::Pid::from_raw(self.pid) {
+                if self.reaper.is_none() {
+                    let _ =
+                        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG);
+                }
+            }
+            if !self.is_alive() {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(VmError::Deadline {
+                    what: "QEMU's exit",
+                    after: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    fn cleanup(mut self) {
+        if let Some(reaper) = self.reaper.take() {
+            let _ = reaper.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
+    /// The end of QEMU's own log (its errors), for reports.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read(self.dir.join("qemu.log")).unwrap_or_default();
+        let start = text.len().saturating_sub(2000);
+        let tail = String::from_utf8_lossy(&text[start..]).trim().to_owned();
+        if tail.is_empty() {
+            "QEMU's log is empty".to_owned()
+        } else {
+            tail
+        }
+    }
+
+    /// One QMP command on a fresh connection (greeting, capabilities, the command), every
+    /// line capped and the whole exchange under a deadline.
+    async fn qmp(&self, command: &str) -> Result<serde_json::Value, VmError> {
+        let path = self.dir.join("qmp.sock");
+        let exchange = async {
+            let stream = UnixStream::connect(&path)
+                .await
+                .map_err(|e| VmError::io("connecting to", &path, e))?;
+            let (read, mut write) = stream.into_split();
+            let mut lines = BufReader::new(read);
+            let greeting = qmp_line(&mut lines).await?;
+            if greeting.get("QMP").is_none() {
+                return Err(VmError::Qmp {
+                    message: format!("no greeting: {greeting}"),
+                });
+            }
+            for cmd in ["qmp_capabilities", command] {
+                let line = format!("{{\"execute\":\"{cmd}\"}}\n");
+                write
+                    .write_all(line.as_bytes())
+                    .await
+                    .map_err(|e| VmError::io("writing to", &path, e))?;
+                loop {
+                    let answer = qmp_line(&mut lines).await?;
+                    if answer.get("event").is_some() {
+                        continue;
+                    }
+                    if let Some(error) = answer.get("error") {
+                        return Err(VmError::Qmp {
+                            message: format!("{cmd}: {error}"),
+                        });
+                    }
+                    if cmd == command {
+                        return Ok(answer);
+                    }
+                    break;
+                }
+            }
+            Err(VmError::Qmp {
+                message: "no answer".to_owned(),
+            })
+        };
+        tokio::time::timeout(QMP_TIMEOUT, exchange)
+            .await
+            .map_err(|_| VmError::Deadline {
+                what: "a QMP exchange",
+                after: QMP_TIMEOUT,
+            })?
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        // Detached by design: dropping the handle leaves the VM running. The reaper thread
+        // stays with QEMU and reaps it whenever it exits.
+        drop(self.reaper.take());
+    }
+}
+
+async fn qmp_line(
+    lines: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
+) -> Result<serde_json::Value, VmError> {
+    let mut line = Vec::new();
+    let mut limited = (&mut *lines).take(QMP_LINE_CAP as u64);
+    let n = limited
+        .read_until(b'\n', &mut line)
+        .await
+        .map_err(|e| VmError::closed(format!("QMP: {e}")))?;
+    if n == 0 {
+        return Err(VmError::closed("QMP closed"));
+    }
+    if !line.ends_with(b"\n") {
+        return Err(VmError::Qmp {
+            message: format!("a line over {QMP_LINE_CAP} bytes"),
+        });
+    }
+    serde_json::from_slice(&line).map_err(|e| VmError::Qmp {
+        message: format!("not JSON: {e}"),
+    })
+}
+
+use tokio::io::AsyncReadExt as _;
+
+fn raw(fd: &std::os::fd::OwnedFd) -> i32 {
+    use std::os::fd::AsRawFd;
+    fd.as_raw_fd()
+}
+
+/// Makes descriptor `target` a copy of `source` without close-on-exec.
+fn place_fd(source: i32, target: i32) -> std::io::Result<()> {
+    // SAFETY: both numbers are descriptors of this (forked) process: `source` was opened
+    // before the fork and is kept open by the parent until spawn returns.
+    #[allow(unsafe_code)]
+    let source = unsafe { std::os::fd::BorrowedFd::borrow_raw(source) };
+    // SAFETY: `target` is a descriptor number this child is about to own; dup2 replaces
+    // whatever was there, and the OwnedFd is forgotten so it is never closed here.
+    #[allow(unsafe_code)]
+    let mut target =
+        unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(target) };
+    let result = rustix::io::dup2(source, &mut target);
+    std::mem::forget(target);
+    result.map_err(std::io::Error::from)
+}
+
+/// The host's TSC frequency in kHz: sysfs when the kernel exports it, else cpu0's MHz from
+/// `/proc/cpuinfo` (the frequency the kernel calibrated).
+pub fn host_tsc_khz() -> Option<u64> {
+    if let Ok(text) = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/tsc_freq_khz") {
+        if let Ok(khz) = text.trim().parse() {
+            return Some(khz);
+        }
+    }
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz = cpuinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("cpu MHz"))
+        .and_then(|rest| rest.split(':').nth(1))?
+        .trim();
+    let (whole, frac) = mhz.split_once('.').unwrap_or((mhz, "0"));
+    let frac = format!("{frac:0<3}");
+    Some(whole.parse::<u64>().ok()? * 1000 + frac[..3].parse::<u64>().ok()?)
+}

@@ -1,0 +1,531 @@
+//! Live tests against real QEMU (run by `cargo xtask e2e vm`, which builds the image and sets
+//! `QEMU_VM_IMAGE` and `QEMU_VM_RUN_DIR`). Each test boots its own small VM and kills it; the
+//! accelerator each boot used is printed (TCG where `/dev/kvm` does not boot the kernel).
+#![cfg(target_os = "linux")]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use qemu_vm::{
+    probe_accel, AgentClient, ErrorCode, ExecEvent, ExecRequest, FileKind, RunLimits, Vm, VmConfig,
+    VmError, VmImage,
+};
+
+/// A TCG boot takes about 4 s alone; two at once on two shared cores take longer.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
+
+fn image() -> VmImage {
+    let dir = std::env::var_os("QEMU_VM_IMAGE")
+        .expect("QEMU_VM_IMAGE names the image directory (run through `cargo xtask e2e vm`)");
+    VmImage::load(&PathBuf::from(dir)).expect("the VM image `cargo xtask images vm` builds")
+}
+
+fn run_dir() -> PathBuf {
+    let dir = std::env::var_os("QEMU_VM_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("qemu-vm-live"));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn unique(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
+}
+
+async fn config(name: &str) -> VmConfig {
+    let mut config = VmConfig::new(image(), run_dir(), unique(name));
+    config.memory_mib = 384;
+    config.console_log = std::env::var_os("QEMU_VM_CONSOLE").is_some();
+    let cache = image().kernel.parent().unwrap().to_owned();
+    let report = probe_accel(&config, &cache).await.unwrap();
+    eprintln!("accelerator: {} ({})", report.accel.name(), report.reason);
+    config.accel = report.accel;
+    config
+}
+
+/// A booted VM and its agent, killed when the test is done with it.
+struct Booted {
+    vm: Option<Vm>,
+    agent: AgentClient,
+}
+
+impl Booted {
+    async fn kill(mut self) {
+        let vm = self.vm.take().unwrap();
+        let dir = vm.dir().to_owned();
+        vm.kill().await.unwrap();
+        assert!(!dir.exists(), "the VM's directory is removed");
+    }
+}
+
+impl Drop for Booted {
+    fn drop(&mut self) {
+        // A failed assertion must not leave QEMU behind.
+        if let Some(vm) = self.vm.take() {
+            if let Some(pid) = rustix::process::Pid::from_raw(vm.pid()) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+            let _ = std::fs::remove_dir_all(vm.dir());
+        }
+    }
+}
+
+async fn boot(config: &VmConfig) -> Booted {
+    let started = Instant::now();
+    let vm = Vm::start(config).await.unwrap();
+    let agent = match vm.agent(BOOT_TIMEOUT).await {
+        Ok(agent) => agent,
+        Err(error) => {
+            let console = std::fs::read_to_string(vm.dir().join("console.log")).unwrap_or_default();
+            let _ = vm.kill().await;
+            panic!("boot failed: {error}\n{console}");
+        }
+    };
+    eprintln!(
+        "booted {} under {} to the agent in {:.2} s",
+        config.name,
+        vm.accel().name(),
+        started.elapsed().as_secs_f64()
+    );
+    Booted {
+        vm: Some(vm),
+        agent,
+    }
+}
+
+fn sh(script: &str) -> ExecRequest {
+    ExecRequest {
+        argv: vec![
+            b"/bin/sh".to_vec(),
+            b"-c".to_vec(),
+            script.as_bytes().to_vec(),
+        ],
+        env: vec![(b"PATH".to_vec(), b"/usr/sbin:/usr/bin:/sbin:/bin".to_vec())],
+        workdir: Vec::new(),
+        stdin: false,
+        timeout_ms: 0,
+        user: None,
+    }
+}
+
+/// Bounds one step of a test, naming it when it hangs.
+async fn step<T>(name: &str, work: impl std::future::Future<Output = T>) -> T {
+    eprintln!("step: {name}");
+    match tokio::time::timeout(Duration::from_secs(120), work).await {
+        Ok(value) => value,
+        Err(_) => panic!("step `{name}` did not finish within 120 s"),
+    }
+}
+
+/// A shell function counting the guest's processes named `$1` with builtins only (the image
+/// has no procps, and a helper process could count itself).
+const COUNT: &str =
+    "count() { n=0; for c in /proc/[0-9]*/comm; do read -r x < \"$c\" 2>/dev/null && [ \"$x\" = \"$1\" ] && n=$((n+1)); done; echo $n; }; ";
+
+fn limits() -> RunLimits {
+    RunLimits {
+        output_cap: 1024 * 1024,
+        deadline: Duration::from_secs(60),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boots_to_the_agent_and_runs_exact_bytes_and_exit_codes() {
+    let config = config("exec").await;
+    let booted = boot(&config).await;
+    let agent = &booted.agent;
+    let status = booted.vm.as_ref().unwrap().status().await.unwrap();
+    assert!(status.running, "QMP says {status:?}");
+
+    // Raw argv bytes (not UTF-8, with spaces and quotes) arrive exactly.
+    let arg = b"a b'\"\xff\xfe\n".to_vec();
+    let request = ExecRequest {
+        argv: vec![b"/usr/bin/printf".to_vec(), b"%s".to_vec(), arg.clone()],
+        ..sh("")
+    };
+    let out = agent.run(request, None, limits()).await.unwrap();
+    assert_eq!(out.stdout, arg);
+    assert_eq!(out.status.code, Some(0));
+
+    let out = agent
+        .run(sh("printf out; printf err >&2; exit 7"), None, limits())
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            out.stdout.as_slice(),
+            out.stderr.as_slice(),
+            out.status.code
+        ),
+        (&b"out"[..], &b"err"[..], Some(7))
+    );
+    let out = agent.run(sh("kill -9 $$"), None, limits()).await.unwrap();
+    assert_eq!((out.status.code, out.status.signal), (None, Some(9)));
+
+    // Environment and working directory are exactly what was asked.
+    let mut request = sh("pwd; echo \"$ONLY\"; env | wc -l");
+    request.env.push((b"ONLY".to_vec(), b"x y".to_vec()));
+    request.workdir = b"/tmp".to_vec();
+    let out = agent.run(request, None, limits()).await.unwrap();
+    assert_eq!(out.stdout, b"/tmp\nx y\n3\n");
+
+    // A missing program is the agent's typed refusal, not an exit code.
+    let missing = ExecRequest {
+        argv: vec![b"/no/such/program".to_vec()],
+        ..sh("")
+    };
+    match agent.run(missing, None, limits()).await {
+        Err(VmError::Agent { code, .. }) => assert_eq!(code, ErrorCode::NotFound),
+        other => panic!("expected a NotFound refusal, got {other:?}"),
+    }
+    // Each exec ran in its own cgroup, and none is left.
+    let out = agent
+        .run(
+            sh("cat /proc/self/cgroup; ls /sys/fs/cgroup | grep -c '^sbx-'"),
+            None,
+            limits(),
+        )
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("0::/sbx-"), "{text}");
+    assert_eq!(
+        text.lines().last(),
+        Some("1"),
+        "only this exec's group: {text}"
+    );
+    booted.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_output_feeds_stdin_and_kills_whole_groups() {
+    let config = config("stream").await;
+    let booted = boot(&config).await;
+    let agent = &booted.agent;
+
+    // Output arrives while the process still runs.
+    let mut exec = agent.exec(sh("echo one; sleep 1; echo two")).await.unwrap();
+    let started = Instant::now();
+    assert_eq!(
+        step("first line", exec.next_event()).await.unwrap(),
+        ExecEvent::Stdout(b"one\n".to_vec())
+    );
+    let first = started.elapsed();
+    let mut rest = Vec::new();
+    loop {
+        match step("streaming", exec.next_event()).await.unwrap() {
+            ExecEvent::Stdout(bytes) => rest.extend(bytes),
+            ExecEvent::Exited(status) => {
+                assert_eq!(status.code, Some(0));
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(rest, b"two\n");
+    assert!(
+        started.elapsed() > first + Duration::from_millis(500),
+        "the first line came before the sleep"
+    );
+
+    // Stdin larger than the window streams through with backpressure, byte for byte.
+    let input: Vec<u8> = (0..3 * 1024 * 1024u32)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    let out = step(
+        "stdin",
+        agent.run(
+            sh("cat"),
+            Some(&input),
+            RunLimits {
+                output_cap: 8 * 1024 * 1024,
+                deadline: Duration::from_secs(120),
+            },
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.stdout.len(), input.len());
+    assert!(out.stdout == input, "stdin came back changed");
+    // A process that stops reading early does not wedge the call.
+    let out = step("head", agent.run(sh("head -c 3"), Some(&input), limits()))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, &input[..3]);
+
+    // A guest-side timeout kills a double-forked daemon in its own session too.
+    let mut daemon = sh("setsid sh -c 'sleep 300 & echo $! > /tmp/daemon.pid' & sleep 300");
+    daemon.timeout_ms = 1500;
+    let started = Instant::now();
+    let out = step("daemon", agent.run(daemon, None, limits()))
+        .await
+        .unwrap();
+    assert!(out.status.timed_out, "{:?}", out.status);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let out = agent
+        .run(
+            sh(&format!("{COUNT} pid=$(cat /tmp/daemon.pid); test -n \"$pid\" && ! kill -0 \"$pid\" 2>/dev/null && echo gone; count sleep")),
+            None,
+            limits(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        out.stdout,
+        b"gone\n0\n",
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Kill ends a running exec and everything it started.
+    let mut exec = agent.exec(sh("sleep 300 & sleep 300")).await.unwrap();
+    exec.kill().await.unwrap();
+    match step("kill", exec.next_event()).await.unwrap() {
+        ExecEvent::Exited(status) => assert!(status.killed && status.signal == Some(9)),
+        other => panic!("unexpected {other:?}"),
+    }
+
+    // A flood passes the host's cap: a typed error, the exec killed, the agent still serves.
+    let flood = step(
+        "flood",
+        agent.run(
+            sh("cat /dev/zero"),
+            None,
+            RunLimits {
+                output_cap: 4 * 1024 * 1024,
+                deadline: Duration::from_secs(60),
+            },
+        ),
+    )
+    .await;
+    assert!(
+        matches!(flood, Err(VmError::OutputLimit { limit }) if limit == 4 * 1024 * 1024),
+        "{flood:?}"
+    );
+    let out = agent
+        .run(sh(&format!("{COUNT} sleep 0.5; count cat")), None, limits())
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"0\n", "the flooding cat was killed");
+    booted.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_round_trip_binary_and_large() {
+    let config = config("files").await;
+    let booted = boot(&config).await;
+    let agent = &booted.agent;
+
+    let small: Vec<u8> = (0..=255u8).chain([0, 0, 0xff]).collect();
+    agent
+        .write_file(
+            b"/tmp/small.bin",
+            0o640,
+            &small[..],
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    let stat = agent.stat(b"/tmp/small.bin").await.unwrap();
+    assert_eq!(
+        (stat.kind, stat.size, stat.mode),
+        (FileKind::File, 259, 0o640)
+    );
+    assert_eq!(
+        agent
+            .read_file(b"/tmp/small.bin", 1024, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        small
+    );
+
+    // 64 MiB, both ways, timed.
+    let big: Vec<u8> = (0..64 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let started = Instant::now();
+    let written = agent
+        .write_file(b"/tmp/big.bin", 0o600, &big[..], Duration::from_secs(240))
+        .await
+        .unwrap();
+    let up = started.elapsed();
+    assert_eq!(written, big.len() as u64);
+    let started = Instant::now();
+    let back = agent
+        .read_file(b"/tmp/big.bin", 65 * 1024 * 1024, Duration::from_secs(240))
+        .await
+        .unwrap();
+    eprintln!(
+        "64 MiB: write {:.2} s, read {:.2} s",
+        up.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(back == big, "the 64 MiB file came back changed");
+    // A read past the caller's cap is refused, not truncated.
+    assert!(matches!(
+        agent
+            .read_file(b"/tmp/big.bin", 1024 * 1024, Duration::from_secs(60))
+            .await,
+        Err(VmError::OutputLimit { .. })
+    ));
+
+    let names: Vec<Vec<u8>> = agent
+        .list(b"/tmp")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|entry| entry.name)
+        .collect();
+    assert!(names.contains(&b"big.bin".to_vec()) && names.contains(&b"small.bin".to_vec()));
+    agent.remove(b"/tmp/big.bin", false).await.unwrap();
+    match agent.stat(b"/tmp/big.bin").await {
+        Err(VmError::Agent { code, .. }) => assert_eq!(code, ErrorCode::NotFound),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    match agent.read_file(b"/nope", 10, Duration::from_secs(10)).await {
+        Err(VmError::Agent { code, .. }) => assert_eq!(code, ErrorCode::NotFound),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    let (before, after) = agent.reclaim().await.unwrap();
+    assert!(before > 0 && after > 0, "{before} {after}");
+    booted.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_sending_garbage_gets_a_typed_error_and_a_closed_channel() {
+    let mut config = config("garbage").await;
+    config.kernel_args.push("vm_agent.mode=garbage".to_owned());
+    let booted = boot(&config).await;
+    let result = booted.agent.stat(b"/").await;
+    assert!(
+        matches!(result, Err(VmError::Protocol(_))),
+        "expected a protocol error, got {result:?}"
+    );
+    assert!(booted.agent.is_closed());
+    // Every later call fails the same typed way; the host stays up and QEMU still runs.
+    assert!(matches!(
+        booted.agent.run(sh("true"), None, limits()).await,
+        Err(VmError::Protocol(_))
+    ));
+    assert!(booted.vm.as_ref().unwrap().status().await.unwrap().running);
+    booted.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_killed_behind_the_driver_is_a_typed_error() {
+    let config = config("killed").await;
+    let mut booted = boot(&config).await;
+    let vm = booted.vm.take().unwrap();
+    let mut exec = booted.agent.exec(sh("sleep 300")).await.unwrap();
+    let pid = rustix::process::Pid::from_raw(vm.pid()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    match exec.next_event().await {
+        Err(VmError::ChannelClosed { .. }) => {}
+        other => panic!("expected ChannelClosed, got {other:?}"),
+    }
+    assert!(matches!(
+        booted.agent.stat(b"/").await,
+        Err(VmError::ChannelClosed { .. })
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(matches!(
+        Vm::attach(vm.dir()),
+        Err(VmError::NotRunning { .. })
+    ));
+    assert!(vm.status().await.is_err());
+    let dir = vm.dir().to_owned();
+    vm.kill().await.unwrap();
+    assert!(!dir.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_outlives_its_creator_and_other_processes_reattach() {
+    // QEMU's creator exits at once; this process adopts (and so reaps) the orphan.
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).unwrap();
+    let tool = env!("CARGO_BIN_EXE_qemu-vm");
+    let image_dir = std::env::var_os("QEMU_VM_IMAGE").unwrap();
+    let name = unique("reattach");
+    let created = std::process::Command::new(tool)
+        .arg("start")
+        .arg(&image_dir)
+        .arg(run_dir())
+        .arg(&name)
+        .output()
+        .unwrap();
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let dir = run_dir().join(&name);
+    let vm = Vm::attach(&dir).unwrap();
+    assert!(vm.is_alive(), "the VM outlived the process that made it");
+    // Another process attaches and runs a command in it.
+    let exec = std::process::Command::new(tool)
+        .arg("exec")
+        .arg(&dir)
+        .args([
+            "/bin/sh",
+            "-c",
+            "echo from-another-process > /tmp/mark; cat /tmp/mark",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        exec.status.success(),
+        "{}",
+        String::from_utf8_lossy(&exec.stderr)
+    );
+    assert_eq!(exec.stdout, b"from-another-process\n");
+    // And this one sees what it left.
+    let agent = vm.agent(BOOT_TIMEOUT).await.unwrap();
+    let mark = agent
+        .read_file(b"/tmp/mark", 100, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(mark, b"from-another-process\n");
+    drop(agent);
+    // A third process kills it.
+    let killed = std::process::Command::new(tool)
+        .arg("kill")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        killed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&killed.stderr)
+    );
+    assert!(!dir.exists());
+    assert!(!vm.is_alive());
+    vm.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_vms_run_at_once_and_share_nothing() {
+    let (first, second) = tokio::join!(config("pair-a"), config("pair-b"));
+    let (a, b) = tokio::join!(boot(&first), boot(&second));
+    a.agent
+        .write_file(b"/tmp/only-a", 0o644, &b"a"[..], Duration::from_secs(10))
+        .await
+        .unwrap();
+    let (in_a, in_b) = tokio::join!(
+        a.agent.run(sh("cat /tmp/only-a"), None, limits()),
+        b.agent.run(sh("cat /tmp/only-a"), None, limits())
+    );
+    assert_eq!(in_a.unwrap().stdout, b"a");
+    assert_eq!(
+        in_b.unwrap().status.code,
+        Some(1),
+        "the second VM has no such file"
+    );
+    // The base image was not written by either guest.
+    let base = image().rootfs;
+    let before = std::fs::metadata(&base).unwrap().modified().unwrap();
+    a.kill().await;
+    b.kill().await;
+    assert_eq!(
+        std::fs::metadata(&base).unwrap().modified().unwrap(),
+        before
+    );
+}

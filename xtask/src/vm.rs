@@ -1,0 +1,152 @@
+//! The microVM image and its live suite (`docs/vm.md`).
+//!
+//! `cargo xtask images vm` builds the static guest agent (release, `+crt-static`), takes the
+//! base Debian root archive from the one image recipe (`backend_docker::ImageRecipe`, which
+//! bootstraps it when the cache lacks it) and hands both to `qemu_vm::ImageRecipe`, which
+//! extracts the kernel, writes the initramfs and makes the ext4 root, each cached by digest
+//! under `target/vm-image`. `cargo xtask e2e vm` builds the image, runs `qemu-vm`'s live tests,
+//! and fails when a test skipped or a QEMU or VM directory of the run is left behind.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::XtaskError;
+use crate::process::{cargo, tee_in, Workspace};
+
+/// The name `cargo xtask images` accepts for the VM image.
+pub const VM_IMAGE: &str = "vm";
+
+/// The target the agent is built for, statically linked (as the egress proxy is).
+const AGENT_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// Where the VM image's parts and manifest live.
+pub fn image_dir(workspace: &Workspace) -> PathBuf {
+    workspace.target_dir().join("vm-image")
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, XtaskError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| XtaskError::Spawn {
+            command: "a tokio runtime for the VM image".to_owned(),
+            source,
+        })
+}
+
+/// Builds the static agent and returns its path.
+fn build_static_agent(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
+    workspace.run(
+        cargo()
+            .args(["build", "--release", "-p", "vm-agent", "--bin", "vm-agent"])
+            .args(["--target", AGENT_TARGET])
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env("RUSTFLAGS", "-C target-feature=+crt-static"),
+    )?;
+    Ok(workspace
+        .target_dir()
+        .join(AGENT_TARGET)
+        .join("release")
+        .join("vm-agent"))
+}
+
+/// Builds (or finds cached) the VM image; returns its directory.
+pub fn build_image(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
+    let agent = build_static_agent(workspace)?;
+    let runtime = runtime()?;
+    let archive = runtime.block_on(
+        backend_docker::ImageRecipe::new()
+            .cache_dir(workspace.target_dir().join("images-cache"))
+            .progress(|line| eprintln!("images: {line}"))
+            .base_root_archive(),
+    )?;
+    let dir = image_dir(workspace);
+    let recipe = qemu_vm::ImageRecipe {
+        cache_dir: dir.clone(),
+        agent,
+        root_archive: archive,
+        kernel_release: None,
+        host_root: PathBuf::from("/"),
+    };
+    let progress = |line: &str| eprintln!("images: vm: {line}");
+    let image = runtime.block_on(recipe.build(&progress))?;
+    eprintln!(
+        "images: vm: kernel {} ({}), initramfs {}, root {}",
+        image.kernel.display(),
+        image.kernel_release,
+        image.initramfs.display(),
+        image.rootfs.display()
+    );
+    Ok(dir)
+}
+
+/// The live suite: the image, then `qemu-vm`'s live tests in a run directory that must be
+/// empty afterwards, with no QEMU of the run left running.
+pub fn e2e(workspace: &Workspace) -> Result<(), XtaskError> {
+    let image = build_image(workspace)?;
+    let run_dir = workspace
+        .target_dir()
+        .join(format!("vm-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&run_dir).map_err(|source| XtaskError::Spawn {
+        command: format!("mkdir {}", run_dir.display()),
+        source,
+    })?;
+    let mut command = cargo();
+    command
+        .env("QEMU_VM_IMAGE", &image)
+        .env("QEMU_VM_RUN_DIR", &run_dir)
+        .args([
+            "nextest",
+            "run",
+            "-p",
+            "qemu-vm",
+            "--features",
+            "qemu-vm/live",
+            "--test",
+            "live_vm",
+            "--no-fail-fast",
+            "--status-level",
+            "skip",
+            "--final-status-level",
+            "skip",
+        ]);
+    let teed = tee_in(workspace.root(), &mut command, |line| {
+        crate::live::is_summary_line(line) || crate::live::is_skip_line(line)
+    })?;
+    // Give killed QEMUs a moment to be reaped before judging.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut left = qemus_under(&run_dir);
+    left.extend(crate::live::files_under(&run_dir));
+    let left: Vec<&crate::live::EngineObject> = left.iter().collect();
+    let verdict = crate::live::judge_suite("vm", teed, &left, Ok(()));
+    if left.is_empty() {
+        let _ = std::fs::remove_dir(&run_dir);
+    }
+    verdict
+}
+
+/// QEMU processes whose VM directory lies under `dir` (their environment names it).
+fn qemus_under(dir: &Path) -> Vec<crate::live::EngineObject> {
+    let prefix = format!("TMPDIR={}", dir.display());
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            let ours = environ
+                .split(|b| *b == 0)
+                .any(|var| var.starts_with(prefix.as_bytes()));
+            ours.then(|| crate::live::EngineObject {
+                kind: "process",
+                id: pid.to_string(),
+                name: std::fs::read_to_string(entry.path().join("comm"))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned(),
+            })
+        })
+        .collect()
+}
