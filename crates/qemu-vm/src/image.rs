@@ -193,6 +193,13 @@ impl ImageRecipe {
     fn initramfs(&self, release: &str, progress: Progress<'_>) -> Result<PathBuf, VmError> {
         let agent =
             std::fs::read(&self.agent).map_err(|e| VmError::io("reading", &self.agent, e))?;
+        if !is_static_elf(&agent) {
+            // The initramfs has no C library or loader: a dynamic agent would not start.
+            return Err(VmError::Invalid(format!(
+                "{} is not a static x86-64 ELF executable (build it with +crt-static)",
+                self.agent.display()
+            )));
+        }
         let modules_dir = self.host_root.join("lib/modules").join(release);
         let modules = module_load_order(&modules_dir, &MODULES)?;
         let mut blobs = Vec::new();
@@ -454,6 +461,38 @@ async fn run_tool(program: &str, args: &[&std::ffi::OsStr]) -> Result<(), VmErro
     Ok(())
 }
 
+/// Whether `bytes` is a 64-bit little-endian ELF executable without a program interpreter.
+pub fn is_static_elf(bytes: &[u8]) -> bool {
+    const PT_INTERP: u32 = 3;
+    let u16_at = |at: usize| {
+        bytes
+            .get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u32_at = |at: usize| {
+        bytes
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u64_at = |at: usize| {
+        bytes.get(at..at + 8).map(|b| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(b);
+            u64::from_le_bytes(a)
+        })
+    };
+    if !bytes.starts_with(b"\x7fELF\x02\x01") || u16_at(18) != Some(62) {
+        return false;
+    }
+    let (Some(phoff), Some(size), Some(count)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38)) else {
+        return false;
+    };
+    (0..usize::from(count)).all(|i| {
+        let at = (phoff as usize).saturating_add(i * usize::from(size));
+        matches!(u32_at(at), Some(kind) if kind != PT_INTERP)
+    })
+}
+
 fn tree_size(dir: &Path) -> u64 {
     let mut total = 0;
     let mut stack = vec![dir.to_path_buf()];
@@ -502,6 +541,24 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_static_executable_is_an_agent() {
+        let this = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        // A test binary is dynamic (no +crt-static in a normal build).
+        assert!(!is_static_elf(&this));
+        assert!(!is_static_elf(b"#!/bin/sh\n"));
+        let mut elf = vec![0u8; 64 + 56];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[18] = 62;
+        elf[0x20] = 64;
+        elf[0x36] = 56;
+        elf[0x38] = 1;
+        elf[64] = 1; // PT_LOAD
+        assert!(is_static_elf(&elf));
+        elf[64] = 3; // PT_INTERP
+        assert!(!is_static_elf(&elf));
+    }
 
     #[test]
     fn dependencies_load_before_their_users_and_once() {

@@ -1,8 +1,9 @@
 //! Backend selection and construction, shared by every host binary of the workspace
 //! (`sandboxctl`, `sandbox-mcp`): the flags that choose and configure a backend, the one place that
-//! names concrete backends, the isolation gate a router applies to them, and the local default
-//! image. A host sees only `Arc<dyn SandboxBackend>` and a [`Router`], so a new backend joins here
-//! without changing any command or tool.
+//! names concrete backends, the isolation gate a router applies to them, and the local images
+//! (the default engine image, and the microVM image of `qemu-vm`). A host sees only
+//! `Arc<dyn SandboxBackend>` and a [`Router`], so a new backend joins here without changing any
+//! command or tool.
 //!
 //! What it does not do: run commands, pick keys or talk to a user. Those are each host's own.
 //!
@@ -249,10 +250,75 @@ async fn image_present(tag: &str, guest_names: &[String]) -> bool {
     )
 }
 
+/// The name [`build_images`] takes for the microVM image (docs/vm.md#image).
+pub const VM_IMAGE: &str = "vm";
+
+/// Where the microVM image and the root archive it is made from are cached:
+/// `$SANDBOX_VM_CACHE`, else `$XDG_CACHE_HOME/sandboxes`, else `~/.cache/sandboxes`.
+fn vm_cache_dir() -> Result<PathBuf, SandboxError> {
+    if let Some(dir) = std::env::var_os("SANDBOX_VM_CACHE") {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(dir).join("sandboxes"));
+    }
+    std::env::var_os("HOME")
+        .map(|home| PathBuf::from(home).join(".cache/sandboxes"))
+        .ok_or_else(|| {
+            SandboxError::invalid(
+                "no cache directory: set SANDBOX_VM_CACHE, XDG_CACHE_HOME or HOME",
+            )
+        })
+}
+
+/// Builds the microVM image from the static guest agent (`$SANDBOX_VM_AGENT`, else the
+/// `vm-agent` beside the current executable) and the base Debian root of the one image recipe.
+#[cfg(target_os = "linux")]
+async fn build_vm_image() -> Result<(String, &'static str), SandboxError> {
+    let cache = vm_cache_dir()?;
+    let agent = match std::env::var_os("SANDBOX_VM_AGENT") {
+        Some(path) => PathBuf::from(path),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|dir| dir.join("vm-agent")))
+            .ok_or_else(|| SandboxError::invalid("set SANDBOX_VM_AGENT to the static vm-agent"))?,
+    };
+    let archive = recipe()
+        .cache_dir(cache.join("roots"))
+        .base_root_archive()
+        .await
+        .map_err(|e| SandboxError::engine(format!("root archive: {e}")))?;
+    let dir = cache.join("vm-image");
+    let image = qemu_vm::ImageRecipe {
+        cache_dir: dir.clone(),
+        agent,
+        root_archive: archive,
+        kernel_release: None,
+        host_root: PathBuf::from("/"),
+    }
+    .build(&|line: &str| eprintln!("images: vm: {line}"))
+    .await
+    .map_err(|e| SandboxError::engine(format!("VM image build failed: {e}")))?;
+    Ok((
+        format!("{VM_IMAGE} {} ({})", dir.display(), image.digest),
+        "built",
+    ))
+}
+
+#[cfg(not(target_os = "linux"))]
+async fn build_vm_image() -> Result<(String, &'static str), SandboxError> {
+    let _ = vm_cache_dir;
+    Err(SandboxError::invalid(
+        "the microVM image is built on Linux hosts only",
+    ))
+}
+
 /// Builds the named local images (default: the default image); returns (tag, outcome) per image.
+/// [`VM_IMAGE`] names the microVM image, built whatever the backend.
 ///
 /// # Errors
-/// [`SandboxError::InvalidArgument`] for sbx or an unknown tag, an engine error when a build fails.
+/// [`SandboxError::InvalidArgument`] for an engine image with sbx or an unknown tag, an engine
+/// error when a build fails.
 ///
 /// # Cancel safety and drop
 /// Dropping the future abandons the build.
@@ -260,13 +326,22 @@ pub async fn build_images(
     choice: BackendChoice,
     tags: &[String],
 ) -> Result<Vec<(String, &'static str)>, SandboxError> {
+    let mut built = Vec::new();
+    let engine_tags: Vec<&String> = tags.iter().filter(|t| *t != VM_IMAGE).collect();
+    if engine_tags.len() < tags.len() {
+        built.push(build_vm_image().await?);
+        if engine_tags.is_empty() {
+            return Ok(built);
+        }
+    }
     if choice == BackendChoice::Sbx {
         return Err(sbx_has_no_images());
     }
-    let images = if tags.is_empty() {
+    let images = if engine_tags.is_empty() {
         vec![LocalImage::DEFAULT]
     } else {
-        tags.iter()
+        engine_tags
+            .iter()
             .map(|t| LocalImage::from_tag(t).map_err(|e| SandboxError::invalid(e.to_string())))
             .collect::<Result<Vec<_>, _>>()?
     };
@@ -274,16 +349,14 @@ pub async fn build_images(
         .build(&images)
         .await
         .map_err(|e| SandboxError::engine(format!("image build failed: {e}")))?;
-    Ok(reports
-        .into_iter()
-        .map(|r| {
-            let outcome = match r.outcome {
-                ImageOutcome::AlreadyPresent => "already present",
-                _ => "built",
-            };
-            (r.image.tag().to_owned(), outcome)
-        })
-        .collect())
+    built.extend(reports.into_iter().map(|r| {
+        let outcome = match r.outcome {
+            ImageOutcome::AlreadyPresent => "already present",
+            _ => "built",
+        };
+        (r.image.tag().to_owned(), outcome)
+    }));
+    Ok(built)
 }
 
 #[cfg(test)]

@@ -324,9 +324,10 @@ impl FileCommand {
 /// `images` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum ImagesAction {
-    /// Build the local images (default: the default image), skipping those that exist.
+    /// Build the local images (default: the default image), skipping those that exist; `vm`
+    /// builds the microVM image (kernel, initramfs with the static `vm-agent`, ext4 root).
     Build {
-        /// Tags to build.
+        /// Tags to build (`vm` for the microVM image).
         tags: Vec<String>,
     },
 }
