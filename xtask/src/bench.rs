@@ -7,7 +7,9 @@
 //! same run (the sbx backend's, `crates/backend-sbx/benches`, against the bare `sbx-sim` CLI and
 //! `confined-fs` alone, on the simulator built first; the egress proxy's,
 //! `crates/egress-proxy/benches`, a download through the proxy image against the same download
-//! made directly, on `sandbox-egress-proxy:local`, built or refreshed first), prints one line per
+//! made directly, on `sandbox-egress-proxy:local`, built or refreshed first; the microVM's,
+//! `crates/qemu-vm/benches`, boot and exec against bare QEMU on the VM image, built first, with
+//! the accelerator in each row), prints one line per
 //! metric (`name: backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`; a cost added on top
 //! of the same call as an absolute `ours X ms, raw Y ms, added Z ms at p50`) and exits non-zero
 //! when a pass/fail target is missed.
@@ -128,6 +130,18 @@ const BENCHES: &[Bench] = &[
         ],
     },
     Bench {
+        name: "vm boot and exec",
+        args: &[
+            "bench",
+            "-p",
+            "qemu-vm",
+            "--features",
+            "live",
+            "--bench",
+            "vm",
+        ],
+    },
+    Bench {
         name: "egress proxy download",
         args: &[
             "bench",
@@ -182,6 +196,10 @@ pub fn run(workspace: &Workspace, args: &BenchArgs) -> Result<(), XtaskError> {
             "sandbox-egress-proxy:local".to_owned(),
         ],
     )?;
+    // The VM benchmark boots the image from target/vm-image.
+    if selected.iter().any(|bench| bench.args.contains(&"qemu-vm")) {
+        crate::vm::build_image(workspace)?;
+    }
     // The sbx benchmark drives the simulator's debug build.
     workspace.run(cargo().args(["build", "-p", "sbx-sim"]))?;
     let load_before = load_average();
@@ -624,6 +642,12 @@ mod tests {
         assert!(is_report_line(
             "proxy GET 1 MiB wall: backend 4.2 ms, raw 3.2 ms, ratio 1.31 (target ≤ 1.30) FAIL [30 rounds]"
         ));
+        assert!(is_report_line(
+            "vm boot [tcg]: backend 13506.9 ms, raw 15477.3 ms, ratio 0.87 (target ≤ 1.20) PASS [3 rounds]"
+        ));
+        assert!(is_report_line(
+            "vm exec [tcg]: ours 204.7 ms, raw 3.3 ms, added 201.4 ms at p50 (target ≤ +2 ms) FAIL [30 rounds]"
+        ));
         assert!(!is_report_line(
             "     Running benches/exec.rs (target/release/deps/exec)"
         ));
@@ -633,7 +657,7 @@ mod tests {
     #[test]
     fn every_docker_bench_needs_the_live_feature() {
         for bench in BENCHES.iter().filter(|b| {
-            ["backend-docker", "sandboxctl", "egress-proxy"]
+            ["backend-docker", "sandboxctl", "egress-proxy", "qemu-vm"]
                 .iter()
                 .any(|krate| b.args.contains(krate))
         }) {
