@@ -806,8 +806,9 @@ fn a_missing_workdir_is_not_started_not_the_commands_125() {
         "--",
         "sh",
         "-c",
-        // The call's own nonce, read from its init's command line (argv 8).
-        "n=$(tr '\\0' '\\n' </proc/$PPID/cmdline | sed -n 8p); printf %s \"$n\"; \
+        // The call's own nonce, read from its wrapper's command line (the argument after
+        // `maf-sbx`).
+        "n=$(tr '\\0' '\\n' </proc/$PPID/cmdline | sed -n '/^maf-sbx$/{n;p;q;}'); printf %s \"$n\"; \
          printf '%s-nocwd\\nsh: 1: cd: can'\\''t cd to /x\\n' \"$n\" >&2; exit 125",
     ]);
     assert_eq!(code(&out), 125);
