@@ -22,6 +22,7 @@ pub const MAX_HOST_LEN: usize = 253;
 
 /// Why a head was not accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HeadError {
     /// Not a well-formed HTTP/1.x request head: answered 400.
     Malformed(&'static str),

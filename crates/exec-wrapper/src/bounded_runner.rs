@@ -28,7 +28,7 @@ pub const READ_CHUNK: usize = 65_536;
 
 /// How long the runner waits for a killed child to be reaped before leaving it to tokio's
 /// background orphan reaping and returning.
-pub const REAP_GRACE: Duration = Duration::from_secs(3);
+pub(crate) const REAP_GRACE: Duration = Duration::from_secs(3);
 
 /// Which pipe a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -8,7 +8,7 @@ use std::fmt;
 use crate::error::{Error, Result};
 
 /// Length of a nonce in hex characters (12 random bytes).
-pub const NONCE_HEX_LEN: usize = 24;
+pub(crate) const NONCE_HEX_LEN: usize = 24;
 
 /// The per-call nonce: 24 lowercase hex characters from the operating system's CSPRNG.
 ///
@@ -118,6 +118,29 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(Nonce::parse(a.as_str()), Some(a.clone()));
         assert_eq!(a.line().len(), 25);
+        // The case, checked on the bytes themselves rather than through `parse`: over many nonces
+        // every hex letter turns up, and none may be uppercase.
+        let mut letters = std::collections::BTreeSet::new();
+        for _ in 0..64 {
+            let nonce = new_nonce().unwrap();
+            assert_eq!(nonce.as_str().len(), NONCE_HEX_LEN);
+            for byte in nonce.as_str().bytes() {
+                assert!(
+                    byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte),
+                    "{:?} holds {:?}",
+                    nonce.as_str(),
+                    char::from(byte)
+                );
+                if byte.is_ascii_alphabetic() {
+                    letters.insert(byte);
+                }
+            }
+        }
+        assert_eq!(
+            letters.len(),
+            6,
+            "64 nonces show every hex letter, all lowercase"
+        );
     }
 
     #[test]

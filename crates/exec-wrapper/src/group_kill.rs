@@ -5,24 +5,24 @@ use crate::bounded_runner::{ExitKind, RunOutput};
 use crate::error::Result;
 
 /// Kill script exit: the recorded group was killed and no member is left.
-pub const KILL_EXIT_KILLED: i32 = 0;
+pub(crate) const KILL_EXIT_KILLED: i32 = 0;
 /// Kill script exit: the record is malformed (empty, incomplete, not digits, 0, 1, too large).
-pub const KILL_EXIT_BAD_RECORD: i32 = 3;
+pub(crate) const KILL_EXIT_BAD_RECORD: i32 = 3;
 /// Kill script exit: no pid file, so the command never started (and now never will) or already
 /// finished.
-pub const KILL_EXIT_NEVER_STARTED: i32 = 4;
+pub(crate) const KILL_EXIT_NEVER_STARTED: i32 = 4;
 /// Kill script exit: the cancel file could not be written.
-pub const KILL_EXIT_NO_CANCEL_FILE: i32 = 5;
+pub(crate) const KILL_EXIT_NO_CANCEL_FILE: i32 = 5;
 /// Kill script exit: a group member survived 30 polls, or the shell's `kill` did not understand
 /// the call.
-pub const KILL_EXIT_SURVIVOR: i32 = 6;
+pub(crate) const KILL_EXIT_SURVIVOR: i32 = 6;
 
 /// Exact kill exit: every process in the call's subreaper tree was killed (Docker shape under the
 /// engine's init).
-pub const KILL_EXIT_KILLED_TREE: i32 = 10;
+pub(crate) const KILL_EXIT_KILLED_TREE: i32 = 10;
 /// Exact kill exit: the call's PID namespace was killed, and with it every process in it (sbx
 /// shape entered at `enter-pid`).
-pub const KILL_EXIT_KILLED_NAMESPACE: i32 = 11;
+pub(crate) const KILL_EXIT_KILLED_NAMESPACE: i32 = 11;
 
 /// Bound on the kill call's output (64 KiB).
 pub const KILL_OUTPUT_BUDGET: usize = 64 * 1024;

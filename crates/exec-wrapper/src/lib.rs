@@ -130,31 +130,33 @@ pub use argv_encoding::{
 };
 pub use bounded_runner::{
     run_bounded, run_streaming, BoundedCommand, ExitKind, OutputSink, RunOutput, Stream,
-    DEFAULT_OUTPUT_BUDGET, READ_CHUNK, REAP_GRACE,
+    DEFAULT_OUTPUT_BUDGET, READ_CHUNK,
 };
-pub use call_identity::{
-    cancel_file, new_nonce, pid_file, sbx_env_file_name, Nonce, NONCE_HEX_LEN,
-};
+pub use call_identity::{cancel_file, new_nonce, pid_file, sbx_env_file_name, Nonce};
 pub use error::{Error, Result};
-pub use group_kill::{
-    KillFailure, KillMode, KillOutcome, KillReport, KILL_EXIT_BAD_RECORD, KILL_EXIT_KILLED,
-    KILL_EXIT_KILLED_NAMESPACE, KILL_EXIT_KILLED_TREE, KILL_EXIT_NEVER_STARTED,
-    KILL_EXIT_NO_CANCEL_FILE, KILL_EXIT_SURVIVOR, KILL_OUTPUT_BUDGET,
-};
+pub use group_kill::{KillFailure, KillMode, KillOutcome, KillReport, KILL_OUTPUT_BUDGET};
 pub use nonce_result::{
     nonce_line_seen, parse_result, parse_run_output, WrapperOutcome, WrapperOutput,
-    NO_CWD_REASON_BYTES, NO_CWD_WORD, STDERR_TAIL_BYTES, UNMOUNTED_WORD,
+    NO_CWD_REASON_BYTES, STDERR_TAIL_BYTES,
 };
-pub use nonce_splitter::{NonceSplitter, StderrPhase, MAX_MARKER_WORD};
+pub use nonce_splitter::{NonceSplitter, StderrPhase};
 pub use tool_probe::{
     missing_tools, read_tool_probe, tool_probe_argv, ToolProbeOutcome, DOCKER_TOOLS,
-    PROBE_OUTPUT_BUDGET, SBX_TOOLS, TOOL_PROBE_SCRIPT,
+    PROBE_OUTPUT_BUDGET, SBX_TOOLS,
 };
 pub use wrapper_scripts::{
     docker_init_probe_argv, docker_init_wrapper_argv, docker_wrapper_argv, init_status_argv,
     init_status_confirms, kill_argv, namespace_kill_argv, pid_namespace_probe_argv,
     read_kill_mode_probe, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, tree_kill_argv,
-    SbxMount, DOCKER_INIT_PATH, DOCKER_INIT_WRAPPER, DOCKER_WRAPPER, INIT_STATUS_SCRIPT,
-    KILL_SCRIPT, NAMESPACE_KILL_SCRIPT, SBX_WRAPPER, SCRIPT_NAME, TREE_KILL_SCRIPT,
-    WORKSPACE_MARKER, WRAPPER_FAILURE_EXIT,
+    SbxMount, DOCKER_INIT_PATH, SCRIPT_NAME, WORKSPACE_MARKER,
 };
+
+/// The script texts themselves, for review and snapshot tests: every `*_argv` function above
+/// passes one of them to `sh -c`, and docs/wrapper-protocol.md explains each line.
+pub mod scripts {
+    pub use crate::tool_probe::TOOL_PROBE_SCRIPT;
+    pub use crate::wrapper_scripts::{
+        DOCKER_INIT_WRAPPER, DOCKER_WRAPPER, INIT_STATUS_SCRIPT, KILL_SCRIPT,
+        NAMESPACE_KILL_SCRIPT, SBX_WRAPPER, TREE_KILL_SCRIPT,
+    };
+}

@@ -7,11 +7,11 @@ use crate::nonce_splitter::{CallEnd, NonceSplitter};
 use crate::wrapper_scripts::WRAPPER_FAILURE_EXIT;
 
 /// The word of the sbx `bind` stage's marker line `<nonce>-unmounted`.
-pub const UNMOUNTED_WORD: &str = "unmounted";
+pub(crate) const UNMOUNTED_WORD: &str = "unmounted";
 
 /// The word of the marker line `<nonce>-nocwd` the wrapper prints when it cannot enter the
 /// working directory, followed by the shell's own message.
-pub const NO_CWD_WORD: &str = "nocwd";
+pub(crate) const NO_CWD_WORD: &str = "nocwd";
 
 /// How many trailing stderr bytes a failure outcome keeps for the backend's classification.
 pub const STDERR_TAIL_BYTES: usize = 4096;

@@ -11,7 +11,7 @@ use crate::call_identity::{Nonce, NONCE_HEX_LEN};
 use crate::nonce_result::{outcome_of, WrapperOutcome, NO_CWD_REASON_BYTES, STDERR_TAIL_BYTES};
 
 /// The longest word of a marker line `<nonce>-<word>\n` (lowercase ASCII letters).
-pub const MAX_MARKER_WORD: usize = 32;
+pub(crate) const MAX_MARKER_WORD: usize = 32;
 
 /// Where a call's stderr stands.
 #[derive(Debug, Clone, PartialEq, Eq)]

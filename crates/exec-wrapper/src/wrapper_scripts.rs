@@ -30,7 +30,7 @@ pub const WORKSPACE_MARKER: &str = ".maf-sbx-workspace";
 
 /// Exit status of every wrapper failure before the command could start (decode, bind, uid map,
 /// unknown stage, `cd`). Only a failed `cd` says so on stderr, with the `<nonce>-nocwd` line.
-pub const WRAPPER_FAILURE_EXIT: i32 = 125;
+pub(crate) const WRAPPER_FAILURE_EXIT: i32 = 125;
 
 // The `run` stage, shared by both shapes. In order:
 //  1. decode the working directory, the env file (when $8 is not `-`) and the argv; any failure

@@ -1,7 +1,7 @@
 //! The guest-side scripts are security-relevant text: any change to them shows up here and must
 //! be reviewed (the `.snap` files are committed).
 
-use exec_wrapper::{
+use exec_wrapper::scripts::{
     DOCKER_INIT_WRAPPER, DOCKER_WRAPPER, KILL_SCRIPT, NAMESPACE_KILL_SCRIPT, SBX_WRAPPER,
     TOOL_PROBE_SCRIPT, TREE_KILL_SCRIPT,
 };
