@@ -134,6 +134,32 @@ pub fn guest_seccomp_profile() -> serde_json::Value {
     serde_json::json!({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": rules})
 }
 
+/// The confinement flags of every sandbox container, and of the doctor's probe that must be
+/// configured like one: every capability dropped but `CAP_SETFCAP` (a root guest maps itself into
+/// a user namespace, which needs it); `no-new-privileges`, so no set-uid binary (sudo in the shell
+/// template) lifts the guest to root, while user namespaces and bind mounts need no new
+/// privileges; AppArmor unconfined (its default refuses `unshare --user --mount`); and the guest's
+/// seccomp profile at [`guest_seccomp_path`] ([`guest_seccomp_profile`]: `unshare` and `mount`
+/// allowed, set-uid and set-gid bits kept off its files). This is why the simulator is not
+/// isolation.
+pub fn sandbox_security_flags(home: &StateHome) -> Vec<String> {
+    [
+        "--cap-drop",
+        "ALL",
+        "--cap-add",
+        "SETFCAP",
+        "--security-opt",
+        "no-new-privileges",
+        "--security-opt",
+        "apparmor=unconfined",
+        "--security-opt",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain([format!("seccomp={}", guest_seccomp_path(home).display())])
+    .collect()
+}
+
 /// The `docker run` argv of a sandbox container whose commands run as `exec_user` (`uid:gid`,
 /// the workspace's owner). The container's own user is the same: under `no-new-privileges` an
 /// exec gains no capability its container's user lacks, and a root guest needs `CAP_SETFCAP`
@@ -179,25 +205,11 @@ pub fn run_argv(
             &request.memory,
             "--pids-limit",
             "4096",
-            "--cap-drop",
-            "ALL",
-            "--cap-add",
-            "SETFCAP",
-            // No set-uid binary (sudo in the shell template) lifts the guest to root: the guest
-            // stays the workspace's owner. User namespaces and bind mounts need no new
-            // privileges. The seccomp profile (below) keeps set-uid bits off its files.
-            "--security-opt",
-            "no-new-privileges",
-            "--security-opt",
-            "apparmor=unconfined",
         ]
         .iter()
         .map(|s| (*s).to_owned()),
     );
-    argv.extend([
-        "--security-opt".to_owned(),
-        format!("seccomp={}", guest_seccomp_path(home).display()),
-    ]);
+    argv.extend(sandbox_security_flags(home));
     if request.network_none {
         argv.extend(["--network".to_owned(), "none".to_owned()]);
     }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::background::{
-    create_worker, ensure_idle_watch, idle_watch, owner_of, result_path, spawn_detached,
-    CreateRequest, CreateResult, SHELL_IMAGE,
+    create_worker, ensure_idle_watch, idle_watch, owner_of, result_path, sandbox_security_flags,
+    spawn_detached, CreateRequest, CreateResult, SHELL_IMAGE,
 };
 use crate::cli::{
     Cli, Command, CreateArgs, DaemonAction, ExecArgs, FaultAction, McpAction, PolicyAction,
@@ -739,40 +739,35 @@ async fn doctor(home: &StateHome, docker: &Docker) -> Result<i32> {
     let probe_name = format!("sbx-sim-{}-doctor-{}", home.digest(), random_hex(4)?);
     let profile = crate::background::guest_seccomp_path(home);
     crate::state::write_json_at(&profile, &crate::background::guest_seccomp_profile())?;
-    let seccomp = format!("seccomp={}", profile.display());
+    let argv: Vec<String> = [
+        "run",
+        "--rm",
+        "--pull=never",
+        "--name",
+        &probe_name,
+        "--label",
+        &format!("sbx-sim.home={}", home.digest()),
+        "--network",
+        "none",
+        "--user",
+        "0:0",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain(sandbox_security_flags(home))
+    .chain(
+        [
+            "--entrypoint",
+            "sh",
+            SHELL_IMAGE,
+            "-c",
+            "unshare --user --mount --map-root-user true",
+        ]
+        .map(str::to_owned),
+    )
+    .collect();
     let userns = docker
-        .checked(
-            "run",
-            CALL_TIMEOUT,
-            [
-                "run",
-                "--rm",
-                "--pull=never",
-                "--name",
-                &probe_name,
-                "--label",
-                &format!("sbx-sim.home={}", home.digest()),
-                "--network",
-                "none",
-                "--user",
-                "0:0",
-                "--cap-drop",
-                "ALL",
-                "--cap-add",
-                "SETFCAP",
-                "--security-opt",
-                "no-new-privileges",
-                "--security-opt",
-                &seccomp,
-                "--security-opt",
-                "apparmor=unconfined",
-                "--entrypoint",
-                "sh",
-                SHELL_IMAGE,
-                "-c",
-                "unshare --user --mount --map-root-user true",
-            ],
-        )
+        .checked("run", CALL_TIMEOUT, argv)
         .await
         .map(|_| "unshare --user --mount --map-root-user works as uid 0".to_owned());
     report("user namespaces", userns);
