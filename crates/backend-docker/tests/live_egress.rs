@@ -278,7 +278,7 @@ async fn an_allowlist_sandbox_reaches_its_host_only_and_leaves_nothing_behind() 
         &subject,
         "http://allowed.test/",
         "http://denied.test/",
-        conformance::EGRESS_EXEC_TIMEOUT,
+        conformance::fixtures::EGRESS_EXEC_TIMEOUT,
     )
     .await
     .expect("the EGRESS suite runs");

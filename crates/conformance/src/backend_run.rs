@@ -34,7 +34,7 @@ use crate::storage_base::{assert_storage_base, STORAGE_BASE, STORAGE_BASE_STEPS}
 use crate::subject::PosixGuestSubject;
 
 /// The suite label of the disposals that end a run.
-pub const CLEANUP: &str = "CLEANUP";
+pub const CLEANUP_SUITE: &str = "CLEANUP";
 
 /// How [`run_backend_suites`] runs.
 #[derive(Clone, Default)]
@@ -235,7 +235,7 @@ pub async fn run_backend_suites(
     for (purpose, key) in std::mem::take(&mut run.used_keys) {
         if let Some(failure) = backend.dispose(&key, DisposeSelector::all()).await {
             run.report.record(ProbeReport {
-                suite: CLEANUP.to_owned(),
+                suite: CLEANUP_SUITE.to_owned(),
                 probe: format!("dispose-{purpose}"),
                 outcome: ProbeOutcome::Failed {
                     why: failure.to_string(),

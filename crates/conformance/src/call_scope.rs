@@ -5,7 +5,7 @@ use std::future::Future;
 use sandbox_core::{Capability, DisposalFailure};
 
 use crate::error::ConformanceError;
-use crate::fixtures::{INSIDE, READ_CAP, SECRET};
+use crate::fixtures::{CONTROL_FILE_BYTES, PLANTED_SECRET_BYTES, READ_CAP};
 use crate::paths::ConformancePaths;
 use crate::probe_kit::plant_nothing;
 use crate::report::ConformanceReport;
@@ -54,7 +54,7 @@ where
         subject
             .plant_file(
                 &paths.in_work("planted-before-the-other-call-existed.txt"),
-                SECRET,
+                PLANTED_SECRET_BYTES,
             )
             .await?;
         let other = acquire_another().await?;
@@ -137,14 +137,14 @@ where
         &[Capability::FilesOut],
         async {
             let shared = p.in_work("both-calls-wrote-this.txt");
-            subject.plant_file(&shared, INSIDE).await?;
-            other.plant_file(&shared, SECRET).await?;
+            subject.plant_file(&shared, CONTROL_FILE_BYTES).await?;
+            other.plant_file(&shared, PLANTED_SECRET_BYTES).await?;
             let bytes = subject
                 .sandbox()
                 .read_file("both-calls-wrote-this.txt", work, READ_CAP)
                 .await?;
             ensure!(
-                bytes == INSIDE,
+                bytes == CONTROL_FILE_BYTES,
                 "this call read {:?} from its own file",
                 String::from_utf8_lossy(&bytes)
             );

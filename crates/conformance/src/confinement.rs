@@ -16,7 +16,7 @@ use sandbox_core::{Capability, Command, ErrorKind, ExecEnv, ExecRequest, Sandbox
 
 use crate::error::ConformanceError;
 use crate::fingerprint::Fingerprint;
-use crate::fixtures::{INSIDE, RECLAIM_TIMEOUT};
+use crate::fixtures::{CONTROL_FILE_BYTES, RECLAIM_TIMEOUT};
 use crate::hardening::HardeningHooks;
 use crate::probe_kit::run_argv;
 use crate::report::ConformanceReport;
@@ -63,7 +63,7 @@ pub async fn confinement_call(
 ) -> Result<(), ConformanceError> {
     let input = format!("{call_directory}/input.txt");
     sandbox
-        .write_file(&input, INSIDE, work)
+        .write_file(&input, CONTROL_FILE_BYTES, work)
         .await
         .map_err(|e| ConformanceError::sandbox("the call's write_file", e))?;
     let request = ExecRequest::new(Command::argv(["sh", "-c", CONFINEMENT_CALL_SCRIPT]))
@@ -270,11 +270,11 @@ async fn earlier_call(subject: &dyn ConformanceSubject, work: &str) -> ProbeResu
     let sandbox = subject.sandbox();
     let directory = format!("{}/confinement-earlier-call", work.trim_end_matches('/'));
     sandbox
-        .write_file(&format!("{directory}/note.txt"), INSIDE, work)
+        .write_file(&format!("{directory}/note.txt"), CONTROL_FILE_BYTES, work)
         .await?;
     let out = run_argv(subject, &["cat", "note.txt"], &directory).await?;
     ensure!(
-        out.exit_code == 0 && out.stdout == INSIDE,
+        out.exit_code == 0 && out.stdout == CONTROL_FILE_BYTES,
         "the earlier call's `cat` exited {} with {:?}",
         out.exit_code,
         out.stdout_text()

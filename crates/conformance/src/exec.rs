@@ -12,7 +12,7 @@ use sandbox_core::{
 };
 
 use crate::error::ConformanceError;
-use crate::fixtures::binary;
+use crate::fixtures::every_byte_and_utf8_edges;
 use crate::hardening::{expect_handle_works, expect_none_left};
 use crate::paths::{norm, ConformancePaths};
 use crate::probe_kit::{plant_nothing, run, run_argv};
@@ -51,7 +51,7 @@ pub const STREAM_STDIN_BYTES: usize = 8 * 1024 * 1024;
 const STREAM_CAP: u64 = 64 * 1024;
 
 /// The longest exec cleanup allowance a subject may claim.
-pub const MAX_EXEC_CLEANUP_ALLOWANCE: Duration = Duration::from_secs(30);
+pub(crate) const MAX_EXEC_CLEANUP_ALLOWANCE: Duration = Duration::from_secs(30);
 
 const STDOUT_MARKER: &str = "conformance-wrote-this-to-stdout";
 const STDERR_MARKER: &str = "conformance-wrote-this-to-stderr";
@@ -257,7 +257,7 @@ pub async fn assert_exec(
 
     suite
         .probe("exec-byte-fidelity", &[], async {
-            let fixture = binary();
+            let fixture = every_byte_and_utf8_edges();
             let out: Vec<u8> = b"OUT:".iter().chain(&fixture).copied().collect();
             let err: Vec<u8> = b"ERR:"
                 .iter()

@@ -3,7 +3,7 @@
 use sandbox_core::Capability;
 
 use crate::error::ConformanceError;
-use crate::fixtures::binary;
+use crate::fixtures::every_byte_and_utf8_edges;
 use crate::paths::ConformancePaths;
 use crate::probe_kit::{
     expect_absent_by_test, expect_present, expect_stdout, plant_nothing, run_argv, status,
@@ -62,7 +62,7 @@ pub async fn assert_files_in(
     .await;
 
     run.probe("bytes-survive-the-round-trip", &[], async {
-        let bytes = binary();
+        let bytes = every_byte_and_utf8_edges();
         s.write_file(&p.in_work("binary.bin"), &bytes, work).await?;
         expect_stdout(subject, &["cat", "binary.bin"], work, &bytes).await
     })

@@ -3,7 +3,7 @@
 use sandbox_core::{Capability, EntryKind};
 
 use crate::error::ConformanceError;
-use crate::fixtures::{INSIDE, READ_CAP, SECRET};
+use crate::fixtures::{CONTROL_FILE_BYTES, PLANTED_SECRET_BYTES, READ_CAP};
 use crate::paths::ConformancePaths;
 use crate::report::ConformanceReport;
 use crate::subject::ConformanceSubject;
@@ -38,12 +38,18 @@ async fn plant_layout(
     subject: &dyn ConformanceSubject,
     paths: &ConformancePaths,
 ) -> Result<(), ConformanceError> {
-    subject.plant_file(&paths.inside, INSIDE).await?;
+    subject
+        .plant_file(&paths.inside, CONTROL_FILE_BYTES)
+        .await?;
     subject
         .plant_file(&paths.plain, b"not a directory\n")
         .await?;
-    subject.plant_file(&paths.secret, SECRET).await?;
-    subject.plant_file(&paths.nested_secret, SECRET).await?;
+    subject
+        .plant_file(&paths.secret, PLANTED_SECRET_BYTES)
+        .await?;
+    subject
+        .plant_file(&paths.nested_secret, PLANTED_SECRET_BYTES)
+        .await?;
     subject
         .plant_symlink(&paths.linked_directory, &paths.outside)
         .await?;
@@ -88,7 +94,7 @@ pub async fn assert_files_out(
         );
         let bytes = s.read_file(&inside, work, READ_CAP).await?;
         ensure!(
-            bytes == INSIDE,
+            bytes == CONTROL_FILE_BYTES,
             "{inside:?} read as {:?}",
             String::from_utf8_lossy(&bytes)
         );

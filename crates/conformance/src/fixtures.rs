@@ -6,10 +6,10 @@ use std::time::Duration;
 pub const READ_CAP: u64 = 1_048_576;
 
 /// The bytes of the legitimate control file (20 bytes).
-pub const INSIDE: &[u8] = b"a legitimate output\n";
+pub const CONTROL_FILE_BYTES: &[u8] = b"a legitimate output\n";
 
 /// The bytes planted outside the working directory (30 bytes).
-pub const SECRET: &[u8] = b"the guest must not reach this\n";
+pub const PLANTED_SECRET_BYTES: &[u8] = b"the guest must not reach this\n";
 
 /// The explicit storage base both backends are run with once (its parent is absent from the images and
 /// sits under the root-owned `/srv`).
@@ -26,7 +26,7 @@ pub const RECLAIM_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The binary fixture: every byte 0x00..=0xFF, then the UTF-8 of `ünïcödé→payload`, U+FFFD and `\r\n`,
 /// then `E2 82` (a truncated UTF-8 sequence).
-pub fn binary() -> Vec<u8> {
+pub fn every_byte_and_utf8_edges() -> Vec<u8> {
     let mut bytes: Vec<u8> = (0..=255u8).collect();
     bytes.extend_from_slice("ünïcödé→payload\u{FFFD}\r\n".as_bytes());
     bytes.extend_from_slice(&[0xE2, 0x82]);
@@ -39,9 +39,9 @@ mod tests {
 
     #[test]
     fn fixture_sizes() {
-        assert_eq!(INSIDE.len(), 20);
-        assert_eq!(SECRET.len(), 30);
-        let b = binary();
+        assert_eq!(CONTROL_FILE_BYTES.len(), 20);
+        assert_eq!(PLANTED_SECRET_BYTES.len(), 30);
+        let b = every_byte_and_utf8_edges();
         assert_eq!(&b[..256], (0..=255u8).collect::<Vec<_>>().as_slice());
         assert_eq!(&b[b.len() - 4..], b"\r\n\xE2\x82");
         assert!(std::str::from_utf8(&b[256..b.len() - 2]).is_ok());

@@ -96,13 +96,13 @@ const SURVIVOR_CHECK: &str = r#"for d in /proc/[0-9]*; do c=; IFS= read -r c 2>/
 
 /// The concurrent acquires of `concurrent-acquires-yield-one`: this many in this process, as many in a
 /// child process.
-pub const ACQUIRES_PER_PROCESS: usize = 4;
+pub(crate) const ACQUIRES_PER_PROCESS: usize = 4;
 
 /// How the flood probe's host memory growth is bounded: 2 × the output budget + 8 MiB.
-pub const FLOOD_RSS_ALLOWANCE: u64 = 2 * DEFAULT_MAX_OUTPUT_BYTES + 8 * 1024 * 1024;
+pub(crate) const FLOOD_RSS_ALLOWANCE: u64 = 2 * DEFAULT_MAX_OUTPUT_BYTES + 8 * 1024 * 1024;
 
 /// How many bytes the slow-consumer probe streams: 1 GiB.
-pub const STREAMED_BYTES: u64 = 1 << 30;
+pub(crate) const STREAMED_BYTES: u64 = 1 << 30;
 
 /// How much of [`STREAMED_BYTES`] the slow-consumer probe takes at a crawl (2 ms per chunk).
 const SLOW_PART_BYTES: u64 = 64 << 20;
@@ -110,7 +110,7 @@ const SLOW_PART_BYTES: u64 = 64 << 20;
 /// How far host memory may grow while 1 GiB streams to a slow consumer: 64 MiB. The stream holds
 /// a few 64 KiB chunks; the engine connection, the runner and the allocator add their own buffers.
 /// The whole output held would be 1 GiB.
-pub const SLOW_CONSUMER_RSS_ALLOWANCE: u64 = 64 << 20;
+pub(crate) const SLOW_CONSUMER_RSS_ALLOWANCE: u64 = 64 << 20;
 
 /// One acquire made by a child process: the handle's instance id and whether it created the instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,7 +192,7 @@ fn rss_before(hooks: &dyn HardeningHooks) -> Result<u64, ProbeError> {
 /// when `/proc` cannot be read. The marker comes in two pieces, in that order, so the poll's own
 /// command line (`…$1$2`) never matches. Works whatever PID namespace each call runs in, where
 /// a recorded pid or group id would not.
-pub const SURVIVOR_POLL: &str = r#"[ -r /proc/self/cmdline ] || exit 3
+pub(crate) const SURVIVOR_POLL: &str = r#"[ -r /proc/self/cmdline ] || exit 3
 i=0
 while :; do
   n=0

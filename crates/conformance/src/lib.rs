@@ -85,7 +85,7 @@ mod files_delete;
 mod files_in;
 mod files_out;
 mod fingerprint;
-mod fixtures;
+pub mod fixtures;
 mod hardening;
 mod lifecycle;
 mod paths;
@@ -97,7 +97,7 @@ mod storage_base;
 mod subject;
 mod suite_runner;
 
-pub use backend_run::{run_backend_suites, RunOptions, CLEANUP};
+pub use backend_run::{run_backend_suites, RunOptions, CLEANUP_SUITE};
 pub use call_scope::{assert_call_scope, CALL_SCOPE, CALL_SCOPE_PROBES};
 pub use child_acquire::{child_acquire_line, parse_child_acquires};
 pub use confinement::{
@@ -106,23 +106,18 @@ pub use confinement::{
 };
 pub use egress::{assert_egress, assert_egress_methods, EGRESS, EGRESS_METHODS};
 pub use error::ConformanceError;
-pub use exec::{assert_exec, EXEC, EXEC_PROBES, MAX_EXEC_CLEANUP_ALLOWANCE};
+pub use exec::{assert_exec, EXEC, EXEC_PROBES};
 pub use files_delete::{
     assert_files_delete, measure_files_delete, FILES_DELETE, FILES_DELETE_PROBES,
 };
 pub use files_in::{assert_files_in, FILES_IN, FILES_IN_PROBES};
 pub use files_out::{assert_files_out, FILES_OUT, FILES_OUT_PROBES};
 pub use fingerprint::{docker_container_fingerprint, DockerAnswer, Fingerprint};
-pub use fixtures::{
-    binary, EGRESS_EXEC_TIMEOUT, EXPLICIT_STORAGE_BASE, INSIDE, PROBE_EXEC_TIMEOUT, READ_CAP,
-    RECLAIM_TIMEOUT, SECRET,
-};
 pub use hardening::{
     acquire_retrying_busy, assert_concurrent_acquires_yield_one,
     assert_engine_failure_is_not_an_exit_code, assert_hardening, assert_network_closed_by_content,
-    AcquireOutcome, HardeningHooks, ACQUIRES_PER_PROCESS, FLOOD_RSS_ALLOWANCE, HARDENING,
-    HARDENING_OWN_SANDBOX_PROBES, HARDENING_SHARED_PROBES, HOSTILE_TIMEOUT_CASES,
-    SLOW_CONSUMER_RSS_ALLOWANCE, STREAMED_BYTES, SURVIVOR_POLL,
+    AcquireOutcome, HardeningHooks, HARDENING, HARDENING_OWN_SANDBOX_PROBES,
+    HARDENING_SHARED_PROBES, HOSTILE_TIMEOUT_CASES,
 };
 pub use lifecycle::{
     assert_fresh_acquire, assert_instance_disposal, instance_is_listed, FRESH_ACQUIRE,

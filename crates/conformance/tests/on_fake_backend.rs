@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use conformance::{
     assert_fresh_acquire, assert_instance_disposal, instance_is_listed, run_backend_suites,
-    ConformanceError, ProbeOutcome, RunOptions, CLEANUP,
+    ConformanceError, ProbeOutcome, RunOptions, CLEANUP_SUITE,
 };
 use sandbox_core::testing::FakeBackend;
 use sandbox_core::{Isolation, SandboxBackend, SandboxKey, SandboxSpec};
@@ -145,7 +145,7 @@ async fn the_whole_run_reaches_every_suite_and_disposes_every_sandbox() {
         other => panic!("{other:?}"),
     }
     assert!(
-        report.probes().iter().all(|p| p.suite != CLEANUP),
+        report.probes().iter().all(|p| p.suite != CLEANUP_SUITE),
         "{report}"
     );
     assert!(
