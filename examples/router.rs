@@ -10,8 +10,8 @@ use std::time::Duration;
 use backend_docker::{DockerBackend, DockerConfig};
 use sandbox_core::testing::FakeBackend;
 use sandbox_core::{
-    Command, Egress, ErrorKind, ExecRequest, Isolation, Router, RouterConfig, SandboxBackend,
-    SandboxKey, SandboxSpec, Selection, TransferLimits,
+    BackendSelection, Command, Egress, ErrorKind, ExecRequest, Isolation, Router, RouterConfig,
+    SandboxBackend, SandboxKey, SandboxSpec, TransferLimits,
 };
 
 #[tokio::main]
@@ -26,7 +26,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         backends.clone(),
         RouterConfig::default()
             .min_isolation(Isolation::None)
-            .selection(Selection::PerSpec),
+            .selection(BackendSelection::PerSpec),
     )?;
     let small = SandboxSpec::builder("tool").build()?;
     let big_files = SandboxSpec::builder("tool")
@@ -55,7 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         backends,
         RouterConfig::default()
             .min_isolation(Isolation::Container)
-            .selection(Selection::PerSpec),
+            .selection(BackendSelection::PerSpec),
     )?;
     let open = SandboxSpec::builder("tool")
         .egress(Egress::Unrestricted)

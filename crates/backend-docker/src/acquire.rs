@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbox_core::naming::docker_container_name;
+use sandbox_core::naming::docker::docker_container_name;
 use sandbox_core::storage_base::{plan_storage_base, storage_base_directories, validate_base};
 use sandbox_core::{
     Capability, EntryKind, SandboxError, SandboxKey, SandboxSpec, TransferLimits, DEFAULT_WORK_DIR,

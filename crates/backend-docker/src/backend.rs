@@ -140,7 +140,7 @@ impl DockerBackend {
 
     /// The container name of (key, kind) (egress closed).
     pub fn container_name(key: &SandboxKey, kind: &str) -> String {
-        sandbox_core::naming::docker_container_name(key, kind, "")
+        sandbox_core::naming::docker::docker_container_name(key, kind, "")
     }
 }
 

@@ -2,7 +2,7 @@
 //! `dispose_scope`. Ownership is read back from the engine, never from process memory, so another
 //! process's sandboxes are found too. Disposal never raises.
 
-use sandbox_core::naming::{
+use sandbox_core::naming::docker::{
     decode_docker_key_label, is_digest_label, LABEL_AGENT, LABEL_CALL, LABEL_KEY_V1, LABEL_KIND,
     LABEL_SCOPE, LABEL_THREAD,
 };

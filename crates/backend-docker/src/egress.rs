@@ -591,7 +591,9 @@ fn owned_like(
     found: &std::collections::BTreeMap<String, String>,
     expected: &[(String, String)],
 ) -> bool {
-    use sandbox_core::naming::{LABEL_AGENT, LABEL_CALL, LABEL_KIND, LABEL_SCOPE, LABEL_THREAD};
+    use sandbox_core::naming::docker::{
+        LABEL_AGENT, LABEL_CALL, LABEL_KIND, LABEL_SCOPE, LABEL_THREAD,
+    };
     [
         LABEL_SCOPE,
         LABEL_THREAD,
@@ -686,12 +688,12 @@ mod tests {
     #[test]
     fn the_egress_id_enters_the_container_name() {
         let key = sandbox_core::SandboxKey::conversation("prod", "thread-1", "agent");
-        let closed = sandbox_core::naming::docker_container_name(&key, "python", "");
+        let closed = sandbox_core::naming::docker::docker_container_name(&key, "python", "");
         assert_eq!(closed, "maf-sandbox-docker-aef172d1c789");
         let id = egress_id(&["allowed.test".to_owned()], true);
-        let allow = sandbox_core::naming::docker_container_name(&key, "python", &id);
+        let allow = sandbox_core::naming::docker::docker_container_name(&key, "python", &id);
         assert_ne!(allow, closed);
-        let preimage = sandbox_core::naming::docker_name_preimage(&[
+        let preimage = sandbox_core::naming::docker::docker_name_preimage(&[
             "prod",
             "thread-1",
             "agent",

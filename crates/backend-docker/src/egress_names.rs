@@ -22,7 +22,7 @@ const VOLUME_SUFFIX: &str = "-egress";
 const PROXY_SUFFIX: &str = "-proxy";
 // The role label (`proxy`, `egress-volume`) and the egress-policy digest label (proxy, volume
 // and workload) are the core's, shared with every host that reads them.
-pub(crate) use sandbox_core::naming::{LABEL_EGRESS_V1, LABEL_ROLE};
+pub(crate) use sandbox_core::naming::docker::{LABEL_EGRESS_V1, LABEL_ROLE};
 
 /// The proxy container's name.
 pub(crate) fn proxy_name(workload: &str) -> String {

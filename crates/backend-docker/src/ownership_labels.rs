@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sandbox_core::naming::{
+use sandbox_core::naming::docker::{
     docker_key_label, label_value, LABEL_AGENT, LABEL_CALL, LABEL_KEY_V1, LABEL_KIND, LABEL_SCOPE,
     LABEL_THREAD, LABEL_USER_PREFIX, LABEL_WORK_DIR_V1,
 };

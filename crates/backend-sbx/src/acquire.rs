@@ -10,7 +10,7 @@ use exec_wrapper::{
     read_tool_probe, tool_probe_argv, ExitKind, SbxMount, ToolProbeOutcome, SBX_TOOLS,
     WORKSPACE_MARKER,
 };
-use sandbox_core::naming::sbx_sandbox_name;
+use sandbox_core::naming::sbx::sbx_sandbox_name;
 use sandbox_core::storage_base::{plan_storage_base, storage_base_directories, validate_base};
 use sandbox_core::{
     Egress, IsolationScope, SandboxError, SandboxKey, SandboxSpec, TransferLimits, DEFAULT_WORK_DIR,
@@ -893,7 +893,7 @@ mod tests {
 
     fn target() -> Target {
         let key = SandboxKey::conversation("s", "t", "a");
-        let name = sbx_sandbox_name(&sandbox_core::naming::NamePrefix::default(), &key, "k");
+        let name = sbx_sandbox_name(&sandbox_core::naming::sbx::NamePrefix::default(), &key, "k");
         Target {
             key,
             kind: "k".into(),

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use sandbox_core::backend_kit::LockTable;
-use sandbox_core::naming::NamePrefix;
+use sandbox_core::naming::sbx::NamePrefix;
 use sandbox_core::{
     BackendDeclarations, Capability, DisposalFailure, DisposeSelector, Egress, ErrorKind,
     HealthCheck, Isolation, IsolationScope, OsFamily, Sandbox, SandboxBackend, SandboxError,
@@ -164,7 +164,7 @@ impl SbxBackend {
 
     /// The name of the sandbox of (key, kind), which is also its directory under the root.
     pub fn sandbox_name(&self, key: &SandboxKey, kind: &str) -> String {
-        sandbox_core::naming::sbx_sandbox_name(&self.host.config.prefix, key, kind)
+        sandbox_core::naming::sbx::sbx_sandbox_name(&self.host.config.prefix, key, kind)
     }
 
     /// The name prefix every sandbox of this backend starts with.

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sandbox_core::credential_paths::check_workspace_root;
-use sandbox_core::naming::NamePrefix;
+use sandbox_core::naming::sbx::NamePrefix;
 use sandbox_core::SandboxError;
 
 /// Bound on every sbx call but `create` and `exec`: 60 s.

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use sandbox_core::naming::{sbx_conversation_prefix, sbx_key_prefix, sbx_sandbox_name};
+use sandbox_core::naming::sbx::{sbx_conversation_prefix, sbx_key_prefix, sbx_sandbox_name};
 use sandbox_core::{
     DisposalCode, DisposalFailure, DisposeSelector, SandboxError, SandboxKey, SandboxState,
     SandboxSummary, ScopePurge,

@@ -16,7 +16,8 @@
 //!
 //! - [`guest_path`]: guest-path normal form and confinement; a [`guest_path::Access`] applies the rules
 //!   of one file method (`Access::Write.check(stat, path, wd)`).
-//! - [`naming`]: container and sandbox names, docker labels and digests, byte-identical across hosts.
+//! - [`naming`]: names and digests, byte-identical across hosts: [`naming::docker`] (container names and
+//!   labels) and [`naming::sbx`] (sandbox names).
 //! - [`storage_base`]: which directories of a storage base to create.
 //! - [`credential_paths`]: the credential paths a host never exposes, and the matchers over them.
 //! - [`hygiene`]: the secret-looking environment-name denylist.
@@ -85,6 +86,6 @@ pub use isolation::{Isolation, IsolationScope, OsFamily};
 pub use key::SandboxKey;
 pub use limits::{SandboxLimits, TransferLimits, DEFAULT_TRANSFER_LIMITS};
 pub use router::{
-    FailedCleanup, Router, RouterConfig, Selection, UncleanTarget, DEFAULT_CLEANUP_TIMEOUT,
+    BackendSelection, FailedCleanup, Router, RouterConfig, UncleanTarget, DEFAULT_CLEANUP_TIMEOUT,
 };
 pub use spec::{SandboxSpec, SandboxSpecBuilder, DEFAULT_WORK_DIR};

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use sandbox_core::testing::FakeBackend;
 use sandbox_core::{
-    BackendDeclarations, Capability, DisposalCode, DisposalFailure, Egress, ErrorKind,
-    GuestCleanup, Isolation, IsolationScope, OsFamily, Router, RouterConfig, SandboxBackend,
-    SandboxError, SandboxKey, SandboxSpec, Selection, TransferLimits,
+    BackendDeclarations, BackendSelection, Capability, DisposalCode, DisposalFailure, Egress,
+    ErrorKind, GuestCleanup, Isolation, IsolationScope, OsFamily, Router, RouterConfig,
+    SandboxBackend, SandboxError, SandboxKey, SandboxSpec, TransferLimits,
 };
 
 fn every_variant() -> Vec<SandboxError> {
@@ -153,7 +153,7 @@ async fn router_refusals_read_well() {
         message(Router::new(
             vec![default_fake("docker", Isolation::Container)],
             RouterConfig::default()
-                .selection(Selection::PerSpec)
+                .selection(BackendSelection::PerSpec)
                 .selected("docker"),
         )),
     );
@@ -188,7 +188,7 @@ async fn router_refusals_read_well() {
                 default_fake("docker", Isolation::Container),
                 default_fake("local", Isolation::None),
             ],
-            RouterConfig::default().selection(Selection::PerSpec),
+            RouterConfig::default().selection(BackendSelection::PerSpec),
         )),
     );
 
@@ -294,7 +294,7 @@ async fn router_refusals_read_well() {
             fake("open", Isolation::Microvm, open_only),
             fake("kata", Isolation::Vm, conversation_only),
         ],
-        RouterConfig::default().selection(Selection::PerSpec),
+        RouterConfig::default().selection(BackendSelection::PerSpec),
     )
     .unwrap();
     push(

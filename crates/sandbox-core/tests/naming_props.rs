@@ -2,10 +2,13 @@
 //! ASCII and parses back to the same strings, digests are what they claim, and names keep their shapes.
 
 use proptest::prelude::*;
-use sandbox_core::naming::{
+use sandbox_core::naming::docker::{
     decode_docker_key_label, docker_container_name, docker_key_label, docker_name_preimage,
-    is_digest_label, label_value, python_json_list, sbx_conversation_prefix, sbx_digest,
-    sbx_key_prefix, sbx_sandbox_name, NamePrefix, DOCKER_NAME_PREFIX,
+    is_digest_label, label_value, DOCKER_NAME_PREFIX,
+};
+use sandbox_core::naming::json_dumps_list;
+use sandbox_core::naming::sbx::{
+    sbx_conversation_prefix, sbx_digest, sbx_key_prefix, sbx_sandbox_name, NamePrefix,
 };
 use sandbox_core::SandboxKey;
 use sha2::{Digest, Sha256};
@@ -65,13 +68,10 @@ fn separator_shift_never_collides() {
         docker_container_name(&right, "k", "")
     );
     assert_ne!(
-        python_json_list(&["a|b", "c"]),
-        python_json_list(&["a", "b|c"])
+        json_dumps_list(&["a|b", "c"]),
+        json_dumps_list(&["a", "b|c"])
     );
-    assert_ne!(
-        python_json_list(&["a\", \"b"]),
-        python_json_list(&["a", "b"])
-    );
+    assert_ne!(json_dumps_list(&["a\", \"b"]), json_dumps_list(&["a", "b"]));
 }
 
 proptest! {
@@ -89,12 +89,12 @@ proptest! {
         b in prop::collection::vec("[ab|:1]{0,3}", 0..4),
     ) {
         prop_assert_eq!(a == b, docker_name_preimage(&a) == docker_name_preimage(&b));
-        prop_assert_eq!(a == b, python_json_list(&a) == python_json_list(&b));
+        prop_assert_eq!(a == b, json_dumps_list(&a) == json_dumps_list(&b));
     }
 
     #[test]
     fn python_json_is_ascii_and_round_trips(items in prop::collection::vec(tricky(), 0..5)) {
-        let json = python_json_list(&items);
+        let json = json_dumps_list(&items);
         prop_assert!(json.is_ascii());
         prop_assert!(json.bytes().all(|b| (0x20..0x7f).contains(&b)), "no raw controls: {:?}", json);
         let back: Vec<String> = serde_json::from_str(&json).expect("valid JSON");
@@ -103,7 +103,7 @@ proptest! {
 
     #[test]
     fn printable_ascii_is_kept_verbatim(s in "[ !#-\\[\\]-~]{0,20}") {
-        prop_assert_eq!(python_json_list(&[&s]), format!("[\"{s}\"]"));
+        prop_assert_eq!(json_dumps_list(&[&s]), format!("[\"{s}\"]"));
     }
 
     #[test]
@@ -111,7 +111,7 @@ proptest! {
         parts in prop::collection::vec(tricky(), 0..4),
         n in 0usize..=64,
     ) {
-        let full = hex_sha256(python_json_list(&parts).as_bytes());
+        let full = hex_sha256(json_dumps_list(&parts).as_bytes());
         prop_assert_eq!(sbx_digest(n, &parts), full[..n].to_owned());
     }
 

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use sandbox_core::testing::FakeBackend;
 use sandbox_core::{
-    BackendDeclarations, Capability, Egress, EgressEntry, EgressRule, ErrorKind, Isolation,
-    IsolationScope, OsFamily, Router, RouterConfig, SandboxBackend, SandboxError, SandboxKey,
-    SandboxLimits, SandboxSpec, SandboxSpecBuilder, Selection, TransferLimits,
+    BackendDeclarations, BackendSelection, Capability, Egress, EgressEntry, EgressRule, ErrorKind,
+    Isolation, IsolationScope, OsFamily, Router, RouterConfig, SandboxBackend, SandboxError,
+    SandboxKey, SandboxLimits, SandboxSpec, SandboxSpecBuilder, TransferLimits,
 };
 
 fn backend(name: &str, isolation: Isolation, decl: BackendDeclarations) -> Arc<dyn SandboxBackend> {
@@ -370,7 +370,11 @@ fn the_first_refusal_wins_in_the_contract_order() {
 }
 
 fn per_spec(list: Vec<Arc<dyn SandboxBackend>>) -> Router {
-    Router::new(list, RouterConfig::default().selection(Selection::PerSpec)).unwrap()
+    Router::new(
+        list,
+        RouterConfig::default().selection(BackendSelection::PerSpec),
+    )
+    .unwrap()
 }
 
 #[test]

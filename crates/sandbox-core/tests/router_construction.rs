@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use sandbox_core::testing::FakeBackend;
 use sandbox_core::{
-    Capability, ErrorKind, FailedCleanup, Isolation, IsolationScope, Router, RouterConfig,
-    SandboxBackend, SandboxKey, SandboxSpec, Selection, DEFAULT_CLEANUP_TIMEOUT,
+    BackendSelection, Capability, ErrorKind, FailedCleanup, Isolation, IsolationScope, Router,
+    RouterConfig, SandboxBackend, SandboxKey, SandboxSpec, DEFAULT_CLEANUP_TIMEOUT,
 };
 
 fn fake(name: &str, isolation: Isolation) -> Arc<FakeBackend> {
@@ -34,7 +34,7 @@ fn defaults_follow_the_contract() {
     let c = RouterConfig::default();
     assert_eq!(c.min_isolation, Isolation::Microvm);
     assert_eq!(c.min_isolation_scope, IsolationScope::Conversation);
-    assert_eq!(c.selection, Selection::Fixed);
+    assert_eq!(c.selection, BackendSelection::Fixed);
     assert_eq!(c.selected, None);
     assert!(c.denied_capabilities.is_empty());
     assert_eq!(c.cleanup_timeout, Duration::from_secs(30));
@@ -44,13 +44,13 @@ fn defaults_follow_the_contract() {
     let set = RouterConfig::default()
         .min_isolation(Isolation::Container)
         .min_isolation_scope(IsolationScope::Call)
-        .selection(Selection::PerSpec)
+        .selection(BackendSelection::PerSpec)
         .deny(Capability::FilesDelete)
         .cleanup_timeout(Duration::from_secs(5))
         .failed_cleanup(FailedCleanup::Keep);
     assert_eq!(set.min_isolation, Isolation::Container);
     assert_eq!(set.min_isolation_scope, IsolationScope::Call);
-    assert_eq!(set.selection, Selection::PerSpec);
+    assert_eq!(set.selection, BackendSelection::PerSpec);
     assert!(set.denied_capabilities.contains(&Capability::FilesDelete));
     assert_eq!(set.cleanup_timeout, Duration::from_secs(5));
     assert_eq!(set.failed_cleanup, FailedCleanup::Keep);
@@ -89,7 +89,7 @@ fn per_spec_with_selected_is_an_invalid_argument_before_anything_else() {
         Router::new(
             backends(&[&low]),
             RouterConfig::default()
-                .selection(Selection::PerSpec)
+                .selection(BackendSelection::PerSpec)
                 .selected("low"),
         ),
         ErrorKind::InvalidArgument,
@@ -100,7 +100,7 @@ fn per_spec_with_selected_is_an_invalid_argument_before_anything_else() {
         Router::new(
             Vec::new(),
             RouterConfig::default()
-                .selection(Selection::PerSpec)
+                .selection(BackendSelection::PerSpec)
                 .selected("x"),
         ),
         ErrorKind::InvalidArgument,
@@ -110,7 +110,7 @@ fn per_spec_with_selected_is_an_invalid_argument_before_anything_else() {
 #[test]
 fn a_zero_cleanup_timeout_is_refused() {
     let vm = fake("vm", Isolation::Microvm);
-    for selection in [Selection::Fixed, Selection::PerSpec] {
+    for selection in [BackendSelection::Fixed, BackendSelection::PerSpec] {
         refused(
             Router::new(
                 backends(&[&vm]),
@@ -219,7 +219,7 @@ fn per_spec_needs_one_backend_above_the_floor() {
     let msg = refused(
         Router::new(
             backends(&[&low, &lower]),
-            RouterConfig::default().selection(Selection::PerSpec),
+            RouterConfig::default().selection(BackendSelection::PerSpec),
         ),
         ErrorKind::NotPermitted,
     );
@@ -227,7 +227,7 @@ fn per_spec_needs_one_backend_above_the_floor() {
     refused(
         Router::new(
             Vec::new(),
-            RouterConfig::default().selection(Selection::PerSpec),
+            RouterConfig::default().selection(BackendSelection::PerSpec),
         ),
         ErrorKind::NotPermitted,
     );
@@ -239,7 +239,7 @@ async fn per_spec_keeps_below_floor_backends_for_disposal_but_never_routes_to_th
     let vm = fake("vm", Isolation::Microvm);
     let router = Router::new(
         backends(&[&low, &vm]),
-        RouterConfig::default().selection(Selection::PerSpec),
+        RouterConfig::default().selection(BackendSelection::PerSpec),
     )
     .unwrap();
     assert!(router.enabled());
@@ -263,7 +263,7 @@ fn debug_names_the_backends_and_candidates() {
     let vm = fake("vm", Isolation::Microvm);
     let router = Router::new(
         backends(&[&low, &vm]),
-        RouterConfig::default().selection(Selection::PerSpec),
+        RouterConfig::default().selection(BackendSelection::PerSpec),
     )
     .unwrap();
     let shown = format!("{router:?}");

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use sandbox_core::testing::FakeBackend;
 use sandbox_core::{
-    DisposalCode, DisposalFailure, DisposeSelector, ErrorKind, FailedCleanup, Isolation,
-    IsolationScope, Router, RouterConfig, SandboxBackend, SandboxError, SandboxKey, SandboxSpec,
-    ScopePurge, Selection, UncleanTarget,
+    BackendSelection, DisposalCode, DisposalFailure, DisposeSelector, ErrorKind, FailedCleanup,
+    Isolation, IsolationScope, Router, RouterConfig, SandboxBackend, SandboxError, SandboxKey,
+    SandboxSpec, ScopePurge, UncleanTarget,
 };
 use tokio::time::Instant;
 
@@ -127,7 +127,10 @@ async fn dropping_a_dispose_never_cancels_it() {
 }
 
 fn per_spec(f: &[Arc<FakeBackend>]) -> Router {
-    router(f, RouterConfig::default().selection(Selection::PerSpec))
+    router(
+        f,
+        RouterConfig::default().selection(BackendSelection::PerSpec),
+    )
 }
 
 #[tokio::test]

@@ -1,10 +1,8 @@
 //! Every reference vector of `tests/data/names.json` (a copy of the shared Python-generated vectors) is
 //! reproduced byte for byte, including the hand-written cases, and none is skipped.
 
-use sandbox_core::naming::{
-    docker_container_name, docker_key_label, label_value, sbx_conversation_prefix,
-    sbx_sandbox_name, NamePrefix,
-};
+use sandbox_core::naming::docker::{docker_container_name, docker_key_label, label_value};
+use sandbox_core::naming::sbx::{sbx_conversation_prefix, sbx_sandbox_name, NamePrefix};
 use sandbox_core::SandboxKey;
 use serde_json::{Map, Value};
 

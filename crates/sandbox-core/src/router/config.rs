@@ -7,7 +7,7 @@ use crate::{Capability, Isolation, IsolationScope};
 
 /// How the router picks a backend for a spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Selection {
+pub enum BackendSelection {
     /// One backend serves every spec: the `selected` one, or the first registered.
     #[default]
     Fixed,
@@ -33,11 +33,11 @@ pub enum FailedCleanup {
 ///
 /// ```
 /// use std::time::Duration;
-/// use sandbox_core::{Capability, Isolation, RouterConfig, Selection};
+/// use sandbox_core::{Capability, Isolation, RouterConfig, BackendSelection};
 ///
 /// let config = RouterConfig::default()
 ///     .min_isolation(Isolation::Container)
-///     .selection(Selection::PerSpec)
+///     .selection(BackendSelection::PerSpec)
 ///     .deny(Capability::FilesDelete)
 ///     .cleanup_timeout(Duration::from_secs(10));
 /// assert_eq!(config.min_isolation, Isolation::Container);
@@ -50,9 +50,9 @@ pub struct RouterConfig {
     pub min_isolation: Isolation,
     /// The host's isolation-scope floor (default `conversation`). A spec may only raise it.
     pub min_isolation_scope: IsolationScope,
-    /// How a backend is picked (default [`Selection::Fixed`]).
-    pub selection: Selection,
-    /// With [`Selection::Fixed`], the backend to use by name; `None` picks the first registered.
+    /// How a backend is picked (default [`BackendSelection::Fixed`]).
+    pub selection: BackendSelection,
+    /// With [`BackendSelection::Fixed`], the backend to use by name; `None` picks the first registered.
     pub selected: Option<String>,
     /// Capabilities no spec may require through this router.
     pub denied_capabilities: BTreeSet<Capability>,
@@ -71,7 +71,7 @@ impl Default for RouterConfig {
         RouterConfig {
             min_isolation: Isolation::Microvm,
             min_isolation_scope: IsolationScope::Conversation,
-            selection: Selection::Fixed,
+            selection: BackendSelection::Fixed,
             selected: None,
             denied_capabilities: BTreeSet::new(),
             cleanup_timeout: DEFAULT_CLEANUP_TIMEOUT,
@@ -97,12 +97,12 @@ impl RouterConfig {
 
     /// Sets the selection mode.
     #[must_use]
-    pub fn selection(mut self, selection: Selection) -> Self {
+    pub fn selection(mut self, selection: BackendSelection) -> Self {
         self.selection = selection;
         self
     }
 
-    /// Names the backend a [`Selection::Fixed`] router uses.
+    /// Names the backend a [`BackendSelection::Fixed`] router uses.
     #[must_use]
     pub fn selected(mut self, backend: impl Into<String>) -> Self {
         self.selected = Some(backend.into());

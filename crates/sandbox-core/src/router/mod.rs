@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-pub use config::{FailedCleanup, RouterConfig, Selection, DEFAULT_CLEANUP_TIMEOUT};
+pub use config::{BackendSelection, FailedCleanup, RouterConfig, DEFAULT_CLEANUP_TIMEOUT};
 pub use disposal::UncleanTarget;
 
 use crate::backend_kit::{LockGuard, LockTable};
@@ -126,9 +126,9 @@ fn secs(bound: Duration) -> String {
 impl Router {
     /// Builds a router, validating the configuration in the contract's order:
     ///
-    /// 1. [`Selection::Fixed`] with no backends gives a router with no candidate
+    /// 1. [`BackendSelection::Fixed`] with no backends gives a router with no candidate
     ///    ([`enabled`](Self::enabled) is false; every acquire is [`SandboxError::NoBackend`]);
-    /// 2. [`Selection::PerSpec`] together with `selected` → [`SandboxError::InvalidArgument`]; so is a zero
+    /// 2. [`BackendSelection::PerSpec`] together with `selected` → [`SandboxError::InvalidArgument`]; so is a zero
     ///    `cleanup_timeout` (refused whatever the backends, even when none is registered);
     /// 3. `Fixed`: a `selected` name no backend has → [`SandboxError::NoBackend`] (the message lists the
     ///    registered names); the named (or first) backend below `min_isolation` →
@@ -142,7 +142,7 @@ impl Router {
         config: RouterConfig,
     ) -> Result<Router, SandboxError> {
         let floor = config.min_isolation;
-        if let (Selection::PerSpec, Some(selected)) = (config.selection, &config.selected) {
+        if let (BackendSelection::PerSpec, Some(selected)) = (config.selection, &config.selected) {
             return Err(SandboxError::invalid(format!(
                 "selection per_spec cannot be combined with a selected backend ({selected:?})"
             )));
@@ -153,8 +153,8 @@ impl Router {
             ));
         }
         let candidates = match config.selection {
-            Selection::Fixed if backends.is_empty() => Vec::new(),
-            Selection::Fixed => {
+            BackendSelection::Fixed if backends.is_empty() => Vec::new(),
+            BackendSelection::Fixed => {
                 let index = match &config.selected {
                     None => 0,
                     Some(name) => {
@@ -179,7 +179,7 @@ impl Router {
                 }
                 vec![index]
             }
-            Selection::PerSpec => {
+            BackendSelection::PerSpec => {
                 let mut candidates = Vec::new();
                 for (index, backend) in backends.iter().enumerate() {
                     if backend.isolation().meets_floor(Some(floor)) {
@@ -245,7 +245,7 @@ impl Router {
     /// limits → TransferLimitsNotPermitted, the egress mode → EgressNotEnforced, the isolation scope
     /// → ScopeNotEnforced. The first refusal wins.
     ///
-    /// With [`Selection::PerSpec`] and no candidate serving, the first candidate's refusal is returned
+    /// With [`BackendSelection::PerSpec`] and no candidate serving, the first candidate's refusal is returned
     /// with its kind; its message names the other candidates and their refusal kinds.
     pub fn ensure_can_serve(&self, spec: &SandboxSpec) -> Result<(), SandboxError> {
         self.inner.route(spec).map(|_| ())

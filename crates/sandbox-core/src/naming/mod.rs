@@ -4,44 +4,17 @@
 //! host and a Python host find and dispose of each other's sandboxes. Every function here must reproduce
 //! the reference vectors exactly; the encodings (length-prefixed parts for docker names, Python's
 //! `json.dumps` for key labels and sbx digests) are fixed by that compatibility, not by taste.
+//!
+//! The two halves are named for whose they are: [`docker`] holds the Docker backend's container
+//! names and labels, [`sbx`] the sbx backend's sandbox names and name prefix. This module holds
+//! what both derive from: [`json_dumps_list`], the byte-exact `json.dumps` both digest.
 
-use std::fmt;
+pub mod docker;
+pub mod sbx;
 
-use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
-use crate::error::SandboxError;
-use crate::key::SandboxKey;
-
-/// Prefix of every docker container name.
-pub const DOCKER_NAME_PREFIX: &str = "maf-sandbox-docker-";
-/// Docker label: [`label_value`] of the key's scope.
-pub const LABEL_SCOPE: &str = "maf-sandbox.scope";
-/// Docker label: [`label_value`] of the key's thread id.
-pub const LABEL_THREAD: &str = "maf-sandbox.thread";
-/// Docker label: [`label_value`] of the key's agent id.
-pub const LABEL_AGENT: &str = "maf-sandbox.agent";
-/// Docker label: [`label_value`] of the sandbox kind.
-pub const LABEL_KIND: &str = "maf-sandbox.kind";
-/// Docker label: [`label_value`] of the call id, present only for a call-scoped key.
-pub const LABEL_CALL: &str = "maf-sandbox.call";
-/// Docker label prefix: `maf-sandbox.label.<k>` carries [`label_value`] of each spec label `k`.
-pub const LABEL_USER_PREFIX: &str = "maf-sandbox.label.";
-/// Docker label: the key label ([`docker_key_label`]).
-pub const LABEL_KEY_V1: &str = "maf-sandbox.key.v1";
-/// Docker label: the raw normalised storage base, never digested.
-pub const LABEL_WORK_DIR_V1: &str = "maf-sandbox.work-dir.v1";
-/// Docker label on an egress proxy container: its role (`proxy`).
-pub const LABEL_ROLE: &str = "maf-sandbox.role";
-/// Docker label on an egress proxy container: the SHA-256 of its policy.
-pub const LABEL_EGRESS_V1: &str = "maf-sandbox.egress.v1";
-
-/// Longest docker label value kept raw.
-const LABEL_RAW_MAX: usize = 63;
-/// Cap on the key label: summed field characters, and the encoded length.
-const KEY_LABEL_CAP: usize = 4096;
-
-fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(bytes);
     let mut out = String::with_capacity(64);
@@ -59,10 +32,10 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// UTF-16 surrogate pair). The output is pure ASCII.
 ///
 /// ```
-/// use sandbox_core::naming::python_json_list;
-/// assert_eq!(python_json_list(&["a\"b", "é😀", "/"]), r#"["a\"b", "\u00e9\ud83d\ude00", "/"]"#);
+/// use sandbox_core::naming::json_dumps_list;
+/// assert_eq!(json_dumps_list(&["a\"b", "é😀", "/"]), r#"["a\"b", "\u00e9\ud83d\ude00", "/"]"#);
 /// ```
-pub fn python_json_list<S: AsRef<str>>(items: &[S]) -> String {
+pub fn json_dumps_list<S: AsRef<str>>(items: &[S]) -> String {
     let mut out = String::from("[");
     for (index, item) in items.iter().enumerate() {
         if index > 0 {
@@ -99,7 +72,7 @@ fn push_python_json_string(out: &mut String, s: &str) {
 
 /// Parses a JSON array of strings (any JSON whitespace, any valid escapes). `None` for anything else,
 /// including a lone surrogate escape, which no Rust string can hold.
-fn parse_json_string_list(text: &str) -> Option<Vec<String>> {
+pub(crate) fn parse_json_string_list(text: &str) -> Option<Vec<String>> {
     let mut chars = text.chars().peekable();
     let skip_ws = |chars: &mut std::iter::Peekable<std::str::Chars<'_>>| {
         while matches!(chars.peek(), Some(' ' | '\t' | '\n' | '\r')) {
@@ -175,243 +148,34 @@ fn parse_json_string_list(text: &str) -> Option<Vec<String>> {
     chars.next().is_none().then_some(items)
 }
 
-/// The docker container name of a sandbox (docs/docker-backend.md#names-and-labels).
-///
-/// SHA-256 over each part as `<UTF-8 byte length in decimal>:<bytes>`, parts = scope, thread id, agent id,
-/// kind, then `egress_id` if non-empty, then `call:<call_id>` if the key names a call; the name is
-/// [`DOCKER_NAME_PREFIX`] + the first 12 hex digits. `egress_id` is `""` for closed egress.
-///
-/// ```
-/// use sandbox_core::naming::docker_container_name;
-/// use sandbox_core::SandboxKey;
-/// let key = SandboxKey::conversation("prod", "thread-1", "agent");
-/// assert_eq!(docker_container_name(&key, "python", ""), "maf-sandbox-docker-aef172d1c789");
-/// ```
-pub fn docker_container_name(key: &SandboxKey, kind: &str, egress_id: &str) -> String {
-    let call_part = format!("call:{}", key.call_id);
-    let mut parts = vec![
-        key.scope.as_str(),
-        key.thread_id.as_str(),
-        key.agent_id.as_str(),
-        kind,
-    ];
-    if !egress_id.is_empty() {
-        parts.push(egress_id);
-    }
-    if key.is_call() {
-        parts.push(&call_part);
-    }
-    let preimage = docker_name_preimage(&parts);
-    format!("{DOCKER_NAME_PREFIX}{}", &sha256_hex(&preimage)[..12])
-}
-
-/// The bytes a docker container name digests: each part as its UTF-8 byte length in ASCII decimal, `:`,
-/// then its bytes, with nothing between parts. The length prefix makes the encoding injective: no two part
-/// lists share a preimage (`["a|b", "c"]` and `["a", "b|c"]` differ), whatever characters the parts hold.
-pub fn docker_name_preimage<S: AsRef<str>>(parts: &[S]) -> Vec<u8> {
-    let mut preimage = Vec::new();
-    for part in parts {
-        let part = part.as_ref();
-        preimage.extend_from_slice(part.len().to_string().as_bytes());
-        preimage.push(b':');
-        preimage.extend_from_slice(part.as_bytes());
-    }
-    preimage
-}
-
-/// Whether a label value has the shape of a digest (`sha256-` + 48 lowercase hex), so its raw field cannot
-/// be read back from it.
-pub fn is_digest_label(value: &str) -> bool {
-    value.strip_prefix("sha256-").is_some_and(|hex| {
-        hex.len() == 48 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-    })
-}
-
-/// The docker label value of a raw field (docs/docker-backend.md#names-and-labels): the raw string when it is 1..=63 characters of
-/// `[A-Za-z0-9._-]` and not digest-shaped, else `sha256-` + the first 48 hex digits of its SHA-256.
-///
-/// Never truncated, so two values sharing a long prefix never share a label. Used identically on write and
-/// on query.
-///
-/// ```
-/// use sandbox_core::naming::label_value;
-/// assert_eq!(label_value("ok.value_1-2"), "ok.value_1-2");
-/// assert_eq!(label_value(""), "sha256-e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934c");
-/// ```
-pub fn label_value(raw: &str) -> String {
-    let raw_is_safe = !raw.is_empty()
-        && raw.len() <= LABEL_RAW_MAX
-        && raw
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        && !is_digest_label(raw);
-    if raw_is_safe {
-        raw.to_owned()
-    } else {
-        format!("sha256-{}", &sha256_hex(raw.as_bytes())[..48])
-    }
-}
-
-/// The docker key label `maf-sandbox.key.v1` (docs/docker-backend.md#names-and-labels): base64url, with `=` padding, of the Python JSON of
-/// `[scope, thread_id, agent_id, call_id]`; `""` when the fields hold more than 4096 characters in all or
-/// the encoding is longer than 4096.
-///
-/// ```
-/// use sandbox_core::naming::docker_key_label;
-/// use sandbox_core::SandboxKey;
-/// let key = SandboxKey::conversation("prod", "thread-1", "agent");
-/// assert_eq!(docker_key_label(&key), "WyJwcm9kIiwgInRocmVhZC0xIiwgImFnZW50IiwgIiJd");
-/// ```
-pub fn docker_key_label(key: &SandboxKey) -> String {
-    let fields = [&key.scope, &key.thread_id, &key.agent_id, &key.call_id];
-    let characters: usize = fields.iter().map(|f| f.chars().count()).sum();
-    if characters > KEY_LABEL_CAP {
-        return String::new();
-    }
-    let encoded = base64::engine::general_purpose::URL_SAFE.encode(python_json_list(&fields));
-    if encoded.len() > KEY_LABEL_CAP {
-        return String::new();
-    }
-    encoded
-}
-
-/// Reads a key back from a docker key label: the inverse of [`docker_key_label`].
-///
-/// `None` when the label is empty (the key was too long to record), not padded base64url, not a JSON list
-/// of exactly four strings, or too long to have been written by [`docker_key_label`].
-pub fn decode_docker_key_label(label: &str) -> Option<SandboxKey> {
-    if label.is_empty() || label.len() > KEY_LABEL_CAP {
-        return None;
-    }
-    let bytes = base64::engine::general_purpose::URL_SAFE
-        .decode(label)
-        .ok()?;
-    let text = String::from_utf8(bytes).ok()?;
-    let [scope, thread_id, agent_id, call_id]: [String; 4] =
-        parse_json_string_list(&text)?.try_into().ok()?;
-    Some(SandboxKey {
-        scope,
-        thread_id,
-        agent_id,
-        call_id,
-    })
-}
-
-/// The sbx digest `d(n, parts)` (docs/sbx-backend.md#naming): the first `n` lowercase hex digits (at most 64) of SHA-256 over
-/// the Python JSON of the parts.
-///
-/// ```
-/// use sandbox_core::naming::sbx_digest;
-/// assert_eq!(sbx_digest(8, &["python"]), "80db6ea4");
-/// ```
-pub fn sbx_digest<S: AsRef<str>>(n: usize, parts: &[S]) -> String {
-    let mut hex = sha256_hex(python_json_list(parts).as_bytes());
-    hex.truncate(n);
-    hex
-}
-
-/// The leading part of every sbx sandbox name: `[a-z0-9]{1,16}`, default `maf`.
-///
-/// Validated once at construction so no name function can be handed an unchecked prefix.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NamePrefix(String);
-
-impl NamePrefix {
-    /// The default prefix, `maf`.
-    pub const DEFAULT: &'static str = "maf";
-
-    /// Checks a prefix: 1 to 16 characters of `[a-z0-9]`, else [`SandboxError::InvalidArgument`].
-    pub fn new(prefix: impl Into<String>) -> Result<Self, SandboxError> {
-        let prefix = prefix.into();
-        let valid = (1..=16).contains(&prefix.len())
-            && prefix
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-        if valid {
-            Ok(NamePrefix(prefix))
-        } else {
-            Err(SandboxError::invalid(format!(
-                "name prefix {prefix:?} must be 1 to 16 characters of a-z and 0-9"
-            )))
-        }
-    }
-
-    /// The prefix.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl Default for NamePrefix {
-    fn default() -> Self {
-        NamePrefix(Self::DEFAULT.to_owned())
-    }
-}
-
-impl fmt::Display for NamePrefix {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// The prefix shared by every sbx sandbox of a conversation: `<prefix>-` + d(12, scope, thread_id) + `-`.
-pub fn sbx_conversation_prefix(prefix: &NamePrefix, key: &SandboxKey) -> String {
-    format!(
-        "{prefix}-{}-",
-        sbx_digest(12, &[&key.scope, &key.thread_id])
-    )
-}
-
-/// The prefix shared by every sbx sandbox of a key: the conversation prefix + d(10, scope, thread_id,
-/// agent_id, call_id) + `-`.
-pub fn sbx_key_prefix(prefix: &NamePrefix, key: &SandboxKey) -> String {
-    let fields = [&key.scope, &key.thread_id, &key.agent_id, &key.call_id];
-    format!(
-        "{}{}-",
-        sbx_conversation_prefix(prefix, key),
-        sbx_digest(10, &fields)
-    )
-}
-
-/// The sbx sandbox name (docs/sbx-backend.md#naming): the key prefix + d(8, kind). At most 49 characters.
-///
-/// ```
-/// use sandbox_core::naming::{sbx_sandbox_name, NamePrefix};
-/// use sandbox_core::SandboxKey;
-/// let key = SandboxKey::conversation("prod", "thread-1", "agent");
-/// assert_eq!(
-///     sbx_sandbox_name(&NamePrefix::default(), &key, "python"),
-///     "maf-f8fb3a606cf7-ee5188b3f1-80db6ea4"
-/// );
-/// ```
-pub fn sbx_sandbox_name(prefix: &NamePrefix, key: &SandboxKey, kind: &str) -> String {
-    format!("{}{}", sbx_key_prefix(prefix, key), sbx_digest(8, &[kind]))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::docker::*;
+    use super::sbx::*;
     use super::*;
     use crate::error::ErrorKind;
+    use crate::key::SandboxKey;
+    use base64::Engine as _;
 
     #[test]
     fn python_json_escapes() {
-        assert_eq!(python_json_list::<&str>(&[]), "[]");
-        assert_eq!(python_json_list(&[""]), r#"[""]"#);
+        assert_eq!(json_dumps_list::<&str>(&[]), "[]");
+        assert_eq!(json_dumps_list(&[""]), r#"[""]"#);
         assert_eq!(
-            python_json_list(&["\u{7f}\u{8}\u{c}\n\r\t\u{0}\u{1f}"]),
+            json_dumps_list(&["\u{7f}\u{8}\u{c}\n\r\t\u{0}\u{1f}"]),
             r#"["\u007f\b\f\n\r\t\u0000\u001f"]"#
         );
         assert_eq!(
-            python_json_list(&["\u{80}\u{9f}\u{2028}"]),
+            json_dumps_list(&["\u{80}\u{9f}\u{2028}"]),
             r#"["\u0080\u009f\u2028"]"#
         );
-        assert_eq!(python_json_list(&["😀"]), r#"["\ud83d\ude00"]"#);
+        assert_eq!(json_dumps_list(&["😀"]), r#"["\ud83d\ude00"]"#);
         assert_eq!(
-            python_json_list(&["\u{FFFF}\u{10FFFF}"]),
+            json_dumps_list(&["\u{FFFF}\u{10FFFF}"]),
             r#"["\uffff\udbff\udfff"]"#
         );
         assert_eq!(
-            python_json_list(&["a/b", "q\"", "\\"]),
+            json_dumps_list(&["a/b", "q\"", "\\"]),
             r#"["a/b", "q\"", "\\"]"#
         );
     }
