@@ -829,7 +829,7 @@ impl BackendState {
         key: &SandboxKey,
         kind: &str,
     ) -> Result<Vec<ContainerRecord>, SandboxError> {
-        let selection = crate::ownership_labels::Selection::of_key(key, Some(kind));
+        let selection = crate::ownership_labels::ContainerSelector::of_key(key, Some(kind));
         let ids: Vec<String> = self
             .listing(&selection)
             .await?

@@ -14,7 +14,7 @@ use futures_util::StreamExt as _;
 use sandbox_core::{DisposalCode, DisposalFailure, SandboxError};
 
 use crate::connection::{quote, ApiFailure};
-use crate::ownership_labels::{ContainerRecord, Selection};
+use crate::ownership_labels::{ContainerRecord, ContainerSelector};
 use crate::state::{bounded_join, BackendState};
 
 /// How many inspects of a listing run at once.
@@ -141,7 +141,7 @@ impl BackendState {
     /// `(id, name)` of every container, running or not, carrying all the selection's labels.
     pub(crate) async fn listing(
         &self,
-        selection: &Selection,
+        selection: &ContainerSelector,
     ) -> Result<Vec<(String, String)>, SandboxError> {
         let filters = HashMap::from([("label".to_owned(), selection.label_filters())]);
         let options = ListContainersOptionsBuilder::new()

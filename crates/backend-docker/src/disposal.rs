@@ -13,7 +13,7 @@ use sandbox_core::{
 
 use crate::containers::Removal;
 use crate::egress_names::{is_proxy_name, proxy_name, volume_name};
-use crate::ownership_labels::{ContainerRecord, Selection};
+use crate::ownership_labels::{ContainerRecord, ContainerSelector};
 use crate::state::{bounded_join, BackendState};
 
 /// How many removals run at once.
@@ -34,10 +34,10 @@ impl BackendState {
         scope: &str,
         thread: Option<&str>,
     ) -> Result<Vec<SandboxSummary>, SandboxError> {
-        let selection = Selection {
+        let selection = ContainerSelector {
             scope: scope.to_owned(),
             thread: thread.map(str::to_owned),
-            ..Selection::default()
+            ..ContainerSelector::default()
         };
         let listed = Self::workloads(self.listing(&selection).await?);
         let ids: Vec<String> = listed.into_iter().map(|(id, _)| id).collect();
@@ -113,7 +113,7 @@ impl BackendState {
     /// What to sweep for a selection: the engine's listings of containers (workloads and
     /// proxies) and egress volumes, or, when the container listing fails, what this process
     /// remembers (reported as `unlisted`).
-    async fn sweep_targets(&self, selection: &Selection) -> (Sweep, Vec<DisposalFailure>) {
+    async fn sweep_targets(&self, selection: &ContainerSelector) -> (Sweep, Vec<DisposalFailure>) {
         let mut sweep = Sweep::default();
         let mut failures = Vec::new();
         match self.listing(selection).await {
@@ -188,7 +188,7 @@ impl BackendState {
                 .dispose_instance(key, selector.kind.as_deref(), instance)
                 .await;
         }
-        let selection = Selection::of_key(key, selector.kind.as_deref());
+        let selection = ContainerSelector::of_key(key, selector.kind.as_deref());
         let (sweep, unlisted) = self.sweep_targets(&selection).await;
         let (_, mut failures) = self.remove_sweep(sweep).await;
         failures.extend(unlisted);
@@ -226,10 +226,10 @@ impl BackendState {
 
     /// `dispose_scope`. Never raises.
     pub(crate) async fn dispose_conversation(&self, scope: &str, thread: &str) -> ScopePurge {
-        let selection = Selection {
+        let selection = ContainerSelector {
             scope: scope.to_owned(),
             thread: Some(thread.to_owned()),
-            ..Selection::default()
+            ..ContainerSelector::default()
         };
         let (sweep, unlisted) = self.sweep_targets(&selection).await;
         let (disposed, mut failures) = self.remove_sweep(sweep).await;

@@ -26,7 +26,7 @@ use crate::containers::{hardened_host_config, Hardening, Lifecycle, Removal, Vol
 use crate::egress_names::{
     proxy_name, volume_name, FORWARDER, LABEL_EGRESS_V1, LABEL_ROLE, PROXY_SOCKET,
 };
-use crate::ownership_labels::{ContainerRecord, Selection};
+use crate::ownership_labels::{ContainerRecord, ContainerSelector};
 use crate::state::BackendState;
 
 /// The contract line a proxy prints on stdout once its socket and forwarder are in place.
@@ -554,7 +554,7 @@ impl BackendState {
     /// The names of the egress volumes carrying all the selection's labels.
     pub(crate) async fn volume_listing(
         &self,
-        selection: &Selection,
+        selection: &ContainerSelector,
     ) -> Result<Vec<String>, SandboxError> {
         let mut filters = selection.label_filters();
         filters.push(format!("{LABEL_ROLE}=egress-volume"));

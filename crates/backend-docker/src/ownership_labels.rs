@@ -40,7 +40,7 @@ pub(crate) fn workload_labels(
 
 /// Which containers a listing selects.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Selection {
+pub(crate) struct ContainerSelector {
     pub(crate) scope: String,
     pub(crate) thread: Option<String>,
     pub(crate) agent: Option<String>,
@@ -48,11 +48,11 @@ pub(crate) struct Selection {
     pub(crate) kind: Option<String>,
 }
 
-impl Selection {
+impl ContainerSelector {
     /// A key's containers: scope, thread, agent, plus the call for a call key (a conversation key
     /// adds none, so it also sweeps that agent's call-scoped leftovers), plus the kind when given.
     pub(crate) fn of_key(key: &SandboxKey, kind: Option<&str>) -> Self {
-        Selection {
+        ContainerSelector {
             scope: key.scope.clone(),
             thread: Some(key.thread_id.clone()),
             agent: Some(key.agent_id.clone()),
@@ -467,15 +467,15 @@ mod tests {
 
     #[test]
     fn filters_use_label_values() {
-        let sel = Selection::of_key(&key().with_call("c"), Some("py thon"));
+        let sel = ContainerSelector::of_key(&key().with_call("c"), Some("py thon"));
         let args = sel.label_filters();
         assert_eq!(args[0], "maf-sandbox.scope=prod");
         assert!(args.contains(&"maf-sandbox.call=c".to_owned()));
         assert!(args.contains(&format!("maf-sandbox.kind={}", label_value("py thon"))));
-        let conversation = Selection::of_key(&key(), None);
+        let conversation = ContainerSelector::of_key(&key(), None);
         assert_eq!(conversation.label_filters().len(), 3);
         assert!(conversation.matches(&key().with_call("x"), "any"));
-        assert!(!Selection::of_key(&key().with_call("x"), None).matches(&key(), "k"));
+        assert!(!ContainerSelector::of_key(&key().with_call("x"), None).matches(&key(), "k"));
     }
 
     #[test]
