@@ -17,7 +17,6 @@ use sandbox_core::{
 };
 use sbx_cli::{CreateRequest, Error as CliError, Instant, LsRow, MemorySize, SbxName};
 
-use crate::backend::SbxHost;
 use crate::disposal::record_key;
 use crate::engine::{classified, exit_code, sbx_name, short_exec, to_sandbox_error};
 use crate::guest_scripts::{
@@ -25,6 +24,7 @@ use crate::guest_scripts::{
     AGENT_SOCKET_EXIT, MOUNT_POINT_CLASH_EXIT, MOUNT_POINT_SCRIPT, NO_AGENT_SCRIPT,
 };
 use crate::handle::{GuestEnd, SbxSandbox};
+use crate::host::SbxHost;
 use crate::host_plane::HostPlane;
 use crate::layout::{self, Record, RECORD_VERSION};
 use sandbox_core::backend_kit::spawn_detached;

@@ -18,9 +18,9 @@ use sandbox_core::{
 };
 use sbx_cli::{Error as CliError, LsRow, Removal};
 
-use crate::backend::SbxHost;
 use crate::engine::{sbx_name, short_exec, to_sandbox_error};
 use crate::guest_scripts::presence_argv;
+use crate::host::SbxHost;
 use crate::layout::{self, Record};
 
 /// The workspace generation a row mounts, when it is exactly one directory directly under

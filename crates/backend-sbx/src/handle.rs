@@ -21,8 +21,8 @@ use sandbox_core::{
 use sbx_cli::{Error as CliError, ExecRequest as CliExec, Instant, SbxName};
 use wrapper_stream::WrapperStreamSink;
 
-use crate::backend::SbxHost;
 use crate::engine::to_sandbox_error;
+use crate::host::SbxHost;
 use crate::host_plane::{placement, HostPlane, Placement};
 
 /// Why an instance is retired after a kill that did not land.

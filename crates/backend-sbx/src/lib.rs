@@ -78,6 +78,7 @@ mod disposal;
 mod engine;
 mod guest_scripts;
 mod handle;
+mod host;
 mod host_plane;
 mod layout;
 
