@@ -3,39 +3,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::faults::Faults;
 use super::lock;
 use super::sandbox::{FakeSandbox, Instance, SpecPins};
 use crate::{
-    BackendDeclarations, Capability, DisposalCode, DisposalFailure, DisposeSelector, Egress,
-    ExecOutput, Isolation, IsolationScope, OsFamily, Sandbox, SandboxBackend, SandboxError,
-    SandboxKey, SandboxSpec, SandboxState, SandboxSummary, ScopePurge, DEFAULT_WORK_DIR,
+    BackendDeclarations, Capability, DisposalFailure, DisposeSelector, Egress, Isolation,
+    IsolationScope, OsFamily, Sandbox, SandboxBackend, SandboxError, SandboxKey, SandboxSpec,
+    SandboxState, SandboxSummary, ScopePurge, DEFAULT_WORK_DIR,
 };
-
-/// Faults and canned behaviour a test can inject into a [`FakeBackend`]. The default injects nothing.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Faults {
-    /// Every acquire fails with [`SandboxError::BackendUnavailable`] carrying this detail.
-    pub acquire_failure: Option<String>,
-    /// Every acquire waits this long before doing anything (tokio time, so paused clocks apply).
-    pub acquire_delay: Option<Duration>,
-    /// Newly created instances get an empty instance id (a contract violation).
-    pub empty_instance_ids: bool,
-    /// Newly created instances report `freshly_created() == false`, as a backend that cannot tell would.
-    pub never_fresh: bool,
-    /// Every `dispose` and `dispose_scope` fails with this code and removes nothing.
-    pub dispose_failure: Option<DisposalCode>,
-    /// Every `dispose` and `dispose_scope` waits this long first.
-    pub dispose_delay: Option<Duration>,
-    /// Every `dispose` and `dispose_scope` never returns.
-    pub dispose_hang: bool,
-    /// Every `exec` returns this output instead of interpreting the command.
-    pub exec_output: Option<ExecOutput>,
-}
 
 /// An in-memory backend with fault injection. See the [module documentation](super).
 #[derive(Debug)]
@@ -47,9 +25,10 @@ pub struct FakeBackend {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Shared {
+struct Shared {
     state: Mutex<BackendState>,
-    pub(super) faults: Mutex<Faults>,
+    /// Shared with every instance, whose `exec` reads the canned output.
+    faults: Arc<Mutex<Faults>>,
     acquire_calls: AtomicUsize,
     dispose_calls: AtomicUsize,
     dispose_scope_calls: AtomicUsize,
@@ -120,7 +99,7 @@ impl FakeBackend {
             DEFAULT_WORK_DIR.to_owned(),
             SpecPins::default_for(DEFAULT_WORK_DIR),
             &self.declarations,
-            Arc::clone(&self.shared),
+            Arc::clone(&self.shared.faults),
         );
         state
             .instances
@@ -250,7 +229,7 @@ impl SandboxBackend for FakeBackend {
             base,
             pins,
             &self.declarations,
-            Arc::clone(&self.shared),
+            Arc::clone(&self.shared.faults),
         ));
         state.instances.insert(slot, Arc::clone(&instance));
         Ok(Arc::new(FakeSandbox::new(instance, !faults.never_fresh)))

@@ -28,19 +28,22 @@
 //! # }
 //! ```
 //!
-//! The fake is in three parts: the backend (instances per key and kind, disposal, fault injection),
-//! the sandbox handle (an in-memory file tree under the contract's path rules) and the little shell
-//! `exec` understands.
+//! The fake is in four parts, each importing only those after it: the backend (instances per key
+//! and kind, disposal), the sandbox handle (an in-memory file tree under the contract's path
+//! rules), the little shell `exec` understands (it reads files through a lookup it is handed), and
+//! the injected faults both the backend and every instance read.
 
 use std::sync::{Mutex, MutexGuard};
 
 mod backend;
+mod faults;
 mod sandbox;
 mod shell;
 #[cfg(test)]
 mod tests;
 
-pub use backend::{FakeBackend, Faults};
+pub use backend::FakeBackend;
+pub use faults::Faults;
 pub use sandbox::FakeSandbox;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -7,7 +7,7 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 
-use super::backend::Shared;
+use super::faults::Faults;
 use super::{lock, shell};
 use crate::guest_path::{self, resolve_wd, Access};
 use crate::{
@@ -84,7 +84,7 @@ pub(super) struct Instance {
     files: Mutex<BTreeMap<String, Node>>,
     lists: bool,
     deletes: bool,
-    backend: Arc<Shared>,
+    faults: Arc<Mutex<Faults>>,
 }
 
 impl Instance {
@@ -93,7 +93,7 @@ impl Instance {
         base: String,
         pins: SpecPins,
         declarations: &BackendDeclarations,
-        backend: Arc<Shared>,
+        faults: Arc<Mutex<Faults>>,
     ) -> Self {
         let mut files = BTreeMap::new();
         let mut prefix = String::new();
@@ -111,7 +111,7 @@ impl Instance {
             files: Mutex::new(files),
             lists: declarations.serves(Capability::FilesList),
             deletes: declarations.serves(Capability::FilesDelete),
-            backend,
+            faults,
         }
     }
 }
@@ -189,7 +189,7 @@ impl Sandbox for FakeSandbox {
         request.validate()?;
         self.live()?;
         let wd = self.wd(request.working_dir())?;
-        let output = if let Some(canned) = lock(&self.instance.backend.faults).exec_output.clone() {
+        let output = if let Some(canned) = lock(&self.instance.faults).exec_output.clone() {
             canned
         } else if !matches!(self.files().get(&wd), Some(Node::Dir)) {
             ExecOutput::workdir_unusable(format!("fake: working directory {wd} does not exist"))
@@ -200,7 +200,13 @@ impl Sandbox for FakeSandbox {
                 .iter()
                 .map(|a| String::from_utf8_lossy(a).into_owned())
                 .collect();
-            let (exit_code, stdout, stderr) = shell::run_line(argv, &wd, &self.files());
+            let (exit_code, stdout, stderr) = {
+                let files = self.files();
+                shell::run_line(argv, &wd, |path| match files.get(path) {
+                    Some(Node::File(bytes)) => Some(bytes.as_slice()),
+                    _ => None,
+                })
+            };
             ExecOutput::exited(stdout, stderr, exit_code)
         };
         let budget = request.output_budget();

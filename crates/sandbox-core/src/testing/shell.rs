@@ -1,17 +1,15 @@
 //! The little shell the fake's `exec` understands: `true`, `false`, `echo`, `pwd`, `cat FILE...`, and
 //! `exit N` in a `sh -c` line. Nothing else runs; an unknown program is exit code 127.
 
-use std::collections::BTreeMap;
-
-use super::sandbox::Node;
 use crate::guest_path;
 
-/// Runs one command line (an argv, or `sh -c LINE` split on whitespace) in `wd` over `files`: the exit
-/// code, stdout and stderr.
-pub(super) fn run_line(
+/// Runs one command line (an argv, or `sh -c LINE` split on whitespace) in `wd`, reading files
+/// through `file` (the bytes of the regular file at a normal-form path, `None` for anything else):
+/// the exit code, stdout and stderr.
+pub(super) fn run_line<'f>(
     argv: Vec<String>,
     wd: &str,
-    files: &BTreeMap<String, Node>,
+    file: impl Fn(&str) -> Option<&'f [u8]>,
 ) -> (i32, Vec<u8>, Vec<u8>) {
     let words: Vec<String> = match argv.as_slice() {
         [sh, c, line] if sh == "sh" && c == "-c" => {
@@ -25,11 +23,15 @@ pub(super) fn run_line(
             Ok(code) => (code, Vec::new(), Vec::new()),
             Err(_) => (2, Vec::new(), b"fake: exit: bad number\n".to_vec()),
         },
-        _ => run(&words, wd, files),
+        _ => run(&words, wd, file),
     }
 }
 
-fn run(words: &[String], wd: &str, files: &BTreeMap<String, Node>) -> (i32, Vec<u8>, Vec<u8>) {
+fn run<'f>(
+    words: &[String],
+    wd: &str,
+    file: impl Fn(&str) -> Option<&'f [u8]>,
+) -> (i32, Vec<u8>, Vec<u8>) {
     let Some((program, args)) = words.split_first() else {
         return (0, Vec::new(), Vec::new());
     };
@@ -42,8 +44,8 @@ fn run(words: &[String], wd: &str, files: &BTreeMap<String, Node>) -> (i32, Vec<
             let mut out = Vec::new();
             for arg in args {
                 let resolved = guest_path::norm(&guest_path::join(wd, arg));
-                match files.get(&resolved) {
-                    Some(Node::File(bytes)) => out.extend_from_slice(bytes),
+                match file(&resolved) {
+                    Some(bytes) => out.extend_from_slice(bytes),
                     _ => {
                         return (
                             1,
