@@ -98,7 +98,7 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         internal_edge_count(&packages)
     );
     let circles = module_circles(&packages)?;
-    report_module_circles(&circles, CIRCLES_TEMPORARILY_ALLOWED)?;
+    report_module_circles(&circles)?;
     // Not a dependency rule, but the same kind of structural check, cheap enough to ride along.
     crate::citations::check(workspace.root())?;
     eprintln!("layering: no comment cites a document outside the repository");
@@ -162,12 +162,6 @@ impl Target {
     }
 }
 
-/// Crates whose module circles are reported but do not fail the check yet: a crate is taken off
-/// as its modules are untangled (a test fails while a crate on it has no circle left), and the
-/// list ends empty. Kept so the check can land before the rewrite it asks for: `sandbox-core`'s
-/// fake backend (`testing::backend`, `::sandbox` and `::shell` name each other).
-const CIRCLES_TEMPORARILY_ALLOWED: &[&str] = &["sandbox-core"];
-
 /// Every member's module circles of three or more, as `(crate, members)`.
 fn module_circles(packages: &[Package]) -> Result<Vec<(String, Vec<String>)>, XtaskError> {
     let mut found = Vec::new();
@@ -185,34 +179,21 @@ fn module_circles(packages: &[Package]) -> Result<Vec<(String, Vec<String>)>, Xt
     Ok(found)
 }
 
-/// Prints every circle; fails on those of crates not on `allowed` (in the check,
-/// [`CIRCLES_TEMPORARILY_ALLOWED`]).
-fn report_module_circles(
-    circles: &[(String, Vec<String>)],
-    allowed: &[&str],
-) -> Result<(), XtaskError> {
+/// Fails on any circle, listing each with its crate and members; says so when there is none.
+fn report_module_circles(circles: &[(String, Vec<String>)]) -> Result<(), XtaskError> {
     let line = |(name, members): &(String, Vec<String>)| {
         format!(
             "`{name}`: modules {} import each other in a circle",
             members.join(", ")
         )
     };
-    let (allowed, failing): (Vec<_>, Vec<_>) = circles
-        .iter()
-        .partition(|(name, _)| allowed.contains(&name.as_str()));
-    for circle in &allowed {
-        eprintln!("layering: allowed for now: {}", line(circle));
-    }
-    if failing.is_empty() {
-        eprintln!(
-            "layering: no module circle of three or more ({} allowed for now)",
-            allowed.len()
-        );
+    if circles.is_empty() {
+        eprintln!("layering: 0 module circles of three or more");
         Ok(())
     } else {
         Err(XtaskError::ModuleCircles {
-            count: failing.len(),
-            listing: failing.into_iter().map(line).collect::<Vec<_>>().join("\n"),
+            count: circles.len(),
+            listing: circles.iter().map(line).collect::<Vec<_>>().join("\n"),
         })
     }
 }
@@ -779,44 +760,36 @@ mod tests {
         }
         assert!(internal_edge_count(&packages) >= 5);
         assert_eq!(violations(&packages), Vec::<String>::new());
-        let circles = module_circles(&packages).unwrap();
-        let failing: Vec<_> = circles
-            .iter()
-            .filter(|(name, _)| !CIRCLES_TEMPORARILY_ALLOWED.contains(&name.as_str()))
-            .collect();
-        assert_eq!(failing, Vec::<&(String, Vec<String>)>::new());
-        // The temporary list shrinks as crates are untangled: a crate on it without a circle
-        // must come off.
-        for name in CIRCLES_TEMPORARILY_ALLOWED {
-            assert!(
-                circles.iter().any(|(circled, _)| circled == name),
-                "{name} has no module circle left: take it off CIRCLES_TEMPORARILY_ALLOWED"
-            );
-        }
+        // No crate is excused: every module circle of three or more fails the check.
+        assert_eq!(
+            module_circles(&packages).unwrap(),
+            Vec::<(String, Vec<String>)>::new()
+        );
     }
 
     #[test]
-    fn a_circle_outside_the_temporary_list_fails_and_one_on_it_does_not() {
+    fn every_circle_fails_and_is_listed_with_its_crate() {
         let circle = |name: &str| {
             (
                 name.to_owned(),
                 vec!["a".to_owned(), "b".into(), "c".into()],
             )
         };
-        let error = report_module_circles(
-            &[circle("conformance"), circle("backend-docker")],
-            &["backend-docker"],
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(error.contains("1 module circle"), "{error}");
-        assert!(
-            error.contains("`conformance`: modules a, b, c import each other"),
-            "{error}"
-        );
-        assert!(!error.contains("backend-docker"), "{error}");
-        assert!(report_module_circles(&[circle("backend-docker")], &["backend-docker"]).is_ok());
-        assert!(report_module_circles(&[], &[]).is_ok());
+        let error = report_module_circles(&[circle("conformance"), circle("backend-docker")])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("2 module circle"), "{error}");
+        for name in ["conformance", "backend-docker"] {
+            assert!(
+                error.contains(&format!("`{name}`: modules a, b, c import each other")),
+                "{error}"
+            );
+        }
+        let one = report_module_circles(&[circle("sandbox-core")])
+            .unwrap_err()
+            .to_string();
+        assert!(one.contains("1 module circle"), "{one}");
+        assert!(report_module_circles(&[]).is_ok());
     }
 
     #[test]
