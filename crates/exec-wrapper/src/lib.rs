@@ -10,7 +10,7 @@
 //!    ([`Error::Nul`]), as is an empty argv ([`Error::EmptyArgv`]), before anything runs.
 //! 2. **Per-call names.** A fresh [`Nonce`] ([`new_nonce`]) names the pid file
 //!    ([`pid_file`]) and cancel file ([`cancel_file`]) of this call only.
-//! 3. **The wrapper** ([`DOCKER_WRAPPER`], run stage only; [`SBX_WRAPPER`], `enter` / `bind` /
+//! 3. **The wrapper** ([`DOCKER_WRAPPER`](scripts::DOCKER_WRAPPER), run stage only; [`SBX_WRAPPER`](scripts::SBX_WRAPPER), `enter` / `bind` /
 //!    `run`) decodes everything (failure: exit 125 with no nonce), enters the working directory
 //!    (failure: the `<nonce>-nocwd` line and the shell's message, exit 125, no nonce), prints the
 //!    nonce line on stderr, and starts the command with `setsid` in a new session. The command's first shell
@@ -21,9 +21,9 @@
 //!    nonce line means the engine, the transport or the wrapper failed, never the command
 //!    ([`WrapperOutcome::NoNonce`]); `<nonce>-nocwd` ([`WrapperOutcome::NoWorkingDirectory`])
 //!    and `<nonce>-unmounted` are outcomes of their own.
-//! 5. **The kill** ([`KILL_SCRIPT`], run by a second, separate exec, [`kill_argv`]) creates the
+//! 5. **The kill** ([`KILL_SCRIPT`](scripts::KILL_SCRIPT), run by a second, separate exec, [`kill_argv`]) creates the
 //!    cancel file, then reads the pid file and sends SIGKILL to the recorded group, then polls
-//!    until no member is left. The exact kills ([`TREE_KILL_SCRIPT`], [`NAMESPACE_KILL_SCRIPT`])
+//!    until no member is left. The exact kills ([`TREE_KILL_SCRIPT`](scripts::TREE_KILL_SCRIPT), [`NAMESPACE_KILL_SCRIPT`](scripts::NAMESPACE_KILL_SCRIPT))
 //!    find the call's init or PID namespace by facts the command cannot forge and kill every
 //!    process in it, falling back to the group kill; [`KillReport`] says which kill landed. [`KillOutcome::from_exit`] reads its status; only `Killed` and
 //!    `NeverStarted` have [`KillOutcome::landed`], anything else means the sandbox is retired.

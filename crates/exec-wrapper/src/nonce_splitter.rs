@@ -66,7 +66,7 @@ pub(crate) enum CallEnd {
 /// The incremental nonce-line reader of one call (docs/wrapper-protocol.md#reading-the-result).
 ///
 /// The first occurrence of the nonce followed by `\n` (the nonce line) or by `-<word>\n` (a marker
-/// line, `word` being 1 to [`MAX_MARKER_WORD`] lowercase letters) decides. A guest can print the
+/// line, `word` being 1 to 32 lowercase letters) decides. A guest can print the
 /// nonce again or forge text after it, which only changes its own result: it cannot write before
 /// the real nonce line.
 #[derive(Debug, Clone)]
