@@ -135,7 +135,7 @@ async fn confinement_passes_a_clean_call_and_fails_each_residue() {
     let report = assert_confinement(&clean, &hooks)
         .await
         .unwrap_or_else(|e| panic!("the standard call leaves nothing behind: {e}"));
-    assert_passed(&report, conformance::CONFINEMENT_PROBES);
+    assert_passed(&report, conformance::suites::CONFINEMENT_PROBES);
 
     let cases: [(&str, &str, &str); 4] = [
         (

@@ -83,7 +83,11 @@ async fn confinement_passes_a_clean_call_and_fails_a_residue_on_the_simulator() 
     let clean = subject("clean").await;
     let report = assert_confinement(&clean, &hooks).await;
     let report = report.unwrap_or_else(|e| panic!("the standard call leaves nothing behind: {e}"));
-    assert_eq!(report.passed(), conformance::CONFINEMENT_PROBES, "{report}");
+    assert_eq!(
+        report.passed(),
+        conformance::suites::CONFINEMENT_PROBES,
+        "{report}"
+    );
 
     let cases: [(&str, &str, &str); 2] = [
         (
@@ -131,5 +135,9 @@ async fn the_exec_suite_passes_on_the_simulator() {
     host.assert_nothing_left().await;
     let report = result.unwrap_or_else(|error| panic!("{error}"));
     println!("sbx-sim: {report}");
-    assert_eq!(report.passed(), conformance::EXEC_PROBES, "{report}");
+    assert_eq!(
+        report.passed(),
+        conformance::suites::EXEC_PROBES,
+        "{report}"
+    );
 }

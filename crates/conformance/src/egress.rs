@@ -73,7 +73,7 @@ fn reached(output: &ExecOutput) -> bool {
 
 /// Asserts egress confinement on a sandbox acquired with `egress = allowlist` naming the allowed host.
 /// Both URLs must answer 2xx when reached; `exec_timeout` must be at least 1 s (the reference value is
-/// [`EGRESS_EXEC_TIMEOUT`](crate::EGRESS_EXEC_TIMEOUT)). Gate `exec`.
+/// [`EGRESS_EXEC_TIMEOUT`](crate::fixtures::EGRESS_EXEC_TIMEOUT)). Gate `exec`.
 pub async fn assert_egress(
     subject: &dyn ConformanceSubject,
     allowed_url: &str,

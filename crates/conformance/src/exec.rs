@@ -45,7 +45,7 @@ const EXEC_PROBE_TABLE: &[&str] = &[
 ];
 
 /// How many bytes of stdin the round-trip probe sends through `cat`: 8 MiB.
-pub const STREAM_STDIN_BYTES: usize = 8 * 1024 * 1024;
+pub(crate) const STREAM_STDIN_BYTES: usize = 8 * 1024 * 1024;
 
 /// The cap of the capped-stream probe: 64 KiB.
 const STREAM_CAP: u64 = 64 * 1024;

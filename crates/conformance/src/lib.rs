@@ -97,36 +97,52 @@ mod storage_base;
 mod subject;
 mod suite_runner;
 
-pub use backend_run::{run_backend_suites, RunOptions, CLEANUP_SUITE};
-pub use call_scope::{assert_call_scope, CALL_SCOPE, CALL_SCOPE_PROBES};
+pub use backend_run::{run_backend_suites, RunOptions};
+pub use call_scope::assert_call_scope;
 pub use child_acquire::{child_acquire_line, parse_child_acquires};
 pub use confinement::{
     assert_call_leaves_nothing, assert_confinement, confinement_call, expect_residue_caught,
-    CallFuture, CONFINEMENT, CONFINEMENT_CALL_SCRIPT, CONFINEMENT_PROBES,
+    CallFuture,
 };
-pub use egress::{assert_egress, assert_egress_methods, EGRESS, EGRESS_METHODS};
+pub use egress::{assert_egress, assert_egress_methods};
 pub use error::ConformanceError;
-pub use exec::{assert_exec, EXEC, EXEC_PROBES};
-pub use files_delete::{
-    assert_files_delete, measure_files_delete, FILES_DELETE, FILES_DELETE_PROBES,
-};
-pub use files_in::{assert_files_in, FILES_IN, FILES_IN_PROBES};
-pub use files_out::{assert_files_out, FILES_OUT, FILES_OUT_PROBES};
+pub use exec::assert_exec;
+pub use files_delete::{assert_files_delete, measure_files_delete};
+pub use files_in::assert_files_in;
+pub use files_out::assert_files_out;
 pub use fingerprint::{docker_container_fingerprint, DockerAnswer, Fingerprint};
 pub use hardening::{
     acquire_retrying_busy, assert_concurrent_acquires_yield_one,
     assert_engine_failure_is_not_an_exit_code, assert_hardening, assert_network_closed_by_content,
-    AcquireOutcome, HardeningHooks, HARDENING, HARDENING_OWN_SANDBOX_PROBES,
-    HARDENING_SHARED_PROBES, HOSTILE_TIMEOUT_CASES,
+    AcquireOutcome, HardeningHooks,
 };
-pub use lifecycle::{
-    assert_fresh_acquire, assert_instance_disposal, instance_is_listed, FRESH_ACQUIRE,
-    INSTANCE_DISPOSAL,
-};
+pub use lifecycle::{assert_fresh_acquire, assert_instance_disposal, instance_is_listed};
 pub use paths::ConformancePaths;
-pub use reach::{assert_reach, REACH, REACH_PROBES};
-pub use reclaim::{assert_reclaim, RECLAIM, RECLAIM_PROBES};
+pub use reach::assert_reach;
+pub use reclaim::assert_reclaim;
 pub use report::{ConformanceReport, ProbeOutcome, ProbeReport};
-pub use storage_base::{assert_storage_base, STORAGE_BASE, STORAGE_BASE_STEPS};
+pub use storage_base::assert_storage_base;
 pub use subject::{ConformanceSubject, PosixGuestSubject};
 pub use suite_runner::{refused_with, Refusal, RefusalMismatch};
+
+/// Each suite's label (the `suite` of its probe reports) and how many probes it reports (its probe
+/// table's length), for a caller that checks a report against the tables; and the tables of cases
+/// a caller replays ([`HOSTILE_TIMEOUT_CASES`](suites::HOSTILE_TIMEOUT_CASES),
+/// [`CONFINEMENT_CALL_SCRIPT`](suites::CONFINEMENT_CALL_SCRIPT)).
+pub mod suites {
+    pub use crate::backend_run::CLEANUP_SUITE;
+    pub use crate::call_scope::{CALL_SCOPE, CALL_SCOPE_PROBES};
+    pub use crate::confinement::{CONFINEMENT, CONFINEMENT_CALL_SCRIPT, CONFINEMENT_PROBES};
+    pub use crate::egress::{EGRESS, EGRESS_METHODS};
+    pub use crate::exec::{EXEC, EXEC_PROBES};
+    pub use crate::files_delete::{FILES_DELETE, FILES_DELETE_PROBES};
+    pub use crate::files_in::{FILES_IN, FILES_IN_PROBES};
+    pub use crate::files_out::{FILES_OUT, FILES_OUT_PROBES};
+    pub use crate::hardening::{
+        HARDENING, HARDENING_OWN_SANDBOX_PROBES, HARDENING_SHARED_PROBES, HOSTILE_TIMEOUT_CASES,
+    };
+    pub use crate::lifecycle::{FRESH_ACQUIRE, INSTANCE_DISPOSAL};
+    pub use crate::reach::{REACH, REACH_PROBES};
+    pub use crate::reclaim::{RECLAIM, RECLAIM_PROBES};
+    pub use crate::storage_base::{STORAGE_BASE, STORAGE_BASE_STEPS};
+}

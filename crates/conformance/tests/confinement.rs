@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use conformance::suites::{CONFINEMENT, CONFINEMENT_CALL_SCRIPT};
 use conformance::{
     assert_confinement, AcquireOutcome, ConformanceError, ConformanceReport, Fingerprint,
-    HardeningHooks, PosixGuestSubject, ProbeOutcome, CONFINEMENT, CONFINEMENT_CALL_SCRIPT,
+    HardeningHooks, PosixGuestSubject, ProbeOutcome,
 };
 use sandbox_core::{
     Capability, ErrorKind, ExecOutput, ExecRequest, GuestCleanup, Sandbox, SandboxError,

@@ -7,11 +7,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use conformance::suites::{FILES_OUT_PROBES, STORAGE_BASE_STEPS};
 use conformance::{
     assert_egress, assert_exec, assert_files_delete, assert_files_out, assert_reach,
     assert_reclaim, assert_storage_base, measure_files_delete, refused_with, ConformanceError,
     ConformanceSubject, PosixGuestSubject, ProbeOutcome, Refusal, RefusalMismatch,
-    FILES_OUT_PROBES, STORAGE_BASE_STEPS,
 };
 use sandbox_core::{Capability, ErrorKind, SandboxError};
 use support::{exited, ScriptedSandbox};
@@ -316,7 +316,7 @@ async fn an_exec_cleanup_allowance_above_thirty_seconds_is_a_harness_error() {
     }
     assert_eq!(
         report.probes().len(),
-        conformance::EXEC_PROBES,
+        conformance::suites::EXEC_PROBES,
         "every EXEC probe ran"
     );
 }
@@ -451,7 +451,7 @@ async fn an_unreadable_group_poll_is_a_harness_error_never_a_pass() {
 
 #[tokio::test]
 async fn a_timeout_probe_fails_on_a_survivor_or_a_retired_sandbox() {
-    use conformance::HOSTILE_TIMEOUT_CASES;
+    use conformance::suites::HOSTILE_TIMEOUT_CASES;
     // Every hostile command times out and is killed; the survivor check finds a process of the
     // double-fork case only; the sibling completes; the nohup case's kill reports Retired.
     let sandbox = ScriptedSandbox::new(

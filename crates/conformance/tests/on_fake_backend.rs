@@ -6,9 +6,10 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use conformance::suites::CLEANUP_SUITE;
 use conformance::{
     assert_fresh_acquire, assert_instance_disposal, instance_is_listed, run_backend_suites,
-    ConformanceError, ProbeOutcome, RunOptions, CLEANUP_SUITE,
+    ConformanceError, ProbeOutcome, RunOptions,
 };
 use sandbox_core::testing::FakeBackend;
 use sandbox_core::{Isolation, SandboxBackend, SandboxKey, SandboxSpec};
@@ -157,14 +158,14 @@ async fn the_whole_run_reaches_every_suite_and_disposes_every_sandbox() {
     // Every suite that ran reported exactly its exported count; one the fake cannot serve (no
     // links, no reclaim) reports the one entry saying why it did not run.
     for (suite, expected) in [
-        ("STORAGE_BASE", 2 * conformance::STORAGE_BASE_STEPS),
-        ("FILES_OUT", conformance::FILES_OUT_PROBES),
-        ("FILES_IN", conformance::FILES_IN_PROBES),
-        ("FILES_DELETE", conformance::FILES_DELETE_PROBES),
-        ("RECLAIM", conformance::RECLAIM_PROBES),
-        ("REACH", conformance::REACH_PROBES),
-        ("EXEC", conformance::EXEC_PROBES),
-        ("CALL_SCOPE", conformance::CALL_SCOPE_PROBES),
+        ("STORAGE_BASE", 2 * conformance::suites::STORAGE_BASE_STEPS),
+        ("FILES_OUT", conformance::suites::FILES_OUT_PROBES),
+        ("FILES_IN", conformance::suites::FILES_IN_PROBES),
+        ("FILES_DELETE", conformance::suites::FILES_DELETE_PROBES),
+        ("RECLAIM", conformance::suites::RECLAIM_PROBES),
+        ("REACH", conformance::suites::REACH_PROBES),
+        ("EXEC", conformance::suites::EXEC_PROBES),
+        ("CALL_SCOPE", conformance::suites::CALL_SCOPE_PROBES),
     ] {
         let entries: Vec<&str> = report
             .probes()
@@ -191,18 +192,18 @@ fn the_expected_count_follows_the_options_and_the_declared_scopes() {
     .expected_probes(declarations);
     assert_eq!(
         reduced,
-        conformance::FILES_OUT_PROBES
-            + conformance::FILES_IN_PROBES
-            + conformance::FILES_DELETE_PROBES
-            + conformance::RECLAIM_PROBES
-            + conformance::EXEC_PROBES
+        conformance::suites::FILES_OUT_PROBES
+            + conformance::suites::FILES_IN_PROBES
+            + conformance::suites::FILES_DELETE_PROBES
+            + conformance::suites::RECLAIM_PROBES
+            + conformance::suites::EXEC_PROBES
     );
     assert_eq!(
         full - reduced,
-        2 * conformance::STORAGE_BASE_STEPS
+        2 * conformance::suites::STORAGE_BASE_STEPS
             + 2
-            + conformance::REACH_PROBES
-            + conformance::CALL_SCOPE_PROBES
+            + conformance::suites::REACH_PROBES
+            + conformance::suites::CALL_SCOPE_PROBES
     );
     let mut conversation_only = declarations.clone();
     conversation_only
@@ -210,6 +211,6 @@ fn the_expected_count_follows_the_options_and_the_declared_scopes() {
         .remove(&sandbox_core::IsolationScope::Call);
     assert_eq!(
         RunOptions::default().expected_probes(&conversation_only),
-        full - conformance::CALL_SCOPE_PROBES
+        full - conformance::suites::CALL_SCOPE_PROBES
     );
 }
