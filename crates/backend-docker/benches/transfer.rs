@@ -11,7 +11,7 @@ mod support;
 
 use std::path::Path;
 
-use backend_docker::TRANSFER_CEILING;
+use backend_docker::defaults::TRANSFER_CEILING;
 use sandbox_core::{Sandbox, SandboxSpec};
 use support::{
     backend, docker, docker_with_stdin, paired, round_robin, Metric, SideBySide, Target,

@@ -143,18 +143,25 @@ mod ownership_labels;
 mod state;
 mod tar_header;
 
-pub use backend::{DockerBackend, TRANSFER_CEILING};
-pub use config::{
-    DockerConfig, EgressProbe, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CPUS, DEFAULT_EGRESS_PROXY_IMAGE,
-    DEFAULT_EXEC_CLEANUP_TIMEOUT, DEFAULT_IMAGE, DEFAULT_MEMORY_BYTES, DEFAULT_OUTBOUND_NETWORK,
-    DEFAULT_PIDS_LIMIT, DEFAULT_PULL_TIMEOUT,
-};
-pub use endpoint::{Endpoint, EndpointSource, TlsFiles, DEFAULT_DOCKER_HOST};
+pub use backend::DockerBackend;
+pub use config::{DockerConfig, EgressProbe};
+pub use endpoint::{Endpoint, EndpointSource, TlsFiles};
 pub use error::DockerError;
 pub use images::{
     mirror_from_apt_sources, ImageOutcome, ImageRecipe, ImageReport, LocalImage, ProgressSink,
-    DEBIAN_SUITE, EGRESS_PROXY_DIR, EGRESS_PROXY_ID, EGRESS_PROXY_IMAGE, EGRESS_PROXY_PATH,
 };
+
+/// What a [`DockerConfig`] holds unless told otherwise, and the transfer ceiling the backend
+/// declares: for a host that shows its defaults (a `--help` text, a default flag value).
+pub mod defaults {
+    pub use crate::backend::TRANSFER_CEILING;
+    pub use crate::config::{
+        DEFAULT_COMMAND_TIMEOUT, DEFAULT_CPUS, DEFAULT_EGRESS_PROXY_IMAGE,
+        DEFAULT_EXEC_CLEANUP_TIMEOUT, DEFAULT_IMAGE, DEFAULT_MEMORY_BYTES,
+        DEFAULT_OUTBOUND_NETWORK, DEFAULT_PIDS_LIMIT, DEFAULT_PULL_TIMEOUT,
+    };
+    pub use crate::endpoint::DEFAULT_DOCKER_HOST;
+}
 
 /// Entry points for the fuzz targets under `fuzz/`: the parsers that read what a guest can
 /// influence. Not a public API; present only with the `fuzzing` feature.

@@ -13,7 +13,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backend_docker::{DockerBackend, DockerConfig, EgressProbe, DEFAULT_EGRESS_PROXY_IMAGE};
+use backend_docker::defaults::DEFAULT_EGRESS_PROXY_IMAGE;
+use backend_docker::{DockerBackend, DockerConfig, EgressProbe};
 use bollard::models::{
     ContainerCreateBody, EndpointSettings, HostConfig, NetworkCreateRequest, NetworkingConfig,
 };

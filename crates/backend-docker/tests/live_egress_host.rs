@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use backend_docker::{DockerBackend, DockerConfig, DEFAULT_EGRESS_PROXY_IMAGE};
+use backend_docker::defaults::DEFAULT_EGRESS_PROXY_IMAGE;
+use backend_docker::{DockerBackend, DockerConfig};
 use bollard::models::NetworkCreateRequest;
 use bollard::Docker;
 use sandbox_core::{

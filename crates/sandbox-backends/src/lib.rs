@@ -45,10 +45,10 @@ pub struct BackendArgs {
     pub allow_simulator: bool,
     /// The image of the docker backend's egress proxy, which allowlist egress needs (build it with
     /// `sandboxctl images build`).
-    #[arg(long, global = true, value_name = "IMAGE", default_value = backend_docker::DEFAULT_EGRESS_PROXY_IMAGE)]
+    #[arg(long, global = true, value_name = "IMAGE", default_value = backend_docker::defaults::DEFAULT_EGRESS_PROXY_IMAGE)]
     pub egress_proxy_image: String,
     /// The docker network the egress proxy's outbound leg joins.
-    #[arg(long, global = true, value_name = "NETWORK", default_value = backend_docker::DEFAULT_OUTBOUND_NETWORK)]
+    #[arg(long, global = true, value_name = "NETWORK", default_value = backend_docker::defaults::DEFAULT_OUTBOUND_NETWORK)]
     pub outbound_network: String,
 }
 

@@ -370,7 +370,7 @@ fn effective_uid_from_status(status: &str) -> Option<u32> {
 const APT_SOURCE_FILES: &str =
     "/etc/apt/sources.list, /etc/apt/sources.list.d/*.list and *.sources";
 
-/// The Debian mirror in the host's apt sources to bootstrap [`DEBIAN_SUITE`] from: the first
+/// The Debian mirror in the host's apt sources to bootstrap the images' suite (`bookworm`) from: the first
 /// `deb … main` source listing that suite, else the first plain Debian archive (a URI ending in
 /// `/debian`), which serves every suite.
 ///

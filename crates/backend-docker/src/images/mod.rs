@@ -42,7 +42,7 @@ use scratch::Scratch;
 pub use debian::mirror_from_apt_sources;
 
 /// The Debian suite every Debian image is bootstrapped from.
-pub const DEBIAN_SUITE: &str = "bookworm";
+pub(crate) const DEBIAN_SUITE: &str = "bookworm";
 
 /// The `PATH` every image declares.
 const IMAGE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -58,18 +58,19 @@ const ROOT_RECIPE_VERSION: u32 = 2;
 const TOOL_OUTPUT_BUDGET: usize = 64 * 1024 * 1024;
 
 /// The egress proxy image's reference (the default `egress_proxy_image`).
-pub const EGRESS_PROXY_IMAGE: &str = "sandbox-egress-proxy:local";
+pub(crate) const EGRESS_PROXY_IMAGE: &str = "sandbox-egress-proxy:local";
 
 /// The uid and gid the egress proxy image runs as.
-pub const EGRESS_PROXY_ID: u32 = 65532;
+pub(crate) const EGRESS_PROXY_ID: u32 = 65532;
 
 /// Where the proxy image keeps its socket and the forwarder: the mount point of the egress
 /// volume, owned by [`EGRESS_PROXY_ID`] with mode 0755, so that a fresh named volume mounted
-/// there starts with that owner and the non-root proxy can create its socket in it.
-pub const EGRESS_PROXY_DIR: &str = "/run/maf-egress";
+/// there starts with that owner and the non-root proxy can create its socket in it. The same
+/// directory the containers mount the volume at.
+pub(crate) const EGRESS_PROXY_DIR: &str = crate::egress_names::EGRESS_MOUNT;
 
 /// Where the binary lives in the proxy image (its entrypoint).
-pub const EGRESS_PROXY_PATH: &str = "/usr/local/bin/egress-proxy";
+pub(crate) const EGRESS_PROXY_PATH: &str = "/usr/local/bin/egress-proxy";
 
 /// The tools the exec wrapper needs, which `sandbox-notools:local` must lack some of.
 const NOTOOLS_REMOVED: [&str; 2] = ["./usr/bin/base64", "./usr/bin/setsid"];
