@@ -5,9 +5,12 @@
 //! in the workspace's own target directory (cargo would serialise them on its lock anyway) and
 //! streams its output; every other lane writes each step's output to `target/ci/<step>.log`
 //! (its tail is printed when the step fails). So the image build (mostly debootstrap, waiting
-//! on the disk and the mirror), the fuzz build (`fuzz/` is a workspace of its own) and the
-//! target checks (their own toolchain root and target directory) run while clippy and the unit
-//! tests compile, and the sbx suite runs while the Docker suite does.
+//! on the disk and the mirror), the fuzz build (`fuzz/` is a workspace of its own), the target
+//! checks (their own toolchain root and target directory) and, on a fresh machine, the
+//! install of cargo-nextest run while clippy compiles; the doctests and the docs (the `docs`
+//! lane, after the unit tests) build while the Docker suite runs, and the sbx suite runs
+//! beside the Docker suite once they are built. Steps of different lanes that build in the
+//! workspace's target directory still take turns on cargo's lock while they compile.
 //!
 //! Adding a suite is one entry: its name, its lane, the xtask or cargo command, and what it
 //! waits for (a live suite waits for `images`). A suite that judges the engine's leftovers by
@@ -95,6 +98,13 @@ pub const STEPS: &[CiStep] = &[
     step("fuzz build", "fuzz", Run::Xtask(&["fuzz", "--build-only"])),
     // Its own toolchain root and target directory, cached per machine.
     step("check targets", "targets", Run::Xtask(&["check-targets"])),
+    // Once per machine, into the tools cache: on a fresh machine it compiles beside clippy
+    // instead of before everything.
+    step(
+        "nextest install",
+        "tools",
+        Run::Xtask(&["tools", "nextest"]),
+    ),
     step(
         "clippy",
         WORKSPACE_LANE,
@@ -112,23 +122,28 @@ pub const STEPS: &[CiStep] = &[
         "nextest",
         WORKSPACE_LANE,
         Run::Cargo(&["nextest", "run", "--workspace"]),
-    ),
+    )
+    .after(&["nextest install"]),
+    step("e2e docker", WORKSPACE_LANE, Run::Xtask(&["e2e", "docker"])).after(&["images"]),
+    // Off the workspace lane, so the Docker suite (the longest step) starts right after the
+    // unit tests: the doc builds wait for its compile on cargo's lock at most, then build
+    // while its tests wait on the engine.
     step(
         "doctests",
-        WORKSPACE_LANE,
+        "docs",
         Run::Cargo(&["test", "--doc", "--workspace"]),
-    ),
+    )
+    .after(&["nextest"]),
     // Every public item documented, every intra-doc link resolving.
     step(
         "docs",
-        WORKSPACE_LANE,
+        "docs",
         Run::Cargo(&["doc", "--workspace", "--no-deps", "--all-features"]),
     )
     .env(&[("RUSTDOCFLAGS", "-D warnings")]),
-    step("e2e docker", WORKSPACE_LANE, Run::Xtask(&["e2e", "docker"])).after(&["images"]),
     // Its leftovers (simulator containers under its own run directory) are disjoint from the
-    // Docker suite's, so it runs beside it; it starts once the workspace lane's compiles are
-    // done, so the two suites' tests do not run under those compiles.
+    // Docker suite's, so it runs beside it; it starts once the doc builds are done, so its
+    // tests do not run under those compiles.
     step("e2e sbx", "sbx", Run::Xtask(&["e2e", "sbx"])).after(&["images", "docs"]),
     // QEMU guests, not engine objects: its leftovers (QEMU processes and VM directories under
     // its own run directory) are disjoint from both Docker suites'.

@@ -3,16 +3,16 @@
 //! `--sanitizer none` because the address sanitizer needs a nightly compiler. The build-only
 //! mode (what `ci` runs) builds the `dev` profile, the fastest to compile; runs use cargo-fuzz's
 //! default optimised profile, where the fuzzer gets far more executions per second. cargo-fuzz
-//! is installed once per machine, into a cache outside the workspace (see [`tools_root`]).
+//! is installed once per machine, into a cache outside the workspace (see [`crate::tools`]).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use clap::Args;
 
 use crate::error::XtaskError;
 use crate::process::{capture_in, cargo, run_in, Workspace};
+use crate::tools::{self, Tool};
 
 /// Arguments of `cargo xtask fuzz`.
 #[derive(Debug, Args)]
@@ -30,7 +30,7 @@ pub struct FuzzArgs {
 /// Builds (and unless `--build-only`, runs) the requested fuzz targets.
 pub fn run(workspace: &Workspace, args: &FuzzArgs) -> Result<(), XtaskError> {
     let dir = fuzz_dir(workspace);
-    ensure_cargo_fuzz(workspace)?;
+    tools::ensure(workspace, &[Tool::Fuzz])?;
     let known = list_targets(&dir)?;
     for name in &args.targets {
         if !known.contains(name) {
@@ -53,7 +53,7 @@ pub fn run(workspace: &Workspace, args: &FuzzArgs) -> Result<(), XtaskError> {
         eprintln!("==> fuzz: {target} for {} s", args.seconds);
         run_in(
             &dir,
-            cargo_with_tools()
+            cargo()
                 .args(["fuzz", "run", "--sanitizer", "none", target, "--"])
                 .arg(format!("-max_total_time={}", args.seconds)),
         )?;
@@ -78,61 +78,11 @@ fn fuzz_dir(workspace: &Workspace) -> PathBuf {
     workspace.root().join("fuzz")
 }
 
-/// Where tools installed once per machine live (`$XTASK_TOOLS_CACHE`, else
-/// `/var/cache/sandboxes-tools`): outside the workspace, so a fresh clone on the same machine
-/// finds them.
-const TOOLS_CACHE_ENV: &str = "XTASK_TOOLS_CACHE";
-const DEFAULT_TOOLS_CACHE: &str = "/var/cache/sandboxes-tools";
-
-fn tools_root() -> PathBuf {
-    std::env::var_os(TOOLS_CACHE_ENV)
-        .filter(|dir| !dir.is_empty())
-        .map_or_else(|| PathBuf::from(DEFAULT_TOOLS_CACHE), PathBuf::from)
-}
-
-/// A `cargo` whose `PATH` starts with the tools cache's `bin`, so `cargo fuzz` finds a
-/// cargo-fuzz installed there.
-fn cargo_with_tools() -> Command {
-    let bin = tools_root().join("bin");
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let joined = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&path)))
-        .unwrap_or(path);
-    let mut command = cargo();
-    command.env("PATH", joined);
-    command
-}
-
-/// Installs cargo-fuzz from crates.io into the tools cache when `cargo fuzz --version` does not
-/// answer (from `PATH` or the cache).
-fn ensure_cargo_fuzz(workspace: &Workspace) -> Result<(), XtaskError> {
-    let present = cargo_with_tools()
-        .args(["fuzz", "--version"])
-        .current_dir(workspace.root())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    if present {
-        return Ok(());
-    }
-    let root = tools_root();
-    eprintln!(
-        "==> fuzz: cargo-fuzz is not installed; installing it into {}",
-        root.display()
-    );
-    workspace.run(
-        cargo()
-            .args(["install", "cargo-fuzz", "--locked", "--root"])
-            .arg(&root),
-    )
-}
-
 /// The targets `cargo fuzz list` names (one per line).
 fn list_targets(dir: &Path) -> Result<Vec<String>, XtaskError> {
     let listing = capture_in(
         dir,
-        cargo_with_tools().args(["fuzz", "list"]),
+        cargo().args(["fuzz", "list"]),
         Duration::from_secs(120),
     )?;
     let targets = parse_target_list(&listing);
@@ -158,7 +108,7 @@ fn parse_target_list(listing: &str) -> Vec<String> {
 /// else one call per target.
 fn build(dir: &Path, selection: Selection<'_>, profile: Profile) -> Result<(), XtaskError> {
     let command = |target: Option<&str>| {
-        let mut command = cargo_with_tools();
+        let mut command = cargo();
         command.args(["fuzz", "build", "--sanitizer", "none"]);
         if profile == Profile::Dev {
             command.arg("--dev");

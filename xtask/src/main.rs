@@ -18,6 +18,8 @@
 //! - `check-targets`: type-checks the crates a Windows or macOS host builds, for those targets,
 //!   with a Debian toolchain in a cached chroot (see `targets.rs`);
 //! - `bench`: runs the benchmarks;
+//! - `tools [nextest|fuzz]`: installs cargo-nextest and cargo-fuzz into the tools cache when
+//!   missing (once per machine; also a `ci` step);
 //! - `layering`: checks which crate depends on which, and that no code comment cites a document
 //!   outside the repository (also a `ci` step);
 //! - `mutants [CRATE…]`: mutation-tests the security crates with cargo-mutants and fails on a
@@ -40,6 +42,7 @@ mod module_circles;
 mod mutants;
 mod process;
 mod targets;
+mod tools;
 mod vm;
 
 use std::process::ExitCode;
@@ -84,6 +87,12 @@ enum Command {
     CheckTargets,
     /// Mutation-tests the security crates; fails on a survivor not on xtask/mutants-allow.txt.
     Mutants(mutants::MutantsArgs),
+    /// Installs the cargo subcommands the checks run into the tools cache when missing.
+    Tools {
+        /// The tools; none means every one.
+        #[arg(value_enum)]
+        tools: Vec<tools::Tool>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -97,6 +106,7 @@ fn main() -> ExitCode {
         Command::Layering => layering::run(&workspace),
         Command::CheckTargets => targets::run(&workspace),
         Command::Mutants(args) => mutants::run(&workspace, &args),
+        Command::Tools { tools } => tools::ensure(&workspace, &tools),
     });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -48,9 +48,20 @@ impl Workspace {
     }
 }
 
-/// A `cargo` command: the cargo that runs this xtask when known, else `cargo` from `PATH`.
+/// A `cargo` command: the cargo that runs this xtask when known, else `cargo` from `PATH`; its
+/// `PATH` starts with the tools cache's `bin` directories, so `cargo nextest` and `cargo fuzz`
+/// find a tool installed there ([`crate::tools`]).
 pub fn cargo() -> Command {
-    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if let Ok(joined) = std::env::join_paths(
+        crate::tools::bin_dirs()
+            .into_iter()
+            .chain(std::env::split_paths(&path)),
+    ) {
+        command.env("PATH", joined);
+    }
+    command
 }
 
 /// The command line as a shell would show it (for banners and errors).
