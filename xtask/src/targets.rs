@@ -285,9 +285,18 @@ fn build_root(runtime: &tokio::runtime::Runtime, partial: &Path) -> Result<(), X
     .chain([partial.as_os_str().to_owned(), OsString::from(&mirror)]);
     stream(runtime, "unshare", bootstrap, BOOTSTRAP_TIMEOUT)?;
 
-    let install = ["apt-get", "install", "-y", "--no-install-recommends"]
-        .into_iter()
-        .chain(TOOLCHAIN_PACKAGES.iter().copied());
+    // dpkg syncs every unpacked file by default; a root that is renamed into place only once
+    // complete (a crash leaves a partial one, removed by the next run) does not need that.
+    let install = [
+        "apt-get",
+        "install",
+        "-y",
+        "--no-install-recommends",
+        "-o",
+        "Dpkg::Options::=--force-unsafe-io",
+    ]
+    .into_iter()
+    .chain(TOOLCHAIN_PACKAGES.iter().copied());
     in_root(
         runtime,
         partial,
