@@ -3,13 +3,16 @@
 //!
 //! - `exec echo hi`: `sandbox.exec(["echo", "hi"])` through the wrapper (`enter`, `bind`, `run`)
 //!   against a bare `sbx-sim exec <name> echo hi`. Target: the median of paired per-round ratios
-//!   at most 1.15.
+//!   at most 1.10.
 //! - host-plane file operations: a 4 KiB `write_file` then `read_file` through the backend
 //!   against the same write and read on a `confined-fs` root opened on the same workspace
-//!   directory. Target: at most 1.1 (the backend adds no round trip to the guest).
+//!   directory. Target: at most 1.05 (the backend adds no round trip to the guest).
 //!
-//! Each line reads `name: backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`; the process
-//! exits non-zero when a target is missed.
+//! Each line reads `name: backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`, and each row
+//! goes to the `cargo xtask bench` report; the process exits non-zero when a target is missed.
+
+#[path = "../../../xtask/bench_row.rs"]
+mod bench_row;
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -27,12 +30,9 @@ const EXEC_ROUNDS: usize = 31;
 const FILE_ROUNDS: usize = 201;
 const FILE_BYTES: usize = 4096;
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
+use bench_row::{median, record_row};
 
-/// Prints the report line; returns whether the target was met.
+/// Prints the report line and records the row; returns whether the target was met.
 fn report(name: &str, backend: &[Duration], raw: &[Duration], target: f64) -> bool {
     let ms = |d: &[Duration]| median(d.iter().map(|d| d.as_secs_f64() * 1e3).collect());
     let ratio = median(
@@ -44,10 +44,18 @@ fn report(name: &str, backend: &[Duration], raw: &[Duration], target: f64) -> bo
     );
     let pass = ratio <= target;
     println!(
-        "{name}: backend {:.3} ms, raw {:.3} ms, ratio {ratio:.2} (target ≤ {target}) {}",
+        "{name}: backend {:.3} ms, raw {:.3} ms, ratio {ratio:.2} (target ≤ {target:.2}) {}",
         ms(backend),
         ms(raw),
         if pass { "PASS" } else { "FAIL" }
+    );
+    record_row(
+        name,
+        ms(backend),
+        ms(raw),
+        ratio,
+        &format!("≤ {target:.2}"),
+        pass,
     );
     pass
 }
@@ -147,12 +155,12 @@ async fn main() {
         }
     }
 
-    let exec_ok = report("sbx exec echo hi", &exec_backend, &exec_raw, 1.15);
+    let exec_ok = report("sbx exec echo hi", &exec_backend, &exec_raw, 1.10);
     let files_ok = report(
         "sbx host-plane write+read 4 KiB",
         &files_backend,
         &files_raw,
-        1.1,
+        1.05,
     );
     let disposal = backend.dispose(&key, DisposeSelector::all()).await;
     assert!(disposal.is_none(), "{disposal:?}");
