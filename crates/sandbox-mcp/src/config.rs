@@ -1,0 +1,97 @@
+//! The server's configuration: the command line, and what the tools read of it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use sandbox_backends::BackendArgs;
+
+/// Serve sandboxes as MCP tools to one agent host (stdio, the default) or to several principals
+/// over Streamable HTTP (`--http`).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "sandbox-mcp", version, about, long_about = None)]
+pub struct Cli {
+    /// The backend and its configuration (shared with sandboxctl).
+    #[command(flatten)]
+    pub backends: BackendArgs,
+    /// Serve Streamable HTTP on this address instead of stdio (`127.0.0.1:PORT`; another
+    /// interface only when named).
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+    /// The bearer tokens of `--http`: one `TOKEN PRINCIPAL` a line (`#` starts a comment).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// A browser origin `--http` accepts (repeatable; `scheme://host:port`). Without one, any
+    /// request that carries an `Origin` header is refused.
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    pub allow_origins: Vec<String>,
+    /// A `Host` header `--http` accepts besides the bound address and `localhost` on its port
+    /// (repeatable).
+    #[arg(long = "allow-host-header", value_name = "HOST")]
+    pub allow_host_headers: Vec<String>,
+    /// The scope of every sandbox key this server makes.
+    #[arg(long, default_value = "mcp")]
+    pub scope: String,
+    /// The agent of every sandbox key over stdio (over HTTP, the principal).
+    #[arg(long, default_value = "agent")]
+    pub agent: String,
+    /// Seconds a sandbox may stay idle before it is disposed of.
+    #[arg(long, value_name = "SECS", default_value_t = 1800)]
+    pub ttl: u64,
+    /// Leave the sandboxes in place when the server ends (`sandboxctl purge` clears them).
+    #[arg(long)]
+    pub keep: bool,
+    /// The image of every sandbox (docker; default: the local default image, built when
+    /// missing). Never chosen by the model.
+    #[arg(long)]
+    pub image: Option<String>,
+    /// A host sandboxes may reach over HTTP(S) (repeatable). Without one, egress is closed. The
+    /// model can narrow this list per sandbox, never widen it.
+    #[arg(long = "allow", value_name = "HOST")]
+    pub allow_hosts: Vec<String>,
+    /// The longest `timeout_s` a call may ask for, and the default.
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    pub max_timeout: u64,
+    /// The most output bytes kept per stream a call may ask for.
+    #[arg(long, value_name = "N", default_value_t = 4 * 1024 * 1024)]
+    pub max_output_bytes: u64,
+    /// The largest file `sandbox_read_file` returns and `sandbox_write_file` accepts.
+    #[arg(long, value_name = "N", default_value_t = 8 * 1024 * 1024)]
+    pub max_file_bytes: u64,
+    /// Where the liveness locks live (default: `$XDG_RUNTIME_DIR/sandbox-mcp`, else a
+    /// per-user directory under the temporary directory).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// The default output kept per stream when a call names none.
+pub const DEFAULT_OUTPUT_BYTES: u64 = 256 * 1024;
+
+/// The default timeout when a call names none.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Cli {
+    /// The idle time to live.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl.max(1))
+    }
+
+    /// The liveness lock directory.
+    pub fn state_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.state_dir {
+            return dir.clone();
+        }
+        match std::env::var_os("XDG_RUNTIME_DIR") {
+            Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("sandbox-mcp"),
+            _ => std::env::temp_dir().join(format!("sandbox-mcp-{}", user_tag())),
+        }
+    }
+}
+
+fn user_tag() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty() && u.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or_else(|| "user".to_owned())
+}

@@ -1,0 +1,296 @@
+//! The handles the model holds: opaque random names bound to the principal that made them.
+//!
+//! A handle is 128 random bits from the operating system's generator, so it cannot be guessed
+//! from another. Every lookup names the principal: a handle made by another principal answers
+//! exactly as one never made ([`Lookup::Unknown`]). A handle idle for longer than the time to
+//! live is taken out by [`HandleTable::take_expired`] and answers [`Lookup::Expired`] to its own
+//! principal afterwards (a bounded memory of expired handles).
+//!
+//! The table does no I/O: the server disposes of what it hands back.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbox_core::{Sandbox, SandboxKey};
+use tokio::time::Instant;
+
+/// Who is calling: the stdio client, or an HTTP principal from the token file.
+pub type Principal = Arc<str>;
+
+/// How many expired handles are remembered, to answer "expired" rather than "unknown".
+const EXPIRED_MEMORY: usize = 4096;
+
+/// One sandbox the server made.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// The principal that made it.
+    pub principal: Principal,
+    /// Its key (scope and agent from the server, thread unique to it).
+    pub key: SandboxKey,
+    /// Its kind.
+    pub kind: String,
+    /// The live sandbox.
+    pub sandbox: Arc<dyn Sandbox>,
+    /// The egress it was created with, for `sandbox_list`.
+    pub egress: Vec<String>,
+    last_used: Instant,
+    in_use: usize,
+}
+
+/// What a lookup found.
+#[derive(Debug)]
+pub enum Lookup {
+    /// The caller's live sandbox.
+    Found(Entry),
+    /// Never made, made by another principal, or disposed of.
+    Unknown,
+    /// The caller's, disposed of after its idle time to live.
+    Expired,
+}
+
+/// The live handles and a bounded memory of expired ones.
+#[derive(Debug)]
+pub struct HandleTable {
+    ttl: Duration,
+    live: HashMap<String, Entry>,
+    expired: HashMap<String, Principal>,
+    expired_order: VecDeque<String>,
+}
+
+/// A fresh handle: `sbx_` and 32 hex digits (128 random bits).
+///
+/// # Panics
+/// When the operating system's random generator fails, which leaves nothing safe to hand out.
+pub fn new_handle() -> String {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).expect("the OS random generator answers");
+    let mut out = String::from("sbx_");
+    for b in bytes {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+impl HandleTable {
+    /// An empty table whose handles expire after `ttl` idle.
+    pub fn new(ttl: Duration) -> Self {
+        HandleTable {
+            ttl,
+            live: HashMap::new(),
+            expired: HashMap::new(),
+            expired_order: VecDeque::new(),
+        }
+    }
+
+    /// The idle time to live.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Binds a new handle to `principal` and returns it.
+    pub fn insert(
+        &mut self,
+        principal: Principal,
+        key: SandboxKey,
+        kind: String,
+        sandbox: Arc<dyn Sandbox>,
+        egress: Vec<String>,
+    ) -> String {
+        let handle = new_handle();
+        self.live.insert(
+            handle.clone(),
+            Entry {
+                principal,
+                key,
+                kind,
+                sandbox,
+                egress,
+                last_used: Instant::now(),
+                in_use: 0,
+            },
+        );
+        handle
+    }
+
+    /// The caller's sandbox behind `handle`, marked in use until [`release`](Self::release) (an
+    /// entry in use never expires).
+    pub fn acquire(&mut self, principal: &str, handle: &str) -> Lookup {
+        match self.live.get_mut(handle) {
+            Some(entry) if &*entry.principal == principal => {
+                entry.in_use += 1;
+                entry.last_used = Instant::now();
+                Lookup::Found(entry.clone())
+            }
+            Some(_) => Lookup::Unknown,
+            None => match self.expired.get(handle) {
+                Some(owner) if &**owner == principal => Lookup::Expired,
+                _ => Lookup::Unknown,
+            },
+        }
+    }
+
+    /// Ends a use begun by [`acquire`](Self::acquire); the idle clock restarts now.
+    pub fn release(&mut self, handle: &str) {
+        if let Some(entry) = self.live.get_mut(handle) {
+            entry.in_use = entry.in_use.saturating_sub(1);
+            entry.last_used = Instant::now();
+        }
+    }
+
+    /// Removes the caller's handle; `None` when it is not the caller's live handle.
+    pub fn remove(&mut self, principal: &str, handle: &str) -> Option<Entry> {
+        match self.live.get(handle) {
+            Some(entry) if &*entry.principal == principal => self.live.remove(handle),
+            _ => None,
+        }
+    }
+
+    /// The caller's live handles with their entries and remaining time to live.
+    pub fn list(&self, principal: &str) -> Vec<(String, Entry, Duration)> {
+        let now = Instant::now();
+        let mut out: Vec<_> = self
+            .live
+            .iter()
+            .filter(|(_, e)| &*e.principal == principal)
+            .map(|(h, e)| (h.clone(), e.clone(), self.remaining(e, now)))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// How long `entry` has left before it expires (the full TTL while it is in use).
+    pub fn remaining(&self, entry: &Entry, now: Instant) -> Duration {
+        if entry.in_use > 0 {
+            return self.ttl;
+        }
+        self.ttl
+            .saturating_sub(now.saturating_duration_since(entry.last_used))
+    }
+
+    /// Takes out every handle idle for the whole TTL; their owners will read "expired".
+    pub fn take_expired(&mut self) -> Vec<Entry> {
+        let now = Instant::now();
+        let gone: Vec<String> = self
+            .live
+            .iter()
+            .filter(|(_, e)| e.in_use == 0 && self.remaining(e, now).is_zero())
+            .map(|(h, _)| h.clone())
+            .collect();
+        gone.into_iter()
+            .filter_map(|h| {
+                let entry = self.live.remove(&h)?;
+                self.remember_expired(h, entry.principal.clone());
+                Some(entry)
+            })
+            .collect()
+    }
+
+    /// Takes out every live handle (the server is ending).
+    pub fn take_all(&mut self) -> Vec<Entry> {
+        self.live.drain().map(|(_, e)| e).collect()
+    }
+
+    /// The soonest instant any live handle may expire.
+    pub fn next_expiry(&self) -> Option<Instant> {
+        let now = Instant::now();
+        self.live
+            .values()
+            .map(|e| now + self.remaining(e, now))
+            .min()
+    }
+
+    fn remember_expired(&mut self, handle: String, principal: Principal) {
+        if self.expired_order.len() >= EXPIRED_MEMORY {
+            if let Some(old) = self.expired_order.pop_front() {
+                self.expired.remove(&old);
+            }
+        }
+        self.expired_order.push_back(handle.clone());
+        self.expired.insert(handle, principal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_core::testing::FakeBackend;
+    use sandbox_core::{Isolation, SandboxBackend, SandboxSpec};
+
+    async fn sandbox() -> Arc<dyn Sandbox> {
+        let backend = FakeBackend::new("fake", Isolation::Container);
+        let key = SandboxKey::conversation("s", "t", "a");
+        let spec = SandboxSpec::builder("k").build().unwrap();
+        backend.acquire(&key, &spec).await.unwrap()
+    }
+
+    fn p(name: &str) -> Principal {
+        Arc::from(name)
+    }
+
+    #[tokio::test]
+    async fn handles_are_random_and_long() {
+        let a = new_handle();
+        let b = new_handle();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 4 + 32);
+        assert!(a[4..].chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[tokio::test]
+    async fn another_principal_reads_a_handle_exactly_as_unknown() {
+        let mut table = HandleTable::new(Duration::from_secs(60));
+        let key = SandboxKey::conversation("s", "t", "a");
+        let h = table.insert(p("alice"), key, "k".into(), sandbox().await, vec![]);
+        assert!(matches!(table.acquire("alice", &h), Lookup::Found(_)));
+        table.release(&h);
+        assert!(matches!(table.acquire("bob", &h), Lookup::Unknown));
+        assert!(matches!(
+            table.acquire("bob", "sbx_nothing"),
+            Lookup::Unknown
+        ));
+        assert!(
+            table.remove("bob", &h).is_none(),
+            "bob cannot dispose of it"
+        );
+        assert!(table.list("bob").is_empty());
+        assert_eq!(table.list("alice").len(), 1);
+        assert!(table.remove("alice", &h).is_some());
+        assert!(matches!(table.acquire("alice", &h), Lookup::Unknown));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_handles_expire_after_the_ttl_and_then_say_so() {
+        let ttl = Duration::from_secs(30 * 60);
+        let mut table = HandleTable::new(ttl);
+        let key = SandboxKey::conversation("s", "t", "a");
+        let h = table.insert(p("alice"), key.clone(), "k".into(), sandbox().await, vec![]);
+        tokio::time::advance(ttl - Duration::from_secs(1)).await;
+        assert!(table.take_expired().is_empty());
+        // A use restarts the idle clock.
+        assert!(matches!(table.acquire("alice", &h), Lookup::Found(_)));
+        table.release(&h);
+        tokio::time::advance(ttl - Duration::from_secs(1)).await;
+        assert!(table.take_expired().is_empty());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let gone = table.take_expired();
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].key, key);
+        assert!(matches!(table.acquire("alice", &h), Lookup::Expired));
+        assert!(matches!(table.acquire("bob", &h), Lookup::Unknown));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handle_in_use_never_expires() {
+        let ttl = Duration::from_secs(10);
+        let mut table = HandleTable::new(ttl);
+        let key = SandboxKey::conversation("s", "t", "a");
+        let h = table.insert(p("alice"), key, "k".into(), sandbox().await, vec![]);
+        assert!(matches!(table.acquire("alice", &h), Lookup::Found(_)));
+        tokio::time::advance(ttl * 5).await;
+        assert!(table.take_expired().is_empty());
+        table.release(&h);
+        tokio::time::advance(ttl).await;
+        assert_eq!(table.take_expired().len(), 1);
+    }
+}

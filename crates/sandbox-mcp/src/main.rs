@@ -1,0 +1,174 @@
+//! The `sandbox-mcp` binary: parses the command line, connects the backend, and serves MCP on
+//! stdio or Streamable HTTP. Stdout belongs to the protocol on stdio: every log goes to stderr.
+
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use rmcp::ServiceExt;
+use sandbox_mcp::http::Tokens;
+use sandbox_mcp::liveness::Liveness;
+use sandbox_mcp::{Cli, SandboxServer, Settings, Shared};
+use tokio_util::sync::CancellationToken;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Ok(level) = std::env::var("SANDBOX_MCP_LOG") {
+        if let Ok(level) = level.parse::<tracing::Level>() {
+            let _ = tracing::subscriber::set_global_default(
+                tracing_subscriber::fmt()
+                    .with_max_level(level)
+                    .with_writer(std::io::stderr)
+                    .finish(),
+            );
+        }
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandbox-mcp: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(run(cli));
+    runtime.shutdown_timeout(std::time::Duration::from_secs(30));
+    code
+}
+
+async fn run(cli: Cli) -> ExitCode {
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        eprintln!("sandbox-mcp: {what}: {e}");
+        ExitCode::FAILURE
+    };
+    let tokens = match (&cli.http, &cli.token_file) {
+        (Some(_), Some(path)) => match Tokens::read(path) {
+            Ok(t) => Some(t),
+            Err(e) => return fail("--token-file", &e),
+        },
+        (Some(_), None) => return fail("--http", &"--token-file is required"),
+        (None, Some(_)) => return fail("--token-file", &"only --http takes tokens"),
+        (None, None) => None,
+    };
+    let backend = match sandbox_backends::connect(&cli.backends, &[]).await {
+        Ok(b) => b,
+        Err(e) => return fail("backend", &e),
+    };
+    let router = match sandbox_backends::gated_router(&cli.backends, backend) {
+        Ok(r) => r,
+        Err(e) => return fail("backend", &e),
+    };
+    let image = match &cli.image {
+        Some(image) => Some(image.clone()),
+        None => match sandbox_backends::ensure_default_image(cli.backends.backend, &[]).await {
+            Ok(image) => image,
+            Err(e) => return fail("image", &e),
+        },
+    };
+    let liveness = match Liveness::start(&cli.state_dir()) {
+        Ok(l) => l,
+        Err(e) => return fail("state", &e),
+    };
+    let shared = Shared::new(router, Settings::from_cli(&cli, image), liveness, cli.ttl());
+    match shared.sweep_orphans().await {
+        Ok(0) => {}
+        Ok(n) => eprintln!("sandbox-mcp: disposed of the sandboxes of {n} ended server(s)"),
+        Err(e) => eprintln!("sandbox-mcp: could not look for ended servers' sandboxes: {e}"),
+    }
+    let stop = CancellationToken::new();
+    let expiry = tokio::spawn(expire_loop(shared.clone(), stop.clone(), cli.ttl()));
+    let code = match (cli.http, tokens) {
+        (Some(addr), Some(tokens)) => {
+            let listener = match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => l,
+                Err(e) => return fail("--http", &e),
+            };
+            if let Ok(bound) = listener.local_addr() {
+                eprintln!("sandbox-mcp: serving http://{bound}/mcp");
+            }
+            let served = sandbox_mcp::http::serve(
+                shared.clone(),
+                tokens,
+                listener,
+                cli.allow_origins.clone(),
+                cli.allow_host_headers.clone(),
+                stop.clone(),
+            );
+            tokio::select! {
+                r = served => match r { Ok(()) => ExitCode::SUCCESS, Err(e) => fail("--http", &e) },
+                () = terminated() => ExitCode::SUCCESS,
+            }
+        }
+        _ => {
+            let service = match SandboxServer::new(shared.clone())
+                .serve(rmcp::transport::stdio())
+                .await
+            {
+                Ok(s) => s,
+                Err(e) => return fail("stdio", &e),
+            };
+            tokio::select! {
+                _ = service.waiting() => ExitCode::SUCCESS,
+                () = terminated() => ExitCode::SUCCESS,
+            }
+        }
+    };
+    stop.cancel();
+    let _ = expiry.await;
+    if !cli.keep {
+        shared.dispose_all().await;
+    }
+    code
+}
+
+/// Disposes of idle sandboxes as they expire, until `stop`.
+async fn expire_loop(shared: Arc<Shared>, stop: CancellationToken, ttl: std::time::Duration) {
+    loop {
+        let next = shared
+            .expire()
+            .await
+            .unwrap_or_else(|| tokio::time::Instant::now() + ttl);
+        // A handle made after this computed `next` expires no sooner than one TTL from now.
+        tokio::select! {
+            () = tokio::time::sleep_until(next.min(tokio::time::Instant::now() + ttl)) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+/// SIGINT, SIGTERM or SIGHUP.
+async fn terminated() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut streams: Vec<_> = [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+    ]
+    .into_iter()
+    .filter_map(|k| signal(k).ok())
+    .collect();
+    if streams.is_empty() {
+        return std::future::pending().await;
+    }
+    let waits = streams
+        .iter_mut()
+        .map(|s| Box::pin(async move { s.recv().await }));
+    futures_select_all(waits).await;
+}
+
+async fn futures_select_all<F: std::future::Future + Unpin>(futures: impl Iterator<Item = F>) {
+    let mut futures: Vec<F> = futures.collect();
+    std::future::poll_fn(|cx| {
+        for f in &mut futures {
+            if std::pin::Pin::new(f).poll(cx).is_ready() {
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await;
+}

@@ -1,0 +1,152 @@
+"""Fixtures of the sandbox-mcp end-to-end suite: the real server binary, over stdio and over
+Streamable HTTP, on the backend named by SANDBOX_MCP_BACKEND (docker or sbx), driven by the
+official `mcp` client package.
+
+Every variable the suite needs is required: a missing one fails the run, never skips a test.
+"""
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+
+def need(name):
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(f"{name} is required (cargo xtask e2e mcp sets it)")
+    return value
+
+
+BIN = need("SANDBOX_MCP_BIN")
+SANDBOXCTL = need("SANDBOXCTL_BIN")
+BACKEND = need("SANDBOX_MCP_BACKEND")
+SCOPE = f"mcp-e2e-{secrets.token_hex(4)}"
+TOKEN_A = secrets.token_hex(24)
+TOKEN_B = secrets.token_hex(24)
+
+
+def backend_args():
+    if BACKEND == "docker":
+        return ["--backend", "docker", "--min-isolation", "container"]
+    if BACKEND == "sbx":
+        return [
+            "--backend", "sbx", "--sbx-path", need("SBX_PATH"),
+            "--allow-simulator", "--min-isolation", "container",
+        ]
+    raise RuntimeError(f"SANDBOX_MCP_BACKEND={BACKEND!r}: docker or sbx")
+
+
+RUN_DIR = Path(tempfile.mkdtemp(prefix="mcp-e2e-", dir=os.environ.get("TMPDIR")))
+
+
+def server_env():
+    env = dict(os.environ)
+    # sbx-sim keeps its records under the state home: one per run, judged afterwards.
+    env["XDG_STATE_HOME"] = str(RUN_DIR / "state")
+    env["HOME"] = str(RUN_DIR / "home")
+    (RUN_DIR / "home").mkdir(exist_ok=True)
+    return env
+
+
+def server_args(extra=()):
+    return [
+        *backend_args(), "--scope", SCOPE, "--state-dir", str(RUN_DIR / "locks"),
+        "--max-timeout", "30", *extra,
+    ]
+
+
+def engine_sandboxes():
+    """Every sandbox of the suite's scope the engine still has, as sandboxctl lists them."""
+    out = subprocess.run(
+        [SANDBOXCTL, *backend_args(), "--json", "list", "--scope", SCOPE],
+        capture_output=True, text=True, timeout=120, env=server_env(),
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["sandboxes"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HttpServer:
+    def __init__(self):
+        self.port = free_port()
+        tokens = RUN_DIR / "tokens"
+        tokens.write_text(f"# test principals\n{TOKEN_A} alice\n{TOKEN_B} bob\n")
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.proc = subprocess.Popen(
+            [BIN, *server_args(["--http", f"127.0.0.1:{self.port}", "--token-file", str(tokens)])],
+            env=server_env(), stdin=subprocess.DEVNULL, stderr=sys.stderr,
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "the HTTP server exited at start"
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("the HTTP server did not listen within 120 s")
+
+    def stop(self):
+        self.proc.terminate()
+        assert self.proc.wait(timeout=120) == 0
+
+
+@pytest.fixture(scope="session")
+def http_server():
+    server = HttpServer()
+    yield server
+    server.stop()
+    assert engine_sandboxes() == [], "the HTTP server left sandboxes at its end"
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(params=["stdio", "http"])
+def transport(request):
+    return request.param
+
+
+@asynccontextmanager
+async def connect(transport, http_server=None, token=TOKEN_A, mode="auto", extra=()):
+    """A connected client: a fresh stdio server process, or the shared HTTP server."""
+    if transport == "stdio":
+        params = StdioServerParameters(command=BIN, args=server_args(extra), env=server_env())
+        async with Client(params, mode=mode, read_timeout_seconds=120) as client:
+            yield client
+    else:
+        headers = {"Authorization": f"Bearer {token}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=120) as http:
+            async with Client(
+                streamable_http_client(http_server.url, http_client=http),
+                mode=mode, read_timeout_seconds=120,
+            ) as client:
+                yield client
+
+
+@pytest.fixture
+def open_client(transport, request):
+    def factory(**kwargs):
+        server = request.getfixturevalue("http_server") if transport == "http" else None
+        return connect(transport, server, **kwargs)
+    return factory

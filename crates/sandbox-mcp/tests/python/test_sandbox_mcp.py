@@ -1,0 +1,315 @@
+"""The sandbox-mcp server end to end, through the official `mcp` client: every tool, progress,
+cancellation, lifetime, HTTP authentication and egress, on one backend (SANDBOX_MCP_BACKEND),
+over stdio and Streamable HTTP."""
+
+import asyncio
+import base64
+import time
+
+import httpx2
+import pytest
+
+from conftest import BACKEND, TOKEN_A, TOKEN_B, connect, engine_sandboxes
+
+pytestmark = pytest.mark.anyio
+
+TOOLS = {
+    "sandbox_create", "sandbox_exec", "sandbox_read_file", "sandbox_write_file",
+    "sandbox_list_files", "sandbox_delete", "sandbox_list", "sandbox_dispose",
+}
+
+
+async def call(client, name, args=None, **kwargs):
+    result = await client.call_tool(name, args or {}, **kwargs)
+    return result
+
+
+async def ok(client, name, args=None, **kwargs):
+    result = await call(client, name, args, **kwargs)
+    assert not result.is_error, result
+    assert result.structured_content is not None, result
+    assert result.content and result.content[0].text, "a text copy for text-only clients"
+    return result.structured_content
+
+
+async def failed(client, name, args, kind):
+    result = await call(client, name, args)
+    assert result.is_error, result
+    error = result.structured_content["error"]
+    assert set(error) == {"kind", "message", "retryable"}, error
+    assert error["kind"] == kind, error
+    return error
+
+
+async def create(client, **args):
+    made = await ok(client, "sandbox_create", args)
+    assert made["sandbox"].startswith("sbx_") and len(made["sandbox"]) == 36
+    return made["sandbox"]
+
+
+async def sh(client, box, line, **extra):
+    return await ok(client, "sandbox_exec", {"sandbox": box, "command": line, **extra})
+
+
+async def test_handshake_current_and_legacy(open_client):
+    versions = set()
+    for mode in ("auto", "legacy"):
+        async with open_client(mode=mode) as client:
+            versions.add(client.protocol_version)
+            tools = await client.list_tools()
+            assert {t.name for t in tools.tools} == TOOLS
+    assert len(versions) == 2, f"current and legacy negotiate different versions: {versions}"
+
+
+async def test_tools_have_schemas_and_annotations(open_client):
+    async with open_client() as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert set(tools) == TOOLS
+    for tool in tools.values():
+        assert tool.input_schema["type"] == "object", tool.name
+        assert tool.output_schema and tool.output_schema["type"] == "object", tool.name
+        assert tool.annotations is not None, tool.name
+    exec_props = tools["sandbox_exec"].input_schema["properties"]
+    assert {"sandbox", "command", "argv", "workdir", "env", "stdin", "timeout_s", "max_output_bytes"} <= set(exec_props)
+    out = tools["sandbox_exec"].output_schema["properties"]
+    assert {"exit_code", "timed_out", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "duration_ms"} <= set(out)
+    for name in ("sandbox_read_file", "sandbox_list_files", "sandbox_list"):
+        assert tools[name].annotations.read_only_hint is True, name
+    for name in ("sandbox_delete", "sandbox_dispose"):
+        assert tools[name].annotations.destructive_hint is True, name
+    # The server is configured with closed egress: exec reaches no outside world.
+    assert tools["sandbox_exec"].annotations.open_world_hint is False
+    assert set(tools["sandbox_read_file"].output_schema["properties"]) >= {"content", "encoding", "size", "truncated"}
+    assert set(tools["sandbox_create"].output_schema["properties"]) >= {"sandbox", "isolation", "egress", "expires_in_s"}
+
+
+async def test_exec_results(open_client):
+    async with open_client() as client:
+        box = await create(client)
+        hi = await sh(client, box, "echo hi")
+        assert hi["exit_code"] == 0 and hi["stdout"] == "hi\n" and hi["timed_out"] is False
+        assert hi["stdout_truncated"] is False and hi["duration_ms"] >= 0
+        three = await sh(client, box, "echo out; echo err >&2; exit 3")
+        assert three["exit_code"] == 3, "a non-zero exit is a result"
+        assert three["stdout"] == "out\n" and three["stderr"] == "err\n"
+        argv = await ok(client, "sandbox_exec", {"sandbox": box, "argv": ["printf", "%s|", "a b", "$HOME"]})
+        assert argv["stdout"] == "a b|$HOME|"
+        fed = await sh(client, box, "tr a-z A-Z", stdin="shout\n")
+        assert fed["stdout"] == "SHOUT\n"
+        env = await sh(client, box, 'printf %s "$GREETING"', env={"GREETING": "hello there"})
+        assert env["stdout"] == "hello there"
+        await failed(client, "sandbox_exec", {"sandbox": box, "command": "true", "env": {"AWS_SECRET_ACCESS_KEY": "x"}}, "invalid_argument")
+        await failed(client, "sandbox_exec", {"sandbox": box}, "invalid_argument")
+        await failed(client, "sandbox_exec", {"sandbox": box, "command": "true", "argv": ["true"]}, "invalid_argument")
+
+
+async def test_timeout_kills_and_is_flagged(open_client):
+    async with open_client() as client:
+        box = await create(client)
+        started = time.monotonic()
+        out = await sh(client, box, "echo started; sleep 20", timeout_s=1)
+        assert out["timed_out"] is True and out["exit_code"] is None
+        assert out["stdout"] == "started\n"
+        assert time.monotonic() - started < 15
+        assert (await sh(client, box, "echo still serving"))["stdout"] == "still serving\n"
+
+
+async def test_ten_megabytes_are_truncated_head_and_tail(open_client):
+    async with open_client() as client:
+        box = await create(client)
+        out = await sh(
+            client, box,
+            "echo FIRST; head -c 10000000 /dev/zero | tr '\\0' x; echo; echo LAST",
+            max_output_bytes=65536,
+        )
+        assert out["exit_code"] == 0
+        assert out["stdout_truncated"] is True and out["stderr_truncated"] is False
+        assert out["stdout"].startswith("FIRST\n") and out["stdout"].endswith("LAST\n")
+        assert len(out["stdout"]) < 65536 + 200
+        assert "bytes omitted" in out["stdout"]
+
+
+async def test_files_round_trip_list_and_delete(open_client):
+    async with open_client() as client:
+        box = await create(client)
+        text = "grüße, 世界 🌍\nline two\n"
+        wrote = await ok(client, "sandbox_write_file", {"sandbox": box, "path": "dir/hello.txt", "content": text})
+        assert wrote["size"] == len(text.encode())
+        back = await ok(client, "sandbox_read_file", {"sandbox": box, "path": "dir/hello.txt"})
+        assert back == {"content": text, "encoding": "utf8", "size": len(text.encode()), "truncated": False}
+        every = bytes(range(256))
+        await ok(client, "sandbox_write_file", {"sandbox": box, "path": "dir/bytes.bin", "content": base64.b64encode(every).decode(), "encoding": "base64"})
+        raw = await ok(client, "sandbox_read_file", {"sandbox": box, "path": "dir/bytes.bin"})
+        assert raw["encoding"] == "base64" and base64.b64decode(raw["content"]) == every and raw["size"] == 256
+        head = await ok(client, "sandbox_read_file", {"sandbox": box, "path": "dir/bytes.bin", "max_bytes": 10})
+        assert head["truncated"] is True and head["size"] == 256
+        assert base64.b64decode(head["content"]) == every[:10] if head["encoding"] == "base64" else head["content"].encode() == every[:10]
+        listed = await ok(client, "sandbox_list_files", {"sandbox": box, "path": "dir"})
+        names = {e["path"].rsplit("/", 1)[-1]: e for e in listed["entries"]}
+        assert set(names) == {"hello.txt", "bytes.bin"}, listed
+        assert names["bytes.bin"]["kind"] == "file" and names["bytes.bin"]["size"] == 256
+        await ok(client, "sandbox_delete", {"sandbox": box, "path": "dir/hello.txt"})
+        listed = await ok(client, "sandbox_list_files", {"sandbox": box, "path": "dir"})
+        assert [e["path"].rsplit("/", 1)[-1] for e in listed["entries"]] == ["bytes.bin"]
+        await failed(client, "sandbox_read_file", {"sandbox": box, "path": "dir/hello.txt"}, "not_found")
+        await failed(client, "sandbox_read_file", {"sandbox": box, "path": "never/was.txt"}, "not_found")
+        await failed(client, "sandbox_read_file", {"sandbox": box, "path": "../../etc/passwd"}, "confinement")
+        await ok(client, "sandbox_delete", {"sandbox": box, "path": "dir", "recursive": True})
+        await failed(client, "sandbox_list_files", {"sandbox": box, "path": "dir"}, "not_found")
+
+
+async def test_files_persist_in_one_sandbox_and_not_across(open_client):
+    async with open_client() as client:
+        a, b = await create(client), await create(client)
+        assert a != b
+        await ok(client, "sandbox_write_file", {"sandbox": a, "path": "note.txt", "content": "mine"})
+        assert (await sh(client, a, "cat note.txt"))["stdout"] == "mine"
+        assert (await ok(client, "sandbox_read_file", {"sandbox": a, "path": "note.txt"}))["content"] == "mine"
+        await failed(client, "sandbox_read_file", {"sandbox": b, "path": "note.txt"}, "not_found")
+        assert (await sh(client, b, "test -e note.txt"))["exit_code"] == 1
+        listed = {s["sandbox"] for s in (await ok(client, "sandbox_list"))["sandboxes"]}
+        assert {a, b} <= listed
+
+
+async def test_bad_arguments_and_unknown_tool_are_protocol_errors(open_client):
+    async with open_client() as client:
+        for name, args in [
+            ("sandbox_exec", {"sandbox": 7, "command": "true"}),
+            ("sandbox_exec", {"command": "true"}),
+            ("sandbox_exec", {"sandbox": "x", "command": "true", "bogus": 1}),
+            ("sandbox_no_such_tool", {}),
+        ]:
+            try:
+                result = await client.call_tool(name, args)
+            except Exception as error:  # the SDK raises the protocol error
+                assert "sandbox_" in str(error) or "param" in str(error).lower() or "tool" in str(error).lower(), error
+                continue
+            # A client that folds a protocol error into a result still marks it as an error
+            # without the server's structured error (that shape is for tool failures only).
+            assert result.is_error and not (result.structured_content or {}).get("error"), (name, result)
+
+
+async def test_disposed_and_unknown_handles(open_client):
+    async with open_client() as client:
+        box = await create(client)
+        assert (await ok(client, "sandbox_dispose", {"sandbox": box}))["disposed"] is True
+        assert (await ok(client, "sandbox_dispose", {"sandbox": box}))["disposed"] is False
+        gone = await failed(client, "sandbox_exec", {"sandbox": box, "command": "true"}, "unknown_sandbox")
+        never = await failed(client, "sandbox_exec", {"sandbox": "sbx_" + "0" * 32, "command": "true"}, "unknown_sandbox")
+        assert gone == never
+        assert box not in {s["sandbox"] for s in (await ok(client, "sandbox_list"))["sandboxes"]}
+
+
+async def test_progress_notifications_increase(open_client):
+    seen = []
+
+    async def on_progress(progress, total, message):
+        seen.append((progress, message))
+
+    async with open_client() as client:
+        box = await create(client)
+        out = await ok(
+            client, "sandbox_exec",
+            {"sandbox": box, "command": "for i in 1 2 3 4; do echo line$i; sleep 1; done"},
+            progress_callback=on_progress,
+        )
+    assert out["exit_code"] == 0
+    assert len(seen) >= 2, seen
+    values = [p for p, _ in seen]
+    assert values == sorted(set(values)), f"strictly increasing: {values}"
+    assert any(m and m.startswith("line") for _, m in seen), seen
+
+
+async def test_cancel_kills_every_process_and_the_sandbox_serves_on(open_client):
+    async with open_client() as client:
+        box = await create(client)
+        probe = await sh(client, box, "touch /done-probe && rm /done-probe && echo root-writable || echo not")
+        target = "/done" if probe["stdout"] == "root-writable\n" else "done"
+        assert (await sh(client, box, f"test -e {target}"))["exit_code"] == 1
+        with pytest.raises(Exception):
+            await client.call_tool(
+                "sandbox_exec", {"sandbox": box, "command": f"sleep 5 && touch {target}"},
+                read_timeout_seconds=1,
+            )
+        await asyncio.sleep(6)
+        assert (await sh(client, box, f"test -e {target}"))["exit_code"] == 1, "the cancelled command ran on"
+        procs = await sh(client, box, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done")
+        assert "sleep 5" not in procs["stdout"], procs["stdout"]
+        # A control: the same command uncancelled does create the file.
+        await sh(client, box, f"sleep 1 && touch {target}")
+        assert (await sh(client, box, f"test -e {target}"))["exit_code"] == 0
+
+
+async def test_parallel_calls(open_client):
+    async with open_client() as client:
+        box = await create(client)
+        started = time.monotonic()
+        outs = await asyncio.gather(*(sh(client, box, f"sleep 2; echo {i}") for i in range(4)))
+        assert [o["stdout"] for o in outs] == [f"{i}\n" for i in range(4)]
+        assert time.monotonic() - started < 7, "the calls ran one after another"
+
+
+async def test_egress_cannot_be_widened(open_client):
+    async with open_client() as client:
+        err = await failed(client, "sandbox_create", {"allow_hosts": ["example.com"]}, "not_permitted")
+        assert "narrow" in err["message"]
+        made = await ok(client, "sandbox_create", {"allow_hosts": []})
+        assert made["egress"] == {"mode": "closed", "allow_hosts": []}
+
+
+async def test_stdio_disconnect_disposes_everything():
+    # Over HTTP, the server's end is checked by its fixture.
+    before = {s["instance_id"] for s in engine_sandboxes()}
+    async with connect("stdio") as client:
+        await create(client)
+        await create(client, kind="second")
+        during = {s["instance_id"] for s in engine_sandboxes()}
+        mine = during - before
+        assert len(mine) == 2, (before, during)
+    after = {s["instance_id"] for s in engine_sandboxes()}
+    assert not (mine & after), f"left on the engine: {mine & after}"
+
+
+async def test_idle_sandboxes_expire():
+    # One TTL per server: a stdio server of its own is started with a short one.
+    async with connect("stdio", extra=["--ttl", "2"]) as client:
+        box = await create(client)
+        mine = {s["instance_id"] for s in engine_sandboxes()}
+        await asyncio.sleep(5)
+        err = await failed(client, "sandbox_exec", {"sandbox": box, "command": "true"}, "expired_sandbox")
+        assert "create a new sandbox" in err["message"]
+        left = {s["instance_id"] for s in engine_sandboxes()}
+        assert box not in {s["sandbox"] for s in (await ok(client, "sandbox_list"))["sandboxes"]}
+        assert len(mine - left) >= 1, "the expired sandbox is gone from the engine"
+
+
+async def test_http_refuses_bad_host_origin_and_missing_token(http_server):
+    server = http_server
+    body = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    base = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    async with httpx2.AsyncClient(timeout=30) as http:
+        r = await http.post(server.url, json=body, headers=base)
+        assert r.status_code == 401
+        r = await http.post(server.url, json=body, headers={**base, "Authorization": "Bearer " + "f" * 48})
+        assert r.status_code == 401
+        auth = {**base, "Authorization": f"Bearer {TOKEN_A}"}
+        r = await http.post(server.url, json=body, headers={**auth, "Host": "evil.example:80"})
+        assert r.status_code in (400, 403, 421), r.status_code
+        r = await http.post(server.url, json=body, headers={**auth, "Origin": "http://evil.example"})
+        assert r.status_code == 403, r.status_code
+
+
+async def test_http_principal_b_cannot_use_a_handle(http_server):
+    server = http_server
+    async with connect("http", server, token=TOKEN_A) as alice:
+        box = await create(alice)
+        await ok(alice, "sandbox_write_file", {"sandbox": box, "path": "secret.txt", "content": "alice's"})
+        async with connect("http", server, token=TOKEN_B) as bob:
+            unknown = await failed(bob, "sandbox_read_file", {"sandbox": "sbx_" + "1" * 32, "path": "secret.txt"}, "unknown_sandbox")
+            theirs = await failed(bob, "sandbox_read_file", {"sandbox": box, "path": "secret.txt"}, "unknown_sandbox")
+            assert theirs == unknown
+            await failed(bob, "sandbox_exec", {"sandbox": box, "command": "true"}, "unknown_sandbox")
+            assert (await ok(bob, "sandbox_dispose", {"sandbox": box}))["disposed"] is False
+            assert box not in {s["sandbox"] for s in (await ok(bob, "sandbox_list"))["sandboxes"]}
+        assert (await ok(alice, "sandbox_read_file", {"sandbox": box, "path": "secret.txt"}))["content"] == "alice's"
+        assert (await ok(alice, "sandbox_dispose", {"sandbox": box}))["disposed"] is True
