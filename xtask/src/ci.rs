@@ -148,6 +148,10 @@ pub const STEPS: &[CiStep] = &[
     // QEMU guests, not engine objects: its leftovers (QEMU processes and VM directories under
     // its own run directory) are disjoint from both Docker suites'.
     step("e2e vm", "vm", Run::Xtask(&["e2e", "vm"])).after(&["vm image", "docs"]),
+    // Judges its leftovers by its own scope prefix and run directory, so the sbx suite may run
+    // beside it; the Docker suite judges by difference and would count its workloads, so it
+    // starts once that suite is done.
+    step("e2e mcp", "mcp", Run::Xtask(&["e2e", "mcp"])).after(&["images", "e2e docker"]),
 ];
 
 /// Runs [`STEPS`].

@@ -138,6 +138,15 @@ pub enum XtaskError {
         source: exec_wrapper::Error,
     },
 
+    /// A Python suite failed, skipped a case, printed no result, or left objects on the engine.
+    #[error("the {suite} suite: {reason}")]
+    PythonSuite {
+        /// The suite and backend (`mcp docker`).
+        suite: String,
+        /// What went wrong.
+        reason: String,
+    },
+
     /// A file-system operation failed.
     #[error("{action} {path}: {source}")]
     Io {

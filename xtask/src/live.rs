@@ -13,7 +13,7 @@ use crate::process::{capture_in, cargo, tee_in, Workspace};
 
 /// The label every workload of the Docker backend carries (docs/docker-backend.md#names-and-labels): ownership is
 /// read back from the engine by it.
-const OWNERSHIP_LABEL: &str = "maf-sandbox.scope";
+pub(crate) const OWNERSHIP_LABEL: &str = "maf-sandbox.scope";
 
 /// The deadline of each engine listing.
 const LISTING_TIMEOUT: Duration = Duration::from_secs(60);
@@ -35,6 +35,9 @@ pub enum Suite {
     },
     /// The microVM driver against real QEMU (the VM image is built first).
     Vm,
+    /// The MCP server (`sandbox-mcp`) through the official Python client, over stdio and
+    /// Streamable HTTP, on Docker and on `sbx-sim` (see `mcp_suite.rs`).
+    Mcp,
 }
 
 /// The target the egress proxy is built for, statically linked (no musl target is installed
@@ -144,18 +147,12 @@ fn build_static_proxy(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
         .join("egress-proxy"))
 }
 
-/// Runs one live suite.
-pub fn run(workspace: &Workspace, suite: &Suite) -> Result<(), XtaskError> {
-    match suite {
-        Suite::Docker => docker(workspace),
-        Suite::Sbx { sbx_path } => sbx(workspace, sbx_path.as_deref()),
-        Suite::Vm => crate::vm::e2e(workspace),
-    }
-}
-
 /// The sbx suite: every conformance suite the backend declares and (on the simulator) one test
 /// per fault switch; no skip, and no simulator container left on the engine.
-fn sbx(workspace: &Workspace, sbx_path: Option<&std::path::Path>) -> Result<(), XtaskError> {
+pub(crate) fn sbx(
+    workspace: &Workspace,
+    sbx_path: Option<&std::path::Path>,
+) -> Result<(), XtaskError> {
     let path = match sbx_path {
         Some(path) => path.to_path_buf(),
         None => {
@@ -224,7 +221,7 @@ fn sbx(workspace: &Workspace, sbx_path: Option<&std::path::Path>) -> Result<(), 
 }
 
 /// Containers of `sbx-sim` whose workspace lies under `dir`.
-fn sim_containers_under(
+pub(crate) fn sim_containers_under(
     workspace: &Workspace,
     dir: &std::path::Path,
 ) -> Result<Vec<EngineObject>, XtaskError> {
@@ -273,7 +270,9 @@ pub(crate) fn files_under(dir: &std::path::Path) -> Vec<EngineObject> {
         .unwrap_or_default()
 }
 
-fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
+/// The Docker suite: every live test of the Docker crates and the examples; no skip, and
+/// nothing of the run left on the engine (judged by difference).
+pub(crate) fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
     build_images(workspace, &[])?;
     let before = engine_objects(workspace)?;
     let mut command = cargo();

@@ -15,6 +15,9 @@
 //!   suite against it, then checks the same;
 //! - `e2e vm`: builds the microVM image, runs `qemu-vm`'s live tests against real QEMU, then
 //!   checks nothing skipped and no QEMU or VM directory of the run is left;
+//! - `e2e mcp`: the MCP server through the official Python client (pinned, installed into a
+//!   virtual environment under `target/`), over stdio and HTTP, on Docker and `sbx-sim` at
+//!   once; fails on any failed or skipped case and on anything of its runs left on the engine;
 //! - `check-targets`: type-checks the crates a Windows or macOS host builds, for those targets,
 //!   with a Debian toolchain in a cached chroot (see `targets.rs`);
 //! - `bench`: runs the benchmarks;
@@ -38,6 +41,7 @@ mod error;
 mod fuzz;
 mod layering;
 mod live;
+mod mcp_suite;
 mod module_circles;
 mod mutants;
 mod process;
@@ -101,7 +105,14 @@ fn main() -> ExitCode {
         Command::Ci => ci::run(&workspace),
         Command::Fuzz(args) => fuzz::run(&workspace, &args),
         Command::Images { tags } => live::build_images(&workspace, &tags),
-        Command::E2e { suite } => live::run(&workspace, &suite),
+        // Dispatched here, not in `live`, so the suites' modules import `live` and not the
+        // other way round.
+        Command::E2e { suite } => match suite {
+            live::Suite::Docker => live::docker(&workspace),
+            live::Suite::Sbx { sbx_path } => live::sbx(&workspace, sbx_path.as_deref()),
+            live::Suite::Vm => vm::e2e(&workspace),
+            live::Suite::Mcp => mcp_suite::run(&workspace),
+        },
         Command::Bench(args) => bench::run(&workspace, &args),
         Command::Layering => layering::run(&workspace),
         Command::CheckTargets => targets::run(&workspace),

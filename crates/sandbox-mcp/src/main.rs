@@ -157,18 +157,5 @@ async fn terminated() {
     let waits = streams
         .iter_mut()
         .map(|s| Box::pin(async move { s.recv().await }));
-    futures_select_all(waits).await;
-}
-
-async fn futures_select_all<F: std::future::Future + Unpin>(futures: impl Iterator<Item = F>) {
-    let mut futures: Vec<F> = futures.collect();
-    std::future::poll_fn(|cx| {
-        for f in &mut futures {
-            if std::pin::Pin::new(f).poll(cx).is_ready() {
-                return std::task::Poll::Ready(());
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await;
+    futures_util::future::select_all(waits).await;
 }

@@ -127,23 +127,25 @@ impl Shared {
     /// the rest of them on the engine for the next start's sweep or `sandboxctl purge`.
     pub async fn expire(&self) -> Option<Instant> {
         let gone = self.table().take_expired();
-        for entry in gone {
-            let _ = self.router.dispose(&entry.key).await;
-        }
+        self.dispose_entries(gone).await;
         self.table().next_expiry()
     }
 
-    /// Disposes of every sandbox this server still holds.
+    /// Disposes of every sandbox this server still holds, all at once: an agent host gives a
+    /// stdio server a couple of seconds after closing its input before it kills it.
     ///
     /// # Cancel safety and drop
     /// As [`expire`](Self::expire).
     pub async fn dispose_all(&self) -> usize {
         let all = self.table().take_all();
         let n = all.len();
-        for entry in all {
-            let _ = self.router.dispose(&entry.key).await;
-        }
+        self.dispose_entries(all).await;
         n
+    }
+
+    async fn dispose_entries(&self, entries: Vec<Entry>) {
+        futures_util::future::join_all(entries.iter().map(|entry| self.router.dispose(&entry.key)))
+            .await;
     }
 
     /// Disposes of the sandboxes in this server's scope whose owning server is gone (it

@@ -3,6 +3,10 @@ Streamable HTTP, on the backend named by SANDBOX_MCP_BACKEND (docker or sbx), dr
 official `mcp` client package.
 
 Every variable the suite needs is required: a missing one fails the run, never skips a test.
+`cargo xtask e2e mcp` sets them, installs the pinned client (requirements.txt) into its own
+virtual environment, and runs the cases on several pytest-xdist workers; each worker has a
+scope of its own (the prefix the xtask gives plus the worker's name), one HTTP server, and its
+own state and lock directories, so workers never see each other's sandboxes.
 """
 
 import json
@@ -12,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -33,7 +38,8 @@ def need(name):
 BIN = need("SANDBOX_MCP_BIN")
 SANDBOXCTL = need("SANDBOXCTL_BIN")
 BACKEND = need("SANDBOX_MCP_BACKEND")
-SCOPE = f"mcp-e2e-{secrets.token_hex(4)}"
+# One scope per worker: the engine's leftovers are judged by it, here and by the xtask.
+SCOPE = f"{need('SANDBOX_MCP_SCOPE_PREFIX')}-{os.environ.get('PYTEST_XDIST_WORKER', 'gw0')}"
 TOKEN_A = secrets.token_hex(24)
 TOKEN_B = secrets.token_hex(24)
 
@@ -109,6 +115,13 @@ class HttpServer:
         assert self.proc.wait(timeout=120) == 0
 
 
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_at_the_end():
+    """After every case of this worker (and its HTTP server's end), the scope is empty."""
+    yield
+    assert engine_sandboxes() == [], "sandboxes left on the engine at the end of the session"
+
+
 @pytest.fixture(scope="session")
 def http_server():
     server = HttpServer()
@@ -150,3 +163,43 @@ def open_client(transport, request):
         server = request.getfixturevalue("http_server") if transport == "http" else None
         return connect(transport, server, **kwargs)
     return factory
+
+
+def crash_after_create():
+    """Starts a stdio server, has it create one sandbox (plain JSON-RPC lines, the legacy
+    handshake), and kills it with SIGKILL: a server that crashed, its sandbox left behind."""
+    proc = subprocess.Popen(
+        [BIN, *server_args()], env=server_env(),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sys.stderr,
+    )
+    # A deadline for the blocking reads below: a wedged server is killed, its output ends.
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        def send(message):
+            proc.stdin.write((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
+            proc.stdin.flush()
+
+        def answer(request_id):
+            # Each line is one JSON-RPC message; the server sends nothing unasked here, but
+            # a notification would be skipped all the same.
+            while True:
+                line = proc.stdout.readline()
+                assert line, "the server closed its output"
+                message = json.loads(line)
+                if message.get("id") == request_id:
+                    return message
+
+        send({"id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "crash-test", "version": "0"},
+        }})
+        assert "result" in answer(1)
+        send({"method": "notifications/initialized"})
+        send({"id": 2, "method": "tools/call", "params": {"name": "sandbox_create", "arguments": {}}})
+        made = answer(2)["result"]
+        assert not made.get("isError"), made
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.wait(timeout=30)

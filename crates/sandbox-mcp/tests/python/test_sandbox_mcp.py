@@ -4,12 +4,22 @@ over stdio and Streamable HTTP."""
 
 import asyncio
 import base64
+import json
+import os
+import re
 import time
+from pathlib import Path
 
 import httpx2
 import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND
 
-from conftest import BACKEND, TOKEN_A, TOKEN_B, connect, engine_sandboxes
+from conftest import (
+    BACKEND, BIN, RUN_DIR, SCOPE, TOKEN_A, TOKEN_B, connect, crash_after_create, engine_sandboxes,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -107,10 +117,14 @@ async def test_timeout_kills_and_is_flagged(open_client):
     async with open_client() as client:
         box = await create(client)
         started = time.monotonic()
-        out = await sh(client, box, "echo started; sleep 20", timeout_s=1)
+        # The bound counts from the backend's start of the call, process start-up included:
+        # 3 s leaves a loaded engine time to start the shell and print.
+        out = await sh(client, box, "echo started; sleep 60", timeout_s=3)
         assert out["timed_out"] is True and out["exit_code"] is None
         assert out["stdout"] == "started\n"
-        assert time.monotonic() - started < 15
+        assert time.monotonic() - started < 30
+        procs = await sh(client, box, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done")
+        assert "sleep 60" not in procs["stdout"], "the timed-out command's processes were killed"
         assert (await sh(client, box, "echo still serving"))["stdout"] == "still serving\n"
 
 
@@ -171,22 +185,30 @@ async def test_files_persist_in_one_sandbox_and_not_across(open_client):
         assert {a, b} <= listed
 
 
-async def test_bad_arguments_and_unknown_tool_are_protocol_errors(open_client):
+async def test_bad_arguments_and_unknown_tool_are_the_sdks_errors(open_client):
     async with open_client() as client:
-        for name, args in [
-            ("sandbox_exec", {"sandbox": 7, "command": "true"}),
-            ("sandbox_exec", {"command": "true"}),
-            ("sandbox_exec", {"sandbox": "x", "command": "true", "bogus": 1}),
-            ("sandbox_no_such_tool", {}),
+        # Malformed arguments are refused by the SDK before any tool runs: a protocol error, or
+        # (as rmcp answers, so the model can correct itself) an error result carrying the SDK's
+        # text and none of the server's structured failure shape.
+        for args in [
+            {"sandbox": 7, "command": "true"},
+            {"command": "true"},
+            {"sandbox": "x", "command": "true", "bogus": 1},
+            {"sandbox": "x", "argv": "not a list"},
         ]:
             try:
-                result = await client.call_tool(name, args)
-            except Exception as error:  # the SDK raises the protocol error
-                assert "sandbox_" in str(error) or "param" in str(error).lower() or "tool" in str(error).lower(), error
+                result = await client.call_tool("sandbox_exec", args)
+            except MCPError as error:
+                assert error.code == INVALID_PARAMS, (args, error)
                 continue
-            # A client that folds a protocol error into a result still marks it as an error
-            # without the server's structured error (that shape is for tool failures only).
-            assert result.is_error and not (result.structured_content or {}).get("error"), (name, result)
+            assert result.is_error, (args, result)
+            assert result.structured_content is None, (args, result)
+            assert "parameters" in result.content[0].text, (args, result)
+        with pytest.raises(MCPError) as raised:
+            await client.call_tool("sandbox_no_such_tool", {})
+        assert raised.value.code in (INVALID_PARAMS, METHOD_NOT_FOUND), raised.value
+        # The connection serves on after each of them.
+        assert (await client.list_tools()).tools
 
 
 async def test_disposed_and_unknown_handles(open_client):
@@ -210,7 +232,7 @@ async def test_progress_notifications_increase(open_client):
         box = await create(client)
         out = await ok(
             client, "sandbox_exec",
-            {"sandbox": box, "command": "for i in 1 2 3 4; do echo line$i; sleep 1; done"},
+            {"sandbox": box, "command": "for i in 1 2 3; do echo line$i; sleep 1; done"},
             progress_callback=on_progress,
         )
     assert out["exit_code"] == 0
@@ -226,17 +248,27 @@ async def test_cancel_kills_every_process_and_the_sandbox_serves_on(open_client)
         probe = await sh(client, box, "touch /done-probe && rm /done-probe && echo root-writable || echo not")
         target = "/done" if probe["stdout"] == "root-writable\n" else "done"
         assert (await sh(client, box, f"test -e {target}"))["exit_code"] == 1
-        with pytest.raises(Exception):
+        started = time.monotonic()
+        # The client gives up after 1 s and cancels the request (notifications/cancelled on
+        # stdio, the same or a dropped request over HTTP).
+        with pytest.raises(MCPError):
             await client.call_tool(
                 "sandbox_exec", {"sandbox": box, "command": f"sleep 5 && touch {target}"},
                 read_timeout_seconds=1,
             )
-        await asyncio.sleep(6)
+        # Killed at once, not left to finish: no process of the command is left.
+        deadline = time.monotonic() + 3
+        while True:
+            procs = await sh(client, box, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done")
+            if "sleep 5" not in procs["stdout"]:
+                break
+            assert time.monotonic() < deadline, procs["stdout"]
+            await asyncio.sleep(0.2)
+        # Past the moment the command would have touched the file, it is still absent.
+        await asyncio.sleep(max(0.0, started + 5.5 - time.monotonic()))
         assert (await sh(client, box, f"test -e {target}"))["exit_code"] == 1, "the cancelled command ran on"
-        procs = await sh(client, box, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done")
-        assert "sleep 5" not in procs["stdout"], procs["stdout"]
-        # A control: the same command uncancelled does create the file.
-        await sh(client, box, f"sleep 1 && touch {target}")
+        # A control: the path is writable, so its absence above is the cancellation's doing.
+        await sh(client, box, f"touch {target}")
         assert (await sh(client, box, f"test -e {target}"))["exit_code"] == 0
 
 
@@ -273,14 +305,38 @@ async def test_stdio_disconnect_disposes_everything():
 async def test_idle_sandboxes_expire():
     # One TTL per server: a stdio server of its own is started with a short one.
     async with connect("stdio", extra=["--ttl", "2"]) as client:
+        before = {s["instance_id"] for s in engine_sandboxes()}
         box = await create(client)
-        mine = {s["instance_id"] for s in engine_sandboxes()}
-        await asyncio.sleep(5)
+        mine = {s["instance_id"] for s in engine_sandboxes()} - before
+        assert len(mine) == 1, mine
+        # sandbox_list does not count as a use, so polling it leaves the idle clock running.
+        deadline = time.monotonic() + 20
+        while box in {s["sandbox"] for s in (await ok(client, "sandbox_list"))["sandboxes"]}:
+            assert time.monotonic() < deadline, "the idle sandbox did not expire"
+            await asyncio.sleep(0.25)
         err = await failed(client, "sandbox_exec", {"sandbox": box, "command": "true"}, "expired_sandbox")
         assert "create a new sandbox" in err["message"]
+        while mine & {s["instance_id"] for s in engine_sandboxes()}:
+            assert time.monotonic() < deadline, "the expired sandbox is still on the engine"
+            await asyncio.sleep(0.25)
+
+
+async def test_a_starting_server_clears_only_crashed_servers_sandboxes():
+    async with connect("stdio") as live:
+        before = {s["instance_id"] for s in engine_sandboxes()}
+        kept = await create(live)
+        live_ids = {s["instance_id"] for s in engine_sandboxes()} - before
+        # A server that dies without a chance to clean up (SIGKILL) leaves its sandbox behind.
+        await asyncio.to_thread(crash_after_create)
+        crashed_ids = {s["instance_id"] for s in engine_sandboxes()} - before - live_ids
+        assert len(live_ids) == 1 and len(crashed_ids) == 1, (live_ids, crashed_ids)
+        # The next server to start disposes of the crashed one's, never the live one's.
+        async with connect("stdio") as starting:
+            await starting.list_tools()
         left = {s["instance_id"] for s in engine_sandboxes()}
-        assert box not in {s["sandbox"] for s in (await ok(client, "sandbox_list"))["sandboxes"]}
-        assert len(mine - left) >= 1, "the expired sandbox is gone from the engine"
+        assert not (crashed_ids & left), "the crashed server's sandbox is still there"
+        assert live_ids <= left, "a live server's sandbox was disposed of"
+        assert (await sh(live, kept, "echo alive"))["stdout"] == "alive\n"
 
 
 async def test_http_refuses_bad_host_origin_and_missing_token(http_server):
@@ -313,3 +369,37 @@ async def test_http_principal_b_cannot_use_a_handle(http_server):
             assert box not in {s["sandbox"] for s in (await ok(bob, "sandbox_list"))["sandboxes"]}
         assert (await ok(alice, "sandbox_read_file", {"sandbox": box, "path": "secret.txt"}))["content"] == "alice's"
         assert (await ok(alice, "sandbox_dispose", {"sandbox": box}))["disposed"] is True
+
+
+def readme_server():
+    """The `sandboxes` server of the README's MCP configuration snippet, exactly as written."""
+    text = (Path(__file__).resolve().parents[4] / "README.md").read_text()
+    blocks = re.findall(r"```json\n(.*?)```", text, flags=re.S)
+    configs = [json.loads(block) for block in blocks if '"mcpServers"' in block]
+    assert len(configs) == 1, "the README shows one MCP configuration"
+    return configs[0]["mcpServers"]["sandboxes"]
+
+
+# The README's snippet is the Docker one, so the Docker run checks it (the sbx run has no test
+# of it to skip).
+if BACKEND == "docker":
+
+    async def test_the_readme_snippet_works_as_pasted():
+        server = readme_server()
+        # As an agent host starts it: the installed binary found on PATH, the host's small
+        # default environment, the snippet's arguments. Only the scope and the lock directory
+        # are added, so the run stays apart from any other server on this machine (the lock
+        # directory is the one every server of this scope shares: a server judges another's
+        # liveness by its lock there).
+        env = {name: os.environ[name] for name in ("HOME", "USER", "DOCKER_HOST") if name in os.environ}
+        env["PATH"] = f"{Path(BIN).parent}{os.pathsep}{os.environ['PATH']}"
+        assert Path(BIN).name == server["command"]
+        params = StdioServerParameters(
+            command=server["command"], env=env,
+            args=[*server["args"], "--scope", SCOPE, "--state-dir", str(RUN_DIR / "locks")],
+        )
+        before = {s["instance_id"] for s in engine_sandboxes()}
+        async with Client(params, read_timeout_seconds=120) as client:
+            box = await create(client)
+            assert (await sh(client, box, "echo pasted"))["stdout"] == "pasted\n"
+        assert not ({s["instance_id"] for s in engine_sandboxes()} - before), "the session's sandbox remains"
