@@ -9,7 +9,8 @@
 //! `crates/egress-proxy/benches`, a download through the proxy image against the same download
 //! made directly, on `sandbox-egress-proxy:local`, built or refreshed first; the microVM's,
 //! `crates/qemu-vm/benches`, boot and exec against bare QEMU on the VM image, built first, with
-//! the accelerator in each row), prints one line per
+//! the accelerator in each row; the MCP server's, `crates/sandbox-mcp/benches`, an exec through
+//! the server over stdio against the same exec through the library), prints one line per
 //! metric (`name: backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`; a cost added on top
 //! of the same call as an absolute `ours X ms, raw Y ms, added Z ms at p50`) and exits non-zero
 //! when a pass/fail target is missed.
@@ -139,6 +140,18 @@ const BENCHES: &[Bench] = &[
             "live",
             "--bench",
             "vm",
+        ],
+    },
+    Bench {
+        name: "mcp exec",
+        args: &[
+            "bench",
+            "-p",
+            "sandbox-mcp",
+            "--features",
+            "live",
+            "--bench",
+            "exec",
         ],
     },
     Bench {
@@ -657,9 +670,15 @@ mod tests {
     #[test]
     fn every_docker_bench_needs_the_live_feature() {
         for bench in BENCHES.iter().filter(|b| {
-            ["backend-docker", "sandboxctl", "egress-proxy", "qemu-vm"]
-                .iter()
-                .any(|krate| b.args.contains(krate))
+            [
+                "backend-docker",
+                "sandboxctl",
+                "egress-proxy",
+                "qemu-vm",
+                "sandbox-mcp",
+            ]
+            .iter()
+            .any(|krate| b.args.contains(krate))
         }) {
             assert!(
                 bench.args.windows(2).any(|w| w == ["--features", "live"]),
