@@ -129,7 +129,18 @@ impl BackendState {
                 )))
             }
         };
-        let listed = self.run_listing(&id).await;
+        // The listing runs the proxy image: one that runs as root is refused before anything of
+        // it starts, as the proxy itself is.
+        let listed = match self.inspect(&id).await {
+            Ok(Some(record)) if record.runs_as_root() => Err(SandboxError::engine(format!(
+                "the egress proxy image {image} runs as root; it must name a non-root user"
+            ))),
+            Ok(Some(_)) => self.run_listing(&id).await,
+            Ok(None) => Err(SandboxError::engine(format!(
+                "the host address listing {name} vanished after its create"
+            ))),
+            Err(error) => Err(error),
+        };
         if let Err(failure) = self.remove(&id).await {
             tracing::warn!(container = %id, %failure, "could not remove the host address listing");
         }
