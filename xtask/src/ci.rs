@@ -550,19 +550,31 @@ mod tests {
             step("last", "a", noop()).after(&["slow"]),
         ];
         let order = Mutex::new(Vec::new());
-        let slow_running = std::sync::atomic::AtomicBool::new(false);
+        // "slow" holds its lane until lane a's "two" has ended: that can only happen when the
+        // lanes run beside each other (one lane at a time would never end "slow"), and no
+        // sleep decides it, so a loaded machine cannot flip the outcome.
+        let (two_ended, two_ended_seen) = std::sync::mpsc::channel::<()>();
+        let two_ended = Mutex::new(two_ended);
+        let two_ended_seen = Mutex::new(two_ended_seen);
         let overlapped = AtomicUsize::new(0);
         schedule(&steps, |step, _, _| {
             order.lock().unwrap().push(format!("start {}", step.name));
-            if step.name == "slow" {
-                slow_running.store(true, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(300));
-                slow_running.store(false, Ordering::SeqCst);
-            } else {
-                if slow_running.load(Ordering::SeqCst) {
-                    overlapped.fetch_add(1, Ordering::SeqCst);
+            match step.name {
+                "slow" => {
+                    let seen = two_ended_seen
+                        .lock()
+                        .unwrap()
+                        .recv_timeout(Duration::from_secs(30));
+                    if seen.is_ok() {
+                        overlapped.fetch_add(1, Ordering::SeqCst);
+                    }
                 }
-                std::thread::sleep(Duration::from_millis(20));
+                "two" => {
+                    order.lock().unwrap().push("end two".to_owned());
+                    let _ = two_ended.lock().unwrap().send(());
+                    return Ok(());
+                }
+                _ => {}
             }
             order.lock().unwrap().push(format!("end {}", step.name));
             Ok(())
