@@ -60,8 +60,15 @@ impl From<String> for Closed {
     }
 }
 
+/// Frames queued for the writer task at most (flow control is by credit; this only bounds how
+/// far the senders run ahead of the socket).
+const QUEUED_FRAMES: usize = 16;
+
 struct Shared {
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    /// Whole frames for the writer task, the only writer of the socket: a sender whose future
+    /// is dropped has queued its frame whole or not at all, so a cancelled call never leaves
+    /// half a frame on the stream (which would break every later frame of the session).
+    frames: mpsc::Sender<Vec<u8>>,
     routes: Mutex<HashMap<u32, Route>>,
     next_id: AtomicU32,
     closed: Mutex<Option<Closed>>,
@@ -97,11 +104,27 @@ impl Shared {
             return Err(self.closed_error());
         }
         let frame = encode(id, message);
-        let mut writer = self.writer.lock().await;
-        writer
-            .write_all(&frame)
+        self.frames
+            .send(frame)
             .await
-            .map_err(|e| VmError::closed(format!("writing to the agent: {e}")))
+            .map_err(|_| self.closed_error())
+    }
+}
+
+/// Writes queued frames to the socket, each whole, until the senders are gone or a write
+/// fails (which closes the connection for every request).
+async fn write_loop(
+    mut write: OwnedWriteHalf,
+    mut frames: mpsc::Receiver<Vec<u8>>,
+    shared: std::sync::Weak<Shared>,
+) {
+    while let Some(frame) = frames.recv().await {
+        if let Err(error) = write.write_all(&frame).await {
+            if let Some(shared) = shared.upgrade() {
+                shared.close(format!("writing to the agent: {error}"));
+            }
+            return;
+        }
     }
 }
 
@@ -296,12 +319,14 @@ impl AgentClient {
                     what: "the agent handshake",
                     after: timeout,
                 })??;
+        let (frames, queued) = mpsc::channel(QUEUED_FRAMES);
         let shared = Arc::new(Shared {
-            writer: tokio::sync::Mutex::new(write),
+            frames,
             routes: Mutex::new(HashMap::new()),
             next_id: AtomicU32::new(1),
             closed: Mutex::new(None),
         });
+        tokio::spawn(write_loop(write, queued, Arc::downgrade(&shared)));
         let reader = tokio::spawn(read_loop(read, decoder, Arc::clone(&shared)));
         Ok(AgentClient {
             shared,
@@ -372,7 +397,15 @@ impl AgentClient {
     ) -> Result<ExecOutput, VmError> {
         let mut request = request;
         request.stdin = stdin.is_some();
-        let mut exec = self.exec(request).await?;
+        // The deadline covers the start too: a guest that never answers `Started` is bounded.
+        let deadline = tokio::time::Instant::now() + limits.deadline;
+        let past_deadline = || VmError::Deadline {
+            what: "an exec",
+            after: limits.deadline,
+        };
+        let mut exec = tokio::time::timeout_at(deadline, self.exec(request))
+            .await
+            .map_err(|_| past_deadline())??;
         let shared = Arc::clone(&exec.call.shared);
         let credit = Arc::clone(&exec.call.input_credit);
         let id = exec.call.id;
@@ -420,16 +453,13 @@ impl AgentClient {
                 () = feed => Err(VmError::unexpected("the stdin feed ended the call")),
             }
         };
-        match tokio::time::timeout(limits.deadline, work).await {
+        match tokio::time::timeout_at(deadline, work).await {
             Ok(Ok(output)) => {
                 exec.call.finished = true;
                 Ok(output)
             }
             Ok(Err(error)) => Err(error),
-            Err(_) => Err(VmError::Deadline {
-                what: "an exec",
-                after: limits.deadline,
-            }),
+            Err(_) => Err(past_deadline()),
         }
     }
 
@@ -736,12 +766,54 @@ impl Exec {
         self.call.shared.send(self.call.id, &HostMsg::Eof).await
     }
 
+    /// A writer of this exec's stdin that another task can own, so stdin is fed while the
+    /// events are read.
+    pub fn stdin_writer(&self) -> StdinWriter {
+        StdinWriter {
+            shared: Arc::clone(&self.call.shared),
+            credit: Arc::clone(&self.call.input_credit),
+            id: self.call.id,
+        }
+    }
+
     /// Kills every process of the exec; its `Exited` event follows.
     ///
     /// # Errors
     /// A channel error.
     pub async fn kill(&self) -> Result<(), VmError> {
         self.call.shared.send(self.call.id, &HostMsg::Kill).await
+    }
+}
+
+/// Feeds one exec's stdin (see [`Exec::stdin_writer`]).
+pub struct StdinWriter {
+    shared: Arc<Shared>,
+    credit: Arc<Semaphore>,
+    id: u32,
+}
+
+impl std::fmt::Debug for StdinWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StdinWriter").field("id", &self.id).finish()
+    }
+}
+
+impl StdinWriter {
+    /// Streams `bytes`, each chunk after the guest's credit for it (so a process that stops
+    /// reading stops the writer, never the host's memory).
+    ///
+    /// # Errors
+    /// A channel error.
+    pub async fn write(&self, bytes: &[u8]) -> Result<(), VmError> {
+        send_data(&self.shared, &self.credit, self.id, bytes).await
+    }
+
+    /// Closes stdin.
+    ///
+    /// # Errors
+    /// A channel error.
+    pub async fn close(&self) -> Result<(), VmError> {
+        self.shared.send(self.id, &HostMsg::Eof).await
     }
 }
 

@@ -25,7 +25,8 @@ mod machine;
 
 pub use accel::{probe_accel, AccelReport};
 pub use client::{
-    AgentClient, Exec, ExecEvent, ExecOutput, RunLimits, HANDSHAKE_SCAN_CAP, MAX_LIST_ENTRIES,
+    AgentClient, Exec, ExecEvent, ExecOutput, RunLimits, StdinWriter, HANDSHAKE_SCAN_CAP,
+    MAX_LIST_ENTRIES,
 };
 pub use error::VmError;
 pub use image::{module_load_order, ImageRecipe, Progress, VmImage, MANIFEST, MODULES};
