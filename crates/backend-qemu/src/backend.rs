@@ -1,0 +1,543 @@
+//! The backend: construction (image, accelerator, rung), acquire, find, disposal and listing.
+
+use std::collections::BTreeSet;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use qemu_vm::{probe_accel, AccelReport, AgentClient, Vm, VmConfig, VmImage};
+use sandbox_core::backend_kit::{run_detached, CleanupOnDrop, LockTable};
+use sandbox_core::storage_base::validate_base;
+use sandbox_core::{
+    BackendDeclarations, Capability, DisposalCode, DisposalFailure, DisposeSelector, Egress,
+    Isolation, IsolationScope, OsFamily, Sandbox, SandboxBackend, SandboxError, SandboxKey,
+    SandboxLimits, SandboxSpec, SandboxState, SandboxSummary, ScopePurge, DEFAULT_WORK_DIR,
+};
+use tokio::sync::Semaphore;
+
+use crate::config::{host_cpus, host_memory_mib, isolation_for, CheckedConfig, QemuConfig};
+use crate::handle::{agent_error, shared, QemuSandbox};
+use crate::layout::{self, Record, Slot};
+use crate::BACKEND_NAME;
+
+/// One QEMU microVM per (key, kind).
+///
+/// Cheap to clone: clones share the image, the per-name locks and the boot gate.
+#[derive(Debug, Clone)]
+pub struct QemuBackend {
+    host: Arc<QemuHost>,
+}
+
+#[derive(Debug)]
+struct QemuHost {
+    config: CheckedConfig,
+    image: VmImage,
+    accel: AccelReport,
+    isolation: Isolation,
+    declarations: BackendDeclarations,
+    locks: LockTable<String>,
+    /// At most `max_booting` VMs boot at once.
+    booting: Semaphore,
+    /// The agent connection of each VM this process talks to. The agent serves one connection
+    /// at a time, so every handle of an instance shares one; another process connects once
+    /// this one's handles are gone.
+    agents: Mutex<HashMap<String, AgentClient>>,
+}
+
+/// How long an attach waits for a running VM's agent (another process may still hold its
+/// connection).
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Every file capability, closed egress only, POSIX guests, conversation scope, the default
+/// transfer ceilings.
+fn declarations() -> BackendDeclarations {
+    BackendDeclarations {
+        capabilities: BTreeSet::from([
+            Capability::Exec,
+            Capability::FilesIn,
+            Capability::FilesOut,
+            Capability::FilesList,
+            Capability::FilesDelete,
+            Capability::Reclaim,
+        ]),
+        limits: SandboxLimits::default(),
+        egress_modes: BTreeSet::from([Egress::Closed]),
+        os_families: BTreeSet::from([OsFamily::Posix]),
+        isolation_scopes: BTreeSet::from([IsolationScope::Conversation]),
+        ..BackendDeclarations::default()
+    }
+}
+
+impl QemuBackend {
+    /// Checks the configuration, loads the VM image, and chooses the accelerator by a test boot
+    /// (cached per image and host kernel in the state directory).
+    ///
+    /// # Errors
+    /// [`SandboxError::InvalidArgument`] for a configuration that fails its checks or an image
+    /// that cannot be loaded; [`SandboxError::NotPermitted`] when only emulation can run here
+    /// and `allow_emulation` is off.
+    ///
+    /// # Cancel safety and drop
+    /// Dropping the future during the test boot leaves the probe VM to its own deadline.
+    pub async fn connect(config: QemuConfig) -> Result<QemuBackend, SandboxError> {
+        let config = config.check_for(host_cpus(), host_memory_mib())?;
+        let image = VmImage::load(&config.image_dir).map_err(|error| {
+            SandboxError::invalid(format!(
+                "VM image {}: {error}; build it with `cargo xtask images vm` or `sandboxctl \
+                 images build vm`",
+                config.image_dir.display()
+            ))
+        })?;
+        // `<state>/vms/vm-<12 hex>/agent.sock` must fit a Unix socket address (108 bytes).
+        let longest = config
+            .state_dir
+            .join(layout::VMS)
+            .join("vm-000000000000/agent.sock");
+        if longest.as_os_str().len() >= 108 {
+            return Err(SandboxError::invalid(format!(
+                "the state directory {} is too long for the VMs' Unix sockets; choose a shorter one",
+                config.state_dir.display()
+            )));
+        }
+        std::fs::create_dir_all(&config.state_dir)
+            .map_err(|source| layout::io_error("create", &config.state_dir, source))?;
+        let probe_dir = config.state_dir.join(".probe");
+        let probe = VmConfig::new(image.clone(), &probe_dir, "probe");
+        let accel = probe_accel(&probe, &config.state_dir.join(".accel"))
+            .await
+            .map_err(|error| SandboxError::engine(format!("accelerator probe: {error}")))?;
+        let isolation = isolation_for(accel.accel, &accel.reason, config.allow_emulation)?;
+        Ok(QemuBackend {
+            host: Arc::new(QemuHost {
+                booting: Semaphore::new(config.max_booting),
+                config,
+                image,
+                accel,
+                isolation,
+                declarations: declarations(),
+                locks: LockTable::default(),
+                agents: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The accelerator the probe chose, and why.
+    pub fn accelerator(&self) -> &AccelReport {
+        &self.host.accel
+    }
+
+    fn slot(&self, key: &SandboxKey, kind: &str) -> Slot {
+        Slot::new(
+            &self.host.config.state_dir,
+            &self.host.config.prefix,
+            key,
+            kind,
+        )
+    }
+
+    /// A handle to the running VM of `slot`'s record, or why there is none.
+    async fn attach(&self, record: &Record) -> Result<QemuSandbox, SandboxError> {
+        if let Some(reason) = &record.retired {
+            return Err(SandboxError::Retired {
+                instance: record.instance.clone(),
+                reason: reason.clone(),
+            });
+        }
+        let vm = Vm::attach(&self.vms_dir().join(&record.instance))
+            .map_err(|error| agent_error(&record.instance, error))?;
+        let cached = self.cached_agent(&record.instance);
+        let agent = match cached {
+            Some(agent) => agent,
+            None => {
+                let agent = vm
+                    .agent(ATTACH_TIMEOUT)
+                    .await
+                    .map_err(|error| match error {
+                        // QEMU runs and the agent keeps its one connection for someone else: the
+                        // VM is busy, not broken, and must not be replaced.
+                        qemu_vm::VmError::BootTimeout { .. } if vm.is_alive() => {
+                            SandboxError::Busy(format!(
+                                "VM {} is in use by another process (its agent serves one \
+                             connection at a time)",
+                                record.instance
+                            ))
+                        }
+                        other => agent_error(&record.instance, other),
+                    })?;
+                self.cache_agent(&record.instance, &agent);
+                agent
+            }
+        };
+        Ok(self.handle(record, agent, false))
+    }
+
+    fn cached_agent(&self, instance: &str) -> Option<AgentClient> {
+        let agents = self.host.agents.lock().ok()?;
+        agents
+            .get(instance)
+            .filter(|agent| !agent.is_closed())
+            .cloned()
+    }
+
+    fn cache_agent(&self, instance: &str, agent: &AgentClient) {
+        if let Ok(mut agents) = self.host.agents.lock() {
+            agents.retain(|_, agent| !agent.is_closed());
+            agents.insert(instance.to_owned(), agent.clone());
+        }
+    }
+
+    fn forget_agent(&self, instance: &str) {
+        if let Ok(mut agents) = self.host.agents.lock() {
+            agents.remove(instance);
+        }
+    }
+
+    fn handle(&self, record: &Record, agent: qemu_vm::AgentClient, fresh: bool) -> QemuSandbox {
+        QemuSandbox {
+            instance: record.instance.clone(),
+            storage_base: record.storage_base.clone(),
+            fresh,
+            agent,
+            call_timeout: self.host.config.call_timeout,
+            files_in: self.host.declarations.limits.files_in.max_bytes_per_file,
+        }
+    }
+
+    /// Where every VM's own directory lives: short, so its socket paths fit a Unix address.
+    fn vms_dir(&self) -> std::path::PathBuf {
+        self.host.config.state_dir.join(layout::VMS)
+    }
+
+    /// Records, boots a new VM for `slot` and makes its storage base. The record comes first,
+    /// so a process that dies while booting leaves a record that the next acquire or disposal
+    /// finds and discards; a VM half made when the future is dropped is killed, its directory
+    /// and record removed.
+    async fn create(
+        &self,
+        slot: &Slot,
+        key: &SandboxKey,
+        kind: &str,
+        storage_base: String,
+    ) -> Result<QemuSandbox, SandboxError> {
+        let record = Record {
+            scope: key.scope.clone(),
+            thread_id: key.thread_id.clone(),
+            agent_id: key.agent_id.clone(),
+            call_id: key.call_id.clone(),
+            kind: kind.to_owned(),
+            instance: layout::new_instance_id(),
+            storage_base,
+            created: layout::now_secs(),
+            retired: None,
+        };
+        let mut config = VmConfig::new(self.host.image.clone(), self.vms_dir(), &record.instance);
+        config.accel = self.host.accel.accel;
+        config.cpus = self.host.config.cpus;
+        config.memory_mib = self.host.config.memory_mib;
+        let vm_dir = config.dir();
+        slot.write_record(&record)?;
+        let undo_slot = slot.clone();
+        let mut cleanup = CleanupOnDrop::armed("discard a half-made VM", async move {
+            let discarded = discard(vm_dir).await;
+            let _ = undo_slot.remove_record();
+            discarded
+        });
+        let agent = {
+            let _permit = self
+                .host
+                .booting
+                .acquire()
+                .await
+                .map_err(|_| SandboxError::engine("the boot gate is closed"))?;
+            let vm = Vm::start(&config)
+                .await
+                .map_err(|error| agent_error(&record.instance, error))?;
+            vm.agent(self.host.config.boot_timeout)
+                .await
+                .map_err(|error| agent_error(&record.instance, error))?
+        };
+        let sandbox = self.handle(&record, agent.clone(), true);
+        let base = record.storage_base.clone();
+        let made = sandbox_core::Sandbox::exec(
+            &sandbox,
+            sandbox_core::ExecRequest::new(sandbox_core::Command::argv([
+                "/bin/mkdir",
+                "-p",
+                "--",
+                base.as_str(),
+            ]))
+            .working_directory("/"),
+        )
+        .await?;
+        if made.exit_code != 0 {
+            return Err(SandboxError::GuestRefused {
+                path: base,
+                detail: String::from_utf8_lossy(&made.stderr).trim().to_owned(),
+            });
+        }
+        cleanup.disarm();
+        self.cache_agent(&record.instance, &agent);
+        Ok(sandbox)
+    }
+
+    /// Kills the VM of `slot` (whatever its state) and removes its record and directory.
+    async fn remove_slot(&self, slot: &Slot) -> Result<(), DisposalFailure> {
+        let _guard = self.host.locks.lock(slot.name.clone()).await;
+        let _lock = slot.lock().await.map_err(unknown)?;
+        let record = slot.read_record().map_err(unknown)?;
+        if let Some(record) = record {
+            self.forget_agent(&record.instance);
+            let work = discard(self.vms_dir().join(&record.instance));
+            run_detached(work)
+                .await
+                .map_err(unknown)?
+                .map_err(refused)?;
+        }
+        slot.remove_record().map_err(unknown)?;
+        slot.remove_if_empty();
+        Ok(())
+    }
+}
+
+/// Kills the VM in `dir` if one runs there and removes the directory.
+async fn discard(dir: std::path::PathBuf) -> Result<(), SandboxError> {
+    match Vm::attach(&dir) {
+        Ok(vm) => vm
+            .kill()
+            .await
+            .map_err(|error| SandboxError::engine(format!("killing {}: {error}", dir.display()))),
+        Err(_) => remove_dir(&dir),
+    }
+}
+
+fn remove_dir(dir: &Path) -> Result<(), SandboxError> {
+    match std::fs::remove_dir_all(dir) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            Err(layout::io_error("remove", dir, error))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn unknown(error: SandboxError) -> DisposalFailure {
+    DisposalFailure::new(DisposalCode::Unknown, error.to_string())
+}
+
+fn refused(error: SandboxError) -> DisposalFailure {
+    DisposalFailure::new(DisposalCode::Refused, error.to_string())
+}
+
+#[async_trait]
+impl SandboxBackend for QemuBackend {
+    fn name(&self) -> &str {
+        BACKEND_NAME
+    }
+
+    fn isolation(&self) -> Isolation {
+        self.host.isolation
+    }
+
+    fn declarations(&self) -> &BackendDeclarations {
+        &self.host.declarations
+    }
+
+    async fn acquire(
+        &self,
+        key: &SandboxKey,
+        spec: &SandboxSpec,
+    ) -> Result<Arc<dyn Sandbox>, SandboxError> {
+        if spec.egress() != Egress::Closed {
+            return Err(SandboxError::EgressNotEnforced(
+                "the qemu backend gives a VM no network device: only closed egress".into(),
+            ));
+        }
+        if key.is_call() || spec.isolation_scope() != IsolationScope::Conversation {
+            return Err(SandboxError::ScopeNotEnforced(
+                "the qemu backend serves the conversation scope only".into(),
+            ));
+        }
+        let storage_base = validate_base(spec.work_dir().unwrap_or(DEFAULT_WORK_DIR))?;
+        let slot = self.slot(key, spec.kind());
+        let _guard = self.host.locks.lock(slot.name.clone()).await;
+        let _lock = slot.lock().await?;
+        if let Some(record) = slot.read_record()? {
+            match self.attach(&record).await {
+                Ok(sandbox) => {
+                    if record.storage_base != storage_base {
+                        return Err(SandboxError::SpecMismatch(format!(
+                            "the sandbox's storage base is {:?}, the spec asks for {storage_base:?}",
+                            record.storage_base
+                        )));
+                    }
+                    return Ok(shared(sandbox));
+                }
+                Err(error) if error.kind() == sandbox_core::ErrorKind::Busy => return Err(error),
+                // Its QEMU died, it was retired, or its agent no longer answers: replaced.
+                Err(error) => {
+                    tracing::info!(instance = %record.instance, %error, "replacing a VM that cannot serve");
+                    self.forget_agent(&record.instance);
+                    discard(self.vms_dir().join(&record.instance)).await?;
+                    slot.remove_record()?;
+                }
+            }
+        }
+        self.create(&slot, key, spec.kind(), storage_base)
+            .await
+            .map(shared)
+    }
+
+    async fn find(
+        &self,
+        key: &SandboxKey,
+        kind: &str,
+    ) -> Result<Option<Arc<dyn Sandbox>>, SandboxError> {
+        let slot = self.slot(key, kind);
+        let Some(record) = slot.read_record()? else {
+            return Ok(None);
+        };
+        match self.attach(&record).await {
+            Ok(sandbox) => Ok(Some(shared(sandbox))),
+            Err(_) => Ok(None),
+        }
+    }
+
+    async fn dispose(
+        &self,
+        key: &SandboxKey,
+        selector: DisposeSelector,
+    ) -> Option<DisposalFailure> {
+        let prefix = layout::key_prefix(&self.host.config.prefix, key);
+        let slots = match layout::slots_with_prefix(&self.host.config.state_dir, &prefix) {
+            Ok(slots) => slots,
+            Err(error) => {
+                return Some(DisposalFailure::new(
+                    DisposalCode::Unlisted,
+                    error.to_string(),
+                ))
+            }
+        };
+        let mut failures = Vec::new();
+        for slot in slots {
+            let record = match slot.read_record() {
+                Ok(record) => record,
+                Err(error) => {
+                    failures.push(unknown(error));
+                    continue;
+                }
+            };
+            if let Some(record) = &record {
+                if record.key() != *key
+                    || selector
+                        .kind
+                        .as_ref()
+                        .is_some_and(|kind| *kind != record.kind)
+                    || selector
+                        .instance_id
+                        .as_ref()
+                        .is_some_and(|id| *id != record.instance)
+                {
+                    continue;
+                }
+            } else if selector.instance_id.is_some() || selector.kind.is_some() {
+                // A slot with no record: only a sweep of the whole key takes it.
+                continue;
+            }
+            if let Err(failure) = self.remove_slot(&slot).await {
+                failures.push(failure.prefixed(&slot.name));
+            }
+        }
+        DisposalFailure::fold(failures)
+    }
+
+    async fn dispose_scope(&self, scope: &str, thread_id: &str) -> ScopePurge {
+        let prefix = layout::conversation_prefix(&self.host.config.prefix, scope, thread_id);
+        let slots = match layout::slots_with_prefix(&self.host.config.state_dir, &prefix) {
+            Ok(slots) => slots,
+            Err(error) => {
+                return ScopePurge {
+                    disposed: 0,
+                    undisposed: Some(DisposalFailure::new(
+                        DisposalCode::Unlisted,
+                        error.to_string(),
+                    )),
+                }
+            }
+        };
+        let mut disposed = 0;
+        let mut failures = Vec::new();
+        for slot in slots {
+            match self.remove_slot(&slot).await {
+                Ok(()) => disposed += 1,
+                Err(failure) => failures.push(failure.prefixed(&slot.name)),
+            }
+        }
+        ScopePurge {
+            disposed,
+            undisposed: DisposalFailure::fold(failures),
+        }
+    }
+
+    async fn list(
+        &self,
+        scope: &str,
+        thread_id: Option<&str>,
+    ) -> Result<Vec<SandboxSummary>, SandboxError> {
+        let prefix = format!("{}-", self.host.config.prefix);
+        let mut listed = Vec::new();
+        for slot in layout::slots_with_prefix(&self.host.config.state_dir, &prefix)? {
+            let Some(record) = slot.read_record()? else {
+                continue;
+            };
+            if record.scope != scope || thread_id.is_some_and(|t| t != record.thread_id) {
+                continue;
+            }
+            let state = if record.retired.is_some() {
+                SandboxState::Retired
+            } else if Vm::attach(&self.vms_dir().join(&record.instance)).is_ok() {
+                SandboxState::Running
+            } else {
+                SandboxState::Unlisted
+            };
+            listed.push(SandboxSummary {
+                key: Some(record.key()),
+                kind: Some(record.kind.clone()),
+                instance_id: record.instance.clone(),
+                created: Some(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_secs(record.created),
+                ),
+                state,
+            });
+        }
+        listed.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
+        Ok(listed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn declarations_are_closed_egress_posix_conversation_scope() {
+        let declared = declarations();
+        assert!(declared.serves(Capability::Exec));
+        assert!(declared.serves(Capability::FilesDelete));
+        assert_eq!(declared.egress_modes, BTreeSet::from([Egress::Closed]));
+        assert!(!declared.serves_scope(IsolationScope::Call));
+    }
+
+    #[tokio::test]
+    async fn connect_refuses_a_missing_image_with_its_fix() {
+        let state = tempfile::tempdir().unwrap();
+        let config = QemuConfig {
+            image_dir: state.path().join("no-image"),
+            state_dir: state.path().join("state"),
+            ..QemuConfig::default()
+        };
+        let refused = QemuBackend::connect(config).await.unwrap_err();
+        assert_eq!(refused.kind(), sandbox_core::ErrorKind::InvalidArgument);
+        assert!(refused.to_string().contains("images vm"), "{refused}");
+    }
+}

@@ -1,0 +1,42 @@
+//! The microVM sandbox backend over QEMU: one VM per (key, kind), booted from the local VM image
+//! (`docs/vm.md`) and driven through the typed `qemu-vm` driver.
+//!
+//! Scope: [`QemuBackend`] implements the core's [`SandboxBackend`](sandbox_core::SandboxBackend).
+//! Commands and files go through the guest agent (no shell wrapper: the agent takes raw argv
+//! and reports stdout, stderr and the exit apart); the core's guest-path rules are applied on the
+//! host before any file request. Each VM has a directory under the state directory holding its
+//! record, a lock file and the VM's own directory, so another process finds it, reuses it warm
+//! and disposes of it.
+//!
+//! Rung: `microvm` when the accelerator probe's KVM boot reaches the agent; under QEMU's
+//! emulator (TCG), which QEMU does not treat as a security boundary, the backend is refused
+//! unless `allow_emulation` is set, and then declares `container`.
+//!
+//! # Threat model
+//!
+//! The guest is hostile: everything it sends is decoded by the driver's bounded decoder, and
+//! every call has a deadline and an output cap. A VM has no network device (egress `closed`).
+//! Commands run as root inside the VM: the VM is the boundary, not a user inside it.
+//!
+//! # What it does not do yet
+//!
+//! - Streaming exec with stdin (the default collected stream is used), egress allowlists, the
+//!   call isolation scope, a `doctor`, and `sandboxctl --backend qemu`.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+#![cfg(target_os = "linux")]
+
+mod backend;
+mod config;
+mod handle;
+mod layout;
+
+pub use backend::QemuBackend;
+pub use config::{
+    default_state_dir, QemuConfig, DEFAULT_CPUS, DEFAULT_MAX_BOOTING, DEFAULT_MEMORY_MIB,
+    DEFAULT_NAME_PREFIX,
+};
+pub use handle::QemuSandbox;
+
+/// The backend's name.
+pub const BACKEND_NAME: &str = "qemu";

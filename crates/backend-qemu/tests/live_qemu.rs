@@ -1,0 +1,153 @@
+//! The backend against real QEMU on the image of `cargo xtask images vm` (under TCG on a host
+//! without hardware KVM, which the test reports): acquire, exact bytes and exit codes, files,
+//! a warm reacquire, find and list, a timeout that leaves the VM serving, disposal, and nothing
+//! left in the state directory.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use backend_qemu::{QemuBackend, QemuConfig};
+use sandbox_core::{
+    Command, DisposeSelector, ErrorKind, ExecRequest, Isolation, SandboxBackend, SandboxKey,
+    SandboxSpec,
+};
+
+fn image_dir() -> PathBuf {
+    std::env::var_os("QEMU_VM_IMAGE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/vm-image"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_per_key_serves_commands_and_files_and_goes_without_a_trace() {
+    let parent = std::env::var_os("QEMU_VM_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let state = tempfile::tempdir_in(parent).unwrap();
+    let mut config = QemuConfig::default();
+    config.image_dir = image_dir();
+    config.state_dir = state.path().join("state");
+    config.allow_emulation = true;
+    config.cpus = 1;
+    config.memory_mib = 384;
+    let backend = QemuBackend::connect(config).await.expect("connect");
+    eprintln!(
+        "accelerator: {} ({})",
+        backend.accelerator().accel.name(),
+        backend.accelerator().reason
+    );
+    match backend.accelerator().accel {
+        qemu_vm::Accel::Kvm => assert_eq!(backend.isolation(), Isolation::Microvm),
+        _ => assert_eq!(backend.isolation(), Isolation::Container),
+    }
+
+    // The checks run in a task of their own, so a failed one still leaves disposal to run.
+    let checks = tokio::spawn(checks(backend.clone(), state.path().join("state")));
+    let outcome = checks.await;
+    let purge = backend.dispose_scope("live-qemu", "thread").await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic.into_panic());
+    }
+    assert_eq!(purge.disposed, 0, "the checks disposed of their own VM");
+    assert!(purge.undisposed.is_none());
+}
+
+async fn checks(backend: QemuBackend, state: PathBuf) {
+    let key = SandboxKey::conversation("live-qemu", "thread", "agent");
+    let spec = SandboxSpec::builder("shell").build().unwrap();
+    let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
+    assert!(sandbox.freshly_created());
+
+    let out = sandbox
+        .exec(ExecRequest::new(Command::argv([
+            "/bin/sh",
+            "-c",
+            "printf 'a\\0b'; printf err >&2; pwd; exit 7",
+        ])))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"a\0b/maf-sandbox/work\n");
+    assert_eq!(out.stderr, b"err");
+    assert_eq!(out.exit_code, 7);
+    let missing = sandbox
+        .exec(ExecRequest::new(Command::argv(["/no/such/program"])))
+        .await
+        .unwrap();
+    assert_eq!(missing.exit_code, 127);
+
+    let bytes: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+    sandbox
+        .write_file("dir/data.bin", &bytes, ".")
+        .await
+        .unwrap();
+    assert_eq!(
+        sandbox
+            .read_file("dir/data.bin", ".", 1 << 20)
+            .await
+            .unwrap(),
+        bytes
+    );
+    let capped = sandbox
+        .read_file("dir/data.bin", ".", 10)
+        .await
+        .unwrap_err();
+    assert_eq!(capped.kind(), ErrorKind::TransferCapExceeded);
+    let outside = sandbox
+        .read_file("../../etc/passwd", ".", 1 << 20)
+        .await
+        .unwrap_err();
+    assert_eq!(outside.kind(), ErrorKind::Confinement);
+    let listed = sandbox.list_dir("dir", ".").await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].path(), "dir/data.bin");
+    sandbox.remove("dir", ".", true).await.unwrap();
+    assert!(sandbox.stat_file("dir", ".").await.unwrap().is_none());
+
+    let slow = sandbox
+        .exec(
+            ExecRequest::new(Command::argv([
+                "/bin/sh",
+                "-c",
+                "setsid sleep 300 & sleep 300",
+            ]))
+            .timeout(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(slow.kind(), ErrorKind::Timeout);
+    let after = sandbox
+        .exec(ExecRequest::new(Command::argv([
+            "/bin/sh",
+            "-c",
+            "cat /proc/[0-9]*/comm 2>/dev/null | grep -c '^sleep$' || true",
+        ])))
+        .await
+        .unwrap();
+    assert_eq!(
+        after.stdout, b"0\n",
+        "the timeout ended every process of the call"
+    );
+
+    let warm = backend.acquire(&key, &spec).await.expect("warm acquire");
+    assert!(!warm.freshly_created());
+    assert_eq!(warm.instance_id(), sandbox.instance_id());
+    let found = backend.find(&key, "shell").await.unwrap().expect("found");
+    assert_eq!(found.instance_id(), sandbox.instance_id());
+    let listed = backend.list("live-qemu", Some("thread")).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].instance_id, sandbox.instance_id());
+
+    assert!(backend
+        .dispose(&key, DisposeSelector::all())
+        .await
+        .is_none());
+    assert!(backend.find(&key, "shell").await.unwrap().is_none());
+    let left: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .chain(std::fs::read_dir(state.join("vms")).unwrap())
+        .flatten()
+        .map(|entry| entry.file_name())
+        .filter(|name| !name.to_string_lossy().starts_with('.') && name != "vms")
+        .collect();
+    assert!(left.is_empty(), "left in the state directory: {left:?}");
+}
