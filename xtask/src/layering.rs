@@ -77,6 +77,7 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
             "backend-sbx",
             "exec-wrapper",
             "qemu-vm",
+            "backend-qemu",
         ],
     ),
     ("sandbox-mcp", &["sandbox-core", "sandbox-backends"]),

@@ -50,6 +50,13 @@ pub struct BackendArgs {
     /// The docker network the egress proxy's outbound leg joins.
     #[arg(long, global = true, value_name = "NETWORK", default_value = backend_docker::defaults::DEFAULT_OUTBOUND_NETWORK)]
     pub outbound_network: String,
+    /// The VM image of `--backend qemu` (default: the one `images build vm` makes in the cache).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub vm_image: Option<PathBuf>,
+    /// Accept QEMU's emulator (TCG) with `--backend qemu` where KVM cannot boot (it is rung
+    /// `container`, never `microvm`).
+    #[arg(long, global = true)]
+    pub allow_emulation: bool,
 }
 
 fn parse_rung(s: &str) -> Result<Isolation, String> {
@@ -63,6 +70,8 @@ pub enum BackendChoice {
     Docker,
     /// Docker Sandboxes microVMs through `sbx` (rung `microvm`).
     Sbx,
+    /// A QEMU microVM per sandbox from the local VM image (rung `microvm` under KVM; Linux).
+    Qemu,
 }
 
 /// The docker backend's configuration from the flags. `guest_names` as for [`connect`].
@@ -122,7 +131,37 @@ pub async fn connect(
             DockerBackend::connect(docker_config(args, guest_names)).await?,
         )),
         BackendChoice::Sbx => Ok(Arc::new(connect_sbx(args, guest_names).await?)),
+        BackendChoice::Qemu => connect_qemu(args).await,
     }
+}
+
+/// The qemu backend's configuration from the flags.
+///
+/// # Errors
+/// [`SandboxError::InvalidArgument`] when no cache directory can be named for the default image.
+#[cfg(target_os = "linux")]
+pub fn qemu_config(args: &BackendArgs) -> Result<backend_qemu::QemuConfig, SandboxError> {
+    let mut config = backend_qemu::QemuConfig::default();
+    config.image_dir = match &args.vm_image {
+        Some(dir) => dir.clone(),
+        None => vm_cache_dir()?.join("vm-image"),
+    };
+    config.allow_emulation = args.allow_emulation;
+    Ok(config)
+}
+
+#[cfg(target_os = "linux")]
+async fn connect_qemu(args: &BackendArgs) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+    Ok(Arc::new(
+        backend_qemu::QemuBackend::connect(qemu_config(args)?).await?,
+    ))
+}
+
+#[cfg(not(target_os = "linux"))]
+async fn connect_qemu(_args: &BackendArgs) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+    Err(SandboxError::invalid(
+        "the qemu backend runs on Linux hosts only",
+    ))
 }
 
 /// The sbx backend itself (not behind the trait), for a host that also asks for its health checks.
@@ -204,7 +243,7 @@ pub async fn ensure_default_image(
             }
             Ok(Some(image.tag().to_owned()))
         }
-        BackendChoice::Sbx => Ok(None),
+        BackendChoice::Sbx | BackendChoice::Qemu => Ok(None),
     }
 }
 
@@ -328,14 +367,21 @@ pub async fn build_images(
 ) -> Result<Vec<(String, &'static str)>, SandboxError> {
     let mut built = Vec::new();
     let engine_tags: Vec<&String> = tags.iter().filter(|t| *t != VM_IMAGE).collect();
-    if engine_tags.len() < tags.len() {
+    // The qemu backend's one image is the VM image.
+    if engine_tags.len() < tags.len() || (choice == BackendChoice::Qemu && tags.is_empty()) {
         built.push(build_vm_image().await?);
         if engine_tags.is_empty() {
             return Ok(built);
         }
     }
-    if choice == BackendChoice::Sbx {
-        return Err(sbx_has_no_images());
+    match choice {
+        BackendChoice::Sbx => return Err(sbx_has_no_images()),
+        BackendChoice::Qemu => {
+            return Err(SandboxError::invalid(
+                "the qemu backend runs the VM image only (`images build vm`)",
+            ))
+        }
+        BackendChoice::Docker => {}
     }
     let images = if engine_tags.is_empty() {
         vec![LocalImage::DEFAULT]

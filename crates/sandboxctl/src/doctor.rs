@@ -29,6 +29,7 @@ pub async fn doctor(global: &GlobalArgs, egress_probe: &[String]) -> u8 {
     let checks = match global.backend {
         BackendChoice::Docker => docker_checks(global, egress_probe).await,
         BackendChoice::Sbx => sbx_checks(global).await,
+        BackendChoice::Qemu => qemu_checks(global).await,
     };
     print(&checks, global.json);
     u8::from(checks.iter().any(HealthCheck::failed))
@@ -122,6 +123,96 @@ async fn sbx_checks(global: &GlobalArgs) -> Vec<HealthCheck> {
     };
     checks.push(check);
     checks
+}
+
+/// QEMU, the accelerator and why, the image; then a throwaway VM.
+#[cfg(target_os = "linux")]
+async fn qemu_checks(global: &GlobalArgs) -> Vec<HealthCheck> {
+    let mut checks = Vec::new();
+    let qemu = tokio::process::Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .kill_on_drop(true)
+        .output();
+    match tokio::time::timeout(Duration::from_secs(10), qemu).await {
+        Ok(Ok(out)) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let version = text.lines().next().unwrap_or_default().trim().to_owned();
+            checks.push(HealthCheck::pass("qemu.program", version));
+        }
+        _ => {
+            checks.push(HealthCheck::fail(
+                "qemu.program",
+                "qemu-system-x86_64 does not run",
+                "apt-get install qemu-system-x86",
+            ));
+            return checks;
+        }
+    }
+    let config = match crate::backends::qemu_config(global) {
+        Ok(config) => config,
+        Err(e) => {
+            checks.push(HealthCheck::fail("qemu.image", e.to_string(), ""));
+            return checks;
+        }
+    };
+    match qemu_vm::VmImage::load(&config.image_dir) {
+        Ok(image) => checks.push(HealthCheck::pass(
+            "qemu.image",
+            format!(
+                "{} (digest {}, kernel {})",
+                config.image_dir.display(),
+                image.digest,
+                image.kernel_release
+            ),
+        )),
+        Err(e) => {
+            checks.push(HealthCheck::fail(
+                "qemu.image",
+                e.to_string(),
+                "sandboxctl images build vm",
+            ));
+            return checks;
+        }
+    }
+    match backend_qemu::QemuBackend::connect(config).await {
+        Ok(backend) => {
+            let accel = backend.accelerator();
+            checks.push(HealthCheck::pass(
+                "qemu.accelerator",
+                format!(
+                    "{} ({}); rung {}",
+                    accel.accel.name(),
+                    accel.reason,
+                    backend.isolation()
+                ),
+            ));
+            checks.push(
+                throwaway_sandbox(
+                    "qemu.sandbox",
+                    &backend,
+                    SandboxSpec::builder("doctor"),
+                    "sandboxctl --backend qemu purge",
+                    "booted a VM, ran `true`, disposed",
+                )
+                .await,
+            );
+        }
+        Err(e) => checks.push(HealthCheck::fail(
+            "qemu.accelerator",
+            e.to_string(),
+            "on a host without hardware KVM pass --allow-emulation (rung container)",
+        )),
+    }
+    checks
+}
+
+#[cfg(not(target_os = "linux"))]
+async fn qemu_checks(_global: &GlobalArgs) -> Vec<HealthCheck> {
+    vec![HealthCheck::fail(
+        "qemu.program",
+        "the qemu backend runs on Linux hosts only",
+        "",
+    )]
 }
 
 /// Acquires a sandbox under a fresh key, runs `true` in it and disposes of it: `id` passes only
