@@ -13,8 +13,9 @@
 //!   skipped nothing and left nothing behind on the engine;
 //! - `e2e sbx [--sbx-path PATH]`: builds `sbx-sim` (unless a path is given), runs the live sbx
 //!   suite against it, then checks the same;
-//! - `e2e vm`: builds the microVM image, runs `qemu-vm`'s live tests against real QEMU, then
-//!   checks nothing skipped and no QEMU or VM directory of the run is left;
+//! - `e2e vm`: builds the microVM image, runs `qemu-vm`'s and `backend-qemu`'s live tests
+//!   (every conformance suite the backend declares) against real QEMU, then checks nothing
+//!   skipped and no QEMU or VM directory of the run is left;
 //! - `e2e mcp`: the MCP server through the official Python client (pinned, installed into a
 //!   virtual environment under `target/`), over stdio and HTTP, on Docker and `sbx-sim` at
 //!   once; fails on any failed or skipped case and on anything of its runs left on the engine;

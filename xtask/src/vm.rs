@@ -4,8 +4,9 @@
 //! base Debian root archive from the one image recipe (`backend_docker::ImageRecipe`, which
 //! bootstraps it when the cache lacks it) and hands both to `qemu_vm::ImageRecipe`, which
 //! extracts the kernel, writes the initramfs and makes the ext4 root, each cached by digest
-//! under `target/vm-image`. `cargo xtask e2e vm` builds the image, runs `qemu-vm`'s live tests,
-//! and fails when a test skipped or a QEMU or VM directory of the run is left behind.
+//! under `target/vm-image`. `cargo xtask e2e vm` builds the image, runs `qemu-vm`'s live tests
+//! and `backend-qemu`'s (its own checks and every conformance suite it declares), and fails when
+//! a test skipped or a QEMU or VM directory of the run is left behind.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -100,10 +101,12 @@ pub fn e2e(workspace: &Workspace) -> Result<(), XtaskError> {
             "run",
             "-p",
             "qemu-vm",
+            "-p",
+            "backend-qemu",
             "--features",
-            "qemu-vm/live",
-            "--test",
-            "live_vm",
+            "qemu-vm/live,backend-qemu/live",
+            "-E",
+            "binary(live_vm) | binary(live_qemu) | binary(live_conformance)",
             "--no-fail-fast",
             "--status-level",
             "skip",
