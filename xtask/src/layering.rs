@@ -13,9 +13,10 @@
 //! - `vm-agent` (the guest agent and its protocol) depends on nothing of ours, and `qemu-vm`
 //!   on `vm-agent` and `exec-wrapper` only;
 //! - no backend (`backend-*`) depends on another backend;
+//! - `host-files` (the guarded opener of host files) depends on the core only;
 //! - `sandbox-backends` (the one place hosts name concrete backends) depends on the core, the
-//!   backends, `exec-wrapper` and `qemu-vm` (the microVM image); `sandbox-mcp` reaches backends
-//!   only through it;
+//!   backends, `exec-wrapper`, `qemu-vm` (the microVM image) and `host-files`; `sandbox-mcp`
+//!   reaches backends (and the host-file guard) only through it;
 //! - `sandbox-core`'s in-process fake backend (its `testing` feature) is enabled only from
 //!   dev-dependencies, so no binary of ours links it;
 //! - `sandbox-core` does no I/O: its normal dependencies are a short allow-list, and a new one
@@ -78,8 +79,10 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
             "exec-wrapper",
             "qemu-vm",
             "backend-qemu",
+            "host-files",
         ],
     ),
+    ("host-files", &["sandbox-core"]),
     ("sandbox-mcp", &["sandbox-core", "sandbox-backends"]),
     ("vm-agent", &[]),
     ("qemu-vm", &["vm-agent", "exec-wrapper"]),

@@ -200,6 +200,24 @@ impl SandboxBackend for DockerBackend {
     ) -> Result<Vec<SandboxSummary>, SandboxError> {
         self.state.list_sandboxes(scope, thread_id).await
     }
+
+    /// The engine's data root (containers' file systems and volumes) when the engine runs on this
+    /// host (a Unix socket endpoint); none for a remote engine, whose state is not on this host.
+    async fn host_state_roots(&self) -> Result<Vec<String>, SandboxError> {
+        if !self.endpoint().starts_with("unix://") {
+            return Ok(Vec::new());
+        }
+        let engine = &self.state.engine;
+        let info = engine
+            .call(self.state.config.command_timeout, engine.api().info())
+            .await
+            .map_err(|f| engine.failure("engine info", f))?;
+        Ok(info
+            .docker_root_dir
+            .filter(|root| root.starts_with('/'))
+            .into_iter()
+            .collect())
+    }
 }
 
 #[cfg(test)]

@@ -251,6 +251,11 @@ impl SandboxBackend for SbxBackend {
     ) -> Result<Vec<SandboxSummary>, SandboxError> {
         crate::disposal::list(&self.host, scope, thread_id).await
     }
+
+    /// The workspace root: every sandbox's workspace and `meta.json` record lie below it.
+    async fn host_state_roots(&self) -> Result<Vec<String>, SandboxError> {
+        Ok(vec![self.workspace_root().display().to_string()])
+    }
 }
 
 #[cfg(test)]

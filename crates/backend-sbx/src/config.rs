@@ -234,6 +234,19 @@ pub(crate) fn home_dir(env: &[(OsString, OsString)]) -> Option<PathBuf> {
 }
 
 impl SbxConfig {
+    /// The host directories a backend built from this configuration keeps sandboxes' state in (the
+    /// workspace root, absolute), without connecting: what
+    /// [`SandboxBackend::host_state_roots`](sandbox_core::SandboxBackend::host_state_roots) of that
+    /// backend reports, for a host that guards them while it runs another backend.
+    ///
+    /// # Errors
+    ///
+    /// InvalidArgument for a configuration [`SbxBackend::connect`](crate::SbxBackend::connect) would
+    /// refuse.
+    pub fn host_state_roots(&self) -> Result<Vec<PathBuf>, SandboxError> {
+        Ok(vec![self.check()?.root])
+    }
+
     /// Checks every field, snapshots the environment and fixes the workspace root.
     pub(crate) fn check(&self) -> Result<CheckedConfig, SandboxError> {
         if self.sbx_path.as_os_str().is_empty() {
@@ -437,6 +450,8 @@ mod tests {
             ..SbxConfig::default()
         };
         let root = config.check().unwrap().root;
+        // What a host guards is what the backend would use.
+        assert_eq!(config.host_state_roots().unwrap(), std::slice::from_ref(&root));
         if Platform::current() == Platform::Other {
             assert_eq!(
                 root,

@@ -14,6 +14,9 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+/// The guarded opener of host files, for hosts that reach it through this crate.
+pub use host_files;
+
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -176,6 +179,34 @@ pub async fn connect_sbx(
     guest_names: &[String],
 ) -> Result<SbxBackend, SandboxError> {
     SbxBackend::connect(sbx_config(args, guest_names)).await
+}
+
+/// The one guard of every host file a host reads for a sandbox or writes with its bytes
+/// ([`host_files`]: `cp-in`, `cp-out`, an env file, an MCP tool's transfer): the credential paths
+/// and the paths a host executes, the host state roots the connected `backend` reports, those of
+/// the sbx configuration these flags would give (whichever backend runs, one key never reaches
+/// another key's sbx workspace through the host), and `output_root` when a host pins writes to one.
+///
+/// # Errors
+/// The backend's failure to report its roots (then nothing is moved), or an `output_root` that is
+/// not an existing directory.
+///
+/// # Cancel safety and drop
+/// Dropping the future drops the backend's request in flight; nothing is changed.
+pub async fn host_guard(
+    args: &BackendArgs,
+    backend: &dyn SandboxBackend,
+    output_root: Option<&std::path::Path>,
+) -> Result<host_files::HostPathGuard, SandboxError> {
+    let mut roots: Vec<PathBuf> = backend
+        .host_state_roots()
+        .await?
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
+    // An sbx configuration this environment cannot form has no workspace root to guard.
+    roots.extend(sbx_config(args, &[]).host_state_roots().unwrap_or_default());
+    host_files::host_guard(roots, output_root)
 }
 
 /// The engine client's environment: this process's own, minus the variables a host gives a guest. Their values

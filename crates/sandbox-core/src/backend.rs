@@ -210,4 +210,22 @@ pub trait SandboxBackend: Send + Sync + std::fmt::Debug {
         scope: &str,
         thread_id: Option<&str>,
     ) -> Result<Vec<SandboxSummary>, SandboxError>;
+
+    /// The directories of the host running this process where the backend keeps sandboxes' state
+    /// (workspaces, records, an engine's data root), absolute. A host that moves files between the
+    /// host and a sandbox guards them for reads and writes alike, so one key never reaches another
+    /// key's sandbox through the host; taking them from the backend keeps that guard from drifting
+    /// from where the state really is. The default is none: a backend that keeps no host state.
+    ///
+    /// # Errors
+    ///
+    /// An engine failure when the backend must ask its engine and cannot; a host then refuses to
+    /// move files rather than guard too little.
+    ///
+    /// # Cancel safety and drop
+    ///
+    /// Dropping the future drops any engine request in flight; nothing is changed.
+    async fn host_state_roots(&self) -> Result<Vec<String>, SandboxError> {
+        Ok(Vec::new())
+    }
 }

@@ -20,6 +20,8 @@
 //!   labels) and [`naming::sbx`] (sandbox names).
 //! - [`storage_base`]: which directories of a storage base to create.
 //! - [`credential_paths`]: the credential paths a host never exposes, and the matchers over them.
+//! - [`host_paths`]: the one policy over host paths a host reads for a sandbox or writes with its bytes
+//!   (credentials, paths a host executes, backends' host state, an output root).
 //! - [`hygiene`]: the secret-looking environment-name denylist.
 //! - [`egress`]: the egress modes (also at the root) and the allowlist grammar's validators.
 //! - [`backend_kit`]: what only a backend author needs: the producer end of an exec stream, the
@@ -56,6 +58,7 @@ mod exec;
 mod exec_stream;
 pub mod guest_path;
 mod health;
+pub mod host_paths;
 pub mod hygiene;
 mod isolation;
 mod key;

@@ -5,5 +5,5 @@
 pub(crate) use sandbox_backends::qemu_config;
 pub(crate) use sandbox_backends::{
     build_images, connect, connect_sbx, docker_config, ensure_default_image, gated_router,
-    sbx_config,
+    host_guard, sbx_config,
 };

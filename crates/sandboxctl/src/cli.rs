@@ -57,10 +57,21 @@ Host files refused (exit 69):
   cp-out never writes a destination under one either (judged on its opened parent directory),
   so a guest cannot plant ~/.ssh/authorized_keys.
   --allow-credential-path (cp-in and cp-out only) lifts this one refusal.
-  cp-in also refuses files of pseudo file systems (procfs such as /proc/self/environ, sysfs,
-  devtmpfs, debugfs, securityfs, cgroup, ...), whatever the flag says, and anything but a
-  regular file (67); at most the transfer cap plus one byte is ever read (68 over it).
-  --env-file takes a regular file of at most 1 MiB.";
+  cp-out never writes where a host executes or loads files on its own, whatever the flag says:
+  shell start-up files (~/.bashrc ~/.profile ~/.bash_profile ~/.zshrc ~/.config/fish, ...),
+  ~/.config/autostart, ~/.config/systemd and ~/.config/environment.d, ~/.local/bin, ~/bin,
+  ~/.ssh/rc, any .git or .hg directory, and system-wide /etc/cron*, /etc/sudoers.d,
+  /etc/profile.d, /etc/ld.so.preload, /etc/ld.so.conf.d, /etc/systemd, /etc/init.d,
+  /etc/rc.local, /etc/bash.bashrc, /etc/environment, /etc/udev, /usr, /bin, /lib, /boot, ...
+  (the full list is in the README's Security section); names are compared without regard
+  to case. --out-dir DIR pins cp-out to DIR: nothing outside it is written.
+  cp-in, cp-out and --env-file never touch a backend's host state: the sbx workspace root
+  (another sandbox's workspace and meta.json) and a local Docker engine's data root.
+  cp-in and --env-file also refuse files of pseudo file systems (procfs such as
+  /proc/self/environ or /proc/cmdline, sysfs, devtmpfs, debugfs, securityfs, cgroup, ...),
+  whatever the flag says, and anything but a regular file (67); at most the transfer cap plus
+  one byte is ever read (68 over it).
+  --env-file takes a regular file of at most 1 MiB; its errors name a line, never its content.";
 
 /// Flags every command takes: the backend's (shared with every host binary) and `--json`.
 ///
@@ -230,7 +241,8 @@ pub enum FileCommand {
     },
     /// Copy a file out of a sandbox; a refused copy leaves no partial local file. Refuses a destination
     /// under a credential path (~/.ssh/authorized_keys, ~/.gitconfig, ...) unless
-    /// --allow-credential-path (exit 69).
+    /// --allow-credential-path, and always one a host executes or loads (~/.bashrc, systemd units,
+    /// cron, ...), a backend's host state, or one outside --out-dir (exit 69).
     CpOut {
         /// The sandbox's key.
         #[command(flatten)]
@@ -241,6 +253,10 @@ pub enum FileCommand {
         /// Allow a destination under a credential path (~/.ssh/authorized_keys, ~/.gitconfig, ...).
         #[arg(long)]
         allow_credential_path: bool,
+        /// Write nothing outside DIR (an existing directory; judged where the destination really
+        /// is, links and `..` resolved).
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
         /// The largest file accepted.
         #[arg(long, value_name = "N", default_value_t = 8 * 1024 * 1024)]
         max_bytes: u64,

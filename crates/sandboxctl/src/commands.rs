@@ -11,9 +11,9 @@ use sandbox_core::{
 use serde_json::{json, Value};
 
 use crate::cli::{Cli, CommandLine, FileCommand, FileTarget, GlobalArgs, ImagesAction, RunTarget};
-use crate::host_files::{credential_guard, Destination, Source};
 use crate::keys::{check_field, generated_key, KeyArgs};
 use crate::{backends, exit_codes, guest_env, report};
+use host_files::{Destination, Source};
 
 /// Runs the parsed command line.
 pub async fn dispatch(cli: Cli) -> u8 {
@@ -132,13 +132,16 @@ async fn gated_backend(
     Ok(backend)
 }
 
+/// The request of `run` and `exec`. Without a `guard` an `--env-file` is not read yet: that first
+/// check refuses a bad request before any engine call, and [`with_env_file`] completes it.
 fn exec_request(
     target: &RunTarget,
     argv: Vec<std::ffi::OsString>,
+    guard: Option<&host_files::HostPathGuard>,
 ) -> Result<ExecRequest, SandboxError> {
     use std::os::unix::ffi::OsStringExt;
     let timeout = timeout_bound(target.timeout)?;
-    let env = target.env.build(guest_env::from_process_env)?;
+    let env = target.env.build(guest_env::from_process_env, guard)?;
     let request = ExecRequest::new(Command::Argv(
         argv.into_iter().map(|a| a.into_vec()).collect(),
     ))
@@ -147,6 +150,22 @@ fn exec_request(
     .env(env);
     request.validate()?;
     Ok(request)
+}
+
+/// The request again with its `--env-file` read through the one guarded opener, whose guard knows
+/// the connected backend's host state; the request as it is when no file is given.
+async fn with_env_file(
+    global: &GlobalArgs,
+    backend: &dyn SandboxBackend,
+    target: &RunTarget,
+    argv: Vec<std::ffi::OsString>,
+    request: ExecRequest,
+) -> Result<ExecRequest, SandboxError> {
+    if target.env.file.is_none() {
+        return Ok(request);
+    }
+    let guard = backends::host_guard(global, backend, None).await?;
+    exec_request(target, argv, Some(&guard))
 }
 
 /// The longest `--timeout` accepted. Deadlines are computed as `now + timeout`, which overflows (a panic,
@@ -336,12 +355,16 @@ async fn run(
         Ok(k) => k,
         Err(e) => return refused(e.into()),
     };
-    let request = match exec_request(target, argv) {
+    let request = match exec_request(target, argv.clone(), None) {
         Ok(r) => r,
         Err(e) => return refused(e),
     };
     let backend = match gated_backend(global, &target.env.names).await {
         Ok(b) => b,
+        Err(e) => return refused(e),
+    };
+    let request = match with_env_file(global, &*backend, target, argv, request).await {
+        Ok(r) => r,
         Err(e) => return refused(e),
     };
     let image = match image {
@@ -432,8 +455,9 @@ async fn exec(
 ) -> u8 {
     let outcome = async {
         let key = key.require()?;
-        let request = exec_request(target, argv)?;
+        let request = exec_request(target, argv.clone(), None)?;
         let backend = gated_backend(global, &target.env.names).await?;
+        let request = with_env_file(global, &*backend, target, argv, request).await?;
         let sandbox = found(&backend, &key, &target.kind).await?;
         until_interrupted(run_in(global, &*sandbox, request, target)).await
     }
@@ -496,8 +520,9 @@ async fn run_file_command(global: &GlobalArgs, command: FileCommand) -> Done {
             guest,
         } => {
             let key = key.require()?;
-            let source = Source::open(&local, &credential_guard(), allow_credential_path)?;
             let backend = gated_backend(global, &[]).await?;
+            let guard = backends::host_guard(global, &*backend, None).await?;
+            let source = Source::open(&local, &guard, allow_credential_path)?;
             let sandbox = found(&backend, &key, &target.kind).await?;
             // No sandbox of this backend takes more in one file: never read more than that.
             let cap = backend.declarations().limits.files_in.max_bytes_per_file;
@@ -514,14 +539,15 @@ async fn run_file_command(global: &GlobalArgs, command: FileCommand) -> Done {
             key,
             target,
             allow_credential_path,
+            out_dir,
             max_bytes,
             guest,
             local,
         } => {
             let key = key.require()?;
-            let destination =
-                Destination::open(&local, &credential_guard(), allow_credential_path)?;
             let backend = gated_backend(global, &[]).await?;
+            let guard = backends::host_guard(global, &*backend, out_dir.as_deref()).await?;
+            let destination = Destination::open(&local, &guard, allow_credential_path)?;
             let sandbox = found(&backend, &key, &target.kind).await?;
             let content = sandbox
                 .read_file(&guest, &target.workdir, max_bytes)
@@ -705,7 +731,6 @@ fn key_flags(key: &SandboxKey) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     #[test]
     fn run_allows_hosts_as_an_allowlist_and_refuses_bad_ones() {
@@ -778,94 +803,5 @@ mod tests {
         }
         let line = summary_line(&summary(SandboxState::Running, None));
         assert_eq!(line, "id1\trunning\tshell\ts/t/a\n");
-    }
-
-    #[test]
-    fn cp_out_files_get_the_usual_mode() {
-        let dir = tempfile::tempdir().unwrap();
-        let local = dir.path().join("out");
-        let guard = sandbox_core::credential_paths::CredentialGuard::for_user("/nonexistent-home");
-        Destination::open(&local, &guard, false)
-            .unwrap()
-            .write_atomically(b"x")
-            .unwrap();
-        let mode = std::os::unix::fs::PermissionsExt::mode(
-            &std::fs::metadata(&local).unwrap().permissions(),
-        );
-        // Whatever the umask, group or others get what it allows, never the temp file's 0600.
-        let umask_probe = dir.path().join("probe");
-        std::fs::write(&umask_probe, b"").unwrap();
-        let usual = std::os::unix::fs::PermissionsExt::mode(
-            &std::fs::metadata(&umask_probe).unwrap().permissions(),
-        );
-        assert_eq!(mode & 0o777, usual & 0o777);
-        assert_eq!(std::fs::read(&local).unwrap(), b"x");
-    }
-
-    /// A source directory swapped for a link to `~/.ssh` while cp-in checks and reads it: the key must
-    /// never be what is read.
-    #[test]
-    fn a_source_swapped_for_a_credential_link_is_never_read() {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        use std::sync::Arc;
-        let root = tempfile::tempdir().unwrap();
-        let home = root.path().join("home");
-        let ssh = home.join(".ssh");
-        std::fs::create_dir_all(&ssh).unwrap();
-        std::fs::write(ssh.join("id_ed25519"), b"PRIVATE KEY").unwrap();
-        // `dir` is a real directory holding a harmless file, and in turns a link to ~/.ssh.
-        let dir = root.path().join("dir");
-        let real_spare = root.path().join("real-spare");
-        let link_spare = root.path().join("link-spare");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("id_ed25519"), b"harmless").unwrap();
-        std::os::unix::fs::symlink(&ssh, &link_spare).unwrap();
-        let source = root.path().join("dir/id_ed25519");
-        assert_eq!(copy_in_source(&source, &home).unwrap(), b"harmless");
-        let stop = Arc::new(AtomicBool::new(false));
-        let flipper = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut flips = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let (away, back) = if flips % 2 == 0 {
-                        (&real_spare, &link_spare)
-                    } else {
-                        (&link_spare, &real_spare)
-                    };
-                    std::fs::rename(&dir, away).unwrap();
-                    std::fs::rename(back, &dir).unwrap();
-                    flips += 1;
-                    // Hold each state a little, a different while each time, so checks and reads
-                    // land on both sides of a swap.
-                    std::thread::sleep(std::time::Duration::from_micros(flips % 7 * 20));
-                }
-                flips
-            })
-        };
-        let mut leaked = 0;
-        let mut copied = 0;
-        for _ in 0..3000 {
-            if let Ok(content) = copy_in_source(&source, &home) {
-                copied += 1;
-                if content == b"PRIVATE KEY" {
-                    leaked += 1;
-                }
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
-        let flips = flipper.join().unwrap();
-        assert!(flips > 100, "the swap raced ({flips} flips)");
-        assert!(copied > 0, "the harmless file was copied at times");
-        assert_eq!(
-            leaked, 0,
-            "the private key was read {leaked} times of {copied} copies"
-        );
-    }
-
-    fn copy_in_source(local: &Path, home: &Path) -> Result<Vec<u8>, SandboxError> {
-        let guard =
-            sandbox_core::credential_paths::CredentialGuard::for_user(home.display().to_string());
-        crate::host_files::Source::open(local, &guard, false)?.read_capped(1 << 20)
     }
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use sandbox_core::{ExecEnv, SandboxError};
 
-use crate::host_files::MAX_ENV_FILE_BYTES;
+use host_files::{HostPathGuard, Source, MAX_ENV_FILE_BYTES};
 
 /// Guest environment flags.
 #[derive(Debug, Clone, Default, Args)]
@@ -24,8 +24,15 @@ pub struct EnvArgs {
 }
 
 impl EnvArgs {
-    /// Builds and validates the guest environment. `lookup` reads sandboxctl's own environment.
-    pub fn build(&self, lookup: impl Fn(&str) -> Option<Vec<u8>>) -> Result<ExecEnv, SandboxError> {
+    /// Builds and validates the guest environment. `lookup` reads sandboxctl's own environment;
+    /// `--env-file` is read through `guard`, the one guarded opener of host reads (credential paths,
+    /// backends' host state and pseudo file systems refused), and only when a guard is given: without
+    /// one (a first check before a backend is connected) the file is not read yet.
+    pub fn build(
+        &self,
+        lookup: impl Fn(&str) -> Option<Vec<u8>>,
+        guard: Option<&HostPathGuard>,
+    ) -> Result<ExecEnv, SandboxError> {
         let mut env = ExecEnv::default();
         for name in &self.names {
             let value = lookup(name).ok_or_else(|| {
@@ -33,17 +40,25 @@ impl EnvArgs {
             })?;
             env = env.set(name.clone(), value);
         }
-        if let Some(path) = &self.file {
-            // A regular file of bounded size: `/dev/zero` or a fifo must not take the host's memory or hang.
-            let text = crate::host_files::read_regular_capped(path, MAX_ENV_FILE_BYTES).map_err(
-                |why| SandboxError::invalid(format!("--env-file {}: {why}", path.display())),
+        if let (Some(path), Some(guard)) = (&self.file, guard) {
+            let shown = path.display();
+            // A regular file of bounded size: `/dev/zero` or a fifo must not take the host's memory
+            // or hang. A policy refusal stays one (69); a file of the wrong kind or size is a bad
+            // argument.
+            let text = Source::open(path, guard, false)
+                .and_then(|source| source.read_capped(MAX_ENV_FILE_BYTES))
+                .map_err(|e| match e {
+                    SandboxError::NotPermitted(why) => {
+                        SandboxError::NotPermitted(format!("--env-file: {why}"))
+                    }
+                    other => SandboxError::invalid(format!("--env-file {shown}: {other}")),
+                })?;
+            let entries = parse_env_file(&text, &self.names, &self.allowed_secret_names).map_err(
+                |(line, why)| {
+                    SandboxError::invalid(format!("--env-file {shown}: line {line} {why}"))
+                },
             )?;
-            for (name, value) in parse_env_file(&text).map_err(|line| {
-                SandboxError::invalid(format!(
-                    "--env-file {}: line {line} is not NAME=VALUE",
-                    path.display()
-                ))
-            })? {
+            for (name, value) in entries {
                 env = env.set(name, value);
             }
         }
@@ -55,18 +70,58 @@ impl EnvArgs {
     }
 }
 
-/// `NAME=VALUE` per line; the value is the rest of the line, verbatim. Returns the bad line's number.
-fn parse_env_file(text: &[u8]) -> Result<Vec<(String, Vec<u8>)>, usize> {
-    let mut out = Vec::new();
+/// A line of an env file that is refused: its number and the rule, never its content.
+type LineError = (usize, &'static str);
+
+/// `NAME=VALUE` per line; the value is the rest of the line, verbatim. Each entry is checked here
+/// (the name's form, a NUL in the value, a secret-looking name not allowed, a name given twice, with
+/// `given` the `--env` names) so that a refusal names the line and the rule, never a byte of the
+/// file: a file that is not an env file (someone's `/proc/self/environ`) must not leak through its
+/// error.
+fn parse_env_file(
+    text: &[u8],
+    given: &[String],
+    allowed: &[String],
+) -> Result<Vec<(String, Vec<u8>)>, LineError> {
+    let mut out: Vec<(String, Vec<u8>)> = Vec::new();
     for (i, line) in text.split(|b| *b == b'\n').enumerate() {
+        let number = i + 1;
         if line.is_empty() || line.starts_with(b"#") {
             continue;
         }
-        let eq = line.iter().position(|b| *b == b'=').ok_or(i + 1)?;
-        let name = std::str::from_utf8(&line[..eq]).map_err(|_| i + 1)?;
-        out.push((name.to_owned(), line[eq + 1..].to_vec()));
+        let eq = line
+            .iter()
+            .position(|b| *b == b'=')
+            .ok_or((number, "is not NAME=VALUE"))?;
+        let name = std::str::from_utf8(&line[..eq])
+            .ok()
+            .filter(|name| is_env_name(name))
+            .ok_or((number, "has a name that is not [A-Za-z_][A-Za-z0-9_]*"))?;
+        let value = &line[eq + 1..];
+        if value.contains(&0) {
+            return Err((number, "has a NUL byte in its value"));
+        }
+        if sandbox_core::hygiene::is_secret_name(name) && !allowed.iter().any(|a| a == name) {
+            return Err((
+                number,
+                "has a name that looks like a secret's; pass --allow-secret-name with that name to \
+                 send it",
+            ));
+        }
+        if given.iter().any(|g| g == name) || out.iter().any(|(n, _)| n == name) {
+            return Err((number, "gives a name that is given before"));
+        }
+        out.push((name.to_owned(), value.to_vec()));
     }
     Ok(out)
+}
+
+fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Reads a variable from sandboxctl's own environment, as bytes.
@@ -81,7 +136,8 @@ mod tests {
 
     #[test]
     fn file_format() {
-        let parsed = parse_env_file(b"# c\n\nA=1\nB= spaced = value \nC=\nD=crlf\r\n").unwrap();
+        let parsed =
+            parse_env_file(b"# c\n\nA=1\nB= spaced = value \nC=\nD=crlf\r\n", &[], &[]).unwrap();
         assert_eq!(
             parsed,
             vec![
@@ -92,7 +148,10 @@ mod tests {
                 ("D".into(), b"crlf\r".to_vec())
             ]
         );
-        assert_eq!(parse_env_file(b"A=1\nnoequals\n"), Err(2));
+        assert_eq!(
+            parse_env_file(b"A=1\nnoequals\n", &[], &[]).unwrap_err().0,
+            2
+        );
     }
 
     #[test]
@@ -102,10 +161,10 @@ mod tests {
             ..Default::default()
         };
         let env = args
-            .build(|n| (n == "FOO").then(|| b"bar".to_vec()))
+            .build(|n| (n == "FOO").then(|| b"bar".to_vec()), None)
             .unwrap();
         assert_eq!(env.entries(), &[("FOO".to_string(), b"bar".to_vec())]);
-        assert!(args.build(|_| None).is_err());
+        assert!(args.build(|_| None, None).is_err());
     }
 
     #[test]
@@ -115,9 +174,82 @@ mod tests {
             ..Default::default()
         };
         let lookup = |_: &str| Some(b"t".to_vec());
-        assert!(args.build(lookup).is_err());
+        assert!(args.build(lookup, None).is_err());
         args.allowed_secret_names.push("GITHUB_TOKEN".into());
-        assert!(args.build(lookup).is_ok());
+        assert!(args.build(lookup, None).is_ok());
+    }
+
+    fn guard() -> HostPathGuard {
+        host_files::host_guard([], None).unwrap()
+    }
+
+    fn build_from(file: &std::path::Path) -> Result<ExecEnv, SandboxError> {
+        EnvArgs {
+            file: Some(file.to_path_buf()),
+            ..Default::default()
+        }
+        .build(|_| None, Some(&guard()))
+    }
+
+    /// A file that is not an env file (a process's environment, NUL-separated) is refused by line,
+    /// naming no variable and no value.
+    #[test]
+    fn env_file_errors_name_no_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases: &[(&[u8], usize)] = &[
+            (b"LEAKY_NAME_1=leaky-value\0HOME=/root\0", 1),
+            (b"A=1\nLEAKY_API_TOKEN=leaky-value\n", 2),
+            (b"A=1\nLEAKY NAME=leaky-value\n", 2),
+            (b"LEAKY_NAME=leaky-value\nLEAKY_NAME=leaky-value\n", 2),
+            (b"leaky-value\n", 1),
+        ];
+        for (content, line) in cases {
+            let path = dir.path().join("env");
+            std::fs::write(&path, content).unwrap();
+            let e = build_from(&path).unwrap_err();
+            let text = e.to_string();
+            assert_eq!(e.kind(), sandbox_core::ErrorKind::InvalidArgument, "{text}");
+            assert!(text.contains(&format!("line {line} ")), "{text}");
+            assert!(!text.contains("LEAKY") && !text.contains("leaky"), "{text}");
+        }
+    }
+
+    /// The env file goes through the one guarded opener: credential files, pseudo file systems and a
+    /// backend's host state are refused as for cp-in.
+    #[test]
+    fn env_files_are_refused_where_cp_in_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let aws = dir.path().join(".aws");
+        std::fs::create_dir_all(&aws).unwrap();
+        std::fs::write(aws.join("credentials"), b"AWS_SECRET=leaky\n").unwrap();
+        let ws = dir.path().join("state/ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(ws.join("env"), b"A=1\n").unwrap();
+        let guard = HostPathGuard::new(sandbox_core::credential_paths::CredentialGuard::for_user(
+            dir.path().display().to_string(),
+        ))
+        .with_state_roots([dir.path().join("state").display().to_string()]);
+        for file in [
+            aws.join("credentials"),
+            ws.join("env"),
+            "/proc/cmdline".into(),
+            "/proc/self/environ".into(),
+        ] {
+            let e = EnvArgs {
+                file: Some(file.clone()),
+                ..Default::default()
+            }
+            .build(|_| None, Some(&guard))
+            .unwrap_err();
+            assert_eq!(
+                e.kind(),
+                sandbox_core::ErrorKind::NotPermitted,
+                "{}: {e}",
+                file.display()
+            );
+            assert!(e.to_string().contains("--env-file"), "{e}");
+            assert!(!e.to_string().contains("leaky"), "{e}");
+        }
     }
 
     #[test]
@@ -142,7 +274,7 @@ mod tests {
                 file: Some(file.to_path_buf()),
                 ..Default::default()
             }
-            .build(|_| None)
+            .build(|_| None, Some(&guard()))
         };
         assert!(build(&at_limit).is_ok());
         for refused in [

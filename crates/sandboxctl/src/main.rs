@@ -13,7 +13,6 @@ mod commands;
 mod doctor;
 mod exit_codes;
 mod guest_env;
-mod host_files;
 mod keys;
 mod report;
 

@@ -551,3 +551,302 @@ fn library_guest_paths_with_a_nul_are_invalid_before_any_engine_call() {
         assert_eq!(kind, Err(ErrorKind::InvalidArgument));
     }
 }
+
+/// A fake home for one test, with its `HOME` for sandboxctl's environment.
+struct FakeHome {
+    _dir: tempfile::TempDir,
+    home: std::path::PathBuf,
+}
+
+impl FakeHome {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        std::fs::create_dir_all(&home).unwrap();
+        FakeHome { _dir: dir, home }
+    }
+
+    fn env(&self) -> [(&str, &str); 1] {
+        [("HOME", self.home.to_str().unwrap())]
+    }
+
+    fn cp_out(&self, key: &str, guest: &str, dest: &std::path::Path, extra: &[&str]) -> Output {
+        let mut args = vec!["cp-out", "--key", key];
+        args.extend_from_slice(extra);
+        args.extend([guest, dest.to_str().unwrap()]);
+        ctl_env(&args, &self.env(), Duration::from_secs(60))
+    }
+
+    /// Nothing but `keep` in `dir`: no destination, no temp file of a refused copy.
+    fn assert_only(dir: &std::path::Path, keep: &[&str]) {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let mut want: Vec<String> = keep.iter().map(|s| (*s).to_owned()).collect();
+        want.sort();
+        assert_eq!(names, want, "in {}", dir.display());
+    }
+}
+
+/// cp-out never writes where a host executes or loads files on its own (shell start-up files,
+/// units, autostart entries, repository hooks), by any alias (a link, `..`, another case), and no
+/// credential override lifts it.
+#[test]
+fn cp_out_refuses_destinations_a_host_executes() {
+    let sandbox = KeptSandbox::new("exec-dest", "printf 'touch /tmp/pwned' > payload");
+    let fake = FakeHome::new();
+    let home = &fake.home;
+    let units = home.join(".config/systemd/user");
+    for dir in [
+        units.clone(),
+        home.join(".config/autostart"),
+        home.join("repo/.git/hooks"),
+        home.join("x"),
+    ] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::os::unix::fs::symlink(&units, home.join("innocent")).unwrap();
+    for dest in [
+        home.join(".bashrc"),
+        home.join(".profile"),
+        home.join(".bash_profile"),
+        home.join(".bash_login"),
+        home.join(".zshrc"),
+        home.join(".BASHRC"),
+        home.join("x/../.zprofile"),
+        units.join("x.service"),
+        home.join("innocent/y.service"),
+        home.join(".config/autostart/x.desktop"),
+        home.join("repo/.git/hooks/pre-commit"),
+    ] {
+        for extra in [&[][..], &["--allow-credential-path"][..]] {
+            let out = fake.cp_out(&sandbox.key, "payload", &dest, extra);
+            assert_eq!(code(&out), 69, "{}: {}", dest.display(), stderr(&out));
+            assert!(
+                stderr(&out).contains("executes or loads"),
+                "{}",
+                stderr(&out)
+            );
+        }
+    }
+    FakeHome::assert_only(home, &[".config", "repo", "x", "innocent"]);
+    FakeHome::assert_only(&units, &[]);
+    FakeHome::assert_only(&home.join("repo/.git/hooks"), &[]);
+    // An ordinary destination is still written.
+    let out = fake.cp_out(&sandbox.key, "payload", &home.join("x/payload.txt"), &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
+
+/// `--out-dir` pins cp-out: inside it (also reached through a link) is written; outside it, by
+/// `..` or a link, nothing is.
+#[test]
+fn cp_out_writes_nothing_outside_its_out_dir() {
+    let sandbox = KeptSandbox::new("out-dir", "printf data > f");
+    let fake = FakeHome::new();
+    let out_dir = fake.home.join("out");
+    let elsewhere = fake.home.join("elsewhere");
+    std::fs::create_dir_all(out_dir.join("sub")).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, out_dir.join("escape")).unwrap();
+    std::os::unix::fs::symlink(&out_dir, fake.home.join("out-link")).unwrap();
+    let pin = ["--out-dir", out_dir.to_str().unwrap()];
+    for dest in [
+        elsewhere.join("a"),
+        out_dir.join("sub/../../elsewhere/b"),
+        out_dir.join("escape/c"),
+    ] {
+        let out = fake.cp_out(&sandbox.key, "f", &dest, &pin);
+        assert_eq!(code(&out), 69, "{}: {}", dest.display(), stderr(&out));
+        assert!(stderr(&out).contains("output root"), "{}", stderr(&out));
+    }
+    FakeHome::assert_only(&elsewhere, &[]);
+    for dest in [out_dir.join("sub/d"), fake.home.join("out-link/e")] {
+        let out = fake.cp_out(&sandbox.key, "f", &dest, &pin);
+        assert_eq!(code(&out), 0, "{}: {}", dest.display(), stderr(&out));
+        assert_eq!(std::fs::read(&dest).unwrap(), b"data");
+    }
+    // A root that does not exist is a bad argument, not a licence to write anywhere.
+    let missing = fake.home.join("missing");
+    let out = fake.cp_out(
+        &sandbox.key,
+        "f",
+        &elsewhere.join("f"),
+        &["--out-dir", missing.to_str().unwrap()],
+    );
+    assert_eq!(code(&out), 64, "{}", stderr(&out));
+    FakeHome::assert_only(&elsewhere, &[]);
+}
+
+/// Another sandbox's sbx workspace and record, at the root the sbx backend derives from this
+/// environment, are out of reach through the host whichever backend runs the command: cp-in does
+/// not read them, cp-out does not plant files in them or replace the record, and an env file is
+/// not taken from them.
+#[test]
+fn one_key_cannot_reach_another_sandboxs_sbx_workspace() {
+    let sandbox = KeptSandbox::new("sbx-state", "printf planted > f");
+    let fake = FakeHome::new();
+    let record_dir = fake
+        .home
+        .join(".local/state/maf-sandbox-docker-sbx/workspaces/sbx-other-0123456789ab");
+    let workspace = record_dir.join("ws-0123456789ab");
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::write(workspace.join("secret.txt"), b"another key's file").unwrap();
+    std::fs::write(workspace.join("vars.env"), b"A=1\n").unwrap();
+    let record = br#"{"instance_id":"x","workspace":"ws-0123456789ab"}"#;
+    std::fs::write(record_dir.join("meta.json"), record).unwrap();
+    std::os::unix::fs::symlink(&workspace, fake.home.join("alias")).unwrap();
+    let env = fake.env();
+    let bound = Duration::from_secs(60);
+    for source in [workspace.join("secret.txt"), fake.home.join("alias/secret.txt")] {
+        let out = ctl_env(
+            &[
+                "cp-in",
+                "--key",
+                &sandbox.key,
+                "--allow-credential-path",
+                source.to_str().unwrap(),
+                "stolen",
+            ],
+            &env,
+            bound,
+        );
+        assert_eq!(code(&out), 69, "{}: {}", source.display(), stderr(&out));
+        assert!(stderr(&out).contains("workspaces"), "{}", stderr(&out));
+    }
+    let out = ctl(&["exec", "--key", &sandbox.key, "--", "test", "-e", "stolen"]);
+    assert_eq!(code(&out), 1, "nothing was copied in: {}", stderr(&out));
+    for dest in [
+        workspace.join("planted"),
+        record_dir.join("meta.json"),
+        fake.home.join("alias/planted2"),
+    ] {
+        let out = fake.cp_out(&sandbox.key, "f", &dest, &["--allow-credential-path"]);
+        assert_eq!(code(&out), 69, "{}: {}", dest.display(), stderr(&out));
+    }
+    FakeHome::assert_only(&workspace, &["secret.txt", "vars.env"]);
+    assert_eq!(std::fs::read(record_dir.join("meta.json")).unwrap(), record);
+    let out = ctl_env(
+        &[
+            "exec",
+            "--key",
+            &sandbox.key,
+            "--env-file",
+            workspace.join("vars.env").to_str().unwrap(),
+            "--",
+            "true",
+        ],
+        &env,
+        bound,
+    );
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(stderr(&out).contains("workspaces"), "{}", stderr(&out));
+}
+
+/// `--env-file` goes through the same guarded opener as cp-in: a credential file and the host
+/// kernel's command line are refused, and a file that is not an env file (a process environment)
+/// is refused by line with no variable's name or value in the message.
+#[test]
+fn env_files_are_refused_where_cp_in_is() {
+    let fake = FakeHome::new();
+    let aws = fake.home.join(".aws");
+    std::fs::create_dir_all(&aws).unwrap();
+    let credentials = aws.join("credentials");
+    std::fs::write(&credentials, b"AWS_ACCESS_KEY_ID=AKIAEXAMPLELEAK\n").unwrap();
+    let environ = fake.home.join("environ");
+    std::fs::write(&environ, b"LEAKY_VARIABLE_NAME=leaky-value\0HOME=/root\0").unwrap();
+    let run = |file: &std::path::Path| {
+        ctl_env(
+            &[
+                "--json",
+                "run",
+                "--env-file",
+                file.to_str().unwrap(),
+                "--",
+                "env",
+            ],
+            &fake.env(),
+            Duration::from_secs(120),
+        )
+    };
+    for (file, kind) in [
+        (credentials.as_path(), "NotPermitted"),
+        (std::path::Path::new("/proc/cmdline"), "NotPermitted"),
+        (environ.as_path(), "InvalidArgument"),
+    ] {
+        let out = run(file);
+        let v = json(&out);
+        let all = format!("{v} {}", stderr(&out));
+        assert_eq!(v["outcome"], "error", "{}: {all}", file.display());
+        assert_eq!(v["error"]["kind"], kind, "{}: {all}", file.display());
+        for leak in ["AKIAEXAMPLELEAK", "LEAKY_VARIABLE_NAME", "leaky-value", "BOOT_IMAGE"] {
+            assert!(!all.contains(leak), "{}: {all}", file.display());
+        }
+    }
+}
+
+/// cp-out of a file the guest keeps growing during the read: the copy is bounded by `--max-bytes`
+/// (refused over it, 68) and never leaves a partial local file or a temporary one.
+#[test]
+fn cp_out_of_a_growing_file_is_bounded_and_never_partial() {
+    let sandbox = KeptSandbox::new("grow", "printf '' > grow");
+    let writer = {
+        let key = sandbox.key.clone();
+        std::thread::spawn(move || {
+            ctl(&[
+                "exec",
+                "--key",
+                &key,
+                "--timeout",
+                "20",
+                "--",
+                "sh",
+                "-c",
+                "while :; do printf 0123456789abcdef; done >> grow",
+            ])
+        })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("copy");
+    let cap: u64 = 256 * 1024;
+    let (mut over, mut copied) = (0, 0);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(12) {
+        let out = ctl(&[
+            "cp-out",
+            "--key",
+            &sandbox.key,
+            "--max-bytes",
+            &cap.to_string(),
+            "grow",
+            dest.to_str().unwrap(),
+        ]);
+        match code(&out) {
+            0 => {
+                copied += 1;
+                let content = std::fs::read(&dest).unwrap();
+                assert!(content.len() as u64 <= cap, "{} bytes", content.len());
+                // Whole chunks of the pattern, in order, from the start: what the guest wrote.
+                let pattern = b"0123456789abcdef";
+                assert!(
+                    content
+                        .iter()
+                        .enumerate()
+                        .all(|(i, b)| *b == pattern[i % pattern.len()]),
+                    "the copy is the guest's bytes in order"
+                );
+                std::fs::remove_file(&dest).unwrap();
+            }
+            68 => over += 1,
+            other => panic!("cp-out exited {other}: {}", stderr(&out)),
+        }
+        FakeHome::assert_only(dir.path(), &[]);
+        if over >= 3 {
+            break;
+        }
+    }
+    assert!(over >= 3, "the file outgrew the cap ({over} refusals, {copied} copies)");
+    let out = writer.join().unwrap();
+    assert_eq!(code(&out), 124, "the writer ran until its timeout: {}", stderr(&out));
+}

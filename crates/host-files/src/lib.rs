@@ -1,4 +1,13 @@
-//! Host files that `cp-in`, `cp-out` and `--env-file` touch, judged by what was actually opened.
+//! The one guarded opener for host files that a host reads for a sandbox (`cp-in`, an env file, and
+//! anything later) or writes with a sandbox's bytes (`cp-out`), judged by what was actually opened.
+//!
+//! Threat model: the guest is hostile and the caller choosing host paths (a model picking tool
+//! arguments) can be talked into anything by guest output; the operator who configures the
+//! [`HostPathGuard`] is trusted. Every read goes through [`Source::open`] and every write through
+//! [`Destination::open`]; both ask one [`HostPathGuard`] (the pure rules of
+//! [`sandbox_core::host_paths`]) built by [`host_guard`] from this process's homes and the configured
+//! backends' own host state roots ([`sandbox_core::SandboxBackend::host_state_roots`]), so the guarded
+//! set cannot drift from where the backends really keep their state.
 //!
 //! Every check runs on an open descriptor, never on a path string checked earlier and opened again later:
 //! a source is opened first (the kernel never follows a link in its last component; links there are
@@ -6,15 +15,21 @@
 //! open descriptor, its kind and its file system; a destination's parent directory is opened first and
 //! judged the same way, and the file is then created and renamed relative to that descriptor. Swapping a
 //! directory for a link between the check and the read therefore changes nothing: the check is about the
-//! file that is read.
+//! file that is read. Each listed path is also resolved where it really lives, so a `~/.bashrc` linked
+//! into a dotfiles directory guards its target.
 //!
 //! What is refused: a source or destination that is, contains or lies under a credential path
-//! ([`CredentialGuard`]; `--allow-credential-path` lifts it), a source that is not a regular
-//! file, a source on a pseudo file system (procfs, sysfs, devtmpfs, debugfs, securityfs, cgroup, ... on
-//! Linux), and more bytes than the caller's cap (at most cap + 1 bytes are ever read).
+//! (`allow_credential_path` lifts this one refusal) or a backend's host state (another sandbox's
+//! workspace and record); a destination a host executes or loads on its own, or outside the output root
+//! when one is set; a source that is not a regular file, a source on a pseudo file system (procfs,
+//! sysfs, devtmpfs, debugfs, securityfs, cgroup, ... on Linux), and more bytes than the caller's cap (at
+//! most cap + 1 bytes are ever read). Errors name the path and the rule, never a byte of content.
 //!
-//! Not defended: a hard link to a credential file made elsewhere by the caller (it has no credential
-//! path), and credentials kept outside the listed paths.
+//! Not defended: a hard link to a guarded file made elsewhere by the caller (it has no guarded path),
+//! credentials kept outside the listed paths, and files a host runs from places no list knows (a
+//! project's own build scripts): pin writes to an output root for those. Unix hosts only.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -27,6 +42,8 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, Mode, OFlags, CWD};
 use rustix::io::Errno;
 use sandbox_core::credential_paths::CredentialGuard;
+use sandbox_core::host_paths::{touches, ListedKind};
+pub use sandbox_core::host_paths::{HostPathGuard, HostRefusal};
 use sandbox_core::SandboxError;
 
 /// The largest `--env-file` read.
@@ -62,6 +79,42 @@ pub fn credential_guard() -> CredentialGuard {
     guard
 }
 
+/// The one guard for this process's host file operations: its credential paths ([`credential_guard`]),
+/// the paths a host executes below its homes and system-wide, the backends' host state roots
+/// `state_roots` (each also where it really lives), and the output root when one is given.
+///
+/// # Errors
+///
+/// [`SandboxError::InvalidArgument`] when `output_root` is not an existing directory (it is resolved,
+/// links and `..` included, before it is compared with resolved destinations).
+pub fn host_guard(
+    state_roots: impl IntoIterator<Item = PathBuf>,
+    output_root: Option<&Path>,
+) -> Result<HostPathGuard, SandboxError> {
+    let mut guard = HostPathGuard::new(credential_guard());
+    for root in state_roots {
+        let Ok(absolute) = std::path::absolute(&root) else {
+            continue;
+        };
+        let resolved = std::fs::canonicalize(&absolute).ok();
+        guard.add_state_roots(
+            std::iter::once(absolute)
+                .chain(resolved)
+                .map(|p| p.display().to_string()),
+        );
+    }
+    if let Some(root) = output_root {
+        let refuse =
+            |why: String| SandboxError::invalid(format!("output root {}: {why}", root.display()));
+        let resolved = std::fs::canonicalize(root).map_err(|e| refuse(e.to_string()))?;
+        if !resolved.is_dir() {
+            return Err(refuse("not a directory".into()));
+        }
+        guard = guard.with_output_root(resolved.display().to_string());
+    }
+    Ok(guard)
+}
+
 /// A host file opened to copy into a sandbox, already judged.
 #[derive(Debug)]
 pub struct Source {
@@ -70,22 +123,26 @@ pub struct Source {
 }
 
 impl Source {
-    /// Opens `local` and judges what was opened: a credential path (unless `allow_credential_path`) →
-    /// NotPermitted; a directory → IsADirectory; anything else but a regular file → NotRegularFile; a file
-    /// on a pseudo file system → NotPermitted, whatever `allow_credential_path` says.
+    /// Opens `local` and judges what was opened: a credential path (unless `allow_credential_path`) or
+    /// a backend's host state → NotPermitted; a directory → IsADirectory; anything else but a regular
+    /// file → NotRegularFile; a file on a pseudo file system → NotPermitted, whatever
+    /// `allow_credential_path` says.
+    ///
+    /// # Errors
+    ///
+    /// As above, and NotFound or Io when it cannot be opened; a message names the path and the rule,
+    /// never the file's content.
     pub fn open(
         local: &Path,
-        guard: &CredentialGuard,
+        guard: &HostPathGuard,
         allow_credential_path: bool,
     ) -> Result<Self, SandboxError> {
         let shown = local.display().to_string();
         let file = open_without_following(local)?;
-        if !allow_credential_path {
-            let real = real_path(&file, local)?;
-            let named = std::path::absolute(local).unwrap_or_else(|_| local.to_path_buf());
-            if let Some(credential) = credential_touched(guard, &[&real, &named]) {
-                return Err(credential_refusal(&shown, &credential, "copy it in"));
-            }
+        let real = real_path(&file, local)?;
+        let named = std::path::absolute(local).unwrap_or_else(|_| local.to_path_buf());
+        if let Some(refusal) = judge(guard, &[&real, &named], Judged::Read, allow_credential_path) {
+            return Err(refused(&shown, &refusal, "read it"));
         }
         let meta = file.metadata().map_err(|e| io_error("stat", &shown, e))?;
         if meta.is_dir() {
@@ -137,11 +194,16 @@ pub struct Destination {
 
 impl Destination {
     /// Opens the parent directory of `local` and judges `<its real path>/<file name>` (and `local` as
-    /// named) against the credential paths, unless `allow_credential_path`. A `local` without a file name
-    /// (`dir/`, `..`) is an invalid argument.
+    /// named) against the guard: outside its output root (judged on the real path alone), a path a host
+    /// executes or loads, a credential path (unless `allow_credential_path`) or a backend's host state
+    /// → NotPermitted. A `local` without a file name (`dir/`, `..`) is an invalid argument.
+    ///
+    /// # Errors
+    ///
+    /// As above, and NotFound or Io when the parent directory cannot be opened.
     pub fn open(
         local: &Path,
-        guard: &CredentialGuard,
+        guard: &HostPathGuard,
         allow_credential_path: bool,
     ) -> Result<Self, SandboxError> {
         let shown = local.display().to_string();
@@ -163,12 +225,20 @@ impl Destination {
             Mode::empty(),
         )
         .map_err(|e| io_error("open", &parent.display().to_string(), e.into()))?;
-        if !allow_credential_path {
-            let real = real_path(&directory, &parent)?.join(&leaf);
-            let named = std::path::absolute(local).unwrap_or_else(|_| local.to_path_buf());
-            if let Some(credential) = credential_touched(guard, &[&real, &named]) {
-                return Err(credential_refusal(&shown, &credential, "write it"));
-            }
+        let real = real_path(&directory, &parent)?.join(&leaf);
+        let named = std::path::absolute(local).unwrap_or_else(|_| local.to_path_buf());
+        let refusal = guard
+            .write_refusal(&real.display().to_string(), allow_credential_path)
+            .or_else(|| {
+                judge(
+                    guard,
+                    &[&real, &named],
+                    Judged::Write,
+                    allow_credential_path,
+                )
+            });
+        if let Some(refusal) = refusal {
+            return Err(refused(&shown, &refusal, "write it"));
         }
         Ok(Destination {
             directory,
@@ -327,36 +397,54 @@ fn descriptor_path(_fd: &impl AsFd) -> std::io::Result<PathBuf> {
     ))
 }
 
-/// The credential path any of `paths` touches, judged lexically and against where each listed credential
-/// path really is (a `~/.ssh` that links to a dotfiles directory still guards what is in it).
-fn credential_touched(guard: &CredentialGuard, paths: &[&Path]) -> Option<String> {
-    for path in paths {
-        if let Some(credential) = guard.refusal(&path.display().to_string()) {
-            return Some(credential);
+/// Whether a path is judged as a source or a destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judged {
+    Read,
+    Write,
+}
+
+/// The refusal any of `paths` earns, judged lexically (the output root aside: [`Destination::open`]
+/// judges it on the real path alone) and against where each listed path really is (a `~/.ssh` that
+/// links to a dotfiles directory still guards what is in it).
+fn judge(
+    guard: &HostPathGuard,
+    paths: &[&Path],
+    judged: Judged,
+    allow_credential_path: bool,
+) -> Option<HostRefusal> {
+    let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    for path in &shown {
+        let refusal = match judged {
+            Judged::Read => guard.read_refusal(path, allow_credential_path),
+            Judged::Write => guard.destination_refusal(path, allow_credential_path),
+        };
+        if refusal.is_some() {
+            return refusal;
         }
     }
-    for listed in guard.listed_paths() {
-        if listed.contains('*') {
+    for listed in guard.listed(judged == Judged::Write) {
+        if listed.kind == ListedKind::Credential && allow_credential_path {
             continue;
         }
-        let Ok(real) = std::fs::canonicalize(&listed) else {
+        let Ok(real) = std::fs::canonicalize(&listed.path) else {
             continue;
         };
-        if paths
-            .iter()
-            .any(|p| p.starts_with(&real) || real.starts_with(p))
-        {
-            return Some(listed);
+        let real = real.display().to_string();
+        if real != listed.path && shown.iter().any(|p| touches(p, &real)) {
+            return Some(listed.refusal());
         }
     }
     None
 }
 
-fn credential_refusal(shown: &str, credential: &str, act: &str) -> SandboxError {
-    SandboxError::NotPermitted(format!(
-        "{shown} is, contains or lies under the credential path {credential}; pass \
-         --allow-credential-path to {act} anyway"
-    ))
+fn refused(shown: &str, refusal: &HostRefusal, act: &str) -> SandboxError {
+    let lift = if refusal.is_credential() {
+        format!("; pass --allow-credential-path to {act} anyway")
+    } else {
+        String::new()
+    };
+    SandboxError::NotPermitted(format!("{shown} {refusal}{lift}"))
 }
 
 /// The pseudo file system the open file lies on, if any.
@@ -442,12 +530,214 @@ mod tests {
         }
     }
 
+    fn guard_for(home: &Path) -> HostPathGuard {
+        HostPathGuard::new(CredentialGuard::for_user(home.display().to_string()))
+    }
+
+    fn refusal_of(result: Result<Destination, SandboxError>) -> String {
+        let e = result.expect_err("refused");
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::NotPermitted, "{e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn start_up_files_are_refused_by_any_alias() {
+        let root = tempfile::tempdir().unwrap();
+        let home = root.path().join("home");
+        let dotfiles = home.join("dotfiles");
+        let units = home.join(".config/systemd/user");
+        std::fs::create_dir_all(&dotfiles).unwrap();
+        std::fs::create_dir_all(&units).unwrap();
+        std::fs::write(dotfiles.join("bashrc"), b"# mine").unwrap();
+        std::os::unix::fs::symlink(dotfiles.join("bashrc"), home.join(".bashrc")).unwrap();
+        std::os::unix::fs::symlink(&units, root.path().join("innocent")).unwrap();
+        let guard = guard_for(&home);
+        for local in [
+            home.join(".bashrc"),
+            home.join(".Bashrc"),
+            home.join("dotfiles/../.profile"),
+            // The file the start-up link points at is as executed as the link.
+            dotfiles.join("bashrc"),
+            // A directory reached through a link is judged where it really is.
+            root.path().join("innocent/x.service"),
+            units.join("x.service"),
+            home.join("repo/../.config/autostart/x.desktop"),
+        ] {
+            if let Some(parent) = local.parent() {
+                std::fs::create_dir_all(parent).unwrap();
+            }
+            let text = refusal_of(Destination::open(&local, &guard, true));
+            assert!(text.contains("executes or loads"), "{text}");
+        }
+        assert_eq!(std::fs::read(dotfiles.join("bashrc")).unwrap(), b"# mine");
+        assert!(Destination::open(&home.join("notes.txt"), &guard, false).is_ok());
+    }
+
+    #[test]
+    fn an_output_root_holds_every_write_inside_it() {
+        let root = tempfile::tempdir().unwrap();
+        let home = root.path().join("home");
+        let out = root.path().join("out");
+        let elsewhere = root.path().join("elsewhere");
+        for dir in [&home, &out.join("sub"), &elsewhere] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::os::unix::fs::symlink(&elsewhere, out.join("escape")).unwrap();
+        std::os::unix::fs::symlink(&out, root.path().join("out-link")).unwrap();
+        let guard = HostPathGuard::new(CredentialGuard::for_user(home.display().to_string()))
+            .with_output_root(std::fs::canonicalize(&out).unwrap().display().to_string());
+        for local in [
+            elsewhere.join("x"),
+            out.join("sub/../../elsewhere/x"),
+            out.join("escape/x"),
+            home.join("x"),
+        ] {
+            let text = refusal_of(Destination::open(&local, &guard, true));
+            assert!(text.contains("outside the output root"), "{text}");
+        }
+        // Inside, and the root reached through a link, are written.
+        for local in [
+            out.join("a"),
+            out.join("sub/b"),
+            root.path().join("out-link/c"),
+        ] {
+            Destination::open(&local, &guard, false)
+                .unwrap()
+                .write_atomically(b"x")
+                .unwrap();
+        }
+        assert_eq!(std::fs::read(out.join("c")).unwrap(), b"x");
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+        // The library's builder refuses a root that does not exist.
+        let e = host_guard([], Some(&root.path().join("missing"))).unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::InvalidArgument);
+    }
+
+    #[test]
+    fn backend_state_is_refused_both_ways_whatever_the_override() {
+        let root = tempfile::tempdir().unwrap();
+        let home = root.path().join("home");
+        let state = root.path().join("state/workspaces");
+        let other = state.join("sbx-other/ws-1");
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::write(other.join("secret.txt"), b"theirs").unwrap();
+        std::fs::write(state.join("sbx-other/meta.json"), b"{}").unwrap();
+        std::os::unix::fs::symlink(&other, root.path().join("alias")).unwrap();
+        let guard = guard_for(&home).with_state_roots([state.display().to_string()]);
+        for source in [
+            other.join("secret.txt"),
+            root.path().join("alias/secret.txt"),
+        ] {
+            let e = Source::open(&source, &guard, true).unwrap_err();
+            assert_eq!(e.kind(), sandbox_core::ErrorKind::NotPermitted, "{e}");
+            assert!(e.to_string().contains("sandboxes' workspaces"), "{e}");
+        }
+        for local in [
+            other.join("planted"),
+            state.join("sbx-other/meta.json"),
+            root.path().join("alias/planted"),
+        ] {
+            let text = refusal_of(Destination::open(&local, &guard, true));
+            assert!(text.contains("sandboxes' workspaces"), "{text}");
+        }
+        assert_eq!(
+            std::fs::read(state.join("sbx-other/meta.json")).unwrap(),
+            b"{}"
+        );
+    }
+
+    #[test]
+    fn cp_out_files_get_the_usual_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let local = dir.path().join("out");
+        let guard = guard_for(Path::new("/nonexistent-home"));
+        Destination::open(&local, &guard, false)
+            .unwrap()
+            .write_atomically(b"x")
+            .unwrap();
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&local).unwrap().permissions(),
+        );
+        // Whatever the umask, group or others get what it allows, never the temp file's 0600.
+        let umask_probe = dir.path().join("probe");
+        std::fs::write(&umask_probe, b"").unwrap();
+        let usual = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&umask_probe).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, usual & 0o777);
+        assert_eq!(std::fs::read(&local).unwrap(), b"x");
+    }
+
+    /// A source directory swapped for a link to `~/.ssh` while cp-in checks and reads it: the key must
+    /// never be what is read.
+    #[test]
+    fn a_source_swapped_for_a_credential_link_is_never_read() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let root = tempfile::tempdir().unwrap();
+        let home = root.path().join("home");
+        let ssh = home.join(".ssh");
+        std::fs::create_dir_all(&ssh).unwrap();
+        std::fs::write(ssh.join("id_ed25519"), b"PRIVATE KEY").unwrap();
+        // `dir` is a real directory holding a harmless file, and in turns a link to ~/.ssh.
+        let dir = root.path().join("dir");
+        let real_spare = root.path().join("real-spare");
+        let link_spare = root.path().join("link-spare");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("id_ed25519"), b"harmless").unwrap();
+        std::os::unix::fs::symlink(&ssh, &link_spare).unwrap();
+        let source = root.path().join("dir/id_ed25519");
+        let guard = guard_for(&home);
+        let copy_in = || Source::open(&source, &guard, false)?.read_capped(1 << 20);
+        assert_eq!(copy_in().unwrap(), b"harmless");
+        let stop = Arc::new(AtomicBool::new(false));
+        let flipper = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut flips = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let (away, back) = if flips % 2 == 0 {
+                        (&real_spare, &link_spare)
+                    } else {
+                        (&link_spare, &real_spare)
+                    };
+                    std::fs::rename(&dir, away).unwrap();
+                    std::fs::rename(back, &dir).unwrap();
+                    flips += 1;
+                    // Hold each state a little, a different while each time, so checks and reads
+                    // land on both sides of a swap.
+                    std::thread::sleep(std::time::Duration::from_micros(flips % 7 * 20));
+                }
+                flips
+            })
+        };
+        let mut leaked = 0;
+        let mut copied = 0;
+        for _ in 0..3000 {
+            if let Ok(content) = copy_in() {
+                copied += 1;
+                if content == b"PRIVATE KEY" {
+                    leaked += 1;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let flips = flipper.join().unwrap();
+        assert!(flips > 100, "the swap raced ({flips} flips)");
+        assert!(copied > 0, "the harmless file was copied at times");
+        assert_eq!(
+            leaked, 0,
+            "the private key was read {leaked} times of {copied} copies"
+        );
+    }
+
     #[test]
     fn a_source_at_the_cap_is_read_and_one_byte_more_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, b"12345").unwrap();
-        let guard = CredentialGuard::for_user("/nonexistent-home");
+        let guard = guard_for(Path::new("/nonexistent-home"));
         let open = || Source::open(&path, &guard, false).unwrap();
         assert_eq!(open().read_capped(5).unwrap(), b"12345");
         let e = open().read_capped(4).unwrap_err();
@@ -456,7 +746,7 @@ mod tests {
 
     #[test]
     fn a_destination_must_name_a_file() {
-        let guard = CredentialGuard::for_user("/nonexistent-home");
+        let guard = guard_for(Path::new("/nonexistent-home"));
         for local in ["/tmp/", "..", "/"] {
             let e = Destination::open(Path::new(local), &guard, false).unwrap_err();
             assert_eq!(
