@@ -451,7 +451,10 @@ mod tests {
         };
         let root = config.check().unwrap().root;
         // What a host guards is what the backend would use.
-        assert_eq!(config.host_state_roots().unwrap(), std::slice::from_ref(&root));
+        assert_eq!(
+            config.host_state_roots().unwrap(),
+            std::slice::from_ref(&root)
+        );
         if Platform::current() == Platform::Other {
             assert_eq!(
                 root,

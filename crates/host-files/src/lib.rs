@@ -530,6 +530,22 @@ mod tests {
         }
     }
 
+    /// The documented list is the list in force: every entry of the data file is named on the
+    /// project's host-files page.
+    #[test]
+    fn the_documented_list_is_the_list_in_force() {
+        use sandbox_core::host_paths::{executed_paths, ExecutedScope};
+        let page = include_str!("../../../docs/host-files.md");
+        for entry in executed_paths() {
+            let shown = match entry.scope() {
+                ExecutedScope::Home => format!("`~/{}`", entry.path()),
+                ExecutedScope::System => format!("`{}`", entry.path()),
+                ExecutedScope::Component => format!("any `{}` directory", entry.path()),
+            };
+            assert!(page.contains(&shown), "docs/host-files.md lacks {shown}");
+        }
+    }
+
     fn guard_for(home: &Path) -> HostPathGuard {
         HostPathGuard::new(CredentialGuard::for_user(home.display().to_string()))
     }

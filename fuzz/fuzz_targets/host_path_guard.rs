@@ -1,0 +1,51 @@
+//! The host-path guard: never panics on any path, judges a path, its normal form and its case
+//! variants alike, and admits writes only inside the output root.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use sandbox_core::credential_paths::CredentialGuard;
+use sandbox_core::guest_path::norm;
+use sandbox_core::host_paths::{HostPathGuard, HostRefusal};
+
+#[derive(Debug, arbitrary::Arbitrary)]
+struct Input {
+    path: String,
+    allow_credential: bool,
+}
+
+fuzz_target!(|input: Input| {
+    let Input {
+        path,
+        allow_credential,
+    } = input;
+    let guard = HostPathGuard::new(CredentialGuard::for_root("/root", ["/home/u"]))
+        .with_state_roots(["/srv/ws"])
+        .with_output_root("/srv/out");
+    let read = guard.read_refusal(&path, allow_credential);
+    let write = guard.write_refusal(&path, allow_credential);
+    if !path.starts_with('/') {
+        assert_eq!(read, Some(HostRefusal::NotAbsolute));
+        assert_eq!(write, Some(HostRefusal::NotAbsolute));
+        return;
+    }
+    // Spelling and case change nothing.
+    let normal = norm(&path);
+    assert_eq!(guard.write_refusal(&normal, allow_credential), write);
+    assert_eq!(guard.read_refusal(&normal, allow_credential), read);
+    let upper = path.to_uppercase();
+    if upper.to_lowercase() == path.to_lowercase() {
+        assert_eq!(
+            guard.write_refusal(&upper, allow_credential).is_some(),
+            write.is_some(),
+            "{path:?}"
+        );
+    }
+    // Whatever may be written lies inside the output root; a refused read is refused as a write.
+    if write.is_none() {
+        assert!(
+            normal.to_lowercase().starts_with("/srv/out/"),
+            "{normal:?}"
+        );
+        assert!(read.is_none() || read.as_ref().is_some_and(HostRefusal::is_credential));
+    }
+});
