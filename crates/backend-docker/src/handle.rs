@@ -377,23 +377,22 @@ impl Sandbox for DockerSandbox {
             SandboxError::engine(format!("unreadable listing of {directory}: {why}"))
         })?;
         let mut entries = Vec::with_capacity(records.len());
+        let shown_directory = reported(&directory, &wd);
         for record in records {
-            let Ok(name) = std::str::from_utf8(record.name) else {
-                tracing::warn!(directory = %directory, len = record.name.len(), "skipped an entry whose name is not UTF-8");
-                continue;
-            };
-            if name.contains('\\') {
-                tracing::warn!(directory = %directory, "skipped an entry whose name holds a backslash");
-                continue;
-            }
             let kind = match record.kind {
                 b'f' => EntryKind::File,
                 b'd' => EntryKind::Directory,
                 b'l' => EntryKind::Symlink,
                 _ => EntryKind::Other,
             };
-            let full = guest_path::join(&directory, name);
-            entries.push(SandboxEntry::new(reported(&full, &wd), kind, record.size));
+            // A name no guest path can address (not UTF-8, or holding a backslash) is shown
+            // escaped, never left out.
+            entries.push(SandboxEntry::listed(
+                &shown_directory,
+                record.name,
+                kind,
+                record.size,
+            ));
         }
         entries.sort_by(|a, b| a.path().cmp(b.path()));
         Ok(entries)

@@ -587,19 +587,14 @@ impl Sandbox for SbxSandbox {
         let path = path.to_owned();
         blocking(move || {
             let directory = Access::List.check(|p| plane.lstat_kind(p), &path, &wd)?;
+            let shown_directory = reported(&directory, &wd);
+            // A name no guest path can address (not UTF-8, or holding a backslash) is shown
+            // escaped, never left out.
             let mut entries: Vec<SandboxEntry> = plane
                 .list(&directory)?
                 .into_iter()
-                .filter(|(name, _)| {
-                    let usable = !name.contains('\\');
-                    if !usable {
-                        tracing::warn!(directory = %directory, "skipped an entry whose name holds a backslash");
-                    }
-                    usable
-                })
                 .map(|(name, stat)| {
-                    let full = guest_path::join(&directory, &name);
-                    SandboxEntry::new(reported(&full, &wd), stat.kind, stat.size)
+                    SandboxEntry::listed(&shown_directory, &name, stat.kind, stat.size)
                 })
                 .collect();
             entries.sort_by(|a, b| a.path().cmp(b.path()));

@@ -189,9 +189,10 @@ mod confined {
             }
         }
 
-        /// One level of a directory, sorted by name: (name, stat). Names that are not UTF-8 or
-        /// hold a backslash are skipped (no guest path could address them).
-        pub(crate) fn list(&self, guest: &str) -> Result<Vec<(String, PlaneStat)>, SandboxError> {
+        /// One level of a directory, sorted by name: (raw name, stat). Every name is kept, including
+        /// those no guest path can address (not UTF-8, holding a backslash): the listing shows
+        /// them escaped.
+        pub(crate) fn list(&self, guest: &str) -> Result<Vec<(Vec<u8>, PlaneStat)>, SandboxError> {
             let relative = match self.inside(guest)? {
                 Placement::Above => {
                     return Err(SandboxError::confinement(
@@ -207,12 +208,8 @@ mod confined {
                 .map_err(|e| mapped(guest, "list", e))?;
             let mut out = Vec::with_capacity(entries.len());
             for entry in entries {
-                let Ok(name) = entry.name.into_string() else {
-                    tracing::warn!(directory = %guest, "skipped an entry whose name is not UTF-8");
-                    continue;
-                };
                 out.push((
-                    name,
+                    entry.name.into_encoded_bytes(),
                     PlaneStat {
                         kind: kind(entry.stat.kind),
                         size: entry.stat.size,
@@ -330,8 +327,8 @@ mod tests {
             EntryKind::Symlink
         );
         let listing = plane.list("/maf-sandbox/work").unwrap();
-        let names: Vec<&str> = listing.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["a.txt", "etc"]);
+        let names: Vec<&[u8]> = listing.iter().map(|(n, _)| n.as_slice()).collect();
+        assert_eq!(names, [&b"a.txt"[..], b"etc"]);
         assert_eq!(listing[0].1.size, Some(5));
         plane.write_own(".marker", b"").unwrap();
         plane.remove_own(".marker").unwrap();

@@ -26,6 +26,7 @@ pub struct SandboxEntry {
     path: String,
     kind: EntryKind,
     size_bytes: Option<u64>,
+    escaped: bool,
 }
 
 impl SandboxEntry {
@@ -35,6 +36,7 @@ impl SandboxEntry {
             path: path.into(),
             kind: EntryKind::File,
             size_bytes: Some(size),
+            escaped: false,
         }
     }
 
@@ -44,12 +46,38 @@ impl SandboxEntry {
             path: path.into(),
             kind,
             size_bytes: if kind == EntryKind::File { size } else { None },
+            escaped: false,
         }
+    }
+
+    /// A listing entry whose last component is the guest's raw name `name` (bytes, as the directory
+    /// lists it) under `directory` (a path in the form [`SandboxEntry::path`] takes). A name that is
+    /// not UTF-8 or holds a backslash, which no guest path can address, is shown escaped
+    /// ([`crate::guest_path::escape_name`]) and marked so ([`SandboxEntry::name_escaped`]) rather than
+    /// left out.
+    pub fn listed(directory: &str, name: &[u8], kind: EntryKind, size: Option<u64>) -> Self {
+        let (shown, escaped) = crate::guest_path::escape_name(name);
+        let path = match directory {
+            "." | "" => shown,
+            dir if dir.ends_with('/') => format!("{dir}{shown}"),
+            dir => format!("{dir}/{shown}"),
+        };
+        let mut entry = SandboxEntry::new(path, kind, size);
+        entry.escaped = escaped;
+        entry
     }
 
     /// The path, relative to the call's working directory (`.` for the directory itself).
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// Whether the last component of [`SandboxEntry::path`] is an escaped name (not UTF-8, or holding
+    /// a backslash): shown so that nothing is hidden, decoded by
+    /// [`crate::guest_path::unescape_name`], and never addressable by a file method (its backslash
+    /// is refused as a guest path, so it cannot name another file either).
+    pub fn name_escaped(&self) -> bool {
+        self.escaped
     }
 
     /// The kind.

@@ -105,6 +105,70 @@ pub fn relative_to(path: &str, base: &str) -> Option<String> {
     rest.map(str::to_owned)
 }
 
+/// A guest's raw directory-entry name as a listing shows it, and whether it had to be escaped.
+///
+/// A name that is UTF-8 without a backslash (every name a guest path can address) is shown as it is.
+/// Any other is escaped: each backslash as `\\`, each byte that is not part of valid UTF-8 as `\xHH`
+/// (two lower-case hex digits). Every escaped form holds a backslash, which no addressable name does,
+/// so the two never collide, and [`unescape_name`] gives the exact bytes back.
+///
+/// ```
+/// use sandbox_core::guest_path::{escape_name, unescape_name};
+/// assert_eq!(escape_name(b"plain"), ("plain".to_owned(), false));
+/// assert_eq!(escape_name(b"a\\b"), ("a\\\\b".to_owned(), true));
+/// assert_eq!(escape_name(b"caf\xe9"), ("caf\\xe9".to_owned(), true));
+/// assert_eq!(unescape_name("caf\\xe9").unwrap(), b"caf\xe9");
+/// ```
+pub fn escape_name(name: &[u8]) -> (String, bool) {
+    match std::str::from_utf8(name) {
+        Ok(text) if !text.contains('\\') => return (text.to_owned(), false),
+        _ => {}
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for chunk in name.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c == '\\' {
+                out.push_str("\\\\");
+            } else {
+                out.push(c);
+            }
+        }
+        for byte in chunk.invalid() {
+            out.push_str(&format!("\\x{byte:02x}"));
+        }
+    }
+    (out, true)
+}
+
+/// The raw name an [`escape_name`] form stands for; `None` for a string no escaping produces (a lone
+/// backslash, an unknown escape, a bad hex pair).
+pub fn unescape_name(shown: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(shown.len());
+    let mut rest = shown;
+    while let Some(at) = rest.find('\\') {
+        out.extend_from_slice(&rest.as_bytes()[..at]);
+        let tail = &rest[at + 1..];
+        if let Some(after) = tail.strip_prefix('\\') {
+            out.push(b'\\');
+            rest = after;
+        } else if let Some(hex) = tail.strip_prefix('x') {
+            let pair = hex.get(..2)?;
+            if !pair
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            {
+                return None;
+            }
+            out.push(u8::from_str_radix(pair, 16).ok()?);
+            rest = &hex[2..];
+        } else {
+            return None;
+        }
+    }
+    out.extend_from_slice(rest.as_bytes());
+    Some(out)
+}
+
 /// The longest guest path accepted, in bytes (Linux's `PATH_MAX`), as given and once resolved.
 pub const MAX_GUEST_PATH_BYTES: usize = 4096;
 

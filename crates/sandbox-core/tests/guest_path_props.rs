@@ -293,3 +293,23 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// Listing names: every byte string round-trips through its shown form; a shown form holds a
+    /// backslash exactly when it was escaped, so an escaped name never equals an addressable one;
+    /// and distinct names are shown distinctly.
+    #[test]
+    fn listed_names_round_trip_and_never_collide(
+        a in proptest::collection::vec(prop_oneof![Just(b'\\'), Just(0xff_u8), Just(0xc3), Just(0xa9), Just(b'x'), any::<u8>()], 0..12),
+        b in proptest::collection::vec(prop_oneof![Just(b'\\'), Just(0xff_u8), Just(b'x'), any::<u8>()], 0..12),
+    ) {
+        use sandbox_core::guest_path::{escape_name, unescape_name};
+        let (shown_a, escaped_a) = escape_name(&a);
+        prop_assert_eq!(unescape_name(&shown_a), Some(a.clone()));
+        prop_assert_eq!(escaped_a, shown_a.contains('\\'));
+        let addressable = std::str::from_utf8(&a).is_ok_and(|s| !s.contains('\\'));
+        prop_assert_eq!(escaped_a, !addressable);
+        let (shown_b, _) = escape_name(&b);
+        prop_assert_eq!(shown_a == shown_b, a == b);
+    }
+}

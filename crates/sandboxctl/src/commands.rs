@@ -658,13 +658,19 @@ async fn purge(global: &GlobalArgs, scope: String, thread: String) -> Done {
     }
 }
 
+/// One entry as JSON: the exact path, or for a name no guest path can address (not UTF-8, holding a
+/// backslash) its escaped form with `"name_escaped": true`.
 fn entry_json(entry: &sandbox_core::SandboxEntry) -> Value {
-    json!({"path": entry.path(), "kind": entry.kind().as_str(), "size_bytes": entry.size_bytes()})
+    let mut v = json!({"path": entry.path(), "kind": entry.kind().as_str(), "size_bytes": entry.size_bytes()});
+    if entry.name_escaped() {
+        v["name_escaped"] = json!(true);
+    }
+    v
 }
 
 /// One tab-separated line per entry; the guest chose the name, so it is escaped (`ls -b`).
 fn entry_line(entry: &sandbox_core::SandboxEntry) -> String {
-    let path = report::escape_name(entry.path());
+    let path = report::escape_listed(entry.path(), entry.name_escaped());
     match entry.size_bytes() {
         Some(size) => format!("{}\t{}\t{}\n", entry.kind(), size, path),
         None => format!("{}\t-\t{}\n", entry.kind(), path),

@@ -51,21 +51,29 @@ pub fn failed_run_json(err: &SandboxError) -> Value {
 /// bidirectional-text controls as `\ooo` octal bytes. Nothing printed can end a line, split a field,
 /// reach the terminal as an escape sequence or reorder what is shown; `--json` carries the exact name.
 pub fn escape_name(name: &str) -> String {
-    escape(name, true)
+    escape(name, true, true)
+}
+
+/// A listing entry's path for a line of text output: [`escape_name`], except that a path whose last
+/// name the library already escaped (`name_escaped`: not UTF-8, or holding a backslash; see
+/// `sandbox_core::guest_path::escape_name`) keeps those escapes as they are (`\xff`, `\\`), so
+/// the line shows every name, unambiguously: a backslash in a shown name is always an escape.
+pub fn escape_listed(path: &str, name_escaped: bool) -> String {
+    escape(path, true, !name_escaped)
 }
 
 /// A message for one line of stderr: control characters escaped as in [`escape_name`], spaces and
 /// backslashes kept.
 pub fn escape_controls(text: &str) -> String {
-    escape(text, false)
+    escape(text, false, false)
 }
 
-fn escape(text: &str, as_name: bool) -> String {
+fn escape(text: &str, as_name: bool, backslash: bool) -> String {
     use std::fmt::Write as _;
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         let named = match c {
-            '\\' if as_name => "\\\\",
+            '\\' if backslash => "\\\\",
             ' ' if as_name => "\\ ",
             '\u{7}' => "\\a",
             '\u{8}' => "\\b",

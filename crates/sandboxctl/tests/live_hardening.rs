@@ -699,7 +699,10 @@ fn one_key_cannot_reach_another_sandboxs_sbx_workspace() {
     std::os::unix::fs::symlink(&workspace, fake.home.join("alias")).unwrap();
     let env = fake.env();
     let bound = Duration::from_secs(60);
-    for source in [workspace.join("secret.txt"), fake.home.join("alias/secret.txt")] {
+    for source in [
+        workspace.join("secret.txt"),
+        fake.home.join("alias/secret.txt"),
+    ] {
         let out = ctl_env(
             &[
                 "cp-in",
@@ -780,7 +783,12 @@ fn env_files_are_refused_where_cp_in_is() {
         let all = format!("{v} {}", stderr(&out));
         assert_eq!(v["outcome"], "error", "{}: {all}", file.display());
         assert_eq!(v["error"]["kind"], kind, "{}: {all}", file.display());
-        for leak in ["AKIAEXAMPLELEAK", "LEAKY_VARIABLE_NAME", "leaky-value", "BOOT_IMAGE"] {
+        for leak in [
+            "AKIAEXAMPLELEAK",
+            "LEAKY_VARIABLE_NAME",
+            "leaky-value",
+            "BOOT_IMAGE",
+        ] {
             assert!(!all.contains(leak), "{}: {all}", file.display());
         }
     }
@@ -846,7 +854,64 @@ fn cp_out_of_a_growing_file_is_bounded_and_never_partial() {
             break;
         }
     }
-    assert!(over >= 3, "the file outgrew the cap ({over} refusals, {copied} copies)");
+    assert!(
+        over >= 3,
+        "the file outgrew the cap ({over} refusals, {copied} copies)"
+    );
     let out = writer.join().unwrap();
-    assert_eq!(code(&out), 124, "the writer ran until its timeout: {}", stderr(&out));
+    assert_eq!(
+        code(&out),
+        124,
+        "the writer ran until its timeout: {}",
+        stderr(&out)
+    );
+}
+
+/// Names no guest path can address (not UTF-8, or holding a backslash) are shown escaped in `ls`
+/// and `ls --json`, never left out, and the escapes cannot be confused with a real name.
+#[test]
+fn ls_shows_unaddressable_names_escaped() {
+    let sandbox = KeptSandbox::new(
+        "ls-escaped",
+        "mkdir d && printf 1 > \"d/$(printf 'caf\\351')\" && printf 2 > 'd/a\\b' \
+         && printf 3 > 'd/caf\\xe9' && printf 4 > d/plain",
+    );
+    let out = ctl(&["ls", "--key", &sandbox.key, "d"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout.clone()).unwrap();
+    let mut shown: Vec<&str> = text
+        .lines()
+        .map(|line| line.rsplit('\t').next().unwrap())
+        .collect();
+    shown.sort();
+    // The byte 0xe9 as \xe9; a literal backslash as \\ (so the literal name `caf\xe9` is
+    // `caf\\xe9`, distinct from the byte's escape).
+    assert_eq!(
+        shown,
+        [r"d/a\\b", r"d/caf\\xe9", r"d/caf\xe9", "d/plain"],
+        "{text:?}"
+    );
+    let v = json(&ctl(&["--json", "ls", "--key", &sandbox.key, "d"]));
+    let entries = v["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 4, "{v}");
+    let escaped: Vec<(&str, bool)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap(),
+                e["name_escaped"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect();
+    for want in [
+        (r"d/caf\xe9", true),
+        (r"d/a\\b", true),
+        (r"d/caf\\xe9", true),
+        ("d/plain", false),
+    ] {
+        assert!(escaped.contains(&want), "{want:?} in {escaped:?}");
+    }
+    // An escaped form never addresses a file: its backslash is refused as a guest path.
+    let out = ctl(&["stat", "--key", &sandbox.key, r"d/caf\xe9"]);
+    assert_ne!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
 }
