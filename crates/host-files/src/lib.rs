@@ -44,7 +44,7 @@ use rustix::io::Errno;
 use sandbox_core::credential_paths::CredentialGuard;
 use sandbox_core::host_paths::{touches, ListedKind};
 pub use sandbox_core::host_paths::{HostPathGuard, HostRefusal};
-use sandbox_core::SandboxError;
+use sandbox_core::{Sandbox, SandboxError};
 
 /// The largest `--env-file` read.
 pub const MAX_ENV_FILE_BYTES: u64 = 1024 * 1024;
@@ -286,6 +286,63 @@ impl Destination {
             }
         }
     }
+}
+
+/// `cp-in` for every host: opens and judges `local` ([`Source::open`]) before anything reaches the
+/// sandbox, reads at most `cap` bytes of it (a host passes its backend's per-file limit), and writes
+/// them to `guest` (relative to `workdir`). Returns the number of bytes copied.
+///
+/// # Errors
+///
+/// What [`Source::open`] and [`Source::read_capped`] refuse; then the sandbox is not touched. The
+/// sandbox's own write failure otherwise.
+///
+/// # Cancel safety and drop
+///
+/// Dropping the future before the write starts leaves the sandbox untouched; during the write, as the
+/// backend's `write_file` says.
+pub async fn copy_in(
+    sandbox: &dyn Sandbox,
+    local: &Path,
+    guest: &str,
+    workdir: &str,
+    guard: &HostPathGuard,
+    allow_credential_path: bool,
+    cap: u64,
+) -> Result<u64, SandboxError> {
+    let content = Source::open(local, guard, allow_credential_path)?.read_capped(cap)?;
+    sandbox.write_file(guest, &content, workdir).await?;
+    Ok(content.len() as u64)
+}
+
+/// `cp-out` for every host: opens and judges the destination ([`Destination::open`]: credential
+/// paths, paths a host executes or loads, backends' host state, the output root) before anything is
+/// read from the guest, reads `guest` whole when it holds at most `max_bytes` (a file the guest
+/// grows past the bound is refused, never truncated), and publishes it with one rename, so a refused
+/// or failed copy leaves no partial or temporary file. Returns the number of bytes copied.
+///
+/// # Errors
+///
+/// What [`Destination::open`] refuses (then nothing is read from the guest), the sandbox's read
+/// failure (TransferCapExceeded over `max_bytes`), or the local write's.
+///
+/// # Cancel safety and drop
+///
+/// Dropping the future leaves no local file: the write and the rename run after the guest's read
+/// without an await point between them, so a drop lands before both or after both.
+pub async fn copy_out(
+    sandbox: &dyn Sandbox,
+    guest: &str,
+    workdir: &str,
+    local: &Path,
+    guard: &HostPathGuard,
+    allow_credential_path: bool,
+    max_bytes: u64,
+) -> Result<u64, SandboxError> {
+    let destination = Destination::open(local, guard, allow_credential_path)?;
+    let content = sandbox.read_file(guest, workdir, max_bytes).await?;
+    destination.write_atomically(&content)?;
+    Ok(content.len() as u64)
 }
 
 /// Writes all of `content` and waits for it to reach the disk, so the rename never publishes a short file.

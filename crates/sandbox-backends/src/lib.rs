@@ -181,6 +181,16 @@ pub async fn connect_sbx(
     SbxBackend::connect(sbx_config(args, guest_names)).await
 }
 
+/// The output root of a host that writes sandboxes' bytes to host files (`sandboxctl cp-out`, an MCP
+/// tool that copies out): flatten it into the host's flags and give `out_dir` to [`host_guard`].
+#[derive(Debug, Clone, Default, Args)]
+pub struct OutDirArg {
+    /// Write nothing outside DIR (an existing directory; judged where the destination really is,
+    /// links and `..` resolved, spelled exactly).
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+}
+
 /// The one guard of every host file a host reads for a sandbox or writes with its bytes
 /// ([`host_files`]: `cp-in`, `cp-out`, an env file, an MCP tool's transfer): the credential paths
 /// and the paths a host executes, the host state roots the connected `backend` reports, those of

@@ -304,7 +304,10 @@ impl HostPathGuard {
         }
         let path = norm(path);
         if let Some(root) = &self.output_root {
-            if !within(&path, root) || path == *root {
+            // Exact, not folded like the refusals: on a case-sensitive file system `/srv/Out` is
+            // another directory, and an admission must never widen by case. The opener asks with
+            // the kernel's own name of the opened directory, so a case-folding one costs nothing.
+            if relative_to(&path, root).is_none() || path == *root {
                 return Some(HostRefusal::OutsideOutputRoot(root.clone()));
             }
         }
@@ -677,8 +680,14 @@ mod tests {
         let guard = user().with_output_root("/srv/out/");
         assert_eq!(guard.output_root(), Some("/srv/out"));
         assert_eq!(guard.write_refusal("/srv/out/a/b.txt", false), None);
-        assert_eq!(guard.write_refusal("/SRV/Out/a.txt", false), None);
-        for outside in ["/srv/out", "/srv/outside/x", "/srv/out/../x", "/tmp/x"] {
+        for outside in [
+            "/srv/out",
+            "/srv/outside/x",
+            "/srv/out/../x",
+            "/tmp/x",
+            "/SRV/Out/a.txt",
+            "/srv/OUT/a.txt",
+        ] {
             assert_eq!(
                 guard.write_refusal(outside, false),
                 Some(HostRefusal::OutsideOutputRoot("/srv/out".into())),

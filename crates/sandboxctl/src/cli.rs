@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-pub use sandbox_backends::{BackendArgs, BackendChoice};
+pub use sandbox_backends::{BackendArgs, BackendChoice, OutDirArg};
 #[cfg(test)]
 use sandbox_core::Isolation;
 
@@ -253,10 +253,9 @@ pub enum FileCommand {
         /// Allow a destination under a credential path (~/.ssh/authorized_keys, ~/.gitconfig, ...).
         #[arg(long)]
         allow_credential_path: bool,
-        /// Write nothing outside DIR (an existing directory; judged where the destination really
-        /// is, links and `..` resolved).
-        #[arg(long, value_name = "DIR")]
-        out_dir: Option<PathBuf>,
+        /// The output root (`--out-dir`), shared with every host.
+        #[command(flatten)]
+        out: OutDirArg,
         /// The largest file accepted.
         #[arg(long, value_name = "N", default_value_t = 8 * 1024 * 1024)]
         max_bytes: u64,

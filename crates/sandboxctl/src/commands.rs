@@ -522,39 +522,50 @@ async fn run_file_command(global: &GlobalArgs, command: FileCommand) -> Done {
             let key = key.require()?;
             let backend = gated_backend(global, &[]).await?;
             let guard = backends::host_guard(global, &*backend, None).await?;
-            let source = Source::open(&local, &guard, allow_credential_path)?;
+            // Judged before the sandbox is looked up: a refused source costs no engine call.
+            drop(Source::open(&local, &guard, allow_credential_path)?);
             let sandbox = found(&backend, &key, &target.kind).await?;
             // No sandbox of this backend takes more in one file: never read more than that.
             let cap = backend.declarations().limits.files_in.max_bytes_per_file;
-            let content = source.read_capped(cap)?;
-            sandbox
-                .write_file(&guest, &content, &target.workdir)
-                .await?;
-            Ok((
-                json!({"copied": content.len(), "guest": guest}),
-                String::new(),
-            ))
+            let copied = host_files::copy_in(
+                &*sandbox,
+                &local,
+                &guest,
+                &target.workdir,
+                &guard,
+                allow_credential_path,
+                cap,
+            )
+            .await?;
+            Ok((json!({"copied": copied, "guest": guest}), String::new()))
         }
         FileCommand::CpOut {
             key,
             target,
             allow_credential_path,
-            out_dir,
+            out,
             max_bytes,
             guest,
             local,
         } => {
             let key = key.require()?;
             let backend = gated_backend(global, &[]).await?;
-            let guard = backends::host_guard(global, &*backend, out_dir.as_deref()).await?;
-            let destination = Destination::open(&local, &guard, allow_credential_path)?;
+            let guard = backends::host_guard(global, &*backend, out.out_dir.as_deref()).await?;
+            // Judged before the sandbox is looked up: a refused destination costs no engine call.
+            drop(Destination::open(&local, &guard, allow_credential_path)?);
             let sandbox = found(&backend, &key, &target.kind).await?;
-            let content = sandbox
-                .read_file(&guest, &target.workdir, max_bytes)
-                .await?;
-            destination.write_atomically(&content)?;
+            let copied = host_files::copy_out(
+                &*sandbox,
+                &guest,
+                &target.workdir,
+                &local,
+                &guard,
+                allow_credential_path,
+                max_bytes,
+            )
+            .await?;
             Ok((
-                json!({"copied": content.len(), "local": local.display().to_string()}),
+                json!({"copied": copied, "local": local.display().to_string()}),
                 String::new(),
             ))
         }
