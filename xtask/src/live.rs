@@ -274,9 +274,12 @@ pub(crate) fn files_under(dir: &std::path::Path) -> Vec<EngineObject> {
 /// nothing of the run left on the engine (judged by difference).
 pub(crate) fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
     build_images(workspace, &[])?;
+    // sandboxctl's host-file guards are also attacked on the sbx backend, through the simulator.
+    workspace.run(cargo().args(["build", "-p", "sbx-sim"]))?;
+    let sim = workspace.target_dir().join("debug").join("sbx-sim");
     let before = engine_objects(workspace)?;
     let mut command = cargo();
-    command.args([
+    command.env("SBX_PATH", &sim).args([
         "nextest",
         "run",
         "-p",

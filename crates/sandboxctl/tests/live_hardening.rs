@@ -915,3 +915,219 @@ fn ls_shows_unaddressable_names_escaped() {
     let out = ctl(&["stat", "--key", &sandbox.key, r"d/caf\xe9"]);
     assert_ne!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
 }
+
+/// Runs `docker` with `args`, killed if it outlives a minute; its stdout, trimmed.
+fn docker_text(args: &[&str]) -> String {
+    let mut child = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("docker starts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("docker {args:?} still running after a minute");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "docker {args:?}: {}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The local engine's data root, as the Docker backend reports it, is out of reach through the
+/// host: cp-in does not read another sandbox's container record (its environment is there), and
+/// cp-out plants nothing in another sandbox's file system layer or record, whatever the override.
+#[test]
+fn one_key_cannot_reach_another_sandboxs_engine_state() {
+    let mine = KeptSandbox::new("engine-a", "printf planted > f");
+    let theirs = KeptSandbox::new("engine-b", "true");
+    let listed = json(&ctl(&["--json", "list", "--scope", &theirs.scope]));
+    let id = listed["sandboxes"][0]["instance_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .to_owned();
+    let root = std::path::PathBuf::from(docker_text(&["info", "--format", "{{.DockerRootDir}}"]));
+    let record = root.join("containers").join(&id).join("config.v2.json");
+    let hosts = root.join("containers").join(&id).join("hosts");
+    let upper = docker_text(&["inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", &id]);
+    assert!(record.is_file(), "{}", record.display());
+    let out = ctl(&[
+        "cp-in",
+        "--key",
+        &mine.key,
+        "--allow-credential-path",
+        record.to_str().unwrap(),
+        "stolen.json",
+    ]);
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(stderr(&out).contains("workspaces"), "{}", stderr(&out));
+    let out = ctl(&[
+        "exec",
+        "--key",
+        &mine.key,
+        "--",
+        "test",
+        "-e",
+        "stolen.json",
+    ]);
+    assert_eq!(code(&out), 1, "nothing was copied in: {}", stderr(&out));
+    let hosts_before = std::fs::read(&hosts).unwrap();
+    let mut destinations = vec![hosts.clone()];
+    if upper.starts_with('/') {
+        destinations.push(std::path::Path::new(&upper).join("planted"));
+    }
+    for dest in &destinations {
+        let fake = FakeHome::new();
+        let out = fake.cp_out(&mine.key, "f", dest, &["--allow-credential-path"]);
+        assert_eq!(code(&out), 69, "{}: {}", dest.display(), stderr(&out));
+        assert!(stderr(&out).contains("workspaces"), "{}", stderr(&out));
+    }
+    assert_eq!(std::fs::read(&hosts).unwrap(), hosts_before);
+    if upper.starts_with('/') {
+        assert!(!std::path::Path::new(&upper).join("planted").exists());
+    }
+}
+
+/// The sbx simulator: `SBX_PATH` when set (the suites set it), else the workspace's debug build.
+fn sbx_sim() -> std::path::PathBuf {
+    let path = std::env::var_os("SBX_PATH")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("CARGO_TARGET_DIR")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| {
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target")
+                })
+                .join("debug/sbx-sim")
+        });
+    assert!(
+        path.is_file(),
+        "the sbx simulator is missing at {} (cargo build -p sbx-sim, or set SBX_PATH)",
+        path.display()
+    );
+    path
+}
+
+/// On the sbx backend itself (the simulator), two keys' real sandboxes: the workspace root the
+/// backend reports is guarded, so one key neither reads the other's workspace files (cp-in, an env
+/// file) nor plants files in its workspace or replaces its record (cp-out), whatever the override.
+#[test]
+fn on_sbx_one_key_cannot_reach_another_keys_workspace_or_record() {
+    let fake = FakeHome::new();
+    let sim = sbx_sim();
+    let state = fake.home.join("state");
+    let sim_home = fake.home.join("sim");
+    std::fs::create_dir_all(&state).unwrap();
+    let env = [
+        ("HOME", fake.home.to_str().unwrap()),
+        ("XDG_STATE_HOME", state.to_str().unwrap()),
+        ("SBX_SIM_HOME", sim_home.to_str().unwrap()),
+    ];
+    let sbx = [
+        "--backend",
+        "sbx",
+        "--sbx-path",
+        sim.to_str().unwrap(),
+        "--allow-simulator",
+    ];
+    let bound = Duration::from_secs(180);
+    let sbx_ctl = |args: &[&str]| {
+        let mut all: Vec<&str> = sbx.to_vec();
+        all.extend_from_slice(args);
+        ctl_env(&all, &env, bound)
+    };
+    let scope = scope("sbx-ws");
+    let (mine, theirs) = (format!("{scope}/t1/a"), format!("{scope}/t1/b"));
+    struct Purge<'a>(&'a dyn Fn(&[&str]) -> Output, &'a str);
+    impl Drop for Purge<'_> {
+        fn drop(&mut self) {
+            let _ = (self.0)(&["purge", "--scope", self.1, "--thread", "t1"]);
+        }
+    }
+    let _purge = Purge(&sbx_ctl, &scope);
+    for (key, setup) in [
+        (&mine, "printf planted > f"),
+        (
+            &theirs,
+            "printf theirs > secret.txt && printf A=1 > vars.env",
+        ),
+    ] {
+        let out = sbx_ctl(&["run", "--key", key, "--", "sh", "-c", setup]);
+        assert_eq!(code(&out), 0, "setup: {}", stderr(&out));
+    }
+    // Their files, where the backend keeps them: the one directory below the root holding their
+    // secret; their record is meta.json of the sandbox's directory, the root's child above it.
+    let root = state.join("maf-sandbox-docker-sbx/workspaces");
+    fn find(dir: &std::path::Path, name: &str, depth: usize) -> Option<std::path::PathBuf> {
+        for entry in std::fs::read_dir(dir).ok()? {
+            let path = entry.ok()?.path();
+            if path.file_name().is_some_and(|n| n == name) && path.is_file() {
+                return Some(dir.to_path_buf());
+            }
+            if depth > 0 && path.is_dir() && !path.is_symlink() {
+                if let Some(found) = find(&path, name, depth - 1) {
+                    return Some(found);
+                }
+            }
+        }
+        None
+    }
+    let theirs_ws = find(&root, "secret.txt", 6)
+        .unwrap_or_else(|| panic!("their workspace under {}", root.display()));
+    let theirs_record = root
+        .join(
+            theirs_ws
+                .strip_prefix(&root)
+                .unwrap()
+                .components()
+                .next()
+                .unwrap(),
+        )
+        .join("meta.json");
+    let record_before = std::fs::read(&theirs_record).unwrap();
+    let out = sbx_ctl(&[
+        "cp-in",
+        "--key",
+        &mine,
+        "--allow-credential-path",
+        theirs_ws.join("secret.txt").to_str().unwrap(),
+        "stolen",
+    ]);
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(stderr(&out).contains("workspaces"), "{}", stderr(&out));
+    let out = sbx_ctl(&["exec", "--key", &mine, "--", "test", "-e", "stolen"]);
+    assert_eq!(code(&out), 1, "nothing was copied in: {}", stderr(&out));
+    let out = sbx_ctl(&[
+        "exec",
+        "--key",
+        &mine,
+        "--env-file",
+        theirs_ws.join("vars.env").to_str().unwrap(),
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(stderr(&out).contains("workspaces"), "{}", stderr(&out));
+    for dest in [theirs_ws.join("planted"), theirs_record.clone()] {
+        let out = sbx_ctl(&[
+            "cp-out",
+            "--key",
+            &mine,
+            "--allow-credential-path",
+            "f",
+            dest.to_str().unwrap(),
+        ]);
+        assert_eq!(code(&out), 69, "{}: {}", dest.display(), stderr(&out));
+        assert!(stderr(&out).contains("workspaces"), "{}", stderr(&out));
+    }
+    assert!(!theirs_ws.join("planted").exists());
+    assert_eq!(std::fs::read(&theirs_record).unwrap(), record_before);
+    // Their sandbox still answers with its own file.
+    let out = sbx_ctl(&["exec", "--key", &theirs, "--", "cat", "secret.txt"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(out.stdout, b"theirs");
+}
