@@ -331,6 +331,14 @@ fn refused(error: SandboxError) -> DisposalFailure {
 
 #[async_trait]
 impl SandboxBackend for QemuBackend {
+    async fn host_state_roots(&self) -> Result<Vec<String>, SandboxError> {
+        let config = &self.host.config;
+        Ok([&config.state_dir, &config.image_dir]
+            .into_iter()
+            .map(|dir| dir.display().to_string())
+            .collect())
+    }
+
     fn name(&self) -> &str {
         BACKEND_NAME
     }

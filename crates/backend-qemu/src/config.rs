@@ -88,6 +88,20 @@ pub(crate) struct CheckedConfig {
 }
 
 impl QemuConfig {
+    /// The host directories a backend built from this configuration keeps state in or loads from
+    /// (each VM's directory and record under the state directory; the kernel, initramfs and root
+    /// image QEMU loads from the image directory), without connecting: what
+    /// [`SandboxBackend::host_state_roots`](sandbox_core::SandboxBackend::host_state_roots) of that
+    /// backend reports, for a host that guards them while it runs another backend. A host that
+    /// wrote a sandbox's bytes there would hand one key another key's VM, or the next VM's boot.
+    pub fn host_state_roots(&self) -> Vec<PathBuf> {
+        [&self.state_dir, &self.image_dir]
+            .into_iter()
+            .filter(|dir| !dir.as_os_str().is_empty())
+            .cloned()
+            .collect()
+    }
+
     /// Checks the configuration against a host of `host_cpus` CPUs and `host_memory_mib` MiB.
     pub(crate) fn check_for(
         self,
@@ -186,6 +200,21 @@ mod tests {
             state_dir: PathBuf::from("/state"),
             ..QemuConfig::default()
         }
+    }
+
+    #[test]
+    fn the_host_state_roots_are_the_state_and_image_directories() {
+        assert_eq!(
+            config().host_state_roots(),
+            [PathBuf::from("/state"), PathBuf::from("/images/vm")]
+        );
+        // No image configured yet: only the state directory is named (an empty path would
+        // resolve to the working directory and guard it by accident).
+        let unset = QemuConfig {
+            state_dir: PathBuf::from("/state"),
+            ..QemuConfig::default()
+        };
+        assert_eq!(unset.host_state_roots(), [PathBuf::from("/state")]);
     }
 
     #[test]

@@ -194,8 +194,8 @@ pub struct OutDirArg {
 /// The one guard of every host file a host reads for a sandbox or writes with its bytes
 /// ([`host_files`]: `cp-in`, `cp-out`, an env file, an MCP tool's transfer): the credential paths
 /// and the paths a host executes, the host state roots the connected `backend` reports, those of
-/// the sbx configuration these flags would give (whichever backend runs, one key never reaches
-/// another key's sbx workspace through the host), and `output_root` when a host pins writes to one.
+/// the sbx and qemu configurations these flags would give (whichever backend runs, one key never
+/// reaches another key's sbx workspace or VM through the host), and `output_root` when a host pins writes to one.
 ///
 /// # Errors
 /// The backend's failure to report its roots (then nothing is moved), or an `output_root` that is
@@ -216,6 +216,14 @@ pub async fn host_guard(
         .collect();
     // An sbx configuration this environment cannot form has no workspace root to guard.
     roots.extend(sbx_config(args, &[]).host_state_roots().unwrap_or_default());
+    // Likewise the qemu backend's state and image directories: writing there would reach another
+    // key's VM, or what the next VM boots.
+    #[cfg(target_os = "linux")]
+    roots.extend(
+        qemu_config(args)
+            .map(|config| config.host_state_roots())
+            .unwrap_or_default(),
+    );
     host_files::host_guard(roots, output_root)
 }
 
@@ -503,5 +511,27 @@ mod tests {
             .map(|(n, _)| n.to_string_lossy().into_owned())
             .collect();
         assert_eq!(names, ["PATH", "HOME", "DOCKER_HOST", "OTHER"]);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_host_guard_refuses_the_qemu_image_whichever_backend_runs() {
+        use sandbox_core::testing::FakeBackend;
+        let image = tempfile::tempdir().unwrap();
+        let kernel = image.path().join("vmlinux");
+        std::fs::write(&kernel, b"kernel").unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let plain = outside.path().join("plain");
+        std::fs::write(&plain, b"plain").unwrap();
+        let args = parse(&["--vm-image", image.path().to_str().unwrap()]);
+        let backend = FakeBackend::new("fake", Isolation::Container);
+        let guard = host_guard(&args, &backend, None).await.unwrap();
+        let refused = host_files::Source::open(&kernel, &guard, false).unwrap_err();
+        assert_eq!(
+            refused.kind(),
+            sandbox_core::ErrorKind::NotPermitted,
+            "{refused}"
+        );
+        host_files::Source::open(&plain, &guard, false).unwrap();
     }
 }
