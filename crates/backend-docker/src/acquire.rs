@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::config::{check_image_reference, Resources};
 use crate::connection::quote;
-use crate::containers::{ContainerShape, Created, Lifecycle};
+use crate::containers::{paused_too_long, ContainerShape, Created, Lifecycle, PauseWait, Paused};
 use crate::egress::EgressPlan;
 use crate::egress_names::{keep_alive_with_forwarder, volume_name, LABEL_EGRESS_V1};
 use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
@@ -50,6 +50,19 @@ struct Plan<'a> {
     egress: Option<EgressPlan>,
     /// Its egress volume's name.
     egress_volume: Option<String>,
+}
+
+/// How many times the storage base is looked at again after another process wrote it under
+/// its own pause.
+const BASE_ATTEMPTS: u32 = 3;
+
+/// What [`BackendState::create_base_engine_side`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BaseWrite {
+    /// The missing directories were written.
+    Written,
+    /// Another process held the container paused to write the base; its pause is over.
+    Deferred,
 }
 
 /// How an existing container came to be served.
@@ -265,7 +278,11 @@ impl BackendState {
             }
             "paused" => {
                 self.forget_warm(&existing.id);
-                self.lifecycle(Lifecycle::Unpause, &existing.id).await?;
+                // Most often another acquire's pause for the storage base, which it lifts itself;
+                // one that outlasts the wait has no one left to lift it.
+                if self.wait_out_pause(&existing.id).await? == PauseWait::Held {
+                    self.lifecycle(Lifecycle::Unpause, &existing.id).await?;
+                }
                 Step::Finish(existing.id, Arrival::Revived)
             }
             "created" | "exited" => {
@@ -538,14 +555,15 @@ impl BackendState {
                 missing = self.plan_base(id, base).await?;
             }
         }
-        let writable_checked = if missing.is_empty() {
-            false
-        } else {
+        let mut writable_checked = false;
+        let mut attempts = 0;
+        while !missing.is_empty() {
+            attempts += 1;
             let output = self
                 .guest_internal(id, &["sh", "-c", BASE_SCRIPT, "maf-base", base])
                 .await?;
             match output.exit_code {
-                0 => true,
+                0 => writable_checked = true,
                 BASE_EXIT_FALLBACK => {
                     let ids = String::from_utf8_lossy(&output.stdout).into_owned();
                     let mut numbers = ids.split_whitespace().map(str::parse::<u64>);
@@ -555,15 +573,20 @@ impl BackendState {
                             quote(&output.stdout)
                         )));
                     };
-                    self.create_base_engine_side(
-                        id,
-                        &missing,
-                        uid,
-                        gid,
-                        arrival != Arrival::Created,
-                    )
-                    .await?;
-                    false
+                    let written = self
+                        .create_base_engine_side(
+                            id,
+                            &missing,
+                            uid,
+                            gid,
+                            arrival != Arrival::Created,
+                        )
+                        .await?;
+                    if written == BaseWrite::Deferred && attempts < BASE_ATTEMPTS {
+                        // Another process wrote under its own pause, now over: look again.
+                        missing = self.plan_base(id, base).await?;
+                        continue;
+                    }
                 }
                 code => {
                     return Err(SandboxError::engine(format!(
@@ -572,7 +595,8 @@ impl BackendState {
                     )))
                 }
             }
-        };
+            break;
+        }
         let still_missing = self.plan_base(id, base).await?;
         if !still_missing.is_empty() {
             return Err(SandboxError::engine(format!(
@@ -615,7 +639,9 @@ impl BackendState {
 
     /// One tar of directory entries extracted at `/` by the engine, each owned by the guest (the
     /// engine keeps an uploaded archive's owners); under a pause when this acquire did not create
-    /// the container.
+    /// the container, so no guest process can move a path under the extraction. A container
+    /// another process holds paused (it is writing the same base) is waited out and the write
+    /// left to it: [`BaseWrite::Deferred`], and the caller looks again.
     async fn create_base_engine_side(
         self: &Arc<Self>,
         id: &str,
@@ -623,7 +649,7 @@ impl BackendState {
         uid: u64,
         gid: u64,
         freeze: bool,
-    ) -> Result<(), SandboxError> {
+    ) -> Result<BaseWrite, SandboxError> {
         let mut archive = Vec::new();
         for directory in missing {
             let name = format!("{}/", directory.trim_start_matches('/'));
@@ -631,7 +657,12 @@ impl BackendState {
         }
         archive.extend([0u8; 1024]);
         let frozen = if freeze {
-            self.lifecycle(Lifecycle::Pause, id).await?;
+            if self.pause(id).await? == Paused::Elsewhere {
+                if self.wait_out_pause(id).await? == PauseWait::Held {
+                    return Err(paused_too_long(id));
+                }
+                return Ok(BaseWrite::Deferred);
+            }
             let state = Arc::clone(self);
             let id = id.to_owned();
             Some(CleanupOnDrop::armed(
@@ -650,7 +681,7 @@ impl BackendState {
             let id = id.to_owned();
             run_detached(async move { state.lifecycle(Lifecycle::Unpause, &id).await }).await??;
         }
-        result
+        result.map(|()| BaseWrite::Written)
     }
 
     /// A backend-internal command through the wrapper, cwd `/`, under the command timeout.
@@ -716,7 +747,9 @@ impl BackendState {
             "running" => {}
             "paused" => {
                 self.forget_warm(&record.id);
-                self.lifecycle(Lifecycle::Unpause, &record.id).await?;
+                if self.wait_out_pause(&record.id).await? == PauseWait::Held {
+                    self.lifecycle(Lifecycle::Unpause, &record.id).await?;
+                }
             }
             "created" | "exited" => {
                 self.forget_warm(&record.id);

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use bollard::query_parameters::{
@@ -243,7 +244,9 @@ impl BackendState {
         }
     }
 
-    /// Start, pause or unpause one container; a failure is Engine.
+    /// Starts or unpauses one container; a failure is Engine. Unpausing a container that is no
+    /// longer paused is done, not a failure: pauses of one container by several processes meet
+    /// only through the engine, and its state, not its 409, is the answer.
     pub(crate) async fn lifecycle(&self, verb: Lifecycle, id: &str) -> Result<(), SandboxError> {
         let api = self.engine.api();
         let deadline = self.config.command_timeout;
@@ -253,13 +256,81 @@ impl BackendState {
                     .call(deadline, api.start_container(id, None))
                     .await
             }
-            Lifecycle::Pause => self.engine.call(deadline, api.pause_container(id)).await,
             Lifecycle::Unpause => self.engine.call(deadline, api.unpause_container(id)).await,
         };
-        result.map_err(|f| {
-            self.engine
-                .failure(&format!("container {} {id}", verb.word()), f)
-        })
+        match result {
+            Ok(()) => Ok(()),
+            Err(failure) if verb == Lifecycle::Unpause && failure.is_conflict() => {
+                match self
+                    .inspect(id)
+                    .await?
+                    .as_ref()
+                    .map(ContainerRecord::status)
+                {
+                    Some("running") => Ok(()),
+                    _ => Err(self
+                        .engine
+                        .failure(&format!("container unpause {id}"), failure)),
+                }
+            }
+            Err(failure) => Err(self
+                .engine
+                .failure(&format!("container {} {id}", verb.word()), failure)),
+        }
+    }
+
+    /// Pauses one container. Finding it already paused by another caller is
+    /// [`Paused::Elsewhere`], never a failure: that caller lifts its own pause.
+    pub(crate) async fn pause(&self, id: &str) -> Result<Paused, SandboxError> {
+        let paused = self
+            .engine
+            .call(
+                self.config.command_timeout,
+                self.engine.api().pause_container(id),
+            )
+            .await;
+        match paused {
+            Ok(()) => Ok(Paused::Here),
+            Err(failure) if failure.is_conflict() => {
+                match self
+                    .inspect(id)
+                    .await?
+                    .as_ref()
+                    .map(ContainerRecord::status)
+                {
+                    Some("paused") => Ok(Paused::Elsewhere),
+                    _ => Err(self
+                        .engine
+                        .failure(&format!("container pause {id}"), failure)),
+                }
+            }
+            Err(failure) => Err(self
+                .engine
+                .failure(&format!("container pause {id}"), failure)),
+        }
+    }
+
+    /// Waits while container `id` is paused, up to [`PAUSE_WAIT`]: another acquire writes an
+    /// adopted container's storage base under a pause that lasts one archive upload. A pause
+    /// that outlasts the wait ([`PauseWait::Held`]: its process died, or someone paused the
+    /// container by hand) is the caller's to lift or report.
+    pub(crate) async fn wait_out_pause(&self, id: &str) -> Result<PauseWait, SandboxError> {
+        let until = tokio::time::Instant::now() + PAUSE_WAIT;
+        let mut waited = PauseWait::NotPaused;
+        loop {
+            let paused = self
+                .inspect(id)
+                .await?
+                .is_some_and(|record| record.status() == "paused");
+            if !paused {
+                return Ok(waited);
+            }
+            if tokio::time::Instant::now() >= until {
+                return Ok(PauseWait::Held);
+            }
+            waited = PauseWait::Lifted;
+            tokio::time::sleep(PAUSE_POLL).await;
+        }
     }
 
     /// Force-removes one container. Never raises: a failure is a disposal code.
@@ -376,11 +447,47 @@ impl BackendState {
     }
 }
 
+/// How long a caller waits out a pause another caller holds: an adopted container's storage base
+/// is written under one, for one archive upload.
+pub(crate) const PAUSE_WAIT: Duration = Duration::from_secs(10);
+
+/// A container still paused after [`PAUSE_WAIT`]: nobody is lifting the pause.
+#[cold]
+pub(crate) fn paused_too_long(id: &str) -> SandboxError {
+    SandboxError::engine(format!(
+        "container {id} stayed paused for {} s; unpause it or acquire again",
+        PAUSE_WAIT.as_secs()
+    ))
+}
+
+/// Between two looks at a paused container.
+const PAUSE_POLL: Duration = Duration::from_millis(25);
+
+/// Whose pause a container is under after [`BackendState::pause`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Paused {
+    /// This caller paused it and must lift the pause.
+    Here,
+    /// `pause` found the container already paused by another caller, who will lift it.
+    Elsewhere,
+}
+
+/// How [`BackendState::wait_out_pause`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PauseWait {
+    /// The container was not paused.
+    NotPaused,
+    /// It was, and the pause was lifted within the wait.
+    Lifted,
+    /// It is still paused.
+    Held,
+}
+
 /// The lifecycle verbs the backend uses (never `stop`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lifecycle {
     Start,
-    Pause,
     Unpause,
 }
 
@@ -388,7 +495,6 @@ impl Lifecycle {
     fn word(self) -> &'static str {
         match self {
             Lifecycle::Start => "start",
-            Lifecycle::Pause => "pause",
             Lifecycle::Unpause => "unpause",
         }
     }

@@ -25,6 +25,7 @@ use tokio::io::AsyncWriteExt as _;
 use wrapper_stream::WrapperStreamSink;
 
 use crate::connection::{quote, ApiFailure};
+use crate::containers::PauseWait;
 use crate::state::BackendState;
 
 /// One command through the exec wrapper.
@@ -113,6 +114,10 @@ impl OutputSink for CollectSink {
     }
 }
 
+/// How many pauses in a row an exec waits out before it starts (a pause per process adopting the
+/// container at once).
+const PAUSES_WAITED_OUT: u32 = 4;
+
 /// How far stdin is read ahead of the command: one buffer of this many bytes.
 const STDIN_BUFFER: usize = 256 * 1024;
 
@@ -143,13 +148,40 @@ impl BackendState {
             budget,
         };
         let exit_code = self
-            .exec_attached(id, argv, env, ExecStdin::Closed, &mut sink)
+            .exec_attached(
+                id,
+                argv,
+                env,
+                ExecStdin::Closed,
+                &mut sink,
+                &AtomicBool::new(false),
+            )
             .await?;
         Ok(Collected {
             stdout: sink.stdout,
             stderr: sink.stderr,
             exit_code,
         })
+    }
+
+    /// Creates and starts one attached exec; `start_requested` is set once the start may have
+    /// run anything in the guest.
+    async fn create_and_start(
+        &self,
+        id: &str,
+        options: CreateExecOptions<String>,
+        start_requested: &AtomicBool,
+    ) -> Result<(String, StartExecResults), ApiFailure> {
+        let api = self.engine.api();
+        let created = api.create_exec(id, options).await?;
+        start_requested.store(true, Ordering::Relaxed);
+        let start = StartExecOptions {
+            detach: false,
+            tty: false,
+            output_capacity: None,
+        };
+        let started = api.start_exec(&created.id, Some(start)).await?;
+        Ok((created.id, started))
     }
 
     /// Runs `argv` attached in container `id`: `stdin` written to the exec's input (its shutdown
@@ -164,6 +196,7 @@ impl BackendState {
         env: Vec<String>,
         stdin: ExecStdin,
         sink: &mut impl OutputSink,
+        start_requested: &AtomicBool,
     ) -> Result<i32, ExecFailure> {
         let api = self.engine.api();
         let attach_stdin = !matches!(stdin, ExecStdin::Closed);
@@ -176,19 +209,27 @@ impl BackendState {
             working_dir: Some("/".to_owned()),
             ..CreateExecOptions::default()
         };
-        let created = api
-            .create_exec(id, options)
-            .await
-            .map_err(|e| ExecFailure::NotStarted(e.into()))?;
-        let start = StartExecOptions {
-            detach: false,
-            tty: false,
-            output_capacity: None,
+        let mut pauses_waited_out = 0;
+        let (exec_id, started) = loop {
+            let failure = match self
+                .create_and_start(id, options.clone(), start_requested)
+                .await
+            {
+                Ok(started) => break started,
+                Err(failure) => failure,
+            };
+            // A pause another acquire holds for the storage base is waited out (a few, one after
+            // another, at most): the command has not started, so it starts after the pause as if
+            // it came later.
+            if failure.is_conflict()
+                && pauses_waited_out < PAUSES_WAITED_OUT
+                && matches!(self.wait_out_pause(id).await, Ok(PauseWait::Lifted))
+            {
+                pauses_waited_out += 1;
+                continue;
+            }
+            return Err(ExecFailure::NotStarted(failure));
         };
-        let started = api
-            .start_exec(&created.id, Some(start))
-            .await
-            .map_err(|e| ExecFailure::NotStarted(e.into()))?;
         let StartExecResults::Attached {
             mut output,
             mut input,
@@ -245,7 +286,7 @@ impl BackendState {
                 })?;
         }
         let inspected = api
-            .inspect_exec(&created.id)
+            .inspect_exec(&exec_id)
             .await
             .map_err(|e| ExecFailure::Broken(e.into()))?;
         inspected
@@ -407,13 +448,21 @@ impl BackendState {
         let mut sink = WrapperStreamSink::new(sender, &nonce, "docker");
         let started_seen = sink.started_flag();
         let started = std::time::SystemTime::now();
+        let start_requested = AtomicBool::new(false);
         let ran = tokio::time::timeout(
             timeout,
-            self.exec_attached(&id, argv, env, stdin, &mut sink),
+            self.exec_attached(&id, argv, env, stdin, &mut sink, &start_requested),
         )
         .await;
         let (sender, splitter) = sink.into_parts();
         let outcome = match ran {
+            // The deadline passed before the engine was asked to start anything (the exec
+            // waited out a pause): there is nothing to kill.
+            Err(_) if !start_requested.load(Ordering::Relaxed) => Err(SandboxError::Timeout {
+                operation: "command".to_owned(),
+                bound: timeout,
+                cleanup: Some(GuestCleanup::NeverStarted),
+            }),
             Err(_) => Err(SandboxError::Timeout {
                 operation: "command".to_owned(),
                 bound: timeout,
@@ -518,7 +567,7 @@ impl BackendState {
         }
         if failure.is_conflict() && lower.contains("is paused") {
             return SandboxError::engine(format!(
-                "the container is paused; acquire again: {}",
+                "the container stayed paused; acquire again (it lifts a pause nobody else does): {}",
                 quote(failure.message().as_bytes())
             ));
         }

@@ -711,3 +711,130 @@ async fn a_found_container_that_lost_a_tool_is_refused_naming_it() {
     assert!(error.to_string().contains("base64"), "{error}");
     assert_nothing_left(&creator, &scope, &["t".to_owned()]).await;
 }
+
+/// The container's state as the engine reports it.
+async fn container_status(id: &str) -> String {
+    let output = docker(["inspect", "-f", "{{.State.Status}}", id]).await;
+    assert_eq!(
+        output.status,
+        exec_wrapper::ExitKind::Exited(0),
+        "{output:?}"
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// Another process's acquire writes an adopted container's storage base under a pause: a command
+/// that meets that pause starts once it is lifted, never failing with "paused".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_meeting_another_callers_pause_starts_after_it() {
+    let backend = backend(false).await;
+    let scope = unique_scope("paused-exec");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let id = sandbox.instance_id().to_owned();
+    let paused = docker(["pause", &id]).await;
+    assert_eq!(
+        paused.status,
+        exec_wrapper::ExitKind::Exited(0),
+        "{paused:?}"
+    );
+    let holder = {
+        let id = id.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            docker(["unpause", &id]).await
+        })
+    };
+    let output = sandbox
+        .exec(ExecRequest::new(Command::argv(["echo", "after"])).timeout(Duration::from_secs(30)))
+        .await
+        .expect("the command waits out the pause");
+    assert_eq!(
+        (output.exit_code, output.stdout_text()),
+        (0, "after\n".into())
+    );
+    let unpaused = holder.await.unwrap();
+    assert_eq!(
+        unpaused.status,
+        exec_wrapper::ExitKind::Exited(0),
+        "the holder lifted its own pause: {unpaused:?}"
+    );
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
+/// An acquire that finds its container paused leaves the pause to its holder (another process
+/// writing the storage base, which unpauses it itself) and serves the same container after it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acquire_finding_its_container_paused_leaves_the_pause_to_its_holder() {
+    let backend = backend(false).await;
+    let scope = unique_scope("paused-acquire");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let id = sandbox.instance_id().to_owned();
+    let paused = docker(["pause", &id]).await;
+    assert_eq!(
+        paused.status,
+        exec_wrapper::ExitKind::Exited(0),
+        "{paused:?}"
+    );
+    // A second backend stands for a second process: it shares nothing but the engine.
+    let other = Arc::new(support::backend(false).await);
+    let acquire = {
+        let (other, key) = (Arc::clone(&other), key.clone());
+        tokio::spawn(async move { other.acquire(&key, &spec(BUSYBOX)).await })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        container_status(&id).await,
+        "paused",
+        "the acquire lifted another caller's pause"
+    );
+    let unpaused = docker(["unpause", &id]).await;
+    assert_eq!(
+        unpaused.status,
+        exec_wrapper::ExitKind::Exited(0),
+        "{unpaused:?}"
+    );
+    let again = acquire
+        .await
+        .unwrap()
+        .expect("the acquire serves after the pause");
+    assert_eq!(again.instance_id(), id);
+    assert_eq!(run(again.as_ref(), &["true"]).await.exit_code, 0);
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
+/// A command whose deadline passes while it waits out a pause never started: its timeout says
+/// so, nothing is killed, and the sandbox is kept, not retired.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deadline_passed_waiting_out_a_pause_never_started_and_keeps_the_sandbox() {
+    let backend = backend(false).await;
+    let scope = unique_scope("paused-deadline");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let id = sandbox.instance_id().to_owned();
+    let paused = docker(["pause", &id]).await;
+    assert_eq!(
+        paused.status,
+        exec_wrapper::ExitKind::Exited(0),
+        "{paused:?}"
+    );
+    let error = sandbox
+        .exec(ExecRequest::new(Command::argv(["true"])).timeout(Duration::from_secs(1)))
+        .await
+        .expect_err("the pause outlasts the deadline");
+    assert_eq!(error.kind(), ErrorKind::Timeout, "{error}");
+    assert_eq!(
+        error.guest_cleanup(),
+        Some(GuestCleanup::NeverStarted),
+        "{error}"
+    );
+    let unpaused = docker(["unpause", &id]).await;
+    assert_eq!(
+        unpaused.status,
+        exec_wrapper::ExitKind::Exited(0),
+        "{unpaused:?}"
+    );
+    assert_eq!(run(sandbox.as_ref(), &["true"]).await.exit_code, 0);
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
