@@ -120,6 +120,10 @@ impl VmConfig {
         if let (Accel::Tcg, Some(khz)) = (self.accel, tsc_khz) {
             // Without it the guest calibrates the TSC against an emulated timer and hangs.
             append.push(format!("tsc_early_khz={khz}"));
+            // Every vCPU reads the host's invariant TSC, but the guest's boot check finds them
+            // unsynchronised and falls back to jiffies, whose emulated tick drifts (a `sleep 2`
+            // measured 1.88 s on the host): the TSC is the one clock that keeps host time.
+            append.push("tsc=reliable".to_owned());
         }
         append.extend(self.kernel_args.iter().cloned());
         let mut args: Vec<String> = vec![
@@ -650,4 +654,51 @@ pub fn host_tsc_khz() -> Option<u64> {
     let (whole, frac) = mhz.split_once('.').unwrap_or((mhz, "0"));
     let frac = format!("{frac:0<3}");
     Some(whole.parse::<u64>().ok()? * 1000 + frac[..3].parse::<u64>().ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(accel: Accel) -> VmConfig {
+        let image = VmImage {
+            kernel: "/img/vmlinux".into(),
+            initramfs: "/img/initramfs".into(),
+            rootfs: "/img/rootfs.ext4".into(),
+            kernel_release: "6.1.0-test".into(),
+            digest: "0".repeat(64),
+        };
+        VmConfig {
+            accel,
+            ..VmConfig::new(image, "/run/vms", "t")
+        }
+    }
+
+    fn kernel_line(args: &[String]) -> &str {
+        let at = args.iter().position(|a| a == "-append").expect("-append");
+        &args[at + 1]
+    }
+
+    #[test]
+    fn under_tcg_the_guest_clock_is_the_calibrated_tsc() {
+        let args = config(Accel::Tcg).qemu_args(Some(2_300_000));
+        let line = kernel_line(&args);
+        assert!(line.contains(" tsc_early_khz=2300000 "), "{line}");
+        assert!(line.split(' ').any(|w| w == "tsc=reliable"), "{line}");
+        let unknown = config(Accel::Tcg).qemu_args(None);
+        assert!(
+            !kernel_line(&unknown).contains("tsc"),
+            "no frequency, no TSC words"
+        );
+    }
+
+    #[test]
+    fn under_kvm_the_guest_keeps_its_own_clock_choice() {
+        let args = config(Accel::Kvm).qemu_args(Some(2_300_000));
+        assert!(
+            !kernel_line(&args).contains("tsc"),
+            "{}",
+            kernel_line(&args)
+        );
+    }
 }

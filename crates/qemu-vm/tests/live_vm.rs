@@ -194,6 +194,26 @@ async fn boots_to_the_agent_and_runs_exact_bytes_and_exit_codes() {
         Some("1"),
         "only this exec's group: {text}"
     );
+
+    // The guest keeps host time: its clock is the TSC (under TCG the kernel would otherwise
+    // fall back to jiffies, whose emulated tick drifts), and a guest `sleep 2` lasts 2 s here.
+    let out = agent
+        .run(
+            sh("cat /sys/devices/system/clocksource/clocksource0/current_clocksource; sleep 2"),
+            None,
+            limits(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "tsc");
+    let started = std::time::Instant::now();
+    let out = agent.run(sh("sleep 2"), None, limits()).await.unwrap();
+    assert_eq!(out.status.code, Some(0));
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(2),
+        "a guest `sleep 2` took {elapsed:?} on the host"
+    );
     booted.kill().await;
 }
 
