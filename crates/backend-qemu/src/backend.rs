@@ -138,7 +138,7 @@ impl QemuBackend {
     }
 
     /// A handle to the running VM of `slot`'s record, or why there is none.
-    async fn attach(&self, record: &Record) -> Result<QemuSandbox, SandboxError> {
+    async fn attach(&self, slot: &Slot, record: &Record) -> Result<QemuSandbox, SandboxError> {
         if let Some(reason) = &record.retired {
             return Err(SandboxError::Retired {
                 instance: record.instance.clone(),
@@ -170,7 +170,7 @@ impl QemuBackend {
                 agent
             }
         };
-        Ok(self.handle(record, agent, false))
+        Ok(self.handle(slot, record, agent, false))
     }
 
     fn cached_agent(&self, instance: &str) -> Option<AgentClient> {
@@ -194,8 +194,16 @@ impl QemuBackend {
         }
     }
 
-    fn handle(&self, record: &Record, agent: qemu_vm::AgentClient, fresh: bool) -> QemuSandbox {
+    fn handle(
+        &self,
+        slot: &Slot,
+        record: &Record,
+        agent: qemu_vm::AgentClient,
+        fresh: bool,
+    ) -> QemuSandbox {
         QemuSandbox {
+            vm_dir: self.vms_dir().join(&record.instance),
+            slot: slot.clone(),
             instance: record.instance.clone(),
             storage_base: record.storage_base.clone(),
             fresh,
@@ -258,7 +266,7 @@ impl QemuBackend {
                 .await
                 .map_err(|error| agent_error(&record.instance, error))?
         };
-        let sandbox = self.handle(&record, agent.clone(), true);
+        let sandbox = self.handle(slot, &record, agent.clone(), true);
         let base = record.storage_base.clone();
         let made = sandbox_core::Sandbox::exec(
             &sandbox,
@@ -371,7 +379,7 @@ impl SandboxBackend for QemuBackend {
         let _guard = self.host.locks.lock(slot.name.clone()).await;
         let _lock = slot.lock().await?;
         if let Some(record) = slot.read_record()? {
-            match self.attach(&record).await {
+            match self.attach(&slot, &record).await {
                 Ok(sandbox) => {
                     if record.storage_base != storage_base {
                         return Err(SandboxError::SpecMismatch(format!(
@@ -405,7 +413,7 @@ impl SandboxBackend for QemuBackend {
         let Some(record) = slot.read_record()? else {
             return Ok(None);
         };
-        match self.attach(&record).await {
+        match self.attach(&slot, &record).await {
             Ok(sandbox) => Ok(Some(shared(sandbox))),
             Err(_) => Ok(None),
         }

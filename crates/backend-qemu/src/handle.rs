@@ -1,6 +1,7 @@
 //! One VM as a [`Sandbox`]: commands and files through the guest agent, with the core's
 //! guest-path rules applied on the host before any request.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,9 +15,15 @@ use sandbox_core::{
 };
 use tokio::io::AsyncReadExt as _;
 
+use crate::fault::HEALTH_EVERY;
+use crate::layout::Slot;
+
 /// How much longer than the command's own bound the host waits for the guest to report the
 /// kill of an expired command before it gives up on the call.
 const KILL_GRACE: Duration = Duration::from_secs(10);
+
+/// How long the host waits to queue a kill to a guest that may no longer read.
+const KILL_SEND: Duration = Duration::from_secs(2);
 
 /// The exit status a shell reports for a program it cannot find; the agent spawns argv
 /// directly, so the backend says the same.
@@ -31,17 +38,21 @@ pub struct QemuSandbox {
     pub(crate) agent: AgentClient,
     pub(crate) call_timeout: Duration,
     pub(crate) files_in: u64,
+    /// The VM's own directory (QEMU's sockets and `vm.json`): where its health is read.
+    pub(crate) vm_dir: PathBuf,
+    /// The name's record, which a retirement marks.
+    pub(crate) slot: Slot,
 }
 
 impl QemuSandbox {
     async fn stat_kind(&self, path: String) -> Result<Option<EntryKind>, SandboxError> {
-        match self.agent.stat(path.as_bytes()).await {
+        match self.watch(self.agent.stat(path.as_bytes())).await {
             Ok(stat) => Ok(Some(entry_kind(stat.kind))),
             Err(VmError::Agent {
                 code: ErrorCode::NotFound,
                 ..
             }) => Ok(None),
-            Err(error) => Err(agent_error(&path, error)),
+            Err(error) => Err(self.failed(&path, error).await),
         }
     }
 
@@ -59,11 +70,10 @@ impl QemuSandbox {
             output_cap: 64 * 1024,
             deadline: self.call_timeout + KILL_GRACE,
         };
-        let out = self
-            .agent
-            .run(request, None, limits)
-            .await
-            .map_err(|e| agent_error(path, e))?;
+        let out = match self.watch(self.agent.run(request, None, limits)).await {
+            Ok(out) => out,
+            Err(error) => return Err(self.failed(path, error).await),
+        };
         if out.status.code == Some(0) {
             Ok(())
         } else {
@@ -87,8 +97,11 @@ fn reported(resolved: &str, wd: &str) -> String {
 
 /// Moves one exec's events into its stream, feeds its stdin, and ends it: on its exit, on the
 /// stream's cap (killed, `OutputLimitExceeded`), on the bound passing in the guest (`Timeout`),
-/// or when the stream is dropped (killed).
+/// when the stream is dropped (killed), or when the VM cannot serve (found after each
+/// [`HEALTH_EVERY`] of silence, or when the guest never reports the kill past the bound: the
+/// VM is then retired, `Timeout` with [`GuestCleanup::Retired`]).
 async fn pump(
+    sandbox: QemuSandbox,
     mut exec: qemu_vm::Exec,
     mut sender: ExecStreamSender,
     stdin: ExecStdin,
@@ -129,12 +142,32 @@ async fn pump(
                 return;
             }
             () = tokio::time::sleep_until(deadline) => {
-                let _ = exec.kill().await;
+                // The guest never reported the kill: nothing says the command is gone.
+                let _ = tokio::time::timeout(KILL_SEND, exec.kill()).await;
+                sandbox
+                    .retire(&format!(
+                        "its agent did not report the end of a command {KILL_GRACE:?} past its \
+                         {bound:?} bound"
+                    ))
+                    .await;
                 break Err(SandboxError::Timeout {
                     operation: "command".to_owned(),
                     bound,
-                    cleanup: Some(GuestCleanup::Killed),
+                    cleanup: Some(GuestCleanup::Retired),
                 });
+            }
+            () = tokio::time::sleep(HEALTH_EVERY) => {
+                match sandbox.fault().await {
+                    None => continue,
+                    Some(fault) => {
+                        let _ = tokio::time::timeout(KILL_SEND, exec.kill()).await;
+                        let lost = VmError::NotRunning {
+                            dir: sandbox.vm_dir.clone(),
+                            reason: fault.describe().to_owned(),
+                        };
+                        break Err(sandbox.failed("(command)", lost).await);
+                    }
+                }
             }
         };
         let chunk = match event {
@@ -151,7 +184,7 @@ async fn pump(
                 break Ok(ExecExit::exited(exit_code(&status)))
             }
             Ok(_) => continue,
-            Err(error) => break Err(agent_error("(command)", error)),
+            Err(error) => break Err(sandbox.failed("(command)", error).await),
         };
         match sender.send(chunk).await {
             Ok(()) => {}
@@ -281,7 +314,16 @@ impl Sandbox for QemuSandbox {
             timeout_ms: bound.as_millis().max(1) as u64,
             user: None,
         };
-        let exec = match self.agent.exec(agent_request).await {
+        // A guest that never answers `Started` is bounded like a file call.
+        let start = async {
+            tokio::time::timeout(self.call_timeout, self.agent.exec(agent_request))
+                .await
+                .unwrap_or(Err(VmError::Deadline {
+                    what: "an exec's start",
+                    after: self.call_timeout,
+                }))
+        };
+        let exec = match self.watch(start).await {
             Ok(exec) => exec,
             Err(VmError::Agent {
                 code: ErrorCode::NotFound,
@@ -293,12 +335,12 @@ impl Sandbox for QemuSandbox {
                     NOT_FOUND_EXIT,
                 )))
             }
-            Err(error) => return Err(agent_error("(command)", error)),
+            Err(error) => return Err(self.failed("(command)", error).await),
         };
         let (sender, stream) = ExecStream::channel(request.output_cap());
         // The pump owns the exec: when the stream is dropped it kills the command's group, and
         // dropping the exec itself kills it too, so nothing outlives an abandoned call.
-        tokio::spawn(pump(exec, sender, stdin, bound));
+        tokio::spawn(pump(self.clone(), exec, sender, stdin, bound));
         Ok(stream)
     }
 
@@ -324,11 +366,13 @@ impl Sandbox for QemuSandbox {
                 path: path.to_owned(),
             });
         }
-        self.agent
-            .write_file(resolved.as_bytes(), 0o644, content, self.call_timeout)
-            .await
-            .map(drop)
-            .map_err(|e| agent_error(path, e))
+        let write = self
+            .agent
+            .write_file(resolved.as_bytes(), 0o644, content, self.call_timeout);
+        match self.watch(write).await {
+            Ok(_) => Ok(()),
+            Err(error) => Err(self.failed(path, error).await),
+        }
     }
 
     async fn stat_file(&self, path: &str, wd: &str) -> Result<Option<SandboxEntry>, SandboxError> {
@@ -336,7 +380,7 @@ impl Sandbox for QemuSandbox {
         let resolved = Access::Read
             .check_async(|p| self.stat_kind(p), path, &wd)
             .await?;
-        match self.agent.stat(resolved.as_bytes()).await {
+        match self.watch(self.agent.stat(resolved.as_bytes())).await {
             Ok(stat) => {
                 let kind = entry_kind(stat.kind);
                 let size = (kind == EntryKind::File).then_some(stat.size);
@@ -350,7 +394,7 @@ impl Sandbox for QemuSandbox {
                 code: ErrorCode::NotFound,
                 ..
             }) => Ok(None),
-            Err(error) => Err(agent_error(path, error)),
+            Err(error) => Err(self.failed(path, error).await),
         }
     }
 
@@ -382,17 +426,16 @@ impl Sandbox for QemuSandbox {
                 })
             }
         }
-        match self
+        let read = self
             .agent
-            .read_file(resolved.as_bytes(), max_bytes, self.call_timeout)
-            .await
-        {
+            .read_file(resolved.as_bytes(), max_bytes, self.call_timeout);
+        match self.watch(read).await {
             Ok(bytes) => Ok(bytes),
             Err(VmError::OutputLimit { limit }) => Err(SandboxError::TransferCapExceeded {
                 path: path.to_owned(),
                 limit,
             }),
-            Err(error) => Err(agent_error(path, error)),
+            Err(error) => Err(self.failed(path, error).await),
         }
     }
 
@@ -401,11 +444,10 @@ impl Sandbox for QemuSandbox {
         let resolved = Access::List
             .check_async(|p| self.stat_kind(p), path, &wd)
             .await?;
-        let entries = self
-            .agent
-            .list(resolved.as_bytes())
-            .await
-            .map_err(|e| agent_error(path, e))?;
+        let entries = match self.watch(self.agent.list(resolved.as_bytes())).await {
+            Ok(entries) => entries,
+            Err(error) => return Err(self.failed(path, error).await),
+        };
         let mut listed: Vec<SandboxEntry> = entries
             .into_iter()
             .map(|entry| {
@@ -433,7 +475,10 @@ impl Sandbox for QemuSandbox {
                 path: path.to_owned(),
             });
         }
-        match self.agent.remove(resolved.as_bytes(), recursive).await {
+        match self
+            .watch(self.agent.remove(resolved.as_bytes(), recursive))
+            .await
+        {
             Ok(()) => Ok(()),
             Err(VmError::Agent {
                 code: ErrorCode::NotFound,
@@ -445,7 +490,7 @@ impl Sandbox for QemuSandbox {
             }) if !recursive => Err(SandboxError::IsADirectory {
                 path: path.to_owned(),
             }),
-            Err(error) => Err(agent_error(path, error)),
+            Err(error) => Err(self.failed(path, error).await),
         }
     }
 

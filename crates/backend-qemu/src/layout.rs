@@ -135,6 +135,42 @@ impl Slot {
         .map_err(|errno| io_error("lock", &path, errno.into()))
     }
 
+    /// Marks the record retired with `reason` when it still names `instance` and is not retired
+    /// yet, under the name's lock; true when it did. Gives up after `within` when another holder
+    /// keeps the lock, and does nothing when the name's lock file is gone (its VM was disposed
+    /// of: nothing is created again).
+    pub(crate) async fn retire(
+        &self,
+        instance: &str,
+        reason: &str,
+        within: std::time::Duration,
+    ) -> Result<bool, SandboxError> {
+        let path = self.dir.join("lock");
+        let file = match File::options().write(true).open(&path) {
+            Ok(file) => file,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(source) => return Err(io_error("open", &path, source)),
+        };
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => break,
+                Err(rustix::io::Errno::WOULDBLOCK) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(errno) => return Err(io_error("lock", &path, errno.into())),
+            }
+        }
+        match self.read_record()? {
+            Some(mut record) if record.instance == instance && record.retired.is_none() => {
+                record.retired = Some(reason.to_owned());
+                self.write_record(&record)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// Removes the name's directory once nothing of a VM is left in it.
     pub(crate) fn remove_if_empty(&self) {
         let _ = std::fs::remove_file(self.dir.join("lock"));
@@ -299,6 +335,35 @@ mod tests {
             .await
             .expect("free once dropped")
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn retiring_marks_only_the_named_instance_once_and_creates_nothing() {
+        let state = tempfile::tempdir().unwrap();
+        let record = record();
+        let slot = Slot::new(state.path(), &NamePrefix::default(), &record.key(), "shell");
+        let wait = std::time::Duration::from_millis(300);
+        // No lock file: the name was disposed of, and nothing is made again.
+        assert!(!slot.retire(&record.instance, "why", wait).await.unwrap());
+        assert!(!slot.dir.exists());
+
+        let held = slot.lock().await.unwrap();
+        slot.write_record(&record).unwrap();
+        // Another holder keeps the lock past the wait: the record is left alone.
+        let refused = slot.retire(&record.instance, "why", wait).await;
+        assert!(
+            matches!(refused, Err(SandboxError::Io { .. })),
+            "{refused:?}"
+        );
+        drop(held);
+        assert!(!slot
+            .retire("vm-000000000000", "not ours", wait)
+            .await
+            .unwrap());
+        assert!(slot.retire(&record.instance, "wedged", wait).await.unwrap());
+        assert!(!slot.retire(&record.instance, "again", wait).await.unwrap());
+        let read = slot.read_record().unwrap().unwrap();
+        assert_eq!(read.retired.as_deref(), Some("wedged"));
     }
 
     #[test]

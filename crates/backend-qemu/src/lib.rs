@@ -18,16 +18,27 @@
 //! every call has a deadline and an output cap. A VM has no network device (egress `closed`).
 //! Commands run as root inside the VM: the VM is the boundary, not a user inside it.
 //!
+//! # Faults
+//!
+//! A VM whose QEMU is gone (killed, or exited on a guest kernel panic) is
+//! [`SandboxGone`](sandbox_core::SandboxError::SandboxGone) and the next acquire replaces it. A VM
+//! that runs but cannot serve (its guest stopped by QEMU on a failed disk write, as when the host
+//! disk under its overlay is full; its agent silent past a command's bound or a file call's
+//! deadline) is retired: its record says why, its QEMU is killed, the call fails with a typed
+//! error ([`Timeout`](sandbox_core::SandboxError::Timeout) with `GuestCleanup::Retired`,
+//! `EngineTimeout`, `Engine`), and the next acquire replaces it. A call waiting on a silent guest
+//! checks the VM every 2 s, so a dead or stopped VM fails it at once.
+//!
 //! # What it does not do yet
 //!
-//! - Streaming exec with stdin (the default collected stream is used), egress allowlists, the
-//!   call isolation scope, a `doctor`, and `sandboxctl --backend qemu`.
+//! - Egress allowlists and the call isolation scope.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg(target_os = "linux")]
 
 mod backend;
 mod config;
+mod fault;
 mod handle;
 mod layout;
 
