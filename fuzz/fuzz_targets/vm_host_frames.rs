@@ -7,9 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vm_agent::proto::{
-    encode, hello_prefix, FrameDecoder, HostMsg, HEADER_LEN, MAX_PAYLOAD,
-};
+use vm_agent::proto::{encode, hello_prefix, FrameDecoder, HostMsg, HEADER_LEN, MAX_PAYLOAD};
 
 fuzz_target!(|bytes: Vec<u8>| {
     let prefix = hello_prefix();

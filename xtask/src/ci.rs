@@ -5,9 +5,10 @@
 //! in the workspace's own target directory (cargo would serialise them on its lock anyway) and
 //! streams its output; every other lane writes each step's output to `target/ci/<step>.log`
 //! (its tail is printed when the step fails). So the image build (mostly debootstrap, waiting
-//! on the disk and the mirror), the fuzz build (`fuzz/` is a workspace of its own), the target
-//! checks (their own toolchain root and target directory) and, on a fresh machine, the
-//! install of cargo-nextest run while clippy compiles; the doctests and the docs (the `docs`
+//! on the disk and the mirror), the target checks (their own toolchain root and target
+//! directory) and, on a fresh machine, the install of cargo-nextest run while clippy compiles;
+//! every step that compiles in the workspace's target directory asks for the one shared build
+//! (`live::SHARED_BUILD`), so only clippy and the unit tests compile, and the suites reuse it; the doctests and the docs (the `docs`
 //! lane, after the unit tests) build while the Docker suite runs, and the sbx suite runs
 //! beside the Docker suite once they are built. Steps of different lanes that build in the
 //! workspace's target directory still take turns on cargo's lock while they compile.
@@ -94,8 +95,6 @@ pub const STEPS: &[CiStep] = &[
     // The static guest agent, the kernel and the ext4 root made from the Debian root `images`
     // just cached: after it on its lane, so debootstrap runs once.
     step("vm image", "images", Run::Xtask(&["images", "vm"])),
-    // `fuzz/` has its own target directory; cargo-fuzz is installed once per machine.
-    step("fuzz build", "fuzz", Run::Xtask(&["fuzz", "--build-only"])),
     // Its own toolchain root and target directory, cached per machine.
     step("check targets", "targets", Run::Xtask(&["check-targets"])),
     // Once per machine, into the tools cache: on a fresh machine it compiles beside clippy
@@ -118,10 +117,20 @@ pub const STEPS: &[CiStep] = &[
             "warnings",
         ]),
     ),
+    // The shared build (`live::SHARED_BUILD`, every feature: the live suites, binaries, examples
+    // and doc tests below reuse it), without the live test binaries. clippy checks the fuzz
+    // targets, a workspace member; `cargo xtask fuzz` builds and runs them.
     step(
         "nextest",
         WORKSPACE_LANE,
-        Run::Cargo(&["nextest", "run", "--workspace"]),
+        Run::Cargo(&[
+            "nextest",
+            "run",
+            "--workspace",
+            "--all-features",
+            "-E",
+            "not binary(/^live/)",
+        ]),
     )
     .after(&["nextest install"]),
     step("e2e docker", WORKSPACE_LANE, Run::Xtask(&["e2e", "docker"])).after(&["images"]),
@@ -131,7 +140,7 @@ pub const STEPS: &[CiStep] = &[
     step(
         "doctests",
         "docs",
-        Run::Cargo(&["test", "--doc", "--workspace"]),
+        Run::Cargo(&["test", "--doc", "--workspace", "--all-features"]),
     )
     .after(&["nextest"]),
     // Every public item documented, every intra-doc link resolving.

@@ -1,8 +1,10 @@
 //! `cargo xtask fuzz`: the fuzz targets in `fuzz/`, on the stable toolchain.
 //!
 //! `--sanitizer none` because the address sanitizer needs a nightly compiler. The build-only
-//! mode (what `ci` runs) builds the `dev` profile, the fastest to compile; runs use cargo-fuzz's
-//! default optimised profile, where the fuzzer gets far more executions per second. cargo-fuzz
+//! mode builds the `dev` profile, the fastest to compile; runs use cargo-fuzz's default
+//! optimised profile, where the fuzzer gets far more executions per second. `fuzz/` is a
+//! workspace member (so `ci`'s clippy checks the targets); its instrumented builds go to
+//! `target/fuzz`, apart from the workspace's release builds, which use other flags. cargo-fuzz
 //! is installed once per machine, into a cache outside the workspace (see [`crate::tools`]).
 
 use std::path::{Path, PathBuf};
@@ -46,15 +48,22 @@ pub fn run(workspace: &Workspace, args: &FuzzArgs) -> Result<(), XtaskError> {
         (args.targets.clone(), Selection::Only(&args.targets))
     };
     if args.build_only {
-        return build(&dir, selection, Profile::Dev);
+        return build(&dir, &fuzz_target_dir(workspace), selection, Profile::Dev);
     }
-    build(&dir, selection, Profile::Release)?;
+    build(
+        &dir,
+        &fuzz_target_dir(workspace),
+        selection,
+        Profile::Release,
+    )?;
     for target in &targets {
         eprintln!("==> fuzz: {target} for {} s", args.seconds);
         run_in(
             &dir,
             cargo()
-                .args(["fuzz", "run", "--sanitizer", "none", target, "--"])
+                .args(["fuzz", "run", "--sanitizer", "none", "--target-dir"])
+                .arg(fuzz_target_dir(workspace))
+                .args([target, "--"])
                 .arg(format!("-max_total_time={}", args.seconds)),
         )?;
     }
@@ -76,6 +85,11 @@ enum Profile {
 
 fn fuzz_dir(workspace: &Workspace) -> PathBuf {
     workspace.root().join("fuzz")
+}
+
+/// Where the instrumented builds go.
+fn fuzz_target_dir(workspace: &Workspace) -> PathBuf {
+    workspace.target_dir().join("fuzz")
 }
 
 /// The targets `cargo fuzz list` names (one per line).
@@ -106,10 +120,17 @@ fn parse_target_list(listing: &str) -> Vec<String> {
 
 /// `cargo fuzz build` takes at most one target: every target in one call when all are wanted,
 /// else one call per target.
-fn build(dir: &Path, selection: Selection<'_>, profile: Profile) -> Result<(), XtaskError> {
+fn build(
+    dir: &Path,
+    target_dir: &Path,
+    selection: Selection<'_>,
+    profile: Profile,
+) -> Result<(), XtaskError> {
     let command = |target: Option<&str>| {
         let mut command = cargo();
-        command.args(["fuzz", "build", "--sanitizer", "none"]);
+        command
+            .args(["fuzz", "build", "--sanitizer", "none", "--target-dir"])
+            .arg(target_dir);
         if profile == Profile::Dev {
             command.arg("--dev");
         }

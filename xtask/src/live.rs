@@ -40,6 +40,42 @@ pub enum Suite {
     Mcp,
 }
 
+/// The one build every test step shares: the whole workspace with every feature. The unit tests,
+/// the live suites, the binaries they drive, the examples and the doc tests then compile once: a
+/// narrower `-p`/`--features` selection unifies the dependencies' features differently and
+/// compiles much of the workspace again (on a fresh machine, minutes per suite).
+pub(crate) const SHARED_BUILD: [&str; 2] = ["--workspace", "--all-features"];
+
+/// `cargo nextest run` of the shared build on the tests `filter` selects (a nextest filterset),
+/// running to the end and naming every skipped test, so a skip can be reported by name.
+pub(crate) fn shared_nextest(filter: &str) -> Command {
+    let mut command = cargo();
+    command
+        .args(["nextest", "run"])
+        .args(SHARED_BUILD)
+        .args(["-E", filter])
+        .args([
+            "--no-fail-fast",
+            "--status-level",
+            "skip",
+            "--final-status-level",
+            "skip",
+        ]);
+    command
+}
+
+/// Builds the shared build's binaries and examples into `target/debug`, in the test profile
+/// nextest builds them in, so after the unit tests this is a no-op; returns that directory.
+pub(crate) fn shared_binaries(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
+    workspace.run(cargo().args(["build"]).args(SHARED_BUILD).args([
+        "--bins",
+        "--examples",
+        "--profile",
+        "test",
+    ]))?;
+    Ok(workspace.target_dir().join("debug"))
+}
+
 /// The target the egress proxy is built for, statically linked (no musl target is installed
 /// here; the static C library resolves names with its built-in `files` and `dns` lookups).
 const PROXY_TARGET: &str = "x86_64-unknown-linux-gnu";
@@ -157,8 +193,7 @@ pub(crate) fn sbx(
         Some(path) => path.to_path_buf(),
         None => {
             build_images(workspace, &["sbx-sim-shell:local".to_owned()])?;
-            workspace.run(cargo().args(["build", "-p", "sbx-sim"]))?;
-            workspace.target_dir().join("debug").join("sbx-sim")
+            shared_binaries(workspace)?.join("sbx-sim")
         }
     };
     let version = capture_in(
@@ -177,36 +212,18 @@ pub(crate) fn sbx(
         command: format!("mkdir {}", run_dir.display()),
         source,
     })?;
-    let mut command = cargo();
-    command
-        .env("SBX_PATH", &path)
-        .env("TMPDIR", &run_dir)
-        .args(["nextest", "run", "-p", "backend-sbx"]);
-    if simulator {
-        // The driver's and the simulator's own live tests run against the same build.
-        command.env("SBX_SIM_BIN", &path).args([
-            "-p",
-            "sbx-cli",
-            "-p",
-            "sbx-sim",
-            "--features",
-            "backend-sbx/live,sbx-cli/live,sbx-sim/live",
-        ]);
+    // On the simulator, the driver's and the simulator's own live tests run against the same
+    // build; a real `sbx` runs the conformance suites only.
+    let filter = if simulator {
+        "package(backend-sbx) | package(sbx-cli) | package(sbx-sim)"
     } else {
-        command.args([
-            "--features",
-            "backend-sbx/live",
-            "--test",
-            "live_conformance",
-        ]);
+        "package(backend-sbx) & binary(live_conformance)"
+    };
+    let mut command = shared_nextest(filter);
+    command.env("SBX_PATH", &path).env("TMPDIR", &run_dir);
+    if simulator {
+        command.env("SBX_SIM_BIN", &path);
     }
-    command.args([
-        "--no-fail-fast",
-        "--status-level",
-        "skip",
-        "--final-status-level",
-        "skip",
-    ]);
     let teed = tee_in(workspace.root(), &mut command, |line| {
         is_summary_line(line) || is_skip_line(line)
     })?;
@@ -275,37 +292,20 @@ pub(crate) fn files_under(dir: &std::path::Path) -> Vec<EngineObject> {
 pub(crate) fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
     build_images(workspace, &[])?;
     // sandboxctl's host-file guards are also attacked on the sbx backend, through the simulator.
-    workspace.run(cargo().args(["build", "-p", "sbx-sim"]))?;
-    let sim = workspace.target_dir().join("debug").join("sbx-sim");
+    let binaries = shared_binaries(workspace)?;
+    let sim = binaries.join("sbx-sim");
     let before = engine_objects(workspace)?;
-    let mut command = cargo();
-    command.env("SBX_PATH", &sim).args([
-        "nextest",
-        "run",
-        "-p",
-        "backend-docker",
-        "-p",
-        "sandboxctl",
-        "-p",
-        "exec-wrapper",
-        "-p",
-        "egress-proxy",
-        "--features",
-        "backend-docker/live,sandboxctl/live,exec-wrapper/live,egress-proxy/live",
-        "--no-fail-fast",
-        // Names each skipped test, so a skip can be reported by name.
-        "--status-level",
-        "skip",
-        "--final-status-level",
-        "skip",
-    ]);
+    let mut command = shared_nextest(
+        "package(backend-docker) | package(sandboxctl) | package(exec-wrapper) | package(egress-proxy)",
+    );
+    command.env("SBX_PATH", &sim);
     let teed = tee_in(workspace.root(), &mut command, |line| {
         is_summary_line(line) || is_skip_line(line)
     })?;
     // The runnable examples are part of the suite: a README that shows them must not rot.
     let examples = if teed.success {
         ["quickstart", "router"].iter().try_for_each(|example| {
-            workspace.run(cargo().args(["run", "--quiet", "-p", "examples", "--example", example]))
+            workspace.run(&mut Command::new(binaries.join("examples").join(example)))
         })
     } else {
         Ok(())

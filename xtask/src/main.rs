@@ -1,8 +1,8 @@
 //! Project automation, run as `cargo xtask <command>` from anywhere in the workspace.
 //!
 //! - `ci`: the one test command (formatting, the layering rules, clippy, every test through
-//!   nextest, doctests, rustdoc with `-D warnings`, the local images, the fuzz targets' build,
-//!   the Windows and macOS type checks, the microVM image, the live Docker suite, the live sbx
+//!   nextest, doctests, rustdoc with `-D warnings`, the local images (clippy checks the fuzz
+//!   targets), the Windows and macOS type checks, the microVM image, the live Docker suite, the live sbx
 //!   suite on `sbx-sim`, the live microVM suite under QEMU): one table of steps on lanes that
 //!   run beside each other (see `ci.rs`), failing fast, with a table of each step's time at the
 //!   end;

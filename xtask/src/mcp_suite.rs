@@ -29,7 +29,7 @@ use exec_wrapper::{BoundedCommand, ExitKind, Stream};
 
 use crate::error::XtaskError;
 use crate::live::{build_images, sim_containers_under, EngineObject, OWNERSHIP_LABEL};
-use crate::process::{bounded_runtime, capture_in, cargo, seconds, stream_bounded, Workspace};
+use crate::process::{bounded_runtime, capture_in, seconds, stream_bounded, Workspace};
 
 /// The suite's directory, from the workspace root.
 const SUITE_DIR: &str = "crates/sandbox-mcp/tests/python";
@@ -87,18 +87,9 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
             "sbx-sim-shell:local".to_owned(),
         ],
     )?;
-    workspace.run(cargo().args([
-        "build",
-        "-p",
-        "sandbox-mcp",
-        "-p",
-        "sandboxctl",
-        "-p",
-        "sbx-sim",
-    ]))?;
+    let bin = crate::live::shared_binaries(workspace)?;
     let runtime = bounded_runtime("the mcp suite")?;
     let python = ensure_venv(workspace, &runtime)?;
-    let bin = workspace.target_dir().join("debug");
     let base = workspace.target_dir().join("mcp-e2e");
     let runs: Vec<Run> = ["docker", "sbx"]
         .into_iter()

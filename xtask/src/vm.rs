@@ -92,27 +92,13 @@ pub fn e2e(workspace: &Workspace) -> Result<(), XtaskError> {
         command: format!("mkdir {}", run_dir.display()),
         source,
     })?;
-    let mut command = cargo();
+    let mut command = crate::live::shared_nextest(
+        "(package(qemu-vm) | package(backend-qemu)) \
+         & (binary(live_vm) | binary(live_qemu) | binary(live_conformance))",
+    );
     command
         .env("QEMU_VM_IMAGE", &image)
-        .env("QEMU_VM_RUN_DIR", &run_dir)
-        .args([
-            "nextest",
-            "run",
-            "-p",
-            "qemu-vm",
-            "-p",
-            "backend-qemu",
-            "--features",
-            "qemu-vm/live,backend-qemu/live",
-            "-E",
-            "binary(live_vm) | binary(live_qemu) | binary(live_conformance)",
-            "--no-fail-fast",
-            "--status-level",
-            "skip",
-            "--final-status-level",
-            "skip",
-        ]);
+        .env("QEMU_VM_RUN_DIR", &run_dir);
     let teed = tee_in(workspace.root(), &mut command, |line| {
         crate::live::is_summary_line(line) || crate::live::is_skip_line(line)
     })?;
