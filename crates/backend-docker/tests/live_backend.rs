@@ -8,6 +8,8 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backend_docker::DockerBackend;
+
 use sandbox_core::{
     Command, DisposeSelector, ErrorKind, ExecEnv, ExecRequest, GuestCleanup, Sandbox,
     SandboxBackend, SandboxKey, SandboxSpec, SandboxState,
@@ -712,40 +714,63 @@ async fn a_found_container_that_lost_a_tool_is_refused_naming_it() {
     assert_nothing_left(&creator, &scope, &["t".to_owned()]).await;
 }
 
-/// The container's state as the engine reports it.
-async fn container_status(id: &str) -> String {
-    let output = docker(["inspect", "-f", "{{.State.Status}}", id]).await;
+/// A docker call from the test that must succeed; its stdout.
+async fn docker_ok(args: &[&str]) -> String {
+    let output = docker(args).await;
     assert_eq!(
         output.status,
         exec_wrapper::ExitKind::Exited(0),
-        "{output:?}"
+        "docker {args:?}: {output:?}"
     );
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// A sandbox of a fresh scope whose container the test paused behind the backend, as another
+/// process's acquire does while it writes the storage base.
+struct PausedSandbox {
+    backend: DockerBackend,
+    scope: String,
+    key: SandboxKey,
+    sandbox: Arc<dyn Sandbox>,
+    id: String,
+}
+
+impl PausedSandbox {
+    async fn new(tag: &str) -> PausedSandbox {
+        let backend = backend(false).await;
+        let scope = unique_scope(tag);
+        let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+        let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+        let id = sandbox.instance_id().to_owned();
+        docker_ok(&["pause", &id]).await;
+        PausedSandbox {
+            backend,
+            scope,
+            key,
+            sandbox,
+            id,
+        }
+    }
+
+    async fn assert_nothing_left(&self) {
+        assert_nothing_left(&self.backend, &self.scope, &["t".to_owned()]).await;
+    }
 }
 
 /// Another process's acquire writes an adopted container's storage base under a pause: a command
 /// that meets that pause starts once it is lifted, never failing with "paused".
 #[tokio::test(flavor = "multi_thread")]
 async fn a_command_meeting_another_callers_pause_starts_after_it() {
-    let backend = backend(false).await;
-    let scope = unique_scope("paused-exec");
-    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
-    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
-    let id = sandbox.instance_id().to_owned();
-    let paused = docker(["pause", &id]).await;
-    assert_eq!(
-        paused.status,
-        exec_wrapper::ExitKind::Exited(0),
-        "{paused:?}"
-    );
+    let paused = PausedSandbox::new("paused-exec").await;
     let holder = {
-        let id = id.clone();
+        let id = paused.id.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            docker(["unpause", &id]).await
+            docker_ok(&["unpause", &id]).await
         })
     };
-    let output = sandbox
+    let output = paused
+        .sandbox
         .exec(ExecRequest::new(Command::argv(["echo", "after"])).timeout(Duration::from_secs(30)))
         .await
         .expect("the command waits out the pause");
@@ -753,73 +778,45 @@ async fn a_command_meeting_another_callers_pause_starts_after_it() {
         (output.exit_code, output.stdout_text()),
         (0, "after\n".into())
     );
-    let unpaused = holder.await.unwrap();
-    assert_eq!(
-        unpaused.status,
-        exec_wrapper::ExitKind::Exited(0),
-        "the holder lifted its own pause: {unpaused:?}"
-    );
-    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+    // The holder's own unpause succeeded: nobody lifted the pause for it.
+    holder.await.unwrap();
+    paused.assert_nothing_left().await;
 }
 
 /// An acquire that finds its container paused leaves the pause to its holder (another process
 /// writing the storage base, which unpauses it itself) and serves the same container after it.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acquire_finding_its_container_paused_leaves_the_pause_to_its_holder() {
-    let backend = backend(false).await;
-    let scope = unique_scope("paused-acquire");
-    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
-    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
-    let id = sandbox.instance_id().to_owned();
-    let paused = docker(["pause", &id]).await;
-    assert_eq!(
-        paused.status,
-        exec_wrapper::ExitKind::Exited(0),
-        "{paused:?}"
-    );
+    let paused = PausedSandbox::new("paused-acquire").await;
     // A second backend stands for a second process: it shares nothing but the engine.
     let other = Arc::new(support::backend(false).await);
     let acquire = {
-        let (other, key) = (Arc::clone(&other), key.clone());
+        let (other, key) = (Arc::clone(&other), paused.key.clone());
         tokio::spawn(async move { other.acquire(&key, &spec(BUSYBOX)).await })
     };
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let status = docker_ok(&["inspect", "-f", "{{.State.Status}}", &paused.id]).await;
     assert_eq!(
-        container_status(&id).await,
-        "paused",
+        status, "paused",
         "the acquire lifted another caller's pause"
     );
-    let unpaused = docker(["unpause", &id]).await;
-    assert_eq!(
-        unpaused.status,
-        exec_wrapper::ExitKind::Exited(0),
-        "{unpaused:?}"
-    );
+    docker_ok(&["unpause", &paused.id]).await;
     let again = acquire
         .await
         .unwrap()
         .expect("the acquire serves after the pause");
-    assert_eq!(again.instance_id(), id);
+    assert_eq!(again.instance_id(), paused.id);
     assert_eq!(run(again.as_ref(), &["true"]).await.exit_code, 0);
-    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+    paused.assert_nothing_left().await;
 }
 
 /// A command whose deadline passes while it waits out a pause never started: its timeout says
 /// so, nothing is killed, and the sandbox is kept, not retired.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deadline_passed_waiting_out_a_pause_never_started_and_keeps_the_sandbox() {
-    let backend = backend(false).await;
-    let scope = unique_scope("paused-deadline");
-    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
-    let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
-    let id = sandbox.instance_id().to_owned();
-    let paused = docker(["pause", &id]).await;
-    assert_eq!(
-        paused.status,
-        exec_wrapper::ExitKind::Exited(0),
-        "{paused:?}"
-    );
-    let error = sandbox
+    let paused = PausedSandbox::new("paused-deadline").await;
+    let error = paused
+        .sandbox
         .exec(ExecRequest::new(Command::argv(["true"])).timeout(Duration::from_secs(1)))
         .await
         .expect_err("the pause outlasts the deadline");
@@ -829,12 +826,7 @@ async fn a_deadline_passed_waiting_out_a_pause_never_started_and_keeps_the_sandb
         Some(GuestCleanup::NeverStarted),
         "{error}"
     );
-    let unpaused = docker(["unpause", &id]).await;
-    assert_eq!(
-        unpaused.status,
-        exec_wrapper::ExitKind::Exited(0),
-        "{unpaused:?}"
-    );
-    assert_eq!(run(sandbox.as_ref(), &["true"]).await.exit_code, 0);
-    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+    docker_ok(&["unpause", &paused.id]).await;
+    assert_eq!(run(paused.sandbox.as_ref(), &["true"]).await.exit_code, 0);
+    paused.assert_nothing_left().await;
 }
