@@ -46,6 +46,35 @@ pub const MAX_ITEMS: usize = 65_536;
 /// The magic the handshake carries, so a stream that is not this protocol fails at once.
 pub const MAGIC: [u8; 8] = *b"SBXVMAG1";
 
+/// The most agent ports a VM has (a virtio-serial device has 31; its port 0 is kept for a
+/// console).
+pub const MAX_PORTS: u32 = 30;
+
+/// The kernel command-line word that tells the agent how many ports to serve
+/// (`vm_agent.ports=<n>`); without it, one.
+pub const PORTS_ARG: &str = "vm_agent.ports=";
+
+/// The virtio-serial name of agent port `index`: `sbx.agent` for the first, then
+/// `sbx.agent.1`, `sbx.agent.2`, ... Each port is a connection of its own: its own sessions,
+/// its own frames.
+pub fn port_name(index: u32) -> String {
+    if index == 0 {
+        "sbx.agent".to_owned()
+    } else {
+        format!("sbx.agent.{index}")
+    }
+}
+
+/// How many ports a kernel command line asks the agent to serve: the value of [`PORTS_ARG`],
+/// clamped to `1..=MAX_PORTS`; 1 when absent or unreadable.
+pub fn ports_from_cmdline(cmdline: &str) -> u32 {
+    cmdline
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix(PORTS_ARG))
+        .and_then(|value| value.parse::<u32>().ok())
+        .map_or(1, |n| n.clamp(1, MAX_PORTS))
+}
+
 /// A malformed frame or message. The channel it came from is closed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
@@ -882,6 +911,24 @@ impl Message for GuestMsg {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn port_names_and_the_port_count_on_the_command_line() {
+        assert_eq!(super::port_name(0), "sbx.agent");
+        assert_eq!(super::port_name(7), "sbx.agent.7");
+        let names: std::collections::BTreeSet<String> =
+            (0..super::MAX_PORTS).map(super::port_name).collect();
+        assert_eq!(names.len(), super::MAX_PORTS as usize);
+        assert_eq!(super::ports_from_cmdline("quiet panic=-1"), 1);
+        assert_eq!(super::ports_from_cmdline("quiet vm_agent.ports=8 x"), 8);
+        assert_eq!(super::ports_from_cmdline("vm_agent.ports=0"), 1);
+        assert_eq!(
+            super::ports_from_cmdline("vm_agent.ports=99"),
+            super::MAX_PORTS
+        );
+        assert_eq!(super::ports_from_cmdline("vm_agent.ports=x"), 1);
+        assert_eq!(super::ports_from_cmdline("xvm_agent.ports=5"), 1);
+    }
+
     use super::*;
 
     #[test]
