@@ -2,7 +2,7 @@
 //! can offer `/dev/kvm` on which a stock kernel does not boot (nested, paravirtual
 //! implementations), so KVM is chosen only when a KVM boot reaches the agent.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::error::VmError;
@@ -30,29 +30,51 @@ pub struct AccelReport {
 pub async fn probe_accel(config: &VmConfig, cache: &Path) -> Result<AccelReport, VmError> {
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let key = format!("accel-{}-{}", config.image.digest, host.trim());
-    let cached = cache.join(key);
-    if let Ok(text) = std::fs::read_to_string(&cached) {
-        if let Some((name, reason)) = text.split_once('\n') {
-            let accel = match name {
-                "kvm" => Some(Accel::Kvm),
-                "tcg" => Some(Accel::Tcg),
-                _ => None,
-            };
-            if let Some(accel) = accel {
-                return Ok(AccelReport {
-                    accel,
-                    reason: format!("{reason} (cached)"),
-                });
-            }
-        }
+    let cached = cache.join(&key);
+    if let Some(report) = read_cached(&cached) {
+        return Ok(report);
+    }
+    // One probe at a time per cache entry: processes starting together share one test boot
+    // (and its VM directory) instead of racing for it.
+    std::fs::create_dir_all(cache).map_err(|e| VmError::io("creating", cache, e))?;
+    let _lock = lock_exclusive(cache.join(format!("{key}.lock"))).await?;
+    if let Some(report) = read_cached(&cached) {
+        return Ok(report);
     }
     let report = probe(config).await?;
-    let _ = std::fs::create_dir_all(cache);
     let _ = std::fs::write(
         &cached,
         format!("{}\n{}", report.accel.name(), report.reason),
     );
     Ok(report)
+}
+
+fn read_cached(cached: &Path) -> Option<AccelReport> {
+    let text = std::fs::read_to_string(cached).ok()?;
+    let (name, reason) = text.split_once('\n')?;
+    let accel = Accel::parse(name)?;
+    Some(AccelReport {
+        accel,
+        reason: format!("{reason} (cached)"),
+    })
+}
+
+/// Opens `path` (created when missing) and takes its exclusive `flock`, held until the file is
+/// dropped.
+async fn lock_exclusive(path: PathBuf) -> Result<std::fs::File, VmError> {
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| VmError::io("opening", &path, e))?;
+    tokio::task::spawn_blocking(move || {
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .map(|()| file)
+            .map_err(|errno| VmError::io("locking", &path, errno.into()))
+    })
+    .await
+    .map_err(|error| VmError::Invalid(format!("the lock's thread: {error}")))?
 }
 
 async fn probe(config: &VmConfig) -> Result<AccelReport, VmError> {
@@ -70,6 +92,17 @@ async fn probe(config: &VmConfig) -> Result<AccelReport, VmError> {
     let mut kvm = config.clone();
     kvm.accel = Accel::Kvm;
     kvm.name = format!("{}-kvm-probe", config.name);
+    // A probe whose process died mid-boot left its directory (and maybe its QEMU): under the
+    // lock nobody else uses it.
+    let stale = kvm.dir();
+    if stale.exists() {
+        match Vm::attach(&stale) {
+            Ok(vm) => vm.kill().await?,
+            Err(_) => {
+                std::fs::remove_dir_all(&stale).map_err(|e| VmError::io("removing", &stale, e))?
+            }
+        }
+    }
     let started = Instant::now();
     let vm = match Vm::start(&kvm).await {
         Ok(vm) => vm,

@@ -24,6 +24,7 @@ use vm_agent::proto::{
 };
 
 use crate::error::VmError;
+use crate::ports::PortLease;
 
 /// The most bytes the handshake answer is searched for in (what an earlier connection left
 /// on the port comes first).
@@ -111,41 +112,85 @@ impl Shared {
     }
 }
 
+/// The lock of the agent port a connection holds (see `crate::ports`): the reader and the
+/// writer task each keep a clone, so the port is let go of only once both halves of the socket
+/// are closed, and the next holder's connect is the next one QEMU accepts.
+type PortHold = Option<Arc<std::fs::File>>;
+
 /// Writes queued frames to the socket, each whole, until the senders are gone or a write
 /// fails (which closes the connection for every request).
 async fn write_loop(
-    mut write: OwnedWriteHalf,
-    mut frames: mpsc::Receiver<Vec<u8>>,
+    write: OwnedWriteHalf,
+    frames: mpsc::Receiver<Vec<u8>>,
     shared: std::sync::Weak<Shared>,
+    hold: PortHold,
 ) {
+    let mut write = write;
+    let mut frames = frames;
     while let Some(frame) = frames.recv().await {
         if let Err(error) = write.write_all(&frame).await {
             if let Some(shared) = shared.upgrade() {
                 shared.close(format!("writing to the agent: {error}"));
             }
-            return;
+            break;
         }
+    }
+    drop(write);
+    drop(hold);
+}
+
+/// The reader task: aborted once nothing can use the connection any more (no client, no
+/// request), which drops the reader's half of the socket and, with the writer's end, the
+/// connection.
+struct ReaderTask(tokio::task::JoinHandle<()>);
+
+impl Drop for ReaderTask {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
-/// A connection to a guest agent. Cloning shares the connection.
+/// A connection to a guest agent. Cloning shares the connection; it closes once every clone
+/// and every request it started (an [`Exec`] included) are dropped.
 #[derive(Clone)]
 pub struct AgentClient {
     shared: Arc<Shared>,
-    reader: Arc<tokio::task::JoinHandle<()>>,
+    reader: Arc<ReaderTask>,
+    port: Option<u32>,
 }
 
 impl std::fmt::Debug for AgentClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentClient").finish_non_exhaustive()
+        f.debug_struct("AgentClient")
+            .field("port", &self.port)
+            .finish_non_exhaustive()
     }
 }
 
-impl Drop for AgentClient {
-    fn drop(&mut self) {
-        if Arc::strong_count(&self.reader) == 1 {
-            self.reader.abort();
-        }
+/// A reference to a connection that does not keep it open (see [`AgentClient::downgrade`]).
+#[derive(Clone)]
+pub struct WeakAgentClient {
+    shared: std::sync::Weak<Shared>,
+    reader: std::sync::Weak<ReaderTask>,
+    port: Option<u32>,
+}
+
+impl std::fmt::Debug for WeakAgentClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeakAgentClient")
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WeakAgentClient {
+    /// The connection, while some clone of it or a request of it still holds it open.
+    pub fn upgrade(&self) -> Option<AgentClient> {
+        Some(AgentClient {
+            shared: self.shared.upgrade()?,
+            reader: self.reader.upgrade()?,
+            port: self.port,
+        })
     }
 }
 
@@ -195,6 +240,8 @@ pub enum ExecEvent {
 /// One request's end of the connection.
 struct Call {
     shared: Arc<Shared>,
+    /// Keeps the connection open while the request runs, even once every client is dropped.
+    _reader: Arc<ReaderTask>,
     id: u32,
     receiver: mpsc::UnboundedReceiver<(GuestMsg, u64)>,
     buffered: Arc<std::sync::atomic::AtomicU64>,
@@ -267,6 +314,8 @@ impl Drop for Call {
 
 impl AgentClient {
     /// Connects to the agent socket at `path` and completes the handshake within `timeout`.
+    /// No port lock is taken: [`crate::Vm::agent`] is the way to share a VM with other
+    /// processes.
     ///
     /// # Errors
     /// Io when the socket cannot be reached; Deadline when no answer comes in time;
@@ -276,6 +325,29 @@ impl AgentClient {
     /// # Cancel safety and drop
     /// Dropping the future closes the connection.
     pub async fn connect(path: &Path, timeout: Duration) -> Result<AgentClient, VmError> {
+        AgentClient::connect_holding(path, timeout, None, None).await
+    }
+
+    /// As [`AgentClient::connect`] on the port `lease` holds; the connection keeps the lease's
+    /// lock until it closes.
+    pub(crate) async fn connect_leased(
+        lease: PortLease,
+        timeout: Duration,
+    ) -> Result<AgentClient, VmError> {
+        let PortLease {
+            index,
+            socket,
+            lock,
+        } = lease;
+        AgentClient::connect_holding(&socket, timeout, Some(index), Some(Arc::new(lock))).await
+    }
+
+    async fn connect_holding(
+        path: &Path,
+        timeout: Duration,
+        port: Option<u32>,
+        hold: PortHold,
+    ) -> Result<AgentClient, VmError> {
         let handshake = async {
             let stream = UnixStream::connect(path)
                 .await
@@ -326,12 +398,32 @@ impl AgentClient {
             next_id: AtomicU32::new(1),
             closed: Mutex::new(None),
         });
-        tokio::spawn(write_loop(write, queued, Arc::downgrade(&shared)));
-        let reader = tokio::spawn(read_loop(read, decoder, Arc::clone(&shared)));
+        tokio::spawn(write_loop(
+            write,
+            queued,
+            Arc::downgrade(&shared),
+            hold.clone(),
+        ));
+        let reader = tokio::spawn(read_loop(read, decoder, Arc::clone(&shared), hold));
         Ok(AgentClient {
             shared,
-            reader: Arc::new(reader),
+            reader: Arc::new(ReaderTask(reader)),
+            port,
         })
+    }
+
+    /// The agent port this connection holds, when it was made by [`crate::Vm::agent`].
+    pub fn port(&self) -> Option<u32> {
+        self.port
+    }
+
+    /// A reference that does not keep the connection (and its port) open.
+    pub fn downgrade(&self) -> WeakAgentClient {
+        WeakAgentClient {
+            shared: Arc::downgrade(&self.shared),
+            reader: Arc::downgrade(&self.reader),
+            port: self.port,
+        }
     }
 
     /// Whether the connection is closed (a protocol error, the guest or QEMU gone).
@@ -368,6 +460,7 @@ impl AgentClient {
         }
         let call = Call {
             shared: Arc::clone(&self.shared),
+            _reader: Arc::clone(&self.reader),
             id,
             receiver,
             buffered,
@@ -837,6 +930,7 @@ async fn read_loop(
     mut read: tokio::net::unix::OwnedReadHalf,
     mut decoder: FrameDecoder<GuestMsg>,
     shared: Arc<Shared>,
+    _hold: PortHold,
 ) {
     let mut buf = vec![0u8; 256 * 1024];
     let reason = loop {

@@ -62,6 +62,15 @@ pub enum VmError {
         /// The bound.
         after: Duration,
     },
+    /// Every agent port of the VM stayed held by other connections (other host processes)
+    /// for the whole wait.
+    #[error("all {ports} agent ports of the VM stayed in use by other connections for {after:?}")]
+    PortsBusy {
+        /// The VM's port count.
+        ports: u32,
+        /// The wait.
+        after: Duration,
+    },
     /// A call did not finish before its deadline.
     #[error("{what} did not finish within {after:?}")]
     Deadline {

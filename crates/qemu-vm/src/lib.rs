@@ -22,13 +22,16 @@ mod cpio;
 mod error;
 mod image;
 mod machine;
+mod ports;
 
 pub use accel::{probe_accel, AccelReport};
 pub use client::{
-    AgentClient, Exec, ExecEvent, ExecOutput, RunLimits, StdinWriter, HANDSHAKE_SCAN_CAP,
-    MAX_LIST_ENTRIES,
+    AgentClient, Exec, ExecEvent, ExecOutput, RunLimits, StdinWriter, WeakAgentClient,
+    HANDSHAKE_SCAN_CAP, MAX_LIST_ENTRIES,
 };
 pub use error::VmError;
 pub use image::{module_load_order, ImageRecipe, Progress, VmImage, MANIFEST, MODULES};
 pub use machine::{host_tsc_khz, Accel, Vm, VmConfig, VmStatus};
+pub use ports::DEFAULT_AGENT_PORTS;
+pub use vm_agent::proto::MAX_PORTS as MAX_AGENT_PORTS;
 pub use vm_agent::proto::{Entry, ErrorCode, ExecRequest, ExitStatus, FileKind, Stat};

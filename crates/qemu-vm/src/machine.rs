@@ -1,9 +1,10 @@
 //! One VM: its QEMU command line, its detached process, its state directory, QMP.
 //!
-//! A VM lives in a directory the driver creates (`<parent>/<name>`): `qmp.sock` and
-//! `agent.sock`, bound by the driver before QEMU starts and handed to it as listening
-//! descriptors (so no other process can take either path between a bind and QEMU's start),
-//! `vm.json` (QEMU's pid, the accelerator, the limits) and, when asked, `console.log`. QEMU
+//! A VM lives in a directory the driver creates (`<parent>/<name>`): `qmp.sock` and the agent
+//! ports' sockets (`agent.sock`, `agent-1.sock`, ...), bound by the driver before QEMU starts
+//! and handed to it as listening descriptors (so no other process can take a path between a
+//! bind and QEMU's start), the ports' lock files (see `crate::ports`), `vm.json` (QEMU's pid,
+//! the accelerator, the limits, the port count) and, when asked, `console.log`. QEMU
 //! runs in its own session, so the VM outlives the process that made it; any process can
 //! [`Vm::attach`] to the directory later. The root image is attached with `snapshot=on`: QEMU
 //! keeps the guest's writes in an already-unlinked temporary file in the VM's directory and
@@ -22,6 +23,7 @@ use tokio::net::UnixStream;
 use crate::client::AgentClient;
 use crate::error::VmError;
 use crate::image::VmImage;
+use crate::ports::{self, DEFAULT_AGENT_PORTS};
 
 /// How a VM's CPU is run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +44,7 @@ impl Accel {
         }
     }
 
-    fn parse(name: &str) -> Option<Accel> {
+    pub(crate) fn parse(name: &str) -> Option<Accel> {
         match name {
             "kvm" => Some(Accel::Kvm),
             "tcg" => Some(Accel::Tcg),
@@ -56,6 +58,12 @@ const QMP_LINE_CAP: usize = 1024 * 1024;
 
 /// The deadline of each QMP exchange.
 const QMP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often [`Vm::agent`] looks for a port another connection let go of.
+const PORT_POLL: Duration = Duration::from_millis(50);
+
+/// The least time a connection on a port taken late gets for its handshake.
+const MIN_HANDSHAKE: Duration = Duration::from_secs(2);
 
 /// How long a killed QEMU may take to go.
 const EXIT_WAIT: Duration = Duration::from_secs(10);
@@ -82,10 +90,14 @@ pub struct VmConfig {
     /// Whether the guest's serial console goes to `console.log` in the VM's directory (for
     /// debugging a boot; the guest can write to it without bound, so off by default).
     pub console_log: bool,
+    /// The agent ports, `1..=`[`crate::MAX_AGENT_PORTS`]: how many host processes can use the
+    /// VM at once (each holds one port while its connection lives).
+    pub agent_ports: u32,
 }
 
 impl VmConfig {
-    /// A config with 512 MiB, one CPU, TCG, `qemu-system-x86_64` from `PATH`.
+    /// A config with 512 MiB, one CPU, TCG, `qemu-system-x86_64` from `PATH`,
+    /// [`DEFAULT_AGENT_PORTS`] agent ports.
     pub fn new(image: VmImage, parent_dir: impl Into<PathBuf>, name: impl Into<String>) -> Self {
         VmConfig {
             image,
@@ -97,6 +109,7 @@ impl VmConfig {
             qemu: PathBuf::from("qemu-system-x86_64"),
             kernel_args: Vec::new(),
             console_log: false,
+            agent_ports: DEFAULT_AGENT_PORTS,
         }
     }
 
@@ -105,7 +118,7 @@ impl VmConfig {
         self.parent_dir.join(&self.name)
     }
 
-    /// QEMU's arguments, with the QMP listener on descriptor 3 and the agent's on 4.
+    /// QEMU's arguments, with the QMP listener on descriptor 3 and agent port `i`'s on `4 + i`.
     pub fn qemu_args(&self, tsc_khz: Option<u64>) -> Vec<String> {
         let dir = self.dir();
         let mut append = vec![
@@ -125,6 +138,11 @@ impl VmConfig {
             // measured 1.88 s on the host): the TSC is the one clock that keeps host time.
             append.push("tsc=reliable".to_owned());
         }
+        append.push(format!(
+            "{}{}",
+            vm_agent::proto::PORTS_ARG,
+            self.agent_ports
+        ));
         append.extend(self.kernel_args.iter().cloned());
         let mut args: Vec<String> = vec![
             "-name".into(),
@@ -161,10 +179,19 @@ impl VmConfig {
             "virtio-blk-device,drive=root".into(),
             "-device".into(),
             "virtio-serial-device,id=vser".into(),
-            "-chardev".into(),
-            "socket,id=agent,fd=4,server=on,wait=off".into(),
-            "-device".into(),
-            "virtserialport,bus=vser.0,chardev=agent,name=sbx.agent".into(),
+        ]);
+        for index in 0..self.agent_ports {
+            args.extend([
+                "-chardev".into(),
+                format!("socket,id=agent{index},fd={},server=on,wait=off", 4 + index),
+                "-device".into(),
+                format!(
+                    "virtserialport,bus=vser.0,chardev=agent{index},name={}",
+                    vm_agent::proto::port_name(index)
+                ),
+            ]);
+        }
+        args.extend([
             "-chardev".into(),
             "socket,id=qmp,fd=3,server=on,wait=off".into(),
             "-mon".into(),
@@ -195,6 +222,7 @@ pub struct Vm {
     dir: PathBuf,
     pid: i32,
     accel: Accel,
+    agent_ports: u32,
     /// Reaps QEMU when this process made it, so it never lingers as a zombie.
     reaper: Option<std::thread::JoinHandle<()>>,
 }
@@ -219,6 +247,13 @@ impl Vm {
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         {
             return Err(VmError::Invalid(format!("VM name {:?}", config.name)));
+        }
+        if !(1..=vm_agent::proto::MAX_PORTS).contains(&config.agent_ports) {
+            return Err(VmError::Invalid(format!(
+                "{} agent ports (1 to {})",
+                config.agent_ports,
+                vm_agent::proto::MAX_PORTS
+            )));
         }
         let dir = config.dir();
         std::fs::create_dir_all(&config.parent_dir)
@@ -249,13 +284,31 @@ impl Vm {
         let dir = dir.to_owned();
         let qmp = std::os::unix::net::UnixListener::bind(dir.join("qmp.sock"))
             .map_err(|e| VmError::io("binding", dir.join("qmp.sock"), e))?;
-        let agent = std::os::unix::net::UnixListener::bind(dir.join("agent.sock"))
-            .map_err(|e| VmError::io("binding", dir.join("agent.sock"), e))?;
-        // Above 3 and 4, so the dup2 in the child always makes a fresh, inheritable copy.
-        let qmp_fd = rustix::io::fcntl_dupfd_cloexec(qmp.as_fd(), 10)
+        let mut agents = Vec::new();
+        for index in 0..config.agent_ports {
+            let socket = ports::socket_path(&dir, index);
+            agents.push(
+                std::os::unix::net::UnixListener::bind(&socket)
+                    .map_err(|e| VmError::io("binding", &socket, e))?,
+            );
+        }
+        // Above every target (3 and 4 + the ports), so a dup2 in the child never lands on a
+        // source not yet placed and always makes a fresh, inheritable copy.
+        let first_free = 4 + vm_agent::proto::MAX_PORTS + 1;
+        let qmp_fd = rustix::io::fcntl_dupfd_cloexec(qmp.as_fd(), first_free as i32)
             .map_err(|e| VmError::io("duplicating", dir.join("qmp.sock"), e.into()))?;
-        let agent_fd = rustix::io::fcntl_dupfd_cloexec(agent.as_fd(), 10)
-            .map_err(|e| VmError::io("duplicating", dir.join("agent.sock"), e.into()))?;
+        let mut agent_fds = Vec::new();
+        for (index, agent) in agents.iter().enumerate() {
+            agent_fds.push(
+                rustix::io::fcntl_dupfd_cloexec(agent.as_fd(), first_free as i32).map_err(|e| {
+                    VmError::io(
+                        "duplicating",
+                        ports::socket_path(&dir, index as u32),
+                        e.into(),
+                    )
+                })?,
+            );
+        }
         let log_path = dir.join("qemu.log");
         let mut command = std::process::Command::new(&config.qemu);
         command
@@ -276,14 +329,18 @@ impl Vm {
                     .open(&log_path)
                     .map_err(|e| VmError::io("opening", &log_path, e))?,
             );
-        let (qmp_raw, agent_raw) = (raw(&qmp_fd), raw(&agent_fd));
+        let qmp_raw = raw(&qmp_fd);
+        let agent_raws: Vec<i32> = agent_fds.iter().map(raw).collect();
         // SAFETY: as above: only dup2 (through the raw-descriptor helper) and setsid run in the
-        // child between fork and exec.
+        // child between fork and exec; the descriptor list was made before the fork and is
+        // only read.
         #[allow(unsafe_code)]
         unsafe {
             command.pre_exec(move || {
                 place_fd(qmp_raw, 3)?;
-                place_fd(agent_raw, 4)?;
+                for (index, agent_raw) in agent_raws.iter().enumerate() {
+                    place_fd(*agent_raw, 4 + index as i32)?;
+                }
                 rustix::process::setsid()?;
                 Ok(())
             });
@@ -292,13 +349,14 @@ impl Vm {
             program: config.qemu.display().to_string(),
             source,
         })?;
-        drop((qmp_fd, agent_fd, qmp, agent));
+        drop((qmp_fd, agent_fds, qmp, agents));
         let pid = child.id() as i32;
         let state = serde_json::json!({
             "pid": pid,
             "accel": config.accel.name(),
             "memory_mib": config.memory_mib,
             "cpus": config.cpus,
+            "agent_ports": config.agent_ports,
         });
         std::fs::write(dir.join("vm.json"), state.to_string())
             .map_err(|e| VmError::io("writing", dir.join("vm.json"), e))?;
@@ -309,6 +367,7 @@ impl Vm {
             dir,
             pid,
             accel: config.accel,
+            agent_ports: config.agent_ports,
             reaper: Some(reaper),
         })
     }
@@ -333,10 +392,18 @@ impl Vm {
             .and_then(serde_json::Value::as_str)
             .and_then(Accel::parse)
             .ok_or_else(|| VmError::not_running(dir, "vm.json has no accelerator"))?;
+        // A VM started before ports were counted has the one.
+        let agent_ports = value
+            .get("agent_ports")
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(1)
+            .clamp(1, vm_agent::proto::MAX_PORTS);
         let vm = Vm {
             dir: dir.to_owned(),
             pid,
             accel,
+            agent_ports,
             reaper: None,
         };
         if !vm.is_alive() {
@@ -361,6 +428,11 @@ impl Vm {
     /// The accelerator it runs under.
     pub fn accel(&self) -> Accel {
         self.accel
+    }
+
+    /// Its agent ports: how many connections (one per host process) it serves at once.
+    pub fn agent_ports(&self) -> u32 {
+        self.agent_ports
     }
 
     /// Whether QEMU still runs and is this directory's (its command line names the
@@ -391,25 +463,56 @@ impl Vm {
         cmdline.split(|b| *b == 0).any(|arg| arg == name.as_bytes()) && tmpdir_ok
     }
 
-    /// Connects to the guest agent, waiting up to `timeout` for it (a booting guest answers
-    /// once its agent runs).
+    /// Connects to the guest agent on a free agent port (see `crate::ports`), waiting up to
+    /// `timeout` for one that another connection lets go of and for the agent's answer (a
+    /// booting guest answers once its agent runs). The port is this connection's until the
+    /// last clone of the client and every exec it started are dropped.
     ///
     /// # Errors
-    /// BootTimeout when the agent does not answer in time; QemuExited when QEMU is gone;
-    /// Handshake or Protocol when the guest answers with something else.
+    /// PortsBusy when every port stays held by other connections for `timeout`; BootTimeout
+    /// when the agent does not answer in time; QemuExited when QEMU is gone; Handshake or
+    /// Protocol when the guest answers with something else.
     ///
     /// # Cancel safety and drop
-    /// Dropping the future closes the connection; the agent then waits for the next one.
+    /// Dropping the future closes the connection and lets its port go; the agent then waits
+    /// for the next one on that port.
     pub async fn agent(&self, timeout: Duration) -> Result<AgentClient, VmError> {
-        let socket = self.dir.join("agent.sock");
-        let connect = AgentClient::connect(&socket, timeout);
-        tokio::pin!(connect);
         let started = Instant::now();
+        let lease = loop {
+            match ports::take_free_port(&self.dir, self.agent_ports) {
+                Ok(Some(lease)) => break lease,
+                Ok(None) => {}
+                Err(error) if self.is_alive() => return Err(error),
+                Err(_) => {
+                    return Err(VmError::QemuExited {
+                        detail: self.log_tail(),
+                    })
+                }
+            }
+            if !self.is_alive() {
+                return Err(VmError::QemuExited {
+                    detail: self.log_tail(),
+                });
+            }
+            if started.elapsed() >= timeout {
+                return Err(VmError::PortsBusy {
+                    ports: self.agent_ports,
+                    after: timeout,
+                });
+            }
+            tokio::time::sleep(PORT_POLL).await;
+        };
+        // A port freed late still gets a handshake's worth of time.
+        let budget = timeout;
+        let timeout = timeout.saturating_sub(started.elapsed()).max(MIN_HANDSHAKE);
+        let started = Instant::now();
+        let connect = AgentClient::connect_leased(lease, timeout);
+        tokio::pin!(connect);
         loop {
             tokio::select! {
                 result = &mut connect => {
                     return match result {
-                        Err(VmError::Deadline { .. }) => Err(VmError::BootTimeout { after: timeout }),
+                        Err(VmError::Deadline { .. }) => Err(VmError::BootTimeout { after: budget }),
                         Err(error) if !self.is_alive() => {
                             Err(VmError::QemuExited { detail: format!("{error}; {}", self.log_tail()) })
                         }
@@ -421,7 +524,7 @@ impl Vm {
                         return Err(VmError::QemuExited { detail: self.log_tail() });
                     }
                     if started.elapsed() > timeout + Duration::from_secs(1) {
-                        return Err(VmError::BootTimeout { after: timeout });
+                        return Err(VmError::BootTimeout { after: budget });
                     }
                 }
             }
@@ -700,5 +803,133 @@ mod tests {
             "{}",
             kernel_line(&args)
         );
+    }
+
+    #[test]
+    fn every_agent_port_is_a_socket_chardev_on_its_own_descriptor_and_named_for_the_agent() {
+        let mut four = config(Accel::Tcg);
+        four.agent_ports = 4;
+        let args = four.qemu_args(None);
+        for index in 0..4u32 {
+            let chardev = format!("socket,id=agent{index},fd={},server=on,wait=off", 4 + index);
+            assert!(args.contains(&chardev), "{chardev} in {args:?}");
+            let port = format!(
+                "virtserialport,bus=vser.0,chardev=agent{index},name={}",
+                vm_agent::proto::port_name(index)
+            );
+            assert!(args.contains(&port), "{port} in {args:?}");
+        }
+        assert!(!args.iter().any(|a| a.contains("id=agent4")));
+        assert!(args.contains(&"socket,id=qmp,fd=3,server=on,wait=off".to_owned()));
+        let line = kernel_line(&args);
+        assert_eq!(vm_agent::proto::ports_from_cmdline(line), 4, "{line}");
+        assert!(args.contains(&"socket,id=agent0,fd=4,server=on,wait=off".to_owned()));
+        let one = config(Accel::Tcg).qemu_args(None);
+        assert_eq!(
+            vm_agent::proto::ports_from_cmdline(kernel_line(&one)),
+            DEFAULT_AGENT_PORTS
+        );
+    }
+
+    /// A stand-in for a VM's QEMU in `dir` (a process whose command line and environment
+    /// make `Vm::attach` take it for the directory's QEMU) with `ports` agent ports.
+    fn fake_vm(dir: &Path, ports: u32) -> (std::process::Child, Vm) {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let child = std::process::Command::new("sleep")
+            .arg0(format!("sbx-vm-{name}"))
+            .arg("60")
+            .env("TMPDIR", dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let state = serde_json::json!({"pid": child.id(), "accel": "tcg", "agent_ports": ports});
+        std::fs::write(dir.join("vm.json"), state.to_string()).unwrap();
+        // Until the child has exec'd, its command line and environment are this process's.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let vm = loop {
+            match Vm::attach(dir) {
+                Ok(vm) => break vm,
+                Err(error) if Instant::now() > deadline => panic!("the stand-in: {error}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
+        assert_eq!(vm.agent_ports(), ports);
+        (child, vm)
+    }
+
+    /// Answers one handshake on `socket` the way the agent does, then keeps the connection
+    /// open until the client closes it.
+    fn fake_agent(socket: PathBuf) -> tokio::task::JoinHandle<()> {
+        let listener = tokio::net::UnixListener::bind(socket).unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut decoder = vm_agent::proto::FrameDecoder::<vm_agent::proto::HostMsg>::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = stream.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        break;
+                    }
+                    decoder.push(&buf[..n]);
+                    if let Ok(Some((_, vm_agent::proto::HostMsg::Hello { nonce }))) =
+                        decoder.next_message()
+                    {
+                        let ack = vm_agent::proto::GuestMsg::HelloAck { nonce };
+                        let _ = stream.write_all(&vm_agent::proto::encode(0, &ack)).await;
+                    }
+                }
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn a_connection_takes_a_free_port_and_past_the_wait_every_port_held_is_busy() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("vm-test");
+        std::fs::create_dir(&dir).unwrap();
+        let (mut child, vm) = fake_vm(&dir, 2);
+        let agents: Vec<_> = (0..2)
+            .map(|i| fake_agent(ports::socket_path(&dir, i)))
+            .collect();
+
+        let first = vm.agent(Duration::from_secs(5)).await.unwrap();
+        let second = vm.agent(Duration::from_secs(5)).await.unwrap();
+        assert_eq!((first.port(), second.port()), (Some(0), Some(1)));
+        let started = Instant::now();
+        let busy = vm.agent(Duration::from_millis(300)).await.unwrap_err();
+        assert!(
+            matches!(busy, VmError::PortsBusy { ports: 2, .. }),
+            "{busy:?}"
+        );
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+            "a bounded wait: {waited:?}"
+        );
+
+        // A weak reference keeps nothing; the port goes with the last clone.
+        let weak = second.downgrade();
+        let clone = weak.upgrade().expect("alive while a clone is");
+        drop(second);
+        assert!(weak.upgrade().is_some());
+        // Let go of during the wait: the waiting connection takes it.
+        let waiting = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            drop(clone);
+        });
+        let third = vm.agent(Duration::from_secs(5)).await.unwrap();
+        assert_eq!(third.port(), Some(1));
+        assert!(weak.upgrade().is_none(), "the old connection is gone");
+        waiting.await.unwrap();
+        drop((first, third));
+        for agent in agents {
+            agent.abort();
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }
