@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use qemu_vm::{probe_accel, AccelReport, AgentClient, Vm, VmConfig, VmImage};
+use qemu_vm::{
+    probe_accel, AccelReport, AgentClient, Vm, VmConfig, VmError, VmImage, WeakAgentClient,
+};
 use sandbox_core::backend_kit::{run_detached, CleanupOnDrop, LockTable};
 use sandbox_core::storage_base::validate_base;
 use sandbox_core::{
@@ -40,14 +42,15 @@ struct QemuHost {
     locks: LockTable<String>,
     /// At most `max_booting` VMs boot at once.
     booting: Semaphore,
-    /// The agent connection of each VM this process talks to. The agent serves one connection
-    /// at a time, so every handle of an instance shares one; another process connects once
-    /// this one's handles are gone.
-    agents: Mutex<HashMap<String, AgentClient>>,
+    /// The agent connection of each VM this process talks to, kept while some handle of the
+    /// VM in this process is: every handle of an instance shares one connection (its calls
+    /// run at once over it) and so one of the VM's agent ports; the port goes back to other
+    /// processes with the last handle.
+    agents: Mutex<HashMap<String, WeakAgentClient>>,
 }
 
-/// How long an attach waits for a running VM's agent (another process may still hold its
-/// connection).
+/// How long an attach waits for a free agent port of a running VM (every port may be held by
+/// other processes) and for the agent's answer, before the acquire is `Busy`.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Every file capability, closed egress only, POSIX guests, conversation scope, the default
@@ -90,11 +93,11 @@ impl QemuBackend {
                 config.image_dir.display()
             ))
         })?;
-        // `<state>/vms/vm-<12 hex>/agent.sock` must fit a Unix socket address (108 bytes).
-        let longest = config
-            .state_dir
-            .join(layout::VMS)
-            .join("vm-000000000000/agent.sock");
+        // `<state>/vms/vm-<12 hex>/agent-<n>.sock` must fit a Unix socket address (108 bytes).
+        let longest = config.state_dir.join(layout::VMS).join(format!(
+            "vm-000000000000/agent-{}.sock",
+            qemu_vm::MAX_AGENT_PORTS
+        ));
         if longest.as_os_str().len() >= 108 {
             return Err(SandboxError::invalid(format!(
                 "the state directory {} is too long for the VMs' Unix sockets; choose a shorter one",
@@ -154,18 +157,7 @@ impl QemuBackend {
                 let agent = vm
                     .agent(ATTACH_TIMEOUT)
                     .await
-                    .map_err(|error| match error {
-                        // QEMU runs and the agent keeps its one connection for someone else: the
-                        // VM is busy, not broken, and must not be replaced.
-                        qemu_vm::VmError::BootTimeout { .. } if vm.is_alive() => {
-                            SandboxError::Busy(format!(
-                                "VM {} is in use by another process (its agent serves one \
-                             connection at a time)",
-                                record.instance
-                            ))
-                        }
-                        other => agent_error(&record.instance, other),
-                    })?;
+                    .map_err(|error| attach_error(&record.instance, error, vm.is_alive()))?;
                 self.cache_agent(&record.instance, &agent);
                 agent
             }
@@ -177,14 +169,14 @@ impl QemuBackend {
         let agents = self.host.agents.lock().ok()?;
         agents
             .get(instance)
+            .and_then(WeakAgentClient::upgrade)
             .filter(|agent| !agent.is_closed())
-            .cloned()
     }
 
     fn cache_agent(&self, instance: &str, agent: &AgentClient) {
         if let Ok(mut agents) = self.host.agents.lock() {
-            agents.retain(|_, agent| !agent.is_closed());
-            agents.insert(instance.to_owned(), agent.clone());
+            agents.retain(|_, agent| agent.upgrade().is_some_and(|agent| !agent.is_closed()));
+            agents.insert(instance.to_owned(), agent.downgrade());
         }
     }
 
@@ -242,6 +234,7 @@ impl QemuBackend {
         };
         let mut config = VmConfig::new(self.host.image.clone(), self.vms_dir(), &record.instance);
         config.accel = self.host.accel.accel;
+        config.agent_ports = self.host.config.agent_ports;
         config.cpus = self.host.config.cpus;
         config.memory_mib = self.host.config.memory_mib;
         let vm_dir = config.dir();
@@ -306,6 +299,22 @@ impl QemuBackend {
         slot.remove_record().map_err(unknown)?;
         slot.remove_if_empty();
         Ok(())
+    }
+}
+
+/// Why an attach to a running VM found no agent, in the contract's terms: every port held by
+/// other processes, or a port's connection not answered while QEMU runs, is `Busy` (the VM is
+/// in use, not broken, and must not be replaced); anything else says the VM cannot serve.
+fn attach_error(instance: &str, error: VmError, alive: bool) -> SandboxError {
+    match error {
+        VmError::PortsBusy { ports, after } => SandboxError::Busy(format!(
+            "VM {instance} is in use: all {ports} of its agent ports stayed held by other \
+             processes for {after:?} (one port per process; raise agent_ports for more)"
+        )),
+        VmError::BootTimeout { after } if alive => SandboxError::Busy(format!(
+            "VM {instance} runs but its agent did not answer within {after:?}"
+        )),
+        other => agent_error(instance, other),
     }
 }
 
@@ -542,6 +551,48 @@ mod tests {
         assert!(declared.serves(Capability::FilesDelete));
         assert_eq!(declared.egress_modes, BTreeSet::from([Egress::Closed]));
         assert!(!declared.serves_scope(IsolationScope::Call));
+    }
+
+    #[test]
+    fn a_vm_whose_ports_are_all_held_is_busy_and_one_that_is_gone_is_not() {
+        let busy = attach_error(
+            "vm-1",
+            VmError::PortsBusy {
+                ports: 8,
+                after: ATTACH_TIMEOUT,
+            },
+            true,
+        );
+        assert_eq!(busy.kind(), sandbox_core::ErrorKind::Busy);
+        assert!(busy.to_string().contains("all 8"), "{busy}");
+        let slow = attach_error(
+            "vm-1",
+            VmError::BootTimeout {
+                after: ATTACH_TIMEOUT,
+            },
+            true,
+        );
+        assert_eq!(slow.kind(), sandbox_core::ErrorKind::Busy);
+        let dead = attach_error(
+            "vm-1",
+            VmError::BootTimeout {
+                after: ATTACH_TIMEOUT,
+            },
+            false,
+        );
+        assert_ne!(
+            dead.kind(),
+            sandbox_core::ErrorKind::Busy,
+            "replaced, not waited on"
+        );
+        let gone = attach_error(
+            "vm-1",
+            VmError::QemuExited {
+                detail: "killed".into(),
+            },
+            false,
+        );
+        assert_eq!(gone.kind(), sandbox_core::ErrorKind::Engine);
     }
 
     #[tokio::test]

@@ -43,6 +43,11 @@ pub struct QemuConfig {
     pub call_timeout: Duration,
     /// The first part of every VM's name (`[a-z0-9]{1,16}`).
     pub name_prefix: String,
+    /// Each VM's agent ports, 1 to [`qemu_vm::MAX_AGENT_PORTS`]: how many host processes can
+    /// use one VM at once (a process holds one port while it has handles to the VM; the next
+    /// process waits for a port up to 15 s, then its acquire is `Busy`). Fixed when the VM
+    /// boots.
+    pub agent_ports: u32,
 }
 
 impl Default for QemuConfig {
@@ -57,6 +62,7 @@ impl Default for QemuConfig {
             boot_timeout: Duration::from_secs(120),
             call_timeout: Duration::from_secs(300),
             name_prefix: DEFAULT_NAME_PREFIX.to_owned(),
+            agent_ports: qemu_vm::DEFAULT_AGENT_PORTS,
         }
     }
 }
@@ -85,6 +91,7 @@ pub(crate) struct CheckedConfig {
     pub(crate) boot_timeout: Duration,
     pub(crate) call_timeout: Duration,
     pub(crate) prefix: NamePrefix,
+    pub(crate) agent_ports: u32,
 }
 
 impl QemuConfig {
@@ -129,6 +136,13 @@ impl QemuConfig {
         if self.boot_timeout.is_zero() || self.call_timeout.is_zero() {
             return Err(SandboxError::invalid("timeouts must be above zero"));
         }
+        if !(1..=qemu_vm::MAX_AGENT_PORTS).contains(&self.agent_ports) {
+            return Err(SandboxError::invalid(format!(
+                "agent_ports is {}: a VM has 1 to {} agent ports",
+                self.agent_ports,
+                qemu_vm::MAX_AGENT_PORTS
+            )));
+        }
         Ok(CheckedConfig {
             image_dir: self.image_dir,
             state_dir: self.state_dir,
@@ -139,6 +153,7 @@ impl QemuConfig {
             boot_timeout: self.boot_timeout,
             call_timeout: self.call_timeout,
             prefix: NamePrefix::new(self.name_prefix)?,
+            agent_ports: self.agent_ports,
         })
     }
 }
@@ -224,6 +239,7 @@ mod tests {
         let small = config().check_for(1, 1024).unwrap();
         assert_eq!((small.cpus, small.memory_mib), (1, 1024));
         assert_eq!(small.max_booting, DEFAULT_MAX_BOOTING);
+        assert_eq!(small.agent_ports, qemu_vm::DEFAULT_AGENT_PORTS);
     }
 
     #[test]
@@ -250,6 +266,23 @@ mod tests {
             ..config()
         };
         assert!(tiny.check_for(2, 4096).is_err());
+        for ports in [0, qemu_vm::MAX_AGENT_PORTS + 1] {
+            let refused = QemuConfig {
+                agent_ports: ports,
+                ..config()
+            }
+            .check_for(2, 4096)
+            .unwrap_err();
+            assert!(refused.to_string().contains("agent ports"), "{refused}");
+        }
+        let most = QemuConfig {
+            agent_ports: qemu_vm::MAX_AGENT_PORTS,
+            ..config()
+        };
+        assert_eq!(
+            most.check_for(2, 4096).unwrap().agent_ports,
+            qemu_vm::MAX_AGENT_PORTS
+        );
     }
 
     #[test]
