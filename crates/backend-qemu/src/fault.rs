@@ -24,6 +24,22 @@ pub(crate) const HEALTH_EVERY: Duration = Duration::from_secs(2);
 /// it); QEMU is killed either way.
 const RETIRE_LOCK_WAIT: Duration = Duration::from_secs(10);
 
+/// How long a QEMU whose monitor no longer answers is given to finish exiting before it
+/// counts as running.
+const EXIT_GRACE: Duration = Duration::from_secs(3);
+
+/// Whether `vm`'s QEMU ends within `grace`.
+async fn exits_within(vm: &Vm, grace: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + grace;
+    while vm.is_alive() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
+
 /// Why a VM cannot serve.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Fault {
@@ -50,7 +66,12 @@ impl QemuSandbox {
                 &self.vm_dir,
             ))),
             Err(_) if !vm.is_alive() => Some(Fault::Gone("QEMU exited".to_owned())),
-            Err(_) => None,
+            // QEMU runs but its monitor is closed: it may be on its way out (a guest reset under
+            // `-no-reboot` closes its sockets before the process ends, which on a loaded host
+            // takes long enough to be seen in between).
+            Err(_) => exits_within(&vm, EXIT_GRACE)
+                .await
+                .then(|| Fault::Gone("QEMU exited".to_owned())),
         }
     }
 
