@@ -9,7 +9,10 @@
 //! `crates/egress-proxy/benches`, a download through the proxy image against the same download
 //! made directly, on `sandbox-egress-proxy:local`, built or refreshed first; the microVM's,
 //! `crates/qemu-vm/benches`, boot and exec against bare QEMU on the VM image, built first, with
-//! the accelerator in each row; the MCP server's, `crates/sandbox-mcp/benches`, an exec through
+//! the accelerator in each row; the qemu backend's, `crates/backend-qemu/benches`, cold and warm
+//! acquire against the driver's bare boot and attach, exec against `docker exec` on this machine,
+//! and 1 KiB and 64 MiB transfers against the driver's own agent calls, on the same image; the
+//! MCP server's, `crates/sandbox-mcp/benches`, an exec through
 //! the server over stdio against the same exec through the library), prints one line per
 //! metric (`name: backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`; a cost added on top
 //! of the same call as an absolute `ours X ms, raw Y ms, added Z ms at p50`) and exits non-zero
@@ -143,6 +146,42 @@ const BENCHES: &[Bench] = &[
         ],
     },
     Bench {
+        name: "qemu acquire",
+        args: &[
+            "bench",
+            "-p",
+            "backend-qemu",
+            "--features",
+            "live",
+            "--bench",
+            "acquire",
+        ],
+    },
+    Bench {
+        name: "qemu exec",
+        args: &[
+            "bench",
+            "-p",
+            "backend-qemu",
+            "--features",
+            "live",
+            "--bench",
+            "exec",
+        ],
+    },
+    Bench {
+        name: "qemu transfer",
+        args: &[
+            "bench",
+            "-p",
+            "backend-qemu",
+            "--features",
+            "live",
+            "--bench",
+            "transfer",
+        ],
+    },
+    Bench {
         name: "mcp exec",
         args: &[
             "bench",
@@ -209,9 +248,13 @@ pub fn run(workspace: &Workspace, args: &BenchArgs) -> Result<(), XtaskError> {
             "sandbox-egress-proxy:local".to_owned(),
         ],
     )?;
-    // The VM benchmark boots the image from target/vm-image.
-    if selected.iter().any(|bench| bench.args.contains(&"qemu-vm")) {
-        crate::vm::build_image(workspace)?;
+    // The VM benchmarks boot the image of QEMU_VM_IMAGE when it names one, else target/vm-image,
+    // built first.
+    if selected
+        .iter()
+        .any(|bench| bench.args.contains(&"qemu-vm") || bench.args.contains(&"backend-qemu"))
+    {
+        crate::vm::given_or_built_image(workspace)?;
     }
     // The sbx benchmark drives the simulator's debug build.
     workspace.run(cargo().args(["build", "-p", "sbx-sim"]))?;
@@ -661,6 +704,15 @@ mod tests {
         assert!(is_report_line(
             "vm exec [tcg]: ours 204.7 ms, raw 3.3 ms, added 201.4 ms at p50 (target ≤ +2 ms) FAIL [30 rounds]"
         ));
+        assert!(is_report_line(
+            "qemu cold acquire [tcg]: backend 7012.3 ms, raw 6120.8 ms, ratio 1.15 (target ≤ 1.30) PASS [5 rounds; raw: the bare boot]"
+        ));
+        assert!(is_report_line(
+            "qemu warm acquire [tcg]: ours 0.41 ms at p50 (target ≤ 5 ms) PASS, raw 0.09 ms [41 rounds; raw: Vm::attach]"
+        ));
+        assert!(is_report_line(
+            "qemu exec p50 [tcg]: backend 120.4 ms, raw 80.2 ms, ratio 1.50 (reported only: TCG) [30 rounds; raw: docker exec]"
+        ));
         assert!(!is_report_line(
             "     Running benches/exec.rs (target/release/deps/exec)"
         ));
@@ -675,6 +727,7 @@ mod tests {
                 "sandboxctl",
                 "egress-proxy",
                 "qemu-vm",
+                "backend-qemu",
                 "sandbox-mcp",
             ]
             .iter()

@@ -81,6 +81,22 @@ pub fn build_image(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
     Ok(dir)
 }
 
+/// The VM image `QEMU_VM_IMAGE` names when it holds one (its manifest), else the workspace's,
+/// built (or found cached) first: for the suites and benches that boot VMs beside others, which
+/// may share one image built elsewhere.
+///
+/// # Errors
+/// As [`build_image`].
+pub fn given_or_built_image(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
+    if let Some(dir) = std::env::var_os("QEMU_VM_IMAGE").map(PathBuf::from) {
+        if dir.join(qemu_vm::MANIFEST).is_file() {
+            eprintln!("images: vm: the image of QEMU_VM_IMAGE, {}", dir.display());
+            return Ok(dir);
+        }
+    }
+    build_image(workspace)
+}
+
 /// The live suite: the image, then `qemu-vm`'s live tests in a run directory that must be
 /// empty afterwards, with no QEMU of the run left running.
 pub fn e2e(workspace: &Workspace) -> Result<(), XtaskError> {
@@ -115,7 +131,7 @@ pub fn e2e(workspace: &Workspace) -> Result<(), XtaskError> {
 }
 
 /// QEMU processes whose VM directory lies under `dir` (their environment names it).
-fn qemus_under(dir: &Path) -> Vec<crate::live::EngineObject> {
+pub(crate) fn qemus_under(dir: &Path) -> Vec<crate::live::EngineObject> {
     let prefix = format!("TMPDIR={}", dir.display());
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return Vec::new();

@@ -1,0 +1,122 @@
+//! `qemu cold acquire` and `qemu warm acquire` (docs/qemu-backend.md), run by `cargo xtask bench`.
+//!
+//! - Cold, pass/fail (≤ 1.3×): `acquire` of a key never seen (the record, the name's locks, the
+//!   boot, the agent's handshake, the storage base made in the guest) against the bare boot of
+//!   the `qemu-vm` driver (`Vm::start` to the agent's handshake) with the same image,
+//!   accelerator, CPUs and memory. Disposal and the raw VM's kill are not timed.
+//! - Warm, pass/fail (≤ 5 ms at p50, absolute): a second `acquire` of the running VM (each
+//!   round's handle dropped, as a host that acquires per call does), with the driver's
+//!   `Vm::attach` of the same VM's directory (its `vm.json`, QEMU's process) beside it as the
+//!   reference of finding a running VM at all.
+//!
+//! The accelerator is in each row's name. One VM boots at a time.
+
+mod support;
+
+use sandbox_core::{SandboxBackend, SandboxKey, SandboxSpec};
+use support::{
+    accel_name, backend, dispose_thread, exit_with, paired, raw_boot, raw_config, Metric, Run,
+    Target, SCOPE,
+};
+
+const COLD_WARMUP: usize = 1;
+const COLD_ROUNDS: usize = 5;
+const WARM_WARMUP: usize = 3;
+const WARM_ROUNDS: usize = 41;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let run = Run::new("acquire");
+    let backend = backend(&run).await;
+    let accel = accel_name(&backend);
+    let spec = SandboxSpec::builder("bench").build().expect("a valid spec");
+
+    let mut cold = Metric::new(
+        format!("qemu cold acquire [{accel}]"),
+        "the bare boot of the qemu-vm driver (Vm::start to the agent's handshake)",
+        Target::AtMost(1.3),
+    );
+    for round in 0..COLD_WARMUP + COLD_ROUNDS {
+        let key = SandboxKey::conversation(SCOPE, "cold", format!("bench-{round}"));
+        let config = raw_config(&run, &backend, &format!("raw-{round}"));
+        let mut raw_vm = None;
+        let pair = paired(
+            round,
+            async {
+                let sandbox = backend.acquire(&key, &spec).await.expect("cold acquire");
+                assert!(sandbox.freshly_created(), "a new key boots a new VM");
+            },
+            async {
+                raw_vm = Some(raw_boot(&config).await);
+            },
+        )
+        .await;
+        let failure = backend
+            .dispose(&key, sandbox_core::DisposeSelector::all())
+            .await;
+        assert!(failure.is_none(), "disposal of the cold key: {failure:?}");
+        if let Some((vm, agent)) = raw_vm {
+            // Not timed: what the backend's one guest command of a cold acquire (making the
+            // storage base) costs as the first command of a fresh guest.
+            let (_, first) = support::timed(support::raw_run(
+                &agent,
+                &["/bin/mkdir", "-p", "--", "/maf-sandbox/work"],
+            ))
+            .await;
+            eprintln!(
+                "cold round {round}: the first command of the fresh bare guest (mkdir -p of the \
+                 base) took {:.1} ms",
+                first.as_secs_f64() * 1000.0
+            );
+            drop(agent);
+            vm.kill().await.expect("the bare VM is killed");
+        }
+        eprintln!(
+            "cold round {round}: backend {:.1} ms, raw {:.1} ms",
+            pair.0.as_secs_f64() * 1000.0,
+            pair.1.as_secs_f64() * 1000.0
+        );
+        if round >= COLD_WARMUP {
+            cold.push(pair);
+        }
+    }
+
+    let warm_key = SandboxKey::conversation(SCOPE, "warm", "bench");
+    let first = backend.acquire(&warm_key, &spec).await.expect("acquire");
+    let instance = first.instance_id().to_owned();
+    drop(first);
+    let vm_dir = run.state().join("vms").join(&instance);
+    let mut warm = Metric::new(
+        format!("qemu warm acquire [{accel}]"),
+        "Vm::attach of the same VM's directory through the driver",
+        Target::AbsoluteMs(5.0),
+    );
+    for round in 0..WARM_WARMUP + WARM_ROUNDS {
+        let pair = paired(
+            round,
+            async {
+                let again = backend
+                    .acquire(&warm_key, &spec)
+                    .await
+                    .expect("warm acquire");
+                assert_eq!(again.instance_id(), instance, "the same VM is reused");
+                assert!(!again.freshly_created());
+            },
+            async {
+                let vm = qemu_vm::Vm::attach(&vm_dir).expect("the running VM is found");
+                assert!(vm.is_alive());
+            },
+        )
+        .await;
+        if round >= WARM_WARMUP {
+            warm.push(pair);
+        }
+    }
+
+    let passed = cold.report() & warm.report();
+    dispose_thread(&backend, "warm").await;
+    dispose_thread(&backend, "cold").await;
+    run.assert_nothing_left();
+    drop(run);
+    exit_with(passed);
+}

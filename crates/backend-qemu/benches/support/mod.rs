@@ -1,0 +1,444 @@
+//! What the qemu backend's benchmarks share: the image, a backend over a state directory of the
+//! run's own (its accelerator answer seeded from the image directory), a bare VM of the
+//! `qemu-vm` driver with the same accelerator, CPUs and memory, the paired measurement, the
+//! report rows, and the guard that leaves no QEMU behind even when a bench panics.
+//!
+//! Every paired metric times the backend and its raw reference back to back in each round,
+//! alternating which goes first, so the load from other work on the machine falls on both sides
+//! alike; a ratio is the median of the per-round ratios.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use backend_qemu::{QemuBackend, QemuConfig};
+use qemu_vm::{AgentClient, Vm, VmConfig, VmImage};
+use sandbox_core::SandboxBackend;
+
+#[path = "../../../../xtask/bench_row.rs"]
+mod bench_row;
+pub use bench_row::{median, record_row};
+
+/// CPUs and memory of every VM of the benches, both sides: what `qemu-vm`'s own bench boots,
+/// so the rows compare with its `vm boot` and `vm exec`.
+pub const CPUS: u32 = 1;
+/// See [`CPUS`].
+pub const MEMORY_MIB: u32 = 384;
+
+/// From QEMU's start to the agent's answer, both sides.
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The deadline of each raw call, so a wedged guest or engine fails the run instead of hanging it.
+pub const RAW_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The scope of every key a bench makes.
+pub const SCOPE: &str = "bench-qemu";
+
+/// The VM image: `QEMU_VM_IMAGE`, else the workspace's `target/vm-image`.
+pub fn image_dir() -> PathBuf {
+    std::env::var_os("QEMU_VM_IMAGE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/vm-image"))
+}
+
+/// A bench's own state directory (short: the VMs' socket paths must fit a Unix address), with
+/// a guard that kills every QEMU still running under it and removes it when dropped.
+pub struct Run {
+    pub dir: PathBuf,
+}
+
+impl Run {
+    pub fn new(tag: &str) -> Run {
+        let dir = std::env::temp_dir().join(format!("bq-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("the bench's state directory");
+        Run { dir }
+    }
+
+    /// The backend's state directory.
+    pub fn state(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
+    /// Where the raw VMs' directories are made.
+    pub fn raw(&self) -> PathBuf {
+        self.dir.join("raw")
+    }
+
+    /// Fails unless no QEMU runs under the run's directory and the backend's state holds no
+    /// VM, record or socket (the accelerator cache and the probe's empty parent may remain).
+    pub fn assert_nothing_left(&self) {
+        let running = qemus_under(&self.dir);
+        assert!(running.is_empty(), "QEMU left running: {running:?}");
+        let mut left = Vec::new();
+        for dir in [self.state(), self.state().join("vms"), self.raw()] {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') || (dir == self.state() && name == "vms") {
+                    continue;
+                }
+                left.push(entry.path().display().to_string());
+            }
+        }
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        for pid in qemus_under(&self.dir) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Every live QEMU whose VM directory lies under `dir` (the driver starts each with `TMPDIR`
+/// set to its VM's directory).
+pub fn qemus_under(dir: &Path) -> Vec<i32> {
+    let prefix = format!("TMPDIR={}/", dir.display());
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let zombie = stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+            let ours = environ
+                .split(|b| *b == 0)
+                .any(|var| var.starts_with(prefix.as_bytes()));
+            (ours && !zombie).then_some(pid)
+        })
+        .collect()
+}
+
+/// The backend over `run`'s state directory: [`CPUS`], [`MEMORY_MIB`], emulation allowed (the
+/// rows name the accelerator), the probe's cached answer copied from the image directory when
+/// it has one, so the backend does not spend the probe's KVM boot again.
+pub async fn backend(run: &Run) -> QemuBackend {
+    let state = run.state();
+    let cache = state.join(".accel");
+    std::fs::create_dir_all(&cache).expect("the accelerator cache");
+    for entry in std::fs::read_dir(image_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if entry.file_name().to_string_lossy().starts_with("accel-") {
+            let _ = std::fs::copy(entry.path(), cache.join(entry.file_name()));
+        }
+    }
+    let mut config = QemuConfig::default();
+    config.image_dir = image_dir();
+    config.state_dir = state;
+    config.allow_emulation = true;
+    config.cpus = CPUS;
+    config.memory_mib = MEMORY_MIB;
+    config.boot_timeout = BOOT_TIMEOUT;
+    config.call_timeout = RAW_TIMEOUT;
+    let backend = QemuBackend::connect(config)
+        .await
+        .expect("the qemu backend connects (the image: `cargo xtask images vm`)");
+    eprintln!(
+        "accelerator: {} ({}); rung {}",
+        accel_name(&backend),
+        backend.accelerator().reason,
+        backend.isolation()
+    );
+    backend
+}
+
+/// The accelerator's name, for the rows.
+pub fn accel_name(backend: &QemuBackend) -> &'static str {
+    backend.accelerator().accel.name()
+}
+
+/// The driver's configuration of a bare VM named `name` under `run`: the backend's image,
+/// accelerator, CPUs and memory.
+pub fn raw_config(run: &Run, backend: &QemuBackend, name: &str) -> VmConfig {
+    let image = VmImage::load(&image_dir()).expect("the VM image");
+    let mut config = VmConfig::new(image, run.raw(), name);
+    config.accel = backend.accelerator().accel;
+    config.cpus = CPUS;
+    config.memory_mib = MEMORY_MIB;
+    config
+}
+
+/// The bare boot through the driver: QEMU started, then the agent's handshake.
+pub async fn raw_boot(config: &VmConfig) -> (Vm, AgentClient) {
+    let vm = Vm::start(config).await.expect("the bare VM starts");
+    let agent = vm.agent(BOOT_TIMEOUT).await.expect("the bare VM's agent");
+    (vm, agent)
+}
+
+/// Runs `argv` through `agent` to a zero exit.
+pub async fn raw_run(agent: &AgentClient, argv: &[&str]) {
+    let request = qemu_vm::ExecRequest {
+        argv: argv.iter().map(|a| a.as_bytes().to_vec()).collect(),
+        env: vec![(b"PATH".to_vec(), b"/usr/sbin:/usr/bin:/sbin:/bin".to_vec())],
+        workdir: b"/".to_vec(),
+        stdin: false,
+        timeout_ms: RAW_TIMEOUT.as_millis() as u64,
+        user: None,
+    };
+    let limits = qemu_vm::RunLimits {
+        output_cap: 64 * 1024,
+        deadline: RAW_TIMEOUT,
+    };
+    let out = agent
+        .run(request, None, limits)
+        .await
+        .expect("a raw agent command");
+    assert_eq!(
+        out.status.code,
+        Some(0),
+        "{argv:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Times one future.
+pub async fn timed<T>(work: impl Future<Output = T>) -> (T, Duration) {
+    let started = Instant::now();
+    let value = work.await;
+    (value, started.elapsed())
+}
+
+/// Times the backend's and the raw side's work of one round back to back; even rounds run the
+/// backend first, odd rounds the raw side.
+pub async fn paired<A, B>(
+    round: usize,
+    backend: impl Future<Output = A>,
+    raw: impl Future<Output = B>,
+) -> (Duration, Duration) {
+    if round % 2 == 0 {
+        let (_, ours) = timed(backend).await;
+        let (_, theirs) = timed(raw).await;
+        (ours, theirs)
+    } else {
+        let (_, theirs) = timed(raw).await;
+        let (_, ours) = timed(backend).await;
+        (ours, theirs)
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// How a row is judged.
+#[derive(Debug, Clone, Copy)]
+pub enum Target {
+    /// The median paired ratio must be at most this.
+    AtMost(f64),
+    /// Reported only, with why (e.g. the accelerator).
+    ReportedOnly(&'static str),
+    /// Our side's median must be at most this many milliseconds, whatever the raw side's.
+    AbsoluteMs(f64),
+}
+
+/// The samples of one paired metric.
+pub struct Metric {
+    name: String,
+    against: String,
+    target: Target,
+    ours: Vec<Duration>,
+    raw: Vec<Duration>,
+}
+
+impl Metric {
+    /// A metric named `name` whose raw side is `against` (said in the report line).
+    pub fn new(name: impl Into<String>, against: impl Into<String>, target: Target) -> Metric {
+        Metric {
+            name: name.into(),
+            against: against.into(),
+            target,
+            ours: Vec::new(),
+            raw: Vec::new(),
+        }
+    }
+
+    /// Records one round's pair.
+    pub fn push(&mut self, (ours, raw): (Duration, Duration)) {
+        self.ours.push(ours);
+        self.raw.push(raw);
+    }
+
+    /// Prints `name: backend X ms, raw Y ms, ratio Z (target …) PASS|FAIL [N rounds; raw: …]`
+    /// (X and Y the medians of each side, Z the median of the per-round ratios), records the
+    /// row, and returns whether the target is met.
+    pub fn report(&self) -> bool {
+        assert!(!self.ours.is_empty(), "{}: no rounds measured", self.name);
+        if let Target::AbsoluteMs(limit) = self.target {
+            return self.report_absolute(limit);
+        }
+        let ours = median(self.ours.iter().copied().map(ms).collect());
+        let raw = median(self.raw.iter().copied().map(ms).collect());
+        let ratio = median(
+            self.ours
+                .iter()
+                .zip(&self.raw)
+                .map(|(o, r)| o.as_secs_f64() / r.as_secs_f64())
+                .collect(),
+        );
+        let (verdict, target, pass) = match self.target {
+            Target::AtMost(limit) => {
+                let pass = ratio <= limit;
+                (
+                    format!(
+                        "(target ≤ {limit:.2}) {}",
+                        if pass { "PASS" } else { "FAIL" }
+                    ),
+                    format!("<= {limit:.2}"),
+                    pass,
+                )
+            }
+            Target::ReportedOnly(why) => (
+                format!("(reported only: {why})"),
+                format!("reported only: {why}"),
+                true,
+            ),
+            Target::AbsoluteMs(_) => unreachable!("reported above"),
+        };
+        println!(
+            "{}: backend {ours:.1} ms, raw {raw:.1} ms, ratio {ratio:.2} {verdict} [{} rounds; raw: {}]",
+            self.name,
+            self.ours.len(),
+            self.against
+        );
+        record_row(&self.name, ours, raw, ratio, &target, pass);
+        pass
+    }
+
+    /// For an absolute bound on our side alone: prints `name: ours X ms at p50 (target ≤ L ms)
+    /// …, raw Y ms (…)`, records the row with the ratio X / L, and returns whether X ≤ L.
+    fn report_absolute(&self, limit_ms: f64) -> bool {
+        let ours = median(self.ours.iter().copied().map(ms).collect());
+        let raw = median(self.raw.iter().copied().map(ms).collect());
+        let pass = ours <= limit_ms;
+        println!(
+            "{}: ours {ours:.2} ms at p50 (target ≤ {limit_ms:.0} ms) {}, raw {raw:.2} ms [{} rounds; raw: {}]",
+            self.name,
+            if pass { "PASS" } else { "FAIL" },
+            self.ours.len(),
+            self.against
+        );
+        record_row(
+            &self.name,
+            ours,
+            raw,
+            ours / limit_ms,
+            &format!("ours <= {limit_ms:.0} ms at p50"),
+            pass,
+        );
+        pass
+    }
+}
+
+/// One `docker <args…>`, bounded by [`RAW_TIMEOUT`] and required to exit 0; its stdout.
+pub async fn docker(args: &[&str]) -> String {
+    let mut command = tokio::process::Command::new("docker");
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(RAW_TIMEOUT, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("docker {args:?} did not finish within {RAW_TIMEOUT:?}"))
+        .expect("the docker CLI runs");
+    assert!(
+        output.status.success(),
+        "docker {args:?} failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A raw container (`docker run -d` of `sandbox-base:local`, hardened as the docker backend's
+/// workloads are), removed with `docker rm -f` when dropped, even on a panic.
+pub struct RawContainer {
+    pub id: String,
+}
+
+impl RawContainer {
+    pub async fn start() -> RawContainer {
+        let label = format!("maf-sandbox-bench={SCOPE}-{}", std::process::id());
+        let out = docker(&[
+            "run",
+            "-d",
+            "--pull=never",
+            "--init",
+            "--security-opt",
+            "no-new-privileges",
+            "--cap-drop",
+            "ALL",
+            "--pids-limit",
+            "512",
+            "--network",
+            "none",
+            "--label",
+            &label,
+            "--entrypoint",
+            "sh",
+            "sandbox-base:local",
+            "-c",
+            "while :; do sleep 3600; done",
+        ])
+        .await;
+        let id = out.trim().to_owned();
+        assert_eq!(id.len(), 64, "docker run -d printed {id:?}");
+        RawContainer { id }
+    }
+}
+
+impl Drop for RawContainer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("timeout")
+            .args(["120", "docker", "rm", "-f", &self.id])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Bytes that do not compress to nothing (xorshift).
+pub fn payload(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut bytes = Vec::with_capacity(len + 8);
+    while bytes.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        bytes.extend_from_slice(&state.to_le_bytes());
+    }
+    bytes.truncate(len);
+    bytes
+}
+
+/// Ends the process with the run's verdict: non-zero when a pass/fail target was missed.
+pub fn exit_with(passed: bool) -> ! {
+    std::process::exit(if passed { 0 } else { 1 })
+}
+
+/// Disposes of every sandbox of `thread` in [`SCOPE`] through the backend.
+pub async fn dispose_thread(backend: &QemuBackend, thread: &str) {
+    let purge = backend.dispose_scope(SCOPE, thread).await;
+    assert!(
+        purge.undisposed.is_none(),
+        "disposal of {SCOPE}/{thread}: {purge:?}"
+    );
+}
