@@ -159,8 +159,12 @@ pub const STEPS: &[CiStep] = &[
     step("e2e vm", "vm", Run::Xtask(&["e2e", "vm"])).after(&["vm image", "docs"]),
     // Judges its leftovers by its own scope prefix and run directory, so the sbx suite may run
     // beside it; the Docker suite judges by difference and would count its workloads, so it
-    // starts once that suite is done.
-    step("e2e mcp", "mcp", Run::Xtask(&["e2e", "mcp"])).after(&["images", "e2e docker"]),
+    // starts once that suite is done. Its qemu case boots the VM image.
+    step("e2e mcp", "mcp", Run::Xtask(&["e2e", "mcp"])).after(&[
+        "images",
+        "vm image",
+        "e2e docker",
+    ]),
 ];
 
 /// Runs [`STEPS`].
@@ -546,6 +550,14 @@ mod tests {
         assert!(check_table(&unknown).is_err());
         let twice = [step("a", "x", noop()), step("a", "y", noop())];
         assert!(check_table(&twice).is_err());
+    }
+
+    #[test]
+    fn every_suite_that_boots_vms_waits_for_the_vm_image() {
+        for name in ["e2e vm", "e2e mcp"] {
+            let suite = STEPS.iter().find(|step| step.name == name).unwrap();
+            assert!(suite.after.contains(&"vm image"), "{name}");
+        }
     }
 
     #[test]

@@ -18,7 +18,8 @@
 //!   skipped and no QEMU or VM directory of the run is left;
 //! - `e2e mcp`: the MCP server through the official Python client (pinned, installed into a
 //!   virtual environment under `target/`), over stdio and HTTP, on Docker and `sbx-sim` at
-//!   once; fails on any failed or skipped case and on anything of its runs left on the engine;
+//!   once, and one case end to end on qemu (a VM under emulation where KVM cannot boot); fails
+//!   on any failed or skipped case and on anything of its runs left on the engine or the host;
 //! - `check-targets`: type-checks the crates a Windows or macOS host builds, for those targets,
 //!   with a Debian toolchain in a cached chroot (see `targets.rs`);
 //! - `bench`: runs the benchmarks;

@@ -3,17 +3,21 @@
 //! The suite (`crates/sandbox-mcp/tests/python`) drives the real `sandbox-mcp` binary with the
 //! official `mcp` Python package over stdio and Streamable HTTP. This module:
 //!
-//! 1. builds the images the two backends need (a no-op when present) and the three binaries
-//!    (`sandbox-mcp`, `sandboxctl` for the suite's engine listings, `sbx-sim`);
+//! 1. builds the images the backends need (a no-op when present: the two engine images, and the
+//!    VM image unless `QEMU_VM_IMAGE` names one) and the three binaries (`sandbox-mcp`,
+//!    `sandboxctl` for the suite's engine listings, `sbx-sim`);
 //! 2. installs the pinned client (`requirements.txt`, every package at an exact version, wheels
 //!    only) into a virtual environment under `target/mcp-e2e/venv`, reused while the
 //!    requirements are unchanged;
-//! 3. runs the suite on Docker and on `sbx-sim` at once, each as one pytest run on
-//!    [`WORKERS`] pytest-xdist workers (each worker has its own scope, HTTP server and state
-//!    directory), each run bounded by [`SUITE_TIMEOUT`] and killed with its process tree past it;
+//! 3. runs the suite on Docker, on `sbx-sim` and on qemu at once, each as one pytest run bounded
+//!    by [`SUITE_TIMEOUT`] and killed with its process tree past it: Docker and `sbx-sim` the
+//!    whole suite on [`WORKERS`] pytest-xdist workers (each worker has its own scope, HTTP
+//!    server and state directory), qemu its one end-to-end case (`test_qemu.py`: a VM booted
+//!    under emulation where KVM cannot, a command, a file, disposal) in one process;
 //! 4. fails unless each run passed with no test failed, errored or skipped, and unless the engine
 //!    holds nothing of the runs afterwards: Docker workloads whose scope label carries the run's
-//!    prefix, simulator containers whose workspace lies under the run's directory.
+//!    prefix, simulator containers whose workspace lies under the run's directory, QEMU
+//!    processes, VM directories and records under the qemu run's directory.
 //!
 //! The leftovers are judged by the run's own prefix and directory, not by difference, so the
 //! suite can share the engine with another suite's run; the Docker suite judges by difference,
@@ -37,8 +41,9 @@ const SUITE_DIR: &str = "crates/sandbox-mcp/tests/python";
 /// The pinned client and test runner, from the workspace root.
 const REQUIREMENTS: &str = "crates/sandbox-mcp/tests/python/requirements.txt";
 
-/// pytest-xdist workers per backend. The cases mostly wait on the engine, so a few workers cut
-/// the wall time; more only queue on the engine and the two shared cores.
+/// pytest-xdist workers of the Docker and `sbx-sim` runs. The cases mostly wait on the engine, so
+/// a few workers cut the wall time; more only queue on the engine and the two shared cores. The
+/// qemu run's one case runs in pytest's own process (`-n 0`).
 const WORKERS: &str = "4";
 
 /// The deadline of one backend's pytest run.
@@ -62,7 +67,7 @@ const MIN_PYTHON: (u32, u32) = (3, 10);
 /// One backend's run of the suite.
 #[derive(Debug)]
 struct Run {
-    /// `docker` or `sbx` (the suite's `SANDBOX_MCP_BACKEND`).
+    /// `docker`, `sbx` or `qemu` (the suite's `SANDBOX_MCP_BACKEND`).
     backend: &'static str,
     /// The run's temporary directory: the suite's state, homes and simulator workspaces.
     dir: PathBuf,
@@ -87,15 +92,16 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
             "sbx-sim-shell:local".to_owned(),
         ],
     )?;
+    let vm_image = crate::vm::given_or_built_image(workspace)?;
     let bin = crate::live::shared_binaries(workspace)?;
     let runtime = bounded_runtime("the mcp suite")?;
     let python = ensure_venv(workspace, &runtime)?;
     let base = workspace.target_dir().join("mcp-e2e");
-    let runs: Vec<Run> = ["docker", "sbx"]
+    let runs: Vec<Run> = ["docker", "sbx", "qemu"]
         .into_iter()
         .map(|backend| Run {
             backend,
-            dir: base.join(format!("run-{}-{backend}", std::process::id())),
+            dir: run_dir(&base, backend),
             scope_prefix: format!("mcp-e2e-{}-{backend}", std::process::id()),
         })
         .collect();
@@ -109,15 +115,17 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     let suite_dir = workspace.root().join(SUITE_DIR);
     let commands: Vec<(String, BoundedCommand)> = runs
         .iter()
-        .map(|run| pytest(&python, &suite_dir, &bin, run))
+        .map(|run| pytest(&python, &suite_dir, &bin, &vm_image, run))
         .collect();
     let outcomes = runtime.block_on(async {
         let mut commands = commands.into_iter();
-        let (Some(first), Some(second)) = (commands.next(), commands.next()) else {
-            unreachable!("two runs were built above");
+        let (Some(first), Some(second), Some(third)) =
+            (commands.next(), commands.next(), commands.next())
+        else {
+            unreachable!("three runs were built above");
         };
-        let (a, b) = tokio::join!(run_pytest(first), run_pytest(second));
-        vec![a, b]
+        let (a, b, c) = tokio::join!(run_pytest(first), run_pytest(second), run_pytest(third));
+        vec![a, b, c]
     });
     let mut failure = None;
     for (run, outcome) in runs.iter().zip(outcomes) {
@@ -126,8 +134,13 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         match &verdict {
             Ok(passed) => eprintln!(
                 "==> e2e mcp {}: {passed} passed, none failed or skipped, nothing left on the \
-                 engine ({})",
+                 {} ({})",
                 run.backend,
+                if run.backend == "qemu" {
+                    "host"
+                } else {
+                    "engine"
+                },
                 seconds(outcome.took)
             ),
             Err(error) => eprintln!("==> e2e mcp {}: {error}", run.backend),
@@ -146,15 +159,34 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     }
 }
 
+/// The directory of one backend's run: under `base` (the workspace's target directory), but for
+/// qemu under the temporary directory, whose path is short enough for the VMs' Unix sockets
+/// (`<run>/<case dir>/state/sandboxes/qemu/vms/<vm>/agent.sock` must fit 108 bytes).
+fn run_dir(base: &Path, backend: &str) -> PathBuf {
+    let name = format!("run-{}-{backend}", std::process::id());
+    if backend == "qemu" {
+        std::env::temp_dir().join(format!("mcp-e2e-{name}"))
+    } else {
+        base.join(name)
+    }
+}
+
 /// The pytest command of one run and its banner line.
-fn pytest(python: &Path, suite_dir: &Path, bin: &Path, run: &Run) -> (String, BoundedCommand) {
+fn pytest(
+    python: &Path,
+    suite_dir: &Path,
+    bin: &Path,
+    vm_image: &Path,
+    run: &Run,
+) -> (String, BoundedCommand) {
+    let workers = if run.backend == "qemu" { "0" } else { WORKERS };
     let args: Vec<OsString> = [
         "-m",
         "pytest",
         "-p",
         "no:cacheprovider",
         "-n",
-        WORKERS,
+        workers,
         "--dist",
         "worksteal",
         "-v",
@@ -182,6 +214,7 @@ fn pytest(python: &Path, suite_dir: &Path, bin: &Path, run: &Run) -> (String, Bo
         .env("SANDBOX_MCP_BIN", bin.join("sandbox-mcp"))
         .env("SANDBOXCTL_BIN", bin.join("sandboxctl"))
         .env("SBX_PATH", bin.join("sbx-sim"))
+        .env("QEMU_VM_IMAGE", vm_image)
         .env("TMPDIR", &run.dir)
         // No bytecode next to the sources.
         .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -291,6 +324,13 @@ fn leftovers(workspace: &Workspace, run: &Run) -> Result<Vec<EngineObject>, Xtas
     if run.backend == "sbx" {
         return sim_containers_under(workspace, &run.dir);
     }
+    if run.backend == "qemu" {
+        // Give a killed QEMU a moment to be reaped before judging.
+        std::thread::sleep(Duration::from_millis(500));
+        let mut left = crate::vm::qemus_under(&run.dir);
+        left.extend(vm_state_under(&run.dir));
+        return Ok(left);
+    }
     let label = format!("label={OWNERSHIP_LABEL}");
     let by_id = format!("{{{{.ID}}}}\t{{{{.Label \"{OWNERSHIP_LABEL}\"}}}}");
     let by_name = format!("{{{{.Name}}}}\t{{{{.Label \"{OWNERSHIP_LABEL}\"}}}}");
@@ -344,6 +384,49 @@ fn leftovers(workspace: &Workspace, run: &Run) -> Result<Vec<EngineObject>, Xtas
         }));
     }
     Ok(left)
+}
+
+/// The records and VM directories of every qemu state directory (`…/sandboxes/qemu`) under `dir`;
+/// the probe's cache and other dot-names are not state a sandbox left.
+fn vm_state_under(dir: &Path) -> Vec<EngineObject> {
+    let mut left = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(next) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&next) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                continue;
+            }
+            if path.ends_with("sandboxes/qemu") {
+                left.extend(state_entries(&path));
+            } else {
+                pending.push(path);
+            }
+        }
+    }
+    left
+}
+
+/// The entries of one qemu state directory and of its `vms/` that are a sandbox's.
+fn state_entries(state: &Path) -> Vec<EngineObject> {
+    let mut left = Vec::new();
+    for dir in [state.to_owned(), state.join("vms")] {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || (dir == state && name == "vms") {
+                continue;
+            }
+            left.push(EngineObject {
+                kind: "vm state",
+                id: entry.path().display().to_string(),
+                name,
+            });
+        }
+    }
+    left
 }
 
 /// The virtual environment's Python, the environment made (or remade) first when the pinned
@@ -474,6 +557,39 @@ mod tests {
         assert_eq!(plain.len(), 1);
         assert_eq!(plain["passed"], 31);
         assert!(pytest_counts("collected 31 items\nno summary here\n").is_none());
+    }
+
+    #[test]
+    fn a_qemu_runs_vm_state_is_found_below_its_directory() {
+        let run = tempfile::tempdir().unwrap();
+        let state = run.path().join("mcp-e2e-abc/state/sandboxes/qemu");
+        std::fs::create_dir_all(state.join(".accel")).unwrap();
+        std::fs::create_dir_all(state.join(".probe")).unwrap();
+        std::fs::create_dir_all(state.join("vms")).unwrap();
+        assert!(
+            vm_state_under(run.path()).is_empty(),
+            "the probe's cache is no leftover"
+        );
+        std::fs::create_dir_all(state.join("vms/vm-0123456789ab")).unwrap();
+        std::fs::create_dir_all(state.join("qemu-key")).unwrap();
+        let mut left: Vec<String> = vm_state_under(run.path())
+            .into_iter()
+            .map(|object| object.name)
+            .collect();
+        left.sort();
+        assert_eq!(left, ["qemu-key", "vm-0123456789ab"]);
+    }
+
+    #[test]
+    fn the_qemu_run_lies_where_its_sockets_fit() {
+        let base = Path::new("/a/long/workspace/path/of/some/length/target/mcp-e2e");
+        assert!(run_dir(base, "docker").starts_with(base));
+        let qemu = run_dir(base, "qemu");
+        assert!(qemu.starts_with(std::env::temp_dir()));
+        // The suite's case directory, the state below it and the longest socket path.
+        let socket =
+            qemu.join("mcp-e2e-abcdefgh/state/sandboxes/qemu/vms/vm-000000000000/agent.sock");
+        assert!(socket.as_os_str().len() < 108, "{}", socket.display());
     }
 
     fn outcome(line: &str, status: ExitKind) -> Outcome {

@@ -1,6 +1,11 @@
 """Fixtures of the sandbox-mcp end-to-end suite: the real server binary, over stdio and over
-Streamable HTTP, on the backend named by SANDBOX_MCP_BACKEND (docker or sbx), driven by the
+Streamable HTTP, on the backend named by SANDBOX_MCP_BACKEND (docker, sbx or qemu), driven by the
 official `mcp` client package.
+
+On docker and sbx the suite is `test_sandbox_mcp.py`; on qemu (a VM per sandbox from the image
+QEMU_VM_IMAGE names, under QEMU's emulator where KVM cannot boot) it is `test_qemu.py` alone,
+one case end to end: each boot under emulation takes seconds, so the tool-by-tool cases run on
+the two container backends and the qemu run proves the same binary and flags serve a VM.
 
 Every variable the suite needs is required: a missing one fails the run, never skips a test.
 `cargo xtask e2e mcp` sets them, installs the pinned client (requirements.txt) into its own
@@ -52,10 +57,42 @@ def backend_args():
             "--backend", "sbx", "--sbx-path", need("SBX_PATH"),
             "--allow-simulator", "--min-isolation", "container",
         ]
-    raise RuntimeError(f"SANDBOX_MCP_BACKEND={BACKEND!r}: docker or sbx")
+    if BACKEND == "qemu":
+        return [
+            "--backend", "qemu", "--vm-image", need("QEMU_VM_IMAGE"),
+            "--allow-emulation", "--min-isolation", "container",
+        ]
+    raise RuntimeError(f"SANDBOX_MCP_BACKEND={BACKEND!r}: docker, sbx or qemu")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """test_qemu.py runs on qemu only, and on qemu nothing else runs."""
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    if (collection_path.name == "test_qemu.py") != (BACKEND == "qemu"):
+        return True
+    return None
 
 
 RUN_DIR = Path(tempfile.mkdtemp(prefix="mcp-e2e-", dir=os.environ.get("TMPDIR")))
+
+# The qemu backend's state directory under the state home the servers are given: each VM's
+# directory, record and sockets.
+QEMU_STATE = RUN_DIR / "state" / "sandboxes" / "qemu"
+
+
+def seed_accelerator_answer():
+    """Copies the accelerator probe's cached answers from the VM image (where the VM suites keep
+    them) into the qemu state directory, so each server and sandboxctl process does not boot the
+    probe's 15 s KVM test again; without one, the first process probes and caches its own."""
+    cache = QEMU_STATE / ".accel"
+    cache.mkdir(parents=True, exist_ok=True)
+    for entry in Path(need("QEMU_VM_IMAGE")).glob("accel-*"):
+        (cache / entry.name).write_bytes(entry.read_bytes())
+
+
+if BACKEND == "qemu":
+    seed_accelerator_answer()
 
 
 def server_env():
