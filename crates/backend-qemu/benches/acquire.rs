@@ -72,7 +72,7 @@ async fn main() {
             vm.kill().await.expect("the bare VM is killed");
         }
         eprintln!(
-            "cold round {round}: backend {:.1} ms, raw {:.1} ms",
+            "cold round {round}: acquire {:.1} ms, bare boot {:.1} ms",
             pair.0.as_secs_f64() * 1000.0,
             pair.1.as_secs_f64() * 1000.0
         );

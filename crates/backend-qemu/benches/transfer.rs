@@ -1,19 +1,19 @@
 //! `qemu 1 KiB write/read` and `qemu 64 MiB write/read` (docs/qemu-backend.md), run by
 //! `cargo xtask bench`. The raw reference is the same bytes through the `qemu-vm` driver's agent
-//! calls directly (`AgentClient::write_file`, `read_file`) on a bare VM of the same image,
-//! accelerator, CPUs and memory, to the same absolute path: what is left is the backend's own
-//! work (the guest-path rules' stats of the path, the parent and leaf checks, the health watch).
+//! calls directly (`AgentClient::write_file`, `read_file`) on the backend's own VM, over another
+//! of its agent ports (`Vm::attach` of the VM's directory, then `Vm::agent`), to the same file:
+//! one guest, one disk and one file on both sides, so what is left is the backend's own work
+//! (the guest-path rules' stats of the path, the parent and leaf checks, the health watch).
 //!
 //! - 1 KiB write and read three components below the storage base (`d1/d2/small.bin`), reported
 //!   only (as the docker backend's 1 KiB rows).
 //! - 64 MiB write and read of the storage base's `big.bin`, pass/fail ≤ 1.1×: the backend's
-//!   checks are a constant few round trips on a transfer of seconds. A write above the
+//!   checks are a constant few round trips on a transfer of a second. A write above the
 //!   backend's declared per-file ceiling is refused (`TransferCapExceeded`); while that ceiling
 //!   is below 64 MiB the bench checks the refusal and measures the write at the ceiling, and
 //!   the row's name says the size it measured.
 //!
-//! The two sides run in two VMs booted alike; the report also times the backend's checks alone
-//! (`stat_file` of the read's path), which tells its own work from a difference between guests.
+//! The report also times the backend's checks alone (`stat_file` of the read's path).
 
 mod support;
 
@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use sandbox_core::{Command, ErrorKind, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec};
 use support::{
-    accel_name, backend, dispose_thread, exit_with, paired, payload, raw_boot, raw_config, raw_run,
-    Metric, Run, Target, RAW_TIMEOUT, SCOPE,
+    accel_name, backend, dispose_thread, exit_with, paired, payload, raw_run, Metric, Run, Target,
+    RAW_TIMEOUT, SCOPE,
 };
 
 const MIB: usize = 1024 * 1024;
@@ -52,7 +52,13 @@ async fn main() {
     let spec = SandboxSpec::builder("bench").build().expect("a valid spec");
     let key = SandboxKey::conversation(SCOPE, "transfer", "bench");
     let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
-    let (vm, agent) = raw_boot(&raw_config(&run, &backend, "raw")).await;
+    // The driver's own connection to the same VM, on another agent port.
+    let vm = qemu_vm::Vm::attach(&run.state().join("vms").join(sandbox.instance_id()))
+        .expect("the backend's VM is found");
+    let agent = vm
+        .agent(RAW_TIMEOUT)
+        .await
+        .expect("a second agent port of the backend's VM");
     raw_run(&agent, &["/bin/mkdir", "-p", &format!("{BASE}/d1/d2")]).await;
     let mut passed = true;
 
@@ -61,12 +67,12 @@ async fn main() {
     let raw_small = format!("{BASE}/d1/d2/small.bin");
     let mut write = Metric::new(
         format!("qemu 1 KiB write [{accel}]"),
-        "the agent's write_file of the same bytes through the qemu-vm driver",
+        "the agent's write_file of the same bytes to the same file, through the qemu-vm driver",
         Target::ReportedOnly("against the bare agent call"),
     );
     let mut read = Metric::new(
         format!("qemu 1 KiB read [{accel}]"),
-        "the agent's read_file of the same file through the qemu-vm driver",
+        "the agent's read_file of the same file, through the qemu-vm driver",
         Target::ReportedOnly("against the bare agent call"),
     );
     for round in 0..SMALL_WARMUP + SMALL_ROUNDS {
@@ -137,7 +143,7 @@ async fn main() {
     let raw_big = format!("{BASE}/big.bin");
     let mut write = Metric::new(
         format!("qemu {} write [{accel}]", size_name(write_size)),
-        "the agent's write_file of the same bytes through the qemu-vm driver",
+        "the agent's write_file of the same bytes to the same file, through the qemu-vm driver",
         Target::AtMost(1.1),
     );
     for round in 0..BIG_WARMUP + BIG_ROUNDS {
@@ -163,7 +169,7 @@ async fn main() {
     }
     passed &= write.report();
 
-    // The 64 MiB file is made in each guest (the write above may have been smaller).
+    // The 64 MiB file is made in the guest (the write above may have been smaller).
     let make = format!("head -c {BIG} /dev/zero > {BASE}/big.bin");
     let made = sandbox
         .exec(
@@ -178,10 +184,9 @@ async fn main() {
         "{}",
         String::from_utf8_lossy(&made.stderr)
     );
-    raw_run(&agent, &["/bin/sh", "-c", &make]).await;
     let mut read = Metric::new(
         format!("qemu 64 MiB read [{accel}]"),
-        "the agent's read_file of the same file through the qemu-vm driver",
+        "the agent's read_file of the same file, through the qemu-vm driver",
         Target::AtMost(1.1),
     );
     for round in 0..BIG_WARMUP + BIG_ROUNDS {
@@ -222,7 +227,7 @@ async fn main() {
     );
 
     drop(agent);
-    vm.kill().await.expect("the bare VM is killed");
+    drop(vm);
     drop(sandbox);
     dispose_thread(&backend, "transfer").await;
     run.assert_nothing_left();
