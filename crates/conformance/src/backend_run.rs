@@ -140,6 +140,24 @@ impl Run<'_> {
         )
     }
 
+    /// Disposes of every sandbox acquired so far, now that its suites are done, so a run holds
+    /// only what its current suite needs (two sandboxes at most, for instance disposal); a
+    /// disposal that does not land is a failed `CLEANUP` entry.
+    async fn release(&mut self) {
+        for (purpose, key) in std::mem::take(&mut self.used_keys) {
+            if let Some(failure) = self.backend.dispose(&key, DisposeSelector::all()).await {
+                self.report.record(ProbeReport {
+                    suite: CLEANUP_SUITE.to_owned(),
+                    probe: format!("dispose-{purpose}"),
+                    outcome: ProbeOutcome::Failed {
+                        why: failure.to_string(),
+                    },
+                    elapsed: Duration::ZERO,
+                });
+            }
+        }
+    }
+
     async fn suite<F>(&mut self, suite: &str, result: F)
     where
         F: Future<Output = Result<ConformanceReport, ConformanceError>>,
@@ -159,8 +177,9 @@ fn build(builder: SandboxSpecBuilder) -> Result<SandboxSpec, ConformanceError> {
 /// combined report (assert it with [`ConformanceReport::assert_all_passed`]).
 ///
 /// `keys(purpose)` must return a distinct key per purpose (for example the run's own scope and the
-/// purpose as thread id); every sandbox of the run is disposed of by key at the end, and a disposal
-/// that does not land is a failed `CLEANUP` entry. `spec` is the base spec (image, limits); the run sets
+/// purpose as thread id); every sandbox of the run is disposed of by key as soon as the suites that
+/// use it are done, so at most two are held at once (instance disposal's pair), and a disposal that
+/// does not land is a failed `CLEANUP` entry. `spec` is the base spec (image, limits); the run sets
 /// `work_dir` for the storage-base suites and the call scope for CALL_SCOPE.
 ///
 /// Order: storage base on two fresh sandboxes (`work_dir` None, then [`EXPLICIT_STORAGE_BASE`]) with
@@ -223,27 +242,18 @@ pub async fn run_backend_suites(
         },
         Err(e) => fold_into(&mut run.report, "SHARED", Err(e)),
     }
+    run.release().await;
 
     if !options.reduced && backend.declarations().serves_scope(IsolationScope::Call) {
         call_scope(&mut run, keys, &call_spec).await;
+        run.release().await;
     }
 
     if let Some(hooks) = options.hardening {
         hardening_on_own_sandboxes(&mut run, keys, &base_spec, hooks).await;
     }
 
-    for (purpose, key) in std::mem::take(&mut run.used_keys) {
-        if let Some(failure) = backend.dispose(&key, DisposeSelector::all()).await {
-            run.report.record(ProbeReport {
-                suite: CLEANUP_SUITE.to_owned(),
-                probe: format!("dispose-{purpose}"),
-                outcome: ProbeOutcome::Failed {
-                    why: failure.to_string(),
-                },
-                elapsed: Duration::ZERO,
-            });
-        }
-    }
+    run.release().await;
     Ok(run.report)
 }
 
@@ -272,6 +282,7 @@ async fn storage_base_and_lifecycle(
             }
             Err(e) => fold_into(&mut run.report, STORAGE_BASE, Err(e)),
         }
+        run.release().await;
     }
 
     let target_key = keys("instance-disposal");
@@ -310,6 +321,7 @@ async fn storage_base_and_lifecycle(
         }
         (Err(e), _) | (_, Err(e)) => fold_into(&mut run.report, INSTANCE_DISPOSAL, Err(e)),
     }
+    run.release().await;
 }
 
 async fn call_scope(
@@ -377,6 +389,7 @@ async fn hardening_on_own_sandboxes(
         }
         Err(e) => fold_into(&mut run.report, HARDENING, Err(e)),
     }
+    run.release().await;
 
     let key = keys("confinement");
     match run.acquire("confinement", &key, base_spec).await {
@@ -389,6 +402,7 @@ async fn hardening_on_own_sandboxes(
         },
         Err(e) => fold_into(&mut run.report, CONFINEMENT, Err(e)),
     }
+    run.release().await;
 
     let backend = run.backend;
     let key = keys("engine-failure");
@@ -399,6 +413,7 @@ async fn hardening_on_own_sandboxes(
         assert_engine_failure_is_not_an_exit_code(backend, &key, base_spec, hooks),
     )
     .await;
+    run.release().await;
 
     let key = keys("concurrent-acquire");
     run.used_keys
