@@ -3,6 +3,9 @@
 //! check that a test left nothing behind.
 #![allow(dead_code)]
 
+pub mod hooks;
+pub mod observer;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

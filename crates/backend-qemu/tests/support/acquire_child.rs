@@ -1,0 +1,56 @@
+//! A helper process for the live suite's `concurrent-acquires-yield-one` probe: it builds its own
+//! backend over the same image and state directory and runs N concurrent acquires of one
+//! (key, spec), so the cross-process path (the name's file lock, a VM another process booted)
+//! runs, not only the in-process lock. Each acquire retries `Busy` as the probe's own do.
+//!
+//! Usage: `qemu-acquire-child <image-dir> <state-dir> <scope> <thread> <agent> <call> <kind> <work-dir|-> <n>`.
+//! Prints one line per acquire in the conformance crate's protocol (`conformance::child_acquire_line`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use backend_qemu::{QemuBackend, QemuConfig};
+use sandbox_core::{SandboxKey, SandboxSpec};
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [image, state, scope, thread, agent, call, kind, work_dir, n] = args.as_slice() else {
+        eprintln!(
+            "usage: qemu-acquire-child <image-dir> <state-dir> <scope> <thread> <agent> <call> <kind> <work-dir|-> <n>"
+        );
+        std::process::exit(2);
+    };
+    let n: usize = n.parse().expect("n is a number");
+    // As the live tests' own configuration (tests/support/mod.rs).
+    let mut config = QemuConfig::default();
+    config.image_dir = PathBuf::from(image);
+    config.state_dir = PathBuf::from(state);
+    config.allow_emulation = true;
+    config.cpus = 1;
+    config.memory_mib = 384;
+    config.boot_timeout = Duration::from_secs(180);
+    config.call_timeout = Duration::from_secs(60);
+    let backend = QemuBackend::connect(config).await.expect("connect");
+    let key = SandboxKey::conversation(scope.as_str(), thread.as_str(), agent.as_str())
+        .with_call(call.as_str());
+    let work_dir = (work_dir != "-").then(|| work_dir.clone());
+    let spec = SandboxSpec::builder(kind.as_str())
+        .work_dir(work_dir)
+        .build()
+        .expect("spec");
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let backend = backend.clone();
+            let key = key.clone();
+            let spec = spec.clone();
+            tokio::spawn(
+                async move { conformance::acquire_retrying_busy(&backend, &key, &spec).await },
+            )
+        })
+        .collect();
+    for handle in handles {
+        let result = handle.await.expect("acquire task");
+        println!("{}", conformance::child_acquire_line(&result));
+    }
+}
