@@ -157,6 +157,9 @@ pub const STEPS: &[CiStep] = &[
     // QEMU guests, not engine objects: its leftovers (QEMU processes and VM directories under
     // its own run directory) are disjoint from both Docker suites'.
     step("e2e vm", "vm", Run::Xtask(&["e2e", "vm"])).after(&["vm image", "docs"]),
+    // The qemu backend's suite: after the driver's on the same lane, so the two never run more
+    // than two guests at once between them (each keeps to its two slots).
+    step("e2e qemu", "vm", Run::Xtask(&["e2e", "qemu"])).after(&["vm image", "docs"]),
     // Judges its leftovers by its own scope prefix and run directory, so the sbx suite may run
     // beside it; the Docker suite judges by difference and would count its workloads, so it
     // starts once that suite is done. Its qemu case boots the VM image.

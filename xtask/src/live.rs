@@ -33,8 +33,11 @@ pub enum Suite {
         #[arg(long)]
         sbx_path: Option<PathBuf>,
     },
-    /// The microVM driver against real QEMU (the VM image is built first).
+    /// The microVM driver and guest agent against real QEMU (the VM image is built first).
     Vm,
+    /// The qemu backend against real QEMU: its own checks, every conformance suite it declares
+    /// (HARDENING and CONFINEMENT included) and its fault tests (the VM image is built first).
+    Qemu,
     /// The MCP server (`sandbox-mcp`) through the official Python client, over stdio and
     /// Streamable HTTP, on Docker and on `sbx-sim` (see `mcp_suite.rs`).
     Mcp,

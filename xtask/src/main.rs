@@ -13,9 +13,10 @@
 //!   skipped nothing and left nothing behind on the engine;
 //! - `e2e sbx [--sbx-path PATH]`: builds `sbx-sim` (unless a path is given), runs the live sbx
 //!   suite against it, then checks the same;
-//! - `e2e vm`: builds the microVM image, runs `qemu-vm`'s and `backend-qemu`'s live tests
-//!   (every conformance suite the backend declares) against real QEMU, then checks nothing
-//!   skipped and no QEMU or VM directory of the run is left;
+//! - `e2e vm`: builds the microVM image, runs `qemu-vm`'s live tests against real QEMU, then
+//!   checks nothing skipped and no QEMU or VM directory of the run is left;
+//! - `e2e qemu`: the same for `backend-qemu`'s live tests (its own checks, every conformance
+//!   suite it declares with HARDENING and CONFINEMENT, its fault tests);
 //! - `e2e mcp`: the MCP server through the official Python client (pinned, installed into a
 //!   virtual environment under `target/`), over stdio and HTTP, on Docker and `sbx-sim` at
 //!   once, and one case end to end on qemu (a VM under emulation where KVM cannot boot); fails
@@ -113,6 +114,7 @@ fn main() -> ExitCode {
             live::Suite::Docker => live::docker(&workspace),
             live::Suite::Sbx { sbx_path } => live::sbx(&workspace, sbx_path.as_deref()),
             live::Suite::Vm => vm::e2e(&workspace),
+            live::Suite::Qemu => vm::e2e_backend(&workspace),
             live::Suite::Mcp => mcp_suite::run(&workspace),
         },
         Command::Bench(args) => bench::run(&workspace, &args),

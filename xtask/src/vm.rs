@@ -4,9 +4,11 @@
 //! base Debian root archive from the one image recipe (`backend_docker::ImageRecipe`, which
 //! bootstraps it when the cache lacks it) and hands both to `qemu_vm::ImageRecipe`, which
 //! extracts the kernel, writes the initramfs and makes the ext4 root, each cached by digest
-//! under `target/vm-image`. `cargo xtask e2e vm` builds the image, runs `qemu-vm`'s live tests
-//! and `backend-qemu`'s (its own checks and every conformance suite it declares), and fails when
-//! a test skipped or a QEMU or VM directory of the run is left behind.
+//! under `target/vm-image`. `cargo xtask e2e vm` builds the image and runs `qemu-vm`'s live
+//! tests; `cargo xtask e2e qemu` builds it and runs `backend-qemu`'s (its own checks, every
+//! conformance suite it declares with HARDENING and CONFINEMENT, and its fault tests). Each fails
+//! when a test failed or skipped, or a QEMU process or a file of its run directory is left
+//! behind.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -97,21 +99,49 @@ pub fn given_or_built_image(workspace: &Workspace) -> Result<PathBuf, XtaskError
     build_image(workspace)
 }
 
-/// The live suite: the image, then `qemu-vm`'s live tests in a run directory that must be
-/// empty afterwards, with no QEMU of the run left running.
+/// One live VM suite: what nextest runs, and the name its verdict gives.
+struct VmSuite {
+    /// The suite's name (`vm`, `qemu`).
+    name: &'static str,
+    /// Its live test binaries, as a nextest filter over the shared build.
+    filter: &'static str,
+}
+
+/// `qemu-vm`'s live tests: the driver and the agent.
+const DRIVER: VmSuite = VmSuite {
+    name: "vm",
+    filter: "package(qemu-vm) & binary(/^live_/)",
+};
+
+/// `backend-qemu`'s live tests: its own checks, the conformance suites and the faults.
+const BACKEND: VmSuite = VmSuite {
+    name: "qemu",
+    filter: "package(backend-qemu) & binary(/^live_/)",
+};
+
+/// `cargo xtask e2e vm`: the image, then `qemu-vm`'s live tests.
 pub fn e2e(workspace: &Workspace) -> Result<(), XtaskError> {
+    run_suite(workspace, &DRIVER)
+}
+
+/// `cargo xtask e2e qemu`: the image, then `backend-qemu`'s live tests.
+pub fn e2e_backend(workspace: &Workspace) -> Result<(), XtaskError> {
+    run_suite(workspace, &BACKEND)
+}
+
+/// The image, then `suite`'s live tests in a run directory of its own that must be empty
+/// afterwards, with no QEMU of the run left running; at most two VMs at once (the nextest
+/// test group `vm`).
+fn run_suite(workspace: &Workspace, suite: &VmSuite) -> Result<(), XtaskError> {
     let image = build_image(workspace)?;
     let run_dir = workspace
         .target_dir()
-        .join(format!("vm-e2e-{}", std::process::id()));
+        .join(format!("{}-e2e-{}", suite.name, std::process::id()));
     std::fs::create_dir_all(&run_dir).map_err(|source| XtaskError::Spawn {
         command: format!("mkdir {}", run_dir.display()),
         source,
     })?;
-    let mut command = crate::live::shared_nextest(
-        "(package(qemu-vm) | package(backend-qemu)) \
-         & (binary(live_vm) | binary(live_qemu) | binary(live_conformance))",
-    );
+    let mut command = crate::live::shared_nextest(suite.filter);
     command
         .env("QEMU_VM_IMAGE", &image)
         .env("QEMU_VM_RUN_DIR", &run_dir);
@@ -123,7 +153,7 @@ pub fn e2e(workspace: &Workspace) -> Result<(), XtaskError> {
     let mut left = qemus_under(&run_dir);
     left.extend(crate::live::files_under(&run_dir));
     let left: Vec<&crate::live::EngineObject> = left.iter().collect();
-    let verdict = crate::live::judge_suite("vm", teed, &left, Ok(()));
+    let verdict = crate::live::judge_suite(suite.name, teed, &left, Ok(()));
     if left.is_empty() {
         let _ = std::fs::remove_dir(&run_dir);
     }
