@@ -167,9 +167,13 @@ async fn connections_share_a_vm_one_port_each_and_fail_apart() {
     let during = median(during);
     eprintln!("exec `true`: median {alone:?} alone, {during:?} with two other connections busy");
 
-    // A long call on port 0 while the others work, each call in a cgroup of its own.
+    // A long call on port 0 while the others work, each call in a cgroup of its own. It runs
+    // until the test ends its `sleep` (a fixed sleep could end by itself on a loaded host before
+    // the checks below that it runs on).
     let mut long = a
-        .exec(sh("cat /proc/self/cgroup; sleep 4; echo done"))
+        .exec(sh(
+            "cat /proc/self/cgroup; sleep 3600 & echo $! > /tmp/long.pid; wait; echo done",
+        ))
         .await
         .unwrap();
     let long_cgroup = match long.next_event().await.unwrap() {
@@ -265,7 +269,8 @@ async fn connections_share_a_vm_one_port_each_and_fail_apart() {
     assert_eq!(count(&c, "sleep").await, 1, "port 0's call runs on");
     drop((raw, lock));
 
-    // The long call ends as it would have alone.
+    // The long call ends as it would have alone once its `sleep` ends.
+    out(&c, "kill $(cat /tmp/long.pid)").await;
     let mut stdout = Vec::new();
     let status = loop {
         match long.next_event().await.unwrap() {
