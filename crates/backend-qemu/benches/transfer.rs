@@ -49,7 +49,11 @@ async fn main() {
     let run = Run::new("transfer");
     let backend = backend(&run).await;
     let accel = accel_name(&backend);
-    let spec = SandboxSpec::builder("bench").build().expect("a valid spec");
+    let spec = SandboxSpec::builder("bench")
+        .files_in(backend_qemu::TRANSFER_CEILING)
+        .files_out(backend_qemu::TRANSFER_CEILING)
+        .build()
+        .expect("a valid spec");
     let key = SandboxKey::conversation(SCOPE, "transfer", "bench");
     let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
     // The driver's own connection to the same VM, on another agent port.

@@ -15,7 +15,8 @@ use sandbox_core::storage_base::validate_base;
 use sandbox_core::{
     BackendDeclarations, Capability, DisposalCode, DisposalFailure, DisposeSelector, Egress,
     Isolation, IsolationScope, OsFamily, Sandbox, SandboxBackend, SandboxError, SandboxKey,
-    SandboxLimits, SandboxSpec, SandboxState, SandboxSummary, ScopePurge, DEFAULT_WORK_DIR,
+    SandboxLimits, SandboxSpec, SandboxState, SandboxSummary, ScopePurge, TransferLimits,
+    DEFAULT_WORK_DIR,
 };
 use tokio::sync::Semaphore;
 
@@ -53,8 +54,18 @@ struct QemuHost {
 /// other processes) and for the agent's answer, before the acquire is `Busy`.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Every file capability, closed egress only, POSIX guests, conversation scope, the default
-/// transfer ceilings.
+const MIB: u64 = 1024 * 1024;
+
+/// The transfer ceilings the backend declares (a sandbox's spec chooses its own limits within
+/// them): the agent streams a file in frames, so a 64 MiB file costs the host one copy of it.
+pub const TRANSFER_CEILING: TransferLimits = TransferLimits {
+    max_bytes_per_file: 64 * MIB,
+    max_total_bytes: 256 * MIB,
+    max_files: 256,
+};
+
+/// Every file capability, closed egress only, POSIX guests, conversation scope, the transfer
+/// ceilings above.
 fn declarations() -> BackendDeclarations {
     BackendDeclarations {
         capabilities: BTreeSet::from([
@@ -65,7 +76,10 @@ fn declarations() -> BackendDeclarations {
             Capability::FilesDelete,
             Capability::Reclaim,
         ]),
-        limits: SandboxLimits::default(),
+        limits: SandboxLimits {
+            files_in: TRANSFER_CEILING,
+            files_out: TRANSFER_CEILING,
+        },
         egress_modes: BTreeSet::from([Egress::Closed]),
         os_families: BTreeSet::from([OsFamily::Posix]),
         isolation_scopes: BTreeSet::from([IsolationScope::Conversation]),
@@ -396,7 +410,7 @@ impl SandboxBackend for QemuBackend {
                             record.storage_base
                         )));
                     }
-                    return Ok(shared(sandbox));
+                    return Ok(shared(sandbox.with_files_in(spec.files_in())));
                 }
                 Err(error) if error.kind() == sandbox_core::ErrorKind::Busy => return Err(error),
                 // Its QEMU died, it was retired, or its agent no longer answers: replaced.
@@ -410,7 +424,7 @@ impl SandboxBackend for QemuBackend {
         }
         self.create(&slot, key, spec.kind(), storage_base)
             .await
-            .map(shared)
+            .map(|sandbox| shared(sandbox.with_files_in(spec.files_in())))
     }
 
     async fn find(

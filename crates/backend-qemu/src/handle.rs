@@ -11,7 +11,7 @@ use sandbox_core::backend_kit::{collect_exec, ExecStreamSender, SendRefused};
 use sandbox_core::guest_path::{self, resolve_wd, Access};
 use sandbox_core::{
     EntryKind, ExecChunk, ExecExit, ExecOutput, ExecRequest, ExecStdin, ExecStream, GuestCleanup,
-    Sandbox, SandboxEntry, SandboxError,
+    Sandbox, SandboxEntry, SandboxError, TransferLimits,
 };
 use tokio::io::AsyncReadExt as _;
 
@@ -45,6 +45,13 @@ pub struct QemuSandbox {
 }
 
 impl QemuSandbox {
+    /// The handle with a sandbox's own per-file write limit: its spec's, within the ceiling the
+    /// backend declared (which the router already checked the spec against).
+    pub(crate) fn with_files_in(mut self, limits: TransferLimits) -> Self {
+        self.files_in = self.files_in.min(limits.max_bytes_per_file);
+        self
+    }
+
     async fn stat_kind(&self, path: String) -> Result<Option<EntryKind>, SandboxError> {
         match self.watch(self.agent.stat(path.as_bytes())).await {
             Ok(stat) => Ok(Some(entry_kind(stat.kind))),

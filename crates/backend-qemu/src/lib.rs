@@ -42,7 +42,7 @@ mod fault;
 mod handle;
 mod layout;
 
-pub use backend::QemuBackend;
+pub use backend::{QemuBackend, TRANSFER_CEILING};
 pub use config::{
     default_state_dir, QemuConfig, DEFAULT_CPUS, DEFAULT_MAX_BOOTING, DEFAULT_MEMORY_MIB,
     DEFAULT_NAME_PREFIX,

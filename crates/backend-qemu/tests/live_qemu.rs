@@ -92,6 +92,21 @@ async fn checks(backend: QemuBackend, state: PathBuf) {
         .await
         .unwrap_err();
     assert_eq!(capped.kind(), ErrorKind::TransferCapExceeded);
+    // A write above the sandbox's own per-file limit (its spec's default, 8 MiB, within the
+    // backend's 64 MiB ceiling) is refused before any byte reaches the guest.
+    let own_limit = spec.files_in().max_bytes_per_file;
+    assert!(own_limit < backend_qemu::TRANSFER_CEILING.max_bytes_per_file);
+    let over = vec![0u8; own_limit as usize + 1];
+    let refused = sandbox
+        .write_file("dir/over.bin", &over, ".")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::TransferCapExceeded, "{refused}");
+    assert!(sandbox
+        .stat_file("dir/over.bin", ".")
+        .await
+        .unwrap()
+        .is_none());
     let outside = sandbox
         .read_file("../../etc/passwd", ".", 1 << 20)
         .await
