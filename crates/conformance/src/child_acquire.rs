@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use sandbox_core::{ErrorKind, Sandbox, SandboxError};
+use sandbox_core::{ErrorKind, Sandbox, SandboxBackend, SandboxError, SandboxKey, SandboxSpec};
 
 use crate::error::ConformanceError;
 use crate::hardening::{AcquireOutcome, HARDENING};
@@ -54,6 +54,33 @@ pub fn child_acquire_line(result: &Result<Arc<dyn Sandbox>, SandboxError>) -> St
     match result {
         Ok(sandbox) => format!("ok {} {}", sandbox.instance_id(), sandbox.freshly_created()),
         Err(error) => format!("err {:?}", error.kind()),
+    }
+}
+
+/// The child's side, whole: `n` acquires of `key` with `spec` at once on `backend`, each retrying
+/// `Busy` as the probe's own do ([`crate::acquire_retrying_busy`]), then one
+/// [`child_acquire_line`] per acquire on standard output, in order.
+///
+/// # Panics
+///
+/// When an acquire task panics: the child then exits abnormally, which the hook reports.
+pub async fn print_concurrent_acquires<B>(
+    backend: &B,
+    key: &SandboxKey,
+    spec: &SandboxSpec,
+    n: usize,
+) where
+    B: SandboxBackend + Clone + 'static,
+{
+    let acquires: Vec<_> = (0..n)
+        .map(|_| {
+            let (backend, key, spec) = (backend.clone(), key.clone(), spec.clone());
+            tokio::spawn(async move { crate::acquire_retrying_busy(&backend, &key, &spec).await })
+        })
+        .collect();
+    for acquire in acquires {
+        let result = acquire.await.expect("acquire task");
+        println!("{}", child_acquire_line(&result));
     }
 }
 

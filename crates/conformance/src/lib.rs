@@ -19,8 +19,8 @@
 //!   from `docker` calls the caller runs);
 //! - [`run_backend_suites`]: every file and exec suite against one backend, in the required order, and
 //!   [`RunOptions::expected_probes`], the exact count it reports;
-//! - the acquire-in-child-process protocol of `concurrent-acquires-yield-one` ([`child_acquire_line`],
-//!   [`parse_child_acquires`]).
+//! - the acquire-in-child-process protocol of `concurrent-acquires-yield-one`
+//!   ([`print_concurrent_acquires`], [`child_acquire_line`], [`parse_child_acquires`]).
 //!
 //! What it does not do: it names no backend of this workspace, starts no engine, runs no process and
 //! builds no image; it does not port the program-channel suite (out of scope); EGRESS needs URLs the
@@ -99,7 +99,7 @@ mod suite_runner;
 
 pub use backend_run::{run_backend_suites, RunOptions};
 pub use call_scope::assert_call_scope;
-pub use child_acquire::{child_acquire_line, parse_child_acquires};
+pub use child_acquire::{child_acquire_line, parse_child_acquires, print_concurrent_acquires};
 pub use confinement::{
     assert_call_leaves_nothing, assert_confinement, confinement_call, expect_residue_caught,
     CallFuture,

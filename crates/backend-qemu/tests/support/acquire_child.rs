@@ -39,18 +39,5 @@ async fn main() {
         .work_dir(work_dir)
         .build()
         .expect("spec");
-    let handles: Vec<_> = (0..n)
-        .map(|_| {
-            let backend = backend.clone();
-            let key = key.clone();
-            let spec = spec.clone();
-            tokio::spawn(
-                async move { conformance::acquire_retrying_busy(&backend, &key, &spec).await },
-            )
-        })
-        .collect();
-    for handle in handles {
-        let result = handle.await.expect("acquire task");
-        println!("{}", conformance::child_acquire_line(&result));
-    }
+    conformance::print_concurrent_acquires(&backend, &key, &spec, n).await;
 }

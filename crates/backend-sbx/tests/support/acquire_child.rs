@@ -32,18 +32,5 @@ async fn main() {
         builder = builder.image(image.as_str());
     }
     let spec = builder.build().expect("spec");
-    let acquires: Vec<_> = (0..n)
-        .map(|_| {
-            let backend = backend.clone();
-            let key = key.clone();
-            let spec = spec.clone();
-            tokio::spawn(
-                async move { conformance::acquire_retrying_busy(&backend, &key, &spec).await },
-            )
-        })
-        .collect();
-    for handle in acquires {
-        let result = handle.await.expect("acquire task");
-        println!("{}", conformance::child_acquire_line(&result));
-    }
+    conformance::print_concurrent_acquires(&backend, &key, &spec, n).await;
 }
