@@ -316,19 +316,25 @@ impl BackendState {
     /// container by hand) is the caller's to lift or report.
     pub(crate) async fn wait_out_pause(&self, id: &str) -> Result<PauseWait, SandboxError> {
         let until = tokio::time::Instant::now() + PAUSE_WAIT;
-        let mut waited = PauseWait::NotPaused;
+        let mut waited = false;
         loop {
-            let paused = self
+            let status = self
                 .inspect(id)
                 .await?
-                .is_some_and(|record| record.status() == "paused");
-            if !paused {
-                return Ok(waited);
+                .map(|record| record.status().to_owned());
+            match status.as_deref() {
+                Some("paused") => {}
+                _ if waited => return Ok(PauseWait::Lifted),
+                status => {
+                    return Ok(PauseWait::NotPaused {
+                        running: status == Some("running"),
+                    })
+                }
             }
             if tokio::time::Instant::now() >= until {
                 return Ok(PauseWait::Held);
             }
-            waited = PauseWait::Lifted;
+            waited = true;
             tokio::time::sleep(PAUSE_POLL).await;
         }
     }
@@ -476,8 +482,12 @@ pub(crate) enum Paused {
 /// How [`BackendState::wait_out_pause`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PauseWait {
-    /// The container was not paused.
-    NotPaused,
+    /// The container was not paused when looked at; `running` when it was running (a pause that
+    /// refused a request may have ended between the refusal and the look).
+    NotPaused {
+        /// The container's status was `running`.
+        running: bool,
+    },
     /// It was, and the pause was lifted within the wait.
     Lifted,
     /// It is still paused.

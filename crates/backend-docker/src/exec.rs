@@ -118,6 +118,17 @@ impl OutputSink for CollectSink {
 /// container at once).
 const PAUSES_WAITED_OUT: u32 = 4;
 
+/// Whether an exec the engine refused with a conflict starts again after `waited`: when a pause
+/// was lifted while it waited, and when the container runs already (a pause of one archive upload
+/// can end between the refusal and the look). A container still paused, or not running, keeps
+/// the refusal.
+fn starts_after_conflict(waited: PauseWait) -> bool {
+    matches!(
+        waited,
+        PauseWait::Lifted | PauseWait::NotPaused { running: true }
+    )
+}
+
 /// How far stdin is read ahead of the command: one buffer of this many bytes.
 const STDIN_BUFFER: usize = 256 * 1024;
 
@@ -223,7 +234,10 @@ impl BackendState {
             // it came later.
             if failure.is_conflict()
                 && pauses_waited_out < PAUSES_WAITED_OUT
-                && matches!(self.wait_out_pause(id).await, Ok(PauseWait::Lifted))
+                && self
+                    .wait_out_pause(id)
+                    .await
+                    .is_ok_and(starts_after_conflict)
             {
                 pauses_waited_out += 1;
                 continue;
@@ -793,5 +807,19 @@ mod tests {
             let name = &env.entries()[0].0;
             assert!(error.to_string().contains(name.as_str()), "{error}");
         }
+    }
+
+    #[test]
+    fn a_conflict_starts_again_once_the_container_runs() {
+        // The race CI met: the 409 came from a pause that ended before the wait looked.
+        assert!(starts_after_conflict(PauseWait::NotPaused {
+            running: true
+        }));
+        assert!(starts_after_conflict(PauseWait::Lifted));
+        // Stopped, removed or still paused: the refusal stands.
+        assert!(!starts_after_conflict(PauseWait::NotPaused {
+            running: false
+        }));
+        assert!(!starts_after_conflict(PauseWait::Held));
     }
 }

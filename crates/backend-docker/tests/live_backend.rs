@@ -810,6 +810,47 @@ async fn an_acquire_finding_its_container_paused_leaves_the_pause_to_its_holder(
     paused.assert_nothing_left().await;
 }
 
+/// A refusal for a pause that ends before the backend looks: the exec's create meets the pause,
+/// the pause is lifted while the engine's 409 is on its way, and the wait then finds the
+/// container running. The command starts then, as after any lifted pause (CI once failed
+/// `concurrent-acquires-yield-one` with "the container stayed paused" in exactly this order;
+/// a proxy holding back the create's answer makes it happen every time).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_lifted_before_its_refusal_arrives_still_lets_the_command_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("late-refusal.sock");
+    let _proxy =
+        support::DelayingProxy::start(&socket, "/exec HTTP/1.1", Duration::from_millis(1500));
+    let mut config = support::config(false).await;
+    config.management_env = Some(vec![(
+        "DOCKER_HOST".into(),
+        format!("unix://{}", socket.display()).into(),
+    )]);
+    let late = DockerBackend::connect(config).await.unwrap();
+    let scope = unique_scope("late-refusal");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = late.acquire(&key, &spec(BUSYBOX)).await.unwrap();
+    let id = sandbox.instance_id().to_owned();
+    docker_ok(&["pause", &id]).await;
+    let holder = {
+        let id = id.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            docker_ok(&["unpause", &id]).await
+        })
+    };
+    let output = sandbox
+        .exec(ExecRequest::new(Command::argv(["echo", "after"])).timeout(Duration::from_secs(30)))
+        .await
+        .expect("the command starts once the container runs");
+    assert_eq!(
+        (output.exit_code, output.stdout_text()),
+        (0, "after\n".into())
+    );
+    holder.await.unwrap();
+    assert_nothing_left(&late, &scope, &["t".to_owned()]).await;
+}
+
 /// A command whose deadline passes while it waits out a pause never started: its timeout says
 /// so, nothing is killed, and the sandbox is kept, not retired.
 #[tokio::test(flavor = "multi_thread")]
