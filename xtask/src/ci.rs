@@ -160,14 +160,11 @@ pub const STEPS: &[CiStep] = &[
     // The qemu backend's suite: after the driver's on the same lane, so the two never run more
     // than two guests at once between them (each keeps to its two slots).
     step("e2e qemu", "vm", Run::Xtask(&["e2e", "qemu"])).after(&["vm image", "docs"]),
-    // Judges its leftovers by its own scope prefix and run directory, so the sbx suite may run
-    // beside it; the Docker suite judges by difference and would count its workloads, so it
-    // starts once that suite is done. Its qemu case boots the VM image.
-    step("e2e mcp", "mcp", Run::Xtask(&["e2e", "mcp"])).after(&[
-        "images",
-        "vm image",
-        "e2e docker",
-    ]),
+    // Judges its leftovers by its own scope prefix and run directory, and the Docker suite
+    // leaves its scopes out of its own count, so it runs beside that suite: after the sbx suite
+    // on its lane, so the engine serves at most two suites' workloads at once. Its qemu case
+    // boots the VM image.
+    step("e2e mcp", "sbx", Run::Xtask(&["e2e", "mcp"])).after(&["images", "vm image", "docs"]),
 ];
 
 /// Runs [`STEPS`].

@@ -15,6 +15,10 @@ use crate::process::{capture_in, cargo, tee_in, Workspace};
 /// read back from the engine by it.
 pub(crate) const OWNERSHIP_LABEL: &str = "maf-sandbox.scope";
 
+/// The start of every scope the MCP suite's runs use; no other suite's scope starts with it, and
+/// the Docker suite leaves objects of these scopes out of its count.
+pub(crate) const MCP_SCOPE_PREFIX: &str = "mcp-e2e-";
+
 /// The deadline of each engine listing.
 const LISTING_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -216,9 +220,10 @@ pub(crate) fn sbx(
         source,
     })?;
     // On the simulator, the driver's and the simulator's own live tests run against the same
-    // build; a real `sbx` runs the conformance suites only.
+    // build (their other tests ran in the unit-test step); a real `sbx` runs the conformance
+    // suites only.
     let filter = if simulator {
-        "package(backend-sbx) | package(sbx-cli) | package(sbx-sim)"
+        "(package(backend-sbx) | package(sbx-cli) | package(sbx-sim)) & binary(/^live/)"
     } else {
         "package(backend-sbx) & binary(live_conformance)"
     };
@@ -298,8 +303,9 @@ pub(crate) fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
     let binaries = shared_binaries(workspace)?;
     let sim = binaries.join("sbx-sim");
     let before = engine_objects(workspace)?;
+    // The live test binaries only: the same build's other tests ran in the unit-test step.
     let mut command = shared_nextest(
-        "package(backend-docker) | package(sandboxctl) | package(exec-wrapper) | package(egress-proxy)",
+        "(package(backend-docker) | package(sandboxctl) | package(exec-wrapper) | package(egress-proxy)) & binary(/^live/)",
     );
     command.env("SBX_PATH", &sim);
     let teed = tee_in(workspace.root(), &mut command, |line| {
@@ -437,9 +443,14 @@ pub(crate) struct EngineObject {
 
 /// Containers, networks and volumes carrying the ownership label, and those named like the
 /// backend's objects (workloads and their egress volumes, `maf-sandbox-docker-…`; the egress
-/// test networks, `maf-egress-test-…`), so an unlabelled leftover is caught too.
+/// test networks, `maf-egress-test-…`), so an unlabelled leftover is caught too. Objects of the
+/// MCP suite's scopes are left out: that suite runs beside this one and judges its own.
 fn engine_objects(workspace: &Workspace) -> Result<BTreeSet<EngineObject>, XtaskError> {
     let label = format!("label={OWNERSHIP_LABEL}");
+    let container_row =
+        format!("{{{{.ID}}}}\t{{{{.Names}}}}\t{{{{.Label \"{OWNERSHIP_LABEL}\"}}}}");
+    let network_row = format!("{{{{.ID}}}}\t{{{{.Name}}}}\t{{{{.Label \"{OWNERSHIP_LABEL}\"}}}}");
+    let volume_row = format!("{{{{.Name}}}}\t{{{{.Name}}}}\t{{{{.Label \"{OWNERSHIP_LABEL}\"}}}}");
     let queries: [(&'static str, Vec<&str>); 6] = [
         (
             "container",
@@ -450,7 +461,7 @@ fn engine_objects(workspace: &Workspace) -> Result<BTreeSet<EngineObject>, Xtask
                 "--filter",
                 &label,
                 "--format",
-                "{{.ID}}\t{{.Names}}",
+                &container_row,
             ],
         ),
         (
@@ -462,7 +473,7 @@ fn engine_objects(workspace: &Workspace) -> Result<BTreeSet<EngineObject>, Xtask
                 "--filter",
                 "name=maf-sandbox-docker-",
                 "--format",
-                "{{.ID}}\t{{.Names}}",
+                &container_row,
             ],
         ),
         (
@@ -474,7 +485,7 @@ fn engine_objects(workspace: &Workspace) -> Result<BTreeSet<EngineObject>, Xtask
                 "--filter",
                 &label,
                 "--format",
-                "{{.ID}}\t{{.Name}}",
+                &network_row,
             ],
         ),
         (
@@ -486,19 +497,12 @@ fn engine_objects(workspace: &Workspace) -> Result<BTreeSet<EngineObject>, Xtask
                 "--filter",
                 "name=maf-egress-test-",
                 "--format",
-                "{{.ID}}\t{{.Name}}",
+                &network_row,
             ],
         ),
         (
             "volume",
-            vec![
-                "volume",
-                "ls",
-                "--filter",
-                &label,
-                "--format",
-                "{{.Name}}\t{{.Name}}",
-            ],
+            vec!["volume", "ls", "--filter", &label, "--format", &volume_row],
         ),
         (
             "volume",
@@ -508,7 +512,7 @@ fn engine_objects(workspace: &Workspace) -> Result<BTreeSet<EngineObject>, Xtask
                 "--filter",
                 "name=maf-sandbox-docker-",
                 "--format",
-                "{{.Name}}\t{{.Name}}",
+                &volume_row,
             ],
         ),
     ];
@@ -524,15 +528,19 @@ fn engine_objects(workspace: &Workspace) -> Result<BTreeSet<EngineObject>, Xtask
     Ok(objects)
 }
 
+/// Rows of `ID<TAB>NAME<TAB>SCOPE`; a row whose scope is the MCP suite's is left out.
 fn parse_listing(kind: &'static str, text: &str) -> Vec<EngineObject> {
     text.lines()
-        .filter_map(|line| line.split_once('\t'))
-        .map(|(id, name)| EngineObject {
-            kind,
-            id: id.trim().to_owned(),
-            name: name.trim().to_owned(),
+        .filter_map(|line| {
+            let mut columns = line.split('\t');
+            let (id, name) = (columns.next()?.trim(), columns.next()?.trim());
+            let scope = columns.next().unwrap_or("").trim();
+            (!id.is_empty() && !scope.starts_with(MCP_SCOPE_PREFIX)).then(|| EngineObject {
+                kind,
+                id: id.to_owned(),
+                name: name.to_owned(),
+            })
         })
-        .filter(|object| !object.id.is_empty())
         .collect()
 }
 
@@ -582,5 +590,18 @@ mod tests {
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].id, "bbb");
         assert_eq!(listing(&left), "  container bbb maf-sandbox-docker-2");
+    }
+
+    #[test]
+    fn the_mcp_suites_objects_are_left_out_and_no_other() {
+        let rows = "aaa\tmaf-sandbox-docker-1\tmcp-e2e-41-docker-w0\n\
+                    bbb\tmaf-sandbox-docker-2\tlive-race-7\n\
+                    ccc\tmaf-sandbox-docker-3\t\n\
+                    ddd\tmaf-sandbox-docker-4\tx-mcp-e2e-1\n";
+        let ids: Vec<String> = parse_listing("container", rows)
+            .into_iter()
+            .map(|object| object.id)
+            .collect();
+        assert_eq!(ids, ["bbb", "ccc", "ddd"]);
     }
 }

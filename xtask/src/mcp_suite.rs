@@ -20,8 +20,8 @@
 //!    processes, VM directories and records under the qemu run's directory.
 //!
 //! The leftovers are judged by the run's own prefix and directory, not by difference, so the
-//! suite can share the engine with another suite's run; the Docker suite judges by difference,
-//! so `ci` never runs the two at once.
+//! suite can share the engine with another suite's run; the Docker suite judges by difference and
+//! leaves out every object whose scope starts with [`MCP_SCOPE_PREFIX`], so `ci` runs the two at once.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -32,7 +32,9 @@ use std::time::{Duration, Instant};
 use exec_wrapper::{BoundedCommand, ExitKind, Stream};
 
 use crate::error::XtaskError;
-use crate::live::{build_images, sim_containers_under, EngineObject, OWNERSHIP_LABEL};
+use crate::live::{
+    build_images, sim_containers_under, EngineObject, MCP_SCOPE_PREFIX, OWNERSHIP_LABEL,
+};
 use crate::process::{bounded_runtime, capture_in, seconds, stream_bounded, Workspace};
 
 /// The suite's directory, from the workspace root.
@@ -102,7 +104,7 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         .map(|backend| Run {
             backend,
             dir: run_dir(&base, backend),
-            scope_prefix: format!("mcp-e2e-{}-{backend}", std::process::id()),
+            scope_prefix: format!("{MCP_SCOPE_PREFIX}{}-{backend}", std::process::id()),
         })
         .collect();
     for run in &runs {
