@@ -1,8 +1,8 @@
 //! The sbx backend against the bare CLI and against `confined-fs` alone, on `sbx-sim`, in the
 //! same run and on the same sandbox:
 //!
-//! - `exec echo hi`: `sandbox.exec(["echo", "hi"])` through the wrapper (`enter`, `bind`, `run`)
-//!   against a bare `sbx-sim exec <name> echo hi`. Target: the median of paired per-round ratios
+//! - `exec echo hi`: `sandbox.exec(["echo", "hi"])` through the wrapper (`unshare`, `bind`,
+//!   `run`) against a bare `sbx-sim exec <name> echo hi`. Target: the median of paired per-round ratios
 //!   at most 1.10.
 //! - host-plane file operations: a 4 KiB `write_file` then `read_file` through the backend
 //!   against the same write and read on a `confined-fs` root opened on the same workspace

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use exec_wrapper::{
-    encode_env_file, encode_invocation, namespace_kill_argv, new_nonce, pid_namespace_probe_argv,
+    encode_env_file, namespace_kill_argv, new_nonce, pid_namespace_probe_argv, plain_invocation,
     read_kill_mode_probe, sbx_env_file_name, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv,
     ExitKind, KillFailure, KillOutcome, KillReport, Nonce, SbxMount, WrapperOutcome,
     KILL_OUTPUT_BUDGET,
@@ -336,10 +336,11 @@ impl SbxSandbox {
         }
     }
 
-    /// Starts one command through the wrapper (`enter` / `bind` / `run`), the guest environment
-    /// in a per-call env file in the workspace, never in any argv; `stdin` goes to `sbx exec -i`
-    /// and the output streams as it arrives. A task owns the call: a deadline, output over `cap`
-    /// or a dropped stream runs the kill, which the caller cannot cancel.
+    /// Starts one command through the wrapper (`unshare`, then `bind` / `run`; plain values carried
+    /// as themselves), the guest environment in a per-call env file in the workspace, never in
+    /// any argv; `stdin` goes to `sbx exec -i` and the output streams as it arrives. A task owns
+    /// the call: a deadline, output over `cap` or a dropped stream runs the kill, which the caller
+    /// cannot cancel.
     pub(crate) async fn stream_wrapped(
         &self,
         cwd: &str,
@@ -350,7 +351,7 @@ impl SbxSandbox {
         timeout: Duration,
     ) -> Result<ExecStream, SandboxError> {
         let nonce = new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
-        let invocation = encode_invocation(cwd.as_bytes(), &argv)
+        let invocation = plain_invocation(cwd.as_bytes(), &argv)
             .map_err(|e| SandboxError::invalid(e.to_string()))?;
         let env_file = match env.filter(|env| !env.is_empty()) {
             Some(env) => {
@@ -421,9 +422,9 @@ impl SbxSandbox {
         Ok(stream)
     }
 
-    /// Whether this instance's calls run in their own PID namespace (the wrapper's `enter-pid`
-    /// stage), so a timeout kills every process a command started; asked once per instance with
-    /// the same `unshare` the stage runs. Where the guest cannot make one, calls enter without it
+    /// Whether this instance's calls run in their own PID namespace (the wrapper's PID-namespace
+    /// `unshare`), so a timeout kills every process a command started; asked once per instance with
+    /// the same `unshare` the call starts with. Where the guest cannot make one, calls enter without it
     /// and a timeout kills the command's process group only. A failed probe call is an error,
     /// asked again next time, never a silent downgrade.
     async fn pid_namespace(&self) -> Result<bool, SandboxError> {

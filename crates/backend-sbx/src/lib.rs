@@ -2,7 +2,7 @@
 //!
 //! Scope: [`SbxBackend`] implements the core's [`SandboxBackend`](sandbox_core::SandboxBackend)
 //! over the `sbx` CLI, driven by the typed, bounded `sbx-cli` driver. Commands run through the
-//! exec wrapper's sbx shape (`enter` / `bind` / `run`): each command binds the sandbox's one
+//! exec wrapper's sbx shape (`unshare`, then `bind` / `run`): each command binds the sandbox's one
 //! workspace mount again at the storage base's parent (`/maf-sandbox` by default) inside its own
 //! user and mount namespace, checks the workspace marker, then runs. File operations are answered
 //! on the **host** side of that mount by `confined-fs` (no round trip to the VM); `remove` and

@@ -275,9 +275,9 @@ async fn a_hung_exec_times_out_and_a_kill_that_cannot_land_retires_the_instance_
     let target_key = key(&scope, "target");
     let sandbox = backend.acquire(&target_key, &spec()).await.unwrap();
 
-    // Only this command hangs (matched by its encoded argument): the kill finds no pid file,
-    // so the command never started and the sandbox is kept.
-    let marker = exec_wrapper::encode_arg(b"hung-marker", "marker").unwrap();
+    // Only this command hangs (matched by its argument as the wrapper carries it): the kill
+    // finds no pid file, so the command never started and the sandbox is kept.
+    let marker = exec_wrapper::encode_arg_plain(b"hung-marker", "marker").unwrap();
     host.fault_set(&format!("hung-exec={marker}")).await;
     let started = Instant::now();
     let error = assert_kind(

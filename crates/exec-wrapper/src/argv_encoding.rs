@@ -1,4 +1,5 @@
-//! Base64 behind an `x`: how raw bytes cross every CLI between the host and the guest shell.
+//! Base64 behind an `x`: how raw bytes cross every CLI between the host and the guest shell; and,
+//! for the sbx shape, a plain value as itself behind an `r`.
 //!
 //! The `x` keeps every encoded value non-empty (sbx refuses empty arguments) and survives any CLI
 //! that trims or re-quotes; base64 carries bytes that are not UTF-8 through CLIs that insist on
@@ -37,6 +38,30 @@ pub fn decode_arg(encoded: &str) -> Option<Vec<u8>> {
     STANDARD.decode(body).ok()
 }
 
+/// Whether a value can travel as itself behind an `r` through a CLI that refuses empty arguments
+/// and may trim them or insist on UTF-8 (sbx): no control character (no NUL, newline, DEL or C1
+/// code) and not ending in whitespace. The `r` keeps it non-empty and its start intact.
+fn is_plain(text: &str) -> bool {
+    !text.chars().any(char::is_control)
+        && !text.chars().next_back().is_some_and(char::is_whitespace)
+}
+
+/// Encodes one value as `r` followed by the value itself when it is plain (UTF-8, no control
+/// character, not ending in whitespace), else as [`encode_arg`] does (`x` and base64).
+///
+/// The wrapper's run stage takes an `r` value as it is, with no decoding process, so a plain
+/// argv starts no `base64` in the guest.
+///
+/// # Errors
+///
+/// [`Error::Nul`] when the bytes contain NUL.
+pub fn encode_arg_plain(bytes: &[u8], what: &str) -> Result<String> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) if is_plain(text) => Ok(format!("r{text}")),
+        _ => encode_arg(bytes, what),
+    }
+}
+
 /// A working directory and argv, checked and encoded for the wrapper's positionals 9 and up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EncodedInvocation {
@@ -70,6 +95,26 @@ pub fn encode_invocation<A: AsRef<[u8]>>(cwd: &[u8], argv: &[A]) -> Result<Encod
         .iter()
         .enumerate()
         .map(|(index, arg)| encode_arg(arg.as_ref(), &format!("argv[{index}]")))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(EncodedInvocation { cwd, argv })
+}
+
+/// Checks a working directory and an argv and carries each value as [`encode_arg_plain`] does
+/// (`r<value>` when plain, `x<base64>` otherwise), before any process is started: the sbx shape's
+/// positionals, where a plain call decodes nothing in the guest.
+///
+/// # Errors
+///
+/// [`Error::EmptyArgv`] for an empty argv; [`Error::Nul`] naming the first value with a NUL byte.
+pub fn plain_invocation<A: AsRef<[u8]>>(cwd: &[u8], argv: &[A]) -> Result<EncodedInvocation> {
+    if argv.is_empty() {
+        return Err(Error::empty_argv());
+    }
+    let cwd = encode_arg_plain(cwd, "working directory")?;
+    let argv = argv
+        .iter()
+        .enumerate()
+        .map(|(index, arg)| encode_arg_plain(arg.as_ref(), &format!("argv[{index}]")))
         .collect::<Result<Vec<_>>>()?;
     Ok(EncodedInvocation { cwd, argv })
 }
@@ -249,6 +294,68 @@ mod tests {
         ));
         let none: [&[u8]; 0] = [];
         assert!(matches!(raw_invocation(b"/", &none), Err(Error::EmptyArgv)));
+    }
+
+    #[test]
+    fn plain_values_travel_behind_an_r_and_the_rest_encoded() {
+        let inv = plain_invocation(
+            b"/maf-sandbox/work",
+            &[
+                b"echo".as_slice(),
+                b"",
+                b"--",
+                b"-u",
+                b"two  words",
+                b" leading",
+                b"$(id) 'q' \"d\" \\ * ~",
+                "é ü".as_bytes(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(inv.cwd(), "r/maf-sandbox/work");
+        assert_eq!(
+            inv.argv(),
+            [
+                "recho",
+                "r",
+                "r--",
+                "r-u",
+                "rtwo  words",
+                "r leading",
+                "r$(id) 'q' \"d\" \\ * ~",
+                "ré ü"
+            ]
+        );
+        // Trailing whitespace (ASCII or not), control characters and bytes that are not UTF-8
+        // are encoded.
+        let encoded: [&[u8]; 8] = [
+            b"trailing ",
+            b"tab\t",
+            "nbsp\u{a0}".as_bytes(),
+            b"line\n",
+            b"a\nb",
+            b"del\x7f",
+            "c1\u{85}x".as_bytes(),
+            &[0xff, b'a'],
+        ];
+        for value in encoded {
+            let carried = encode_arg_plain(value, "v").unwrap();
+            assert!(carried.starts_with('x'), "{value:?} -> {carried:?}");
+            assert_eq!(decode_arg(&carried).unwrap(), value);
+        }
+        assert!(matches!(
+            plain_invocation(b"/", &[b"a\0".as_slice()]),
+            Err(Error::Nul { what }) if what == "argv[0]"
+        ));
+        assert!(matches!(
+            plain_invocation(b"/\0", &[b"true"]),
+            Err(Error::Nul { what }) if what == "working directory"
+        ));
+        let none: [&[u8]; 0] = [];
+        assert!(matches!(
+            plain_invocation(b"/", &none),
+            Err(Error::EmptyArgv)
+        ));
     }
 
     #[test]

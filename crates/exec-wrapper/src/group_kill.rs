@@ -21,7 +21,7 @@ pub(crate) const KILL_EXIT_SURVIVOR: i32 = 6;
 /// engine's init).
 pub(crate) const KILL_EXIT_KILLED_TREE: i32 = 10;
 /// Exact kill exit: the call's PID namespace was killed, and with it every process in it (sbx
-/// shape entered at `enter-pid`).
+/// shape in a PID namespace).
 pub(crate) const KILL_EXIT_KILLED_NAMESPACE: i32 = 11;
 
 /// Bound on the kill call's output (64 KiB).

@@ -6,12 +6,15 @@
 //! ## The protocol
 //!
 //! 1. **Encoding.** The working directory and every argv element are raw bytes, sent as `x`
-//!    followed by base64 ([`encode_arg`], [`encode_invocation`]). NUL is refused
-//!    ([`Error::Nul`]), as is an empty argv ([`Error::EmptyArgv`]), before anything runs.
+//!    followed by base64 ([`encode_arg`], [`encode_invocation`]), or, in the sbx shape, as `r`
+//!    followed by the value itself when it is plain text ([`encode_arg_plain`],
+//!    [`plain_invocation`]). NUL is refused ([`Error::Nul`]), as is an empty argv
+//!    ([`Error::EmptyArgv`]), before anything runs.
 //! 2. **Per-call names.** A fresh [`Nonce`] ([`new_nonce`]) names the pid file
 //!    ([`pid_file`]) and cancel file ([`cancel_file`]) of this call only.
-//! 3. **The wrapper** ([`DOCKER_WRAPPER`](scripts::DOCKER_WRAPPER), run stage only; [`SBX_WRAPPER`](scripts::SBX_WRAPPER), `enter` / `bind` /
-//!    `run`) decodes everything (failure: exit 125 with no nonce), enters the working directory
+//! 3. **The wrapper** ([`DOCKER_WRAPPER`](scripts::DOCKER_WRAPPER), run stage only; [`SBX_WRAPPER`](scripts::SBX_WRAPPER), `bind` /
+//!    `run` under the `unshare` its argv starts with) decodes every `x` value (failure: exit 125
+//!    with no nonce), enters the working directory
 //!    (failure: the `<nonce>-nocwd` line and the shell's message, exit 125, no nonce), prints the
 //!    nonce line on stderr, and starts the command with `setsid` in a new session. The command's first shell
 //!    writes its pid (the group id) to the pid file, then runs the command only if no cancel file
@@ -55,7 +58,7 @@
 //!
 //! - What a kill reaches depends on the shape ([`KillMode`], docs/wrapper-protocol.md): the
 //!   Docker init shape ([`docker_init_wrapper_argv`], [`tree_kill_argv`]) kills the call's whole
-//!   subreaper tree, the sbx `enter-pid` shape ([`sbx_pid_namespace_wrapper_argv`],
+//!   subreaper tree, the sbx PID-namespace shape ([`sbx_pid_namespace_wrapper_argv`],
 //!   [`namespace_kill_argv`]) its whole PID namespace; the group shapes reach the command's own
 //!   process group only, which a command leaves with `setsid`, `setpgrp` or a double fork.
 //! - A kill that finds nothing after the host saw the nonce line is not "never started" but
@@ -125,8 +128,8 @@ mod tool_probe;
 mod wrapper_scripts;
 
 pub use argv_encoding::{
-    decode_arg, encode_arg, encode_env_file, encode_invocation, raw_invocation, EncodedInvocation,
-    RawInvocation,
+    decode_arg, encode_arg, encode_arg_plain, encode_env_file, encode_invocation, plain_invocation,
+    raw_invocation, EncodedInvocation, RawInvocation,
 };
 pub use bounded_runner::{
     run_bounded, run_streaming, BoundedCommand, ExitKind, OutputSink, RunOutput, Stream,

@@ -2,8 +2,8 @@
 //! wrapper, naming every tool the wrapper needs that the guest lacks.
 //!
 //! The wrapper cannot report its own missing tools: without `base64` it exits 125 before the
-//! nonce, without `setsid` the command fails with 127 after it, and without `unshare` the sbx
-//! `enter` stage fails before the nonce.
+//! nonce (at the first encoded value), without `setsid` the command fails with 127 after it, and
+//! without `unshare` an sbx call cannot even start its first process.
 
 use crate::bounded_runner::ExitKind;
 use crate::error::{Error, Result};

@@ -1,21 +1,21 @@
 //! The guest-side `sh` scripts, written for this project, and the argv that carries them.
 //!
 //! Every script is plain POSIX `sh` and is checked under dash, BusyBox `sh` and bash. Each is
-//! passed as an `sh -c` body; the wrapper is also passed as `$1`, so the sbx stages can re-run it
-//! under a new `unshare`. Positionals (after `$0 = maf-sbx`):
+//! passed as an `sh -c` body; the wrapper is also passed as `$1`, so the sbx `bind` stage can
+//! re-run it under a new `unshare`. Positionals (after `$0 = maf-sbx`):
 //!
 //! | # | value |
 //! |---|---|
 //! | 1 | the script itself |
-//! | 2 | stage: `enter`, `bind` or `run` |
+//! | 2 | stage: `bind` or `run` |
 //! | 3 | nonce |
 //! | 4 | pid file |
 //! | 5 | parent (where the workspace is bound), or `-` |
 //! | 6 | guest mount (where sbx mounted the workspace), or `-` |
 //! | 7 | marker name, or `-` |
 //! | 8 | env file path under the parent, or `-` |
-//! | 9 | encoded working directory |
-//! | 10… | encoded argv |
+//! | 9 | working directory, `r<value>` or `x<base64>` |
+//! | 10… | argv, each `r<value>` or `x<base64>` |
 
 use crate::argv_encoding::{EncodedInvocation, RawInvocation};
 use crate::bounded_runner::ExitKind;
@@ -33,8 +33,9 @@ pub const WORKSPACE_MARKER: &str = ".maf-sbx-workspace";
 pub(crate) const WRAPPER_FAILURE_EXIT: i32 = 125;
 
 // The `run` stage, shared by both shapes. In order:
-//  1. decode the working directory, the env file (when $8 is not `-`) and the argv; any failure
-//     exits 125 before the nonce. The decoded values are rebuilt in the positionals as
+//  1. decode the working directory, the env file (when $8 is not `-`) and the argv: an `r` value
+//     is taken as it is (no process), an `x` one through `base64 -d`; any failure exits 125
+//     before the nonce. The decoded values are rebuilt in the positionals as
 //     `ENV… - PIDFILE ARGV…`, so no shell variable is read after the env entries are
 //     exported (a caller's `p=…` could not redirect the pid file).
 //  2. cd to the working directory as soon as it is decoded, before the nonce and before any guest
@@ -51,9 +52,14 @@ pub(crate) const WRAPPER_FAILURE_EXIT: i32 = 125;
 macro_rules! run_stage {
     () => {
         r#"d() {
-  case $1 in x*) ;; *) return 1 ;; esac
-  v=$(printf '%s' "${1#x}" | base64 -d && printf x) || return 1
-  v=${v%x}
+  case $1 in
+  r*) v=${1#r} ;;
+  x*)
+    v=$(printf '%s' "${1#x}" | base64 -d && printf x) || return 1
+    v=${v%x}
+    ;;
+  *) return 1 ;;
+  esac
 }
 n=$3 p=$4 e=$8
 shift 8
@@ -108,20 +114,14 @@ exit "$r"
 pub const DOCKER_WRAPPER: &str =
     concat!("case $2 in\nrun) ;;\n*) exit 125 ;;\nesac\n", run_stage!());
 
-/// The sbx shape of the wrapper: `enter` (a private user and mount namespace in which the caller
-/// is root), `bind` (the workspace bound at the parent, the marker checked, the outer uid and gid
-/// read), then `run` under the caller's own uid and gid inside that mount namespace.
+/// The sbx shape of the wrapper: `bind` (the workspace bound at the parent, the marker checked,
+/// the outer uid and gid read), then `run` under the caller's own uid and gid inside that mount
+/// namespace. The call's argv starts with `unshare` itself ([`sbx_wrapper_argv`],
+/// [`sbx_pid_namespace_wrapper_argv`]): the private user and mount namespace in which the caller
+/// is root (and, with the PID namespace, its first process) exists before the first `sh` starts.
 pub const SBX_WRAPPER: &str = concat!(
     r#"s=$1
 case $2 in
-enter)
-  shift 2
-  exec unshare --user --mount --map-root-user -- sh -c "$s" maf-sbx "$s" bind "$@"
-  ;;
-enter-pid)
-  shift 2
-  exec unshare --user --mount --pid --fork --kill-child=KILL --map-root-user -- env -u "maf-sbx-$1" sh -c "$s" maf-sbx "$s" bind "$@"
-  ;;
 bind)
   mount --bind -- "$6" "$5" || exit 125
   if [ ! -e "$5/$7" ]; then
@@ -141,6 +141,24 @@ esac
 "#,
     run_stage!()
 );
+
+/// The `unshare` an sbx call starts with when it has no PID namespace: a private user and mount
+/// namespace in which the caller is root, without any root grant from sbx.
+const SBX_ENTER: [&str; 5] = ["unshare", "--user", "--mount", "--map-root-user", "--"];
+
+/// The `unshare` an sbx call starts with in its own PID namespace, whose first process is the
+/// rest of the call; [`NAMESPACE_KILL_SCRIPT`] recognises it by these words and the `env -u
+/// maf-sbx-<nonce>` after them.
+const SBX_ENTER_PID: [&str; 8] = [
+    "unshare",
+    "--user",
+    "--mount",
+    "--pid",
+    "--fork",
+    "--kill-child=KILL",
+    "--map-root-user",
+    "--",
+];
 
 // The group kill, shared by `KILL_SCRIPT` and, as their fallback, by the exact kills below. It
 // reads the pid file named by `$1`.
@@ -437,6 +455,7 @@ pub const KILL_SCRIPT: &str = group_kill!();
 /// front. The guest env travels in the env file, never here.
 pub fn docker_wrapper_argv(nonce: &Nonce, invocation: &EncodedInvocation) -> Vec<String> {
     wrapper_argv(
+        Vec::new(),
         DOCKER_WRAPPER,
         "run",
         nonce,
@@ -454,11 +473,15 @@ pub struct SbxMount {
     pub guest_mount: String,
 }
 
-/// The argv after `sbx exec <name>`: `sh -c <wrapper> maf-sbx <wrapper> enter <nonce> <pid file>
-/// <parent> <guest mount> .maf-sbx-workspace <env file|-> x<cwd> x<arg>…`.
+/// The argv after `sbx exec <name>`: `unshare --user --mount --map-root-user -- sh -c <wrapper>
+/// maf-sbx <wrapper> bind <nonce> <pid file> <parent> <guest mount> .maf-sbx-workspace <env
+/// file|-> <cwd> <arg>…`, each value as [`crate::plain_invocation`] or
+/// [`crate::encode_invocation`] carries it.
 ///
-/// With `with_env_file`, the env file is `<parent>/.maf-sbx-env-<nonce>`, which the host must have
-/// written (see [`crate::encode_env_file`] and [`sbx_env_file_name`]) before the call.
+/// `unshare` is the call's first process: it makes the namespaces and starts the wrapper's
+/// `bind` stage in them. With `with_env_file`, the env file is `<parent>/.maf-sbx-env-<nonce>`,
+/// which the host must have written (see [`crate::encode_env_file`] and [`sbx_env_file_name`])
+/// before the call.
 ///
 /// # Errors
 ///
@@ -469,14 +492,17 @@ pub fn sbx_wrapper_argv(
     with_env_file: bool,
     invocation: &EncodedInvocation,
 ) -> Result<Vec<String>> {
-    sbx_argv_at("enter", nonce, mount, with_env_file, invocation)
+    let enter = SBX_ENTER.map(str::to_owned).to_vec();
+    sbx_argv(enter, nonce, mount, with_env_file, invocation)
 }
 
-/// As [`sbx_wrapper_argv`], entering at stage `enter-pid`: the outer `unshare` also makes a PID
-/// namespace (`--pid --fork --kill-child=KILL`) whose first process is the rest of the wrapper,
-/// so [`namespace_kill_argv`] ends every process the command starts. Use it once
-/// [`pid_namespace_probe_argv`] has passed in the sandbox; otherwise [`sbx_wrapper_argv`] and the
-/// group kill.
+/// As [`sbx_wrapper_argv`], in a PID namespace of the call's own: `unshare --user --mount --pid
+/// --fork --kill-child=KILL --map-root-user -- env -u maf-sbx-<nonce> sh -c <wrapper> …`. The
+/// rest of the call is the namespace's first process, so [`namespace_kill_argv`] ends every
+/// process the command starts; `env -u maf-sbx-<nonce>` changes nothing but puts the nonce in
+/// the `unshare`'s command line before any newline, where the kill looks for it. Use it once
+/// [`pid_namespace_probe_argv`] has passed in the sandbox; otherwise [`sbx_wrapper_argv`] and
+/// the group kill.
 ///
 /// # Errors
 ///
@@ -487,11 +513,17 @@ pub fn sbx_pid_namespace_wrapper_argv(
     with_env_file: bool,
     invocation: &EncodedInvocation,
 ) -> Result<Vec<String>> {
-    sbx_argv_at("enter-pid", nonce, mount, with_env_file, invocation)
+    let mut enter = SBX_ENTER_PID.map(str::to_owned).to_vec();
+    enter.extend([
+        "env".to_owned(),
+        "-u".to_owned(),
+        format!("maf-sbx-{nonce}"),
+    ]);
+    sbx_argv(enter, nonce, mount, with_env_file, invocation)
 }
 
-fn sbx_argv_at(
-    stage: &str,
+fn sbx_argv(
+    enter: Vec<String>,
     nonce: &Nonce,
     mount: &SbxMount,
     with_env_file: bool,
@@ -513,8 +545,9 @@ fn sbx_argv_at(
         "-".to_owned()
     };
     Ok(wrapper_argv(
+        enter,
         SBX_WRAPPER,
-        stage,
+        "bind",
         nonce,
         [
             mount.parent.clone(),
@@ -590,9 +623,10 @@ pub fn docker_init_probe_argv() -> Vec<String> {
     .to_vec()
 }
 
-/// Once per sandbox, before the first call: can the wrapper's `enter-pid` stage make its
-/// namespaces here? Runs the same `unshare` and `env` as the stage, with `true` as the command;
-/// read it with [`read_kill_mode_probe`].
+/// Once per sandbox, before the first call: can [`sbx_pid_namespace_wrapper_argv`]'s `unshare`
+/// make its namespaces here? Runs the same `unshare` and `env` (from `sh`, so a guest without
+/// `unshare` answers 127 like any missing tool), with `true` as the command; read it with
+/// [`read_kill_mode_probe`].
 pub fn pid_namespace_probe_argv() -> Vec<String> {
     [
         "sh",
@@ -610,14 +644,17 @@ pub fn read_kill_mode_probe(status: ExitKind) -> bool {
     status == ExitKind::Exited(0)
 }
 
+/// `prefix`, then `sh -c <script> maf-sbx <script> <stage> <nonce> <pid file> <placement…>
+/// <cwd> <argv…>`.
 fn wrapper_argv(
+    mut argv: Vec<String>,
     script: &str,
     stage: &str,
     nonce: &Nonce,
     placement: [String; 4],
     invocation: &EncodedInvocation,
 ) -> Vec<String> {
-    let mut argv = Vec::with_capacity(10 + invocation.argv().len());
+    argv.reserve(10 + invocation.argv().len());
     argv.extend(
         [
             "sh",
@@ -744,22 +781,27 @@ mod tests {
     #[test]
     fn sbx_argv_names_the_env_file_under_the_parent() {
         let nonce = Nonce::parse("00112233445566778899aabb").unwrap();
-        let inv = encode_invocation(b"/", &[b"true"]).unwrap();
+        let inv = crate::plain_invocation(b"/", &[b"true"]).unwrap();
         let mount = SbxMount {
             parent: "/maf-sandbox/".into(),
             guest_mount: "/home/agent/ws".into(),
         };
         let argv = sbx_wrapper_argv(&nonce, &mount, true, &inv).unwrap();
+        // `unshare` is the call's first process, and starts the wrapper at `bind`.
+        assert_eq!(argv[..5], SBX_ENTER);
+        let argv = &argv[5..];
+        assert_eq!(argv[..4], ["sh", "-c", SBX_WRAPPER, "maf-sbx"]);
         assert_eq!(argv[4], SBX_WRAPPER);
-        assert_eq!(argv[5], "enter");
+        assert_eq!(argv[5], "bind");
         assert_eq!(argv[8..10], ["/maf-sandbox/", "/home/agent/ws"]);
         assert_eq!(argv[10], ".maf-sbx-workspace");
         assert_eq!(
             argv[11],
             "/maf-sandbox/.maf-sbx-env-00112233445566778899aabb"
         );
+        assert_eq!(argv[12..], ["r/", "rtrue"]);
         let argv = sbx_wrapper_argv(&nonce, &mount, false, &inv).unwrap();
-        assert_eq!(argv[11], "-");
+        assert_eq!(argv[5 + 11], "-");
         let bad = SbxMount {
             parent: "/a\0".into(),
             guest_mount: "/b".into(),
@@ -767,6 +809,40 @@ mod tests {
         assert!(matches!(
             sbx_wrapper_argv(&nonce, &bad, false, &inv),
             Err(Error::Nul { .. })
+        ));
+        assert!(matches!(
+            sbx_pid_namespace_wrapper_argv(&nonce, &bad, false, &inv),
+            Err(Error::Nul { .. })
+        ));
+    }
+
+    #[test]
+    fn the_pid_namespace_argv_puts_the_nonce_before_the_first_newline() {
+        let nonce = Nonce::parse("00112233445566778899aabb").unwrap();
+        let inv = crate::plain_invocation(b"/", &[b"true"]).unwrap();
+        let mount = SbxMount {
+            parent: "/maf-sandbox".into(),
+            guest_mount: "/home/agent/ws".into(),
+        };
+        let argv = sbx_pid_namespace_wrapper_argv(&nonce, &mount, false, &inv).unwrap();
+        assert_eq!(argv[..8], SBX_ENTER_PID);
+        assert_eq!(
+            argv[8..11],
+            ["env", "-u", "maf-sbx-00112233445566778899aabb"]
+        );
+        assert_eq!(argv[11..14], ["sh", "-c", SBX_WRAPPER]);
+        assert_eq!(argv[16], "bind");
+        // The command line as the namespace kill reads it: NULs dropped, up to the first newline.
+        let joined: String = argv.concat();
+        let first_line = joined.split('\n').next().unwrap();
+        assert!(
+            first_line.starts_with(
+                "unshare--user--mount--pid--fork--kill-child=KILL--map-root-user--env-umaf-sbx-00112233445566778899aabb"
+            ),
+            "{first_line}"
+        );
+        assert!(NAMESPACE_KILL_SCRIPT.contains(
+            r#""unshare--user--mount--pid--fork--kill-child=KILL--map-root-user--env-umaf-sbx-$n"*"#
         ));
     }
 
@@ -921,7 +997,7 @@ mod probe_runs {
     }
 
     #[test]
-    fn the_namespace_probe_asks_unshare_for_what_the_enter_pid_stage_needs() {
+    fn the_namespace_probe_asks_unshare_for_what_the_pid_namespace_call_needs() {
         let dir = tempfile::tempdir().unwrap();
         let unshare = stand_in(dir.path(), "unshare", 0);
         let path = format!("{}:{SYSTEM_PATH}", dir.path().display());
@@ -938,15 +1014,29 @@ mod probe_runs {
             guest_mount: "/home/agent/ws".into(),
         };
         let invocation = encode_invocation(b"/", &[b"true"]).unwrap();
-        let stage = sbx_pid_namespace_wrapper_argv(&nonce, &mount, false, &invocation).unwrap();
-        assert_eq!(run(&stage, &path), ExitKind::Exited(0));
-        let stage = recorded(&unshare).expect("the enter-pid stage runs unshare");
+        let call = sbx_pid_namespace_wrapper_argv(&nonce, &mount, false, &invocation).unwrap();
+        // The call starts with `unshare` itself (here the stand-in, by its path).
+        assert_eq!(call[0], "unshare");
+        let answer = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(
+                BoundedCommand::new(&unshare, Duration::from_secs(10))
+                    .args(&call[1..])
+                    .env("PATH", &path)
+                    .run(),
+            )
+            .unwrap()
+            .status;
+        assert_eq!(answer, ExitKind::Exited(0));
+        let stage = recorded(&unshare).expect("the call runs unshare");
 
         // The same namespaces, the same `env -u`, then `true` in place of the wrapper.
         assert_eq!(
             probe[..9],
             stage[..9],
-            "probe {probe:?} and stage {stage:?} disagree"
+            "probe {probe:?} and call {stage:?} disagree"
         );
         assert_eq!(stage[9], "maf-sbx-00112233445566778899aabb");
         assert_eq!(probe[9..], ["maf-sbx-probe", "true"]);

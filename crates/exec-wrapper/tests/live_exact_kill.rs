@@ -7,13 +7,14 @@
 //! like the Docker backend runs its containers (`--init`, no capabilities, no new privileges, a
 //! pids limit, no network). sbx shape: `sbx-sim-shell:local` run as `sbx-sim` runs its
 //! sandboxes (uid 1000, no capabilities but SETFCAP, seccomp and AppArmor unconfined), through
-//! the wrapper's PID-namespace stages. Every container is named `kill-<unique>` and removed.
+//! the wrapper's PID-namespace shape (the call's first process is its `unshare`). Every
+//! container is named `kill-<unique>` and removed.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use exec_wrapper::{
-    docker_init_probe_argv, docker_init_wrapper_argv, encode_invocation, namespace_kill_argv,
-    new_nonce, nonce_line_seen, parse_run_output, pid_namespace_probe_argv, raw_invocation,
+    docker_init_probe_argv, docker_init_wrapper_argv, namespace_kill_argv, new_nonce,
+    nonce_line_seen, parse_run_output, pid_namespace_probe_argv, plain_invocation, raw_invocation,
     read_kill_mode_probe, sbx_pid_namespace_wrapper_argv, tree_kill_argv, BoundedCommand, Error,
     KillMode, KillOutcome, KillReport, Nonce, RunOutput, SbxMount, WrapperOutcome,
 };
@@ -131,7 +132,7 @@ impl Shape {
                     guest_mount: SBX_WORKSPACE.into(),
                 },
                 false,
-                &encode_invocation(b"/", argv).unwrap(),
+                &plain_invocation(b"/", argv).unwrap(),
             )
             .unwrap(),
         }

@@ -1,8 +1,9 @@
-//! The full sbx shape of the wrapper (`enter`, `bind`, `run`) run for real on this host, as an
-//! unprivileged caller, exactly as the sbx backend runs it inside the VM (everything from `sh`
-//! onward): a private user and mount namespace, the workspace bound at the storage base's
-//! parent, the marker check, then the command under the caller's own uid and gid. Every case
-//! runs under dash and bash (see [`shells`] for why not BusyBox).
+//! The full sbx shape of the wrapper (`unshare`, then the `bind` and `run` stages) run for real on
+//! this host, as an unprivileged caller, exactly as the sbx backend runs it inside the VM
+//! (everything from the call's first process, `unshare`, onward): a private user and mount
+//! namespace, the workspace bound at the storage base's parent, the marker check, then the command
+//! under the caller's own uid and gid. Every case runs under dash and bash (see [`shells`] for why
+//! not BusyBox).
 //!
 //! These tests need unprivileged user namespaces and util-linux `unshare` with
 //! `--map-user`/`--map-group` (2.38 or later). Without them every test here fails with a message
@@ -18,9 +19,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use exec_wrapper::{
-    encode_env_file, encode_invocation, new_nonce, parse_run_output, pid_file, sbx_env_file_name,
-    sbx_wrapper_argv, BoundedCommand, ExitKind, Nonce, SbxMount, WrapperOutcome, WrapperOutput,
-    WORKSPACE_MARKER,
+    encode_env_file, encode_invocation, new_nonce, parse_run_output, pid_file, plain_invocation,
+    sbx_env_file_name, sbx_wrapper_argv, BoundedCommand, EncodedInvocation, ExitKind, Nonce,
+    SbxMount, WrapperOutcome, WrapperOutput, WORKSPACE_MARKER,
 };
 
 const BOUND: Duration = Duration::from_secs(20);
@@ -98,8 +99,8 @@ fn required(name: &str) -> PathBuf {
 
 const SYSTEM_PATH: &str = "/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// One shell under test, with a bin directory whose `sh` is that shell (so every stage's re-run
-/// of the script, and the command's inner shell, use it too).
+/// One shell under test, with a bin directory whose `sh` is that shell (so the `unshare` the call
+/// starts with, every stage's re-run of the script, and the command's inner shell use it too).
 struct Shell {
     name: &'static str,
     program: PathBuf,
@@ -217,7 +218,7 @@ impl Site {
     }
 
     /// Fails (never skips) with a clear message when this host cannot give the caller the
-    /// namespaces the `enter` and `bind` stages need.
+    /// namespaces the call's `unshare` and its `bind` stage need.
     fn require_namespaces(&self) {
         let probe = format!(
             "unshare --user --mount --map-root-user -- \
@@ -237,7 +238,7 @@ impl Site {
             other => panic!(
                 "unprivileged user namespaces are unavailable to uid {} on this host, or util-linux \
                  `unshare` lacks --map-user/--map-group (2.38 or later is needed): the sbx wrapper's \
-                 enter and bind stages cannot run. Check user.max_user_namespaces, \
+                 unshare and bind stage cannot run. Check user.max_user_namespaces, \
                  kernel.unprivileged_userns_clone and AppArmor's \
                  kernel.apparmor_restrict_unprivileged_userns. Probe result: {}",
                 self.caller.uid,
@@ -247,6 +248,7 @@ impl Site {
     }
 
     /// Runs the real sbx argv under `shell`, as the caller, and reads it with the crate's parser.
+    /// Every value travels as the backend carries it ([`plain_invocation`]).
     async fn run(
         &self,
         shell: &Shell,
@@ -256,21 +258,38 @@ impl Site {
         cwd: &[u8],
         argv: &[&[u8]],
     ) -> WrapperOutcome {
-        let invocation = encode_invocation(cwd, argv).unwrap();
+        let invocation = plain_invocation(cwd, argv).unwrap();
+        self.run_invocation(shell, nonce, guest_mount, with_env_file, &invocation)
+            .await
+    }
+
+    /// As [`Site::run`], with the values carried as `invocation` carries them.
+    async fn run_invocation(
+        &self,
+        shell: &Shell,
+        nonce: &Nonce,
+        guest_mount: &Path,
+        with_env_file: bool,
+        invocation: &EncodedInvocation,
+    ) -> WrapperOutcome {
         let mount = SbxMount {
             parent: self.parent_str().to_owned(),
             guest_mount: guest_mount.to_str().unwrap().to_owned(),
         };
-        let argv = sbx_wrapper_argv(nonce, &mount, with_env_file, &invocation).unwrap();
-        assert_eq!(argv[0], "sh", "the guest argv starts with sh");
+        let argv = sbx_wrapper_argv(nonce, &mount, with_env_file, invocation).unwrap();
+        assert_eq!(argv[0], "unshare", "the guest argv starts with unshare");
+        let sh = argv.iter().position(|arg| arg == "sh").unwrap();
         assert_eq!(
-            argv[5], "enter",
-            "the real sbx argv starts at the enter stage"
+            argv[sh + 5],
+            "bind",
+            "the real sbx argv starts the wrapper at the bind stage"
         );
         let args = argv[1..].iter().map(OsString::from).collect::<Vec<_>>();
+        // By name, as `sbx exec` starts it (found on the shell's `PATH`).
+        required("unshare");
         let output = self
             .caller
-            .command(&shell.program, args)
+            .command(Path::new("unshare"), args)
             .env("PATH", &shell.path)
             .env("LANG", "C.UTF-8")
             .run()
@@ -503,6 +522,63 @@ fn stdout_stderr_and_the_exit_status_pass_through_exactly() {
     site.assert_host_parent_unchanged();
 }
 
+/// Plain values travel as themselves behind an `r` and the rest as `x`-base64, and every one
+/// reaches the command byte for byte; an all-encoded call (as the Docker group shape carries
+/// values) reaches it the same.
+#[test]
+fn every_argv_value_arrives_exactly_whether_plain_or_encoded() {
+    let site = Site::new();
+    let values: [&[u8]; 10] = [
+        b"",
+        b"--",
+        b"-u",
+        b"r",
+        b"x",
+        b"xZWNobw==",
+        b"two  words ",
+        b"line\n\n",
+        &[0xff, 0xfe, b'a'],
+        b"$(touch /tmp/exec-wrapper-sbx-pwned) 'q' \"d\" *",
+    ];
+    let mut argv: Vec<&[u8]> = vec![b"printf".as_slice(), b"%s\\0"];
+    argv.extend(values);
+    let expected: Vec<u8> = values
+        .iter()
+        .flat_map(|v| [*v, b"\0".as_slice()].concat())
+        .collect();
+    let plain = plain_invocation(b"/", &argv).unwrap();
+    let kinds: String = plain.argv()[2..].iter().map(|value| &value[..1]).collect();
+    assert_eq!(kinds, "rrrrrrxxxr", "{:?}", plain.argv());
+    let encoded = encode_invocation(b"/", &argv).unwrap();
+    for shell in &site.shells {
+        for (how, invocation) in [("plain", &plain), ("encoded", &encoded)] {
+            let nonce = new_nonce().unwrap();
+            let outcome = runtime().block_on(site.run_invocation(
+                shell,
+                &nonce,
+                &site.workspace,
+                false,
+                invocation,
+            ));
+            let output = ran(shell, outcome);
+            assert_eq!(
+                (output.status, text(&output.stderr)),
+                (0, "".into()),
+                "{}: {how}",
+                shell.name
+            );
+            assert!(
+                output.stdout == expected,
+                "{}: {how}: argv changed on the way: {:?}",
+                shell.name,
+                text(&output.stdout)
+            );
+        }
+    }
+    assert!(!Path::new("/tmp/exec-wrapper-sbx-pwned").exists());
+    site.assert_nothing_mounted();
+}
+
 #[test]
 fn a_workspace_without_the_marker_is_unmounted_and_the_command_never_runs() {
     let site = Site::new();
@@ -670,12 +746,12 @@ fn alive(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
-/// The `enter-pid` stage runs the command in its own PID namespace, and the namespace kill, run
+/// The PID-namespace call runs the command in its own PID namespace, and the namespace kill, run
 /// as the same caller from outside, ends every process in it: a double-fork `setsid` daemon, a
 /// `nohup` job and the command itself. The wrapper runs under `setsid -w`, so the runner's own
 /// group kill at the deadline reaches only that `setsid`, as a host-side client's would.
 #[test]
-fn the_namespace_kill_ends_every_process_of_an_enter_pid_call() {
+fn the_namespace_kill_ends_every_process_of_a_pid_namespace_call() {
     let site = Site::new();
     let setsid = required("setsid");
     for (index, shell) in site.shells.iter().enumerate() {
@@ -686,15 +762,17 @@ fn the_namespace_kill_ends_every_process_of_an_enter_pid_call() {
             m = marker.replacen("sleep", "sleep ", 1)
         );
         let invocation =
-            encode_invocation(b"/", &[b"sh".as_slice(), b"-c", script.as_bytes()]).unwrap();
+            plain_invocation(b"/", &[b"sh".as_slice(), b"-c", script.as_bytes()]).unwrap();
         let mount = SbxMount {
             parent: site.parent_str().to_owned(),
             guest_mount: site.workspace.to_str().unwrap().to_owned(),
         };
         let argv = exec_wrapper::sbx_pid_namespace_wrapper_argv(&nonce, &mount, false, &invocation)
             .unwrap();
-        assert_eq!(argv[5], "enter-pid");
-        let mut args: Vec<OsString> = vec!["-w".into(), shell.program.clone().into()];
+        assert_eq!(argv[..4], ["unshare", "--user", "--mount", "--pid"]);
+        // By name, as `sbx exec` starts it: the kill knows the `unshare` by its command line.
+        required("unshare");
+        let mut args: Vec<OsString> = vec!["-w".into(), "unshare".into()];
         args.extend(argv[1..].iter().map(OsString::from));
         let call = runtime().block_on(
             site.caller
@@ -748,10 +826,10 @@ fn the_namespace_kill_ends_every_process_of_an_enter_pid_call() {
     }
 }
 
-/// On a host where the `enter-pid` stage runs (above), the namespace probe passes for the same
+/// On a host where the PID-namespace call runs (above), the namespace probe passes for the same
 /// caller: the real `unshare` takes the options the probe asks for.
 #[test]
-fn the_namespace_probe_passes_where_the_enter_pid_stage_runs() {
+fn the_namespace_probe_passes_where_the_pid_namespace_call_runs() {
     let site = Site::new();
     for shell in &site.shells {
         let argv = exec_wrapper::pid_namespace_probe_argv();

@@ -9,9 +9,10 @@ use std::time::Duration;
 use common::{shells, Shell};
 use exec_wrapper::{
     cancel_file, docker_wrapper_argv, encode_arg, encode_env_file, encode_invocation, kill_argv,
-    new_nonce, parse_run_output, pid_file, read_tool_probe, sbx_env_file_name, sbx_wrapper_argv,
-    tool_probe_argv, ExitKind, KillFailure, KillOutcome, Nonce, SbxMount, ToolProbeOutcome,
-    WrapperOutcome, WrapperOutput, DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
+    new_nonce, parse_run_output, pid_file, plain_invocation, read_tool_probe, sbx_env_file_name,
+    sbx_wrapper_argv, tool_probe_argv, EncodedInvocation, ExitKind, KillFailure, KillOutcome,
+    Nonce, SbxMount, ToolProbeOutcome, WrapperOutcome, WrapperOutput, DOCKER_TOOLS,
+    KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
 };
 use proptest::prelude::*;
 
@@ -26,6 +27,40 @@ async fn run_docker_shape(shell: &Shell, cwd: &[u8], argv: &[Vec<u8>]) -> (Nonce
         .unwrap_or_else(|e| panic!("{}: runner failed: {e}", shell.name));
     let outcome = parse_run_output(output, &nonce);
     (nonce, outcome)
+}
+
+/// The sbx argv from its `sh` on, entered at the `run` stage: the `unshare` the call starts with
+/// and the `bind` stage need namespaces; the run stage is what both shapes share.
+fn sbx_run_stage(
+    nonce: &Nonce,
+    parent: &str,
+    with_env_file: bool,
+    invocation: &EncodedInvocation,
+) -> Vec<String> {
+    let mount = SbxMount {
+        parent: parent.to_owned(),
+        guest_mount: "-".into(),
+    };
+    let argv = sbx_wrapper_argv(nonce, &mount, with_env_file, invocation).unwrap();
+    assert_eq!(argv[0], "unshare");
+    let sh = argv.iter().position(|arg| arg == "sh").unwrap();
+    let mut argv = argv[sh..].to_vec();
+    assert_eq!(argv[5], "bind");
+    argv[5] = "run".into();
+    argv
+}
+
+async fn run_sbx_run_stage(shell: &Shell, cwd: &[u8], argv: &[Vec<u8>]) -> WrapperOutcome {
+    let nonce = new_nonce().unwrap();
+    let invocation = plain_invocation(cwd, argv).unwrap();
+    let output = shell
+        .run(
+            &sbx_run_stage(&nonce, "/nonexistent-parent", false, &invocation),
+            BOUND,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}: runner failed: {e}", shell.name));
+    parse_run_output(output, &nonce)
 }
 
 fn ran(shell: &Shell, outcome: WrapperOutcome) -> WrapperOutput {
@@ -95,6 +130,74 @@ proptest! {
             prop_assert!(output.stdout == expected, "{}: argv changed on the way", shell.name);
         }
         prop_assert!(!std::path::Path::new("/tmp/exec-wrapper-pwned").exists());
+    }
+
+    /// The same through the sbx run stage, each value carried plain (`r`) or encoded (`x`) as
+    /// the sbx backend carries it, and the working directory too.
+    #[test]
+    fn arbitrary_argv_round_trips_plain_or_encoded(
+        args in prop::collection::vec(argv_element(), 0..8),
+        cwd in prop::sample::select(vec!["/", "/tmp", "/tmp/", "//tmp/."]),
+    ) {
+        let rt = runtime();
+        let shells = shells();
+        let mut argv = vec![b"printf".to_vec(), b"%s\\0".to_vec(), b"start".to_vec()];
+        argv.extend(args.iter().cloned());
+        let mut expected = b"start\0".to_vec();
+        for arg in &args {
+            expected.extend_from_slice(arg);
+            expected.push(0);
+        }
+        for shell in &shells {
+            let outcome = rt.block_on(run_sbx_run_stage(shell, cwd.as_bytes(), &argv));
+            let output = ran(shell, outcome);
+            prop_assert_eq!(output.status, 0, "{}: {:?}", shell.name, String::from_utf8_lossy(&output.stderr));
+            prop_assert!(output.stderr.is_empty(), "{}: stderr {:?}", shell.name, String::from_utf8_lossy(&output.stderr));
+            prop_assert!(output.stdout == expected, "{}: argv changed on the way", shell.name);
+        }
+        prop_assert!(!std::path::Path::new("/tmp/exec-wrapper-pwned").exists());
+    }
+}
+
+/// A plain working directory is entered without decoding, and one that cannot be entered is
+/// still "not started", whichever way it travels.
+#[tokio::test]
+async fn the_sbx_run_stage_enters_a_plain_working_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("a dir");
+    std::fs::create_dir(&plain).unwrap();
+    for shell in shells() {
+        let outcome = run_sbx_run_stage(
+            &shell,
+            plain.to_str().unwrap().as_bytes(),
+            &[b"pwd".to_vec()],
+        )
+        .await;
+        let output = ran(&shell, outcome);
+        assert_eq!(
+            output.stdout,
+            format!("{}\n", plain.display()).into_bytes(),
+            "{}",
+            shell.name
+        );
+        for cwd in ["/no/such/dir", "/no/such dir"] {
+            let outcome = run_sbx_run_stage(&shell, cwd.as_bytes(), &[b"true".to_vec()]).await;
+            common::assert_not_started(shell.name, &outcome, cwd);
+        }
+        // Neither an `r` nor an `x` value: a wrapper failure before the nonce.
+        let nonce = new_nonce().unwrap();
+        let invocation = plain_invocation(b"/", &[b"true"]).unwrap();
+        let mut argv = sbx_run_stage(&nonce, "/nonexistent-parent", false, &invocation);
+        argv.push("unprefixed".into());
+        let output = shell.run(&argv, BOUND).await.unwrap();
+        assert!(
+            matches!(
+                parse_run_output(output, &nonce),
+                WrapperOutcome::NoNonce { status: 125, .. }
+            ),
+            "{}",
+            shell.name
+        );
     }
 }
 
@@ -289,13 +392,7 @@ async fn sbx_run_stage_exports_env_entries_verbatim_and_deletes_the_env_file() {
         );
         let invocation =
             encode_invocation(b"/", &[b"sh".as_slice(), b"-c", script.as_bytes()]).unwrap();
-        let mount = SbxMount {
-            parent: parent_str.clone(),
-            guest_mount: "-".into(),
-        };
-        let mut argv = sbx_wrapper_argv(&nonce, &mount, true, &invocation).unwrap();
-        // The enter and bind stages need namespaces; the run stage is what both shapes share.
-        argv[5] = "run".into();
+        let argv = sbx_run_stage(&nonce, &parent_str, true, &invocation);
         let output = shell.run(&argv, BOUND).await.unwrap();
         let output = ran(&shell, parse_run_output(output, &nonce));
         assert_eq!(
@@ -359,12 +456,7 @@ async fn a_bad_env_file_is_a_wrapper_failure() {
         ] {
             std::fs::write(&env_file, &body).unwrap();
             let invocation = encode_invocation(b"/", &[b"true"]).unwrap();
-            let mount = SbxMount {
-                parent: parent.path().to_str().unwrap().into(),
-                guest_mount: "-".into(),
-            };
-            let mut argv = sbx_wrapper_argv(&nonce, &mount, true, &invocation).unwrap();
-            argv[5] = "run".into();
+            let argv = sbx_run_stage(&nonce, parent.path().to_str().unwrap(), true, &invocation);
             let output = shell.run(&argv, BOUND).await.unwrap();
             assert!(
                 matches!(

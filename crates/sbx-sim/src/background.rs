@@ -81,8 +81,8 @@ pub const SHELL_IMAGE: &str = "sbx-sim-shell:local";
 /// Checks a template has both shells (sbx's kit starts through `/bin/sh` and `/bin/bash`).
 const KIT_CHECK: &str = "test -x /bin/sh && test -x /bin/bash";
 
-/// Proves user namespaces work for the exec user when `unshare` exists (the exec wrapper's
-/// `enter` stage needs `unshare --user --mount`).
+/// Proves user namespaces work for the exec user when `unshare` exists (every call of the exec
+/// wrapper's sbx shape starts with `unshare --user --mount`).
 const USERNS_CHECK: &str =
     "command -v unshare >/dev/null 2>&1 || exit 0; unshare --user --mount --map-root-user true";
 
