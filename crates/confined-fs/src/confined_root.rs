@@ -189,15 +189,32 @@ impl ConfinedRoot {
     /// over `path`: whatever stood there (a file, a link) is replaced, never written through. A
     /// directory at `path` is [`Error::IsADirectory`]. On failure the temporary file is removed.
     pub fn write(&self, path: impl AsRef<Path>, contents: &[u8]) -> Result<(), Error> {
-        let path = self.parse(path.as_ref())?;
+        self.write_leaf(path.as_ref(), contents, AtLink::Replace)
+    }
+
+    /// As [`ConfinedRoot::write`], except that a link standing at `path` is refused
+    /// ([`Error::Confinement`], [`ConfinementReason::Link`]) and left as it is, for a caller whose
+    /// rule is that a write never goes through a link, not even to replace it. The check is the
+    /// lstat the write makes anyway, so it costs no system call; a link swapped in after it is
+    /// still replaced by the rename, never written through.
+    pub fn write_unless_link(&self, path: impl AsRef<Path>, contents: &[u8]) -> Result<(), Error> {
+        self.write_leaf(path.as_ref(), contents, AtLink::Refuse)
+    }
+
+    fn write_leaf(&self, path: &Path, contents: &[u8], at_link: AtLink) -> Result<(), Error> {
+        let path = self.parse(path)?;
         let Some(leaf) = path.parts().len().checked_sub(1) else {
             return Err(is_a_directory(path.shown()));
         };
         let walk = self.walk(&path, Operation::Write);
         let parent = walk.open_existing_dirs(leaf, true)?;
         if let Some(metadata) = walk.lstat_entry(&parent, leaf)? {
-            if entry_kind(&metadata) == EntryKind::Directory {
-                return Err(is_a_directory(path.shown()));
+            match entry_kind(&metadata) {
+                EntryKind::Directory => return Err(is_a_directory(path.shown())),
+                EntryKind::Symlink if at_link == AtLink::Refuse => {
+                    return Err(confinement(path.shown(), ConfinementReason::Link))
+                }
+                _ => {}
             }
         }
         let (temp_name, mut temp) = create_temp(&parent).map_err(|error| walk.io(leaf, error))?;
@@ -305,6 +322,15 @@ impl ConfinedRoot {
             operation,
         }
     }
+}
+
+/// What a write does with a link standing at its target.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AtLink {
+    /// Replaces it (the rename), never writing through it.
+    Replace,
+    /// Refuses the write and leaves it.
+    Refuse,
 }
 
 /// Why the root could not be opened.

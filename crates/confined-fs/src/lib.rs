@@ -66,7 +66,8 @@
 //!   and refuses a file over the cap whole, reading at most one byte past it.
 //! - `write` writes a fresh exclusive, no-follow temporary file (0600 on Unix) beside the
 //!   target and renames it over the target: what stood there (a file, a link) is replaced,
-//!   never written through.
+//!   never written through. `write_unless_link` refuses a link found there instead, from the
+//!   same lstat.
 //! - `remove` removes the name relative to the held parent (`remove_file_or_symlink`, which
 //!   also removes a Windows directory link as a link); a recursive remove descends through
 //!   no-follow opens and removes links as links.

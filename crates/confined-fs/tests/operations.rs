@@ -338,6 +338,56 @@ fn write_creates_private_directories_and_replaces_what_stood_there() {
 }
 
 #[test]
+fn write_unless_link_refuses_a_link_at_the_target_and_leaves_it() {
+    let layout = Layout::new();
+    let root = &layout.root;
+    root.write("d/inside", b"inside").unwrap();
+    symlink(layout.outside.join("canary"), layout.host("d/out")).unwrap();
+    symlink("inside", layout.host("d/in")).unwrap();
+    symlink("nowhere", layout.host("d/dangling")).unwrap();
+    for link in ["d/out", "d/in", "d/dangling"] {
+        assert!(
+            matches!(
+                root.write_unless_link(link, b"x"),
+                Err(Error::Confinement { reason: ConfinementReason::Link, ref path }) if path == link
+            ),
+            "{link}"
+        );
+        assert!(
+            fs::symlink_metadata(layout.host(link))
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "{link} is left a link"
+        );
+    }
+    assert_eq!(fs::read(layout.host("d/inside")).unwrap(), b"inside");
+    // Everything else is written as `write` writes it: new parents, a new file, a replaced
+    // file, a directory refused; a link on the way is refused as by every operation.
+    root.write_unless_link("d/new/f", b"1").unwrap();
+    root.write_unless_link("d/inside", b"2").unwrap();
+    assert_eq!(fs::read(layout.host("d/new/f")).unwrap(), b"1");
+    assert_eq!(fs::read(layout.host("d/inside")).unwrap(), b"2");
+    assert!(matches!(
+        root.write_unless_link("d/new", b"x"),
+        Err(Error::IsADirectory { .. })
+    ));
+    assert_eq!(
+        reason(root.write_unless_link("d/in/x", b"x")),
+        ConfinementReason::Link
+    );
+    // `write` itself still replaces a link.
+    root.write("d/in", b"3").unwrap();
+    assert!(fs::symlink_metadata(layout.host("d/in")).unwrap().is_file());
+    // No temporary file is left behind.
+    assert_eq!(
+        layout.root_names("d"),
+        ["dangling", "in", "inside", "new", "out"]
+    );
+    layout.assert_outside_untouched();
+}
+
+#[test]
 fn make_dirs_creates_every_missing_level_and_keeps_existing_ones() {
     let layout = Layout::new();
     let root = &layout.root;
