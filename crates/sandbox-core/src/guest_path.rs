@@ -544,13 +544,7 @@ pub enum Access {
 impl Access {
     /// The name check, then the stats this access needs.
     fn prepare(self, path: &str, wd: &str) -> Result<(String, Vec<(String, Role)>), SandboxError> {
-        let resolved = confine(path, wd)?;
-        if matches!(self, Access::Write | Access::Delete) && resolved == norm(wd) {
-            return Err(SandboxError::confinement(
-                path,
-                "the working directory itself is never written or removed",
-            ));
-        }
+        let resolved = self.resolve(path, wd)?;
         let steps = match self {
             Access::Write => plan(&resolved, wd, false, true),
             Access::Read | Access::Delete => plan(&resolved, wd, false, false),
@@ -577,6 +571,41 @@ impl Access {
     {
         let (resolved, steps) = self.prepare(path, wd)?;
         walk_sync(stat, &steps, path)?;
+        Ok(resolved)
+    }
+
+    /// The name checks of [`Access::check`] alone, with no stat: [`confine`], then the working
+    /// directory itself refused where this access refuses it. Returns the resolved path.
+    ///
+    /// Only for a backend whose file operation walks every component of the resolved path
+    /// itself, one name at a time from a held directory, never following a link and refusing a
+    /// link or a non-directory on the way (`confined-fs`, under the sbx host plane): the stats of
+    /// [`Access::check`] would only repeat that walk. Such a backend still owns the one rule a
+    /// walk of the parents does not give: a [`Access::Write`] never goes through a link standing
+    /// at the target.
+    ///
+    /// # Errors
+    ///
+    /// As [`Access::check`] before its first stat: [`SandboxError::InvalidArgument`] for a path
+    /// out of bounds, [`SandboxError::Confinement`] for a path outside `wd` or the working
+    /// directory itself where this access refuses it.
+    ///
+    /// ```
+    /// use sandbox_core::guest_path::Access;
+    /// use sandbox_core::ErrorKind;
+    /// assert_eq!(Access::Write.resolve("sub/new", "/w").unwrap(), "/w/sub/new");
+    /// assert_eq!(Access::Write.resolve(".", "/w").unwrap_err().kind(), ErrorKind::Confinement);
+    /// assert_eq!(Access::List.resolve(".", "/w").unwrap(), "/w");
+    /// assert_eq!(Access::Read.resolve("../x", "/w").unwrap_err().kind(), ErrorKind::Confinement);
+    /// ```
+    pub fn resolve(self, path: &str, wd: &str) -> Result<String, SandboxError> {
+        let resolved = confine(path, wd)?;
+        if matches!(self, Access::Write | Access::Delete) && resolved == norm(wd) {
+            return Err(SandboxError::confinement(
+                path,
+                "the working directory itself is never written or removed",
+            ));
+        }
         Ok(resolved)
     }
 
@@ -648,6 +677,55 @@ mod tests {
             ("/srv/w/link", L),
             ("/srv/w/file", F),
         ])
+    }
+
+    /// `resolve` is `check` without its stats: the same resolved path, or the same refusal, for
+    /// every access, wherever the stats would have accepted.
+    #[test]
+    fn resolve_is_check_without_the_stats() {
+        let accesses = [Access::Write, Access::Read, Access::List, Access::Delete];
+        let cases = [
+            ("f", "/w"),
+            ("sub/f", "/w"),
+            ("./sub/../f", "/w/"),
+            (".", "/w"),
+            ("", "/w"),
+            ("sub/..", "/w"),
+            ("..", "/w"),
+            ("../x", "/w"),
+            ("/w/f", "/w"),
+            ("/etc/passwd", "/w"),
+            ("a\\b", "/w"),
+            ("a\0b", "/w"),
+            ("f", "w/rel"),
+        ];
+        for access in accesses {
+            for (path, wd) in cases {
+                // Every stat finds nothing: the first one accepts, as a fresh path would.
+                let checked = access.check(|_| Ok(None), path, wd);
+                let resolved = access.resolve(path, wd);
+                match (&checked, &resolved) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "{access:?} {path:?} {wd:?}"),
+                    (Err(a), Err(b)) => {
+                        assert_eq!(a.kind(), b.kind(), "{access:?} {path:?} {wd:?}");
+                        assert_eq!(a.to_string(), b.to_string());
+                    }
+                    _ => panic!("{access:?} {path:?} {wd:?}: {checked:?} against {resolved:?}"),
+                }
+            }
+        }
+        assert_eq!(
+            Access::Delete.resolve(".", "/w").unwrap_err().kind(),
+            ErrorKind::Confinement
+        );
+        assert_eq!(Access::Read.resolve(".", "/w").unwrap(), "/w");
+        assert_eq!(
+            Access::Read
+                .resolve(&"d/".repeat(300), "/w")
+                .unwrap_err()
+                .kind(),
+            ErrorKind::InvalidArgument
+        );
     }
 
     #[test]
