@@ -542,8 +542,10 @@ impl Sandbox for SbxSandbox {
         }
         let plane = self.plane.clone();
         let (path, content) = (path.to_owned(), content.to_vec());
+        // The core's name checks only: the plane's own walk is the link and kind check (see
+        // `HostPlane`), and its write refuses a link at the target.
         blocking(move || {
-            let target = Access::Write.check(|p| plane.lstat_kind(p), &path, &wd)?;
+            let target = Access::Write.resolve(&path, &wd)?;
             plane.write(&target, &content)
         })
         .await
@@ -555,7 +557,7 @@ impl Sandbox for SbxSandbox {
         let plane = self.plane.clone();
         let path = path.to_owned();
         blocking(move || {
-            let resolved = Access::Read.check(|p| plane.lstat_kind(p), &path, &wd)?;
+            let resolved = Access::Read.resolve(&path, &wd)?;
             Ok(plane
                 .lstat(&resolved)?
                 .map(|stat| SandboxEntry::new(reported(&resolved, &wd), stat.kind, stat.size)))
@@ -575,7 +577,7 @@ impl Sandbox for SbxSandbox {
         let plane = self.plane.clone();
         let path = path.to_owned();
         blocking(move || {
-            let resolved = Access::Read.check(|p| plane.lstat_kind(p), &path, &wd)?;
+            let resolved = Access::Read.resolve(&path, &wd)?;
             plane.read(&resolved, cap)
         })
         .await
@@ -587,7 +589,7 @@ impl Sandbox for SbxSandbox {
         let plane = self.plane.clone();
         let path = path.to_owned();
         blocking(move || {
-            let directory = Access::List.check(|p| plane.lstat_kind(p), &path, &wd)?;
+            let directory = Access::List.resolve(&path, &wd)?;
             let shown_directory = reported(&directory, &wd);
             // A name no guest path can address (not UTF-8, or holding a backslash) is shown
             // escaped, never left out.
@@ -610,7 +612,7 @@ impl Sandbox for SbxSandbox {
         let plane = self.plane.clone();
         let path = path.to_owned();
         let checked = blocking(move || {
-            let target = Access::Delete.check(|p| plane.lstat_kind(p), &path, &wd)?;
+            let target = Access::Delete.resolve(&path, &wd)?;
             let stat = plane.lstat(&target)?;
             Ok((target, stat))
         })

@@ -6,6 +6,13 @@
 //! A guest path above `guest_root` (such as `/`) is a directory the plane does not reach; any
 //! other path outside it is a confinement refusal.
 //!
+//! That walk is the core's link and kind check for the file methods: every operation refuses a
+//! link on the way (`Confinement`) and a non-directory on the way (`NotADirectory`), finds a
+//! missing parent missing, and a write refuses a link at its target. So the handle applies only
+//! the core's name checks (`Access::resolve`) before it: the core's stat of each component
+//! (`Access::check`), each a walk from the root of its own, would repeat the walk the operation
+//! makes anyway, holding each directory open as it goes.
+//!
 //! Every method is blocking: call it on the blocking pool.
 
 use sandbox_core::guest_path;
@@ -142,7 +149,7 @@ mod confined {
             }))
         }
 
-        /// The kind alone, for the core's path-check bundles.
+        /// The kind alone, for the storage base's planner.
         pub(crate) fn lstat_kind(&self, guest: &str) -> Result<Option<EntryKind>, SandboxError> {
             Ok(self.lstat(guest)?.map(|s| s.kind))
         }
@@ -170,11 +177,12 @@ mod confined {
             }
         }
 
-        /// Writes exact bytes (temp file + rename), creating missing parents 0700.
+        /// Writes exact bytes (temp file + rename), creating missing parents 0700. A link at the
+        /// target is refused (`Confinement`), never written through or replaced.
         pub(crate) fn write(&self, guest: &str, bytes: &[u8]) -> Result<(), SandboxError> {
             let relative = self.target(guest, "writes")?;
             self.root
-                .write(&relative, bytes)
+                .write_unless_link(&relative, bytes)
                 .map_err(|e| mapped(guest, "write", e))
         }
 
@@ -326,6 +334,45 @@ mod tests {
             plane.lstat("/maf-sandbox/work/etc").unwrap().unwrap().kind,
             EntryKind::Symlink
         );
+        // A write never goes through a link, nor replaces one; a link on the way is refused too.
+        assert_eq!(
+            plane
+                .write("/maf-sandbox/work/etc", b"x")
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Confinement
+        );
+        assert_eq!(
+            plane
+                .write("/maf-sandbox/work/etc/new", b"x")
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Confinement
+        );
+        assert!(std::fs::symlink_metadata(ws.join("work/etc"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        // A file where a directory must be, on the way of a write, a read and a stat.
+        assert_eq!(
+            plane
+                .write("/maf-sandbox/work/a.txt/x", b"x")
+                .unwrap_err()
+                .kind(),
+            ErrorKind::NotADirectory
+        );
+        assert_eq!(
+            plane
+                .read("/maf-sandbox/work/a.txt/x", 10)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::NotADirectory
+        );
+        assert_eq!(
+            plane.lstat("/maf-sandbox/work/a.txt/x").unwrap_err().kind(),
+            ErrorKind::NotADirectory
+        );
+        assert_eq!(plane.lstat("/maf-sandbox/work/no/x").unwrap(), None);
         let listing = plane.list("/maf-sandbox/work").unwrap();
         let names: Vec<&[u8]> = listing.iter().map(|(n, _)| n.as_slice()).collect();
         assert_eq!(names, [&b"a.txt"[..], b"etc"]);
