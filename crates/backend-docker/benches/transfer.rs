@@ -12,7 +12,7 @@ mod support;
 use std::path::Path;
 
 use backend_docker::defaults::TRANSFER_CEILING;
-use sandbox_core::{Sandbox, SandboxSpec};
+use sandbox_core::{Command, ExecRequest, Sandbox, SandboxSpec};
 use support::{
     backend, docker, docker_with_stdin, paired, round_robin, Metric, SideBySide, Target,
 };
@@ -69,11 +69,18 @@ async fn main() {
 }
 
 /// 64 MiB in and out; returns whether both targets are met. Each round also times the raw
-/// CLI's own exec legs (`docker exec -i … cat >`, `docker exec … cat`) and the read's engine
-/// checks alone (`stat_file` of the same path: the same ancestor walk and leaf stat), so the
-/// report shows where the difference from `docker cp` comes from.
+/// CLI's own exec legs (`docker exec -i … cat >`, `docker exec … cat`), the engine checks alone
+/// (`stat_file` of the same path: the same ancestor walk and leaf stat) and, for the write, one
+/// bare API `PUT` of the same file's tar (built before the round) into the sandbox's own
+/// container, so the report shows where the difference from `docker cp` comes from.
 async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
     let data = payload(BIG, 0x5eed);
+    let api = bollard::Docker::connect_with_unix_defaults()
+        .expect("a client of the default socket")
+        .negotiate_version()
+        .await
+        .expect("the engine answers");
+    let bare_tar = guest_tar(sandbox, "big.bin", &data).await;
     let source = host.join("big.bin");
     std::fs::write(&source, &data).expect("the host file is written");
     let source = source.to_str().expect("a UTF-8 temp path").to_owned();
@@ -84,6 +91,14 @@ async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
     let mut write = Metric::new("64 MiB write", Target::AtMost(1.0));
     let mut exec_in = Metric::new(
         "64 MiB in, raw docker exec -i vs raw docker cp",
+        Target::ReportedOnly,
+    );
+    let mut bare_in = Metric::new(
+        "64 MiB in, one bare API PUT of the tar vs raw docker cp",
+        Target::ReportedOnly,
+    );
+    let mut write_checks = Metric::new(
+        "64 MiB write's engine checks alone (stat_file) vs raw docker cp",
         Target::ReportedOnly,
     );
     for round in 0..BIG_WARMUP + BIG_ROUNDS {
@@ -115,12 +130,31 @@ async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
                     )
                     .await;
                 }),
+                Box::pin(async {
+                    let options = bollard::query_parameters::UploadToContainerOptionsBuilder::new()
+                        .path(support::BASE)
+                        .no_overwrite_dir_non_dir("true")
+                        .build();
+                    api.upload_to_container(
+                        sandbox.instance_id(),
+                        Some(options),
+                        bollard::body_full(bare_tar.clone()),
+                    )
+                    .await
+                    .expect("the bare PUT");
+                }),
+                Box::pin(async {
+                    let entry = sandbox.stat_file("big.bin", ".").await.expect("stat_file");
+                    assert!(entry.is_some());
+                }),
             ],
         )
         .await;
         if round >= BIG_WARMUP {
             write.push((times[0], times[1]));
             exec_in.push((times[2], times[1]));
+            bare_in.push((times[3], times[1]));
+            write_checks.push((times[4], times[1]));
         }
     }
 
@@ -175,10 +209,41 @@ async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
     }
     let write_ok = write.report();
     exec_in.report();
+    bare_in.report();
+    write_checks.report();
     let read_ok = read.report();
     exec_out.report();
     checks.report();
     write_ok && read_ok
+}
+
+/// A tar of one file `name` holding `data`, owned by the sandbox's guest user with mode 0644, as
+/// the backend's write uploads it (built in memory, outside any timing).
+async fn guest_tar(sandbox: &dyn Sandbox, name: &str, data: &[u8]) -> bytes::Bytes {
+    let output = sandbox
+        .exec(ExecRequest::new(Command::argv([
+            "sh",
+            "-c",
+            "id -u; id -g",
+        ])))
+        .await
+        .expect("id runs");
+    let text = output.stdout_text();
+    let mut ids = text
+        .split_whitespace()
+        .map(|n| n.parse::<u64>().expect("an id"));
+    let (uid, gid) = (ids.next().expect("a uid"), ids.next().expect("a gid"));
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_mode(0o644);
+    header.set_uid(uid);
+    header.set_gid(gid);
+    header.set_size(data.len() as u64);
+    let mut builder = tar::Builder::new(Vec::with_capacity(data.len() + 4096));
+    builder
+        .append_data(&mut header, name, data)
+        .expect("the tar is built");
+    builder.into_inner().expect("the tar ends").into()
 }
 
 /// 1 KiB write, read and stat at depth 3, each against one raw `docker exec`; returns whether
