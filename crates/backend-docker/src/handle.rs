@@ -227,13 +227,23 @@ impl Sandbox for DockerSandbox {
                 limit,
             });
         }
+        // The walk (every ancestor and the target, a few at a time) and the target's full stat
+        // run together, and the target is stated once: the walk reads the same answer. Each
+        // answer is kept for the upload point's search below.
+        let target = guest_path::confine(path, &wd)?;
+        let target_stat = tokio::sync::OnceCell::new();
+        let stat_target = || target_stat.get_or_try_init(|| self.stat(&target));
         let seen = std::sync::Mutex::new(std::collections::HashMap::new());
-        let target = Access::Write
-            .check_async(
+        let (checked, stat) = tokio::join!(
+            Access::Write.check_async(
                 |p| {
-                    let seen = &seen;
+                    let (seen, target, stat_target) = (&seen, &target, &stat_target);
                     async move {
-                        let kind = self.stat_kind(p.clone()).await?;
+                        let kind = if p == *target {
+                            stat_target().await?.map(|s| s.kind)
+                        } else {
+                            self.stat_kind(p.clone()).await?
+                        };
                         seen.lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .insert(p, kind);
@@ -242,10 +252,12 @@ impl Sandbox for DockerSandbox {
                 },
                 path,
                 &wd,
-            )
-            .await?;
+            ),
+            stat_target()
+        );
+        let target = checked?;
         let seen = seen.into_inner().unwrap_or_else(|e| e.into_inner());
-        match self.stat(&target).await? {
+        match stat? {
             Some(TarStat {
                 kind: EntryKind::Directory,
                 ..
