@@ -97,6 +97,10 @@ async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
         "64 MiB in, one bare API PUT of the tar vs raw docker cp",
         Target::ReportedOnly,
     );
+    let mut over_bare = Metric::new(
+        "64 MiB write vs one bare API PUT of the tar",
+        Target::ReportedOnly,
+    );
     let mut write_checks = Metric::new(
         "64 MiB write's engine checks alone (stat_file) vs raw docker cp",
         Target::ReportedOnly,
@@ -154,6 +158,7 @@ async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
             write.push((times[0], times[1]));
             exec_in.push((times[2], times[1]));
             bare_in.push((times[3], times[1]));
+            over_bare.push((times[0], times[3]));
             write_checks.push((times[4], times[1]));
         }
     }
@@ -210,6 +215,7 @@ async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
     let write_ok = write.report();
     exec_in.report();
     bare_in.report();
+    over_bare.report();
     write_checks.report();
     let read_ok = read.report();
     exec_out.report();
