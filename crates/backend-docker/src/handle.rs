@@ -3,8 +3,9 @@
 //! Every file method checks its path with the core's bundle first, walking the ancestors with the
 //! engine-side stat (the archive `HEAD`: unconfined, no-follow, never answered by the guest), so
 //! a refused path moves no data. Reads and writes then go through the archive endpoints (one
-//! `GET` streamed through the strict tar parser, one `PUT` of a tar built in memory, owned by the
-//! guest user); listing and removal act with the guest's own authority through the wrapper.
+//! `GET` streamed through the strict tar parser, one `PUT` of a tar streamed from its header, the
+//! caller's bytes and its end, owned by the guest user); listing and removal act with the guest's
+//! own authority through the wrapper.
 //!
 //! What the archive endpoints do not give: the engine acts inside the container's root with more
 //! authority than a non-root guest, so a guest that swaps a checked component for a link between
@@ -296,10 +297,15 @@ impl Sandbox for DockerSandbox {
         let relative = |p: &str| guest_path::relative_to(p, &at).unwrap_or_else(|| p.to_owned());
         let missing: Vec<String> = missing.iter().map(|m| relative(m)).collect();
         let (uid, gid) = self.guest_ids().await?;
-        let archive =
-            crate::archive::write_archive(&missing, &relative(&target), content, uid, gid)?;
+        let archive = crate::archive::write_archive(
+            &missing,
+            &relative(&target),
+            content.len() as u64,
+            uid,
+            gid,
+        )?;
         self.state
-            .put_archive(&self.id, &at, archive)
+            .put_write_archive(&self.id, &at, archive, content)
             .await
             .map_err(|error| match error {
                 SandboxError::Engine { detail, .. }

@@ -36,7 +36,7 @@
 //!
 //! | method | check | act |
 //! |---|---|---|
-//! | `write_file` | write bundle + leaf stat | one archive `PUT` of a tar built in memory: the missing parents and the file, owned by the guest user |
+//! | `write_file` | write bundle + leaf stat | one archive `PUT` of a tar streamed as the body (headers, the bytes in slices, the end): the missing parents and the file, owned by the guest user |
 //! | `read_file` | read bundle + leaf stat (kind, size cap) | one archive `GET`, its first header judged again before any data is kept, at most the cap held |
 //! | `stat_file` | read bundle + leaf stat | nothing: the engine answers |
 //! | `list_dir` | list bundle (the directory itself walked) | one-level listing script as the guest, links listed as links |

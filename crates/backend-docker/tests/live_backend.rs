@@ -557,6 +557,122 @@ async fn missing_paths_with_spaces_are_absent_never_engine_failures() {
     assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
 }
 
+/// Bytes that do not compress to nothing (xorshift).
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut bytes = Vec::with_capacity(len + 8);
+    while bytes.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        bytes.extend_from_slice(&state.to_le_bytes());
+    }
+    bytes.truncate(len);
+    bytes
+}
+
+/// A write larger than one body slice is streamed: every byte lands (a size that is no whole
+/// number of slices or tar blocks), under missing parents whose names, like the file's, need GNU
+/// long names, all owned by the guest with the archive's modes; a second write replaces it; the
+/// refusals still come before any data moves.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_streamed_write_lands_every_byte_owned_by_the_guest() {
+    use sha2::Digest as _;
+    let backend = backend(false).await;
+    let scope = unique_scope("streamed-write");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = backend.acquire(&key, &spec(BASE)).await.unwrap();
+    let ids = run(sandbox.as_ref(), &["sh", "-c", "echo $(id -u):$(id -g)"]).await;
+    let owner = ids.stdout_text().trim().to_owned();
+    let work = sandbox.storage_base().to_owned();
+    let outer = "o".repeat(120);
+    let inner = format!("{outer}/{}", "i".repeat(110));
+    let file = format!("{inner}/{}.bin", "f".repeat(150));
+    let first = noise(5 * 1024 * 1024 + 333, 7);
+    sandbox.write_file(&file, &first, ".").await.unwrap();
+    let hash = |bytes: &[u8]| format!("{:x}", sha2::Sha256::digest(bytes));
+    let described = run(
+        sandbox.as_ref(),
+        &[
+            "sh",
+            "-c",
+            r#"cd "$1" && stat -c '%u:%g %a %F' "$2" "$3" && stat -c '%u:%g %a %s' "$4" && sha256sum <"$4""#,
+            "sh",
+            &work,
+            &outer,
+            &inner,
+            &file,
+        ],
+    )
+    .await;
+    assert_eq!(
+        described.stdout_text(),
+        format!(
+            "{owner} 755 directory\n{owner} 755 directory\n{owner} 644 {}\n{}  -\n",
+            first.len(),
+            hash(&first)
+        ),
+        "{described:?}"
+    );
+    let second = noise(3 * 1024 * 1024 + 1, 11);
+    sandbox.write_file(&file, &second, ".").await.unwrap();
+    assert!(sandbox.read_file(&file, ".", 1 << 26).await.unwrap() == second);
+
+    // Refused before any data moves, whatever the size.
+    let onto_directory = sandbox.write_file(&inner, &first, ".").await.unwrap_err();
+    assert_eq!(
+        onto_directory.kind(),
+        ErrorKind::IsADirectory,
+        "{onto_directory}"
+    );
+    run(
+        sandbox.as_ref(),
+        &["ln", "-s", "/tmp/elsewhere", &format!("{work}/link")],
+    )
+    .await;
+    let onto_link = sandbox.write_file("link", &first, ".").await.unwrap_err();
+    assert_eq!(onto_link.kind(), ErrorKind::Confinement, "{onto_link}");
+    let through_link = sandbox
+        .write_file("link/f.bin", &first, ".")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        through_link.kind(),
+        ErrorKind::Confinement,
+        "{through_link}"
+    );
+    let outside = sandbox
+        .write_file("../outside.bin", &first, ".")
+        .await
+        .unwrap_err();
+    assert_eq!(outside.kind(), ErrorKind::Confinement, "{outside}");
+    let over = sandbox
+        .write_file("over.bin", &vec![0; 64 * 1024 * 1024 + 1], ".")
+        .await
+        .unwrap_err();
+    assert_eq!(over.kind(), ErrorKind::TransferCapExceeded, "{over}");
+    // Nothing landed: the base holds the first write's tree and the link, the link's target and
+    // the path outside were never made.
+    let left = run(
+        sandbox.as_ref(),
+        &[
+            "sh",
+            "-c",
+            r#"ls -A "$1"; test -e /tmp/elsewhere || echo no-target; test -e "$1/../outside.bin" || echo no-outside"#,
+            "sh",
+            &work,
+        ],
+    )
+    .await;
+    assert_eq!(
+        left.stdout_text(),
+        format!("link\n{outer}\nno-target\nno-outside\n"),
+        "{left:?}"
+    );
+    drop(sandbox);
+    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn refused_reads_leave_no_wrapper_files_in_the_guest() {
     let backend = backend(false).await;
