@@ -12,12 +12,10 @@ use sandbox_core::{
 use tokio::time::Instant;
 
 use crate::config::{check_image_reference, Resources};
-use crate::connection::quote;
 use crate::containers::{paused_too_long, ContainerShape, Created, Lifecycle, PauseWait, Paused};
 use crate::egress::EgressPlan;
 use crate::egress_names::{keep_alive_with_forwarder, volume_name, LABEL_EGRESS_V1};
-use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
-use crate::guest_scripts::{BASE_EXIT_FALLBACK, BASE_SCRIPT};
+use crate::exec::{GuestBase, GuestCall, GuestEnd, SMALL_BUDGET};
 use crate::handle::DockerSandbox;
 use crate::ownership_labels::{workload_labels, ContainerRecord, Verdict};
 use crate::state::{bounded_join, BackendState, Remembered, WarmEntry};
@@ -123,8 +121,9 @@ enum Step {
     /// The container cannot serve (retired, failed to start, in a state that cannot serve):
     /// remove it, then create.
     Replace(String),
-    /// Serve this container, prepared as its arrival needs.
-    Finish(String, Arrival),
+    /// Serve this container, prepared as its arrival needs; one this call created comes with its
+    /// inspect, still to be verified.
+    Finish(String, Arrival, Option<Box<ContainerRecord>>),
 }
 
 /// What an acquire carries from one step to the next.
@@ -189,21 +188,39 @@ impl BackendState {
                     progress.past_adopt_deadline(&plan.name, true, self)?;
                     Step::Create
                 }
-                Step::Finish(id, arrival) => return self.finish(&plan, &id, arrival).await,
+                Step::Finish(id, arrival, created) => {
+                    return self.finish(&plan, &id, arrival, created).await
+                }
             };
         }
     }
 
-    /// [`Step::Create`]: the egress checks and proxy once, then one create.
+    /// [`Step::Create`]: the egress check once, the OS re-check and the image presence check, all
+    /// three at once (none changes anything); the proxy once; then one create.
     async fn create_step(
         self: &Arc<Self>,
         plan: &Plan<'_>,
         progress: &mut Progress,
     ) -> Result<Step, SandboxError> {
-        if !progress.egress_checked {
-            self.refuse_other_egress(plan).await?;
-            progress.egress_checked = true;
+        if progress.replacements > MAX_REPLACEMENTS {
+            return Err(SandboxError::engine(format!(
+                "container {} kept disappearing while it was being acquired",
+                plan.name
+            )));
         }
+        let egress = async {
+            if progress.egress_checked {
+                Ok(())
+            } else {
+                self.refuse_other_egress(plan).await
+            }
+        };
+        let (egress, os, image) =
+            tokio::join!(egress, self.recheck_os(), self.ensure_image(&plan.image));
+        egress?;
+        progress.egress_checked = true;
+        os?;
+        image?;
         if !progress.proxy_ready {
             if let Err(error) = self.ensure_plan_proxy(plan).await {
                 // No workload: nothing is served by what the attempt made.
@@ -211,12 +228,6 @@ impl BackendState {
                 return Err(error);
             }
             progress.proxy_ready = true;
-        }
-        if progress.replacements > MAX_REPLACEMENTS {
-            return Err(SandboxError::engine(format!(
-                "container {} kept disappearing while it was being acquired",
-                plan.name
-            )));
         }
         progress.replacements += 1;
         let created = match self.create(plan).await {
@@ -230,7 +241,7 @@ impl BackendState {
             }
         };
         Ok(match created {
-            Created::Id(id) => Step::Finish(id, Arrival::Created),
+            Created::Id(id, record) => Step::Finish(id, Arrival::Created, Some(record)),
             Created::Conflict(text) => {
                 progress.last_conflict = text;
                 progress.adopted = true;
@@ -274,7 +285,7 @@ impl BackendState {
                         return Ok(Served::Warm(existing.id));
                     }
                 }
-                Step::Finish(existing.id, arrival)
+                Step::Finish(existing.id, arrival, None)
             }
             "paused" => {
                 self.forget_warm(&existing.id);
@@ -283,7 +294,7 @@ impl BackendState {
                 if self.wait_out_pause(&existing.id).await? == PauseWait::Held {
                     self.lifecycle(Lifecycle::Unpause, &existing.id).await?;
                 }
-                Step::Finish(existing.id, Arrival::Revived)
+                Step::Finish(existing.id, Arrival::Revived, None)
             }
             "created" | "exited" => {
                 self.forget_warm(&existing.id);
@@ -297,7 +308,7 @@ impl BackendState {
                 } else {
                     Arrival::Revived
                 };
-                Step::Finish(existing.id, arrival)
+                Step::Finish(existing.id, arrival, None)
             }
             other => {
                 tracing::info!(container = %existing.id, state = other, "replacing a container that cannot serve");
@@ -390,6 +401,7 @@ impl BackendState {
         plan: &Plan<'_>,
         id: &str,
         arrival: Arrival,
+        created: Option<Box<ContainerRecord>>,
     ) -> Result<Arc<DockerSandbox>, SandboxError> {
         let fresh = arrival == Arrival::Created;
         // A container this call created is removed on any failure, even if the caller drops us.
@@ -404,7 +416,7 @@ impl BackendState {
                 }
             })
         });
-        let result = self.prepare(plan, id, arrival).await;
+        let result = self.prepare(plan, id, arrival, created.as_deref()).await;
         match result {
             Ok(base_ready) => {
                 if let Some(guard) = discard.as_mut() {
@@ -433,35 +445,47 @@ impl BackendState {
         }
     }
 
+    /// Verifies what this call created (from the inspect made while it started), then the one
+    /// guest call (the tool probe and the storage base as the guest), then the base's engine-side
+    /// walk and, where the guest could not create it, the engine-side fallback, alongside the
+    /// egress preflight when configured.
     async fn prepare(
         self: &Arc<Self>,
         plan: &Plan<'_>,
         id: &str,
         arrival: Arrival,
+        created: Option<&ContainerRecord>,
     ) -> Result<bool, SandboxError> {
-        if arrival == Arrival::Created {
-            let record = self.inspect(id).await?.ok_or_else(|| {
-                SandboxError::engine(format!(
-                    "container {id} vanished right after it was created"
-                ))
-            })?;
-            self.verify_for(plan, &record)?;
+        if let Some(record) = created {
+            self.verify_for(plan, record)?;
         }
-        self.probe_tools(id, &plan.image).await?;
-        if plan.needs_base {
-            self.prepare_base(id, &plan.base, arrival).await?;
+        let base = plan.needs_base.then_some(plan.base.as_str());
+        if let (Some(base), Arrival::Adopted) = (base, arrival) {
+            self.await_adopted_base(id, base).await?;
         }
-        if self.config.verify_egress && arrival == Arrival::Created {
-            crate::egress_preflight::verify(self, id, plan.egress.as_ref()).await?;
-        }
+        let guest = self.prepare_guest(id, &plan.image, base).await?;
+        // The base and the egress preflight touch nothing of each other: both at once.
+        let settled = async {
+            match base {
+                Some(base) => self.settle_base(id, base, arrival, guest).await,
+                None => Ok(()),
+            }
+        };
+        let preflight = async {
+            if self.config.verify_egress && arrival == Arrival::Created {
+                crate::egress_preflight::verify(self, id, plan.egress.as_ref()).await
+            } else {
+                Ok(())
+            }
+        };
+        let (settled, preflight) = tokio::join!(settled, preflight);
+        settled?;
+        preflight?;
         Ok(plan.needs_base)
     }
 
-    /// Creates and starts the container, after the OS re-check and the image presence check.
+    /// Creates and starts the container (the OS re-check and the image presence check passed).
     async fn create(self: &Arc<Self>, plan: &Plan<'_>) -> Result<Created, SandboxError> {
-        let (os, image) = tokio::join!(self.recheck_os(), self.ensure_image(&plan.image));
-        os?;
-        image?;
         // This create's mark: a container the engine makes after our create gave up (its
         // deadline passed, or the acquire was dropped) is found by it and removed, and only then.
         let mark = exec_wrapper::new_nonce()
@@ -537,80 +561,56 @@ impl BackendState {
         })
     }
 
-    /// The storage base: walk it with the engine stat; create the missing suffix as the guest, else
-    /// engine-side owned by the guest; re-walk; the guest must be able to write it.
-    async fn prepare_base(
+    /// Another process created this container a moment ago and may be preparing the same base:
+    /// while the engine-side walk finds it missing, give that process the adopt budget before
+    /// doing it a second time.
+    async fn await_adopted_base(&self, id: &str, base: &str) -> Result<(), SandboxError> {
+        let until = Instant::now() + self.config.command_timeout;
+        let mut missing = self.plan_base(id, base).await?;
+        while !missing.is_empty() && Instant::now() < until {
+            tokio::time::sleep(ADOPT_POLL).await;
+            missing = self.plan_base(id, base).await?;
+        }
+        Ok(())
+    }
+
+    /// The storage base after the guest's attempt: walked with the engine stat (the guest's word
+    /// is never taken for a component's kind). Where the guest created it, the walk must find it
+    /// whole; where it could not, the missing suffix is created engine-side owned by the guest,
+    /// walked again, and must pass `test -w` as the guest, both at once.
+    async fn settle_base(
         self: &Arc<Self>,
         id: &str,
         base: &str,
         arrival: Arrival,
+        guest: GuestBase,
     ) -> Result<(), SandboxError> {
         let mut missing = self.plan_base(id, base).await?;
-        if !missing.is_empty() && arrival == Arrival::Adopted {
-            // Another process created this container a moment ago and is preparing the same base:
-            // give it the adopt budget before doing it a second time.
-            let until = Instant::now() + self.config.command_timeout;
-            while !missing.is_empty() && Instant::now() < until {
-                tokio::time::sleep(ADOPT_POLL).await;
-                missing = self.plan_base(id, base).await?;
-            }
-        }
-        let mut writable_checked = false;
+        let GuestBase::Fallback((uid, gid)) = guest else {
+            return still_missing(base, &missing);
+        };
         let mut attempts = 0;
         while !missing.is_empty() {
             attempts += 1;
-            let output = self
-                .guest_internal(id, &["sh", "-c", BASE_SCRIPT, "maf-base", base])
+            let written = self
+                .create_base_engine_side(id, &missing, uid, gid, arrival != Arrival::Created)
                 .await?;
-            match output.exit_code {
-                0 => writable_checked = true,
-                BASE_EXIT_FALLBACK => {
-                    let ids = String::from_utf8_lossy(&output.stdout).into_owned();
-                    let mut numbers = ids.split_whitespace().map(str::parse::<u64>);
-                    let (Some(Ok(uid)), Some(Ok(gid))) = (numbers.next(), numbers.next()) else {
-                        return Err(SandboxError::engine(format!(
-                            "the guest's `id -u`/`id -g` answered {:?}",
-                            quote(&output.stdout)
-                        )));
-                    };
-                    let written = self
-                        .create_base_engine_side(
-                            id,
-                            &missing,
-                            uid,
-                            gid,
-                            arrival != Arrival::Created,
-                        )
-                        .await?;
-                    if written == BaseWrite::Deferred && attempts < BASE_ATTEMPTS {
-                        // Another process wrote under its own pause, now over: look again.
-                        missing = self.plan_base(id, base).await?;
-                        continue;
-                    }
-                }
-                code => {
-                    return Err(SandboxError::engine(format!(
-                        "preparing the storage base {base} as the guest failed (exit {code}): {}",
-                        quote(&output.stderr)
-                    )))
-                }
+            if written == BaseWrite::Written || attempts >= BASE_ATTEMPTS {
+                break;
             }
-            break;
+            // Another process wrote under its own pause, now over: look again.
+            missing = self.plan_base(id, base).await?;
         }
-        let still_missing = self.plan_base(id, base).await?;
-        if !still_missing.is_empty() {
+        let test_writable = ["test", "-w", base];
+        let (walked, writable) = tokio::join!(
+            self.plan_base(id, base),
+            self.guest_internal(id, &test_writable)
+        );
+        still_missing(base, &walked?)?;
+        if writable?.exit_code != 0 {
             return Err(SandboxError::engine(format!(
-                "the storage base {base} is still missing {} after it was created",
-                still_missing.join(", ")
+                "the storage base {base} is not writable by the guest"
             )));
-        }
-        if !writable_checked {
-            let output = self.guest_internal(id, &["test", "-w", base]).await?;
-            if output.exit_code != 0 {
-                return Err(SandboxError::engine(format!(
-                    "the storage base {base} is not writable by the guest"
-                )));
-            }
         }
         Ok(())
     }
@@ -791,6 +791,17 @@ impl BackendState {
             ceiling.files_out,
         ))))
     }
+}
+
+/// Any directory of the base the last walk did not find is an engine error.
+fn still_missing(base: &str, missing: &[String]) -> Result<(), SandboxError> {
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(SandboxError::engine(format!(
+        "the storage base {base} is still missing {} after it was created",
+        missing.join(", ")
+    )))
 }
 
 fn min_limits(a: TransferLimits, b: TransferLimits) -> TransferLimits {

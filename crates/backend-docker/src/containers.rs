@@ -32,8 +32,8 @@ pub(crate) enum Removal {
 
 /// What a create said.
 pub(crate) enum Created {
-    /// The new container's id.
-    Id(String),
+    /// The new container's id and its inspect after the create, for the caller to verify.
+    Id(String, Box<ContainerRecord>),
     /// Another container holds the name (the engine's message).
     Conflict(String),
 }
@@ -177,8 +177,9 @@ impl BackendState {
             .collect()
     }
 
-    /// Creates and starts one hardened container. A start that fails removes what the create
-    /// made.
+    /// Creates and starts one hardened container, and inspects it while it starts (the inspect
+    /// answers the configuration the create fixed, whatever the start does). A start or an inspect
+    /// that fails removes what the create made.
     pub(crate) async fn create_container(
         &self,
         shape: &ContainerShape<'_>,
@@ -209,11 +210,22 @@ impl BackendState {
             Ok(id) => id,
             Err(taken) => return Ok(Created::Conflict(quote(taken.as_bytes()))),
         };
-        if let Err(error) = self.lifecycle(Lifecycle::Start, &id).await {
-            let _ = self.remove(&id).await;
-            return Err(error);
+        let (started, inspected) =
+            tokio::join!(self.lifecycle(Lifecycle::Start, &id), self.inspect(&id));
+        let inspected = inspected.and_then(|record| {
+            record.ok_or_else(|| {
+                SandboxError::engine(format!(
+                    "container {id} vanished right after it was created"
+                ))
+            })
+        });
+        match (started, inspected) {
+            (Ok(()), Ok(record)) => Ok(Created::Id(id, Box::new(record))),
+            (Err(error), _) | (_, Err(error)) => {
+                let _ = self.remove(&id).await;
+                Err(error)
+            }
         }
-        Ok(Created::Id(id))
     }
 
     /// Creates container `name` from `body`: its id, or `Ok(Err(message))` when the name is

@@ -26,6 +26,10 @@ use wrapper_stream::WrapperStreamSink;
 
 use crate::connection::{quote, ApiFailure};
 use crate::containers::PauseWait;
+use crate::guest_scripts::{
+    parse_prepare, PREPARE_EXIT_FALLBACK, PREPARE_EXIT_NO_IDS, PREPARE_EXIT_UNWRITABLE,
+    PREPARE_SCRIPT,
+};
 use crate::state::BackendState;
 
 /// One command through the exec wrapper.
@@ -67,6 +71,17 @@ pub(crate) enum GuestEnd {
     Expired(GuestCleanup),
     /// The output budget was exceeded; the guest side was killed (how it ended is logged).
     Overflowed,
+}
+
+/// What the guest said of the storage base in [`BackendState::prepare_guest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GuestBase {
+    /// No base was asked for.
+    NotAsked,
+    /// The base is there and the guest can write it.
+    Ready,
+    /// The guest cannot create it: the host creates the missing suffix owned by these ids.
+    Fallback((u64, u64)),
 }
 
 /// Output budget of backend-internal commands whose answer is a line or two.
@@ -338,30 +353,120 @@ impl BackendState {
             }
         };
         match read_tool_probe(ExitKind::Exited(collected.exit_code), &collected.stdout) {
-            ToolProbeOutcome::AllPresent => {
-                self.mark_subreaper(id);
-                self.mark_probed(id);
-                Ok(())
-            }
-            ToolProbeOutcome::Missing(mut missing) => {
-                let init_missing = missing.iter().any(|tool| tool == DOCKER_INIT_PATH);
-                missing.retain(|tool| tool != DOCKER_INIT_PATH);
-                if !missing.is_empty() {
-                    return Err(missing_tools(image, &missing.join(", ")));
-                }
-                if init_missing {
-                    tracing::warn!(
-                        container = %id,
-                        "no engine init at {DOCKER_INIT_PATH}: a timeout kills the command's process group only"
-                    );
-                }
-                self.mark_probed(id);
-                Ok(())
-            }
+            ToolProbeOutcome::AllPresent => self.judge_tools(id, image, Vec::new()),
+            ToolProbeOutcome::Missing(missing) => self.judge_tools(id, image, missing),
             ToolProbeOutcome::NoShell => Err(missing_tools(image, "sh")),
             ToolProbeOutcome::Failed { status } => Err(SandboxError::engine(format!(
                 "the tool probe failed before it could answer ({status:?}): {}",
                 quote(&collected.stderr)
+            ))),
+        }
+    }
+
+    /// The tool probe's verdict on the tools `command -v` did not find: any the wrapper needs is
+    /// CapabilityNotSupported naming them all; the engine's init alone only chooses the group
+    /// shape. A pass is cached for `id`, with the init's subreaper when it is there.
+    fn judge_tools(
+        &self,
+        id: &str,
+        image: &str,
+        mut missing: Vec<String>,
+    ) -> Result<(), SandboxError> {
+        let init_missing = missing.iter().any(|tool| tool == DOCKER_INIT_PATH);
+        missing.retain(|tool| tool != DOCKER_INIT_PATH);
+        if !missing.is_empty() {
+            return Err(missing_tools(image, &missing.join(", ")));
+        }
+        if init_missing {
+            tracing::warn!(
+                container = %id,
+                "no engine init at {DOCKER_INIT_PATH}: a timeout kills the command's process group only"
+            );
+        } else {
+            self.mark_subreaper(id);
+        }
+        self.mark_probed(id);
+        Ok(())
+    }
+
+    /// The one guest call of an acquire ([`PREPARE_SCRIPT`]): the tool probe, unless this
+    /// process probed `id` already, and with `base` its preparation as the guest. A missing tool
+    /// is refused as the probe refuses it, before anything the base step said; the guest user's
+    /// ids are remembered for `id`.
+    pub(crate) async fn prepare_guest(
+        &self,
+        id: &str,
+        image: &str,
+        base: Option<&str>,
+    ) -> Result<GuestBase, SandboxError> {
+        let probe = !self.is_probed(id);
+        if !probe && base.is_none() {
+            return Ok(GuestBase::NotAsked);
+        }
+        let mut argv: Vec<String> = [
+            "sh",
+            "-c",
+            PREPARE_SCRIPT,
+            "maf-prepare",
+            base.unwrap_or(""),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        if probe {
+            argv.extend(DOCKER_TOOLS.iter().map(|tool| (*tool).to_owned()));
+            argv.push(DOCKER_INIT_PATH.to_owned());
+        }
+        let deadline = self.config.command_timeout;
+        let call = self.exec_collect(id, argv, Vec::new(), PROBE_OUTPUT_BUDGET as u64);
+        let collected = match tokio::time::timeout(deadline, call).await {
+            Ok(Ok(collected)) => collected,
+            Ok(Err(failure)) => return Err(self.exec_failure(id, "tool probe", failure)),
+            Err(_) => {
+                return Err(SandboxError::EngineTimeout {
+                    operation: "tool probe".to_owned(),
+                    bound: deadline,
+                })
+            }
+        };
+        let code = collected.exit_code;
+        // No `sh` at all: the engine's 126 or 127, and nothing printed.
+        if matches!(code, 126 | 127) && collected.stdout.is_empty() {
+            return Err(missing_tools(image, "sh"));
+        }
+        let failed = |what: &str| {
+            SandboxError::engine(format!(
+                "{what} (exit {code}): {}",
+                quote(&collected.stderr)
+            ))
+        };
+        let answer = parse_prepare(&collected.stdout).map_err(|reason| {
+            failed(&format!(
+                "the tool probe answered what it never prints: {reason}"
+            ))
+        })?;
+        if probe {
+            self.judge_tools(id, image, answer.missing)?;
+        }
+        if let Some(ids) = answer.ids {
+            self.remember_guest_ids(id, ids);
+        }
+        let Some(base) = base else {
+            return match code {
+                0 => Ok(GuestBase::NotAsked),
+                _ => Err(failed("the tool probe failed before it could answer")),
+            };
+        };
+        match (code, answer.ids) {
+            (0, _) => Ok(GuestBase::Ready),
+            (PREPARE_EXIT_FALLBACK, Some(ids)) => Ok(GuestBase::Fallback(ids)),
+            (PREPARE_EXIT_UNWRITABLE, _) => Err(SandboxError::engine(format!(
+                "the storage base {base} is not writable by the guest"
+            ))),
+            (PREPARE_EXIT_FALLBACK | PREPARE_EXIT_NO_IDS, _) => Err(failed(&format!(
+                "the guest cannot create the storage base {base} and `id -u`/`id -g` did not answer"
+            ))),
+            _ => Err(failed(&format!(
+                "preparing the storage base {base} as the guest failed"
             ))),
         }
     }

@@ -1,6 +1,6 @@
-//! The small `sh` scripts the file methods that act as the guest run as the image user through
-//! the exec wrapper (listing, removal, the storage base). Each takes its paths as positionals,
-//! never spliced into its text.
+//! The small `sh` scripts the backend runs as the image user: the listing through the exec
+//! wrapper, and the one plain call of an acquire (the tool probe and the storage base). Each takes
+//! its paths as positionals, never spliced into its text.
 //! Checked in dash, BusyBox `sh` and bash.
 
 /// `list_dir`: one level, NUL-terminated records `<kind> <size> <name>`.
@@ -20,20 +20,80 @@ done
 /// Exit of [`LIST_SCRIPT`] when the directory cannot be entered.
 pub(crate) const LIST_EXIT_CANNOT_ENTER: i32 = 3;
 
-/// Storage base, first attempt as the guest: `mkdir -p` the base and check it
-/// is writable (exit 0); when the guest cannot create it, print `id -u` and `id -g` and exit 10
-/// so the host can create the missing suffix owned by the guest. Exit 12: created but not
-/// writable; 11: no ids.
-pub(crate) const BASE_SCRIPT: &str = r#"if mkdir -p -- "$1" 2>/dev/null; then
-  test -w "$1" && exit 0
+/// The one guest call of an acquire, a plain `sh -c` and not through the wrapper (it probes the
+/// tools the wrapper needs): `$1` is the storage base (empty: none needed), the tools follow as
+/// positionals. One `missing <tool>` line per tool `command -v` does not find (the tool probe,
+/// docs/wrapper-protocol.md#the-tool-probe); then, with a base, `ids <uid> <gid>` (the guest user,
+/// for the files the engine writes on its behalf) and `mkdir -p` of the base as the guest, so the
+/// guest owns it: exit 0 when it is there and writable, [`PREPARE_EXIT_FALLBACK`] when the guest
+/// cannot create it (the host creates the missing suffix engine-side, owned by the ids),
+/// [`PREPARE_EXIT_UNWRITABLE`] when it is there but not writable, [`PREPARE_EXIT_NO_IDS`] when the
+/// fallback needs ids `id` did not give. The variables are cleared first: the exec inherits the
+/// image's environment.
+pub(crate) const PREPARE_SCRIPT: &str = r#"maf_u= maf_g= maf_b=$1
+shift
+for t do command -v "$t" >/dev/null || printf 'missing %s\n' "$t"; done
+[ -n "$maf_b" ] || exit 0
+maf_u=$(id -u) && maf_g=$(id -g) && printf 'ids %s %s\n' "$maf_u" "$maf_g"
+if mkdir -p -- "$maf_b" 2>/dev/null; then
+  test -w "$maf_b" && exit 0
   exit 12
 fi
-id -u && id -g || exit 11
+[ -n "$maf_g" ] || exit 11
 exit 10
 "#;
 
-/// Exit of [`BASE_SCRIPT`] asking for the engine-side fallback.
-pub(crate) const BASE_EXIT_FALLBACK: i32 = 10;
+/// Exit of [`PREPARE_SCRIPT`] asking for the engine-side fallback.
+pub(crate) const PREPARE_EXIT_FALLBACK: i32 = 10;
+
+/// Exit of [`PREPARE_SCRIPT`] when the fallback is needed but `id` gave no ids.
+pub(crate) const PREPARE_EXIT_NO_IDS: i32 = 11;
+
+/// Exit of [`PREPARE_SCRIPT`] when the base is there but the guest cannot write it.
+pub(crate) const PREPARE_EXIT_UNWRITABLE: i32 = 12;
+
+/// What [`PREPARE_SCRIPT`] printed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct PrepareAnswer {
+    /// The tools `command -v` did not find, in order.
+    pub(crate) missing: Vec<String>,
+    /// The guest user's uid and gid, when a base was asked for and `id` answered.
+    pub(crate) ids: Option<(u64, u64)>,
+}
+
+/// Parses [`PREPARE_SCRIPT`]'s stdout. `Err` for a line that is neither record, a second `ids`
+/// line, or ids that are not decimal.
+pub(crate) fn parse_prepare(stdout: &[u8]) -> Result<PrepareAnswer, String> {
+    let mut answer = PrepareAnswer::default();
+    for line in stdout.split(|b| *b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(tool) = line.strip_prefix(b"missing ") {
+            answer
+                .missing
+                .push(String::from_utf8_lossy(tool).into_owned());
+        } else if let Some(ids) = line.strip_prefix(b"ids ") {
+            let text = std::str::from_utf8(ids).map_err(|_| "the ids are not text".to_owned())?;
+            let mut numbers = text.split(' ').map(str::parse::<u64>);
+            let (Some(Ok(uid)), Some(Ok(gid)), None) =
+                (numbers.next(), numbers.next(), numbers.next())
+            else {
+                return Err(format!("the guest's ids are not two numbers: {text:?}"));
+            };
+            if answer.ids.replace((uid, gid)).is_some() {
+                return Err("the guest's ids were printed twice".to_owned());
+            }
+        } else {
+            return Err(format!(
+                "an unexpected line: {:?}",
+                String::from_utf8_lossy(&line[..line.len().min(80)])
+            ));
+        }
+    }
+    Ok(answer)
+}
 
 /// The kind, size and name of one listing record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,6 +220,95 @@ mod tests {
         shells
     }
 
+    /// [`PREPARE_SCRIPT`] in one shell, under `root`.
+    fn check_prepare(shell: &[&str], root: &str) {
+        let ids = |out: &[u8]| parse_prepare(out).unwrap().ids;
+        let own = {
+            use std::os::unix::fs::MetadataExt as _;
+            let meta = std::fs::metadata(root).unwrap();
+            (u64::from(meta.uid()), u64::from(meta.gid()))
+        };
+        // Every tool present, no base: nothing printed.
+        let (code, out) = run(shell, PREPARE_SCRIPT, &["", "sh", "mkdir"], b"").unwrap();
+        assert_eq!((code, out), (0, Vec::new()), "{shell:?}");
+        // Missing tools are named in order; the base is still prepared.
+        let base = format!("{root}/base/work");
+        let (code, out) = run(
+            shell,
+            PREPARE_SCRIPT,
+            &[&base, "no-such-tool-1", "mkdir", "no such tool 2"],
+            b"",
+        )
+        .unwrap();
+        assert_eq!(code, 0, "{shell:?}");
+        let answer = parse_prepare(&out).unwrap();
+        assert_eq!(answer.missing, ["no-such-tool-1", "no such tool 2"]);
+        assert_eq!(answer.ids, Some(own));
+        assert!(std::path::Path::new(&base).is_dir());
+        // Already there: the same answer, nothing changed.
+        let (code, out) = run(shell, PREPARE_SCRIPT, &[&base], b"").unwrap();
+        assert_eq!((code, ids(&out)), (0, Some(own)), "{shell:?}");
+        // The guest cannot create it (a parent that is a file): the fallback, with the ids.
+        std::fs::write(format!("{root}/plain"), b"x").unwrap();
+        let (code, out) =
+            run(shell, PREPARE_SCRIPT, &[&format!("{root}/plain/work")], b"").unwrap();
+        assert_eq!(
+            (code, ids(&out)),
+            (PREPARE_EXIT_FALLBACK, Some(own)),
+            "{shell:?}"
+        );
+        // A failing `id` leaves no ids, whatever the environment holds under the script's names.
+        // (A BusyBox shell built to prefer its applets would run its own `id`.)
+        if shell[0] != "busybox" {
+            let bin = format!("{root}/bin");
+            std::fs::create_dir(&bin).unwrap();
+            let fake = format!("{bin}/id");
+            std::fs::write(&fake, "#!/bin/sh\nexit 1\n").unwrap();
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let path = format!("{bin}:{}", std::env::var("PATH").unwrap_or_default());
+            let out = Command::new(shell[0])
+                .args(&shell[1..])
+                .arg("-c")
+                .arg(PREPARE_SCRIPT)
+                .arg("probe")
+                .arg(format!("{root}/plain/work"))
+                .env("PATH", path)
+                .env("maf_u", "7")
+                .env("maf_g", "7")
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(PREPARE_EXIT_NO_IDS), "{shell:?}");
+            assert_eq!(ids(&out.stdout), None, "{shell:?}");
+        }
+    }
+
+    #[test]
+    fn prepare_answers_parse() {
+        assert_eq!(parse_prepare(b"").unwrap(), PrepareAnswer::default());
+        assert_eq!(
+            parse_prepare(b"missing base64\nmissing /sbin/docker-init\nids 1000 100\n").unwrap(),
+            PrepareAnswer {
+                missing: vec!["base64".into(), "/sbin/docker-init".into()],
+                ids: Some((1000, 100)),
+            }
+        );
+        for bad in [
+            &b"base64\n"[..],
+            b"ids 1\n",
+            b"ids 1 2 3\n",
+            b"ids -1 2\n",
+            b"ids 1 2\nids 1 2\n",
+            b"ids a b\n",
+        ] {
+            assert!(
+                parse_prepare(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
     #[test]
     fn scripts_behave_alike_in_every_shell() {
         let shells = shells();
@@ -219,9 +368,7 @@ mod tests {
             let (code, out) = run(&shell, LIST_SCRIPT, &[&format!("{root}/empty")], b"").unwrap();
             assert_eq!((code, out), (0, Vec::new()));
 
-            let (code, _) = run(&shell, BASE_SCRIPT, &[&format!("{root}/base/work")], b"").unwrap();
-            assert_eq!(code, 0);
-            assert!(std::path::Path::new(&format!("{root}/base/work")).is_dir());
+            check_prepare(&shell, root);
         }
     }
 }
