@@ -15,7 +15,7 @@ use crate::config::{check_image_reference, Resources};
 use crate::containers::{paused_too_long, ContainerShape, Created, Lifecycle, PauseWait, Paused};
 use crate::egress::EgressPlan;
 use crate::egress_names::{keep_alive_with_forwarder, volume_name, LABEL_EGRESS_V1};
-use crate::exec::{GuestBase, GuestCall, GuestEnd, SMALL_BUDGET};
+use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
 use crate::handle::DockerSandbox;
 use crate::ownership_labels::{workload_labels, ContainerRecord, Verdict};
 use crate::state::{bounded_join, BackendState, Remembered, WarmEntry};
@@ -446,9 +446,9 @@ impl BackendState {
     }
 
     /// Verifies what this call created (from the inspect made while it started), then the one
-    /// guest call (the tool probe and the storage base as the guest), then the base's engine-side
-    /// walk and, where the guest could not create it, the engine-side fallback, alongside the
-    /// egress preflight when configured.
+    /// guest call (the tool probe and the storage base as the guest, with the engine-side fallback
+    /// in its middle where the guest cannot create the base), then the base's engine-side walk,
+    /// alongside the egress preflight when configured.
     async fn prepare(
         self: &Arc<Self>,
         plan: &Plan<'_>,
@@ -463,11 +463,16 @@ impl BackendState {
         if let (Some(base), Arrival::Adopted) = (base, arrival) {
             self.await_adopted_base(id, base).await?;
         }
-        let guest = self.prepare_guest(id, &plan.image, base).await?;
-        // The base and the egress preflight touch nothing of each other: both at once.
+        let fallback_base = base.unwrap_or_default();
+        self.prepare_guest(id, &plan.image, base, |ids| {
+            self.create_base_fallback(id, fallback_base, arrival, ids)
+        })
+        .await?;
+        // The base's walk and the egress preflight touch nothing of each other: both at once.
         let settled = async {
             match base {
-                Some(base) => self.settle_base(id, base, arrival, guest).await,
+                // The guest's word is never taken for what the base's components are.
+                Some(base) => still_missing(base, &self.plan_base(id, base).await?),
                 None => Ok(()),
             }
         };
@@ -574,21 +579,17 @@ impl BackendState {
         Ok(())
     }
 
-    /// The storage base after the guest's attempt: walked with the engine stat (the guest's word
-    /// is never taken for a component's kind). Where the guest created it, the walk must find it
-    /// whole; where it could not, the missing suffix is created engine-side owned by the guest,
-    /// walked again, and must pass `test -w` as the guest, both at once.
-    async fn settle_base(
+    /// The guest could not create the storage base: the missing suffix the engine-side walk finds
+    /// is created engine-side, owned by the guest's ids, looking again after another process
+    /// wrote it under its own pause.
+    async fn create_base_fallback(
         self: &Arc<Self>,
         id: &str,
         base: &str,
         arrival: Arrival,
-        guest: GuestBase,
+        (uid, gid): (u64, u64),
     ) -> Result<(), SandboxError> {
         let mut missing = self.plan_base(id, base).await?;
-        let GuestBase::Fallback((uid, gid)) = guest else {
-            return still_missing(base, &missing);
-        };
         let mut attempts = 0;
         while !missing.is_empty() {
             attempts += 1;
@@ -600,17 +601,6 @@ impl BackendState {
             }
             // Another process wrote under its own pause, now over: look again.
             missing = self.plan_base(id, base).await?;
-        }
-        let test_writable = ["test", "-w", base];
-        let (walked, writable) = tokio::join!(
-            self.plan_base(id, base),
-            self.guest_internal(id, &test_writable)
-        );
-        still_missing(base, &walked?)?;
-        if writable?.exit_code != 0 {
-            return Err(SandboxError::engine(format!(
-                "the storage base {base} is not writable by the guest"
-            )));
         }
         Ok(())
     }

@@ -73,15 +73,36 @@ pub(crate) enum GuestEnd {
     Overflowed,
 }
 
-/// What the guest said of the storage base in [`BackendState::prepare_guest`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GuestBase {
-    /// No base was asked for.
-    NotAsked,
-    /// The base is there and the guest can write it.
-    Ready,
-    /// The guest cannot create it: the host creates the missing suffix owned by these ids.
-    Fallback((u64, u64)),
+/// [`BackendState::prepare_guest`]'s sink: collects like [`CollectSink`], and hands the stdout
+/// so far to the host once the script asks for the engine-side fallback.
+struct PrepareSink {
+    collected: CollectSink,
+    asked: Option<tokio::sync::oneshot::Sender<Vec<u8>>>,
+}
+
+impl OutputSink for PrepareSink {
+    async fn accept(&mut self, stream: Stream, bytes: &[u8]) -> Result<(), exec_wrapper::Error> {
+        self.collected.accept(stream, bytes).await?;
+        let stdout = &self.collected.stdout;
+        if stream == Stream::Stdout
+            && self.asked.is_some()
+            && stdout
+                .split(|b| *b == b'\n')
+                .rev()
+                .skip(1)
+                .any(|line| line == b"fallback")
+        {
+            if let Some(asked) = self.asked.take() {
+                let _ = asked.send(stdout.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a tool the wrapper needs is among the missing (the engine's init alone is not).
+fn needs_missing_tool(missing: &[String]) -> bool {
+    missing.iter().any(|tool| tool != DOCKER_INIT_PATH)
 }
 
 /// Output budget of backend-internal commands whose answer is a line or two.
@@ -373,8 +394,8 @@ impl BackendState {
         mut missing: Vec<String>,
     ) -> Result<(), SandboxError> {
         let init_missing = missing.iter().any(|tool| tool == DOCKER_INIT_PATH);
-        missing.retain(|tool| tool != DOCKER_INIT_PATH);
-        if !missing.is_empty() {
+        if needs_missing_tool(&missing) {
+            missing.retain(|tool| tool != DOCKER_INIT_PATH);
             return Err(missing_tools(image, &missing.join(", ")));
         }
         if init_missing {
@@ -390,18 +411,26 @@ impl BackendState {
     }
 
     /// The one guest call of an acquire ([`PREPARE_SCRIPT`]): the tool probe, unless this
-    /// process probed `id` already, and with `base` its preparation as the guest. A missing tool
-    /// is refused as the probe refuses it, before anything the base step said; the guest user's
-    /// ids are remembered for `id`.
-    pub(crate) async fn prepare_guest(
+    /// process probed `id` already, and with `base` its preparation as the guest. When the guest
+    /// cannot create the base, `fallback` runs with the guest's ids while the call waits, and the
+    /// guest checks it can write what the host made. A missing tool is refused as the probe
+    /// refuses it, before anything the base step said, and the fallback never runs for it; the
+    /// guest user's ids are remembered for `id`. The guest's part is bounded by the command
+    /// timeout, the host's by its own requests' deadlines.
+    pub(crate) async fn prepare_guest<F, Fut>(
         &self,
         id: &str,
         image: &str,
         base: Option<&str>,
-    ) -> Result<GuestBase, SandboxError> {
+        fallback: F,
+    ) -> Result<(), SandboxError>
+    where
+        F: FnOnce((u64, u64)) -> Fut,
+        Fut: std::future::Future<Output = Result<(), SandboxError>>,
+    {
         let probe = !self.is_probed(id);
         if !probe && base.is_none() {
-            return Ok(GuestBase::NotAsked);
+            return Ok(());
         }
         let mut argv: Vec<String> = [
             "sh",
@@ -416,18 +445,83 @@ impl BackendState {
             argv.extend(DOCKER_TOOLS.iter().map(|tool| (*tool).to_owned()));
             argv.push(DOCKER_INIT_PATH.to_owned());
         }
+        let (asked, asking) = tokio::sync::oneshot::channel();
+        let (mut answer, answer_reader) = tokio::io::duplex(64);
+        let stdin = match base {
+            Some(_) => ExecStdin::reader(answer_reader),
+            None => ExecStdin::Closed,
+        };
         let deadline = self.config.command_timeout;
-        let call = self.exec_collect(id, argv, Vec::new(), PROBE_OUTPUT_BUDGET as u64);
-        let collected = match tokio::time::timeout(deadline, call).await {
-            Ok(Ok(collected)) => collected,
-            Ok(Err(failure)) => return Err(self.exec_failure(id, "tool probe", failure)),
-            Err(_) => {
-                return Err(SandboxError::EngineTimeout {
-                    operation: "tool probe".to_owned(),
-                    bound: deadline,
-                })
+        let (guest_deadline, mut guest_deadline_seen) =
+            tokio::sync::watch::channel(Some(tokio::time::Instant::now() + deadline));
+        let guest = async {
+            let mut sink = PrepareSink {
+                collected: CollectSink {
+                    stdout: Vec::new(),
+                    stderr: Vec::new(),
+                    budget: PROBE_OUTPUT_BUDGET as u64,
+                },
+                asked: Some(asked),
+            };
+            let ran = self
+                .exec_attached(
+                    id,
+                    argv,
+                    Vec::new(),
+                    stdin,
+                    &mut sink,
+                    &AtomicBool::new(false),
+                )
+                .await;
+            // Nothing more will ask: the host's side stops waiting.
+            drop(sink.asked.take());
+            ran.map(|exit_code| Collected {
+                stdout: sink.collected.stdout,
+                stderr: sink.collected.stderr,
+                exit_code,
+            })
+        };
+        let host = async {
+            let Ok(so_far) = asking.await else {
+                return None;
+            };
+            let ids = match parse_prepare(&so_far) {
+                Ok(so_far) if !needs_missing_tool(&so_far.missing) => so_far.ids,
+                // The guest's full answer names the refusal.
+                _ => None,
+            }?;
+            // The guest waits while the host works: its clock stops meanwhile.
+            let _ = guest_deadline.send(None);
+            let made = fallback(ids).await;
+            if made.is_ok() {
+                let _ = answer.write_all(b"go\n").await;
+            }
+            drop(answer);
+            let _ = guest_deadline.send(Some(tokio::time::Instant::now() + deadline));
+            Some(made)
+        };
+        let joined = async { tokio::join!(guest, host) };
+        tokio::pin!(joined);
+        let (ran, made) = loop {
+            let until = *guest_deadline_seen.borrow_and_update();
+            let expired = async {
+                match until {
+                    Some(until) => tokio::time::sleep_until(until).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                both = &mut joined => break both,
+                _ = guest_deadline_seen.changed() => {}
+                () = expired => {
+                    return Err(SandboxError::EngineTimeout {
+                        operation: "tool probe".to_owned(),
+                        bound: deadline,
+                    })
+                }
             }
         };
+        let collected = ran.map_err(|failure| self.exec_failure(id, "tool probe", failure))?;
         let code = collected.exit_code;
         // No `sh` at all: the engine's 126 or 127, and nothing printed.
         if matches!(code, 126 | 127) && collected.stdout.is_empty() {
@@ -450,20 +544,21 @@ impl BackendState {
         if let Some(ids) = answer.ids {
             self.remember_guest_ids(id, ids);
         }
+        // The host's own failure in the fallback is the answer, not the guest's exit after it.
+        made.transpose()?;
         let Some(base) = base else {
             return match code {
-                0 => Ok(GuestBase::NotAsked),
+                0 => Ok(()),
                 _ => Err(failed("the tool probe failed before it could answer")),
             };
         };
-        match (code, answer.ids) {
-            (0, _) => Ok(GuestBase::Ready),
-            (PREPARE_EXIT_FALLBACK, Some(ids)) => Ok(GuestBase::Fallback(ids)),
-            (PREPARE_EXIT_UNWRITABLE, _) => Err(SandboxError::engine(format!(
+        match code {
+            0 => Ok(()),
+            PREPARE_EXIT_UNWRITABLE => Err(SandboxError::engine(format!(
                 "the storage base {base} is not writable by the guest"
             ))),
-            (PREPARE_EXIT_FALLBACK | PREPARE_EXIT_NO_IDS, _) => Err(failed(&format!(
-                "the guest cannot create the storage base {base} and `id -u`/`id -g` did not answer"
+            PREPARE_EXIT_FALLBACK | PREPARE_EXIT_NO_IDS => Err(failed(&format!(
+                "the guest cannot create the storage base {base}, and the host could not either"
             ))),
             _ => Err(failed(&format!(
                 "preparing the storage base {base} as the guest failed"

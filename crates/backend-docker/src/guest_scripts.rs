@@ -25,25 +25,28 @@ pub(crate) const LIST_EXIT_CANNOT_ENTER: i32 = 3;
 /// positionals. One `missing <tool>` line per tool `command -v` does not find (the tool probe,
 /// docs/wrapper-protocol.md#the-tool-probe); then, with a base, `ids <uid> <gid>` (the guest user,
 /// for the files the engine writes on its behalf) and `mkdir -p` of the base as the guest, so the
-/// guest owns it: exit 0 when it is there and writable, [`PREPARE_EXIT_FALLBACK`] when the guest
-/// cannot create it (the host creates the missing suffix engine-side, owned by the ids),
-/// [`PREPARE_EXIT_UNWRITABLE`] when it is there but not writable, [`PREPARE_EXIT_NO_IDS`] when the
-/// fallback needs ids `id` did not give. The variables are cleared first: the exec inherits the
-/// image's environment.
-pub(crate) const PREPARE_SCRIPT: &str = r#"maf_u= maf_g= maf_b=$1
+/// guest owns it. Exit 0 when the base is there and writable. When the guest cannot create it, a
+/// `fallback` line asks the host to create the missing suffix engine-side, owned by the ids, and
+/// the script waits for the host's `go` line on stdin before its `test -w`; anything else (end of
+/// file: the host did not write it) is [`PREPARE_EXIT_FALLBACK`]. [`PREPARE_EXIT_UNWRITABLE`]: the
+/// base is there but not writable; [`PREPARE_EXIT_NO_IDS`]: the fallback needs ids `id` did not
+/// give. The variables are cleared first: the exec inherits the image's environment.
+pub(crate) const PREPARE_SCRIPT: &str = r#"maf_u= maf_g= maf_go= maf_b=$1
 shift
 for t do command -v "$t" >/dev/null || printf 'missing %s\n' "$t"; done
 [ -n "$maf_b" ] || exit 0
 maf_u=$(id -u) && maf_g=$(id -g) && printf 'ids %s %s\n' "$maf_u" "$maf_g"
-if mkdir -p -- "$maf_b" 2>/dev/null; then
-  test -w "$maf_b" && exit 0
-  exit 12
+if ! mkdir -p -- "$maf_b" 2>/dev/null; then
+  [ -n "$maf_g" ] || exit 11
+  echo fallback
+  read -r maf_go && [ "$maf_go" = go ] || exit 10
 fi
-[ -n "$maf_g" ] || exit 11
-exit 10
+test -w "$maf_b" && exit 0
+exit 12
 "#;
 
-/// Exit of [`PREPARE_SCRIPT`] asking for the engine-side fallback.
+/// Exit of [`PREPARE_SCRIPT`] when it asked for the engine-side fallback and the host did not
+/// answer `go`.
 pub(crate) const PREPARE_EXIT_FALLBACK: i32 = 10;
 
 /// Exit of [`PREPARE_SCRIPT`] when the fallback is needed but `id` gave no ids.
@@ -59,10 +62,12 @@ pub(crate) struct PrepareAnswer {
     pub(crate) missing: Vec<String>,
     /// The guest user's uid and gid, when a base was asked for and `id` answered.
     pub(crate) ids: Option<(u64, u64)>,
+    /// Whether the script asked for the engine-side fallback.
+    pub(crate) fallback: bool,
 }
 
-/// Parses [`PREPARE_SCRIPT`]'s stdout. `Err` for a line that is neither record, a second `ids`
-/// line, or ids that are not decimal.
+/// Parses [`PREPARE_SCRIPT`]'s stdout (all of it, or what came up to its `fallback` line). `Err`
+/// for a line that is no record, an `ids` or `fallback` line twice, or ids that are not decimal.
 pub(crate) fn parse_prepare(stdout: &[u8]) -> Result<PrepareAnswer, String> {
     let mut answer = PrepareAnswer::default();
     for line in stdout.split(|b| *b == b'\n') {
@@ -85,6 +90,8 @@ pub(crate) fn parse_prepare(stdout: &[u8]) -> Result<PrepareAnswer, String> {
             if answer.ids.replace((uid, gid)).is_some() {
                 return Err("the guest's ids were printed twice".to_owned());
             }
+        } else if line == b"fallback" && !answer.fallback {
+            answer.fallback = true;
         } else {
             return Err(format!(
                 "an unexpected line: {:?}",
@@ -248,13 +255,25 @@ mod tests {
         // Already there: the same answer, nothing changed.
         let (code, out) = run(shell, PREPARE_SCRIPT, &[&base], b"").unwrap();
         assert_eq!((code, ids(&out)), (0, Some(own)), "{shell:?}");
-        // The guest cannot create it (a parent that is a file): the fallback, with the ids.
+        // The guest cannot create it (a parent that is a file): the fallback, with the ids; no
+        // `go` from the host is exit 10, whatever else stdin says.
         std::fs::write(format!("{root}/plain"), b"x").unwrap();
-        let (code, out) =
-            run(shell, PREPARE_SCRIPT, &[&format!("{root}/plain/work")], b"").unwrap();
+        let plain = format!("{root}/plain/work");
+        for stdin in [&b""[..], b"no\n", b"going\n"] {
+            let (code, out) = run(shell, PREPARE_SCRIPT, &[&plain], stdin).unwrap();
+            let answer = parse_prepare(&out).unwrap();
+            assert_eq!(
+                (code, answer.ids, answer.fallback),
+                (PREPARE_EXIT_FALLBACK, Some(own), true),
+                "{shell:?} {stdin:?}"
+            );
+        }
+        // After `go` the script checks what the host made (the live tests cover a base made
+        // engine-side); here the host made nothing, so the check fails.
+        let (code, out) = run(shell, PREPARE_SCRIPT, &[&plain], b"go\n").unwrap();
         assert_eq!(
-            (code, ids(&out)),
-            (PREPARE_EXIT_FALLBACK, Some(own)),
+            (code, parse_prepare(&out).unwrap().fallback),
+            (PREPARE_EXIT_UNWRITABLE, true),
             "{shell:?}"
         );
         // A failing `id` leaves no ids, whatever the environment holds under the script's names.
@@ -287,10 +306,12 @@ mod tests {
     fn prepare_answers_parse() {
         assert_eq!(parse_prepare(b"").unwrap(), PrepareAnswer::default());
         assert_eq!(
-            parse_prepare(b"missing base64\nmissing /sbin/docker-init\nids 1000 100\n").unwrap(),
+            parse_prepare(b"missing base64\nmissing /sbin/docker-init\nids 1000 100\nfallback\n")
+                .unwrap(),
             PrepareAnswer {
                 missing: vec!["base64".into(), "/sbin/docker-init".into()],
                 ids: Some((1000, 100)),
+                fallback: true,
             }
         );
         for bad in [
@@ -300,6 +321,7 @@ mod tests {
             b"ids -1 2\n",
             b"ids 1 2\nids 1 2\n",
             b"ids a b\n",
+            b"fallback\nfallback\n",
         ] {
             assert!(
                 parse_prepare(bad).is_err(),
