@@ -94,6 +94,19 @@ impl EngineConnection {
         })
     }
 
+    /// The engine's OS alone, within `deadline`: on a Unix socket from a ping's `Ostype` header
+    /// (the engine answers it from memory; `info` gathers the whole host's state first, several
+    /// milliseconds), anywhere else, or when the ping's answer does not parse, from `info`.
+    /// `None` when the engine names none.
+    pub(crate) async fn os(&self, deadline: Duration) -> Result<Option<String>, SandboxError> {
+        if let Some(path) = self.endpoint.host.strip_prefix("unix://") {
+            if let Some(PingAnswer { os, .. }) = ping_unix(&self.endpoint, path, deadline).await? {
+                return Ok(os.filter(|os| !os.is_empty()));
+            }
+        }
+        Ok(self.facts(deadline).await?.os)
+    }
+
     /// Opens the client for `endpoint` and negotiates the API version (an Engine 20.10 speaks
     /// 1.41; the client never asks for more than the engine offers), in one round trip whose
     /// answer also gives the engine's OS, returned with the connection. On a Unix socket that
@@ -534,6 +547,27 @@ mod tests {
             .unwrap_err();
         assert_eq!(error.kind(), sandbox_core::ErrorKind::BackendUnavailable);
         assert!(error.to_string().contains("absent.sock"), "{error}");
+    }
+
+    /// The OS re-check reads a ping's `Ostype` on a socket: no `info`.
+    #[tokio::test]
+    async fn the_os_recheck_is_one_ping_on_a_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("engine.sock");
+        let answer =
+            "HTTP/1.1 200 OK\r\nApi-Version: 1.41\r\nOstype: windows\r\nContent-Length: 2\r\n\r\nOK";
+        let (seen, task) = stand_in_engine(&socket, answer, false);
+        let endpoint = docker_host(&format!("unix://{}", socket.display()));
+        let (connection, _) = EngineConnection::open(endpoint, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let os = connection.os(Duration::from_secs(5)).await.unwrap();
+        assert_eq!(os.as_deref(), Some("windows"));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            ["GET /_ping HTTP/1.1", "GET /_ping HTTP/1.1"]
+        );
+        task.abort();
     }
 
     #[test]

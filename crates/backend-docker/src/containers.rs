@@ -458,10 +458,10 @@ impl BackendState {
     /// The engine's OS; `None` when unreadable.
     pub(crate) async fn engine_os(&self) -> Option<String> {
         self.engine
-            .facts(self.config.command_timeout)
+            .os(self.config.command_timeout)
             .await
             .ok()
-            .and_then(|facts| facts.os)
+            .flatten()
     }
 }
 
