@@ -1417,6 +1417,95 @@ fn a_warm_call_makes_the_fewest_engine_requests() {
     purge_and_check(&scope, "t1");
 }
 
+/// A cold acquire (a new key) costs, besides sandboxctl's own image check, connecting, the size of
+/// the engine's host (`info`, once per process) and the command: one inspect of the name; the key's
+/// other sandboxes looked for, the OS re-checked by a ping and the image inspected; the create,
+/// then its start and inspect; one guest call that probes the tools and prepares the storage base
+/// (exec create, attached start, exec inspect), with the engine-side fallback in its middle on this
+/// image (the guest cannot create `/maf-sandbox`: one walk of the base, whose two missing
+/// directories each cost an inspect to tell a missing path from a gone container, and one archive
+/// PUT); then one walk of the base. No `info` for the OS, no second inspect of the new container,
+/// no second guest call. Requests that run at once arrive in any order, so the multiset is pinned.
+#[test]
+fn a_cold_acquire_makes_the_fewest_engine_requests() {
+    let scope = scope("cold-roundtrips");
+    let key = format!("{scope}/t1/agent");
+    let proxy = CountingProxy::start();
+    let out = Command::new(BIN)
+        .args([
+            "--min-isolation",
+            "container",
+            "run",
+            "--key",
+            &key,
+            "--",
+            "true",
+        ])
+        .env("DOCKER_HOST", proxy.host())
+        .stdin(Stdio::null())
+        .output()
+        .expect("sandboxctl runs");
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let requests = proxy.take();
+    let mut shaped: Vec<String> = requests
+        .iter()
+        .map(|r| {
+            // Ids, names and query strings vary; the method and the endpoint's shape are pinned.
+            let (method, path) = r.split_once(' ').unwrap();
+            let (path, query) = path.split_once('?').unwrap_or((path, ""));
+            let words: Vec<&str> = path.split('/').collect();
+            let shaped: Vec<&str> = words
+                .iter()
+                .enumerate()
+                .map(|(i, w)| if i == 2 && words.len() > 3 { "ID" } else { w })
+                .collect();
+            let query = match query.split_once('=') {
+                Some((name, _)) => format!("?{name}"),
+                None => String::new(),
+            };
+            format!("{method} {}{query}", shaped.join("/"))
+        })
+        .collect();
+    shaped.sort();
+    let mut expected = vec![
+        // sandboxctl's check that the default image is there, on its own connection.
+        "GET /_ping",
+        "GET /images/ID/json",
+        // Connect; the host's size, the first acquire in this process.
+        "GET /_ping",
+        "GET /info",
+        // The name's inspect; the other-egress listing, the OS re-check, the image inspect.
+        "GET /containers/ID/json",
+        "GET /containers/json?all",
+        "GET /_ping",
+        "GET /images/ID/json",
+        // Create, then start and inspect at once.
+        "POST /containers/create?name",
+        "POST /containers/ID/start",
+        "GET /containers/ID/json",
+        // The one guest call, and the fallback in its middle: the walk (two missing
+        // directories, an inspect each) and the PUT.
+        "POST /containers/ID/exec",
+        "POST /exec/ID/start",
+        "GET /exec/ID/json",
+        "HEAD /containers/ID/archive?path",
+        "HEAD /containers/ID/archive?path",
+        "GET /containers/ID/json",
+        "GET /containers/ID/json",
+        "PUT /containers/ID/archive?path",
+        // The walk after the guest call.
+        "HEAD /containers/ID/archive?path",
+        "HEAD /containers/ID/archive?path",
+        // The command.
+        "POST /containers/ID/exec",
+        "POST /exec/ID/start",
+        "GET /exec/ID/json",
+    ];
+    expected.sort_unstable();
+    assert_eq!(shaped, expected, "{requests:#?}");
+    purge_and_check(&scope, "t1");
+}
+
 #[test]
 fn exec_streams_as_output_arrives_and_passes_stdin_with_i() {
     use std::io::{BufRead as _, BufReader, Write as _};
