@@ -3,8 +3,9 @@
 //! - Warm acquire, pass/fail: a second `acquire` of a running, verified container is one
 //!   `docker container inspect` (the verified-container cache), so it must stay within 1.2× one raw
 //!   `docker container inspect --format '{{json .}}'` of a container.
-//! - Cold acquire, reported only: a fresh key each round (inspect, OS re-check, image presence,
-//!   `docker run -d`, the id, the tool probe, the storage base) against a raw `docker run -d`
+//! - Cold acquire, reported only: a fresh key each round (inspect; the other-egress look, OS
+//!   re-check and image presence at once; create; start with an inspect; one guest call for the
+//!   tool probe and the storage base; a walk of the base) against a raw `docker run -d`
 //!   with the same hardening plus one `docker exec -u 0 mkdir -p` of the base (as root: the
 //!   image user cannot create it, which sends the backend to its engine-side fallback). Disposal
 //!   is not timed.
