@@ -25,7 +25,7 @@ const REACHED: i32 = 86;
 /// For an allowlist sandbox (`docs/egress-proxy.md`), `$5` is an allowed host's URL, which must not
 /// be reached around the proxy, and `$6` the proxy, through which the targets off the list (every
 /// IP literal is) must not answer 2xx nor yield the token.
-const PROBE_SCRIPT: &str = r#"unset HTTP_PROXY HTTPS_PROXY ALL_PROXY NO_PROXY http_proxy https_proxy all_proxy no_proxy
+pub(crate) const PROBE_SCRIPT: &str = r#"unset HTTP_PROXY HTTPS_PROXY ALL_PROXY NO_PROXY http_proxy https_proxy all_proxy no_proxy
 command -v curl >/dev/null 2>&1 || { echo 'no curl in the image' >&2; exit 127; }
 if curl --disable --fail --silent --insecure --max-time 3 -o /dev/null "$1"; then echo address; exit 86; fi
 if curl --disable --fail --silent --insecure --max-time 3 -o /dev/null "$2"; then echo name; exit 86; fi

@@ -157,6 +157,15 @@ mod tests {
     use super::*;
     use std::process::Command;
 
+    /// The scripts run in the guest: any change to their text shows up here and is reviewed (the
+    /// `.snap` files are committed).
+    #[test]
+    fn scripts_are_stable() {
+        insta::assert_snapshot!("list", LIST_SCRIPT);
+        insta::assert_snapshot!("prepare", PREPARE_SCRIPT);
+        insta::assert_snapshot!("egress_probe", crate::egress_preflight::PROBE_SCRIPT);
+    }
+
     #[test]
     fn records_parse() {
         let out =
