@@ -554,8 +554,7 @@ fn render_report(report: &serde_json::Value) -> String {
     out.push_str("## Latest run\n\n");
     out.push_str(&format!(
         "`cargo xtask bench --runs {runs}` on {}: {} cores, {} GiB, kernel {}, Docker Engine {}; \
-         load average (1, 5, 15 min) {} before and {} after the run (the machine was shared with \
-         other builds). Benches run: {}. Each row is the median of its runs; the spread is the \
+         load average (1, 5, 15 min) {} before and {} after the run. Benches run: {}. Each row is the median of its runs; the spread is the \
          lowest and the highest ratio over them.\n\n",
         text(&report["date"]),
         machine["cores"],
