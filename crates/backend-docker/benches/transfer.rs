@@ -28,20 +28,6 @@ const SMALL_ROUNDS: usize = 15;
 /// Where the raw container keeps its files (its user can create it).
 const RAW_WORK: &str = "/tmp/work";
 
-/// Bytes that do not compress to nothing (xorshift), so no layer can shortcut them.
-fn payload(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    let mut bytes = Vec::with_capacity(len + 8);
-    while bytes.len() < len {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        bytes.extend_from_slice(&state.to_le_bytes());
-    }
-    bytes.truncate(len);
-    bytes
-}
-
 #[tokio::main]
 async fn main() {
     let backend = backend().await;
@@ -74,7 +60,7 @@ async fn main() {
 /// bare API `PUT` of the same file's tar (built before the round) into the sandbox's own
 /// container, so the report shows where the difference from `docker cp` comes from.
 async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
-    let data = payload(BIG, 0x5eed);
+    let data = conformance::fixtures::incompressible_bytes(BIG, 0x5eed);
     let api = bollard::Docker::connect_with_unix_defaults()
         .expect("a client of the default socket")
         .negotiate_version()
@@ -256,7 +242,7 @@ async fn guest_tar(sandbox: &dyn Sandbox, name: &str, data: &[u8]) -> bytes::Byt
 /// every target is met.
 async fn small(sandbox: &dyn Sandbox, raw: &str) -> bool {
     const PATH: &str = "d1/d2/small.bin";
-    let data = payload(SMALL, 0x1c1c);
+    let data = conformance::fixtures::incompressible_bytes(SMALL, 0x1c1c);
     let raw_path = format!("{RAW_WORK}/{PATH}");
     let mut write = Metric::new("1 KiB write", Target::AtMost(1.0));
     let mut read = Metric::new("1 KiB read", Target::AtMost(1.0));

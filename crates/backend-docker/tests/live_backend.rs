@@ -557,20 +557,6 @@ async fn missing_paths_with_spaces_are_absent_never_engine_failures() {
     assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
 }
 
-/// Bytes that do not compress to nothing (xorshift).
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    let mut bytes = Vec::with_capacity(len + 8);
-    while bytes.len() < len {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        bytes.extend_from_slice(&state.to_le_bytes());
-    }
-    bytes.truncate(len);
-    bytes
-}
-
 /// A write larger than one body slice is streamed: every byte lands (a size that is no whole
 /// number of slices or tar blocks), under missing parents whose names, like the file's, need GNU
 /// long names, all owned by the guest with the archive's modes; a second write replaces it; the
@@ -588,7 +574,7 @@ async fn a_streamed_write_lands_every_byte_owned_by_the_guest() {
     let outer = "o".repeat(120);
     let inner = format!("{outer}/{}", "i".repeat(110));
     let file = format!("{inner}/{}.bin", "f".repeat(150));
-    let first = noise(5 * 1024 * 1024 + 333, 7);
+    let first = conformance::fixtures::incompressible_bytes(5 * 1024 * 1024 + 333, 7);
     sandbox.write_file(&file, &first, ".").await.unwrap();
     let hash = |bytes: &[u8]| format!("{:x}", sha2::Sha256::digest(bytes));
     let described = run(
@@ -614,7 +600,7 @@ async fn a_streamed_write_lands_every_byte_owned_by_the_guest() {
         ),
         "{described:?}"
     );
-    let second = noise(3 * 1024 * 1024 + 1, 11);
+    let second = conformance::fixtures::incompressible_bytes(3 * 1024 * 1024 + 1, 11);
     sandbox.write_file(&file, &second, ".").await.unwrap();
     assert!(sandbox.read_file(&file, ".", 1 << 26).await.unwrap() == second);
 

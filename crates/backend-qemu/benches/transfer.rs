@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use sandbox_core::{Command, ErrorKind, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec};
 use support::{
-    accel_name, backend, dispose_thread, exit_with, paired, payload, raw_run, Metric, Run, Target,
+    accel_name, backend, dispose_thread, exit_with, paired, raw_run, Metric, Run, Target,
     RAW_TIMEOUT, SCOPE,
 };
 
@@ -67,7 +67,7 @@ async fn main() {
     let mut passed = true;
 
     // 1 KiB at depth 3.
-    let small = payload(SMALL, 0x5eed);
+    let small = conformance::fixtures::incompressible_bytes(SMALL, 0x5eed);
     let raw_small = format!("{BASE}/d1/d2/small.bin");
     let mut write = Metric::new(
         format!("qemu 1 KiB write [{accel}]"),
@@ -131,7 +131,11 @@ async fn main() {
         .min(usize::MAX as u64) as usize;
     let write_size = if ceiling < BIG {
         let refused = sandbox
-            .write_file("refused.bin", &payload(BIG, 1), ".")
+            .write_file(
+                "refused.bin",
+                &conformance::fixtures::incompressible_bytes(BIG, 1),
+                ".",
+            )
             .await
             .expect_err("a write above the declared ceiling is refused");
         assert_eq!(refused.kind(), ErrorKind::TransferCapExceeded, "{refused}");
@@ -143,7 +147,7 @@ async fn main() {
     } else {
         BIG
     };
-    let big = payload(write_size, 0xb16);
+    let big = conformance::fixtures::incompressible_bytes(write_size, 0xb16);
     let raw_big = format!("{BASE}/big.bin");
     let mut write = Metric::new(
         format!("qemu {} write [{accel}]", size_name(write_size)),

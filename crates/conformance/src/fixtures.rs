@@ -33,9 +33,35 @@ pub fn every_byte_and_utf8_edges() -> Vec<u8> {
     bytes
 }
 
+/// `len` bytes that do not compress to nothing (an xorshift stream from `seed`), so no layer
+/// between a test and the guest can shortcut a large transfer; the same `seed` gives the same
+/// bytes.
+pub fn incompressible_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut bytes = Vec::with_capacity(len + 8);
+    while bytes.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        bytes.extend_from_slice(&state.to_le_bytes());
+    }
+    bytes.truncate(len);
+    bytes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn incompressible_bytes_are_exact_repeatable_and_varied() {
+        let bytes = incompressible_bytes(1003, 7);
+        assert_eq!(bytes.len(), 1003);
+        assert_eq!(bytes, incompressible_bytes(1003, 7));
+        assert_ne!(bytes, incompressible_bytes(1003, 8));
+        let distinct: std::collections::BTreeSet<u8> = bytes.iter().copied().collect();
+        assert!(distinct.len() > 200, "{} distinct bytes", distinct.len());
+    }
 
     #[test]
     fn fixture_sizes() {

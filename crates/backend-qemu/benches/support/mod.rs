@@ -415,20 +415,6 @@ impl Drop for RawContainer {
     }
 }
 
-/// Bytes that do not compress to nothing (xorshift).
-pub fn payload(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    let mut bytes = Vec::with_capacity(len + 8);
-    while bytes.len() < len {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        bytes.extend_from_slice(&state.to_le_bytes());
-    }
-    bytes.truncate(len);
-    bytes
-}
-
 /// Ends the process with the run's verdict: non-zero when a pass/fail target was missed.
 pub fn exit_with(passed: bool) -> ! {
     std::process::exit(if passed { 0 } else { 1 })
