@@ -160,28 +160,14 @@ fn run_suite(workspace: &Workspace, suite: &VmSuite) -> Result<(), XtaskError> {
     verdict
 }
 
-/// QEMU processes whose VM directory lies under `dir` (their environment names it).
+/// QEMU processes whose VM directory lies under `dir`.
 pub(crate) fn qemus_under(dir: &Path) -> Vec<crate::live::EngineObject> {
-    let prefix = format!("TMPDIR={}", dir.display());
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    procs
-        .flatten()
-        .filter_map(|entry| {
-            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
-            let environ = std::fs::read(entry.path().join("environ")).ok()?;
-            let ours = environ
-                .split(|b| *b == 0)
-                .any(|var| var.starts_with(prefix.as_bytes()));
-            ours.then(|| crate::live::EngineObject {
-                kind: "process",
-                id: pid.to_string(),
-                name: std::fs::read_to_string(entry.path().join("comm"))
-                    .unwrap_or_default()
-                    .trim()
-                    .to_owned(),
-            })
+    qemu_vm::qemus_under(dir)
+        .into_iter()
+        .map(|qemu| crate::live::EngineObject {
+            kind: "process",
+            id: qemu.pid.to_string(),
+            name: qemu.vm_dir.display().to_string(),
         })
         .collect()
 }

@@ -740,6 +740,44 @@ fn place_fd(source: i32, target: i32) -> std::io::Result<()> {
     result.map_err(std::io::Error::from)
 }
 
+/// A QEMU of this driver's that runs: every QEMU is started with `TMPDIR` set to its VM's
+/// directory, so its environment says which VM it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningQemu {
+    /// The QEMU's process id.
+    pub pid: i32,
+    /// Its VM's directory, as its environment names it.
+    pub vm_dir: PathBuf,
+}
+
+/// Every running QEMU (not a zombie) whose VM directory lies below `dir`, whichever process
+/// started it: what a test or a run looks for when it asks whether anything of it is left.
+pub fn qemus_under(dir: &Path) -> Vec<RunningQemu> {
+    let prefix = format!("TMPDIR={}/", dir.display());
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let zombie = stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+            if zombie {
+                return None;
+            }
+            let vm_dir = environ.split(|b| *b == 0).find_map(|var| {
+                let below = std::str::from_utf8(var).ok()?.strip_prefix(&prefix)?;
+                Some(dir.join(below.trim_end_matches('/')))
+            })?;
+            Some(RunningQemu { pid, vm_dir })
+        })
+        .collect()
+}
+
 /// The host's TSC frequency in kHz: sysfs when the kernel exports it, else cpu0's MHz from
 /// `/proc/cpuinfo` (the frequency the kernel calibrated).
 pub fn host_tsc_khz() -> Option<u64> {
@@ -761,6 +799,45 @@ pub fn host_tsc_khz() -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn qemus_under_finds_a_process_by_its_vm_directory_and_not_a_zombie() {
+        let root = tempfile::tempdir().unwrap();
+        let vm_dir = root.path().join("vms").join("vm-1");
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .env("TMPDIR", &vm_dir)
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let found = super::qemus_under(&root.path().join("vms"));
+        assert!(
+            found.contains(&super::RunningQemu {
+                pid,
+                vm_dir: vm_dir.clone()
+            }),
+            "{found:?}"
+        );
+        // Not below another directory, nor below the VM's own (its TMPDIR is the directory).
+        assert!(super::qemus_under(&root.path().join("other"))
+            .iter()
+            .all(|q| q.pid != pid));
+        assert!(super::qemus_under(&vm_dir).iter().all(|q| q.pid != pid));
+        child.kill().unwrap();
+        // Killed and not yet reaped: a zombie, no longer running.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while super::qemus_under(&root.path().join("vms"))
+            .iter()
+            .any(|q| q.pid == pid)
+        {
+            assert!(
+                std::time::Instant::now() < until,
+                "the killed process still counts"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child.wait().unwrap();
+    }
+
     use super::*;
 
     fn config(accel: Accel) -> VmConfig {

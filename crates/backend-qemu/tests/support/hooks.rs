@@ -102,16 +102,9 @@ impl HardeningHooks for QemuHooks {
             .map(|(_, _, instance)| instance)
             .collect();
         let vms = self.state_dir.join("vms");
-        let running = super::qemus_under(&vms)
+        let running = qemu_vm::qemus_under(&vms)
             .into_iter()
-            .filter_map(|pid| {
-                let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-                let prefix = format!("TMPDIR={}/", vms.display());
-                environ.split(|b| *b == 0).find_map(|var| {
-                    let dir = std::str::from_utf8(var).ok()?.strip_prefix(&prefix)?;
-                    Some(dir.trim_end_matches('/').to_owned())
-                })
-            })
+            .filter_map(|qemu| Some(qemu.vm_dir.file_name()?.to_str()?.to_owned()))
             .filter(|instance| !others.contains(instance))
             .count();
         Ok(running)

@@ -101,27 +101,11 @@ pub fn qemu_pid(state_dir: &Path, instance: &str) -> i32 {
     value["pid"].as_i64().expect("a pid") as i32
 }
 
-/// Every live process whose environment puts its `TMPDIR` under `dir`: the QEMUs of VMs there
-/// (the driver starts each with `TMPDIR` set to its VM's directory).
+/// The pids of every live QEMU whose VM directory lies under `dir`.
 pub fn qemus_under(dir: &Path) -> Vec<i32> {
-    let prefix = format!("TMPDIR={}/", dir.display());
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    procs
-        .flatten()
-        .filter_map(|entry| {
-            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
-            let environ = std::fs::read(entry.path().join("environ")).ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            let zombie = stat
-                .rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
-            let ours = environ
-                .split(|b| *b == 0)
-                .any(|var| var.starts_with(prefix.as_bytes()));
-            (ours && !zombie).then_some(pid)
-        })
+    qemu_vm::qemus_under(dir)
+        .into_iter()
+        .map(|q| q.pid)
         .collect()
 }
 
