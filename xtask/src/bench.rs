@@ -50,161 +50,53 @@ pub struct BenchArgs {
     report_only: bool,
 }
 
-/// One benchmark: a name for the summary and the `cargo` arguments that run it.
+/// One benchmark: a name for the summary, its package and bench target, and whether it needs
+/// the package's `live` feature (a real engine or QEMU).
 struct Bench {
     name: &'static str,
-    args: &'static [&'static str],
+    package: &'static str,
+    target: &'static str,
+    live: bool,
+}
+
+impl Bench {
+    const fn new(name: &'static str, package: &'static str, target: &'static str) -> Bench {
+        Bench {
+            name,
+            package,
+            target,
+            live: true,
+        }
+    }
+
+    /// The `cargo` arguments that run it.
+    fn args(&self) -> Vec<&'static str> {
+        let mut args = vec!["bench", "-p", self.package];
+        if self.live {
+            args.extend(["--features", "live"]);
+        }
+        args.extend(["--bench", self.target]);
+        args
+    }
 }
 
 const BENCHES: &[Bench] = &[
     Bench {
-        name: "confined-fs writes and reads",
-        args: &["bench", "-p", "confined-fs", "--bench", "writes"],
+        live: false,
+        ..Bench::new("confined-fs writes and reads", "confined-fs", "writes")
     },
-    Bench {
-        name: "backend-docker exec",
-        args: &[
-            "bench",
-            "-p",
-            "backend-docker",
-            "--features",
-            "live",
-            "--bench",
-            "exec",
-        ],
-    },
-    Bench {
-        name: "backend-docker acquire",
-        args: &[
-            "bench",
-            "-p",
-            "backend-docker",
-            "--features",
-            "live",
-            "--bench",
-            "acquire",
-        ],
-    },
-    Bench {
-        name: "backend-docker transfer",
-        args: &[
-            "bench",
-            "-p",
-            "backend-docker",
-            "--features",
-            "live",
-            "--bench",
-            "transfer",
-        ],
-    },
-    Bench {
-        name: "sandboxctl per call",
-        args: &[
-            "bench",
-            "-p",
-            "sandboxctl",
-            "--features",
-            "live",
-            "--bench",
-            "cli",
-        ],
-    },
-    Bench {
-        name: "backend-docker stream",
-        args: &[
-            "bench",
-            "-p",
-            "backend-docker",
-            "--features",
-            "live",
-            "--bench",
-            "stream",
-        ],
-    },
-    Bench {
-        name: "backend-sbx on sbx-sim",
-        args: &[
-            "bench",
-            "-p",
-            "backend-sbx",
-            "--features",
-            "live",
-            "--bench",
-            "sbx",
-        ],
-    },
-    Bench {
-        name: "vm boot and exec",
-        args: &[
-            "bench",
-            "-p",
-            "qemu-vm",
-            "--features",
-            "live",
-            "--bench",
-            "vm",
-        ],
-    },
-    Bench {
-        name: "qemu acquire",
-        args: &[
-            "bench",
-            "-p",
-            "backend-qemu",
-            "--features",
-            "live",
-            "--bench",
-            "acquire",
-        ],
-    },
-    Bench {
-        name: "qemu exec",
-        args: &[
-            "bench",
-            "-p",
-            "backend-qemu",
-            "--features",
-            "live",
-            "--bench",
-            "exec",
-        ],
-    },
-    Bench {
-        name: "qemu transfer",
-        args: &[
-            "bench",
-            "-p",
-            "backend-qemu",
-            "--features",
-            "live",
-            "--bench",
-            "transfer",
-        ],
-    },
-    Bench {
-        name: "mcp exec",
-        args: &[
-            "bench",
-            "-p",
-            "sandbox-mcp",
-            "--features",
-            "live",
-            "--bench",
-            "exec",
-        ],
-    },
-    Bench {
-        name: "egress proxy download",
-        args: &[
-            "bench",
-            "-p",
-            "egress-proxy",
-            "--features",
-            "live",
-            "--bench",
-            "proxy",
-        ],
-    },
+    Bench::new("backend-docker exec", "backend-docker", "exec"),
+    Bench::new("backend-docker acquire", "backend-docker", "acquire"),
+    Bench::new("backend-docker transfer", "backend-docker", "transfer"),
+    Bench::new("sandboxctl per call", "sandboxctl", "cli"),
+    Bench::new("backend-docker stream", "backend-docker", "stream"),
+    Bench::new("backend-sbx on sbx-sim", "backend-sbx", "sbx"),
+    Bench::new("vm boot and exec", "qemu-vm", "vm"),
+    Bench::new("qemu acquire", "backend-qemu", "acquire"),
+    Bench::new("qemu exec", "backend-qemu", "exec"),
+    Bench::new("qemu transfer", "backend-qemu", "transfer"),
+    Bench::new("mcp exec", "sandbox-mcp", "exec"),
+    Bench::new("egress proxy download", "egress-proxy", "proxy"),
 ];
 
 /// The lines a benchmark prints as its report.
@@ -252,7 +144,7 @@ pub fn run(workspace: &Workspace, args: &BenchArgs) -> Result<(), XtaskError> {
     // built first.
     if selected
         .iter()
-        .any(|bench| bench.args.contains(&"qemu-vm") || bench.args.contains(&"backend-qemu"))
+        .any(|bench| matches!(bench.package, "qemu-vm" | "backend-qemu"))
     {
         crate::vm::given_or_built_image(workspace)?;
     }
@@ -268,7 +160,7 @@ pub fn run(workspace: &Workspace, args: &BenchArgs) -> Result<(), XtaskError> {
         for bench in &selected {
             eprintln!();
             eprintln!("==> bench: {} (run {run} of {runs})", bench.name);
-            let teed = tee_in(workspace.root(), cargo().args(bench.args), is_report_line)?;
+            let teed = tee_in(workspace.root(), cargo().args(bench.args()), is_report_line)?;
             outcomes.push((bench.name, run, teed));
         }
         all_rows.extend(parse_rows(
@@ -719,6 +611,31 @@ mod tests {
     }
 
     #[test]
+    fn a_bench_runs_its_package_and_target_with_the_live_feature_when_it_needs_it() {
+        let live = Bench::new("n", "backend-docker", "exec");
+        assert_eq!(
+            live.args(),
+            [
+                "bench",
+                "-p",
+                "backend-docker",
+                "--features",
+                "live",
+                "--bench",
+                "exec"
+            ]
+        );
+        let plain = Bench {
+            live: false,
+            ..Bench::new("n", "confined-fs", "writes")
+        };
+        assert_eq!(
+            plain.args(),
+            ["bench", "-p", "confined-fs", "--bench", "writes"]
+        );
+    }
+
+    #[test]
     fn every_docker_bench_needs_the_live_feature() {
         for bench in BENCHES.iter().filter(|b| {
             [
@@ -729,11 +646,11 @@ mod tests {
                 "backend-qemu",
                 "sandbox-mcp",
             ]
-            .iter()
-            .any(|krate| b.args.contains(krate))
+            .contains(&b.package)
         }) {
+            assert!(bench.live, "{}", bench.name);
             assert!(
-                bench.args.windows(2).any(|w| w == ["--features", "live"]),
+                bench.args().windows(2).any(|w| w == ["--features", "live"]),
                 "{}",
                 bench.name
             );
