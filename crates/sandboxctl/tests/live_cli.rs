@@ -1317,29 +1317,41 @@ fn forward(
     let mut line = Vec::new();
     let mut buf = [0u8; 65536];
     while let Ok(n) = from.read(&mut buf) {
-        if n == 0 || to.write_all(&buf[..n]).is_err() {
+        if n == 0 {
             break;
         }
-        let Some(record) = &record else { continue };
-        for &byte in &buf[..n] {
-            line.push(byte);
-            if line.ends_with(b"\r\n") {
-                let text = String::from_utf8_lossy(&line[..line.len() - 2]).into_owned();
-                let words: Vec<&str> = text.split(' ').collect();
-                if let [method @ ("GET" | "POST" | "HEAD" | "PUT" | "DELETE"), path, "HTTP/1.1"] =
-                    words.as_slice()
-                {
-                    let path = match path.strip_prefix("/v") {
-                        Some(rest) => rest.find('/').map_or(*path, |i| &rest[i..]),
-                        None => path,
-                    };
-                    record.lock().unwrap().push(format!("{method} {path}"));
-                }
-                line.clear();
-            }
+        // Noted before they are forwarded: the engine cannot answer a request, nor the client
+        // exit on that answer, before the request is in the log a test reads after the exit.
+        if let Some(record) = &record {
+            note_request_lines(&mut line, &buf[..n], record);
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
         }
     }
     let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+/// Adds `bytes` to the partial `line` and notes each complete request line among them.
+fn note_request_lines(line: &mut Vec<u8>, bytes: &[u8], record: &std::sync::Mutex<Vec<String>>) {
+    for &byte in bytes {
+        line.push(byte);
+        if !line.ends_with(b"\r\n") {
+            continue;
+        }
+        let text = String::from_utf8_lossy(&line[..line.len() - 2]).into_owned();
+        let words: Vec<&str> = text.split(' ').collect();
+        if let [method @ ("GET" | "POST" | "HEAD" | "PUT" | "DELETE"), path, "HTTP/1.1"] =
+            words.as_slice()
+        {
+            let path = match path.strip_prefix("/v") {
+                Some(rest) => rest.find('/').map_or(*path, |i| &rest[i..]),
+                None => path,
+            };
+            record.lock().unwrap().push(format!("{method} {path}"));
+        }
+        line.clear();
+    }
 }
 
 /// A call on a warm key costs one request to connect (the version negotiation: a ping, whose
