@@ -40,6 +40,8 @@ pub enum Run {
     Cargo(&'static [&'static str]),
     /// This xtask with these arguments (one of its own commands).
     Xtask(&'static [&'static str]),
+    /// A script of the repository (a path from its root), run with `bash`.
+    Script(&'static str),
 }
 
 /// One entry of the step table.
@@ -55,6 +57,10 @@ pub struct CiStep {
     pub env: &'static [(&'static str, &'static str)],
     /// Steps (of any lane) that must have passed before this one starts.
     pub after: &'static [&'static str],
+    /// Run at the lowest CPU priority (`nice -n 19`): work with time to spare (nothing waits
+    /// on it until much later) that would otherwise take the cores from the compiles every
+    /// later step waits for.
+    pub background: bool,
 }
 
 /// The lane whose steps build in the workspace's target directory and stream their output.
@@ -67,6 +73,7 @@ const fn step(name: &'static str, lane: &'static str, run: Run) -> CiStep {
         run,
         env: &[],
         after: &[],
+        background: false,
     }
 }
 
@@ -80,6 +87,11 @@ impl CiStep {
         self.after = after;
         self
     }
+
+    const fn background(mut self) -> CiStep {
+        self.background = true;
+        self
+    }
 }
 
 /// Every step of `ci`.
@@ -90,13 +102,20 @@ pub const STEPS: &[CiStep] = &[
         Run::Cargo(&["fmt", "--all", "--check"]),
     ),
     step("layering", WORKSPACE_LANE, Run::Xtask(&["layering"])),
-    // Debootstrap and the static proxy build (its own target layout): beside the compiles.
-    step("images", "images", Run::Xtask(&["images"])),
+    // The Debian packages the images, the target checks and the suites use (installed when
+    // missing, under CI): first on the images lane, beside the compiles instead of before them.
+    step("host tools", "images", Run::Script(".ci/host-tools")).background(),
+    // Debootstrap and the static proxy build (its own target layout): beside the compiles, which
+    // the suites wait for much longer than for the images.
+    step("images", "images", Run::Xtask(&["images"])).background(),
     // The static guest agent, the kernel and the ext4 root made from the Debian root `images`
     // just cached: after it on its lane, so debootstrap runs once.
-    step("vm image", "images", Run::Xtask(&["images", "vm"])),
-    // Its own toolchain root and target directory, cached per machine.
-    step("check targets", "targets", Run::Xtask(&["check-targets"])),
+    step("vm image", "images", Run::Xtask(&["images", "vm"])).background(),
+    // Its own toolchain root (debootstrap) and target directory, cached per machine; nothing
+    // waits for it, so on a fresh machine its standard-library builds yield the cores.
+    step("check targets", "targets", Run::Xtask(&["check-targets"]))
+        .after(&["host tools"])
+        .background(),
     // Once per machine, into the tools cache: on a fresh machine it compiles beside clippy
     // instead of before everything.
     step(
@@ -156,10 +175,9 @@ pub const STEPS: &[CiStep] = &[
     step("e2e sbx", "sbx", Run::Xtask(&["e2e", "sbx"])).after(&["images", "docs"]),
     // QEMU guests, not engine objects: its leftovers (QEMU processes and VM directories under
     // its own run directory) are disjoint from both Docker suites'.
-    step("e2e vm", "vm", Run::Xtask(&["e2e", "vm"])).after(&["vm image", "docs"]),
-    // The qemu backend's suite: after the driver's on the same lane, so the two never run more
-    // than two guests at once between them (each keeps to its two slots).
-    step("e2e qemu", "vm", Run::Xtask(&["e2e", "qemu"])).after(&["vm image", "docs"]),
+    // The driver's and the qemu backend's suites in one nextest run: at most two guests at once
+    // between them (the `vm` test group's two slots), which the run packs, the longest first.
+    step("e2e vms", "vm", Run::Xtask(&["e2e", "vms"])).after(&["vm image", "docs"]),
     // Judges its leftovers by its own scope prefix and run directory, and the Docker suite
     // leaves its scopes out of its own count, so it runs beside that suite: after the sbx suite
     // on its lane, so the engine serves at most two suites' workloads at once. Its qemu case
@@ -192,11 +210,35 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
                 command.args(args);
                 command
             }
+            Run::Script(path) => {
+                let mut command = Command::new("bash");
+                command.arg(workspace.root().join(path));
+                command
+            }
         };
+        if step.background {
+            command = at_lowest_priority(&command);
+        }
         command.envs(step.env.iter().copied());
         let log = (step.lane != WORKSPACE_LANE).then(|| log_dir.join(log_name(step.name)));
         run_child(workspace, step, &mut command, log, (children, index))
     })
+}
+
+/// `command` run by `nice -n 19`, with its environment.
+fn at_lowest_priority(command: &Command) -> Command {
+    let mut niced = Command::new("nice");
+    niced
+        .args(["-n", "19"])
+        .arg(command.get_program())
+        .args(command.get_args());
+    for (name, value) in command.get_envs() {
+        match value {
+            Some(value) => niced.env(name, value),
+            None => niced.env_remove(name),
+        };
+    }
+    niced
 }
 
 /// A step's log file name: its name with spaces as dashes.
@@ -553,8 +595,57 @@ mod tests {
     }
 
     #[test]
+    fn every_step_that_uses_a_host_tool_comes_after_their_install() {
+        let position = |name: &str| STEPS.iter().position(|step| step.name == name).unwrap();
+        let tools = &STEPS[position("host tools")];
+        // Debootstrap, BusyBox, the kernel, QEMU and Python: the images, the target checks'
+        // root, and through the images every suite.
+        for name in ["images", "vm image", "check targets"] {
+            let step = &STEPS[position(name)];
+            let same_lane_later =
+                step.lane == tools.lane && position(name) > position("host tools");
+            assert!(
+                same_lane_later || step.after.contains(&"host tools"),
+                "{name}"
+            );
+        }
+        for suite in STEPS.iter().filter(|step| step.name.starts_with("e2e ")) {
+            assert!(
+                suite.after.contains(&"images") || suite.after.contains(&"vm image"),
+                "{}",
+                suite.name
+            );
+        }
+    }
+
+    #[test]
+    fn a_background_step_runs_its_command_under_nice_with_its_environment() {
+        let mut command = Command::new("cargo");
+        command
+            .args(["build", "-p", "x"])
+            .env("A", "1")
+            .env_remove("B");
+        let niced = at_lowest_priority(&command);
+        assert_eq!(niced.get_program(), "nice");
+        let args: Vec<&std::ffi::OsStr> = niced.get_args().collect();
+        assert_eq!(args, ["-n", "19", "cargo", "build", "-p", "x"]);
+        let envs: Vec<_> = niced.get_envs().collect();
+        assert!(envs.contains(&(std::ffi::OsStr::new("A"), Some(std::ffi::OsStr::new("1")))));
+        assert!(envs.contains(&(std::ffi::OsStr::new("B"), None)));
+        // Only work with time to spare runs in the background: never a suite, nor what the
+        // workspace lane builds.
+        for step in STEPS.iter().filter(|step| step.background) {
+            assert!(
+                !step.name.starts_with("e2e ") && step.lane != WORKSPACE_LANE,
+                "{}",
+                step.name
+            );
+        }
+    }
+
+    #[test]
     fn every_suite_that_boots_vms_waits_for_the_vm_image() {
-        for name in ["e2e vm", "e2e mcp"] {
+        for name in ["e2e vms", "e2e mcp"] {
             let suite = STEPS.iter().find(|step| step.name == name).unwrap();
             assert!(suite.after.contains(&"vm image"), "{name}");
         }

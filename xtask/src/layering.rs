@@ -127,6 +127,32 @@ fn read_packages(workspace: &Workspace) -> Result<Vec<Package>, XtaskError> {
     )?)
 }
 
+/// The names of the workspace's binaries, but for the fuzz targets (which only `cargo fuzz`
+/// builds usefully: in a test build they only cost libFuzzer's C++ compile).
+///
+/// # Errors
+/// When `cargo metadata` fails or its output does not parse.
+pub(crate) fn binaries_but_fuzz_targets(workspace: &Workspace) -> Result<Vec<String>, XtaskError> {
+    Ok(binaries_but_fuzz(&read_packages(workspace)?))
+}
+
+fn binaries_but_fuzz(packages: &[Package]) -> Vec<String> {
+    packages
+        .iter()
+        .filter(|package| {
+            let fuzz = package
+                .metadata
+                .as_ref()
+                .and_then(|metadata| metadata.get("cargo-fuzz"))
+                .and_then(serde_json::Value::as_bool);
+            fuzz != Some(true)
+        })
+        .flat_map(|package| &package.targets)
+        .filter(|target| target.kind.iter().any(|kind| kind == "bin"))
+        .map(|target| target.name.clone())
+        .collect()
+}
+
 /// The part of `cargo metadata` the rules read.
 #[derive(Debug, Deserialize)]
 struct Metadata {
@@ -145,11 +171,17 @@ struct Package {
     /// The `[features]` table: feature name to what it enables.
     #[serde(default)]
     features: BTreeMap<String, Vec<String>>,
+    /// `[package.metadata]`: `cargo-fuzz = true` marks the fuzz targets' package.
+    #[serde(default)]
+    metadata: Option<serde_json::Value>,
 }
 
 /// One build target of a member.
 #[derive(Debug, Deserialize)]
 struct Target {
+    /// Its name (a binary's is the file cargo builds).
+    #[serde(default)]
+    name: String,
     /// `lib`, `bin`, `test`, `bench`, `example`, `custom-build`, ...
     kind: Vec<String>,
     /// Its root source file.
@@ -799,6 +831,7 @@ mod tests {
     #[test]
     fn only_the_library_and_binaries_are_read_for_circles() {
         let target = |kind: &str| Target {
+            name: "x".to_owned(),
             kind: vec![kind.to_owned()],
             src_path: "src/x.rs".into(),
         };
@@ -808,5 +841,33 @@ mod tests {
         for other in ["test", "bench", "example", "custom-build"] {
             assert!(!target(other).is_crate_code(), "{other}");
         }
+    }
+
+    #[test]
+    fn the_shared_binaries_are_every_binary_but_the_fuzz_targets() {
+        let targets = |names: &[(&str, &str)]| {
+            names
+                .iter()
+                .map(|(name, kind)| serde_json::json!({"name": name, "kind": [kind], "src_path": "x.rs"}))
+                .collect::<Vec<_>>()
+        };
+        let mut tool = package("sandboxctl", &[]);
+        tool["targets"] = targets(&[
+            ("sandboxctl", "bin"),
+            ("sandboxctl", "lib"),
+            ("cli", "bench"),
+        ])
+        .into();
+        let mut sim = package("sbx-sim", &[]);
+        sim["targets"] = targets(&[("sbx-sim", "bin"), ("sbx", "bin")]).into();
+        sim["metadata"] = serde_json::json!({"cargo-fuzz": false});
+        let mut fuzz = package("sandboxes-fuzz", &[]);
+        fuzz["targets"] = targets(&[("exec_result_parse", "bin")]).into();
+        fuzz["metadata"] = serde_json::json!({"cargo-fuzz": true});
+        let packages = parse(&metadata(vec![tool, sim, fuzz])).unwrap();
+        assert_eq!(
+            binaries_but_fuzz(&packages),
+            ["sandboxctl", "sbx-sim", "sbx"]
+        );
     }
 }

@@ -42,6 +42,10 @@ pub enum Suite {
     /// The qemu backend against real QEMU: its own checks, every conformance suite it declares
     /// (HARDENING and CONFINEMENT included) and its fault tests (the VM image is built first).
     Qemu,
+    /// Both VM suites, `vm` and `qemu`, in one nextest run: their VMs share the two slots of
+    /// the `vm` test group, so a suite's short tests fill the slot the other's long ones leave
+    /// (CI's step; the same tests and checks as the two suites one after the other).
+    Vms,
     /// The MCP server (`sandbox-mcp`) through the official Python client, over stdio and
     /// Streamable HTTP, on Docker and on `sbx-sim` (see `mcp_suite.rs`).
     Mcp,
@@ -71,15 +75,18 @@ pub(crate) fn shared_nextest(filter: &str) -> Command {
     command
 }
 
-/// Builds the shared build's binaries and examples into `target/debug`, in the test profile
-/// nextest builds them in, so after the unit tests this is a no-op; returns that directory.
+/// Builds the shared build's binaries (but the fuzz targets) and examples into `target/debug`,
+/// in the test profile nextest builds them in, so after the unit tests it builds little more
+/// than the examples; returns that directory. The binaries are named one by one rather than
+/// the fuzz package left out: leaving it out would change the features its dependencies
+/// unify to (`cc`'s, and so everything above `ring`) and build much of the workspace again.
 pub(crate) fn shared_binaries(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
-    workspace.run(cargo().args(["build"]).args(SHARED_BUILD).args([
-        "--bins",
-        "--examples",
-        "--profile",
-        "test",
-    ]))?;
+    let mut command = cargo();
+    command.args(["build"]).args(SHARED_BUILD);
+    for binary in crate::layering::binaries_but_fuzz_targets(workspace)? {
+        command.args(["--bin", &binary]);
+    }
+    workspace.run(command.args(["--examples", "--profile", "test"]))?;
     Ok(workspace.target_dir().join("debug"))
 }
 

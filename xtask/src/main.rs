@@ -17,6 +17,7 @@
 //!   checks nothing skipped and no QEMU or VM directory of the run is left;
 //! - `e2e qemu`: the same for `backend-qemu`'s live tests (its own checks, every conformance
 //!   suite it declares with HARDENING and CONFINEMENT, its fault tests);
+//! - `e2e vms`: both, in one nextest run that packs their VMs into the two slots (CI's step);
 //! - `e2e mcp`: the MCP server through the official Python client (pinned, installed into a
 //!   virtual environment under `target/`), over stdio and HTTP, on Docker and `sbx-sim` at
 //!   once, and one case end to end on qemu (a VM under emulation where KVM cannot boot); fails
@@ -32,8 +33,10 @@
 //!   survivor that is not on the allow-list (not a `ci` step: it takes hours, see `mutants.rs`).
 //!
 //! Every child process's output streams to this process's as it comes; xtask exits non-zero
-//! when any step fails. It does not install system packages on the host (only into its own
-//! toolchain root) or start a Docker engine: `.ci/run` does that before calling `cargo xtask ci`.
+//! when any step fails. It does not install system packages on the host itself (only into its
+//! own toolchain root) or start a Docker engine: `ci`'s `host tools` step runs `.ci/host-tools`,
+//! which installs the missing packages under CI only, and `.ci/run` starts the engine before
+//! calling `cargo xtask ci`.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -115,6 +118,7 @@ fn main() -> ExitCode {
             live::Suite::Sbx { sbx_path } => live::sbx(&workspace, sbx_path.as_deref()),
             live::Suite::Vm => vm::e2e(&workspace),
             live::Suite::Qemu => vm::e2e_backend(&workspace),
+            live::Suite::Vms => vm::e2e_both(&workspace),
             live::Suite::Mcp => mcp_suite::run(&workspace),
         },
         Command::Bench(args) => bench::run(&workspace, &args),

@@ -119,6 +119,12 @@ const BACKEND: VmSuite = VmSuite {
     filter: "package(backend-qemu) & binary(/^live_/)",
 };
 
+/// Both: one nextest run packs the two suites' VMs into the group's two slots.
+const BOTH: VmSuite = VmSuite {
+    name: "vms",
+    filter: "(package(qemu-vm) | package(backend-qemu)) & binary(/^live_/)",
+};
+
 /// `cargo xtask e2e vm`: the image, then `qemu-vm`'s live tests.
 pub fn e2e(workspace: &Workspace) -> Result<(), XtaskError> {
     run_suite(workspace, &DRIVER)
@@ -127,6 +133,12 @@ pub fn e2e(workspace: &Workspace) -> Result<(), XtaskError> {
 /// `cargo xtask e2e qemu`: the image, then `backend-qemu`'s live tests.
 pub fn e2e_backend(workspace: &Workspace) -> Result<(), XtaskError> {
     run_suite(workspace, &BACKEND)
+}
+
+/// `cargo xtask e2e vms`: the image, then `qemu-vm`'s and `backend-qemu`'s live tests in one
+/// run.
+pub fn e2e_both(workspace: &Workspace) -> Result<(), XtaskError> {
+    run_suite(workspace, &BOTH)
 }
 
 /// The image, then `suite`'s live tests in a run directory of its own that must be empty
