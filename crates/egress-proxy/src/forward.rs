@@ -1,6 +1,7 @@
 //! The forwarder role: a TCP listener (in the workload, `127.0.0.1:3128`) relaying each
-//! connection byte for byte to a new connection on the proxy's Unix socket. It parses
-//! nothing and resolves no names; every decision is the proxy's.
+//! connection byte for byte to a new connection on the proxy's Unix socket (spliced, never
+//! copied through user space, on Linux: [`relay_sockets`]). It parses nothing and resolves no
+//! names; every decision is the proxy's.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, UnixStream};
 use tokio::sync::Semaphore;
 
-use crate::relay::relay;
+use crate::relay::relay_sockets;
 
 /// Connections relayed at once; further ones wait in the listen backlog.
 pub const MAX_FORWARDED: usize = 256;
@@ -39,7 +40,7 @@ pub async fn serve(listener: TcpListener, socket: PathBuf) -> std::io::Result<()
         tokio::spawn(async move {
             match UnixStream::connect(socket.as_path()).await {
                 Ok(upstream) => {
-                    let _ = relay(client, upstream, FORWARD_IDLE, None).await;
+                    let _ = relay_sockets(client, upstream, FORWARD_IDLE, None).await;
                 }
                 Err(error) => {
                     eprintln!(

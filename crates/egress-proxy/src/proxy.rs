@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::address::AddressPolicy;
 use crate::head::{head_len, parse_head, Authority, Body, Host, RequestHead, Target, MAX_HEAD_LEN};
 use crate::hostmatch::Allowlist;
-use crate::relay::relay;
+use crate::relay::{relay_sockets, Socket};
 
 /// The ports served when none is configured.
 pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
@@ -313,10 +313,7 @@ async fn read_head<S: AsyncRead + Unpin>(
 }
 
 /// Serves one client connection.
-pub(crate) async fn handle<S>(mut client: S, policy: &Policy)
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+pub(crate) async fn handle<S: Socket>(mut client: S, policy: &Policy) {
     let started = Instant::now();
     let mut decision = Decision {
         allowed: false,
@@ -361,15 +358,12 @@ where
     .await;
 }
 
-async fn serve_one<S>(
+async fn serve_one<S: Socket>(
     client: &mut S,
     policy: &Policy,
     started: Instant,
     decision: &mut Decision,
-) -> Result<(), Answer>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+) -> Result<(), Answer> {
     let (head_bytes, rest) = read_head(client, started + policy.limits.head_timeout).await?;
     let head = parse_head(&head_bytes).map_err(|error| Answer {
         status: error.status(),
@@ -402,7 +396,7 @@ where
             if !rest.is_empty() && upstream.write_all(&rest).await.is_err() {
                 return Ok(());
             }
-            let _ = relay(client, upstream, idle, None).await;
+            let _ = relay_sockets(client, upstream, idle, None).await;
         }
         Some(body) => {
             let Some(rewritten) = head.rewrite_origin_form() else {
@@ -421,7 +415,7 @@ where
             if !matches!(sent, Ok(Ok(()))) {
                 return Ok(());
             }
-            let _ = relay(client, upstream, idle, Some(length - early as u64)).await;
+            let _ = relay_sockets(client, upstream, idle, Some(length - early as u64)).await;
         }
     }
     Ok(())

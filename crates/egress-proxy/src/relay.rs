@@ -1,11 +1,25 @@
 //! The byte relay between two streams, with an idle deadline.
 //!
-//! Each direction is its own pump, and the two run at once: a chunk read from one side is
-//! written to the other while the next chunk is being read, so a download costs the slower of
-//! reading and writing rather than their sum, and one direction waiting on a slow peer never
-//! holds up the other. The bounds are unchanged: a fixed buffer pair per direction, at most
-//! `forward_limit` bytes forward, and the idle deadline over both directions together.
+//! Two ways to move the bytes, under the same bounds (at most `forward_limit` bytes forward, the
+//! idle deadline over both directions together, an input's end passed on as a write shutdown,
+//! dropping the relay closing both streams):
+//!
+//! - Between two sockets on Linux ([`relay_sockets`]), each direction moves its bytes with
+//!   `splice(2)`: from the reading socket into a pipe of its own, then from the pipe into the
+//!   writing socket, so the bytes never enter user space (no copy through a buffer, two system
+//!   calls per pipe-full). The pipe is made when the direction's first bytes are ready (an idle
+//!   direction holds no descriptors), is only filled when empty (so a splice into it that
+//!   would block means the socket has nothing, never that the pipe is full), and closes with
+//!   the relay. Where a pipe cannot be made (out of descriptors) or the kernel refuses to
+//!   splice from the socket, that direction copies through a buffer instead.
+//! - Between any two streams ([`relay`], and [`relay_sockets`] off Linux), each direction is a
+//!   pump that writes a chunk while the next one is read, so a download costs the slower of
+//!   reading and writing rather than their sum.
+//!
+//! Both run their two directions at once: one direction waiting on a slow peer never holds up
+//! the other.
 
+use std::future::Future;
 use std::io;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +27,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::time::Instant;
+
+#[cfg(target_os = "linux")]
+mod splice;
 
 /// The relay's buffer; each direction holds two (one being written while the other fills).
 const BUFFER: usize = 64 * 1024;
@@ -56,6 +73,14 @@ impl Progress {
     fn idle_deadline(&self, idle: Duration) -> Instant {
         self.started + Duration::from_nanos(self.last_moved.load(Ordering::Relaxed)) + idle
     }
+
+    fn relayed(&self, idled_out: bool) -> Relayed {
+        Relayed {
+            forward: self.forward.load(Ordering::Relaxed),
+            back: self.back.load(Ordering::Relaxed),
+            idled_out,
+        }
+    }
 }
 
 /// Copies `a` → `b` and `b` → `a` until `b`'s side has ended, or nothing has moved for `idle`.
@@ -63,6 +88,9 @@ impl Progress {
 /// With `forward_limit`, at most that many bytes go from `a` to `b`; past it, `a` is no longer
 /// read (a plain-HTTP request body). The relay ends when `b`'s input ends and everything read
 /// from it is written to `a`.
+///
+/// Each direction copies through two buffers of 64 KiB, writing one while the other fills;
+/// [`relay_sockets`] relays two sockets without the copy.
 ///
 /// # Errors
 /// An I/O error of either side other than the peer going away.
@@ -82,49 +110,184 @@ where
     let (mut a_read, mut a_write) = tokio::io::split(a);
     let (mut b_read, mut b_write) = tokio::io::split(b);
     let progress = Progress::new();
-    let mut idled_out = false;
-    {
-        let mut forward = pin!(pump(
+    let idled_out = drive(
+        pump(
             &mut a_read,
             &mut b_write,
             forward_limit,
             &progress,
             &progress.forward,
-        ));
-        let mut back = pin!(pump(
-            &mut b_read,
-            &mut a_write,
-            None,
-            &progress,
-            &progress.back,
-        ));
-        let mut forward_done = false;
-        loop {
-            let deadline = progress.idle_deadline(idle);
-            tokio::select! {
-                ended = &mut back => {
-                    ended?;
-                    break;
+        ),
+        pump(&mut b_read, &mut a_write, None, &progress, &progress.back),
+        &progress,
+        idle,
+    )
+    .await?;
+    let _ = a_write.shutdown().await;
+    Ok(progress.relayed(idled_out))
+}
+
+/// [`relay`] between two sockets, under the same bounds and with the same ends; on Linux each
+/// direction moves its bytes with `splice(2)` through a pipe of its own, never through user
+/// space (the module's documentation says how).
+///
+/// # Errors
+/// An I/O error of either side other than the peer going away.
+///
+/// # Cancel safety and drop
+/// Dropping the future drops both sockets and both pipes; bytes read and not yet written are
+/// lost.
+pub async fn relay_sockets<A: Socket, B: Socket>(
+    a: A,
+    b: B,
+    idle: Duration,
+    forward_limit: Option<u64>,
+) -> io::Result<Relayed> {
+    #[cfg(target_os = "linux")]
+    {
+        splice::relay(a, b, idle, forward_limit, splice::Mode::Splice).await
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        relay(a, b, idle, forward_limit).await
+    }
+}
+
+/// A stream socket that [`relay_sockets`] relays: tokio's TCP and Unix stream sockets, and
+/// mutable references to them. Sealed.
+pub trait Socket: AsyncRead + AsyncWrite + Unpin + sealed::Ops {}
+
+impl Socket for tokio::net::TcpStream {}
+impl Socket for tokio::net::UnixStream {}
+impl<T: Socket + ?Sized> Socket for &mut T {}
+
+/// What the splicing relay needs of a socket beyond reading and writing: its descriptor and
+/// tokio's readiness, so that both directions use one socket at once through `&self`.
+mod sealed {
+    #[cfg(target_os = "linux")]
+    use std::future::Future;
+    #[cfg(target_os = "linux")]
+    use std::io;
+    #[cfg(target_os = "linux")]
+    use std::os::fd::BorrowedFd;
+
+    #[cfg(target_os = "linux")]
+    use tokio::io::{Interest, Ready};
+
+    /// A socket's descriptor and readiness.
+    pub trait Ops {
+        /// The socket's descriptor.
+        #[cfg(target_os = "linux")]
+        fn fd(&self) -> BorrowedFd<'_>;
+        /// Waits until the socket may be ready for `interest`.
+        #[cfg(target_os = "linux")]
+        fn ready(&self, interest: Interest) -> impl Future<Output = io::Result<Ready>> + Send;
+        /// Runs `io` on the socket, clearing its readiness for `interest` when `io` would block.
+        #[cfg(target_os = "linux")]
+        fn try_io<R>(
+            &self,
+            interest: Interest,
+            io: impl FnOnce() -> io::Result<R>,
+        ) -> io::Result<R>;
+        /// One non-blocking read.
+        #[cfg(target_os = "linux")]
+        fn try_read(&self, buffer: &mut [u8]) -> io::Result<usize>;
+        /// One non-blocking write.
+        #[cfg(target_os = "linux")]
+        fn try_write(&self, bytes: &[u8]) -> io::Result<usize>;
+    }
+
+    macro_rules! socket_ops {
+        ($($socket:ty),*) => {$(
+            impl Ops for $socket {
+                #[cfg(target_os = "linux")]
+                fn fd(&self) -> BorrowedFd<'_> {
+                    std::os::fd::AsFd::as_fd(self)
                 }
-                ended = &mut forward, if !forward_done => {
-                    ended?;
-                    forward_done = true;
+                #[cfg(target_os = "linux")]
+                fn ready(
+                    &self,
+                    interest: Interest,
+                ) -> impl Future<Output = io::Result<Ready>> + Send {
+                    <$socket>::ready(self, interest)
                 }
-                () = tokio::time::sleep_until(deadline) => {
-                    if progress.idle_deadline(idle) <= Instant::now() {
-                        idled_out = true;
-                        break;
-                    }
+                #[cfg(target_os = "linux")]
+                fn try_io<R>(
+                    &self,
+                    interest: Interest,
+                    io: impl FnOnce() -> io::Result<R>,
+                ) -> io::Result<R> {
+                    <$socket>::try_io(self, interest, io)
+                }
+                #[cfg(target_os = "linux")]
+                fn try_read(&self, buffer: &mut [u8]) -> io::Result<usize> {
+                    <$socket>::try_read(self, buffer)
+                }
+                #[cfg(target_os = "linux")]
+                fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
+                    <$socket>::try_write(self, bytes)
+                }
+            }
+        )*};
+    }
+    socket_ops!(tokio::net::TcpStream, tokio::net::UnixStream);
+
+    impl<T: Ops + ?Sized> Ops for &mut T {
+        #[cfg(target_os = "linux")]
+        fn fd(&self) -> BorrowedFd<'_> {
+            (**self).fd()
+        }
+        #[cfg(target_os = "linux")]
+        fn ready(&self, interest: Interest) -> impl Future<Output = io::Result<Ready>> + Send {
+            (**self).ready(interest)
+        }
+        #[cfg(target_os = "linux")]
+        fn try_io<R>(
+            &self,
+            interest: Interest,
+            io: impl FnOnce() -> io::Result<R>,
+        ) -> io::Result<R> {
+            (**self).try_io(interest, io)
+        }
+        #[cfg(target_os = "linux")]
+        fn try_read(&self, buffer: &mut [u8]) -> io::Result<usize> {
+            (**self).try_read(buffer)
+        }
+        #[cfg(target_os = "linux")]
+        fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
+            (**self).try_write(bytes)
+        }
+    }
+}
+
+/// Runs the two directions until `back` ends, either fails, or nothing has moved for `idle`;
+/// whether it idled out. `forward` ending leaves `back` running.
+async fn drive<F, K>(forward: F, back: K, progress: &Progress, idle: Duration) -> io::Result<bool>
+where
+    F: Future<Output = io::Result<()>>,
+    K: Future<Output = io::Result<()>>,
+{
+    let mut forward = pin!(forward);
+    let mut back = pin!(back);
+    let mut forward_done = false;
+    loop {
+        let deadline = progress.idle_deadline(idle);
+        tokio::select! {
+            ended = &mut back => {
+                ended?;
+                return Ok(false);
+            }
+            ended = &mut forward, if !forward_done => {
+                ended?;
+                forward_done = true;
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                if progress.idle_deadline(idle) <= Instant::now() {
+                    return Ok(true);
                 }
             }
         }
     }
-    let _ = a_write.shutdown().await;
-    Ok(Relayed {
-        forward: progress.forward.load(Ordering::Relaxed),
-        back: progress.back.load(Ordering::Relaxed),
-        idled_out,
-    })
 }
 
 /// Copies `reader` to `writer` until the reader ends (then shuts the writer down) or `limit`
