@@ -3,12 +3,13 @@
 //! - Warm acquire, pass/fail: a second `acquire` of a running, verified container is one
 //!   `docker container inspect` (the verified-container cache), so it must stay within 1.2× one raw
 //!   `docker container inspect --format '{{json .}}'` of a container.
-//! - Cold acquire, reported only: a fresh key each round (inspect; the other-egress look, OS
-//!   re-check and image presence at once; create; start with an inspect; one guest call for the
-//!   tool probe and the storage base; a walk of the base) against a raw `docker run -d`
-//!   with the same hardening plus one `docker exec -u 0 mkdir -p` of the base (as root: the
-//!   image user cannot create it, which sends the backend to its engine-side fallback). Disposal
-//!   is not timed.
+//! - Cold acquire: a fresh key each round (inspect; the other-egress look, OS re-check and image
+//!   presence at once; create; start with an inspect; one guest call for the tool probe, with the
+//!   host writing the storage base engine-side alongside it; a walk of the base) against a raw
+//!   `docker run -d` with the same hardening plus one `docker exec -u 0 mkdir -p` of the base (as
+//!   root: the image user cannot create it; the backend's base is the image user's). The warm
+//!   key's acquire made a container of the same image first, so the base's owner is known before
+//!   each cold round's guest says it (docs/docker-backend.md#storage-base). Disposal is not timed.
 
 mod support;
 

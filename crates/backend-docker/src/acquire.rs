@@ -446,9 +446,10 @@ impl BackendState {
     }
 
     /// Verifies what this call created (from the inspect made while it started), then the one
-    /// guest call (the tool probe and the storage base as the guest, with the engine-side fallback
-    /// in its middle where the guest cannot create the base), then the base's engine-side walk,
-    /// alongside the egress preflight when configured.
+    /// guest call: the tool probe and the storage base. In a container this call created the host
+    /// makes the base engine-side, from the start of the call ([`Self::early_base`]); in any other
+    /// the guest makes it, with the engine-side fallback in the call's middle where it cannot.
+    /// Then the base's engine-side walk, alongside the egress preflight when configured.
     async fn prepare(
         self: &Arc<Self>,
         plan: &Plan<'_>,
@@ -463,11 +464,43 @@ impl BackendState {
         if let (Some(base), Arrival::Adopted) = (base, arrival) {
             self.await_adopted_base(id, base).await?;
         }
-        let fallback_base = base.unwrap_or_default();
-        self.prepare_guest(id, &plan.image, base, |ids| {
-            self.create_base_fallback(id, fallback_base, arrival, ids)
-        })
-        .await?;
+        match (base, created) {
+            // Nothing runs in a container this call created but the image's keep-alive: the host
+            // makes the base itself, walked while the guest call starts and, with an owner known
+            // before the guest says it, written while the guest starts too.
+            (Some(base), Some(record)) if arrival == Arrival::Created => {
+                let user = record.user();
+                let image_id = record.image_id.as_deref();
+                let predicted = numeric_owner(user)
+                    .or_else(|| image_id.and_then(|image| self.known_image_owner(image, user)));
+                self.prepare_guest(
+                    id,
+                    &plan.image,
+                    Some(base),
+                    true,
+                    |started| self.early_base(id, base, predicted, started),
+                    |early, ids| async move {
+                        if let Some(image) = image_id {
+                            self.remember_image_owner(image, user, ids);
+                        }
+                        self.settle_base(id, early, ids).await
+                    },
+                )
+                .await?;
+            }
+            _ => {
+                let fallback_base = base.unwrap_or_default();
+                self.prepare_guest(
+                    id,
+                    &plan.image,
+                    base,
+                    false,
+                    |_| async { Ok(()) },
+                    |(), ids| self.create_base_fallback(id, fallback_base, arrival, ids),
+                )
+                .await?;
+            }
+        }
         // The base's walk and the egress preflight touch nothing of each other: both at once.
         let settled = async {
             match base {
@@ -579,6 +612,52 @@ impl BackendState {
         Ok(())
     }
 
+    /// The host's part of a new container's storage base from the start of its guest call: the
+    /// engine-side walk (its refusals: a link or a non-directory among the components), then,
+    /// with an owner `predicted`, the missing suffix written with it once the engine answered the
+    /// exec's start (the upload holds the container's lock in the engine, which the start's
+    /// checks take too: after them, the two overlap).
+    async fn early_base(
+        &self,
+        id: &str,
+        base: &str,
+        predicted: Option<(u64, u64)>,
+        started: tokio::sync::oneshot::Receiver<()>,
+    ) -> Result<EarlyBase, SandboxError> {
+        let missing = self.plan_base(id, base).await?;
+        let written = match predicted {
+            Some((uid, gid)) if !missing.is_empty() => {
+                if started.await.is_err() {
+                    return Err(SandboxError::engine(
+                        "the guest call of the acquire did not start",
+                    ));
+                }
+                self.put_base(id, &missing, uid, gid).await?;
+                Some((uid, gid))
+            }
+            _ => None,
+        };
+        Ok(EarlyBase { missing, written })
+    }
+
+    /// Once the guest of a new container reported its ids: the missing suffix is the guest's, or
+    /// is written (again) with its ids. The engine applies an archive entry's owner to a
+    /// directory that exists, so a wrong prediction is corrected in place.
+    async fn settle_base(
+        &self,
+        id: &str,
+        early: EarlyBase,
+        (uid, gid): (u64, u64),
+    ) -> Result<(), SandboxError> {
+        if early.missing.is_empty() || early.written == Some((uid, gid)) {
+            return Ok(());
+        }
+        if let Some(predicted) = early.written {
+            tracing::info!(container = %id, ?predicted, uid, gid, "the guest's ids differ from the predicted owner; writing the base again");
+        }
+        self.put_base(id, &early.missing, uid, gid).await
+    }
+
     /// The guest could not create the storage base: the missing suffix the engine-side walk finds
     /// is created engine-side, owned by the guest's ids, looking again after another process
     /// wrote it under its own pause.
@@ -640,12 +719,7 @@ impl BackendState {
         gid: u64,
         freeze: bool,
     ) -> Result<BaseWrite, SandboxError> {
-        let mut archive = Vec::new();
-        for directory in missing {
-            let name = format!("{}/", directory.trim_start_matches('/'));
-            archive.extend(directory_entry(&name, uid, gid).map_err(SandboxError::invalid)?);
-        }
-        archive.extend([0u8; 1024]);
+        let archive = base_archive(missing, uid, gid)?;
         let frozen = if freeze {
             if self.pause(id).await? == Paused::Elsewhere {
                 if self.wait_out_pause(id).await? == PauseWait::Held {
@@ -672,6 +746,19 @@ impl BackendState {
             run_detached(async move { state.lifecycle(Lifecycle::Unpause, &id).await }).await??;
         }
         result.map(|()| BaseWrite::Written)
+    }
+
+    /// One tar of the base's missing directories, extracted at `/` by the engine, each owned by
+    /// `uid` and `gid`; no pause (nothing of the guest's but the keep-alive runs yet).
+    async fn put_base(
+        &self,
+        id: &str,
+        missing: &[String],
+        uid: u64,
+        gid: u64,
+    ) -> Result<(), SandboxError> {
+        self.put_archive(id, "/", base_archive(missing, uid, gid)?)
+            .await
     }
 
     /// A backend-internal command through the wrapper, cwd `/`, under the command timeout.
@@ -781,6 +868,36 @@ impl BackendState {
             ceiling.files_out,
         ))))
     }
+}
+
+/// What [`BackendState::early_base`] found and did.
+struct EarlyBase {
+    /// The base's missing suffix, outermost first.
+    missing: Vec<String>,
+    /// The owner it was written with, when it was.
+    written: Option<(u64, u64)>,
+}
+
+/// The owner a `Config.User` of the numeric form `uid:gid` names, without any lookup.
+fn numeric_owner(user: &str) -> Option<(u64, u64)> {
+    let (uid, gid) = user.split_once(':')?;
+    let number = |text: &str| {
+        (!text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| text.parse::<u64>().ok())
+            .flatten()
+    };
+    Some((number(uid)?, number(gid)?))
+}
+
+/// The tar of directory entries (0755, owned by `uid` and `gid`) making `missing` at `/`.
+fn base_archive(missing: &[String], uid: u64, gid: u64) -> Result<Vec<u8>, SandboxError> {
+    let mut archive = Vec::new();
+    for directory in missing {
+        let name = format!("{}/", directory.trim_start_matches('/'));
+        archive.extend(directory_entry(&name, uid, gid).map_err(SandboxError::invalid)?);
+    }
+    archive.extend([0u8; 1024]);
+    Ok(archive)
 }
 
 /// Any directory of the base the last walk did not find is an engine error.
@@ -948,3 +1065,58 @@ impl BackendState {
 
 /// How often an abandoned create is looked for.
 const ABANDONED_CREATE_POLL: Duration = Duration::from_millis(250);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_numeric_uid_and_gid_name_an_owner_without_a_lookup() {
+        assert_eq!(numeric_owner("1000:1000"), Some((1000, 1000)));
+        assert_eq!(numeric_owner("0:5"), Some((0, 5)));
+        for needs_a_lookup in [
+            "",
+            "agent",
+            "1000",
+            "agent:1000",
+            "1000:agent",
+            ":1000",
+            "1000:",
+            "-1:2",
+            "+1:2",
+            "1:2:3",
+            " 1:2",
+            "99999999999999999999999:1",
+        ] {
+            assert_eq!(numeric_owner(needs_a_lookup), None, "{needs_a_lookup:?}");
+        }
+    }
+
+    #[test]
+    fn the_base_archive_holds_the_missing_directories_then_the_end() {
+        let missing = ["/maf-sandbox".to_owned(), "/maf-sandbox/work".to_owned()];
+        let archive = base_archive(&missing, 1000, 100).unwrap();
+        assert_eq!(archive.len(), 512 * 2 + 1024);
+        let mut entries = tar::Archive::new(archive.as_slice());
+        let seen: Vec<(String, u64, u64, u32)> = entries
+            .entries()
+            .unwrap()
+            .map(|entry| {
+                let header = entry.unwrap().header().clone();
+                (
+                    header.path().unwrap().display().to_string(),
+                    header.uid().unwrap(),
+                    header.gid().unwrap(),
+                    header.mode().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("maf-sandbox/".to_owned(), 1000, 100, 0o755),
+                ("maf-sandbox/work/".to_owned(), 1000, 100, 0o755)
+            ]
+        );
+    }
+}

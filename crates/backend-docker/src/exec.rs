@@ -202,6 +202,7 @@ impl BackendState {
                 ExecStdin::Closed,
                 &mut sink,
                 &AtomicBool::new(false),
+                None,
             )
             .await?;
         Ok(Collected {
@@ -236,6 +237,9 @@ impl BackendState {
     /// input is read only as fast as the command takes it, and the output only as fast as the
     /// sink takes it, so neither is held whole. A command that exits without reading its stdin
     /// ends the call; the rest of the input is never read. The caller bounds the time.
+    /// `answered` fires once the engine answered the start (the guest process is being made); it
+    /// is dropped unfired when the exec never starts.
+    #[allow(clippy::too_many_arguments)]
     async fn exec_attached(
         &self,
         id: &str,
@@ -244,6 +248,7 @@ impl BackendState {
         stdin: ExecStdin,
         sink: &mut impl OutputSink,
         start_requested: &AtomicBool,
+        answered: Option<tokio::sync::oneshot::Sender<()>>,
     ) -> Result<i32, ExecFailure> {
         let api = self.engine.api();
         let attach_stdin = !matches!(stdin, ExecStdin::Closed);
@@ -280,6 +285,9 @@ impl BackendState {
             }
             return Err(ExecFailure::NotStarted(failure));
         };
+        if let Some(answered) = answered {
+            let _ = answered.send(());
+        }
         let StartExecResults::Attached {
             mut output,
             mut input,
@@ -411,21 +419,28 @@ impl BackendState {
     }
 
     /// The one guest call of an acquire ([`PREPARE_SCRIPT`]): the tool probe, unless this
-    /// process probed `id` already, and with `base` its preparation as the guest. When the guest
-    /// cannot create the base, `fallback` runs with the guest's ids while the call waits, and the
-    /// guest checks it can write what the host made. A missing tool is refused as the probe
-    /// refuses it, before anything the base step said, and the fallback never runs for it; the
-    /// guest user's ids are remembered for `id`. The guest's part is bounded by the command
-    /// timeout, the host's by its own requests' deadlines.
-    pub(crate) async fn prepare_guest<F, Fut>(
+    /// process probed `id` already, and with `base` its preparation. `host_first` chooses who
+    /// makes the base: the guest (`mkdir -p`; when it cannot, it asks the host), or the host
+    /// (the guest asks right after printing its ids, and never creates anything itself). `early`
+    /// starts with the call, handed a signal that fires once the engine answered the exec's start
+    /// (dropped unfired when it never starts); once the guest asks, `then` runs with what `early`
+    /// gave and the guest's ids while the call waits, and the guest checks it can write what the
+    /// host made. A missing tool is refused as the probe refuses it, before anything the base
+    /// step said, and `then` never runs for it; the guest user's ids are remembered for `id`. The
+    /// guest's part is bounded by the command timeout (its clock stopped while `then` runs), the
+    /// host's by its own requests' deadlines.
+    pub(crate) async fn prepare_guest<E, Early, Then, Fut>(
         &self,
         id: &str,
         image: &str,
         base: Option<&str>,
-        fallback: F,
+        host_first: bool,
+        early: impl FnOnce(tokio::sync::oneshot::Receiver<()>) -> Early,
+        then: Then,
     ) -> Result<(), SandboxError>
     where
-        F: FnOnce((u64, u64)) -> Fut,
+        Early: std::future::Future<Output = Result<E, SandboxError>>,
+        Then: FnOnce(E, (u64, u64)) -> Fut,
         Fut: std::future::Future<Output = Result<(), SandboxError>>,
     {
         let probe = !self.is_probed(id);
@@ -438,6 +453,7 @@ impl BackendState {
             PREPARE_SCRIPT,
             "maf-prepare",
             base.unwrap_or(""),
+            if host_first { "host" } else { "guest" },
         ]
         .map(str::to_owned)
         .to_vec();
@@ -446,6 +462,7 @@ impl BackendState {
             argv.push(DOCKER_INIT_PATH.to_owned());
         }
         let (asked, asking) = tokio::sync::oneshot::channel();
+        let (answered, started) = tokio::sync::oneshot::channel();
         let (mut answer, answer_reader) = tokio::io::duplex(64);
         let stdin = match base {
             Some(_) => ExecStdin::reader(answer_reader),
@@ -471,6 +488,7 @@ impl BackendState {
                     stdin,
                     &mut sink,
                     &AtomicBool::new(false),
+                    Some(answered),
                 )
                 .await;
             // Nothing more will ask: the host's side stops waiting.
@@ -482,17 +500,22 @@ impl BackendState {
             })
         };
         let host = async {
-            let Ok(so_far) = asking.await else {
-                return None;
+            let ids = async {
+                let so_far = asking.await.ok()?;
+                match parse_prepare(&so_far) {
+                    Ok(so_far) if !needs_missing_tool(&so_far.missing) => so_far.ids,
+                    // The guest's full answer names the refusal.
+                    _ => None,
+                }
             };
-            let ids = match parse_prepare(&so_far) {
-                Ok(so_far) if !needs_missing_tool(&so_far.missing) => so_far.ids,
-                // The guest's full answer names the refusal.
-                _ => None,
-            }?;
+            let (early, ids) = tokio::join!(early(started), ids);
+            let ids = ids?;
             // The guest waits while the host works: its clock stops meanwhile.
             let _ = guest_deadline.send(None);
-            let made = fallback(ids).await;
+            let made = match early {
+                Ok(early) => then(early, ids).await,
+                Err(error) => Err(error),
+            };
             if made.is_ok() {
                 let _ = answer.write_all(b"go\n").await;
             }
@@ -665,7 +688,7 @@ impl BackendState {
         let start_requested = AtomicBool::new(false);
         let ran = tokio::time::timeout(
             timeout,
-            self.exec_attached(&id, argv, env, stdin, &mut sink, &start_requested),
+            self.exec_attached(&id, argv, env, stdin, &mut sink, &start_requested, None),
         )
         .await;
         let (sender, splitter) = sink.into_parts();

@@ -21,22 +21,23 @@ done
 pub(crate) const LIST_EXIT_CANNOT_ENTER: i32 = 3;
 
 /// The one guest call of an acquire, a plain `sh -c` and not through the wrapper (it probes the
-/// tools the wrapper needs): `$1` is the storage base (empty: none needed), the tools follow as
-/// positionals. One `missing <tool>` line per tool `command -v` does not find (the tool probe,
-/// docs/wrapper-protocol.md#the-tool-probe); then, with a base, `ids <uid> <gid>` (the guest user,
-/// for the files the engine writes on its behalf) and `mkdir -p` of the base as the guest, so the
-/// guest owns it. Exit 0 when the base is there and writable. When the guest cannot create it, a
-/// `fallback` line asks the host to create the missing suffix engine-side, owned by the ids, and
-/// the script waits for the host's `go` line on stdin before its `test -w`; anything else (end of
-/// file: the host did not write it) is [`PREPARE_EXIT_FALLBACK`]. [`PREPARE_EXIT_UNWRITABLE`]: the
-/// base is there but not writable; [`PREPARE_EXIT_NO_IDS`]: the fallback needs ids `id` did not
-/// give. The variables are cleared first: the exec inherits the image's environment.
-pub(crate) const PREPARE_SCRIPT: &str = r#"maf_u= maf_g= maf_go= maf_b=$1
-shift
+/// tools the wrapper needs): `$1` is the storage base (empty: none needed), `$2` who makes it
+/// (`guest` or `host`), the tools follow as positionals. One `missing <tool>` line per tool
+/// `command -v` does not find (the tool probe, docs/wrapper-protocol.md#the-tool-probe); then,
+/// with a base, `ids <uid> <gid>` (the guest user, for the files the engine writes on its
+/// behalf). With `guest`, `mkdir -p` of the base as the guest, so the guest owns it. Exit 0 when
+/// the base is there and writable. With `host`, or when the guest cannot create it, a `fallback`
+/// line asks the host to create the missing suffix engine-side, owned by the ids, and the script
+/// waits for the host's `go` line on stdin before its `test -w`; anything else (end of file: the
+/// host did not write it) is [`PREPARE_EXIT_FALLBACK`]. [`PREPARE_EXIT_UNWRITABLE`]: the base is
+/// there but not writable; [`PREPARE_EXIT_NO_IDS`]: the host's part needs ids `id` did not give.
+/// The variables are cleared first: the exec inherits the image's environment.
+pub(crate) const PREPARE_SCRIPT: &str = r#"maf_u= maf_g= maf_go= maf_b=$1 maf_h=$2
+shift 2
 for t do command -v "$t" >/dev/null || printf 'missing %s\n' "$t"; done
 [ -n "$maf_b" ] || exit 0
 maf_u=$(id -u) && maf_g=$(id -g) && printf 'ids %s %s\n' "$maf_u" "$maf_g"
-if ! mkdir -p -- "$maf_b" 2>/dev/null; then
+if [ "$maf_h" = host ] || ! mkdir -p -- "$maf_b" 2>/dev/null; then
   [ -n "$maf_g" ] || exit 11
   echo fallback
   read -r maf_go && [ "$maf_go" = go ] || exit 10
@@ -245,14 +246,14 @@ mod tests {
             (u64::from(meta.uid()), u64::from(meta.gid()))
         };
         // Every tool present, no base: nothing printed.
-        let (code, out) = run(shell, PREPARE_SCRIPT, &["", "sh", "mkdir"], b"").unwrap();
+        let (code, out) = run(shell, PREPARE_SCRIPT, &["", "guest", "sh", "mkdir"], b"").unwrap();
         assert_eq!((code, out), (0, Vec::new()), "{shell:?}");
         // Missing tools are named in order; the base is still prepared.
         let base = format!("{root}/base/work");
         let (code, out) = run(
             shell,
             PREPARE_SCRIPT,
-            &[&base, "no-such-tool-1", "mkdir", "no such tool 2"],
+            &[&base, "guest", "no-such-tool-1", "mkdir", "no such tool 2"],
             b"",
         )
         .unwrap();
@@ -262,14 +263,36 @@ mod tests {
         assert_eq!(answer.ids, Some(own));
         assert!(std::path::Path::new(&base).is_dir());
         // Already there: the same answer, nothing changed.
-        let (code, out) = run(shell, PREPARE_SCRIPT, &[&base], b"").unwrap();
+        let (code, out) = run(shell, PREPARE_SCRIPT, &[&base, "guest"], b"").unwrap();
         assert_eq!((code, ids(&out)), (0, Some(own)), "{shell:?}");
+        // The host makes the base: the script asks right after its ids, creates nothing, and
+        // checks after `go` (here the base exists: 0; a missing one stays missing: 12).
+        let (code, out) = run(shell, PREPARE_SCRIPT, &[&base, "host"], b"go\n").unwrap();
+        let answer = parse_prepare(&out).unwrap();
+        assert_eq!(
+            (code, answer.ids, answer.fallback),
+            (0, Some(own), true),
+            "{shell:?}"
+        );
+        let absent = format!("{root}/base/absent");
+        for (stdin, want) in [
+            (&b"go\n"[..], PREPARE_EXIT_UNWRITABLE),
+            (b"", PREPARE_EXIT_FALLBACK),
+        ] {
+            let (code, out) = run(shell, PREPARE_SCRIPT, &[&absent, "host"], stdin).unwrap();
+            assert_eq!(
+                (code, parse_prepare(&out).unwrap().fallback),
+                (want, true),
+                "{shell:?} {stdin:?}"
+            );
+            assert!(!std::path::Path::new(&absent).exists(), "{shell:?}");
+        }
         // The guest cannot create it (a parent that is a file): the fallback, with the ids; no
         // `go` from the host is exit 10, whatever else stdin says.
         std::fs::write(format!("{root}/plain"), b"x").unwrap();
         let plain = format!("{root}/plain/work");
         for stdin in [&b""[..], b"no\n", b"going\n"] {
-            let (code, out) = run(shell, PREPARE_SCRIPT, &[&plain], stdin).unwrap();
+            let (code, out) = run(shell, PREPARE_SCRIPT, &[&plain, "guest"], stdin).unwrap();
             let answer = parse_prepare(&out).unwrap();
             assert_eq!(
                 (code, answer.ids, answer.fallback),
@@ -279,7 +302,7 @@ mod tests {
         }
         // After `go` the script checks what the host made (the live tests cover a base made
         // engine-side); here the host made nothing, so the check fails.
-        let (code, out) = run(shell, PREPARE_SCRIPT, &[&plain], b"go\n").unwrap();
+        let (code, out) = run(shell, PREPARE_SCRIPT, &[&plain, "guest"], b"go\n").unwrap();
         assert_eq!(
             (code, parse_prepare(&out).unwrap().fallback),
             (PREPARE_EXIT_UNWRITABLE, true),
@@ -301,6 +324,7 @@ mod tests {
                 .arg(PREPARE_SCRIPT)
                 .arg("probe")
                 .arg(format!("{root}/plain/work"))
+                .arg("guest")
                 .env("PATH", path)
                 .env("maf_u", "7")
                 .env("maf_g", "7")

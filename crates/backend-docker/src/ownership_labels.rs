@@ -101,6 +101,9 @@ pub(crate) struct ContainerRecord {
     pub(crate) name: String,
     #[serde(rename = "Created", default)]
     pub(crate) created: Option<String>,
+    /// The id of the image it was made from (`sha256:…`).
+    #[serde(rename = "Image", default)]
+    pub(crate) image_id: Option<String>,
     #[serde(rename = "State", default)]
     pub(crate) state: Option<StateRecord>,
     #[serde(rename = "Config", default)]
@@ -190,6 +193,14 @@ impl ContainerRecord {
     /// Its `Config.Image`.
     pub(crate) fn image(&self) -> Option<&str> {
         self.config.as_ref().and_then(|c| c.image.as_deref())
+    }
+
+    /// Its configured user (`Config.User`; empty: the image's default, root).
+    pub(crate) fn user(&self) -> &str {
+        self.config
+            .as_ref()
+            .and_then(|c| c.user.as_deref())
+            .unwrap_or("")
     }
 
     /// Whether it runs as root (see [`user_is_root`]).

@@ -56,6 +56,11 @@ struct ProcessMemory {
     guest_ids: HashMap<String, (u64, u64)>,
     /// Egress proxy ids this process saw print their ready line.
     ready_proxies: HashSet<String>,
+    /// (image id, configured user) → the uid and gid a guest of that image and user reported:
+    /// the owner a new container's storage base is written with before its guest says so. An
+    /// image id names its content, so the answer cannot change under it; the guest is still
+    /// asked every time, and its word wins.
+    image_owners: HashMap<(String, String), (u64, u64)>,
 }
 
 /// Everything one [`DockerBackend`](crate::DockerBackend) and its handles share.
@@ -175,6 +180,21 @@ impl BackendState {
 
     pub(crate) fn remember_guest_ids(&self, id: &str, ids: (u64, u64)) {
         self.memory().guest_ids.insert(id.to_owned(), ids);
+    }
+
+    /// The guest ids last reported for `image_id` running as `user`.
+    pub(crate) fn known_image_owner(&self, image_id: &str, user: &str) -> Option<(u64, u64)> {
+        self.memory()
+            .image_owners
+            .get(&(image_id.to_owned(), user.to_owned()))
+            .copied()
+    }
+
+    /// Remembers the guest ids a guest of `image_id` running as `user` reported.
+    pub(crate) fn remember_image_owner(&self, image_id: &str, user: &str, ids: (u64, u64)) {
+        self.memory()
+            .image_owners
+            .insert((image_id.to_owned(), user.to_owned()), ids);
     }
 
     pub(crate) fn warm_entry(&self, id: &str) -> Option<WarmEntry> {

@@ -1432,12 +1432,17 @@ fn a_warm_call_makes_the_fewest_engine_requests() {
 /// A cold acquire (a new key) costs, besides sandboxctl's own image check, connecting, the size of
 /// the engine's host (`info`, once per process) and the command: one inspect of the name; the key's
 /// other sandboxes looked for, the OS re-checked by a ping and the image inspected; the create,
-/// then its start and inspect; one guest call that probes the tools and prepares the storage base
-/// (exec create, attached start, exec inspect), with the engine-side fallback in its middle on this
-/// image (the guest cannot create `/maf-sandbox`: one walk of the base, whose two missing
+/// then its start and inspect; one guest call that probes the tools and prints the guest's ids
+/// (exec create, attached start, exec inspect) while the host makes the storage base of the
+/// container it created: one walk of the base from the call's start, whose two missing
 /// directories each cost an inspect to tell a missing path from a gone container, and one archive
-/// PUT); then one walk of the base. No `info` for the OS, no second inspect of the new container,
-/// no second guest call. Requests that run at once arrive in any order, so the multiset is pinned.
+/// PUT owned by the guest (its ids are not known before the guest prints them: the image runs as
+/// a user name, and this process has not seen the image before; a numeric `uid:gid`, or a second
+/// cold acquire of the image in one process, sends the same PUT alongside the exec's start
+/// instead); then one walk of the base. No `info` for the OS, no second inspect of the new
+/// container, no second guest call, no read of the image's `/etc/passwd` (an archive GET costs
+/// the engine as much as the PUT, and the guest's ids arrive sooner). Requests that run at once
+/// arrive in any order, so the multiset is pinned.
 #[test]
 fn a_cold_acquire_makes_the_fewest_engine_requests() {
     let scope = scope("cold-roundtrips");
@@ -1495,8 +1500,9 @@ fn a_cold_acquire_makes_the_fewest_engine_requests() {
         "POST /containers/create?name",
         "POST /containers/ID/start",
         "GET /containers/ID/json",
-        // The one guest call, and the fallback in its middle: the walk (two missing
-        // directories, an inspect each) and the PUT.
+        // The one guest call, and the host's base alongside it: the walk (two missing
+        // directories, an inspect each) from the call's start, the PUT once the guest's ids
+        // arrive.
         "POST /containers/ID/exec",
         "POST /exec/ID/start",
         "GET /exec/ID/json",
