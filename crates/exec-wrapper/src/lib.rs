@@ -18,7 +18,9 @@
 //!    (failure: the `<nonce>-nocwd` line and the shell's message, exit 125, no nonce), prints the
 //!    nonce line on stderr, and starts the command with `setsid` in a new session. The command's first shell
 //!    writes its pid (the group id) to the pid file, then runs the command only if no cancel file
-//!    exists.
+//!    exists. In the sbx PID-namespace shape ([`sbx_pid_namespace_wrapper_argv`]) there is no
+//!    pid file: the run stage checks the cancel file before the nonce line and starts the
+//!    command with `setsid` directly.
 //! 4. **The result** ([`parse_result`], fed incrementally by [`NonceSplitter`] however the
 //!    chunks cut the line): stderr after the first nonce line is the command's; no
 //!    nonce line means the engine, the transport or the wrapper failed, never the command

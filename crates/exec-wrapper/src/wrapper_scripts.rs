@@ -49,6 +49,11 @@ pub(crate) const WRAPPER_FAILURE_EXIT: i32 = 125;
 //     the wait below covers the command). INNER records its pid (= the new group id), then runs
 //     the command only if no cancel file exists.
 //  6. remove the pid and cancel files and exit with the command's status.
+// With `-` as the pid file (the sbx call in a PID namespace of its own, which the namespace kill
+// ends whole: no group record to write), the cancel file `/tmp/maf-sbx-<nonce>.pgid.cancel` is
+// checked before the nonce line (exit 125 when it exists) and step 5 is `setsid -- ARGV…`, still
+// a forked child (this shell is the namespace's first process and waits; a command run as that
+// first process would be immune to its own signals), with nothing to remove after it.
 macro_rules! run_stage {
     () => {
         r#"d() {
@@ -92,12 +97,20 @@ for a do
   i=$((i + 1))
 done
 shift "$k"
+if [ "$p" = - ]; then
+  if [ -e "/tmp/maf-sbx-$n.pgid.cancel" ] || [ -L "/tmp/maf-sbx-$n.pgid.cancel" ]; then exit 125; fi
+fi
 printf '%s\n' "$n" >&2
 while [ "$1" != - ]; do
   export "$1"
   shift
 done
 shift
+if [ "$1" = - ]; then
+  shift
+  setsid -- "$@"
+  exit "$?"
+fi
 setsid sh -c 'printf "%s\n" "$$" >"$1" || exit 125
 if [ -e "$1.cancel" ] || [ -L "$1.cancel" ]; then exit 125; fi
 shift
@@ -147,8 +160,8 @@ esac
 const SBX_ENTER: [&str; 5] = ["unshare", "--user", "--mount", "--map-root-user", "--"];
 
 /// The `unshare` an sbx call starts with in its own PID namespace, whose first process is the
-/// rest of the call; [`NAMESPACE_KILL_SCRIPT`] recognises it by these words and the `env -u
-/// maf-sbx-<nonce>` after them.
+/// rest of the call; [`NAMESPACE_KILL_SCRIPT`] recognises it by these words and the `sh -c
+/// #maf-sbx-<nonce>` after them (the script's first line, a comment naming the call).
 const SBX_ENTER_PID: [&str; 8] = [
     "unshare",
     "--user",
@@ -373,15 +386,14 @@ fi
 ///
 /// It finds the call's outer `unshare`: a process in the kill's own PID namespace (every process
 /// a command starts lives in the command's own, nested namespace, so none can pass for it) whose
-/// command line is `unshare --user --mount --pid --fork --kill-child=KILL --map-root-user -- env
-/// -u maf-sbx-<nonce> …`. It kills that process and its child, the namespace's first process;
-/// the kernel then kills every process in the namespace. Exit 11 once both are gone (the pid
-/// file the namespace's wrapper wrote is removed; the cancel file goes too unless a process whose
-/// command line carries the nonce is still alive: an `unshare` caught between its fork and its
-/// child's parent-death signal leaves such a child, which must still find the file and stop.
-/// Every process of the call carries the nonce from that fork until the wrapper's check, and no
-/// new one can appear once the `unshare` is dead); 6 if either is still alive
-/// after 30 polls. No such `unshare`: the group kill of the same call runs
+/// command line is `unshare --user --mount --pid --fork --kill-child=KILL --map-root-user -- sh
+/// -c #maf-sbx-<nonce>…`. It kills that process and its child, the namespace's first process;
+/// the kernel then kills every process in the namespace. Exit 11 once both are gone (the cancel
+/// file is removed unless a process whose command line carries the nonce is still alive: an
+/// `unshare` caught between its fork and its child's parent-death signal leaves such a child,
+/// which must still find the file and stop. Every process of the call carries the nonce in its
+/// first line, the script's comment, from that fork until the wrapper's check, and no new one can
+/// appear once the `unshare` is dead); 6 if either is still alive after 30 polls. No such `unshare`: the group kill of the same call runs
 /// instead (a wrapper entered without a PID namespace), with the same reading of "never started"
 /// as [`TREE_KILL_SCRIPT`].
 pub const NAMESPACE_KILL_SCRIPT: &str = concat!(
@@ -390,7 +402,7 @@ pub const NAMESPACE_KILL_SCRIPT: &str = concat!(
 for d in /proc/[0-9]*; do
   c=
   IFS= read -r c 2>/dev/null <"$d/cmdline"
-  case $c in "unshare--user--mount--pid--fork--kill-child=KILL--map-root-user--env-umaf-sbx-$n"*) ;; *) continue ;; esac
+  case $c in "unshare--user--mount--pid--fork--kill-child=KILL--map-root-user--sh-c#maf-sbx-$n") ;; *) continue ;; esac
   [ "$d/ns/pid" -ef "/proc/$$/ns/pid" ] || continue
   r="$r ${d#/proc/}"
 done
@@ -415,7 +427,6 @@ if [ -n "$r" ]; then
       [ "${s%% *}" = Z ] || v=1
     done
     if [ -z "$v" ]; then
-      rm -f -- "/tmp/maf-sbx-$n.pgid"
       w=
       for d in /proc/[0-9]*; do
         [ "${d#/proc/}" = "$$" ] && continue
@@ -459,6 +470,7 @@ pub fn docker_wrapper_argv(nonce: &Nonce, invocation: &EncodedInvocation) -> Vec
         DOCKER_WRAPPER,
         "run",
         nonce,
+        &pid_file(nonce),
         ["-", "-", "-", "-"].map(str::to_owned),
         invocation,
     )
@@ -493,14 +505,25 @@ pub fn sbx_wrapper_argv(
     invocation: &EncodedInvocation,
 ) -> Result<Vec<String>> {
     let enter = SBX_ENTER.map(str::to_owned).to_vec();
-    sbx_argv(enter, nonce, mount, with_env_file, invocation)
+    sbx_argv(
+        enter,
+        SBX_WRAPPER,
+        nonce,
+        &pid_file(nonce),
+        mount,
+        with_env_file,
+        invocation,
+    )
 }
 
 /// As [`sbx_wrapper_argv`], in a PID namespace of the call's own: `unshare --user --mount --pid
-/// --fork --kill-child=KILL --map-root-user -- env -u maf-sbx-<nonce> sh -c <wrapper> …`. The
-/// rest of the call is the namespace's first process, so [`namespace_kill_argv`] ends every
-/// process the command starts; `env -u maf-sbx-<nonce>` changes nothing but puts the nonce in
-/// the `unshare`'s command line before any newline, where the kill looks for it. Use it once
+/// --fork --kill-child=KILL --map-root-user -- sh -c <#maf-sbx-<nonce>, newline, wrapper>
+/// maf-sbx <the same> bind <nonce> - …`. The rest of the call is the namespace's first process,
+/// so [`namespace_kill_argv`] ends every process the command starts. The script's first line is
+/// a comment naming the call: it puts the nonce in the `unshare`'s command line, and in every
+/// stage's, before any newline, where the kill looks for it. The pid file positional is `-`: the
+/// namespace kill needs no group record, so the `run` stage writes none and starts the command
+/// with `setsid` directly (checking the cancel file before its nonce line). Use it once
 /// [`pid_namespace_probe_argv`] has passed in the sandbox; otherwise [`sbx_wrapper_argv`] and
 /// the group kill.
 ///
@@ -513,18 +536,16 @@ pub fn sbx_pid_namespace_wrapper_argv(
     with_env_file: bool,
     invocation: &EncodedInvocation,
 ) -> Result<Vec<String>> {
-    let mut enter = SBX_ENTER_PID.map(str::to_owned).to_vec();
-    enter.extend([
-        "env".to_owned(),
-        "-u".to_owned(),
-        format!("maf-sbx-{nonce}"),
-    ]);
-    sbx_argv(enter, nonce, mount, with_env_file, invocation)
+    let enter = SBX_ENTER_PID.map(str::to_owned).to_vec();
+    let script = format!("#{SCRIPT_NAME}-{nonce}\n{SBX_WRAPPER}");
+    sbx_argv(enter, &script, nonce, "-", mount, with_env_file, invocation)
 }
 
 fn sbx_argv(
     enter: Vec<String>,
+    script: &str,
     nonce: &Nonce,
+    pid_file: &str,
     mount: &SbxMount,
     with_env_file: bool,
     invocation: &EncodedInvocation,
@@ -546,9 +567,10 @@ fn sbx_argv(
     };
     Ok(wrapper_argv(
         enter,
-        SBX_WRAPPER,
+        script,
         "bind",
         nonce,
+        pid_file,
         [
             mount.parent.clone(),
             mount.guest_mount.clone(),
@@ -624,14 +646,14 @@ pub fn docker_init_probe_argv() -> Vec<String> {
 }
 
 /// Once per sandbox, before the first call: can [`sbx_pid_namespace_wrapper_argv`]'s `unshare`
-/// make its namespaces here? Runs the same `unshare` and `env` (from `sh`, so a guest without
-/// `unshare` answers 127 like any missing tool), with `true` as the command; read it with
+/// make its namespaces here? Runs the same `unshare` (from `sh`, so a guest without `unshare`
+/// answers 127 like any missing tool) starting `sh -c :` in them; read it with
 /// [`read_kill_mode_probe`].
 pub fn pid_namespace_probe_argv() -> Vec<String> {
     [
         "sh",
         "-c",
-        "exec unshare --user --mount --pid --fork --kill-child=KILL --map-root-user -- env -u maf-sbx-probe true",
+        "exec unshare --user --mount --pid --fork --kill-child=KILL --map-root-user -- sh -c :",
         "maf-probe",
     ]
     .map(str::to_owned)
@@ -651,6 +673,7 @@ fn wrapper_argv(
     script: &str,
     stage: &str,
     nonce: &Nonce,
+    pid_file: &str,
     placement: [String; 4],
     invocation: &EncodedInvocation,
 ) -> Vec<String> {
@@ -667,7 +690,7 @@ fn wrapper_argv(
         ]
         .map(str::to_owned),
     );
-    argv.push(pid_file(nonce));
+    argv.push(pid_file.to_owned());
     argv.extend(placement);
     argv.push(invocation.cwd().to_owned());
     argv.extend(invocation.argv().iter().cloned());
@@ -826,24 +849,39 @@ mod tests {
         };
         let argv = sbx_pid_namespace_wrapper_argv(&nonce, &mount, false, &inv).unwrap();
         assert_eq!(argv[..8], SBX_ENTER_PID);
+        // The script's first line names the call; the rest is the wrapper, passed on as `$1`
+        // with the same first line, so every stage's command line names the call too.
+        let script = format!("#maf-sbx-00112233445566778899aabb\n{SBX_WRAPPER}");
+        assert_eq!(argv[8..11], ["sh", "-c", script.as_str()]);
+        assert_eq!(argv[11..13], ["maf-sbx", script.as_str()]);
+        assert_eq!(argv[13..15], ["bind", "00112233445566778899aabb"]);
+        // No group record in a PID namespace: the pid file positional is `-`.
+        assert_eq!(argv[15], "-");
         assert_eq!(
-            argv[8..11],
-            ["env", "-u", "maf-sbx-00112233445566778899aabb"]
+            argv[16..],
+            [
+                "/maf-sandbox",
+                "/home/agent/ws",
+                WORKSPACE_MARKER,
+                "-",
+                "r/",
+                "rtrue"
+            ]
         );
-        assert_eq!(argv[11..14], ["sh", "-c", SBX_WRAPPER]);
-        assert_eq!(argv[16], "bind");
         // The command line as the namespace kill reads it: NULs dropped, up to the first newline.
         let joined: String = argv.concat();
         let first_line = joined.split('\n').next().unwrap();
-        assert!(
-            first_line.starts_with(
-                "unshare--user--mount--pid--fork--kill-child=KILL--map-root-user--env-umaf-sbx-00112233445566778899aabb"
-            ),
-            "{first_line}"
+        assert_eq!(
+            first_line,
+            "unshare--user--mount--pid--fork--kill-child=KILL--map-root-user--sh-c#maf-sbx-00112233445566778899aabb"
         );
         assert!(NAMESPACE_KILL_SCRIPT.contains(
-            r#""unshare--user--mount--pid--fork--kill-child=KILL--map-root-user--env-umaf-sbx-$n"*"#
+            r#""unshare--user--mount--pid--fork--kill-child=KILL--map-root-user--sh-c#maf-sbx-$n")"#
         ));
+        // Without a PID namespace the group record is written as before.
+        let argv = sbx_wrapper_argv(&nonce, &mount, false, &inv).unwrap();
+        assert_eq!(argv[5..8], ["sh", "-c", SBX_WRAPPER]);
+        assert_eq!(argv[12], "/tmp/maf-sbx-00112233445566778899aabb.pgid");
     }
 
     #[test]
@@ -1032,14 +1070,15 @@ mod probe_runs {
         assert_eq!(answer, ExitKind::Exited(0));
         let stage = recorded(&unshare).expect("the call runs unshare");
 
-        // The same namespaces, the same `env -u`, then `true` in place of the wrapper.
+        // The same namespaces and the same `sh -c`, then `:` in place of the wrapper.
         assert_eq!(
             probe[..9],
             stage[..9],
             "probe {probe:?} and call {stage:?} disagree"
         );
-        assert_eq!(stage[9], "maf-sbx-00112233445566778899aabb");
-        assert_eq!(probe[9..], ["maf-sbx-probe", "true"]);
+        assert_eq!(probe[7..], ["sh", "-c", ":"]);
+        // The stand-in records one argument a line: the script's first line names the call.
+        assert_eq!(stage[9], "#maf-sbx-00112233445566778899aabb");
     }
 
     #[test]

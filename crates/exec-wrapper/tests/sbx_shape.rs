@@ -3,7 +3,8 @@
 //! (everything from the call's first process, `unshare`, onward): a private user and mount
 //! namespace, the workspace bound at the storage base's parent, the marker check, then the command
 //! under the caller's own uid and gid. Every case runs under dash and bash (see [`shells`] for why
-//! not BusyBox).
+//! not BusyBox), each in both shapes: without a PID namespace (the group record) and in one of
+//! the call's own (no record; the command started by `setsid` directly).
 //!
 //! These tests need unprivileged user namespaces and util-linux `unshare` with
 //! `--map-user`/`--map-group` (2.38 or later). Without them every test here fails with a message
@@ -19,9 +20,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use exec_wrapper::{
-    encode_env_file, encode_invocation, new_nonce, parse_run_output, pid_file, plain_invocation,
-    sbx_env_file_name, sbx_wrapper_argv, BoundedCommand, EncodedInvocation, ExitKind, Nonce,
-    SbxMount, WrapperOutcome, WrapperOutput, WORKSPACE_MARKER,
+    cancel_file, encode_env_file, encode_invocation, new_nonce, parse_run_output, pid_file,
+    plain_invocation, sbx_env_file_name, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv,
+    BoundedCommand, EncodedInvocation, ExitKind, Nonce, SbxMount, WrapperOutcome, WrapperOutput,
+    WORKSPACE_MARKER,
 };
 
 const BOUND: Duration = Duration::from_secs(20);
@@ -100,11 +102,14 @@ fn required(name: &str) -> PathBuf {
 const SYSTEM_PATH: &str = "/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// One shell under test, with a bin directory whose `sh` is that shell (so the `unshare` the call
-/// starts with, every stage's re-run of the script, and the command's inner shell use it too).
+/// starts with, every stage's re-run of the script, and the command's inner shell use it too),
+/// and the shape of the call.
 struct Shell {
     name: &'static str,
     program: PathBuf,
     path: String,
+    /// The call runs in a PID namespace of its own ([`sbx_pid_namespace_wrapper_argv`]).
+    pid_namespace: bool,
 }
 
 /// dash and bash. The bin directories live under `site_root`, which the caller can traverse.
@@ -115,21 +120,28 @@ struct Shell {
 /// image whose `sh` is such a BusyBox fails the sbx mount proof at create. The `run` stage is
 /// checked under BusyBox in `wrapper_shells.rs`.
 fn shells(site_root: &Path) -> Vec<Shell> {
-    ["dash", "bash"]
-        .into_iter()
-        .map(|name| {
-            let bin = site_root.join(format!("bin-{name}"));
+    [
+        ("dash", "dash", false),
+        ("dash", "dash, PID namespace", true),
+        ("bash", "bash", false),
+        ("bash", "bash, PID namespace", true),
+    ]
+    .into_iter()
+    .map(|(shell, name, pid_namespace)| {
+        let bin = site_root.join(format!("bin-{shell}"));
+        if !bin.exists() {
             std::fs::create_dir(&bin).unwrap();
             std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-            let program = required(name);
-            std::os::unix::fs::symlink(&program, bin.join("sh")).unwrap();
-            Shell {
-                name,
-                program,
-                path: format!("{}:{SYSTEM_PATH}", bin.display()),
-            }
-        })
-        .collect()
+            std::os::unix::fs::symlink(required(shell), bin.join("sh")).unwrap();
+        }
+        Shell {
+            name,
+            program: required(shell),
+            path: format!("{}:{SYSTEM_PATH}", bin.display()),
+            pid_namespace,
+        }
+    })
+    .collect()
 }
 
 /// A host layout standing in for the guest's: a workspace as sbx would mount it (owned by the
@@ -276,7 +288,11 @@ impl Site {
             parent: self.parent_str().to_owned(),
             guest_mount: guest_mount.to_str().unwrap().to_owned(),
         };
-        let argv = sbx_wrapper_argv(nonce, &mount, with_env_file, invocation).unwrap();
+        let argv = if shell.pid_namespace {
+            sbx_pid_namespace_wrapper_argv(nonce, &mount, with_env_file, invocation).unwrap()
+        } else {
+            sbx_wrapper_argv(nonce, &mount, with_env_file, invocation).unwrap()
+        };
         assert_eq!(argv[0], "unshare", "the guest argv starts with unshare");
         let sh = argv.iter().position(|arg| arg == "sh").unwrap();
         assert_eq!(
@@ -715,6 +731,132 @@ fn the_env_file_is_read_through_the_bind_and_deleted() {
     site.assert_host_parent_unchanged();
 }
 
+/// The command is exactly its argv in a process group and session of its own (its `kill 0`
+/// reaches only what it started), its death by a signal reads as 128 plus the signal, and only
+/// the call without a PID namespace writes a group record.
+#[test]
+fn the_command_leads_its_own_group_and_its_signal_shows_in_the_status() {
+    let site = Site::new();
+    // The fields of /proc/self/stat after the command name: state, ppid, pgrp, session. `read`
+    // is a builtin, so /proc/self is the command's own shell.
+    let script = br#"read -r l </proc/self/stat; p=${l%% *}; set -- ${l##*) }
+[ "$3" = "$p" ] && [ "$4" = "$p" ] && echo own-group
+if [ -e "$0" ]; then echo recorded; else echo unrecorded; fi"#;
+    for shell in &site.shells {
+        let nonce = new_nonce().unwrap();
+        let record = pid_file(&nonce);
+        let outcome = runtime().block_on(site.run(
+            shell,
+            &nonce,
+            &site.workspace,
+            false,
+            b"/",
+            &[b"sh", b"-c", script, record.as_bytes()],
+        ));
+        let output = ran(shell, outcome);
+        let expected = if shell.pid_namespace {
+            "own-group\nunrecorded\n"
+        } else {
+            "own-group\nrecorded\n"
+        };
+        assert_eq!(
+            (output.status, text(&output.stdout), text(&output.stderr)),
+            (0, expected.into(), "".into()),
+            "{}",
+            shell.name
+        );
+        assert!(
+            !Path::new(&record).exists(),
+            "{}: {record} left",
+            shell.name
+        );
+
+        for (signal, status) in [("KILL", 137), ("TERM", 143)] {
+            let nonce = new_nonce().unwrap();
+            let kill = format!("kill -{signal} $$");
+            let outcome = runtime().block_on(site.run(
+                shell,
+                &nonce,
+                &site.workspace,
+                false,
+                b"/",
+                &[b"sh", b"-c", kill.as_bytes()],
+            ));
+            assert_eq!(
+                ran(shell, outcome).status,
+                status,
+                "{}: {signal}",
+                shell.name
+            );
+        }
+        // A program that does not exist; in a PID namespace (`setsid --`) one named like an
+        // option too: exactly the argv, never an option of the tool that starts it.
+        let programs: &[&[u8]] = if shell.pid_namespace {
+            &[b"no-such-program", b"-no-such-program"]
+        } else {
+            &[b"no-such-program"]
+        };
+        for program in programs {
+            let nonce = new_nonce().unwrap();
+            let outcome = runtime().block_on(site.run(
+                shell,
+                &nonce,
+                &site.workspace,
+                false,
+                b"/",
+                &[program],
+            ));
+            assert_eq!(
+                ran(shell, outcome).status,
+                127,
+                "{}: {}",
+                shell.name,
+                text(program)
+            );
+        }
+        site.assert_nothing_mounted();
+    }
+}
+
+/// A kill that came before the call: the cancel file stops the command. In a PID namespace the
+/// check comes before the nonce line (a wrapper failure, nothing started); without one the
+/// command's inner shell checks it after its record (status 125 after the nonce).
+#[test]
+fn a_cancelled_call_never_runs_its_command() {
+    let site = Site::new();
+    for shell in &site.shells {
+        let nonce = new_nonce().unwrap();
+        let cancel = cancel_file(&nonce);
+        std::fs::write(&cancel, b"").unwrap();
+        let side_effect = site.outside.join(format!("cancelled-{}", shell.name));
+        let outcome = runtime().block_on(site.run(
+            shell,
+            &nonce,
+            &site.workspace,
+            false,
+            b"/",
+            &[b"touch", side_effect.to_str().unwrap().as_bytes()],
+        ));
+        if shell.pid_namespace {
+            assert!(
+                matches!(outcome, WrapperOutcome::NoNonce { status: 125, .. }),
+                "{}: {outcome:?}",
+                shell.name
+            );
+        } else {
+            assert_eq!(ran(shell, outcome).status, 125, "{}", shell.name);
+        }
+        assert!(
+            !side_effect.exists(),
+            "{}: a cancelled command ran",
+            shell.name
+        );
+        std::fs::remove_file(&cancel).unwrap();
+        let _ = std::fs::remove_file(pid_file(&nonce));
+        site.assert_nothing_mounted();
+    }
+}
+
 /// Every process whose command line (NULs dropped) contains `needle`, as the host sees them.
 fn pids_carrying(needle: &str) -> Vec<i32> {
     std::fs::read_dir("/proc")
@@ -754,7 +896,7 @@ fn alive(pid: i32) -> bool {
 fn the_namespace_kill_ends_every_process_of_a_pid_namespace_call() {
     let site = Site::new();
     let setsid = required("setsid");
-    for (index, shell) in site.shells.iter().enumerate() {
+    for (index, shell) in site.shells.iter().filter(|s| s.pid_namespace).enumerate() {
         let nonce = new_nonce().unwrap();
         let marker = format!("sleep31{}7", 60 + index);
         let script = format!(
@@ -831,7 +973,7 @@ fn the_namespace_kill_ends_every_process_of_a_pid_namespace_call() {
 #[test]
 fn the_namespace_probe_passes_where_the_pid_namespace_call_runs() {
     let site = Site::new();
-    for shell in &site.shells {
+    for shell in site.shells.iter().filter(|s| s.pid_namespace) {
         let argv = exec_wrapper::pid_namespace_probe_argv();
         assert_eq!(argv[0], "sh");
         let output = runtime().block_on(

@@ -10,9 +10,9 @@ use common::{shells, Shell};
 use exec_wrapper::{
     cancel_file, docker_wrapper_argv, encode_arg, encode_env_file, encode_invocation, kill_argv,
     new_nonce, parse_run_output, pid_file, plain_invocation, read_tool_probe, sbx_env_file_name,
-    sbx_wrapper_argv, tool_probe_argv, EncodedInvocation, ExitKind, KillFailure, KillOutcome,
-    Nonce, SbxMount, ToolProbeOutcome, WrapperOutcome, WrapperOutput, DOCKER_TOOLS,
-    KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
+    sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, tool_probe_argv, EncodedInvocation, ExitKind,
+    KillFailure, KillOutcome, Nonce, SbxMount, ToolProbeOutcome, WrapperOutcome, WrapperOutput,
+    DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
 };
 use proptest::prelude::*;
 
@@ -48,6 +48,112 @@ fn sbx_run_stage(
     assert_eq!(argv[5], "bind");
     argv[5] = "run".into();
     argv
+}
+
+/// As [`sbx_run_stage`], for the call in a PID namespace of its own (pid file positional `-`),
+/// entered at `run` outside any namespace: the stage's own logic under each shell.
+fn sbx_pid_namespace_run_stage(nonce: &Nonce, invocation: &EncodedInvocation) -> Vec<String> {
+    let mount = SbxMount {
+        parent: "/nonexistent-parent".to_owned(),
+        guest_mount: "-".into(),
+    };
+    let argv = sbx_pid_namespace_wrapper_argv(nonce, &mount, false, invocation).unwrap();
+    let sh = argv.iter().position(|arg| arg == "sh").unwrap();
+    let mut argv = argv[sh..].to_vec();
+    assert_eq!((argv[5].as_str(), argv[7].as_str()), ("bind", "-"));
+    argv[5] = "run".into();
+    argv
+}
+
+/// The run stage of a PID-namespace call under dash, BusyBox and bash: no group record, the
+/// command started by `setsid` directly in a group and session of its own, its status or signal
+/// passed through, a program named like an option run as named, and a cancel file found before
+/// the nonce line stops everything.
+#[tokio::test]
+async fn the_pid_namespace_run_stage_starts_the_command_under_setsid_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let own_group = br#"read -r l </proc/self/stat; p=${l%% *}; set -- ${l##*) }
+[ "$3" = "$p" ] && [ "$4" = "$p" ] && echo own-group"#;
+    for shell in shells() {
+        let run = |argv: &[&[u8]]| {
+            let nonce = new_nonce().unwrap();
+            let invocation = plain_invocation(b"/", argv).unwrap();
+            let argv = sbx_pid_namespace_run_stage(&nonce, &invocation);
+            let shell = &shell;
+            async move {
+                let output = shell.run(&argv, BOUND).await.unwrap();
+                assert!(
+                    !std::path::Path::new(&pid_file(&nonce)).exists(),
+                    "{}: a group record was written",
+                    shell.name
+                );
+                parse_run_output(output, &nonce)
+            }
+        };
+        let output = ran(&shell, run(&[b"sh", b"-c", own_group]).await);
+        assert_eq!(
+            (output.status, output.stdout.as_slice()),
+            (0, &b"own-group\n"[..]),
+            "{}: {}",
+            shell.name,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        for (script, status) in [
+            (&b"exit 7"[..], 7),
+            (b"kill -KILL $$", 137),
+            (b"kill -TERM $$", 143),
+        ] {
+            let output = ran(&shell, run(&[b"sh", b"-c", script]).await);
+            assert_eq!(
+                output.status,
+                status,
+                "{}: {}",
+                shell.name,
+                String::from_utf8_lossy(script)
+            );
+        }
+        for program in [&b"no-such-program"[..], b"-no-such-program"] {
+            let output = ran(&shell, run(&[program]).await);
+            assert_eq!(
+                output.status,
+                127,
+                "{}: {}",
+                shell.name,
+                String::from_utf8_lossy(program)
+            );
+        }
+
+        // The kill came first: nothing runs, and no nonce line says otherwise.
+        let nonce = new_nonce().unwrap();
+        std::fs::write(cancel_file(&nonce), b"").unwrap();
+        let side_effect = dir.path().join(format!("ran-{}", shell.name));
+        let invocation = plain_invocation(
+            b"/",
+            &[
+                b"touch".as_slice(),
+                side_effect.to_str().unwrap().as_bytes(),
+            ],
+        )
+        .unwrap();
+        let output = shell
+            .run(&sbx_pid_namespace_run_stage(&nonce, &invocation), BOUND)
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                parse_run_output(output, &nonce),
+                WrapperOutcome::NoNonce { status: 125, .. }
+            ),
+            "{}",
+            shell.name
+        );
+        assert!(
+            !side_effect.exists(),
+            "{}: a cancelled command ran",
+            shell.name
+        );
+        std::fs::remove_file(cancel_file(&nonce)).unwrap();
+    }
 }
 
 async fn run_sbx_run_stage(shell: &Shell, cwd: &[u8], argv: &[Vec<u8>]) -> WrapperOutcome {
