@@ -6,6 +6,11 @@
 //! A guest path above `guest_root` (such as `/`) is a directory the plane does not reach; any
 //! other path outside it is a confinement refusal.
 //!
+//! `confined-fs` holds the storage base between calls on Linux and enters it again only when the
+//! call's own no-follow lstat of `work` finds that very directory, so a guest that replaces
+//! `work` between calls is met as before; each call then walks only what is below `work` (the
+//! alias check's flags read from descriptors the root holds).
+//!
 //! That walk is the core's link and kind check for the file methods: every operation refuses a
 //! link on the way (`Confinement`) and a non-directory on the way (`NotADirectory`), finds a
 //! missing parent missing, and a write refuses a link at its target. So the handle applies only
@@ -381,5 +386,55 @@ mod tests {
         plane.remove_own(".marker").unwrap();
         plane.remove_own(".marker").unwrap();
         assert!(!ws.join(".marker").exists());
+    }
+
+    /// The plane's root holds the storage base it entered between calls (`confined-fs` on
+    /// Linux); the guest may replace `work` between two calls. Each call meets what stands there
+    /// then: another directory is used, a link to the outside refused, a file not a directory.
+    #[cfg(unix)]
+    #[test]
+    fn a_storage_base_the_guest_replaces_between_calls_is_met_afresh() {
+        let temp = tempfile::tempdir().unwrap();
+        let ws = temp.path().join("ws");
+        let outside = temp.path().join("outside");
+        std::fs::create_dir(&ws).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("canary"), b"outside").unwrap();
+        let plane = HostPlane::open(&ws, "/maf-sandbox").unwrap();
+        plane.write("/maf-sandbox/work/a", b"first").unwrap();
+        assert_eq!(plane.read("/maf-sandbox/work/a", 10).unwrap(), b"first");
+
+        std::fs::rename(ws.join("work"), ws.join("old")).unwrap();
+        std::fs::create_dir(ws.join("work")).unwrap();
+        plane.write("/maf-sandbox/work/b", b"second").unwrap();
+        assert_eq!(std::fs::read(ws.join("work/b")).unwrap(), b"second");
+        assert!(!ws.join("old/b").exists());
+        assert_eq!(
+            plane.read("/maf-sandbox/work/a", 10).unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
+
+        std::fs::remove_dir_all(ws.join("work")).unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("work")).unwrap();
+        for outcome in [
+            plane.write("/maf-sandbox/work/canary", b"x").map(drop),
+            plane.read("/maf-sandbox/work/canary", 10).map(drop),
+            plane.list("/maf-sandbox/work").map(drop),
+        ] {
+            assert_eq!(outcome.unwrap_err().kind(), ErrorKind::Confinement);
+        }
+        assert_eq!(
+            plane.lstat("/maf-sandbox/work/canary").unwrap_err().kind(),
+            ErrorKind::Confinement
+        );
+        assert_eq!(std::fs::read(outside.join("canary")).unwrap(), b"outside");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1);
+
+        std::fs::remove_file(ws.join("work")).unwrap();
+        std::fs::write(ws.join("work"), b"a file").unwrap();
+        assert_eq!(
+            plane.write("/maf-sandbox/work/a", b"x").unwrap_err().kind(),
+            ErrorKind::NotADirectory
+        );
     }
 }

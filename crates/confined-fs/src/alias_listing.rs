@@ -37,6 +37,20 @@ pub(crate) fn handle_of(dir: &Dir) -> DirectoryHandle<'_> {
     return std::os::windows::io::AsHandle::as_handle(dir);
 }
 
+/// What the walk already knows of a directory it holds, beyond its handle, for
+/// [`DirectoryListing::lists_found_verbatim`]. Each fact is about the held directory itself and
+/// cannot go stale while it is held; a listing may ignore them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HeldDirectory<'a> {
+    /// The same directory opened for reading. The walk holds directories as path-only
+    /// descriptors on Linux, which cannot be asked for flags; this one can, without opening `.`
+    /// again.
+    pub readable: Option<DirectoryHandle<'a>>,
+    /// Whether the directory's file system compares names byte for byte, read once for the
+    /// held handle: the file system an open directory is on never changes.
+    pub byte_exact_file_system: Option<bool>,
+}
+
 /// Answers whether a directory lists a name verbatim.
 ///
 /// Called after every successful no-follow lstat of a component, with the directory the
@@ -45,6 +59,20 @@ pub trait DirectoryListing: Send + Sync + fmt::Debug {
     /// Whether `name` appears verbatim (byte for byte on Unix, code unit for code unit on
     /// Windows) among the entries of `dir`.
     fn lists_verbatim(&self, dir: DirectoryHandle<'_>, name: &OsStr) -> io::Result<bool>;
+
+    /// As [`DirectoryListing::lists_verbatim`], for a name that a no-follow lstat in `dir` has
+    /// just found, with what the walk knows of `dir` (`held`). The default asks
+    /// [`DirectoryListing::lists_verbatim`]; [`KernelListing`] uses both facts to skip a second
+    /// lookup, the reopening of the directory and the file system query.
+    fn lists_found_verbatim(
+        &self,
+        dir: DirectoryHandle<'_>,
+        name: &OsStr,
+        held: HeldDirectory<'_>,
+    ) -> io::Result<bool> {
+        let _ = held;
+        self.lists_verbatim(dir, name)
+    }
 
     /// Called in each window between two system calls on the entry `name` of `dir` that no
     /// alias check already separates: in a listing or a recursive remove, after the names
@@ -74,13 +102,32 @@ impl DirectoryListing for KernelListing {
         if let Some(listed) = exact_lookup::lists_verbatim(dir, name) {
             return Ok(listed);
         }
-        for entry in dir.as_filelike_view::<Dir>().entries()? {
-            if entry?.file_name() == name {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        listing_holds(dir, name)
     }
+
+    fn lists_found_verbatim(
+        &self,
+        dir: DirectoryHandle<'_>,
+        name: &OsStr,
+        held: HeldDirectory<'_>,
+    ) -> io::Result<bool> {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        if let Some(listed) = exact_lookup::lists_found_verbatim(dir, name, held) {
+            return Ok(listed);
+        }
+        let _ = held;
+        listing_holds(dir, name)
+    }
+}
+
+/// Reads the listing of `dir` until `name` turns up.
+fn listing_holds(dir: DirectoryHandle<'_>, name: &OsStr) -> io::Result<bool> {
+    for entry in dir.as_filelike_view::<Dir>().entries()? {
+        if entry?.file_name() == name {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Every name in `dir` (cap-std never yields `.` or `..`).
@@ -95,10 +142,12 @@ pub(crate) fn names_of(dir: &Dir) -> io::Result<Vec<OsString>> {
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub(crate) mod exact_lookup {
     use std::ffi::OsStr;
-    use std::os::fd::BorrowedFd;
+    use std::os::fd::{BorrowedFd, OwnedFd};
 
     use rustix::fs::{fstatfs, ioctl_getflags, openat, statat, AtFlags, Mode, OFlags};
     use rustix::io::Errno;
+
+    use super::HeldDirectory;
 
     /// ext2/3/4 (case-folding per directory, with the flag), tmpfs (likewise since Linux 6.13),
     /// btrfs (never case-folding) and overlayfs (passes its layers' flags through). Not XFS (its
@@ -116,12 +165,10 @@ pub(crate) mod exact_lookup {
     /// unless the guest emptied, flagged and refilled the directory in between, which is the
     /// race any check before an operation has (a rename after it).
     pub(crate) fn lists_verbatim(dir: BorrowedFd<'_>, name: &OsStr) -> Option<bool> {
-        // No listing holds these; a lookup would resolve them (or a path), so answer here.
-        let bytes = name.as_encoded_bytes();
-        if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
+        if never_listed(name) {
             return Some(false);
         }
-        if !is_byte_exact(dir) {
+        if !is_byte_exact(dir, HeldDirectory::default()) {
             return None;
         }
         match statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
@@ -132,26 +179,66 @@ pub(crate) mod exact_lookup {
         }
     }
 
-    /// The directory's file system compares names byte for byte and the directory does not
-    /// fold case.
-    fn is_byte_exact(dir: BorrowedFd<'_>) -> bool {
+    /// As [`lists_verbatim`], for a name a no-follow lstat in `dir` has just found: on a
+    /// byte-exact directory that lookup already answered, so none is made again. The flags are
+    /// read now, from `held.readable` when the walk holds one; the file system's kind is taken
+    /// from `held` when known.
+    pub(crate) fn lists_found_verbatim(
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        held: HeldDirectory<'_>,
+    ) -> Option<bool> {
+        if never_listed(name) {
+            return Some(false);
+        }
+        is_byte_exact(dir, held).then_some(true)
+    }
+
+    /// No listing holds these; a lookup would resolve them (or a path), so they are answered
+    /// without one.
+    fn never_listed(name: &OsStr) -> bool {
+        let bytes = name.as_encoded_bytes();
+        bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/')
+    }
+
+    /// Whether the file system `dir` is on compares names byte for byte.
+    pub(crate) fn byte_exact_file_system(dir: BorrowedFd<'_>) -> bool {
         let Ok(statfs) = fstatfs(dir) else {
             return false;
         };
         // `f_type` is a C long on most targets, an unsigned word on a few.
         #[allow(clippy::unnecessary_cast)]
         let kind = statfs.f_type as i64;
-        if !BYTE_EXACT_FILE_SYSTEMS.contains(&kind) {
+        BYTE_EXACT_FILE_SYSTEMS.contains(&kind)
+    }
+
+    /// `dir` itself (`.`, no link to follow) opened for reading, so its flags can be read.
+    pub(crate) fn open_readable(dir: BorrowedFd<'_>) -> Option<OwnedFd> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        openat(dir, ".", flags, Mode::empty()).ok()
+    }
+
+    /// The directory's file system compares names byte for byte and the directory does not
+    /// fold case.
+    fn is_byte_exact(dir: BorrowedFd<'_>, held: HeldDirectory<'_>) -> bool {
+        let file_system = held
+            .byte_exact_file_system
+            .unwrap_or_else(|| byte_exact_file_system(dir));
+        if !file_system {
             return false;
         }
         // The walk holds its directories as path-only descriptors, which cannot be asked for
-        // flags: the directory itself (`.`, no link to follow) is opened for that. A file system
-        // that cannot report the flags (a kernel from before its case folding) is left to the
-        // listing too: slower, never wrong.
-        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        openat(dir, ".", flags, Mode::empty())
-            .and_then(ioctl_getflags)
-            .is_ok_and(|flags| flags.bits() & CASEFOLD_FLAG == 0)
+        // flags: the directory itself is opened for that, unless the walk holds it readable
+        // already. A file system that cannot report the flags (a kernel from before its case
+        // folding) is left to the listing too: slower, never wrong.
+        let flags = match held.readable {
+            Some(readable) => ioctl_getflags(readable),
+            None => match open_readable(dir) {
+                Some(readable) => ioctl_getflags(&readable),
+                None => return false,
+            },
+        };
+        flags.is_ok_and(|flags| flags.bits() & CASEFOLD_FLAG == 0)
     }
 
     #[cfg(test)]
@@ -192,12 +279,12 @@ pub(crate) mod exact_lookup {
             if !BYTE_EXACT_FILE_SYSTEMS.contains(&kind) {
                 // A temporary directory on a file system the lookup does not trust: the listing
                 // answers there, which the other tests cover.
-                assert!(!is_byte_exact(handle.as_fd()));
+                assert!(!is_byte_exact(handle.as_fd(), HeldDirectory::default()));
                 assert_eq!(lists_verbatim(handle.as_fd(), "Readme".as_ref()), None);
                 return;
             }
             // A fresh temporary directory does not fold case.
-            assert!(is_byte_exact(handle.as_fd()));
+            assert!(is_byte_exact(handle.as_fd(), HeldDirectory::default()));
             assert_eq!(
                 lists_verbatim(handle.as_fd(), "Readme".as_ref()),
                 Some(true)
@@ -214,6 +301,47 @@ pub(crate) mod exact_lookup {
             assert_eq!(
                 lists_verbatim(handle.as_fd(), "absent".as_ref()),
                 Some(false)
+            );
+
+            // A name the walk's own lstat found: answered from the flags alone, read from the
+            // readable handle when the walk holds one, and the file system's kind as held.
+            let readable = open_readable(handle.as_fd()).unwrap();
+            let held = HeldDirectory {
+                readable: Some(readable.as_fd()),
+                byte_exact_file_system: Some(true),
+            };
+            for held in [HeldDirectory::default(), held] {
+                assert_eq!(
+                    lists_found_verbatim(handle.as_fd(), "Readme".as_ref(), held),
+                    Some(true)
+                );
+                for name in ["", ".", "..", "sub/f"] {
+                    assert_eq!(
+                        lists_found_verbatim(handle.as_fd(), name.as_ref(), held),
+                        Some(false),
+                        "{name:?}"
+                    );
+                }
+            }
+            // A file system held as not byte-exact: only the listing can answer.
+            let elsewhere = HeldDirectory {
+                readable: Some(readable.as_fd()),
+                byte_exact_file_system: Some(false),
+            };
+            assert_eq!(
+                lists_found_verbatim(handle.as_fd(), "Readme".as_ref(), elsewhere),
+                None
+            );
+            // A readable handle whose flags cannot be read (a device, not a directory of a file
+            // system with flags): the listing answers too.
+            let null = std::fs::File::open("/dev/null").unwrap();
+            let unreadable = HeldDirectory {
+                readable: Some(null.as_fd()),
+                byte_exact_file_system: Some(true),
+            };
+            assert_eq!(
+                lists_found_verbatim(handle.as_fd(), "Readme".as_ref(), unreadable),
+                None
             );
         }
     }

@@ -18,6 +18,9 @@ use crate::error::{
     confinement, io_error, is_a_directory, not_a_directory, not_found, not_regular, too_large,
     ConfinementReason, Error, Irregular, Operation,
 };
+use crate::held_children::DirectoryFacts;
+#[cfg(any(target_os = "linux", target_os = "android"))]
+use crate::held_children::HeldChildren;
 use crate::host_metadata::{entry_kind, file_size, irregularity, open_stopped_at_link};
 use crate::lexical_path::{GuestPath, NameRules};
 use crate::no_follow_walk::{open_dir_no_follow, HeldDir, OpenedDir, Reached, Walk};
@@ -80,10 +83,16 @@ impl RootOptions {
 /// rather than followed, even when the guest swaps one in between two system calls.
 ///
 /// All methods are blocking system calls; run them on a blocking pool from async code. The
-/// handle is `Send + Sync` and holds one directory handle (the root) between calls.
+/// handle is `Send + Sync` and holds the root between calls; on Linux also the root opened for
+/// reading (the alias check reads its flags there) and up to four directories of the root that
+/// operations entered, each entered again only when the operation's own no-follow lstat finds
+/// that very directory under its name (see the crate's documentation).
 #[derive(Debug)]
 pub struct ConfinedRoot {
     root: Dir,
+    pub(crate) root_facts: DirectoryFacts,
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    pub(crate) children: HeldChildren,
     host_path: PathBuf,
     name_rules: NameRules,
     listing: Arc<dyn DirectoryListing>,
@@ -110,6 +119,9 @@ impl ConfinedRoot {
                 RootFailure::Io(source) => io_error(Operation::OpenRoot, &shown, source),
             })?;
         Ok(Self {
+            root_facts: DirectoryFacts::of(&root),
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            children: HeldChildren::default(),
             root,
             host_path,
             name_rules: options.name_rules,
@@ -317,6 +329,9 @@ impl ConfinedRoot {
     fn walk<'a>(&'a self, path: &'a GuestPath, operation: Operation) -> Walk<'a> {
         Walk {
             root: &self.root,
+            root_facts: &self.root_facts,
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            children: &self.children,
             listing: self.listing.as_ref(),
             path,
             operation,

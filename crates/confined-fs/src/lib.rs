@@ -60,7 +60,19 @@
 //!   On Linux, where ext4, tmpfs, btrfs and overlayfs compare names byte for byte in any
 //!   directory without the case-folding flag, [`KernelListing`] answers there with one no-follow
 //!   lookup of the name instead of reading the directory, so an operation costs the same in a
-//!   directory of ten entries as in one of a hundred thousand.
+//!   directory of ten entries as in one of a hundred thousand. After the walk's own lstat found
+//!   the name, that lookup is the lstat itself
+//!   ([`DirectoryListing::lists_found_verbatim`]); the flag is read afresh at every check, from
+//!   a descriptor the root holds open for reading when the directory is the root or one it
+//!   holds ([`HeldDirectory`]), and the file system's kind is read once per held directory.
+//! - **Held directories** (Linux): the root keeps up to four of its directories that operations
+//!   entered (the sbx host plane's storage base, which every operation walks), and enters one
+//!   again, instead of opening it, only when the operation's own no-follow lstat and alias check
+//!   of its name found exactly that directory (device and inode; an inode number is not reused
+//!   while a descriptor holds it). A directory replaced between operations is met as without
+//!   it (another directory opened and held, a link refused, a file not a directory); one
+//!   replaced after the lstat leaves the operation in the directory the lstat found, wherever in
+//!   the root the guest moved it, the race any held directory has.
 //! - `read` opens the leaf with cap-std's no-follow, nonblocking open (a pipe cannot block the
 //!   open), refuses anything but a regular file with one link from the open file's metadata,
 //!   and refuses a file over the cap whole, reading at most one byte past it.
@@ -141,8 +153,9 @@
 //!
 //! Every method is a short sequence of blocking system calls; there is no async API, so nothing
 //! here can be cancelled half-way by dropping a future. Run the methods on a blocking pool from
-//! async code. A [`ConfinedRoot`] holds one directory handle (the root) and closes it on drop;
-//! every other handle lives only within one call. A write interrupted by a panic or a killed
+//! async code. A [`ConfinedRoot`] holds the root (and, on Linux, the root opened for reading
+//! and up to four held directories of the root, each with its own readable descriptor) and
+//! closes them on drop; every other handle lives only within one call. A write interrupted by a panic or a killed
 //! process can leave a `.maf-sbx-<16 hex>.part` file beside its target, never a partial target.
 //!
 //! # Platforms
@@ -164,12 +177,13 @@ mod alias_listing;
 mod confined_root;
 mod entries;
 mod error;
+mod held_children;
 mod host_metadata;
 mod lexical_path;
 mod no_follow_walk;
 mod windows_rules;
 
-pub use crate::alias_listing::{DirectoryHandle, DirectoryListing, KernelListing};
+pub use crate::alias_listing::{DirectoryHandle, DirectoryListing, HeldDirectory, KernelListing};
 pub use crate::confined_root::{ConfinedRoot, RootOptions, MAX_REMOVE_DEPTH};
 pub use crate::entries::{DirEntry, EntryKind, Stat};
 pub use crate::error::{ConfinementReason, Error, Irregular, Operation};

@@ -4,15 +4,20 @@
 use std::ffi::OsStr;
 use std::io;
 use std::ops::Deref;
+#[cfg(any(target_os = "linux", target_os = "android"))]
+use std::sync::Arc;
 
 use cap_fs_ext::DirExt;
 use cap_std::fs::{Dir, DirBuilder, Metadata};
 
-use crate::alias_listing::{handle_of, DirectoryListing};
+use crate::alias_listing::{handle_of, DirectoryListing, HeldDirectory};
 use crate::entries::EntryKind;
 use crate::error::{
     confinement, io_error, not_a_directory, not_found, ConfinementReason, Error, Operation,
 };
+use crate::held_children::DirectoryFacts;
+#[cfg(any(target_os = "linux", target_os = "android"))]
+use crate::held_children::{HeldChild, HeldChildren};
 use crate::host_metadata::{entry_kind, open_stopped_at_link};
 use crate::lexical_path::GuestPath;
 
@@ -29,12 +34,14 @@ fn private_directory() -> DirBuilder {
     builder
 }
 
-/// A held directory: the root (borrowed from the [`ConfinedRoot`](crate::ConfinedRoot)) or one
-/// the walk opened.
+/// A held directory: the root (borrowed from the [`ConfinedRoot`](crate::ConfinedRoot)), one
+/// the walk opened, or (Linux) a directory of the root the root holds between operations.
 #[derive(Debug)]
 pub(crate) enum HeldDir<'a> {
     Root(&'a Dir),
     Opened(Dir),
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    Child(Arc<HeldChild>),
 }
 
 impl Deref for HeldDir<'_> {
@@ -44,6 +51,8 @@ impl Deref for HeldDir<'_> {
         match self {
             Self::Root(dir) => dir,
             Self::Opened(dir) => dir,
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            Self::Child(child) => child.dir(),
         }
     }
 }
@@ -111,6 +120,11 @@ pub(crate) enum Reached<'a> {
 /// One walk of one path for one operation.
 pub(crate) struct Walk<'a> {
     pub(crate) root: &'a Dir,
+    /// What is known of the root for the alias check, read once when it was opened.
+    pub(crate) root_facts: &'a DirectoryFacts,
+    /// The root's directories held between operations (Linux).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    pub(crate) children: &'a HeldChildren,
     pub(crate) listing: &'a dyn DirectoryListing,
     pub(crate) path: &'a GuestPath,
     pub(crate) operation: Operation,
@@ -139,8 +153,9 @@ impl<'a> Walk<'a> {
         let mut held = HeldDir::Root(self.root);
         for index in 0..depth {
             match self.enter(&held, index, create)? {
-                // Dropping the parent here closes it: only one directory is held at a time.
-                Some(child) => held = HeldDir::Opened(child),
+                // Dropping the parent here closes it (unless the root holds it): only one
+                // directory of the walk's own is held at a time.
+                Some(child) => held = child,
                 None => return Ok(Reached::Missing(index)),
             }
         }
@@ -148,10 +163,29 @@ impl<'a> Walk<'a> {
     }
 
     /// Steps into component `index` of the path, a directory inside `parent`.
-    fn enter(&self, parent: &Dir, index: usize, create: bool) -> Result<Option<Dir>, Error> {
+    ///
+    /// A directory of the root is held by the root between operations (Linux): when the lstat
+    /// just made finds, under the same name, the very directory held (the same device and inode,
+    /// which cannot be reused while it is held open), that one is entered, as an open of the
+    /// name at the moment of the lstat would have; else it is opened as any other and held in
+    /// its place.
+    fn enter(
+        &self,
+        parent: &HeldDir<'a>,
+        index: usize,
+        create: bool,
+    ) -> Result<Option<HeldDir<'a>>, Error> {
         match self.lstat_entry(parent, index)? {
             Some(metadata) => match entry_kind(&metadata) {
-                EntryKind::Directory => {}
+                EntryKind::Directory =>
+                {
+                    #[cfg(any(target_os = "linux", target_os = "android"))]
+                    if let HeldDir::Root(_) = parent {
+                        if let Some(child) = self.children.find(self.name(index), &metadata) {
+                            return Ok(Some(HeldDir::Child(child)));
+                        }
+                    }
+                }
                 EntryKind::Symlink => {
                     return Err(confinement(self.shown(index), ConfinementReason::Link))
                 }
@@ -175,7 +209,14 @@ impl<'a> Walk<'a> {
             }
         }
         // Gone again since: missing, which `open_existing_dirs` reports as not found.
-        self.open_child_dir(parent, index)
+        let Some(dir) = self.open_child_dir(parent, index)? else {
+            return Ok(None);
+        };
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        if let HeldDir::Root(_) = parent {
+            return Ok(Some(self.children.hold(self.name(index), dir)));
+        }
+        Ok(Some(HeldDir::Opened(dir)))
     }
 
     /// Opens component `index` as a directory without following it; `Ok(None)` when it vanished.
@@ -196,16 +237,33 @@ impl<'a> Walk<'a> {
     /// `Ok(None)` when it does not exist.
     pub(crate) fn lstat_entry(
         &self,
-        parent: &Dir,
+        parent: &HeldDir<'_>,
         index: usize,
     ) -> Result<Option<Metadata>, Error> {
         match parent.symlink_metadata(self.name(index)) {
             Ok(metadata) => {
-                self.check_listed(parent, index)?;
-                Ok(Some(metadata))
+                let held = self.held(parent);
+                match self
+                    .listing
+                    .lists_found_verbatim(handle_of(parent), self.name(index), held)
+                {
+                    Ok(true) => Ok(Some(metadata)),
+                    Ok(false) => Err(confinement(self.shown(index), ConfinementReason::Alias)),
+                    Err(source) => Err(io_error(self.operation, self.shown(index), source)),
+                }
             }
             Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(error) => Err(self.io(index, error)),
+        }
+    }
+
+    /// What the walk knows of `dir` for the alias check.
+    fn held<'h>(&'h self, dir: &'h HeldDir<'_>) -> HeldDirectory<'h> {
+        match dir {
+            HeldDir::Root(_) => self.root_facts.held(),
+            HeldDir::Opened(_) => HeldDirectory::default(),
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            HeldDir::Child(child) => child.facts().held(),
         }
     }
 

@@ -8,7 +8,7 @@ use std::os::fd::AsFd;
 use std::path::Path;
 
 use confined_fs::{
-    ConfinedRoot, DirectoryListing, EntryKind, Error, Irregular, KernelListing, Stat,
+    ConfinedRoot, DirectoryListing, EntryKind, Error, HeldDirectory, Irregular, KernelListing, Stat,
 };
 
 #[test]
@@ -50,6 +50,29 @@ fn the_kernel_listing_answers_for_the_exact_spelling_only() {
     // Asking twice gives the same answers: each call lists from the start.
     assert!(KernelListing.lists_verbatim(fd, "plain".as_ref()).unwrap());
     assert!(KernelListing.lists_verbatim(fd, "Readme".as_ref()).unwrap());
+
+    // For a name the walk's lstat found: on a directory held as not byte-exact only the listing
+    // answers, so a spelling it does not hold (as a case-folding lookup would have found) is
+    // refused; held as byte-exact or unknown, the lstat's find stands.
+    let elsewhere = HeldDirectory {
+        byte_exact_file_system: Some(false),
+        ..HeldDirectory::default()
+    };
+    for (name, listed) in [("Readme", true), ("readme", false), ("cafe\u{301}", false)] {
+        assert_eq!(
+            KernelListing
+                .lists_found_verbatim(fd, name.as_ref(), elsewhere)
+                .unwrap(),
+            listed,
+            "{name:?}"
+        );
+    }
+    assert!(KernelListing
+        .lists_found_verbatim(fd, "Readme".as_ref(), HeldDirectory::default())
+        .unwrap());
+    assert!(!KernelListing
+        .lists_found_verbatim(fd, "..".as_ref(), HeldDirectory::default())
+        .unwrap());
 }
 
 #[test]

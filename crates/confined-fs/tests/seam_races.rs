@@ -928,3 +928,96 @@ fn a_directory_removed_after_its_lstat_holds_nothing() {
         assert!(fs::symlink_metadata(race.host("d")).is_err());
     }
 }
+
+/// The kernel's listing, which performs `swap` the first time it is asked about `trigger` once
+/// armed: a guest that waits until the root holds a directory before it races.
+#[derive(Default)]
+struct SwapWhenArmed {
+    trigger: OsString,
+    armed: std::sync::atomic::AtomicBool,
+    swap: Mutex<Option<Swap>>,
+}
+
+impl fmt::Debug for SwapWhenArmed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SwapWhenArmed")
+            .field("trigger", &self.trigger)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DirectoryListing for SwapWhenArmed {
+    fn lists_verbatim(&self, dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<bool> {
+        let listed = KernelListing.lists_verbatim(dir, name)?;
+        if name == self.trigger && self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Some(swap) = self.swap.lock().unwrap().take() {
+                swap();
+            }
+        }
+        Ok(listed)
+    }
+}
+
+/// The root holds a directory it entered (Linux) between operations. A guest that swaps that
+/// directory for a link to the outside right after the next operation's lstat of it (moving the
+/// directory elsewhere in the root) meets the directory that lstat found: the operation acts
+/// inside the root, in the moved directory, and the link is neither followed nor touched. A swap
+/// before the lstat is met by the lstat itself (`a_held_directory_is_entered_again_only_while_
+/// its_name_finds_it` in the crate's unit tests).
+#[test]
+fn a_held_directory_swapped_for_a_link_after_its_lstat_is_never_left_for_the_link() {
+    for operation in 0..7 {
+        let dir = tempfile::tempdir().unwrap();
+        let root_path = dir.path().join("root");
+        let outside = dir.path().join("outside");
+        fs::create_dir_all(root_path.join("d")).unwrap();
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("canary"), CANARY).unwrap();
+        fs::write(root_path.join("d/canary"), b"inside").unwrap();
+        let (in_root, out) = (root_path.clone(), outside.clone());
+        let listing = Arc::new(SwapWhenArmed {
+            trigger: "d".into(),
+            swap: Mutex::new(Some(Box::new(move || {
+                fs::rename(in_root.join("d"), in_root.join("d.moved")).unwrap();
+                symlink(&out, in_root.join("d")).unwrap();
+            }))),
+            ..SwapWhenArmed::default()
+        });
+        let root =
+            ConfinedRoot::open_with(&root_path, RootOptions::default().listing(listing.clone()))
+                .unwrap();
+        // The root enters `d` once and holds it; then the guest arms its swap.
+        root.lstat("d/canary").unwrap();
+        listing
+            .armed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let outcome = through_d(&root, operation);
+        assert!(listing.swap.lock().unwrap().is_none(), "the swap never ran");
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        assert!(outcome.is_ok(), "operation {operation}: {outcome:?}");
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        assert_eq!(reason(outcome), ConfinementReason::Link);
+        // Nothing outside changed, and the link is still the guest's link.
+        let mut names: Vec<_> = fs::read_dir(&outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, [OsString::from("canary")], "operation {operation}");
+        assert_eq!(fs::read(outside.join("canary")).unwrap(), CANARY);
+        assert_eq!(fs::read_link(root_path.join("d")).unwrap(), outside);
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        if operation == 1 {
+            assert_eq!(
+                fs::read(root_path.join("d.moved/canary")).unwrap(),
+                b"overwritten through a link"
+            );
+        }
+        // The next operation's lstat finds the link: refused.
+        assert_eq!(
+            reason(root.read("d/canary", 1 << 20)),
+            ConfinementReason::Link,
+            "operation {operation}"
+        );
+    }
+}
