@@ -359,7 +359,12 @@ async fn run_create(home: &StateHome, docker: &Docker, request: &CreateRequest) 
         cpus: request.cpus,
         memory: request.memory.clone(),
     };
-    let lock = home.lock()?;
+    let lock = home.lock_if_present()?.ok_or_else(|| {
+        SimError::state(
+            home.dir().join("lock"),
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+        )
+    })?;
     home.write_json(&lock, &format!("sandboxes/{}.json", request.name), &record)?;
     home.touch_activity(&lock, &request.name)?;
     Ok(())
@@ -457,7 +462,11 @@ pub async fn idle_watch(home: &StateHome, docker: &Docker, name: &str) -> Result
     loop {
         // Every decision is taken under the state lock, where exec adds and ends its leases
         // and create writes its record.
-        state_lock = home.lock()?;
+        // A removed home ends the watch: there is nothing left to stop.
+        let Some(taken) = home.lock_if_present()? else {
+            return Ok(());
+        };
+        state_lock = taken;
         let idle_seconds = home.settings()?.idle_stop_seconds;
         if idle_seconds == 0 || !home.has_record(name) {
             break;
@@ -554,6 +563,8 @@ mod tests {
     async fn a_watcher_ends_without_a_record_and_a_second_one_at_once() {
         let temp = tempfile::tempdir().unwrap();
         let home = StateHome::open(temp.path().to_path_buf()).unwrap();
+        // The command that starts a watcher has made the lock file.
+        drop(home.lock().unwrap());
         // A docker that cannot run: a watcher with nothing to stop never calls it.
         let docker = Docker::with_program("/nonexistent/docker");
         let watch = |name: &'static str| {
@@ -577,6 +588,40 @@ mod tests {
         drop(lock);
         watch("gone").await.unwrap();
         drop(held);
+    }
+
+    #[tokio::test]
+    async fn a_watcher_whose_home_is_removed_ends_and_puts_nothing_back() {
+        let temp = tempfile::tempdir().unwrap();
+        let home = StateHome::open(temp.path().join("home")).unwrap();
+        let lock = home.lock().unwrap();
+        home.write_json(&lock, "sandboxes/w.json", &"record")
+            .unwrap();
+        drop(lock);
+        let docker = Docker::with_program("/nonexistent/docker");
+        // Idle for 30 s by default: it polls, taking the state lock each second.
+        let watcher = tokio::spawn({
+            let home = home.clone();
+            async move { idle_watch(&home, &docker, "w").await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // A test's cleanup: the contents first, the directory last.
+        for entry in std::fs::read_dir(home.dir()).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                std::fs::remove_dir_all(&path).unwrap();
+            } else {
+                std::fs::remove_file(&path).unwrap();
+            }
+        }
+        tokio::time::timeout(Duration::from_secs(5), watcher)
+            .await
+            .expect("the watcher did not end")
+            .unwrap()
+            .unwrap();
+        let left: Vec<_> = std::fs::read_dir(home.dir()).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+        std::fs::remove_dir(home.dir()).unwrap();
     }
 
     #[test]

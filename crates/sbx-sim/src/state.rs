@@ -358,6 +358,26 @@ impl StateHome {
         Ok(StateLock { _file: file })
     }
 
+    /// Takes the state lock, blocking until it is free, as a background worker does: without
+    /// creating the lock file. A worker outlives the command that started it (which made the
+    /// file); when the state directory has been removed since, creating `lock` would put an
+    /// entry back into a directory being removed, and it would stay behind. `None`: the lock
+    /// file is gone, and with it the state the worker looked after.
+    ///
+    /// # Errors
+    ///
+    /// The lock file cannot be opened for another reason than its absence, or locking failed.
+    pub fn lock_if_present(&self) -> Result<Option<StateLock>> {
+        let path = self.dir.join("lock");
+        let file = match OpenOptions::new().write(true).open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(SimError::state(path, e)),
+        };
+        flock(&file, FlockOperation::LockExclusive).map_err(|e| SimError::state(path, e.into()))?;
+        Ok(Some(StateLock { _file: file }))
+    }
+
     /// Reads a JSON file, `None` when absent.
     ///
     /// # Errors
@@ -763,6 +783,31 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
             .collect();
         assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn a_worker_never_recreates_the_lock_of_a_removed_home() {
+        let temp = tempfile::tempdir().unwrap();
+        let home = StateHome::open(temp.path().join("home")).unwrap();
+        drop(home.lock().unwrap());
+        assert!(home.lock_if_present().unwrap().is_some());
+        // The home's contents removed (as a test's cleanup does), the directory not yet.
+        for entry in fs::read_dir(home.dir()).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                fs::remove_dir_all(&path).unwrap();
+            } else {
+                fs::remove_file(&path).unwrap();
+            }
+        }
+        assert!(home.lock_if_present().unwrap().is_none());
+        assert_eq!(
+            fs::read_dir(home.dir()).unwrap().count(),
+            0,
+            "nothing recreated"
+        );
+        fs::remove_dir(home.dir()).unwrap();
+        assert!(home.lock_if_present().unwrap().is_none());
     }
 
     #[test]
