@@ -34,6 +34,34 @@ mod splice;
 /// The relay's buffer; each direction holds two (one being written while the other fills).
 const BUFFER: usize = 64 * 1024;
 
+/// How long, and how many bytes, the client's input past a forward limit is read and dropped
+/// after the relay's write shutdown (a lingering close). Closing a socket with bytes unread
+/// resets the connection, and a reset can discard the answer the client has not read yet; a
+/// client that closes once it has its answer ends the wait at once.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 1 << 20;
+
+/// Whether the relay stopped reading the client at its forward limit (bytes may be unread).
+fn cut_at_limit(progress: &Progress, forward_limit: Option<u64>) -> bool {
+    forward_limit.is_some_and(|limit| progress.forward.load(Ordering::Relaxed) >= limit)
+}
+
+/// Reads and drops what `read` still sends, until it ends, fails, passes [`LINGER_BYTES`] or
+/// [`LINGER`] passes.
+async fn linger<R: AsyncRead + Unpin>(read: &mut R) {
+    let drain = async {
+        let mut buffer = vec![0u8; 16 * 1024];
+        let mut dropped = 0;
+        while dropped < LINGER_BYTES {
+            match read.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => dropped += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
+}
+
 /// How a relay ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Relayed {
@@ -87,7 +115,9 @@ impl Progress {
 /// The end of `a`'s input is passed on as a write shutdown of `b` (and `b`'s as one of `a`).
 /// With `forward_limit`, at most that many bytes go from `a` to `b`; past it, `a` is no longer
 /// read (a plain-HTTP request body). The relay ends when `b`'s input ends and everything read
-/// from it is written to `a`.
+/// from it is written to `a`; after a limit, once `a`'s write side is shut, `a`'s further input
+/// is read and dropped for at most 2 s and 1 MiB, so the close does not reset the connection
+/// under an answer `a` has not read yet.
 ///
 /// Each direction copies through two buffers of 64 KiB, writing one while the other fills;
 /// [`relay_sockets`] relays two sockets without the copy.
@@ -124,6 +154,9 @@ where
     )
     .await?;
     let _ = a_write.shutdown().await;
+    if cut_at_limit(&progress, forward_limit) {
+        linger(&mut a_read).await;
+    }
     Ok(progress.relayed(idled_out))
 }
 

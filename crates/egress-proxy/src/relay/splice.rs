@@ -54,7 +54,31 @@ pub(crate) async fn relay<A: Socket, B: Socket>(
     )
     .await?;
     let _ = rustix::net::shutdown(a.fd(), Shutdown::Write);
+    if super::cut_at_limit(&progress, forward_limit) {
+        linger_on(&a).await;
+    }
     Ok(progress.relayed(idled_out))
+}
+
+/// [`super::linger`] on a socket used through `&self`: its readiness and one non-blocking read
+/// at a time.
+async fn linger_on<S: Socket>(socket: &S) {
+    let drain = async {
+        let mut buffer = vec![0u8; 16 * 1024];
+        let mut dropped = 0;
+        while dropped < super::LINGER_BYTES {
+            if socket.ready(Interest::READABLE).await.is_err() {
+                return;
+            }
+            match socket.try_read(&mut buffer) {
+                Ok(0) => return,
+                Ok(n) => dropped += n,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(super::LINGER, drain).await;
 }
 
 /// Moves `reader`'s bytes to `writer` until the reader ends (then shuts the writer's write side
@@ -647,6 +671,46 @@ mod tests {
             let _ = timeout(Duration::from_secs(5), b_peer.read(&mut [0u8; 1]))
                 .await
                 .expect("the upstream sees the end");
+        })
+        .await;
+    }
+
+    /// A client that sends past the forward limit still gets the whole answer: the relay reads
+    /// and drops the rest before it closes, instead of resetting the connection under the answer.
+    #[tokio::test]
+    async fn a_client_past_the_limit_still_gets_the_whole_answer() {
+        each_shape(|shape, mode| async move {
+            let Wired {
+                mut relay,
+                a_peer,
+                mut b_peer,
+            } = wire(shape, mode, Duration::from_secs(10), Some(10)).await;
+            let up = body(512 << 10, 21);
+            let down = body(1 << 20, 22);
+            let (mut a_read, mut a_write) = tokio::io::split(a_peer);
+            let client = async {
+                let _ = timeout(Duration::from_secs(10), send(&mut a_write, &up, 65_536)).await;
+            };
+            let upstream = async {
+                let mut got = [0u8; 10];
+                b_peer.read_exact(&mut got).await.unwrap();
+                assert!(got[..] == up[..10]);
+                send(&mut b_peer, &down, 65_536).await;
+            };
+            let (relayed, got_down, (), ()) = tokio::join!(
+                timeout(Duration::from_secs(10), &mut relay),
+                read_to_end(&mut a_read),
+                client,
+                upstream
+            );
+            assert!(
+                got_down == down,
+                "{shape:?} {mode:?}: {} of {}",
+                got_down.len(),
+                down.len()
+            );
+            let relayed = relayed.expect("the relay ends").unwrap();
+            assert_eq!((relayed.forward, relayed.back), (10, down.len() as u64));
         })
         .await;
     }
