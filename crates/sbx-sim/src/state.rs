@@ -322,6 +322,9 @@ impl StateHome {
                 .create(&path)
                 .map_err(|e| SimError::state(path, e))?;
         }
+        // The lock file exists from the home's first opening: the background workers a command
+        // starts take the lock only where the file is (`lock_if_present`).
+        drop(open_lock_file(&dir.join("lock"))?);
         let digest = home_digest(&dir);
         Ok(StateHome { dir, digest })
     }
