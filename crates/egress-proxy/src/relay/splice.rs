@@ -39,7 +39,7 @@ const FLAGS: SpliceFlags = SpliceFlags::NONBLOCK.union(SpliceFlags::MOVE);
 
 /// [`super::relay_sockets`] on Linux, each direction in `mode`.
 pub(crate) async fn relay<A: Socket, B: Socket>(
-    a: A,
+    mut a: A,
     b: B,
     idle: Duration,
     forward_limit: Option<u64>,
@@ -55,30 +55,9 @@ pub(crate) async fn relay<A: Socket, B: Socket>(
     .await?;
     let _ = rustix::net::shutdown(a.fd(), Shutdown::Write);
     if super::cut_at_limit(&progress, forward_limit) {
-        linger_on(&a).await;
+        super::linger(&mut a).await;
     }
     Ok(progress.relayed(idled_out))
-}
-
-/// [`super::linger`] on a socket used through `&self`: its readiness and one non-blocking read
-/// at a time.
-async fn linger_on<S: Socket>(socket: &S) {
-    let drain = async {
-        let mut buffer = vec![0u8; 16 * 1024];
-        let mut dropped = 0;
-        while dropped < super::LINGER_BYTES {
-            if socket.ready(Interest::READABLE).await.is_err() {
-                return;
-            }
-            match socket.try_read(&mut buffer) {
-                Ok(0) => return,
-                Ok(n) => dropped += n,
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => return,
-            }
-        }
-    };
-    let _ = tokio::time::timeout(super::LINGER, drain).await;
 }
 
 /// Moves `reader`'s bytes to `writer` until the reader ends (then shuts the writer's write side
