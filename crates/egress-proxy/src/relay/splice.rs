@@ -37,6 +37,10 @@ const ASK: usize = 1 << 20;
 /// Non-blocking on the pipe's side; the sockets are non-blocking themselves.
 const FLAGS: SpliceFlags = SpliceFlags::NONBLOCK.union(SpliceFlags::MOVE);
 
+/// A direction's pipe: never inherited by a program the process starts, and never blocking (a
+/// splice into a full pipe or out of an empty one must come back, not wait).
+const PIPE_FLAGS: PipeFlags = PipeFlags::CLOEXEC.union(PipeFlags::NONBLOCK);
+
 /// [`super::relay_sockets`] on Linux, each direction in `mode`.
 pub(crate) async fn relay<A: Socket, B: Socket>(
     mut a: A,
@@ -79,7 +83,7 @@ async fn pump<R: Socket, W: Socket>(
     }
     // No descriptors until there is something to move.
     reader.ready(Interest::READABLE).await?;
-    let Ok((out_of_pipe, into_pipe)) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK) else {
+    let Ok((out_of_pipe, into_pipe)) = pipe_with(PIPE_FLAGS) else {
         return copy(reader, writer, remaining, progress, count).await;
     };
     loop {
@@ -133,6 +137,9 @@ async fn fill<R: Socket>(reader: &R, into_pipe: &OwnedFd, len: usize) -> io::Res
     loop {
         reader.ready(Interest::READABLE).await?;
         let spliced = reader.try_io(Interest::READABLE, || {
+            if let Some(error) = injected() {
+                return Err(error);
+            }
             Ok(splice(reader.fd(), None, into_pipe, None, len, FLAGS)?)
         });
         match spliced {
@@ -166,6 +173,17 @@ async fn empty<W: Socket>(writer: &W, out_of_pipe: &OwnedFd, len: usize) -> io::
     }
 }
 
+/// The failure a test injected for the next splice into a pipe or read into a buffer, taken
+/// once; never any outside the tests.
+fn injected() -> Option<io::Error> {
+    #[cfg(test)]
+    return tests::INJECTED
+        .with(std::cell::Cell::take)
+        .map(|errno: Errno| io::Error::from_raw_os_error(errno.raw_os_error()));
+    #[cfg(not(test))]
+    None
+}
+
 /// The same as [`pump`], through a buffer: read a chunk, write it whole, read the next.
 async fn copy<R: Socket, W: Socket>(
     reader: &R,
@@ -182,7 +200,7 @@ async fn copy<R: Socket, W: Socket>(
         let want = ask(remaining, BUFFER);
         let n = loop {
             reader.ready(Interest::READABLE).await?;
-            match reader.try_read(&mut buffer[..want]) {
+            match injected().map_or_else(|| reader.try_read(&mut buffer[..want]), Err) {
                 Err(error)
                     if matches!(
                         error.kind(),
@@ -237,6 +255,162 @@ mod tests {
     use super::*;
 
     const MODES: [Mode; 2] = [Mode::Splice, Mode::Copy];
+
+    thread_local! {
+        /// The failure [`injected`] hands to the next splice into a pipe or read into a buffer
+        /// on this thread (a test's relay runs on the test's own thread).
+        pub(super) static INJECTED: std::cell::Cell<Option<Errno>> =
+            const { std::cell::Cell::new(None) };
+    }
+
+    /// `O_NONBLOCK` and `O_CLOEXEC` as `/proc/self/fdinfo` shows them.
+    const NONBLOCK_AND_CLOEXEC: u32 = 0o4000 | 0o2_000_000;
+
+    /// Every pipe end the process holds: its descriptor and its `/proc/self/fdinfo` flags.
+    fn pipes() -> Vec<(String, u32)> {
+        let entries = std::fs::read_dir("/proc/self/fd").unwrap();
+        entries
+            .filter_map(|entry| {
+                let entry = entry.ok()?;
+                let target = std::fs::read_link(entry.path()).ok()?;
+                if !target.to_string_lossy().starts_with("pipe:") {
+                    return None;
+                }
+                let fd = entry.file_name().to_string_lossy().into_owned();
+                let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+                let flags = info.lines().find_map(|l| l.strip_prefix("flags:"))?;
+                Some((fd, u32::from_str_radix(flags.trim(), 8).ok()?))
+            })
+            .collect()
+    }
+
+    /// While the client's bytes back up in a relay (the upstream not reading yet), a spliced
+    /// direction holds exactly one pipe of its own, both ends non-blocking and closed on exec,
+    /// and a copied one holds none; every byte still arrives.
+    #[tokio::test]
+    async fn a_spliced_direction_holds_one_pipe_of_its_own_and_a_copied_one_none() {
+        each_shape(|shape, mode| async move {
+            let before = pipes();
+            let Wired {
+                mut relay,
+                a_peer,
+                mut b_peer,
+            } = wire(shape, mode, Duration::from_secs(10), None).await;
+            let up = body(4 << 20, 9);
+            let (_a_read, mut a_write) = tokio::io::split(a_peer);
+            let upstream = async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let during: Vec<(String, u32)> = pipes()
+                    .into_iter()
+                    .filter(|p| !before.contains(p))
+                    .collect();
+                let got = read_to_end(&mut b_peer).await;
+                let _ = b_peer.shutdown().await;
+                (during, got)
+            };
+            let (relayed, (), (during, got)) =
+                tokio::join!(&mut relay, send(&mut a_write, &up, 65_536), upstream);
+            assert!(got == up, "{shape:?} {mode:?}: the bytes differ");
+            assert_eq!(relayed.unwrap().forward, up.len() as u64);
+            match mode {
+                Mode::Splice => {
+                    assert_eq!(during.len(), 2, "{shape:?}: one pipe: {during:?}");
+                    for (fd, flags) in &during {
+                        assert_eq!(
+                            flags & NONBLOCK_AND_CLOEXEC,
+                            NONBLOCK_AND_CLOEXEC,
+                            "{shape:?}: pipe end {fd} has flags {flags:o}"
+                        );
+                    }
+                }
+                Mode::Copy => assert!(during.is_empty(), "{shape:?}: a pipe: {during:?}"),
+            }
+        })
+        .await;
+    }
+
+    /// A splice the kernel refuses for a socket (`EINVAL`, as for a socket type it cannot
+    /// splice) turns the direction into a copy that loses nothing.
+    #[tokio::test]
+    async fn a_refused_splice_falls_back_to_copying_and_loses_nothing() {
+        for shape in [Shape::Forwarder, Shape::Proxy] {
+            let Wired {
+                mut relay,
+                a_peer,
+                mut b_peer,
+            } = wire(shape, Mode::Splice, Duration::from_secs(10), None).await;
+            INJECTED.with(|cell| cell.set(Some(Errno::INVAL)));
+            let up = body(1 << 20, 10);
+            let (mut a_read, mut a_write) = tokio::io::split(a_peer);
+            let upstream = async {
+                let got = read_to_end(&mut b_peer).await;
+                send(&mut b_peer, b"answer", 6).await;
+                got
+            };
+            let (relayed, (), got, answer) = tokio::join!(
+                &mut relay,
+                send(&mut a_write, &up, 65_536),
+                upstream,
+                read_to_end(&mut a_read)
+            );
+            assert!(
+                INJECTED.with(std::cell::Cell::take).is_none(),
+                "{shape:?}: no splice met the refusal"
+            );
+            assert!(got == up, "{shape:?}: the bytes differ");
+            assert_eq!(answer, b"answer");
+            let relayed = relayed.unwrap();
+            assert_eq!((relayed.forward, relayed.back), (up.len() as u64, 6));
+        }
+    }
+
+    /// Any other failure of a splice or a read (here `EIO`) ends the relay with that error: it
+    /// is neither retried nor taken for the peer's end.
+    #[tokio::test]
+    async fn a_failed_splice_or_read_fails_the_relay() {
+        for mode in MODES {
+            for shape in [Shape::Forwarder, Shape::Proxy] {
+                let Wired {
+                    mut relay,
+                    a_peer,
+                    b_peer,
+                } = wire(shape, mode, Duration::from_secs(10), None).await;
+                INJECTED.with(|cell| cell.set(Some(Errno::IO)));
+                let (_a_read, mut a_write) = tokio::io::split(a_peer);
+                let (relayed, ()) =
+                    tokio::join!(timeout(Duration::from_secs(10), &mut relay), async {
+                        let _ = a_write.write_all(b"request").await;
+                    });
+                let error = relayed
+                    .expect("the relay ends at the failure")
+                    .expect_err("the failure is the relay's");
+                assert_eq!(
+                    error.raw_os_error(),
+                    Some(Errno::IO.raw_os_error()),
+                    "{shape:?} {mode:?}"
+                );
+                drop(b_peer);
+            }
+        }
+    }
+
+    /// Only the errors of a socket the kernel cannot splice are refusals; the peer going away,
+    /// a full socket and an I/O error are not.
+    #[test]
+    fn only_the_kernels_refusals_to_splice_are_refusals() {
+        for errno in [Errno::INVAL, Errno::NOSYS, Errno::OPNOTSUPP, Errno::PERM] {
+            assert!(refused(&errno.into()), "{errno:?}");
+        }
+        for errno in [
+            Errno::CONNRESET,
+            Errno::PIPE,
+            Errno::AGAIN,
+            Errno::IO,
+            Errno::BADF,
+        ] {
+            assert!(!refused(&errno.into()), "{errno:?}");
+        }
+    }
 
     /// A byte stream that is not periodic, so a dropped, repeated or reordered chunk shows.
     fn body(len: usize, seed: u64) -> Vec<u8> {
