@@ -479,6 +479,38 @@ mod tests {
         );
     }
 
+    /// The lingering close after a forward limit ends at its byte bound: a client that sent
+    /// exactly `LINGER_BYTES` past the limit and keeps its connection open is closed as soon as
+    /// they are dropped, not after waiting out `LINGER` for more (paused time: a wait for the
+    /// timer would show as `LINGER` passed).
+    #[tokio::test(start_paused = true)]
+    async fn the_lingering_close_ends_at_its_byte_bound() {
+        let (a, a_peer) = duplex(1 << 16);
+        let (b, mut b_peer) = duplex(1 << 16);
+        let relay = tokio::spawn(relay(a, b, Duration::from_secs(600), Some(10)));
+        let (mut a_read, mut a_write) = tokio::io::split(a_peer);
+        let client = tokio::spawn(async move {
+            a_write.write_all(&body(10 + LINGER_BYTES)).await.unwrap();
+            // Kept open: only the byte bound can end the linger before its deadline.
+            a_write
+        });
+        let mut got = [0u8; 10];
+        b_peer.read_exact(&mut got).await.unwrap();
+        b_peer.shutdown().await.unwrap();
+        let closed = Instant::now();
+        let done = relay.await.unwrap().unwrap();
+        assert!(
+            closed.elapsed() < LINGER,
+            "the linger waited {:?} with its bytes all dropped",
+            closed.elapsed()
+        );
+        assert_eq!((done.forward, done.back), (10, 0));
+        let _still_open = client.await.unwrap();
+        let mut rest = Vec::new();
+        a_read.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "the client reads its end");
+    }
+
     #[tokio::test]
     async fn the_forward_limit_stops_reading_without_ending_the_other_side() {
         let (a, mut a_peer) = duplex(1 << 16);

@@ -329,6 +329,39 @@ mod tests {
         .await;
     }
 
+    /// The proxy relays sockets it only borrows (`&mut`): in both modes every byte still
+    /// arrives both ways, through the borrowed sockets' own reads and writes.
+    #[tokio::test]
+    async fn borrowed_sockets_relay_both_ways_in_both_modes() {
+        for mode in MODES {
+            let (mut a_peer, mut a) = tcp_pair().await;
+            let (mut b, mut b_peer) = UnixStream::pair().unwrap();
+            let up = body(300_001, 11);
+            let down = body(200_003, 12);
+            let (mut a_read, mut a_write) = tokio::io::split(&mut a_peer);
+            // The upstream answers once it has the whole request: its end ends the relay.
+            let upstream = async {
+                let got = read_to_end(&mut b_peer).await;
+                send(&mut b_peer, &down, 7_001).await;
+                got
+            };
+            let (relayed, got_down, (), got_up) = tokio::join!(
+                relay(&mut a, &mut b, Duration::from_secs(10), None, mode),
+                read_to_end(&mut a_read),
+                send(&mut a_write, &up, 10_007),
+                upstream,
+            );
+            assert!(got_up == up, "{mode:?}: the forward bytes differ");
+            assert!(got_down == down, "{mode:?}: the backward bytes differ");
+            let relayed = relayed.unwrap();
+            assert_eq!(
+                (relayed.forward, relayed.back),
+                (up.len() as u64, down.len() as u64),
+                "{mode:?}"
+            );
+        }
+    }
+
     /// A splice the kernel refuses for a socket (`EINVAL`, as for a socket type it cannot
     /// splice) turns the direction into a copy that loses nothing.
     #[tokio::test]
