@@ -555,8 +555,9 @@ impl Vm {
     /// # Errors
     /// As [`Vm::status`]; Deadline when QEMU does not exit.
     pub async fn quit(self) -> Result<(), VmError> {
+        let incarnation = self.incarnation();
         let _ = self.qmp("quit").await;
-        self.wait_gone(EXIT_WAIT).await?;
+        self.wait_gone(incarnation, EXIT_WAIT).await?;
         self.cleanup();
         Ok(())
     }
@@ -566,12 +567,13 @@ impl Vm {
     /// # Errors
     /// Deadline when it does not go; Io when the directory cannot be removed.
     pub async fn kill(self) -> Result<(), VmError> {
+        let incarnation = self.incarnation();
         if self.is_alive() {
             if let Some(pid) = rustix::process::Pid::from_raw(self.pid) {
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             }
         }
-        self.wait_gone(EXIT_WAIT).await?;
+        self.wait_gone(incarnation, EXIT_WAIT).await?;
         self.cleanup();
         Ok(())
     }
@@ -582,17 +584,30 @@ impl Vm {
     /// # Errors
     /// As [`Vm::kill`].
     pub async fn shutdown(self, timeout: Duration) -> Result<(), VmError> {
+        let incarnation = self.incarnation();
         if let Ok(client) = self.agent(Duration::from_secs(2)).await {
             let _ = client.shutdown().await;
         }
-        if self.wait_gone(timeout).await.is_ok() {
+        if self.wait_gone(incarnation, timeout).await.is_ok() {
             self.cleanup();
             return Ok(());
         }
         self.kill().await
     }
 
-    async fn wait_gone(&self, timeout: Duration) -> Result<(), VmError> {
+    /// QEMU's start time while it runs: with its pid, it names this very process, whatever
+    /// process gets the pid after it.
+    fn incarnation(&self) -> Option<u64> {
+        self.is_alive()
+            .then(|| process_stat(self.pid).map(|stat| stat.started))
+            .flatten()
+    }
+
+    /// Waits until QEMU has exited: gone or a zombie, so its descriptors are closed and what it
+    /// held open (its disk overlay) no longer takes room. Its command line reads empty earlier,
+    /// while its memory is torn down (a while for a large guest), with its files still open: so
+    /// `incarnation`, the process seen running before, counts as running until then.
+    async fn wait_gone(&self, incarnation: Option<u64>, timeout: Duration) -> Result<(), VmError> {
         let deadline = Instant::now() + timeout;
         loop {
             // Reaps QEMU when it is a child of this process without a reaper thread (it was
@@ -603,7 +618,10 @@ impl Vm {
                         rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG);
                 }
             }
-            if !self.is_alive() {
+            let exiting = incarnation.is_some_and(|started| {
+                process_stat(self.pid).is_some_and(|stat| stat.started == started && !stat.exited)
+            });
+            if !self.is_alive() && !exiting {
                 break;
             }
             if Instant::now() > deadline {
@@ -797,8 +815,65 @@ pub fn host_tsc_khz() -> Option<u64> {
     Some(whole.parse::<u64>().ok()? * 1000 + frac[..3].parse::<u64>().ok()?)
 }
 
+/// What `/proc/<pid>/stat` says of a process: when it started (clock ticks after boot) and
+/// whether it has exited (a zombie, or dead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProcessStat {
+    started: u64,
+    exited: bool,
+}
+
+/// `/proc/<pid>/stat` read, or `None` when there is no such process.
+fn process_stat(pid: i32) -> Option<ProcessStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: fields are counted after
+    // its last `)`, from field 3 (the state); the start time is field 22.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    Some(ProcessStat {
+        started: fields.get(22 - 3)?.parse().ok()?,
+        exited: matches!(state, 'Z' | 'X'),
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    /// A running process reads as started and not exited, the same start time each time; once
+    /// it has exited (a zombie, not yet reaped) it reads as exited with that start time; reaped,
+    /// it reads as nothing.
+    #[test]
+    fn process_stat_tells_a_running_process_from_an_exited_one() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let running = super::process_stat(pid).expect("the child is there");
+        assert!(!running.exited);
+        assert!(running.started > 0);
+        assert_eq!(super::process_stat(pid), Some(running));
+        child.kill().unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let exited = loop {
+            let stat = super::process_stat(pid).expect("a zombie until reaped");
+            if stat.exited || std::time::Instant::now() > until {
+                break stat;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(
+            exited,
+            super::ProcessStat {
+                started: running.started,
+                exited: true
+            }
+        );
+        child.wait().unwrap();
+        assert_eq!(super::process_stat(pid), None);
+        assert_eq!(super::process_stat(0), None);
+    }
+
     #[test]
     fn qemus_under_finds_a_process_by_its_vm_directory_and_not_a_zombie() {
         let root = tempfile::tempdir().unwrap();
