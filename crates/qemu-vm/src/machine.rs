@@ -815,8 +815,10 @@ pub fn host_tsc_khz() -> Option<u64> {
     Some(whole.parse::<u64>().ok()? * 1000 + frac[..3].parse::<u64>().ok()?)
 }
 
-/// What `/proc/<pid>/stat` says of a process: when it started (clock ticks after boot) and
-/// whether it has exited (a zombie, or dead).
+/// What `/proc/<pid>` says of a process: when it started (clock ticks after boot) and whether
+/// it has exited: a zombie (or dead) with no thread left but that one. A thread group's leader
+/// reads as a zombie as soon as its own thread ends, while its other threads may still hold the
+/// process's open files; each thread leaves `/proc/<pid>/task` only after letting go of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct ProcessStat {
     started: u64,
@@ -831,9 +833,10 @@ fn process_stat(pid: i32) -> Option<ProcessStat> {
     let (_, rest) = stat.rsplit_once(')')?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let state = fields.first()?.chars().next()?;
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count);
     Some(ProcessStat {
         started: fields.get(22 - 3)?.parse().ok()?,
-        exited: matches!(state, 'Z' | 'X'),
+        exited: matches!(state, 'Z' | 'X') && threads <= 1,
     })
 }
 
@@ -841,7 +844,7 @@ fn process_stat(pid: i32) -> Option<ProcessStat> {
 mod tests {
     /// A running process reads as started and not exited, the same start time each time; once
     /// it has exited (a zombie, not yet reaped) it reads as exited with that start time; reaped,
-    /// it reads as nothing.
+    /// it reads as nothing. (This process itself, several threads, is running.)
     #[test]
     fn process_stat_tells_a_running_process_from_an_exited_one() {
         let mut child = std::process::Command::new("sleep")
@@ -872,6 +875,45 @@ mod tests {
         child.wait().unwrap();
         assert_eq!(super::process_stat(pid), None);
         assert_eq!(super::process_stat(0), None);
+        let own = super::process_stat(i32::try_from(std::process::id()).unwrap());
+        assert!(own.is_some_and(|own| !own.exited));
+    }
+
+    /// A thread group whose leader's thread has ended while another thread runs on reads as a
+    /// zombie in `/proc/<pid>/stat` yet has not exited; killed, it has.
+    #[test]
+    fn a_zombie_leader_with_a_thread_left_has_not_exited() {
+        let script = "import ctypes, threading, time\n\
+                      threading.Thread(target=time.sleep, args=(30,)).start()\n\
+                      time.sleep(0.2)\n\
+                      ctypes.CDLL(None).pthread_exit(None)\n";
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", script])
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let leader_ended = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+            })
+        };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !leader_ended() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(leader_ended(), "the leader's thread ended");
+        let stat = super::process_stat(pid).expect("the group is there");
+        assert!(!stat.exited, "a thread is left: {stat:?}");
+        child.kill().unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while super::process_stat(pid).is_some_and(|stat| !stat.exited)
+            && std::time::Instant::now() < until
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(super::process_stat(pid).is_some_and(|stat| stat.exited));
+        child.wait().unwrap();
     }
 
     #[test]
@@ -884,7 +926,13 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = i32::try_from(child.id()).unwrap();
-        let found = super::qemus_under(&root.path().join("vms"));
+        // The child shows its environment once it has exec'd `sleep`, a moment after the spawn.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut found = super::qemus_under(&root.path().join("vms"));
+        while found.iter().all(|q| q.pid != pid) && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            found = super::qemus_under(&root.path().join("vms"));
+        }
         assert!(
             found.contains(&super::RunningQemu {
                 pid,
