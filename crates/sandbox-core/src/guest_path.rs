@@ -20,6 +20,7 @@
 //! the guest program itself could not (held handles, acting with the guest's own authority, or a frozen
 //! guest).
 
+use std::borrow::Cow;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::task::Poll;
@@ -41,6 +42,36 @@ use crate::error::SandboxError;
 /// assert_eq!(norm(""), ".");
 /// ```
 pub fn norm(p: &str) -> String {
+    // Every file method normalises the same few paths several times over (the working directory,
+    // the resolved path, its place under the root): a path already in normal form, as nearly all
+    // are, is copied as it is instead of being split and rejoined.
+    normal_form(p).into_owned()
+}
+
+/// [`norm`], borrowing `p` when it is already in normal form.
+fn normal_form(p: &str) -> Cow<'_, str> {
+    if is_normal(p) {
+        Cow::Borrowed(p)
+    } else {
+        Cow::Owned(normalised(p))
+    }
+}
+
+/// Whether `p` is its own normal form: `/`, or segments that are neither empty, `.` nor `..`
+/// (after the one leading `/` of an absolute path).
+fn is_normal(p: &str) -> bool {
+    if p == "/" {
+        return true;
+    }
+    let relative = p.strip_prefix('/').unwrap_or(p);
+    !relative.is_empty()
+        && relative
+            .split('/')
+            .all(|segment| !matches!(segment, "" | "." | ".."))
+}
+
+/// [`norm`] of any path, segment by segment.
+fn normalised(p: &str) -> String {
     let absolute = p.starts_with('/');
     let mut segments: Vec<&str> = Vec::new();
     for segment in p.split('/') {
@@ -57,12 +88,17 @@ pub fn norm(p: &str) -> String {
             other => segments.push(other),
         }
     }
-    let joined = segments.join("/");
-    match (absolute, joined.is_empty()) {
-        (true, _) => format!("/{joined}"),
-        (false, true) => ".".to_owned(),
-        (false, false) => joined,
+    if segments.is_empty() {
+        return if absolute { "/" } else { "." }.to_owned();
     }
+    let mut out = String::with_capacity(p.len() + 1);
+    for (index, segment) in segments.iter().enumerate() {
+        if absolute || index > 0 {
+            out.push('/');
+        }
+        out.push_str(segment);
+    }
+    out
 }
 
 /// `p` when it is absolute, else `base + "/" + p`. Purely textual; normalise the result.
@@ -70,7 +106,11 @@ pub fn join(base: &str, p: &str) -> String {
     if p.starts_with('/') {
         p.to_owned()
     } else {
-        format!("{base}/{p}")
+        let mut joined = String::with_capacity(base.len() + 1 + p.len());
+        joined.push_str(base);
+        joined.push('/');
+        joined.push_str(p);
+        joined
     }
 }
 
@@ -87,20 +127,19 @@ pub fn join(base: &str, p: &str) -> String {
 /// assert_eq!(relative_to("/w-outside", "/w"), None);
 /// ```
 pub fn relative_to(path: &str, base: &str) -> Option<String> {
-    let path = norm(path);
-    let base = norm(base);
+    let path = normal_form(path);
+    let base = normal_form(base);
     if path == base {
         return Some(String::new());
     }
     if base == "." {
         let climbs = path == ".." || path.starts_with("../");
-        return (!path.starts_with('/') && !climbs).then_some(path);
+        return (!path.starts_with('/') && !climbs).then(|| path.into_owned());
     }
     let rest = if base == "/" {
         path.strip_prefix('/')
     } else {
-        path.strip_prefix(base.as_str())
-            .and_then(|r| r.strip_prefix('/'))
+        path.strip_prefix(&*base).and_then(|r| r.strip_prefix('/'))
     };
     rest.map(str::to_owned)
 }
@@ -261,7 +300,7 @@ pub fn confine(path: &str, wd: &str) -> Result<String, SandboxError> {
             "a backslash is never a guest path character",
         ));
     }
-    let wd = norm(wd);
+    let wd = normal_form(wd);
     let resolved = norm(&join(&wd, path));
     check_shape("resolved guest path", &resolved)?;
     if relative_to(&resolved, &wd).is_none() {
@@ -726,6 +765,49 @@ mod tests {
                 .kind(),
             ErrorKind::InvalidArgument
         );
+    }
+
+    #[test]
+    fn normal_forms_are_taken_as_they_are() {
+        for normal in ["/", "/w", "/w/a.b", "a", "a/b", "...", "/w/..a/.b"] {
+            assert!(is_normal(normal), "{normal:?}");
+            assert_eq!(norm(normal), normal);
+        }
+        for other in [
+            "",
+            ".",
+            "..",
+            "//",
+            "/w/",
+            "/w//a",
+            "/./w",
+            "a/..",
+            "../a",
+            "/w/.",
+            "//w",
+            "/w/../etc",
+        ] {
+            assert!(!is_normal(other), "{other:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// The shortcut for a path already normal gives what the segment-by-segment form gives
+        /// (a path it takes is its own normal form), and `norm` is idempotent.
+        #[test]
+        fn norm_agrees_with_the_segment_by_segment_form(
+            segments in proptest::collection::vec(
+                proptest::prop_oneof!["", "\\.", "\\.\\.", "[a-c.]{1,3}"], 0..6),
+            absolute in proptest::bool::ANY,
+        ) {
+            let path = format!("{}{}", if absolute { "/" } else { "" }, segments.join("/"));
+            let normal = norm(&path);
+            proptest::prop_assert_eq!(&normal, &normalised(&path));
+            proptest::prop_assert_eq!(norm(&normal), normal.clone());
+            if is_normal(&path) {
+                proptest::prop_assert_eq!(normal, path);
+            }
+        }
     }
 
     #[test]
