@@ -132,6 +132,11 @@ pub const DOCKER_WRAPPER: &str =
 /// namespace. The call's argv starts with `unshare` itself ([`sbx_wrapper_argv`],
 /// [`sbx_pid_namespace_wrapper_argv`]): the private user and mount namespace in which the caller
 /// is root (and, with the PID namespace, its first process) exists before the first `sh` starts.
+///
+/// `run` gets the caller's ids back from a nested user namespace mapping them (a second
+/// `unshare`, which starts `run` in a second `sh`). A caller whose outer uid and gid are both 0
+/// is root already in the first namespace, which maps 0 to 0: the nested one would map 0 to 0
+/// again, so `run` goes on in the same `sh`, two program starts fewer.
 pub const SBX_WRAPPER: &str = concat!(
     r#"s=$1
 case $2 in
@@ -146,7 +151,10 @@ bind)
   case $u in ''|*[!0-9]*) exit 125 ;; esac
   case $g in ''|*[!0-9]*) exit 125 ;; esac
   shift 2
-  exec unshare --user --map-user="$u" --map-group="$g" -- sh -c "$s" maf-sbx "$s" run "$@"
+  if [ "$u" != 0 ] || [ "$g" != 0 ]; then
+    exec unshare --user --map-user="$u" --map-group="$g" -- sh -c "$s" maf-sbx "$s" run "$@"
+  fi
+  set -- "$s" run "$@"
   ;;
 run) ;;
 *) exit 125 ;;

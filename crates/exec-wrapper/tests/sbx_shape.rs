@@ -38,6 +38,8 @@ const ROOT_RUN_GID: u32 = 47_819;
 struct Caller {
     uid: u32,
     gid: u32,
+    /// The uid and gid the host sees on what the caller creates.
+    host: (u32, u32),
     /// `setpriv …` in front of the shell when the test process is root; empty otherwise.
     prefix: Vec<OsString>,
 }
@@ -51,6 +53,7 @@ impl Caller {
             Caller {
                 uid: ROOT_RUN_UID,
                 gid: ROOT_RUN_GID,
+                host: (ROOT_RUN_UID, ROOT_RUN_GID),
                 prefix: vec![
                     setpriv.into(),
                     "--reuid".into(),
@@ -61,11 +64,36 @@ impl Caller {
                 ],
             }
         } else {
+            let (uid, gid) = own_ids();
             Caller {
-                uid: rustix::process::getuid().as_raw(),
-                gid: rustix::process::getgid().as_raw(),
+                uid,
+                gid,
+                host: (uid, gid),
                 prefix: Vec::new(),
             }
+        }
+    }
+
+    /// A caller whose outer uid and gid are both 0: the test process itself when it is root,
+    /// else uid 0 of a user namespace of its own (`unshare --map-root-user`), as an sbx guest
+    /// whose user is root.
+    fn root() -> Caller {
+        let prefix = if rustix::process::geteuid().is_root() {
+            Vec::new()
+        } else {
+            let unshare = required("unshare");
+            vec![
+                unshare.into(),
+                "--user".into(),
+                "--map-root-user".into(),
+                "--".into(),
+            ]
+        };
+        Caller {
+            uid: 0,
+            gid: 0,
+            host: own_ids(),
+            prefix,
         }
     }
 
@@ -81,11 +109,19 @@ impl Caller {
 
     /// Makes `path` belong to this caller (a no-op unless the tests run as root).
     fn own(&self, path: &Path) {
-        if !self.prefix.is_empty() {
-            std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid))
+        if self.host != own_ids() {
+            std::os::unix::fs::chown(path, Some(self.host.0), Some(self.host.1))
                 .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
         }
     }
+}
+
+/// The test process's own uid and gid.
+fn own_ids() -> (u32, u32) {
+    (
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw(),
+    )
 }
 
 fn find_on_path(name: &str) -> Option<PathBuf> {
@@ -166,7 +202,10 @@ const GREETING: &[u8] = b"hello from the workspace\n";
 
 impl Site {
     fn new() -> Site {
-        let caller = Caller::current();
+        Site::new_for(Caller::current())
+    }
+
+    fn new_for(caller: Caller) -> Site {
         // Under /tmp itself, not $TMPDIR: the caller must be able to traverse every ancestor,
         // and the wrapper's pid file lives in /tmp anyway.
         let root = tempfile::Builder::new()
@@ -380,7 +419,20 @@ fn text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
 
 #[test]
 fn the_workspace_is_bound_at_the_parent_and_the_command_runs_as_the_caller() {
-    let site = Site::new();
+    workspace_bound_and_command_run_as(&Site::new(), "run");
+}
+
+/// A root caller: the same view and identity, from the `bind` stage's own shell (no nested
+/// namespace, no second `sh`), which is the command's parent.
+#[test]
+fn a_root_caller_runs_its_command_from_the_bind_stage_shell() {
+    workspace_bound_and_command_run_as(&Site::new_for(Caller::root()), "bind");
+}
+
+/// Runs a command that reports its view and identity, writes a file and names the stage its
+/// parent shell was started for (`run`, or `bind` when the `bind` stage's shell runs it). The
+/// parent is read from `/proc/self/stat`, whose pids are the host's (`$PPID` is the namespace's).
+fn workspace_bound_and_command_run_as(site: &Site, parent_stage: &str) {
     let cwd = format!("{}/work/a dir", site.parent_str());
     for shell in &site.shells {
         let nonce = new_nonce().unwrap();
@@ -388,7 +440,9 @@ fn the_workspace_is_bound_at_the_parent_and_the_command_runs_as_the_caller() {
         // The parent's listing shows the workspace (marker, storage base), not the host-only
         // file the bind covers; the file is written relative to the cwd, through the bind.
         let script = "pwd; id -u; id -g; cat ../greeting; ls -A \"$1\"; \
-                      printf 'from %s' \"$2\" >\"$2\"; ls -ln \"$2\"";
+                      printf 'from %s' \"$2\" >\"$2\"; ls -ln \"$2\"; \
+                      read -r l </proc/self/stat; set -- ${l##*) }; \
+                      tr '\\0' '\\n' </proc/$2/cmdline | grep -x -e bind -e run";
         let outcome = runtime().block_on(site.run(
             shell,
             &nonce,
@@ -466,6 +520,12 @@ fn the_workspace_is_bound_at_the_parent_and_the_command_runs_as_the_caller() {
             "{}: ownership seen inside: {long}",
             shell.name
         );
+        assert_eq!(
+            lines.next(),
+            Some(parent_stage),
+            "{}: the stage of the command's parent shell",
+            shell.name
+        );
         assert_eq!(lines.next(), None, "{}: {stdout}", shell.name);
 
         // On the host the file landed in the workspace, owned by the caller.
@@ -477,12 +537,7 @@ fn the_workspace_is_bound_at_the_parent_and_the_command_runs_as_the_caller() {
             shell.name
         );
         let meta = std::fs::metadata(&landed).unwrap();
-        assert_eq!(
-            (meta.uid(), meta.gid()),
-            (site.caller.uid, site.caller.gid),
-            "{}",
-            shell.name
-        );
+        assert_eq!((meta.uid(), meta.gid()), site.caller.host, "{}", shell.name);
         assert!(
             !Path::new(&pid_file(&nonce)).exists(),
             "{}: the pid file stays behind",
@@ -736,7 +791,16 @@ fn the_env_file_is_read_through_the_bind_and_deleted() {
 /// the call without a PID namespace writes a group record.
 #[test]
 fn the_command_leads_its_own_group_and_its_signal_shows_in_the_status() {
-    let site = Site::new();
+    own_group_and_signal_status(&Site::new());
+}
+
+/// The same for a root caller, whose command the `bind` stage's shell starts and waits for.
+#[test]
+fn a_root_callers_command_leads_its_own_group_and_its_signal_shows_in_the_status() {
+    own_group_and_signal_status(&Site::new_for(Caller::root()));
+}
+
+fn own_group_and_signal_status(site: &Site) {
     // The fields of /proc/self/stat after the command name: state, ppid, pgrp, session. `read`
     // is a builtin, so /proc/self is the command's own shell.
     let script = br#"read -r l </proc/self/stat; p=${l%% *}; set -- ${l##*) }
