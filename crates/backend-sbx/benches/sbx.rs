@@ -3,7 +3,9 @@
 //!
 //! - `exec echo hi`: `sandbox.exec(["echo", "hi"])` through the wrapper (`unshare`, `bind`,
 //!   `run`) against a bare `sbx-sim exec <name> echo hi`. Target: the median of paired per-round ratios
-//!   at most 1.10.
+//!   at most 1.10. `sbx-sim` runs commands as the workspace's owner, root where the bench runs
+//!   as root: then the wrapper's `run` stage goes on in the `bind` stage's shell (no nested user
+//!   namespace); a non-root caller's chain has a second `unshare` and `sh` more.
 //! - host-plane file operations: a 4 KiB `write_file` then `read_file` through the backend
 //!   against the same write and read on a `confined-fs` root opened on the same workspace
 //!   directory. Target: at most 1.05 (the backend adds no round trip to the guest).
