@@ -20,8 +20,10 @@
 //!
 //! `--runs N` runs every bench N times. The rows each run records (`target/bench/rows.jsonl`)
 //! are gathered by name: a row's times and ratio are the medians over the runs, its spread the
-//! lowest and highest ratio, and it passes when the median ratio meets a `≤ X` target (any
-//! other target: when most runs passed). `target/bench/report.json` holds those rows with the
+//! lowest and highest ratio, and it passes when the median ratio meets a `≤ X` target, or when
+//! its median added time meets an `added <= N ms` one (whose rows record the time added as a
+//! share of N, and whose report shows the time itself); any other target: when most runs
+//! passed. `target/bench/report.json` holds those rows with the
 //! machine, the load average before and after, the date and the number of runs; the section of
 //! `BENCHMARKS.md` between its generated-section markers is rewritten from it, and everything
 //! outside the markers (the hand-written account of what moved each row) is kept as it is.
@@ -298,9 +300,11 @@ fn aggregate(rows: &[Row]) -> Vec<Aggregate> {
             let ratios: Vec<f64> = values(|row| row.ratio);
             let ratio = median(ratios.clone());
             let target = runs[0].target.clone();
-            let pass = match ratio_bound(&target) {
-                Some(bound) => ratio <= bound,
-                None => runs.iter().filter(|row| row.pass).count() * 2 > runs.len(),
+            let pass = match (ratio_bound(&target), added_bound(&target)) {
+                (Some(bound), _) => ratio <= bound,
+                // An added-time row records its time as a share of the bound.
+                (None, Some(_)) => ratio <= 1.0,
+                (None, None) => runs.iter().filter(|row| row.pass).count() * 2 > runs.len(),
             };
             Aggregate {
                 name: name.to_owned(),
@@ -327,6 +331,25 @@ fn ratio_bound(target: &str) -> Option<f64> {
         .parse::<f64>()
         .ok()
         .filter(|bound| bound.is_finite())
+}
+
+/// The bound of an added-time target (`added <= 6 ms at p50`), in milliseconds; `None` for any
+/// other kind. Such a row's ratio is the time it added divided by this bound.
+fn added_bound(target: &str) -> Option<f64> {
+    let rest = target.trim().strip_prefix("added")?.trim_start();
+    let rest = rest
+        .strip_prefix('≤')
+        .or_else(|| rest.strip_prefix("<="))?
+        .trim_start();
+    let (bound, unit) = rest.split_once(' ')?;
+    if !unit.starts_with("ms") {
+        return None;
+    }
+    bound
+        .trim_start_matches('+')
+        .parse::<f64>()
+        .ok()
+        .filter(|bound| bound.is_finite() && *bound > 0.0)
 }
 
 /// The median (the mean of the middle two for an even count); 0 for none.
@@ -447,7 +470,8 @@ fn render_report(report: &serde_json::Value) -> String {
     out.push_str(&format!(
         "`cargo xtask bench --runs {runs}` on {}: {} cores, {} GiB, kernel {}, Docker Engine {}; \
          load average (1, 5, 15 min) {} before and {} after the run. Benches run: {}. Each row is the median of its runs; the spread is the \
-         lowest and the highest ratio over them.\n\n",
+         lowest and the highest ratio over them. A row whose target is a time added shows that \
+         time (ours minus the raw reference, at p50) in place of a ratio.\n\n",
         text(&report["date"]),
         machine["cores"],
         machine["memory_gib"],
@@ -464,14 +488,25 @@ fn render_report(report: &serde_json::Value) -> String {
     out.push_str("|---|---|---|---|---|---|---|---|\n");
     for row in report["rows"].as_array().into_iter().flatten() {
         let number = |key: &str| row[key].as_f64().unwrap_or(f64::NAN);
+        let (ratio, spread) = match added_bound(&text(&row["target"])) {
+            Some(bound) => (
+                format!("{:+.1} ms", number("ratio") * bound),
+                format!(
+                    "{:+.1} to {:+.1} ms",
+                    number("ratio_min") * bound,
+                    number("ratio_max") * bound
+                ),
+            ),
+            None => (
+                format!("{:.2}", number("ratio")),
+                format!("{:.2}–{:.2}", number("ratio_min"), number("ratio_max")),
+            ),
+        };
         out.push_str(&format!(
-            "| {} | {:.1} ms | {:.1} ms | {:.2} | {:.2}–{:.2} | {} | {} | {} |\n",
+            "| {} | {:.1} ms | {:.1} ms | {ratio} | {spread} | {} | {} | {} |\n",
             text(&row["name"]),
             number("ours_ms"),
             number("raw_ms"),
-            number("ratio"),
-            number("ratio_min"),
-            number("ratio_max"),
             row["runs"],
             text(&row["target"]),
             if row["pass"].as_bool() == Some(true) {
@@ -524,6 +559,45 @@ mod tests {
         ));
         assert!(!missed[0].pass);
         assert!((missed[0].ratio - 1.55).abs() < 1e-9);
+    }
+
+    #[test]
+    fn added_time_rows_pass_on_their_median_and_show_the_time() {
+        // Ratios are shares of the 6 ms bound: 10.4, 6.1, 7.4, 3.7, 6.7 ms added.
+        let lines: String = [1.73, 1.02, 1.23, 0.62, 1.12]
+            .iter()
+            .map(|ratio| row("wrapper", *ratio, "added <= 6 ms at p50", *ratio <= 1.0))
+            .collect();
+        let rows = aggregate(&parse_rows(&lines));
+        assert!((rows[0].ratio - 1.12).abs() < 1e-9);
+        assert!(!rows[0].pass, "6.7 ms at the median is over 6 ms");
+        let under: String = [1.2, 0.9, 0.8]
+            .iter()
+            .map(|ratio| row("setup", *ratio, "added <= 5 ms at p50", false))
+            .collect();
+        assert!(
+            aggregate(&parse_rows(&under))[0].pass,
+            "the median, not the runs' verdicts"
+        );
+
+        let report = serde_json::json!({
+            "rows": rows.iter().map(Aggregate::to_json).collect::<Vec<_>>(),
+        });
+        let table = render_report(&report);
+        assert!(
+            table.contains("| +6.7 ms | +3.7 to +10.4 ms | 5 | added <= 6 ms at p50 | missed |"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn added_bounds_are_read_from_added_time_targets_only() {
+        assert_eq!(added_bound("added <= 6 ms at p50"), Some(6.0));
+        assert_eq!(added_bound("added ≤ +2 ms at p50"), Some(2.0));
+        assert_eq!(added_bound("<= 6"), None);
+        assert_eq!(added_bound("added <= 6 MiB"), None);
+        assert_eq!(added_bound("added <= 0 ms"), None);
+        assert_eq!(added_bound("refused; RSS growth <= 24 MiB"), None);
     }
 
     #[test]
