@@ -188,13 +188,22 @@ pub fn run(workspace: &Workspace, args: &BenchArgs) -> Result<(), XtaskError> {
     if runs > 1 {
         eprintln!("medians over {runs} runs:");
         for row in &aggregated {
+            let measured = match added_bound(&row.target) {
+                Some(bound) => format!(
+                    "added {:+.1} ms (spread {:+.1} to {:+.1} ms",
+                    row.ratio * bound,
+                    row.ratio_min * bound,
+                    row.ratio_max * bound
+                ),
+                None => format!(
+                    "ratio {:.2} (spread {:.2}-{:.2}",
+                    row.ratio, row.ratio_min, row.ratio_max
+                ),
+            };
             eprintln!(
-                "  {:<8} {}: ratio {:.2} (spread {:.2}-{:.2}, {} runs, target {})",
+                "  {:<8} {}: {measured}, {} runs, target {})",
                 if row.pass { "pass" } else { "MISSED" },
                 row.name,
-                row.ratio,
-                row.ratio_min,
-                row.ratio_max,
                 row.runs,
                 row.target
             );
