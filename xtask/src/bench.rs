@@ -188,20 +188,9 @@ pub fn run(workspace: &Workspace, args: &BenchArgs) -> Result<(), XtaskError> {
     if runs > 1 {
         eprintln!("medians over {runs} runs:");
         for row in &aggregated {
-            let measured = match added_bound(&row.target) {
-                Some(bound) => format!(
-                    "added {:+.1} ms (spread {:+.1} to {:+.1} ms",
-                    row.ratio * bound,
-                    row.ratio_min * bound,
-                    row.ratio_max * bound
-                ),
-                None => format!(
-                    "ratio {:.2} (spread {:.2}-{:.2}",
-                    row.ratio, row.ratio_min, row.ratio_max
-                ),
-            };
+            let (measured, spread) = shown(&row.target, row.ratio, row.ratio_min, row.ratio_max);
             eprintln!(
-                "  {:<8} {}: {measured}, {} runs, target {})",
+                "  {:<8} {}: {measured} (spread {spread}, {} runs, target {})",
                 if row.pass { "pass" } else { "MISSED" },
                 row.name,
                 row.runs,
@@ -361,6 +350,18 @@ fn added_bound(target: &str) -> Option<f64> {
         .filter(|bound| bound.is_finite() && *bound > 0.0)
 }
 
+/// A row's median and spread as the summary and the report show them: ratios (`1.13`,
+/// `1.04–1.17`), or for an added-time target the time added (`+6.7 ms`, `+3.7 to +10.4 ms`).
+fn shown(target: &str, ratio: f64, min: f64, max: f64) -> (String, String) {
+    match added_bound(target) {
+        Some(bound) => (
+            format!("{:+.1} ms", ratio * bound),
+            format!("{:+.1} to {:+.1} ms", min * bound, max * bound),
+        ),
+        None => (format!("{ratio:.2}"), format!("{min:.2}–{max:.2}")),
+    }
+}
+
 /// The median (the mean of the middle two for an even count); 0 for none.
 fn median(mut values: Vec<f64>) -> f64 {
     if values.is_empty() {
@@ -497,20 +498,12 @@ fn render_report(report: &serde_json::Value) -> String {
     out.push_str("|---|---|---|---|---|---|---|---|\n");
     for row in report["rows"].as_array().into_iter().flatten() {
         let number = |key: &str| row[key].as_f64().unwrap_or(f64::NAN);
-        let (ratio, spread) = match added_bound(&text(&row["target"])) {
-            Some(bound) => (
-                format!("{:+.1} ms", number("ratio") * bound),
-                format!(
-                    "{:+.1} to {:+.1} ms",
-                    number("ratio_min") * bound,
-                    number("ratio_max") * bound
-                ),
-            ),
-            None => (
-                format!("{:.2}", number("ratio")),
-                format!("{:.2}–{:.2}", number("ratio_min"), number("ratio_max")),
-            ),
-        };
+        let (ratio, spread) = shown(
+            &text(&row["target"]),
+            number("ratio"),
+            number("ratio_min"),
+            number("ratio_max"),
+        );
         out.push_str(&format!(
             "| {} | {:.1} ms | {:.1} ms | {ratio} | {spread} | {} | {} | {} |\n",
             text(&row["name"]),
