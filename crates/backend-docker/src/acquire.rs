@@ -12,7 +12,7 @@ use sandbox_core::{
 use tokio::time::Instant;
 
 use crate::config::{check_image_reference, Resources};
-use crate::containers::{paused_too_long, ContainerShape, Created, Lifecycle, PauseWait, Paused};
+use crate::containers::{ContainerShape, Created, Lifecycle, PauseWait};
 use crate::egress::EgressPlan;
 use crate::egress_names::{keep_alive_with_forwarder, volume_name, LABEL_EGRESS_V1};
 use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
@@ -48,19 +48,6 @@ struct Plan<'a> {
     egress: Option<EgressPlan>,
     /// Its egress volume's name.
     egress_volume: Option<String>,
-}
-
-/// How many times the storage base is looked at again after another process wrote it under
-/// its own pause.
-const BASE_ATTEMPTS: u32 = 3;
-
-/// What [`BackendState::create_base_engine_side`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BaseWrite {
-    /// The missing directories were written.
-    Written,
-    /// Another process held the container paused to write the base; its pause is over.
-    Deferred,
 }
 
 /// How an existing container came to be served.
@@ -289,8 +276,9 @@ impl BackendState {
             }
             "paused" => {
                 self.forget_warm(&existing.id);
-                // Most often another acquire's pause for the storage base, which it lifts itself;
-                // one that outlasts the wait has no one left to lift it.
+                // An operator's pause, or that of a process on an earlier version of this crate
+                // (which wrote the storage base under one and lifts it itself); one that outlasts
+                // the wait has no one left to lift it.
                 if self.wait_out_pause(&existing.id).await? == PauseWait::Held {
                     self.lifecycle(Lifecycle::Unpause, &existing.id).await?;
                 }
@@ -659,8 +647,9 @@ impl BackendState {
     }
 
     /// The guest could not create the storage base: the missing suffix the engine-side walk finds
-    /// is created engine-side, owned by the guest's ids, looking again after another process
-    /// wrote it under its own pause.
+    /// is created engine-side, owned by the guest's ids. In a container this call created nothing
+    /// of the guest's runs yet, so one pass writes it; in any other the guest may be running, so
+    /// the write is ordered against it ([`guarded_base_archive`]).
     async fn create_base_fallback(
         self: &Arc<Self>,
         id: &str,
@@ -668,20 +657,16 @@ impl BackendState {
         arrival: Arrival,
         (uid, gid): (u64, u64),
     ) -> Result<(), SandboxError> {
-        let mut missing = self.plan_base(id, base).await?;
-        let mut attempts = 0;
-        while !missing.is_empty() {
-            attempts += 1;
-            let written = self
-                .create_base_engine_side(id, &missing, uid, gid, arrival != Arrival::Created)
-                .await?;
-            if written == BaseWrite::Written || attempts >= BASE_ATTEMPTS {
-                break;
-            }
-            // Another process wrote under its own pause, now over: look again.
-            missing = self.plan_base(id, base).await?;
+        let missing = self.plan_base(id, base).await?;
+        if missing.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let archive = if arrival == Arrival::Created {
+            base_archive(&missing, uid, gid)?
+        } else {
+            guarded_base_archive(&missing, uid, gid)?
+        };
+        self.put_archive(id, "/", archive).await
     }
 
     /// The engine-side walk of the base's directories, decided by the core.
@@ -706,50 +691,8 @@ impl BackendState {
         plan_storage_base(base, &kinds)
     }
 
-    /// One tar of directory entries extracted at `/` by the engine, each owned by the guest (the
-    /// engine keeps an uploaded archive's owners); under a pause when this acquire did not create
-    /// the container, so no guest process can move a path under the extraction. A container
-    /// another process holds paused (it is writing the same base) is waited out and the write
-    /// left to it: [`BaseWrite::Deferred`], and the caller looks again.
-    async fn create_base_engine_side(
-        self: &Arc<Self>,
-        id: &str,
-        missing: &[String],
-        uid: u64,
-        gid: u64,
-        freeze: bool,
-    ) -> Result<BaseWrite, SandboxError> {
-        let archive = base_archive(missing, uid, gid)?;
-        let frozen = if freeze {
-            if self.pause(id).await? == Paused::Elsewhere {
-                if self.wait_out_pause(id).await? == PauseWait::Held {
-                    return Err(paused_too_long(id));
-                }
-                return Ok(BaseWrite::Deferred);
-            }
-            let state = Arc::clone(self);
-            let id = id.to_owned();
-            Some(CleanupOnDrop::armed(
-                "the unpause after the storage base",
-                async move {
-                    let _ = state.lifecycle(Lifecycle::Unpause, &id).await;
-                },
-            ))
-        } else {
-            None
-        };
-        let result = self.put_archive(id, "/", archive).await;
-        if let Some(mut guard) = frozen {
-            guard.disarm();
-            let state = Arc::clone(self);
-            let id = id.to_owned();
-            run_detached(async move { state.lifecycle(Lifecycle::Unpause, &id).await }).await??;
-        }
-        result.map(|()| BaseWrite::Written)
-    }
-
     /// One tar of the base's missing directories, extracted at `/` by the engine, each owned by
-    /// `uid` and `gid`; no pause (nothing of the guest's but the keep-alive runs yet).
+    /// `uid` and `gid` (nothing of the guest's but the keep-alive runs yet).
     async fn put_base(
         &self,
         id: &str,
@@ -895,6 +838,30 @@ fn base_archive(missing: &[String], uid: u64, gid: u64) -> Result<Vec<u8>, Sandb
     for directory in missing {
         let name = format!("{}/", directory.trim_start_matches('/'));
         archive.extend(directory_entry(&name, uid, gid).map_err(SandboxError::invalid)?);
+    }
+    archive.extend([0u8; 1024]);
+    Ok(archive)
+}
+
+/// The missing directories for a container the guest may be running in, in one tar the engine
+/// extracts in order: first each directory, top down, owned by root (0755), then each again,
+/// bottom up, owned by `uid` and `gid` (the engine applies an entry's owner and mode to a
+/// directory that exists). Each directory becomes the guest's only after every directory below
+/// it has, and while its own parent is still root's, so no path the extraction changes can be
+/// moved by the guest while it does: the guest writes in none of them yet. No pause: an engine
+/// freeze that catches another caller's exec half-started holds the container until its host
+/// thaws it by hand (docs/docker-backend.md#the-storage-base).
+fn guarded_base_archive(missing: &[String], uid: u64, gid: u64) -> Result<Vec<u8>, SandboxError> {
+    let mut archive = Vec::new();
+    let entry = |directory: &String, uid, gid| {
+        let name = format!("{}/", directory.trim_start_matches('/'));
+        directory_entry(&name, uid, gid).map_err(SandboxError::invalid)
+    };
+    for directory in missing {
+        archive.extend(entry(directory, 0, 0)?);
+    }
+    for directory in missing.iter().rev() {
+        archive.extend(entry(directory, uid, gid)?);
     }
     archive.extend([0u8; 1024]);
     Ok(archive)
@@ -1092,13 +1059,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_base_archive_holds_the_missing_directories_then_the_end() {
-        let missing = ["/maf-sandbox".to_owned(), "/maf-sandbox/work".to_owned()];
-        let archive = base_archive(&missing, 1000, 100).unwrap();
-        assert_eq!(archive.len(), 512 * 2 + 1024);
-        let mut entries = tar::Archive::new(archive.as_slice());
-        let seen: Vec<(String, u64, u64, u32)> = entries
+    fn entries_of(archive: &[u8]) -> Vec<(String, u64, u64, u32)> {
+        tar::Archive::new(archive)
             .entries()
             .unwrap()
             .map(|entry| {
@@ -1110,7 +1072,62 @@ mod tests {
                     header.mode().unwrap(),
                 )
             })
-            .collect();
+            .collect()
+    }
+
+    /// Root's skeleton top down, then the guest's ownership bottom up: when a directory becomes
+    /// the guest's, everything below it already is and its parent is still root's.
+    #[test]
+    fn the_guarded_base_archive_gives_each_directory_away_deepest_first() {
+        let missing = [
+            "/srv/a".to_owned(),
+            "/srv/a/b".to_owned(),
+            "/srv/a/b/work".to_owned(),
+        ];
+        let archive = guarded_base_archive(&missing, 1000, 100).unwrap();
+        assert_eq!(archive.len(), 512 * 6 + 1024);
+        assert!(archive[archive.len() - 1024..].iter().all(|&b| b == 0));
+        let entries = entries_of(&archive);
+        assert_eq!(
+            entries,
+            [
+                ("srv/a/".to_owned(), 0, 0, 0o755),
+                ("srv/a/b/".to_owned(), 0, 0, 0o755),
+                ("srv/a/b/work/".to_owned(), 0, 0, 0o755),
+                ("srv/a/b/work/".to_owned(), 1000, 100, 0o755),
+                ("srv/a/b/".to_owned(), 1000, 100, 0o755),
+                ("srv/a/".to_owned(), 1000, 100, 0o755),
+            ]
+        );
+        // The ordering property, for any depth: when entry i gives a directory to the guest,
+        // every directory the archive holds below it is the guest's already, and every one above
+        // it is still root's.
+        for (i, (name, ..)) in entries.iter().enumerate().filter(|(_, e)| e.1 == 1000) {
+            let owner_before = |other: &str| {
+                entries[..i]
+                    .iter()
+                    .rev()
+                    .find(|(n, ..)| n == other)
+                    .map(|e| e.1)
+            };
+            for (other, ..) in &entries[..3] {
+                if other.len() > name.len() && other.starts_with(name.as_str()) {
+                    assert_eq!(owner_before(other), Some(1000), "{other} under {name}");
+                }
+                if other.len() < name.len() && name.starts_with(other.as_str()) {
+                    assert_eq!(owner_before(other), Some(0), "{other} above {name}");
+                }
+            }
+        }
+        assert!(guarded_base_archive(&[], 1000, 100).unwrap() == vec![0u8; 1024]);
+    }
+
+    #[test]
+    fn the_base_archive_holds_the_missing_directories_then_the_end() {
+        let missing = ["/maf-sandbox".to_owned(), "/maf-sandbox/work".to_owned()];
+        let archive = base_archive(&missing, 1000, 100).unwrap();
+        assert_eq!(archive.len(), 512 * 2 + 1024);
+        let seen = entries_of(&archive);
         assert_eq!(
             seen,
             [

@@ -1,5 +1,5 @@
 //! Containers and images through the Engine API: inspect, list by label, create (with the one
-//! hardened host configuration every container gets), start, pause, unpause, remove, and the
+//! hardened host configuration every container gets), start, unpause, remove, and the
 //! image presence check.
 
 use std::collections::HashMap;
@@ -257,8 +257,8 @@ impl BackendState {
     }
 
     /// Starts or unpauses one container; a failure is Engine. Unpausing a container that is no
-    /// longer paused is done, not a failure: pauses of one container by several processes meet
-    /// only through the engine, and its state, not its 409, is the answer.
+    /// longer paused is done, not a failure: callers that unpause one container at once meet only
+    /// through the engine, and its state, not its 409, is the answer.
     pub(crate) async fn lifecycle(&self, verb: Lifecycle, id: &str) -> Result<(), SandboxError> {
         let api = self.engine.api();
         let deadline = self.config.command_timeout;
@@ -291,39 +291,9 @@ impl BackendState {
         }
     }
 
-    /// Pauses one container. Finding it already paused by another caller is
-    /// [`Paused::Elsewhere`], never a failure: that caller lifts its own pause.
-    pub(crate) async fn pause(&self, id: &str) -> Result<Paused, SandboxError> {
-        let paused = self
-            .engine
-            .call(
-                self.config.command_timeout,
-                self.engine.api().pause_container(id),
-            )
-            .await;
-        match paused {
-            Ok(()) => Ok(Paused::Here),
-            Err(failure) if failure.is_conflict() => {
-                match self
-                    .inspect(id)
-                    .await?
-                    .as_ref()
-                    .map(ContainerRecord::status)
-                {
-                    Some("paused") => Ok(Paused::Elsewhere),
-                    _ => Err(self
-                        .engine
-                        .failure(&format!("container pause {id}"), failure)),
-                }
-            }
-            Err(failure) => Err(self
-                .engine
-                .failure(&format!("container pause {id}"), failure)),
-        }
-    }
-
-    /// Waits while container `id` is paused, up to [`PAUSE_WAIT`]: another acquire writes an
-    /// adopted container's storage base under a pause that lasts one archive upload. A pause
+    /// Waits while container `id` is paused, up to [`PAUSE_WAIT`]: this crate never pauses, but a
+    /// process on an earlier version wrote an adopted container's storage base under a pause
+    /// that lasts one archive upload, and an operator may pause one by hand. A pause
     /// that outlasts the wait ([`PauseWait::Held`]: its process died, or someone paused the
     /// container by hand) is the caller's to lift or report.
     pub(crate) async fn wait_out_pause(&self, id: &str) -> Result<PauseWait, SandboxError> {
@@ -465,31 +435,12 @@ impl BackendState {
     }
 }
 
-/// How long a caller waits out a pause another caller holds: an adopted container's storage base
-/// is written under one, for one archive upload.
+/// How long a caller waits out a pause someone else holds (one archive upload, for the pause of
+/// an earlier version of this crate).
 pub(crate) const PAUSE_WAIT: Duration = Duration::from_secs(10);
-
-/// A container still paused after [`PAUSE_WAIT`]: nobody is lifting the pause.
-#[cold]
-pub(crate) fn paused_too_long(id: &str) -> SandboxError {
-    SandboxError::engine(format!(
-        "container {id} stayed paused for {} s; unpause it or acquire again",
-        PAUSE_WAIT.as_secs()
-    ))
-}
 
 /// Between two looks at a paused container.
 const PAUSE_POLL: Duration = Duration::from_millis(25);
-
-/// Whose pause a container is under after [`BackendState::pause`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use]
-pub(crate) enum Paused {
-    /// This caller paused it and must lift the pause.
-    Here,
-    /// `pause` found the container already paused by another caller, who will lift it.
-    Elsewhere,
-}
 
 /// How [`BackendState::wait_out_pause`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

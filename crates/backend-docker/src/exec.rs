@@ -150,8 +150,8 @@ impl OutputSink for CollectSink {
     }
 }
 
-/// How many pauses in a row an exec waits out before it starts (a pause per process adopting the
-/// container at once).
+/// How many pauses in a row an exec waits out before it starts (one per process of an earlier
+/// version of this crate adopting the container at once).
 const PAUSES_WAITED_OUT: u32 = 4;
 
 /// Whether an exec the engine refused with a conflict starts again after `waited`: when a pause
@@ -270,7 +270,7 @@ impl BackendState {
                 Ok(started) => break started,
                 Err(failure) => failure,
             };
-            // A pause another acquire holds for the storage base is waited out (a few, one after
+            // A pause someone else holds is waited out (a few, one after
             // another, at most): the command has not started, so it starts after the pause as if
             // it came later.
             if failure.is_conflict()

@@ -116,8 +116,7 @@
 //! Dropping any future of this crate drops the engine request it was waiting on. The cleanups
 //! that protect a guarantee are never skipped: the remote kill after an expired or dropped exec,
 //! the removal of a container an acquire created but could not finish (or whose create was
-//! abandoned), and the unpause after the storage-base fallback all run in tasks the caller's drop
-//! cannot cancel.
+//! abandoned) run in tasks the caller's drop cannot cancel.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

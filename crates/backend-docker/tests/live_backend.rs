@@ -827,8 +827,8 @@ async fn docker_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
-/// A sandbox of a fresh scope whose container the test paused behind the backend, as another
-/// process's acquire does while it writes the storage base.
+/// A sandbox of a fresh scope whose container the test paused behind the backend, as an operator
+/// does, or a process on an earlier version of this backend while it wrote the storage base.
 struct PausedSandbox {
     backend: DockerBackend,
     scope: String,
@@ -859,8 +859,9 @@ impl PausedSandbox {
     }
 }
 
-/// Another process's acquire writes an adopted container's storage base under a pause: a command
-/// that meets that pause starts once it is lifted, never failing with "paused".
+/// Someone else holds the container paused (an operator, or an earlier version's acquire writing
+/// the storage base): a command that meets that pause starts once it is lifted, never failing
+/// with "paused".
 #[tokio::test(flavor = "multi_thread")]
 async fn a_command_meeting_another_callers_pause_starts_after_it() {
     let paused = PausedSandbox::new("paused-exec").await;
@@ -972,4 +973,77 @@ async fn a_deadline_passed_waiting_out_a_pause_never_started_and_keeps_the_sandb
     docker_ok(&["unpause", &paused.id]).await;
     assert_eq!(run(paused.sandbox.as_ref(), &["true"]).await.exit_code, 0);
     paused.assert_nothing_left().await;
+}
+
+/// Commands of another caller keep starting in a container whose storage base an acquire writes
+/// engine-side: round after round the guest (`agent`) removes the base's last directory and
+/// makes its parent read-only, so its own `mkdir -p` fails; a backend without a warm entry
+/// acquires the key again while the first keeps running `true` in a loop, and both must go on.
+/// An engine freeze here (the pause the write once ran under) can catch an exec half-started,
+/// which leaves the engine holding the container until the host thaws it by hand: every later
+/// call on it, and its removal, hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_engine_side_base_write_lets_other_callers_commands_start() {
+    let first = backend(false).await;
+    let scope = unique_scope("base-under-execs");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let sandbox = first.acquire(&key, &spec(BASE)).await.unwrap();
+    let id = sandbox.instance_id().to_owned();
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    // Four callers' commands in flight at once, so a start is under way most of the time.
+    let commands: Vec<_> = (0..4)
+        .map(|_| {
+            let (sandbox, running) = (Arc::clone(&sandbox), Arc::clone(&running));
+            tokio::spawn(async move {
+                let mut ran = 0u32;
+                while running.load(std::sync::atomic::Ordering::Relaxed) {
+                    let output = sandbox
+                        .exec(
+                            // In `/`: the base comes and goes under these commands.
+                            ExecRequest::new(Command::argv(["true"]))
+                                .working_directory("/")
+                                .timeout(Duration::from_secs(30)),
+                        )
+                        .await
+                        .expect("another caller's command runs while the base is written");
+                    assert_eq!(output.exit_code, 0);
+                    ran += 1;
+                }
+                ran
+            })
+        })
+        .collect();
+    // Past the adopt budget below: the container is found, so its guest's call comes first.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for round in 0..10 {
+        docker_ok(&[
+            "exec",
+            &id,
+            "sh",
+            "-c",
+            "rmdir /maf-sandbox/work && chmod 555 /maf-sandbox",
+        ])
+        .await;
+        let mut config = support::config(false).await;
+        config.command_timeout = Duration::from_secs(2);
+        let second = DockerBackend::connect(config).await.unwrap();
+        let again =
+            tokio::time::timeout(Duration::from_secs(60), second.acquire(&key, &spec(BASE)))
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: the acquire hung"))
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(again.instance_id(), id);
+        let made = docker_ok(&["exec", &id, "stat", "-c", "%U %a", "/maf-sandbox/work"]).await;
+        assert_eq!(made, "agent 755", "round {round}");
+        docker_ok(&["exec", &id, "chmod", "755", "/maf-sandbox"]).await;
+    }
+    running.store(false, std::sync::atomic::Ordering::Relaxed);
+    for loop_of_commands in commands {
+        let ran = tokio::time::timeout(Duration::from_secs(60), loop_of_commands)
+            .await
+            .expect("the commands end")
+            .unwrap();
+        assert!(ran > 0);
+    }
+    assert_nothing_left(&first, &scope, &["t".to_owned()]).await;
 }

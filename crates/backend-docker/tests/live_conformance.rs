@@ -74,9 +74,8 @@ async fn the_busybox_image_passes_the_file_and_exec_suites() {
 }
 
 /// Race stress for the cross-process create race on an image whose storage base the guest cannot
-/// make (so it is made engine-side, under a pause for any process but the creator): round after
-/// round, four acquires here and four in a child process must yield one instance, and no acquire may
-/// trip over another process's pause.
+/// make (so it is made engine-side): round after round, four acquires here and four in a child
+/// process must yield one instance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_acquires_across_processes_stay_one_instance_round_after_round() {
     use sandbox_core::DisposeSelector;
