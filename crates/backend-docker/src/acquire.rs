@@ -484,7 +484,7 @@ impl BackendState {
                     base,
                     false,
                     |_| async { Ok(()) },
-                    |(), ids| self.create_base_fallback(id, fallback_base, arrival, ids),
+                    |(), ids| self.create_base_fallback(id, fallback_base, ids),
                 )
                 .await?;
             }
@@ -646,27 +646,21 @@ impl BackendState {
         self.put_base(id, &early.missing, uid, gid).await
     }
 
-    /// The guest could not create the storage base: the missing suffix the engine-side walk finds
-    /// is created engine-side, owned by the guest's ids. In a container this call created nothing
-    /// of the guest's runs yet, so one pass writes it; in any other the guest may be running, so
-    /// the write is ordered against it ([`guarded_base_archive`]).
+    /// The guest of a container this call did not create could not make the storage base: the
+    /// missing suffix the engine-side walk finds is created engine-side, owned by the guest's
+    /// ids, in an order the guest (which may be running) cannot race ([`guarded_base_archive`]).
     async fn create_base_fallback(
         self: &Arc<Self>,
         id: &str,
         base: &str,
-        arrival: Arrival,
         (uid, gid): (u64, u64),
     ) -> Result<(), SandboxError> {
         let missing = self.plan_base(id, base).await?;
         if missing.is_empty() {
             return Ok(());
         }
-        let archive = if arrival == Arrival::Created {
-            base_archive(&missing, uid, gid)?
-        } else {
-            guarded_base_archive(&missing, uid, gid)?
-        };
-        self.put_archive(id, "/", archive).await
+        self.put_archive(id, "/", guarded_base_archive(&missing, uid, gid)?)
+            .await
     }
 
     /// The engine-side walk of the base's directories, decided by the core.
