@@ -199,7 +199,7 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         command: "the xtask binary's own path".to_owned(),
         source,
     })?;
-    schedule(STEPS, |step, children, index| {
+    let ran = schedule(STEPS, |step, children, index| {
         let mut command = match step.run {
             Run::Cargo(args) => {
                 let mut command = cargo();
@@ -223,7 +223,48 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         command.envs(step.env.iter().copied());
         let log = (step.lane != WORKSPACE_LANE).then(|| log_dir.join(log_name(step.name)));
         run_child(workspace, step, &mut command, log, (children, index))
-    })
+    });
+    if ran.is_err() {
+        stop_left_guests(workspace);
+    }
+    ran
+}
+
+/// The QEMU guests a failed or stopped suite left running. They are detached by design (another
+/// process attaches to them), so a suite killed mid-run cannot stop its own, and each would go
+/// on burning a core under the emulator: every QEMU whose VM directory lies in this checkout's
+/// target directory, or in an MCP suite's temporary directory, is killed.
+fn stop_left_guests(workspace: &Workspace) {
+    let mut roots = vec![workspace.target_dir()];
+    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+        roots.extend(
+            entries
+                .flatten()
+                .filter(|entry| entry.file_name().to_string_lossy().starts_with("mcp-e2e-"))
+                .map(|entry| entry.path()),
+        );
+    }
+    stop_guests_under(&roots);
+}
+
+/// Kills every QEMU (by its process name) whose VM directory lies under one of `roots`.
+fn stop_guests_under(roots: &[std::path::PathBuf]) {
+    for root in roots {
+        for guest in qemu_vm::qemus_under(root) {
+            let comm = std::fs::read_to_string(format!("/proc/{}/comm", guest.pid));
+            if !comm.is_ok_and(|name| name.starts_with("qemu-system")) {
+                continue;
+            }
+            eprintln!(
+                "==> ci: stopping the guest {} a stopped suite left ({})",
+                guest.pid,
+                guest.vm_dir.display()
+            );
+            let _ = Command::new("kill")
+                .args(["-KILL", &guest.pid.to_string()])
+                .status();
+        }
+    }
 }
 
 /// `command` run by `nice -n 19`, with its environment.
@@ -572,6 +613,42 @@ fn print_summary(steps: &[CiStep], states: &[State], wall: Duration) {
 
 #[cfg(test)]
 mod tests {
+    /// A guest a stopped suite left is killed; a process of another name with the same
+    /// directory in its environment is not.
+    #[test]
+    fn a_left_guest_is_stopped_and_nothing_else() {
+        let root = std::env::temp_dir().join(format!("xtask-guests-{}", std::process::id()));
+        let vm_dir = root.join("vms-e2e-1").join("vm-0");
+        std::fs::create_dir_all(&vm_dir).unwrap();
+        // A stand-in whose process name is QEMU's.
+        let fake = root.join("qemu-system-x86_64");
+        std::fs::copy("/bin/sleep", &fake).unwrap();
+        let spawn = |program: &std::path::Path| {
+            Command::new(program)
+                .arg("60")
+                .env("TMPDIR", &vm_dir)
+                .spawn()
+                .unwrap()
+        };
+        let mut guest = spawn(&fake);
+        let mut bystander = spawn(std::path::Path::new("/bin/sleep"));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        stop_guests_under(std::slice::from_ref(&root));
+        let status = guest.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9),
+            "{status:?}"
+        );
+        assert!(
+            bystander.try_wait().unwrap().is_none(),
+            "the bystander runs on"
+        );
+        bystander.kill().unwrap();
+        bystander.wait().unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
