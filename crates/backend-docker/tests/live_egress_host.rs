@@ -68,18 +68,33 @@ docker network rm "$2""#;
 
 /// The addresses of this host's interfaces a guest could aim at: not loopback, not link-local.
 fn host_addresses() -> Vec<IpAddr> {
-    let mut found: Vec<IpAddr> = if_addrs::get_if_addrs()
-        .expect("the host's interfaces")
-        .into_iter()
-        .map(|interface| interface.ip())
-        .filter(|ip| match ip {
-            IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local(),
-            IpAddr::V6(v6) => !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80,
-        })
-        .collect();
+    let mut found: Vec<IpAddr> = host_interfaces().into_iter().map(|(_, ip)| ip).collect();
     found.sort();
     found.dedup();
     found
+}
+
+/// Every (interface, address) pair [`host_addresses`] keeps.
+fn host_interfaces() -> Vec<(String, IpAddr)> {
+    if_addrs::get_if_addrs()
+        .expect("the host's interfaces")
+        .into_iter()
+        .map(|interface| (interface.name.clone(), interface.ip()))
+        .filter(|(_, ip)| match ip {
+            IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local(),
+            IpAddr::V6(v6) => !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80,
+        })
+        .collect()
+}
+
+/// The addresses of interfaces no test makes or removes: the host's own and the default
+/// bridge's. The bridges of user networks (`br-…`) come and go with the tests beside this one.
+fn lasting_host_addresses() -> Vec<IpAddr> {
+    host_interfaces()
+        .into_iter()
+        .filter(|(name, _)| !name.starts_with("br-") && !name.starts_with("veth"))
+        .map(|(_, ip)| ip)
+        .collect()
 }
 
 /// A server on `0.0.0.0:80` answering `host-reached` to every connection, counting them.
@@ -165,17 +180,40 @@ async fn an_allowed_name_resolving_to_an_engine_host_address_is_refused() {
     .await;
     let proxy = format!("{}-proxy", workload.name.unwrap().trim_start_matches('/'));
     let record = bounded("proxy inspect", docker.inspect_container(&proxy, None)).await;
+    // The deny list the proxy was started with: every address the host had when the backend
+    // looked, which must hold every lasting one; a bridge another test made or removed since
+    // this test listed the host may be on either side of that look.
+    let args = record
+        .config
+        .and_then(|config| config.cmd)
+        .expect("the proxy has arguments");
+    let denied: Vec<IpAddr> = args
+        .windows(2)
+        .filter(|pair| pair[0] == "--deny-address")
+        .map(|pair| pair[1].parse().expect("a deny address"))
+        .collect();
+    for address in lasting_host_addresses() {
+        assert!(
+            denied.contains(&address),
+            "{address} is not on the proxy's deny list {denied:?}"
+        );
+    }
     let hosts_path = record.hosts_path.expect("the proxy has a hosts file");
     let mut hosts = std::fs::OpenOptions::new()
         .append(true)
         .open(&hosts_path)
         .unwrap_or_else(|e| panic!("the test appends to {hosts_path}: {e}"));
     let mut mapping = HashMap::new();
-    for (name, address) in names.iter().zip(&targets) {
+    for (name, address) in names
+        .iter()
+        .zip(&targets)
+        .filter(|(_, address)| denied.contains(address))
+    {
         writeln!(hosts, "{address} {name}").unwrap();
         mapping.insert(name.clone(), *address);
     }
     drop(hosts);
+    assert!(!mapping.is_empty(), "no listed address is on the deny list");
 
     for (name, address) in &mapping {
         let out = run(
