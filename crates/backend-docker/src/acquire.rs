@@ -828,8 +828,15 @@ fn numeric_owner(user: &str) -> Option<(u64, u64)> {
 
 /// The tar of directory entries (0755, owned by `uid` and `gid`) making `missing` at `/`.
 fn base_archive(missing: &[String], uid: u64, gid: u64) -> Result<Vec<u8>, SandboxError> {
+    directory_archive(missing.iter().map(|directory| (directory, uid, gid)))
+}
+
+/// A tar of directory entries (0755), in the order given, each with its owner, then the end.
+fn directory_archive<'a>(
+    entries: impl Iterator<Item = (&'a String, u64, u64)>,
+) -> Result<Vec<u8>, SandboxError> {
     let mut archive = Vec::new();
-    for directory in missing {
+    for (directory, uid, gid) in entries {
         let name = format!("{}/", directory.trim_start_matches('/'));
         archive.extend(directory_entry(&name, uid, gid).map_err(SandboxError::invalid)?);
     }
@@ -846,19 +853,9 @@ fn base_archive(missing: &[String], uid: u64, gid: u64) -> Result<Vec<u8>, Sandb
 /// freeze that catches another caller's exec half-started holds the container until its host
 /// thaws it by hand (docs/docker-backend.md#the-storage-base).
 fn guarded_base_archive(missing: &[String], uid: u64, gid: u64) -> Result<Vec<u8>, SandboxError> {
-    let mut archive = Vec::new();
-    let entry = |directory: &String, uid, gid| {
-        let name = format!("{}/", directory.trim_start_matches('/'));
-        directory_entry(&name, uid, gid).map_err(SandboxError::invalid)
-    };
-    for directory in missing {
-        archive.extend(entry(directory, 0, 0)?);
-    }
-    for directory in missing.iter().rev() {
-        archive.extend(entry(directory, uid, gid)?);
-    }
-    archive.extend([0u8; 1024]);
-    Ok(archive)
+    let skeleton = missing.iter().map(|directory| (directory, 0, 0));
+    let handed_over = missing.iter().rev().map(|directory| (directory, uid, gid));
+    directory_archive(skeleton.chain(handed_over))
 }
 
 /// Any directory of the base the last walk did not find is an engine error.
