@@ -176,9 +176,11 @@ pub const STEPS: &[CiStep] = &[
     step("e2e sbx", "sbx", Run::Xtask(&["e2e", "sbx"])).after(&["images", "docs"]),
     // QEMU guests, not engine objects: its leftovers (QEMU processes and VM directories under
     // its own run directory) are disjoint from both Docker suites'.
-    // The driver's and the qemu backend's suites in one nextest run: at most two guests at once
-    // between them (the `vm` test group's two slots), which the run packs, the longest first.
-    step("e2e vms", "vm", Run::Xtask(&["e2e", "vms"])).after(&["vm image", "docs"]),
+    // The driver's and the qemu backend's suites in one nextest run: two tests at once between
+    // them (the `vm` test group's two slots), which the run packs, the longest first. The
+    // critical path: it starts as soon as the unit tests end, its guests booting beside the
+    // doc builds rather than after them.
+    step("e2e vms", "vm", Run::Xtask(&["e2e", "vms"])).after(&["vm image", "nextest"]),
     // Judges its leftovers by its own scope prefix and run directory, and the Docker suite
     // leaves its scopes out of its own count, so it runs beside that suite: after the sbx suite
     // on its lane, so the engine serves at most two suites' workloads at once. Its qemu case
@@ -226,8 +228,37 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     });
     if ran.is_err() {
         stop_left_guests(workspace);
+        remove_left_simulator_containers(workspace);
     }
     ran
+}
+
+/// The `sbx-sim` containers a failed or stopped sbx or MCP suite left: a suite killed mid-run
+/// judges nothing, and the next run's suites would start beside them. Every simulator
+/// container whose workspace lies in this checkout's target directory (where both suites put
+/// their runs) is removed.
+fn remove_left_simulator_containers(workspace: &Workspace) {
+    let left = match crate::live::sim_containers_under(workspace, &workspace.target_dir()) {
+        Ok(left) => left,
+        Err(error) => {
+            eprintln!("==> ci: could not list the simulator containers: {error}");
+            return;
+        }
+    };
+    for container in left {
+        eprintln!(
+            "==> ci: removing the simulator container {} a stopped suite left",
+            container.name
+        );
+        let removed = crate::process::capture_in(
+            workspace.root(),
+            Command::new("docker").args(["rm", "-f", "-v", &container.id]),
+            Duration::from_secs(60),
+        );
+        if let Err(error) = removed {
+            eprintln!("==> ci: {error}");
+        }
+    }
 }
 
 /// The QEMU guests a failed or stopped suite left running. They are detached by design (another
@@ -240,7 +271,12 @@ fn stop_left_guests(workspace: &Workspace) {
         roots.extend(
             entries
                 .flatten()
-                .filter(|entry| entry.file_name().to_string_lossy().starts_with("mcp-e2e-"))
+                .filter(|entry| {
+                    entry
+                        .file_name()
+                        .to_string_lossy()
+                        .starts_with(crate::mcp_suite::TEMP_RUN_PREFIX)
+                })
                 .map(|entry| entry.path()),
         );
     }

@@ -161,13 +161,17 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     }
 }
 
+/// The start of the name of a qemu run's directory under the temporary directory (where `ci`
+/// looks for the guests of a stopped run).
+pub(crate) const TEMP_RUN_PREFIX: &str = "mcp-e2e-";
+
 /// The directory of one backend's run: under `base` (the workspace's target directory), but for
 /// qemu under the temporary directory, whose path is short enough for the VMs' Unix sockets
 /// (`<run>/<case dir>/state/sandboxes/qemu/vms/<vm>/agent.sock` must fit 108 bytes).
 fn run_dir(base: &Path, backend: &str) -> PathBuf {
     let name = format!("run-{}-{backend}", std::process::id());
     if backend == "qemu" {
-        std::env::temp_dir().join(format!("mcp-e2e-{name}"))
+        std::env::temp_dir().join(format!("{TEMP_RUN_PREFIX}{name}"))
     } else {
         base.join(name)
     }
