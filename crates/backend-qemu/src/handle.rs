@@ -53,7 +53,10 @@ impl QemuSandbox {
     }
 
     async fn stat_kind(&self, path: String) -> Result<Option<EntryKind>, SandboxError> {
-        match self.watch(self.agent.stat(path.as_bytes())).await {
+        match self
+            .watch(self.agent.stat(path.as_bytes(), self.call_timeout))
+            .await
+        {
             Ok(stat) => Ok(Some(entry_kind(stat.kind))),
             Err(VmError::Agent {
                 code: ErrorCode::NotFound,
@@ -387,7 +390,10 @@ impl Sandbox for QemuSandbox {
         let resolved = Access::Read
             .check_async(|p| self.stat_kind(p), path, &wd)
             .await?;
-        match self.watch(self.agent.stat(resolved.as_bytes())).await {
+        match self
+            .watch(self.agent.stat(resolved.as_bytes(), self.call_timeout))
+            .await
+        {
             Ok(stat) => {
                 let kind = entry_kind(stat.kind);
                 let size = (kind == EntryKind::File).then_some(stat.size);
@@ -451,7 +457,10 @@ impl Sandbox for QemuSandbox {
         let resolved = Access::List
             .check_async(|p| self.stat_kind(p), path, &wd)
             .await?;
-        let entries = match self.watch(self.agent.list(resolved.as_bytes())).await {
+        let entries = match self
+            .watch(self.agent.list(resolved.as_bytes(), self.call_timeout))
+            .await
+        {
             Ok(entries) => entries,
             Err(error) => return Err(self.failed(path, error).await),
         };
@@ -483,7 +492,10 @@ impl Sandbox for QemuSandbox {
             });
         }
         match self
-            .watch(self.agent.remove(resolved.as_bytes(), recursive))
+            .watch(
+                self.agent
+                    .remove(resolved.as_bytes(), recursive, self.call_timeout),
+            )
             .await
         {
             Ok(()) => Ok(()),

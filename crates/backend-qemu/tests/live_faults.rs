@@ -23,6 +23,9 @@ use support::{
 /// One step's bound: a TCG boot under load takes tens of seconds.
 const STEP: Duration = Duration::from_secs(240);
 
+/// The call timeout of the wedged-agent test's backend.
+const FILE_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 fn key(thread: &str) -> SandboxKey {
     SandboxKey::conversation(format!("faults-{}", std::process::id()), thread, "agent")
 }
@@ -143,7 +146,10 @@ async fn qemu_killed_behind_the_backend_is_gone_and_the_next_acquire_replaces_it
 async fn a_wedged_agent_is_a_timeout_that_retires_the_vm() {
     let state = tempfile::tempdir_in(run_parent()).unwrap();
     let state_dir = state.path().join("state");
-    let backend = connect(&state_dir).await;
+    // A file call's deadline is the backend's call timeout, whatever the driver's own.
+    let mut config = support::config(&state_dir);
+    config.call_timeout = FILE_CALL_TIMEOUT;
+    let backend = connect_with(config).await;
     let key = key("wedged");
     let (b, k, s) = (backend.clone(), key.clone(), state_dir.clone());
     with_cleanup(&backend, &key, &state_dir, async move {
@@ -183,7 +189,7 @@ async fn a_wedged_agent_is_a_timeout_that_retires_the_vm() {
         assert_eq!(listed[0].state, sandbox_core::SandboxState::Retired);
         replaced(&b, &k, &s, &old).await;
 
-        // A file call to a silent agent: its own deadline (the driver's 30 s for a stat), then
+        // A file call to a silent agent: its own deadline (the backend's call timeout), then
         // the same retirement.
         let sandbox = step("acquire the replacement", STEP, b.acquire(&k, &spec()))
             .await
@@ -211,10 +217,10 @@ async fn a_wedged_agent_is_a_timeout_that_retires_the_vm() {
         )
         .await;
         expect_kind("stat_file", stat, &[ErrorKind::EngineTimeout]);
+        let elapsed = started.elapsed();
         assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the typed error came after {:?}",
-            started.elapsed()
+            elapsed >= FILE_CALL_TIMEOUT && elapsed < FILE_CALL_TIMEOUT + Duration::from_secs(15),
+            "the typed error came after {elapsed:?}, the call timeout being {FILE_CALL_TIMEOUT:?}"
         );
         assert!(
             wait_gone(pid, Duration::from_secs(20)).await,

@@ -34,7 +34,8 @@ pub const HANDSHAKE_SCAN_CAP: usize = 8 * 1024 * 1024;
 /// control frames.
 const ROUTE_CAP: u64 = WINDOW as u64 + 2 * MAX_PAYLOAD as u64;
 
-/// The deadline of the small requests (stat, list, remove, reclaim, shutdown).
+/// The deadline of the driver's own small requests (reclaim, shutdown); a file call (stat,
+/// list, remove, read, write) takes its caller's.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The most entries [`AgentClient::list`] collects.
@@ -579,11 +580,11 @@ impl AgentClient {
         }
     }
 
-    /// Stats a path in the guest (a final symlink is not followed).
+    /// Stats a path in the guest (a final symlink is not followed), within `deadline`.
     ///
     /// # Errors
-    /// Agent (NotFound, ...) or a channel error.
-    pub async fn stat(&self, path: &[u8]) -> Result<Stat, VmError> {
+    /// Agent (NotFound, ...), Deadline, or a channel error.
+    pub async fn stat(&self, path: &[u8], deadline: Duration) -> Result<Stat, VmError> {
         self.small(
             "stat",
             HostMsg::Stat {
@@ -593,15 +594,22 @@ impl AgentClient {
                 GuestMsg::Stat(stat) => Some(stat),
                 _ => None,
             },
+            deadline,
         )
         .await
     }
 
-    /// Removes a file, or a directory (with its contents when `recursive`).
+    /// Removes a file, or a directory (with its contents when `recursive`), within `deadline`
+    /// (a large tree takes long under emulation).
     ///
     /// # Errors
-    /// Agent or a channel error.
-    pub async fn remove(&self, path: &[u8], recursive: bool) -> Result<(), VmError> {
+    /// Agent, Deadline, or a channel error.
+    pub async fn remove(
+        &self,
+        path: &[u8],
+        recursive: bool,
+        deadline: Duration,
+    ) -> Result<(), VmError> {
         self.small(
             "remove",
             HostMsg::Remove {
@@ -609,6 +617,7 @@ impl AgentClient {
                 recursive,
             },
             |m| matches!(m, GuestMsg::Done).then_some(()),
+            deadline,
         )
         .await
     }
@@ -618,13 +627,18 @@ impl AgentClient {
     /// # Errors
     /// A channel error.
     pub async fn reclaim(&self) -> Result<(u64, u64), VmError> {
-        self.small("reclaim", HostMsg::Reclaim, |m| match m {
-            GuestMsg::Reclaimed {
-                before_kib,
-                after_kib,
-            } => Some((before_kib, after_kib)),
-            _ => None,
-        })
+        self.small(
+            "reclaim",
+            HostMsg::Reclaim,
+            |m| match m {
+                GuestMsg::Reclaimed {
+                    before_kib,
+                    after_kib,
+                } => Some((before_kib, after_kib)),
+                _ => None,
+            },
+            CALL_TIMEOUT,
+        )
         .await
     }
 
@@ -633,9 +647,12 @@ impl AgentClient {
     /// # Errors
     /// A channel error.
     pub async fn shutdown(&self) -> Result<(), VmError> {
-        self.small("shutdown", HostMsg::Shutdown, |m| {
-            matches!(m, GuestMsg::Done).then_some(())
-        })
+        self.small(
+            "shutdown",
+            HostMsg::Shutdown,
+            |m| matches!(m, GuestMsg::Done).then_some(()),
+            CALL_TIMEOUT,
+        )
         .await
     }
 
@@ -644,6 +661,7 @@ impl AgentClient {
         what: &'static str,
         message: HostMsg,
         pick: impl Fn(GuestMsg) -> Option<T>,
+        deadline: Duration,
     ) -> Result<T, VmError> {
         let work = async {
             let mut call = self.call(&message).await?;
@@ -654,19 +672,19 @@ impl AgentClient {
             pick(answer.clone())
                 .ok_or_else(|| VmError::unexpected(format!("{answer:?} answering {what}")))
         };
-        tokio::time::timeout(CALL_TIMEOUT, work)
+        tokio::time::timeout(deadline, work)
             .await
             .map_err(|_| VmError::Deadline {
                 what,
-                after: CALL_TIMEOUT,
+                after: deadline,
             })?
     }
 
-    /// Lists a directory, at most [`MAX_LIST_ENTRIES`] entries.
+    /// Lists a directory, at most [`MAX_LIST_ENTRIES`] entries, within `deadline`.
     ///
     /// # Errors
-    /// Agent, OutputLimit past the entry cap, or a channel error.
-    pub async fn list(&self, path: &[u8]) -> Result<Vec<Entry>, VmError> {
+    /// Agent, OutputLimit past the entry cap, Deadline, or a channel error.
+    pub async fn list(&self, path: &[u8], deadline: Duration) -> Result<Vec<Entry>, VmError> {
         let work = async {
             let mut call = self
                 .call(&HostMsg::List {
@@ -690,11 +708,11 @@ impl AgentClient {
                 }
             }
         };
-        tokio::time::timeout(CALL_TIMEOUT, work)
+        tokio::time::timeout(deadline, work)
             .await
             .map_err(|_| VmError::Deadline {
                 what: "list",
-                after: CALL_TIMEOUT,
+                after: deadline,
             })?
     }
 

@@ -13,6 +13,8 @@ use qemu_vm::{
 
 /// A TCG boot takes about 4 s alone; two at once on two shared cores take longer.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
+/// The deadline of one file call.
+const CALL: Duration = Duration::from_secs(30);
 
 fn image() -> VmImage {
     let dir = std::env::var_os("QEMU_VM_IMAGE")
@@ -346,7 +348,7 @@ async fn files_round_trip_binary_and_large() {
         )
         .await
         .unwrap();
-    let stat = agent.stat(b"/tmp/small.bin").await.unwrap();
+    let stat = agent.stat(b"/tmp/small.bin", CALL).await.unwrap();
     assert_eq!(
         (stat.kind, stat.size, stat.mode),
         (FileKind::File, 259, 0o640)
@@ -390,15 +392,15 @@ async fn files_round_trip_binary_and_large() {
     ));
 
     let names: Vec<Vec<u8>> = agent
-        .list(b"/tmp")
+        .list(b"/tmp", CALL)
         .await
         .unwrap()
         .into_iter()
         .map(|entry| entry.name)
         .collect();
     assert!(names.contains(&b"big.bin".to_vec()) && names.contains(&b"small.bin".to_vec()));
-    agent.remove(b"/tmp/big.bin", false).await.unwrap();
-    match agent.stat(b"/tmp/big.bin").await {
+    agent.remove(b"/tmp/big.bin", false, CALL).await.unwrap();
+    match agent.stat(b"/tmp/big.bin", CALL).await {
         Err(VmError::Agent { code, .. }) => assert_eq!(code, ErrorCode::NotFound),
         other => panic!("expected NotFound, got {other:?}"),
     }
@@ -416,7 +418,7 @@ async fn a_guest_sending_garbage_gets_a_typed_error_and_a_closed_channel() {
     let mut config = config("garbage").await;
     config.kernel_args.push("vm_agent.mode=garbage".to_owned());
     let booted = boot(&config).await;
-    let result = booted.agent.stat(b"/").await;
+    let result = booted.agent.stat(b"/", CALL).await;
     assert!(
         matches!(result, Err(VmError::Protocol(_))),
         "expected a protocol error, got {result:?}"
@@ -444,7 +446,7 @@ async fn qemu_killed_behind_the_driver_is_a_typed_error() {
         other => panic!("expected ChannelClosed, got {other:?}"),
     }
     assert!(matches!(
-        booted.agent.stat(b"/").await,
+        booted.agent.stat(b"/", CALL).await,
         Err(VmError::ChannelClosed { .. })
     ));
     tokio::time::sleep(Duration::from_millis(300)).await;

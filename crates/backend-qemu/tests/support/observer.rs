@@ -309,7 +309,9 @@ pub async fn fingerprint(
         .await
         .map_err(|e| harness(format!("uploading the observer: {e}")))?;
     let observed = observe(agent, &own, &cgroup, &starts, booted, image, &mut view).await;
-    let removed = agent.remove(own.as_bytes(), false).await;
+    let removed = agent
+        .remove(own.as_bytes(), false, Duration::from_secs(60))
+        .await;
     observed?;
     removed.map_err(|e| harness(format!("removing the observer: {e}")))?;
 
@@ -466,7 +468,7 @@ async fn run(agent: &AgentClient, argv: &[&str]) -> Result<String, ConformanceEr
 /// Every user process (`uid command line`, kernel threads left out), read by the agent.
 async fn processes(agent: &AgentClient, view: &mut Fingerprint) -> Result<(), ConformanceError> {
     let entries = agent
-        .list(b"/proc")
+        .list(b"/proc", Duration::from_secs(60))
         .await
         .map_err(|e| harness(format!("the agent's listing of /proc: {e}")))?;
     for entry in entries {
