@@ -182,8 +182,16 @@ async fn test_network(docker: &Docker, scope: &str) -> (TestNetwork, IpAddr, IpA
 }
 
 async fn run(sandbox: &dyn Sandbox, line: &str) -> sandbox_core::ExecOutput {
+    run_within(sandbox, line, Duration::from_secs(30)).await
+}
+
+async fn run_within(
+    sandbox: &dyn Sandbox,
+    line: &str,
+    bound: Duration,
+) -> sandbox_core::ExecOutput {
     sandbox
-        .exec(ExecRequest::new(Command::argv(["sh", "-c", line])).timeout(Duration::from_secs(30)))
+        .exec(ExecRequest::new(Command::argv(["sh", "-c", line])).timeout(bound))
         .await
         .expect("exec")
 }
@@ -436,17 +444,12 @@ async fn an_allowlist_sandbox_reaches_its_host_only_and_leaves_nothing_behind() 
     // Warm: the same instance, its proxy kept, however much the proxy has logged since it said
     // it was ready (one line per request).
     // 210 curl processes: a loaded CI machine has taken more than 30 s over them.
-    let requests = sandbox
-        .exec(
-            ExecRequest::new(Command::argv([
-                "sh",
-                "-c",
-                "n=0; for i in $(seq 210); do curl -s -o /dev/null --max-time 5 http://denied.test/ && n=$((n+1)); done; echo $n",
-            ]))
-            .timeout(Duration::from_secs(180)),
-        )
-        .await
-        .expect("exec");
+    let requests = run_within(
+        &*sandbox,
+        "n=0; for i in $(seq 210); do curl -s -o /dev/null --max-time 5 http://denied.test/ && n=$((n+1)); done; echo $n",
+        Duration::from_secs(180),
+    )
+    .await;
     assert_eq!(
         requests.stdout_text().trim(),
         "210",
