@@ -38,6 +38,20 @@ const ROUTE_CAP: u64 = WINDOW as u64 + 2 * MAX_PAYLOAD as u64;
 /// list, remove, read, write) takes its caller's.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// `work` bounded by `deadline`; past it, [`VmError::Deadline`] naming `what`.
+async fn within<T>(
+    what: &'static str,
+    deadline: Duration,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, VmError> {
+    tokio::time::timeout(deadline, work)
+        .await
+        .map_err(|_| VmError::Deadline {
+            what,
+            after: deadline,
+        })
+}
+
 /// The most entries [`AgentClient::list`] collects.
 pub const MAX_LIST_ENTRIES: usize = 100_000;
 
@@ -385,13 +399,7 @@ impl AgentClient {
                 }
             }
         };
-        let (read, write, decoder) =
-            tokio::time::timeout(timeout, handshake)
-                .await
-                .map_err(|_| VmError::Deadline {
-                    what: "the agent handshake",
-                    after: timeout,
-                })??;
+        let (read, write, decoder) = within("the agent handshake", timeout, handshake).await??;
         let (frames, queued) = mpsc::channel(QUEUED_FRAMES);
         let shared = Arc::new(Shared {
             frames,
@@ -672,12 +680,7 @@ impl AgentClient {
             pick(answer.clone())
                 .ok_or_else(|| VmError::unexpected(format!("{answer:?} answering {what}")))
         };
-        tokio::time::timeout(deadline, work)
-            .await
-            .map_err(|_| VmError::Deadline {
-                what,
-                after: deadline,
-            })?
+        within(what, deadline, work).await?
     }
 
     /// Lists a directory, at most [`MAX_LIST_ENTRIES`] entries, within `deadline`.
@@ -708,12 +711,7 @@ impl AgentClient {
                 }
             }
         };
-        tokio::time::timeout(deadline, work)
-            .await
-            .map_err(|_| VmError::Deadline {
-                what: "list",
-                after: deadline,
-            })?
+        within("list", deadline, work).await?
     }
 
     /// Reads a whole file, at most `cap` bytes, within `deadline`.
@@ -749,12 +747,7 @@ impl AgentClient {
                 }
             }
         };
-        tokio::time::timeout(deadline, work)
-            .await
-            .map_err(|_| VmError::Deadline {
-                what: "read",
-                after: deadline,
-            })?
+        within("read", deadline, work).await?
     }
 
     /// Writes a file from `source` (created with `mode`, truncated), within `deadline`;
@@ -815,12 +808,7 @@ impl AgentClient {
                 other => Err(VmError::unexpected(format!("{other:?} ending a write"))),
             }
         };
-        tokio::time::timeout(deadline, work)
-            .await
-            .map_err(|_| VmError::Deadline {
-                what: "write",
-                after: deadline,
-            })?
+        within("write", deadline, work).await?
     }
 }
 
