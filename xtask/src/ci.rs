@@ -31,7 +31,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::XtaskError;
-use crate::process::{cargo, describe, seconds, Workspace};
+use crate::process::{capture_in, cargo, describe, seconds, Workspace};
 
 /// How a step runs.
 #[derive(Debug, Clone, Copy)]
@@ -245,19 +245,23 @@ fn remove_left_simulator_containers(workspace: &Workspace) {
             return;
         }
     };
-    for container in left {
-        eprintln!(
-            "==> ci: removing the simulator container {} a stopped suite left",
-            container.name
-        );
-        let removed = crate::process::capture_in(
-            workspace.root(),
-            Command::new("docker").args(["rm", "-f", "-v", &container.id]),
-            Duration::from_secs(60),
-        );
-        if let Err(error) = removed {
-            eprintln!("==> ci: {error}");
-        }
+    if left.is_empty() {
+        return;
+    }
+    let names: Vec<&str> = left.iter().map(|c| c.name.as_str()).collect();
+    eprintln!(
+        "==> ci: removing the simulator containers a stopped suite left: {}",
+        names.join(" ")
+    );
+    let removed = capture_in(
+        workspace.root(),
+        Command::new("docker")
+            .args(["rm", "-f", "-v"])
+            .args(left.iter().map(|c| c.id.as_str())),
+        Duration::from_secs(60),
+    );
+    if let Err(error) = removed {
+        eprintln!("==> ci: {error}");
     }
 }
 
