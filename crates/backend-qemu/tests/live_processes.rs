@@ -2,6 +2,10 @@
 //! a host without hardware KVM): two processes acquiring one key at once get one VM, and both run
 //! commands in it, one while the other's still runs; nothing is left once the key is disposed of.
 //!
+//! The overlap is proven by construction, not by timing: the sleeper's command cannot end until
+//! the echoer's echoes are done (it waits for their mark), so the echoes ran while it ran, however
+//! slow the guest is. A backend that serialised the two processes' commands would never finish.
+//!
 //! The processes are this test binary run again with a role in their environment: each builds
 //! its own backend over the same state directory, as two hosts on one machine would.
 #![cfg(target_os = "linux")]
@@ -22,12 +26,19 @@ const ROLE: &str = "QEMU_PROCESSES_ROLE";
 /// Set in a child run: the state directory both children share.
 const STATE: &str = "QEMU_PROCESSES_STATE";
 /// The most a child run may take: the accelerator probe's KVM boot (15 s here), a TCG boot
-/// under load, the other's `sleep 3`, the exits.
+/// under load, the other's commands, the exits.
 const CHILD_DEADLINE: Duration = Duration::from_secs(240);
 /// What precedes a child's acquire line (`conformance::child_acquire_line`) on its stdout.
 const ACQUIRED: &str = "acquired: ";
-/// How long the sleeper's command runs.
-const SLEEP_SECS: u64 = 3;
+/// The most the sleeper's command waits for the echoer's mark, in tenths of a second (it exits
+/// 3 past it, so a lost mark fails the run instead of hanging it).
+const WAIT_TENTHS: u32 = 1800;
+/// The sleeper's mark: its command has started.
+const SLEEPING: &str = "/tmp/sleeping";
+/// The echoer's mark: its echoes are done.
+const ECHOED: &str = "/tmp/echoed";
+/// The sleeper's last mark: its command is over.
+const SLEPT: &str = "/tmp/slept";
 
 fn key() -> SandboxKey {
     SandboxKey::conversation("live-processes", "thread", "agent")
@@ -157,8 +168,9 @@ fn finish_child(mut child: std::process::Child) -> (bool, String) {
     (status.success() && text.contains("1 passed"), text)
 }
 
-/// One process's part: acquire, then (sleeper) run `sleep 3` after leaving a mark, or (echoer)
-/// wait for the mark and run `echo` while the sleep still runs.
+/// One process's part: acquire, then (sleeper) run a command that leaves a mark and waits for
+/// the echoer's, or (echoer) wait for the sleeper's mark, run `echo`s while that command still
+/// runs, then leave its own mark.
 async fn child(role: &str, state: &Path) {
     let backend = QemuBackend::connect(support::config(state))
         .await
@@ -172,54 +184,59 @@ async fn child(role: &str, state: &Path) {
     match role {
         "sleeper" => {
             let started = Instant::now();
-            let out = sandbox
-                .exec(sh(&format!(
-                    "touch /tmp/sleeping; sleep {SLEEP_SECS}; touch /tmp/slept"
-                )))
-                .await
-                .expect("exec");
-            assert_eq!(out.exit_code, 0, "{out:?}");
-            let took = started.elapsed();
-            println!("sleep {SLEEP_SECS} took {} ms", took.as_millis());
-            assert!(took >= Duration::from_secs(SLEEP_SECS));
+            let waiting = sh(&format!(
+                "touch {SLEEPING}; t=0; until [ -e {ECHOED} ]; do \
+                 t=$((t + 1)); [ $t -le {WAIT_TENTHS} ] || exit 3; sleep 0.1; done; \
+                 touch {SLEPT}"
+            ))
+            .timeout(Duration::from_secs(u64::from(WAIT_TENTHS) / 10 + 60));
+            let out = sandbox.exec(waiting).await.expect("exec");
+            assert_eq!(out.exit_code, 0, "the echoer's mark never came: {out:?}");
+            println!(
+                "the command waiting for the echoes took {} ms",
+                started.elapsed().as_millis()
+            );
             println!("slept ok");
         }
         "echoer" => {
             // The sleeper's command has started once its mark is there.
             let deadline = Instant::now() + Duration::from_secs(180);
-            loop {
-                let out = sandbox
-                    .exec(sh("test -e /tmp/sleeping"))
-                    .await
-                    .expect("exec");
-                if out.exit_code == 0 {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "the sleeper never started");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            wait_for(&*sandbox, SLEEPING, deadline, "the sleeper never started").await;
             let during = echoes(&*sandbox).await;
-            println!("echo ok; during the other's sleep {during:?}");
-            // The sleep was still running when the echoes finished.
+            println!("echo ok; during the other's command {during:?}");
+            // The sleeper's command is still running: it waits for the mark made below.
             let out = sandbox
-                .exec(sh("test -e /tmp/slept && echo done || echo running"))
+                .exec(sh(&format!(
+                    "test -e {SLEPT} && echo done || echo running; touch {ECHOED}"
+                )))
                 .await
                 .expect("exec");
-            assert_eq!(out.stdout, b"running\n", "the echoes ran during the sleep");
+            assert_eq!(
+                out.stdout, b"running\n",
+                "the echoes ran during the other's command"
+            );
             println!("overlapped ok");
-            // For comparison: the same echoes once the sleep is over.
-            loop {
-                let out = sandbox.exec(sh("test -e /tmp/slept")).await.expect("exec");
-                if out.exit_code == 0 {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "the sleeper never finished");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            // For comparison: the same echoes once the other's command is over.
+            wait_for(&*sandbox, SLEPT, deadline, "the sleeper never finished").await;
             let alone = echoes(&*sandbox).await;
             println!("echoes alone {alone:?}");
         }
         other => panic!("unknown role {other}"),
+    }
+}
+
+/// Polls until `path` exists in the guest, failing with `what` past `deadline`.
+async fn wait_for(sandbox: &dyn sandbox_core::Sandbox, path: &str, deadline: Instant, what: &str) {
+    loop {
+        let out = sandbox
+            .exec(sh(&format!("test -e {path}")))
+            .await
+            .expect("exec");
+        if out.exit_code == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
