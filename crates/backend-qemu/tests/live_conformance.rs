@@ -281,3 +281,20 @@ mod observer_parsing {
         assert!(!is_static_elf(b"#!/bin/sh\n"));
     }
 }
+
+/// The token server's address, read off the host's route table.
+mod host_address {
+    use super::support::hooks::default_route_interface;
+
+    #[test]
+    fn the_default_route_names_its_interface() {
+        let table =
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                     docker0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n\
+                     eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n";
+        assert_eq!(default_route_interface(table).as_deref(), Some("eth0"));
+        let no_default = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\n\
+                          docker0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\n";
+        assert_eq!(default_route_interface(no_default), None);
+    }
+}

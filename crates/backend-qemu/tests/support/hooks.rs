@@ -144,20 +144,30 @@ impl HardeningHooks for QemuHooks {
     }
 
     /// A VM has no network device, so no address of this host is reachable from it; the probe
-    /// serves its token on this host's first address that is neither loopback nor link-local
-    /// (one a user-mode network would reach), else on loopback.
+    /// serves its token on an address a user-mode network would reach: that of the interface
+    /// carrying this host's default route, else the first that is neither loopback nor
+    /// link-local, else loopback. The default route's first: a bridge a suite running beside
+    /// this one made for its own test may be gone by the time the token server binds.
     async fn routable_host_address(&self) -> Result<IpAddr, ConformanceError> {
-        let mut found: Vec<Ipv4Addr> = if_addrs::get_if_addrs()
-            .map_err(|e| harness(format!("the host's interfaces: {e}")))?
-            .into_iter()
+        let interfaces =
+            if_addrs::get_if_addrs().map_err(|e| harness(format!("the host's interfaces: {e}")))?;
+        let routed = std::fs::read_to_string("/proc/net/route")
+            .ok()
+            .and_then(|table| default_route_interface(&table));
+        let mut found: Vec<(bool, Ipv4Addr)> = interfaces
+            .iter()
             .filter_map(|interface| match interface.ip() {
-                IpAddr::V4(v4) if !v4.is_loopback() && !v4.is_link_local() => Some(v4),
+                IpAddr::V4(v4) if !v4.is_loopback() && !v4.is_link_local() => {
+                    Some((routed.as_deref() != Some(interface.name.as_str()), v4))
+                }
                 _ => None,
             })
             .collect();
         found.sort();
         Ok(IpAddr::V4(
-            found.first().copied().unwrap_or(Ipv4Addr::LOCALHOST),
+            found
+                .first()
+                .map_or(Ipv4Addr::LOCALHOST, |(_, address)| *address),
         ))
     }
 
@@ -186,4 +196,13 @@ impl HardeningHooks for QemuHooks {
         }
         Ok(Some(view))
     }
+}
+
+/// The interface of the default route in `/proc/net/route`'s text (destination and mask 0).
+pub fn default_route_interface(table: &str) -> Option<String> {
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (name, destination, mask) = (fields.first()?, fields.get(1)?, fields.get(7)?);
+        (*destination == "00000000" && *mask == "00000000").then(|| (*name).to_owned())
+    })
 }
