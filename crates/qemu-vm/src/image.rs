@@ -63,7 +63,10 @@ pub struct VmImage {
 }
 
 impl VmImage {
-    /// The image whose manifest `cargo xtask images` wrote in `dir`.
+    /// The image whose manifest `cargo xtask images` wrote in `dir`. The manifest names its
+    /// parts relative to `dir`, so the directory can move (a target directory restored from a
+    /// cache elsewhere) and still load; an absolute name, as older manifests wrote, is taken as
+    /// it is.
     ///
     /// # Errors
     /// Io when the manifest is missing or unreadable; Invalid when a listed file is gone.
@@ -79,10 +82,11 @@ impl VmImage {
                 .map(str::to_owned)
                 .ok_or_else(|| VmError::Invalid(format!("{}: no {name}", path.display())))
         };
+        let part = |name: &str| field(name).map(|listed| dir.join(listed));
         let image = VmImage {
-            kernel: PathBuf::from(field("kernel")?),
-            initramfs: PathBuf::from(field("initramfs")?),
-            rootfs: PathBuf::from(field("rootfs")?),
+            kernel: part("kernel")?,
+            initramfs: part("initramfs")?,
+            rootfs: part("rootfs")?,
             kernel_release: field("kernel_release")?,
             digest: field("digest")?,
         };
@@ -98,11 +102,13 @@ impl VmImage {
         Ok(image)
     }
 
+    /// Writes the manifest [`VmImage::load`] reads, naming each part under `dir` relative to it.
     fn write_manifest(&self, dir: &Path) -> Result<(), VmError> {
+        let listed = |part: &Path| part.strip_prefix(dir).unwrap_or(part).to_path_buf();
         let value = serde_json::json!({
-            "kernel": self.kernel,
-            "initramfs": self.initramfs,
-            "rootfs": self.rootfs,
+            "kernel": listed(&self.kernel),
+            "initramfs": listed(&self.initramfs),
+            "rootfs": listed(&self.rootfs),
             "kernel_release": self.kernel_release,
             "digest": self.digest,
         });
@@ -541,6 +547,53 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_manifest_names_its_parts_relative_to_its_directory_and_moves_with_it() {
+        let built = tempfile::tempdir().unwrap();
+        let image = VmImage {
+            kernel: built.path().join("vmlinux-a"),
+            initramfs: built.path().join("initramfs-b.cpio"),
+            rootfs: built.path().join("rootfs-c.ext4"),
+            kernel_release: "6.1.0-test".to_owned(),
+            digest: "0123456789abcdef".to_owned(),
+        };
+        for part in [&image.kernel, &image.initramfs, &image.rootfs] {
+            std::fs::write(part, b"part").unwrap();
+        }
+        image.write_manifest(built.path()).unwrap();
+        let text = std::fs::read_to_string(built.path().join(MANIFEST)).unwrap();
+        assert!(
+            !text.contains(built.path().to_str().unwrap()),
+            "no absolute path: {text}"
+        );
+        assert_eq!(VmImage::load(built.path()).unwrap(), image);
+
+        // The directory moved: the image loads from where it is now.
+        let parent = tempfile::tempdir().unwrap();
+        let moved = parent.path().join("vm-image");
+        std::fs::rename(built.path(), &moved).unwrap();
+        let loaded = VmImage::load(&moved).unwrap();
+        assert_eq!(loaded.rootfs, moved.join("rootfs-c.ext4"));
+        assert_eq!(loaded.kernel, moved.join("vmlinux-a"));
+        assert_eq!(loaded.digest, image.digest);
+
+        // An older manifest's absolute names are taken as they are.
+        let absolute = serde_json::json!({
+            "kernel": moved.join("vmlinux-a"),
+            "initramfs": moved.join("initramfs-b.cpio"),
+            "rootfs": moved.join("rootfs-c.ext4"),
+            "kernel_release": "6.1.0-test",
+            "digest": "0123456789abcdef",
+        });
+        std::fs::write(moved.join(MANIFEST), absolute.to_string()).unwrap();
+        assert_eq!(VmImage::load(&moved).unwrap(), loaded);
+
+        // A part gone is an error naming it.
+        std::fs::remove_file(moved.join("initramfs-b.cpio")).unwrap();
+        let gone = VmImage::load(&moved).unwrap_err().to_string();
+        assert!(gone.contains("initramfs-b.cpio"), "{gone}");
+    }
 
     #[test]
     fn only_a_static_executable_is_an_agent() {
