@@ -201,6 +201,7 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         command: "the xtask binary's own path".to_owned(),
         source,
     })?;
+    crate::live::forget_docker_snapshot(workspace);
     let ran = schedule(STEPS, |step, children, index| {
         let mut command = match step.run {
             Run::Cargo(args) => {
@@ -229,8 +230,56 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     if ran.is_err() {
         stop_left_guests(workspace);
         remove_left_simulator_containers(workspace);
+        remove_docker_suite_leftovers(workspace);
     }
     ran
+}
+
+/// The containers, networks and volumes a failed or stopped Docker suite made: a suite killed
+/// mid-run judges nothing, and its idle workloads would stay on the engine (each later run
+/// judges by difference, so they would never be named again). Containers go first, then the
+/// networks and volumes they held.
+fn remove_docker_suite_leftovers(workspace: &Workspace) {
+    let left = match crate::live::docker_suite_leftovers(workspace) {
+        Ok(left) => left,
+        Err(error) => {
+            eprintln!("==> ci: could not list the Docker suite's objects: {error}");
+            return;
+        }
+    };
+    if left.is_empty() {
+        return;
+    }
+    let names: Vec<String> = left
+        .iter()
+        .map(|object| format!("{} {}", object.kind, object.name))
+        .collect();
+    eprintln!(
+        "==> ci: removing what the stopped Docker suite left: {}",
+        names.join(", ")
+    );
+    for (kind, remove) in [
+        ("container", &["rm", "-f", "-v"][..]),
+        ("network", &["network", "rm"][..]),
+        ("volume", &["volume", "rm", "-f"][..]),
+    ] {
+        let ids: Vec<&str> = left
+            .iter()
+            .filter(|object| object.kind == kind)
+            .map(|object| object.id.as_str())
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let removed = capture_in(
+            workspace.root(),
+            Command::new("docker").args(remove).args(&ids),
+            Duration::from_secs(60),
+        );
+        if let Err(error) = removed {
+            eprintln!("==> ci: {error}");
+        }
+    }
 }
 
 /// The `sbx-sim` containers a failed or stopped sbx or MCP suite left: a suite killed mid-run

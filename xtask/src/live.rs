@@ -310,6 +310,8 @@ pub(crate) fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
     let binaries = shared_binaries(workspace)?;
     let sim = binaries.join("sbx-sim");
     let before = engine_objects(workspace)?;
+    let snapshot = docker_snapshot_path(workspace);
+    write_snapshot(&snapshot, &before)?;
     // The live test binaries only: the same build's other tests ran in the unit-test step.
     let mut command = shared_nextest(
         "(package(backend-docker) | package(sandboxctl) | package(exec-wrapper) | package(egress-proxy)) & binary(/^live/)",
@@ -330,7 +332,84 @@ pub(crate) fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
     // leave the engine dirty unnoticed.
     let after = engine_objects(workspace)?;
     let left: Vec<&EngineObject> = after.difference(&before).collect();
-    judge_suite("docker", teed, &left, examples)
+    let verdict = judge_suite("docker", teed, &left, examples);
+    if verdict.is_ok() {
+        // Nothing of this run is left for `cargo xtask ci` to remove.
+        let _ = std::fs::remove_file(&snapshot);
+    }
+    verdict
+}
+
+/// Where the Docker suite records the engine's objects as they were when it started: a run of
+/// `cargo xtask ci` that stops the suite (another step failed) or sees it fail removes what the
+/// suite made since ([`docker_suite_leftovers`]). A suite that passed removes the record.
+fn docker_snapshot_path(workspace: &Workspace) -> PathBuf {
+    workspace
+        .target_dir()
+        .join("ci")
+        .join("e2e-docker-before.tsv")
+}
+
+/// Writes `objects` as `KIND<TAB>ID<TAB>NAME` lines.
+fn write_snapshot(
+    path: &std::path::Path,
+    objects: &BTreeSet<EngineObject>,
+) -> Result<(), XtaskError> {
+    let text: String = objects
+        .iter()
+        .map(|object| format!("{}\t{}\t{}\n", object.kind, object.id, object.name))
+        .collect();
+    let written = path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(path, text));
+    written.map_err(|source| XtaskError::Io {
+        action: "writing",
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// The objects [`write_snapshot`] wrote; a line of an unknown kind is dropped.
+fn parse_snapshot(text: &str) -> BTreeSet<EngineObject> {
+    text.lines()
+        .filter_map(|line| {
+            let mut columns = line.splitn(3, '\t');
+            let kind = match columns.next()? {
+                "container" => "container",
+                "network" => "network",
+                "volume" => "volume",
+                _ => return None,
+            };
+            Some(EngineObject {
+                kind,
+                id: columns.next()?.to_owned(),
+                name: columns.next().unwrap_or("").to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// Forgets a record an earlier run left (a suite run on its own that failed): only the record
+/// of this run's suite may say what that suite made.
+pub(crate) fn forget_docker_snapshot(workspace: &Workspace) {
+    let _ = std::fs::remove_file(docker_snapshot_path(workspace));
+}
+
+/// What the Docker suite made since it started, by its record (none when it never started, or
+/// passed), and forgets the record. An object made meanwhile by anything else on this engine
+/// with the backend's label or names counts too: the suite cannot tell them apart either.
+pub(crate) fn docker_suite_leftovers(
+    workspace: &Workspace,
+) -> Result<Vec<EngineObject>, XtaskError> {
+    let path = docker_snapshot_path(workspace);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(Vec::new());
+    };
+    let before = parse_snapshot(&text);
+    let after = engine_objects(workspace)?;
+    let _ = std::fs::remove_file(&path);
+    Ok(after.difference(&before).cloned().collect())
 }
 
 /// The verdict of a live suite: it passed, the extra step passed, nothing was skipped, and
@@ -554,6 +633,32 @@ fn parse_listing(kind: &'static str, text: &str) -> Vec<EngineObject> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_reads_back_what_was_written() {
+        let objects: BTreeSet<EngineObject> = [
+            ("container", "c0ffee", "maf-sandbox-docker-a"),
+            ("network", "beef", "maf-egress-test-b"),
+            (
+                "volume",
+                "maf-sandbox-docker-a-egress",
+                "maf-sandbox-docker-a-egress",
+            ),
+        ]
+        .into_iter()
+        .map(|(kind, id, name)| EngineObject {
+            kind,
+            id: id.to_owned(),
+            name: name.to_owned(),
+        })
+        .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ci").join("before.tsv");
+        write_snapshot(&path, &objects).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(parse_snapshot(&text), objects);
+        assert!(parse_snapshot("image\tx\ty\n\ncontainer\n").is_empty());
+    }
 
     #[test]
     fn skipped_counts_come_from_the_summary_line() {
