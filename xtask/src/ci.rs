@@ -237,13 +237,39 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
 
 /// The containers, networks and volumes a failed or stopped Docker suite made: a suite killed
 /// mid-run judges nothing, and its idle workloads would stay on the engine (each later run
-/// judges by difference, so they would never be named again). Containers go first, then the
-/// networks and volumes they held.
+/// judges by difference, so they would never be named again).
 fn remove_docker_suite_leftovers(workspace: &Workspace) {
-    let left = match crate::live::docker_suite_leftovers(workspace) {
+    remove_engine_objects(
+        workspace,
+        "what the stopped Docker suite left",
+        crate::live::docker_suite_leftovers(workspace),
+    );
+}
+
+/// The `sbx-sim` containers a failed or stopped sbx or MCP suite left: a suite killed mid-run
+/// judges nothing, and the next run's suites would start beside them. Every simulator
+/// container whose workspace lies in this checkout's target directory (where both suites put
+/// their runs) is removed.
+fn remove_left_simulator_containers(workspace: &Workspace) {
+    remove_engine_objects(
+        workspace,
+        "the simulator containers a stopped suite left",
+        crate::live::sim_containers_under(workspace, &workspace.target_dir()),
+    );
+}
+
+/// Removes `listed` (`what` names them in the report): containers first, with their anonymous
+/// volumes, then the networks and volumes they held. Every call is bounded; a failure is
+/// reported, never fatal (the run has failed already).
+fn remove_engine_objects(
+    workspace: &Workspace,
+    what: &str,
+    listed: Result<Vec<crate::live::EngineObject>, XtaskError>,
+) {
+    let left = match listed {
         Ok(left) => left,
         Err(error) => {
-            eprintln!("==> ci: could not list the Docker suite's objects: {error}");
+            eprintln!("==> ci: could not list {what}: {error}");
             return;
         }
     };
@@ -254,10 +280,7 @@ fn remove_docker_suite_leftovers(workspace: &Workspace) {
         .iter()
         .map(|object| format!("{} {}", object.kind, object.name))
         .collect();
-    eprintln!(
-        "==> ci: removing what the stopped Docker suite left: {}",
-        names.join(", ")
-    );
+    eprintln!("==> ci: removing {what}: {}", names.join(", "));
     for (kind, remove) in [
         ("container", &["rm", "-f", "-v"][..]),
         ("network", &["network", "rm"][..]),
@@ -279,38 +302,6 @@ fn remove_docker_suite_leftovers(workspace: &Workspace) {
         if let Err(error) = removed {
             eprintln!("==> ci: {error}");
         }
-    }
-}
-
-/// The `sbx-sim` containers a failed or stopped sbx or MCP suite left: a suite killed mid-run
-/// judges nothing, and the next run's suites would start beside them. Every simulator
-/// container whose workspace lies in this checkout's target directory (where both suites put
-/// their runs) is removed.
-fn remove_left_simulator_containers(workspace: &Workspace) {
-    let left = match crate::live::sim_containers_under(workspace, &workspace.target_dir()) {
-        Ok(left) => left,
-        Err(error) => {
-            eprintln!("==> ci: could not list the simulator containers: {error}");
-            return;
-        }
-    };
-    if left.is_empty() {
-        return;
-    }
-    let names: Vec<&str> = left.iter().map(|c| c.name.as_str()).collect();
-    eprintln!(
-        "==> ci: removing the simulator containers a stopped suite left: {}",
-        names.join(" ")
-    );
-    let removed = capture_in(
-        workspace.root(),
-        Command::new("docker")
-            .args(["rm", "-f", "-v"])
-            .args(left.iter().map(|c| c.id.as_str())),
-        Duration::from_secs(60),
-    );
-    if let Err(error) = removed {
-        eprintln!("==> ci: {error}");
     }
 }
 
