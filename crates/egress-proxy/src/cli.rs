@@ -126,18 +126,7 @@ impl ProxyArgs {
 /// Any failure reading the executable or writing the copy.
 pub fn install_forwarder(dest: &Path) -> Result<(), ProxyError> {
     let source = Path::new("/proc/self/exe");
-    let dir = dest
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = dest
-        .file_name()
-        .ok_or_else(|| invalid_config("--install-forwarder names no file"))?;
-    let temp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    let temp = temp_beside(dest)?;
     let result = (|| {
         std::fs::copy(source, &temp)
             .map_err(|e| io_error("copying the executable to", &temp, e))?;
@@ -149,6 +138,23 @@ pub fn install_forwarder(dest: &Path) -> Result<(), ProxyError> {
         let _ = std::fs::remove_file(&temp);
     }
     result
+}
+
+/// The temporary file a copy to `dest` is written to first: in `dest`'s own directory (the
+/// working directory for a bare name), so the rename into place never crosses file systems.
+fn temp_beside(dest: &Path) -> Result<PathBuf, ProxyError> {
+    let dir = dest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = dest
+        .file_name()
+        .ok_or_else(|| invalid_config("--install-forwarder names no file"))?;
+    Ok(dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
 }
 
 /// Binds the proxy's socket: a stale socket file is removed first (anything else there is an
@@ -289,6 +295,20 @@ pub fn host_addresses_listing(addresses: &[IpAddr]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_forwarder_copy_is_written_beside_its_destination() {
+        let pid = std::process::id();
+        assert_eq!(
+            temp_beside(Path::new("/run/maf-egress/forward")).unwrap(),
+            PathBuf::from(format!("/run/maf-egress/.forward.tmp-{pid}"))
+        );
+        assert_eq!(
+            temp_beside(Path::new("forward")).unwrap(),
+            PathBuf::from(format!("./.forward.tmp-{pid}"))
+        );
+        assert!(temp_beside(Path::new("/")).is_err());
+    }
 
     #[test]
     fn the_host_addresses_role_lists_this_namespace_and_says_where_it_ends() {

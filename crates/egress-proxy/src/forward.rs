@@ -32,8 +32,10 @@ pub async fn serve(listener: TcpListener, socket: PathBuf) -> std::io::Result<()
             .map_err(|_| std::io::Error::other("connection slots closed"))?;
         let (client, _) = match listener.accept().await {
             Ok(accepted) => accepted,
-            Err(error) if error.kind() == std::io::ErrorKind::ConnectionAborted => continue,
-            Err(error) => return Err(error),
+            Err(error) => {
+                crate::accept::pass_or_fail(error).await?;
+                continue;
+            }
         };
         let _ = client.set_nodelay(true);
         let socket = Arc::clone(&socket);

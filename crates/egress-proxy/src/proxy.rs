@@ -233,12 +233,10 @@ pub async fn serve(listener: UnixListener, policy: Arc<Policy>) -> std::io::Resu
     loop {
         let (mut stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
-            Err(error) if is_per_connection(&error) => {
-                // Out of descriptors: let connections finish instead of spinning on accept.
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            Err(error) => {
+                crate::accept::pass_or_fail(error).await?;
                 continue;
             }
-            Err(error) => return Err(error),
         };
         let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
             log(&Decision {
@@ -261,17 +259,6 @@ pub async fn serve(listener: UnixListener, policy: Arc<Policy>) -> std::io::Resu
             drop(permit);
         });
     }
-}
-
-fn is_per_connection(error: &std::io::Error) -> bool {
-    matches!(
-        error.kind(),
-        std::io::ErrorKind::ConnectionAborted
-            | std::io::ErrorKind::ConnectionReset
-            | std::io::ErrorKind::Interrupted
-    ) || error
-        .raw_os_error()
-        .is_some_and(|code| code == 24 || code == 23)
 }
 
 /// Reads one head (bounded in size and time). Returns the head and any bytes after it.
@@ -449,6 +436,29 @@ async fn connect(addresses: &[SocketAddr], deadline: Instant) -> Result<TcpStrea
 mod tests {
     use super::*;
     use crate::head::parse_head;
+
+    #[test]
+    fn each_answer_carries_its_status_line_and_reason() {
+        for (status, line) in [
+            (400, "HTTP/1.1 400 Bad Request\r\n"),
+            (403, "HTTP/1.1 403 Forbidden\r\n"),
+            (502, "HTTP/1.1 502 Bad Gateway\r\n"),
+            (503, "HTTP/1.1 503 Service Unavailable\r\n"),
+            (504, "HTTP/1.1 504 Gateway Timeout\r\n"),
+            (500, "HTTP/1.1 500 Error\r\n"),
+        ] {
+            let bytes = Answer {
+                status,
+                reason: "why".to_owned(),
+            }
+            .bytes();
+            let text = String::from_utf8(bytes).unwrap();
+            assert!(text.starts_with(line), "{text:?}");
+            let end = head_len(text.as_bytes()).unwrap();
+            assert_eq!(&text[end..], "maf-egress-proxy: why\n");
+            assert!(text.contains(&format!("Content-Length: {}\r\n", text.len() - end)));
+        }
+    }
 
     fn policy() -> Policy {
         Policy {

@@ -568,3 +568,190 @@ async fn three_hundred_concurrent_connections_hold_the_bound_and_leave_nothing_b
     );
     upstream.abort();
 }
+
+#[tokio::test]
+async fn a_head_of_exactly_the_limit_is_served_and_one_byte_more_is_refused() {
+    let h = start(Reply::Text("at the limit".into()), Limits::default()).await;
+    let head_of = |len: usize| {
+        let start = format!("GET http://localhost:{}/ HTTP/1.1\r\nX: ", h.upstream_port);
+        let end = "\r\n\r\n";
+        let head = format!("{start}{}{end}", "a".repeat(len - start.len() - end.len()));
+        assert_eq!(head.len(), len);
+        head.into_bytes()
+    };
+    let at = exchange(&h.socket, &head_of(crate::head::MAX_HEAD_LEN)).await;
+    assert_eq!(
+        status(&at),
+        "HTTP/1.1 200",
+        "{}",
+        String::from_utf8_lossy(&at)
+    );
+    let over = exchange(&h.socket, &head_of(crate::head::MAX_HEAD_LEN + 1)).await;
+    assert_eq!(
+        status(&over),
+        "HTTP/1.1 403",
+        "{}",
+        String::from_utf8_lossy(&over)
+    );
+}
+
+/// A socket bound to `address` but never listening: `accept` on it fails with `EINVAL`, an
+/// error about the listener, not about one connection.
+fn not_listening(
+    address: &impl rustix::net::addr::SocketAddrArg,
+    family: rustix::net::AddressFamily,
+) -> std::os::fd::OwnedFd {
+    let socket = rustix::net::socket_with(
+        family,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    rustix::net::bind(&socket, address).unwrap();
+    socket
+}
+
+#[tokio::test]
+async fn both_accept_loops_end_with_an_error_about_their_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("proxy.sock");
+    let unix = not_listening(
+        &rustix::net::SocketAddrUnix::new(&path).unwrap(),
+        rustix::net::AddressFamily::UNIX,
+    );
+    let listener =
+        tokio::net::UnixListener::from_std(std::os::unix::net::UnixListener::from(unix)).unwrap();
+    let policy = Policy {
+        allow: Allowlist::new(["localhost"]).unwrap(),
+        ports: BTreeSet::from([1]),
+        addresses: AddressPolicy::new(false, []),
+        limits: Limits::default(),
+    };
+    let ended = tokio::time::timeout(
+        Duration::from_secs(5),
+        crate::proxy::serve(listener, Arc::new(policy)),
+    )
+    .await
+    .expect("the proxy's loop ends");
+    assert_eq!(ended.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+
+    let tcp = not_listening(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        rustix::net::AddressFamily::INET,
+    );
+    let listener = TcpListener::from_std(std::net::TcpListener::from(tcp)).unwrap();
+    let ended = tokio::time::timeout(
+        Duration::from_secs(5),
+        crate::forward::serve(listener, path.clone()),
+    )
+    .await
+    .expect("the forwarder's loop ends");
+    assert_eq!(ended.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+}
+
+/// Set in the child run of [`the_proxy_waits_out_a_descriptor_shortage`].
+const SHORTAGE_CHILD: &str = "EGRESS_PROXY_SHORTAGE_CHILD";
+
+/// The proxy's loop, out of descriptors (its accept fails with `EMFILE` while a client
+/// waits), keeps serving and answers that client once descriptors are free again. Run in a
+/// child process of its own: the descriptor limit is the whole process's.
+#[test]
+fn the_proxy_waits_out_a_descriptor_shortage() {
+    if std::env::var_os(SHORTAGE_CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "tests::the_proxy_waits_out_a_descriptor_shortage",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(SHORTAGE_CHILD, "1")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "the child run failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("proxy.sock");
+        let policy = Policy {
+            allow: Allowlist::new(["localhost"]).unwrap(),
+            ports: BTreeSet::from([1]),
+            addresses: AddressPolicy::new(false, []),
+            limits: Limits::default(),
+        };
+        let listener = crate::cli::bind_socket(&socket).unwrap();
+        let serving = tokio::spawn(crate::proxy::serve(listener, Arc::new(policy)));
+        tokio::task::yield_now().await;
+
+        let (soft, hard) = {
+            let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+            (limit.current, limit.maximum)
+        };
+        let low = u64::try_from(open_fds()).unwrap() + 8;
+        rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit {
+                current: Some(low),
+                maximum: hard,
+            },
+        )
+        .unwrap();
+        // Every descriptor taken; one given back for the client, none left for the accept.
+        let mut held = Vec::new();
+        loop {
+            match std::fs::File::open("/dev/null") {
+                Ok(file) => held.push(file),
+                Err(error) => {
+                    assert_eq!(error.raw_os_error(), Some(24), "{error}");
+                    break;
+                }
+            }
+        }
+        held.pop();
+        let mut client = UnixStream::connect(&socket).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !serving.is_finished(),
+            "the loop ended on EMFILE: {:?}",
+            serving.await
+        );
+
+        drop(held);
+        rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit {
+                current: soft,
+                maximum: hard,
+            },
+        )
+        .unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut answer))
+            .await
+            .expect("the waiting client is answered")
+            .unwrap();
+        assert_eq!(
+            status(&answer),
+            "HTTP/1.1 403",
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert!(!serving.is_finished());
+    });
+}

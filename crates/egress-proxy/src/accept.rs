@@ -1,0 +1,89 @@
+//! What an accept loop does with an accept error, shared by the proxy's and the forwarder's.
+//!
+//! An error about one connection (it was aborted or reset before it was taken, the call was
+//! interrupted) or about a shortage of descriptors (`EMFILE`, `ENFILE`: connections in flight
+//! hold them) passes: the loop waits a moment, so a shortage lets connections finish instead of
+//! spinning on `accept`, and goes on. Any other error (the listener itself is broken) ends the
+//! loop with it.
+
+use std::time::Duration;
+
+/// How long a loop waits after an error that passes.
+const PAUSE: Duration = Duration::from_millis(50);
+
+/// `EMFILE`: the process is out of descriptors.
+const EMFILE: i32 = 24;
+/// `ENFILE`: the system is out of descriptors.
+const ENFILE: i32 = 23;
+
+/// Whether `error` from `accept` leaves the listener usable.
+pub(crate) fn is_per_connection(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::Interrupted
+    ) || error
+        .raw_os_error()
+        .is_some_and(|code| code == EMFILE || code == ENFILE)
+}
+
+/// After an accept error: waits and returns `Ok` when the loop should go on, else the error.
+///
+/// # Errors
+/// `error` itself when it is not [per connection](is_per_connection).
+pub(crate) async fn pass_or_fail(error: std::io::Error) -> std::io::Result<()> {
+    if is_per_connection(&error) {
+        tokio::time::sleep(PAUSE).await;
+        Ok(())
+    } else {
+        Err(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn connection_errors_and_descriptor_shortages_pass_and_nothing_else() {
+        for kind in [
+            ErrorKind::ConnectionAborted,
+            ErrorKind::ConnectionReset,
+            ErrorKind::Interrupted,
+        ] {
+            assert!(is_per_connection(&Error::from(kind)), "{kind:?}");
+        }
+        for code in [EMFILE, ENFILE] {
+            assert!(is_per_connection(&Error::from_raw_os_error(code)), "{code}");
+        }
+        // EINVAL (a socket that is not listening), EBADF, ENOTSOCK, ENOMEM, EPERM.
+        for code in [22, 9, 88, 12, 1] {
+            assert!(
+                !is_per_connection(&Error::from_raw_os_error(code)),
+                "{code}"
+            );
+        }
+        for kind in [
+            ErrorKind::InvalidInput,
+            ErrorKind::PermissionDenied,
+            ErrorKind::Other,
+        ] {
+            assert!(!is_per_connection(&Error::from(kind)), "{kind:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_passing_error_waits_and_a_failing_one_returns_at_once() {
+        let started = tokio::time::Instant::now();
+        assert!(pass_or_fail(Error::from_raw_os_error(EMFILE)).await.is_ok());
+        assert!(started.elapsed() >= PAUSE);
+        let started = tokio::time::Instant::now();
+        let failed = pass_or_fail(Error::from_raw_os_error(22))
+            .await
+            .unwrap_err();
+        assert_eq!(failed.raw_os_error(), Some(22));
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+}
