@@ -8,13 +8,10 @@
 
 use std::time::Duration;
 
+use rustix::io::Errno;
+
 /// How long a loop waits after an error that passes.
 const PAUSE: Duration = Duration::from_millis(50);
-
-/// `EMFILE`: the process is out of descriptors.
-const EMFILE: i32 = 24;
-/// `ENFILE`: the system is out of descriptors.
-const ENFILE: i32 = 23;
 
 /// Whether `error` from `accept` leaves the listener usable.
 pub(crate) fn is_per_connection(error: &std::io::Error) -> bool {
@@ -23,9 +20,9 @@ pub(crate) fn is_per_connection(error: &std::io::Error) -> bool {
         std::io::ErrorKind::ConnectionAborted
             | std::io::ErrorKind::ConnectionReset
             | std::io::ErrorKind::Interrupted
-    ) || error
-        .raw_os_error()
-        .is_some_and(|code| code == EMFILE || code == ENFILE)
+    ) || error.raw_os_error().is_some_and(|code| {
+        code == Errno::MFILE.raw_os_error() || code == Errno::NFILE.raw_os_error()
+    })
 }
 
 /// After an accept error: waits and returns `Ok` when the loop should go on, else the error.
@@ -55,15 +52,18 @@ mod tests {
         ] {
             assert!(is_per_connection(&Error::from(kind)), "{kind:?}");
         }
-        for code in [EMFILE, ENFILE] {
-            assert!(is_per_connection(&Error::from_raw_os_error(code)), "{code}");
+        for errno in [Errno::MFILE, Errno::NFILE] {
+            assert!(is_per_connection(&errno.into()), "{errno:?}");
         }
-        // EINVAL (a socket that is not listening), EBADF, ENOTSOCK, ENOMEM, EPERM.
-        for code in [22, 9, 88, 12, 1] {
-            assert!(
-                !is_per_connection(&Error::from_raw_os_error(code)),
-                "{code}"
-            );
+        // EINVAL: a socket that is not listening.
+        for errno in [
+            Errno::INVAL,
+            Errno::BADF,
+            Errno::NOTSOCK,
+            Errno::NOMEM,
+            Errno::PERM,
+        ] {
+            assert!(!is_per_connection(&errno.into()), "{errno:?}");
         }
         for kind in [
             ErrorKind::InvalidInput,
@@ -77,13 +77,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_passing_error_waits_and_a_failing_one_returns_at_once() {
         let started = tokio::time::Instant::now();
-        assert!(pass_or_fail(Error::from_raw_os_error(EMFILE)).await.is_ok());
+        assert!(pass_or_fail(Errno::MFILE.into()).await.is_ok());
         assert!(started.elapsed() >= PAUSE);
         let started = tokio::time::Instant::now();
-        let failed = pass_or_fail(Error::from_raw_os_error(22))
-            .await
-            .unwrap_err();
-        assert_eq!(failed.raw_os_error(), Some(22));
+        let failed = pass_or_fail(Errno::INVAL.into()).await.unwrap_err();
+        assert_eq!(failed.raw_os_error(), Some(Errno::INVAL.raw_os_error()));
         assert_eq!(started.elapsed(), Duration::ZERO);
     }
 }

@@ -595,6 +595,16 @@ async fn a_head_of_exactly_the_limit_is_served_and_one_byte_more_is_refused() {
     );
 }
 
+/// A policy whose only port (1) nothing serves: every request is refused before any dial.
+fn closed_policy() -> Policy {
+    Policy {
+        allow: Allowlist::new(["localhost"]).unwrap(),
+        ports: BTreeSet::from([1]),
+        addresses: AddressPolicy::new(false, []),
+        limits: Limits::default(),
+    }
+}
+
 /// A socket bound to `address` but never listening: `accept` on it fails with `EINVAL`, an
 /// error about the listener, not about one connection.
 fn not_listening(
@@ -622,12 +632,7 @@ async fn both_accept_loops_end_with_an_error_about_their_listener() {
     );
     let listener =
         tokio::net::UnixListener::from_std(std::os::unix::net::UnixListener::from(unix)).unwrap();
-    let policy = Policy {
-        allow: Allowlist::new(["localhost"]).unwrap(),
-        ports: BTreeSet::from([1]),
-        addresses: AddressPolicy::new(false, []),
-        limits: Limits::default(),
-    };
+    let policy = closed_policy();
     let ended = tokio::time::timeout(
         Duration::from_secs(5),
         crate::proxy::serve(listener, Arc::new(policy)),
@@ -685,12 +690,7 @@ fn the_proxy_waits_out_a_descriptor_shortage() {
     runtime.block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("proxy.sock");
-        let policy = Policy {
-            allow: Allowlist::new(["localhost"]).unwrap(),
-            ports: BTreeSet::from([1]),
-            addresses: AddressPolicy::new(false, []),
-            limits: Limits::default(),
-        };
+        let policy = closed_policy();
         let listener = crate::cli::bind_socket(&socket).unwrap();
         let serving = tokio::spawn(crate::proxy::serve(listener, Arc::new(policy)));
         tokio::task::yield_now().await;
@@ -714,7 +714,11 @@ fn the_proxy_waits_out_a_descriptor_shortage() {
             match std::fs::File::open("/dev/null") {
                 Ok(file) => held.push(file),
                 Err(error) => {
-                    assert_eq!(error.raw_os_error(), Some(24), "{error}");
+                    assert_eq!(
+                        error.raw_os_error(),
+                        Some(rustix::io::Errno::MFILE.raw_os_error()),
+                        "{error}"
+                    );
                     break;
                 }
             }
