@@ -259,21 +259,31 @@ impl QemuBackend {
             let _ = undo_slot.remove_record();
             discarded
         });
-        let agent = {
+        let (agent, boot_deadline) = {
             let _permit = self
                 .host
                 .booting
                 .acquire()
                 .await
                 .map_err(|_| SandboxError::engine("the boot gate is closed"))?;
+            let boot_deadline = tokio::time::Instant::now() + self.host.config.boot_timeout;
             let vm = Vm::start(&config)
                 .await
                 .map_err(|error| agent_error(&record.instance, error))?;
-            vm.agent(self.host.config.boot_timeout)
+            let agent = vm
+                .agent(self.host.config.boot_timeout)
                 .await
-                .map_err(|error| agent_error(&record.instance, error))?
+                .map_err(|error| agent_error(&record.instance, error))?;
+            (agent, boot_deadline)
         };
-        let sandbox = self.handle(slot, &record, agent.clone(), true);
+        // A new guest's first exec still pays for its boot (its first program loads from a cold
+        // disk, under emulation a slow one): it is bounded by what is left of the boot's
+        // deadline, and never by less than one call's.
+        let call_timeout = self.host.config.call_timeout;
+        let mut sandbox = self.handle(slot, &record, agent.clone(), true);
+        sandbox.call_timeout = boot_deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(call_timeout);
         let base = record.storage_base.clone();
         let made = sandbox_core::Sandbox::exec(
             &sandbox,
@@ -292,6 +302,7 @@ impl QemuBackend {
                 detail: String::from_utf8_lossy(&made.stderr).trim().to_owned(),
             });
         }
+        sandbox.call_timeout = call_timeout;
         cleanup.disarm();
         self.cache_agent(&record.instance, &agent);
         Ok(sandbox)

@@ -37,7 +37,8 @@ pub struct QemuConfig {
     pub memory_mib: u32,
     /// VMs booting at once, at least 1.
     pub max_booting: usize,
-    /// From QEMU's start to the agent's answer.
+    /// From QEMU's start to the agent's answer and, for a new VM, its storage base made (the
+    /// guest's first exec, which gets what is left of this bound, at least `call_timeout`).
     pub boot_timeout: Duration,
     /// The deadline of one file call (stat, read, write, list, remove) and of an agent connect.
     pub call_timeout: Duration,

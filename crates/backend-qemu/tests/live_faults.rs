@@ -345,3 +345,23 @@ async fn a_full_host_disk_under_the_overlay_is_a_typed_error_and_leaves_nothing(
     .await;
     drop(disk);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_guests_first_exec_is_bounded_by_the_boot_not_by_one_call() {
+    let state = tempfile::tempdir_in(run_parent()).unwrap();
+    let state_dir = state.path().join("state");
+    // No call could meet this deadline under emulation; the storage base's `mkdir`, the new
+    // guest's first exec, gets what is left of the boot's instead.
+    let mut config = support::config(&state_dir);
+    config.call_timeout = Duration::from_millis(1);
+    let backend = connect_with(config).await;
+    let key = key("first-exec");
+    let (b, k) = (backend.clone(), key.clone());
+    with_cleanup(&backend, &key, &state_dir, async move {
+        let sandbox = step("acquire", STEP, b.acquire(&k, &spec()))
+            .await
+            .expect("the acquire makes its storage base within the boot's deadline");
+        assert!(sandbox.freshly_created());
+    })
+    .await;
+}
