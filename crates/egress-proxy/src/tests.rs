@@ -759,3 +759,128 @@ fn the_proxy_waits_out_a_descriptor_shortage() {
         assert!(!serving.is_finished());
     });
 }
+
+#[tokio::test]
+async fn a_head_sent_in_parts_within_its_deadline_is_served() {
+    let h = start(Reply::Text("whole".into()), Limits::default()).await;
+    let mut stream = UnixStream::connect(&h.socket).await.unwrap();
+    let first = format!("GET http://localhost:{}/ HTTP/1.1\r\n", h.upstream_port);
+    stream.write_all(first.as_bytes()).await.unwrap();
+    // The proxy has read the first part and waits, against the head's deadline, for the rest.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stream.write_all(b"\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        status(&answer),
+        "HTTP/1.1 200",
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(answer.ends_with(b"whole"));
+}
+
+#[tokio::test]
+async fn bytes_after_a_body_sent_in_parts_never_reach_the_upstream() {
+    // An upstream that says when the first part of the body has reached it (so the proxy is
+    // relaying, with the body's remaining length fixed), then records until its client is idle.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (first_part, first_part_seen) = tokio::sync::oneshot::channel();
+    let recorded = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut seen = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let mut first_part = Some(first_part);
+        loop {
+            let read = tokio::time::timeout(Duration::from_millis(500), stream.read(&mut chunk));
+            match read.await {
+                Ok(Ok(n)) if n > 0 => seen.extend_from_slice(&chunk[..n]),
+                // Idle only counts once the whole first part is here.
+                Err(_) if first_part.is_some() => continue,
+                _ => break,
+            }
+            if seen.ends_with(b"\r\n\r\nhel") {
+                if let Some(signal) = first_part.take() {
+                    let _ = signal.send(());
+                }
+            }
+        }
+        let _ = stream
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            .await;
+        seen
+    });
+    let h = start_with(port, Limits::default()).await;
+    let mut stream = UnixStream::connect(&h.socket).await.unwrap();
+    let head = format!("POST http://localhost:{port}/a HTTP/1.1\r\nContent-Length: 5\r\n\r\n");
+    stream
+        .write_all(format!("{head}hel").as_bytes())
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), first_part_seen)
+        .await
+        .expect("the first part of the body reaches the upstream")
+        .unwrap();
+    let smuggled = format!("GET http://localhost:{port}/smuggled HTTP/1.1\r\n\r\n");
+    stream
+        .write_all(format!("lo{smuggled}").as_bytes())
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        answer.ends_with(b"ok"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    let seen = recorded.await.unwrap();
+    one_framed_request(&seen, b"hello").unwrap_or_else(|why| panic!("{why}: {seen:?}"));
+}
+
+#[tokio::test]
+async fn a_refused_client_is_drained_of_at_most_256_kib_then_closed() {
+    let h = start(Reply::Text("x".into()), Limits::default()).await;
+    let stream = UnixStream::connect(&h.socket).await.unwrap();
+    // A small send buffer keeps what is in flight, and so the count below, close to what the
+    // proxy read.
+    rustix::net::sockopt::set_socket_send_buffer_size(&stream, 4096).unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    let refused = b"GET http://denied.test/ HTTP/1.1\r\n\r\n";
+    writer.write_all(refused).await.unwrap();
+    let writing = tokio::spawn(async move {
+        let chunk = [b'z'; 4096];
+        let mut sent = 0usize;
+        // Until the proxy closes: a proxy that kept reading is stopped by the bound below.
+        while sent < 64 << 20 {
+            match writer.write(&chunk).await {
+                Ok(n) if n > 0 => sent += n,
+                _ => break,
+            }
+        }
+        sent
+    });
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), reader.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status(&answer), "HTTP/1.1 403");
+    let sent = tokio::time::timeout(Duration::from_secs(20), writing)
+        .await
+        .expect("the proxy closes the connection")
+        .unwrap();
+    // What the head's reads took beyond the head (at most one 4 KiB read), the drain's
+    // 256 KiB, and what was in flight when the proxy closed.
+    let drained = 256 << 10;
+    assert!(
+        (drained..=drained + (64 << 10)).contains(&sent),
+        "{sent} bytes accepted after a refused head"
+    );
+}
