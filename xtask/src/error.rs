@@ -190,10 +190,10 @@ pub enum XtaskError {
         known: String,
     },
 
-    /// Type-checking for other targets failed; the output above says why.
-    #[error("the crates do not type-check for: {targets}")]
+    /// Type-checking for other targets failed; the output above names the target and says why.
+    #[error("the crates do not type-check (or warn) for one of: {targets}")]
     TargetsFailed {
-        /// The targets that failed.
+        /// The targets checked in the failed run.
         targets: String,
     },
 

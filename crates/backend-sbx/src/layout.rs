@@ -98,13 +98,15 @@ pub(crate) fn random_hex(len: usize) -> io::Result<String> {
 /// bits; a directory there inherits the ACL of its parent, which for the default root under
 /// `%LOCALAPPDATA%` is the user profile's (the user, SYSTEM and Administrators only).
 fn private_dir_builder() -> fs::DirBuilder {
-    let mut builder = fs::DirBuilder::new();
     #[cfg(unix)]
     {
         use std::os::unix::fs::DirBuilderExt as _;
+        let mut builder = fs::DirBuilder::new();
         builder.mode(0o700);
+        builder
     }
-    builder
+    #[cfg(not(unix))]
+    fs::DirBuilder::new()
 }
 
 /// Creates the root with its parents and makes it private: 0700 on POSIX; on Windows it keeps
