@@ -1,4 +1,5 @@
-//! What an accept loop does with an accept error, shared by the proxy's and the forwarder's.
+//! What an accept loop does with an accept error, shared by the proxy's, the forwarder's and
+//! the test server's.
 //!
 //! An error about one connection (it was aborted or reset before it was taken, the call was
 //! interrupted) or about a shortage of descriptors (`EMFILE`, `ENFILE`: connections in flight

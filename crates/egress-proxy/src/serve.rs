@@ -34,14 +34,17 @@ const WRITE_IDLE: Duration = Duration::from_secs(60);
 /// Answers every connection accepted on `listener`.
 ///
 /// # Errors
-/// An accept error that is not about one connection.
+/// An accept error that is not about one connection or a descriptor shortage (the rule of every
+/// accept loop here).
 pub async fn serve(listener: TcpListener, reply: Reply) -> std::io::Result<()> {
     let reply = Arc::new(reply);
     loop {
         let (mut stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
-            Err(error) if error.kind() == std::io::ErrorKind::ConnectionAborted => continue,
-            Err(error) => return Err(error),
+            Err(error) => {
+                crate::accept::pass_or_fail(error).await?;
+                continue;
+            }
         };
         let reply = Arc::clone(&reply);
         tokio::spawn(async move {

@@ -53,6 +53,11 @@ async fn start_with(upstream_port: u16, limits: Limits) -> Harness {
 async fn exchange(socket: &Path, request: &[u8]) -> Vec<u8> {
     let mut stream = UnixStream::connect(socket).await.unwrap();
     stream.write_all(request).await.unwrap();
+    answer_of(&mut stream).await
+}
+
+/// Reads everything up to the end of `stream` (bounded).
+async fn answer_of(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> Vec<u8> {
     let mut answer = Vec::new();
     tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer))
         .await
@@ -653,6 +658,42 @@ async fn both_accept_loops_end_with_an_error_about_their_listener() {
     .await
     .expect("the forwarder's loop ends");
     assert_eq!(ended.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+
+    let tcp = not_listening(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        rustix::net::AddressFamily::INET,
+    );
+    let listener = TcpListener::from_std(std::net::TcpListener::from(tcp)).unwrap();
+    let ended = tokio::time::timeout(
+        Duration::from_secs(5),
+        crate::serve::serve(listener, Reply::Text("x".into())),
+    )
+    .await
+    .expect("the test server's loop ends");
+    assert_eq!(ended.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+}
+
+#[tokio::test]
+async fn the_test_server_frames_each_reply_by_its_length() {
+    for (reply, body_len) in [
+        (Reply::Text("hello".into()), 5),
+        (Reply::Filler(70_000), 70_000),
+        (Reply::Filler(0), 0),
+    ] {
+        let port = upstream(reply.clone()).await;
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        stream.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let answer = answer_of(&mut stream).await;
+        let end = crate::head::head_len(&answer).expect("a complete head");
+        let head = String::from_utf8_lossy(&answer[..end]);
+        assert!(
+            head.contains(&format!("\r\nContent-Length: {body_len}\r\n")),
+            "{reply:?}: {head}"
+        );
+        assert_eq!(answer.len() - end, body_len, "{reply:?}");
+    }
 }
 
 /// Set in the child run of [`the_proxy_waits_out_a_descriptor_shortage`].
@@ -769,11 +810,7 @@ async fn a_head_sent_in_parts_within_its_deadline_is_served() {
     // The proxy has read the first part and waits, against the head's deadline, for the rest.
     tokio::time::sleep(Duration::from_millis(200)).await;
     stream.write_all(b"\r\n").await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer))
-        .await
-        .unwrap()
-        .unwrap();
+    let answer = answer_of(&mut stream).await;
     assert_eq!(
         status(&answer),
         "HTTP/1.1 200",
@@ -830,11 +867,7 @@ async fn bytes_after_a_body_sent_in_parts_never_reach_the_upstream() {
         .write_all(format!("lo{smuggled}").as_bytes())
         .await
         .unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer))
-        .await
-        .unwrap()
-        .unwrap();
+    let answer = answer_of(&mut stream).await;
     assert!(
         answer.ends_with(b"ok"),
         "{}",
@@ -866,11 +899,7 @@ async fn a_refused_client_is_drained_of_at_most_256_kib_then_closed() {
         }
         sent
     });
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), reader.read_to_end(&mut answer))
-        .await
-        .unwrap()
-        .unwrap();
+    let answer = answer_of(&mut reader).await;
     assert_eq!(status(&answer), "HTTP/1.1 403");
     let sent = tokio::time::timeout(Duration::from_secs(20), writing)
         .await
