@@ -37,8 +37,9 @@ pub struct QemuConfig {
     pub memory_mib: u32,
     /// VMs booting at once, at least 1.
     pub max_booting: usize,
-    /// From QEMU's start to the agent's answer and, for a new VM, its storage base made (the
-    /// guest's first exec, which gets what is left of this bound, at least `call_timeout`).
+    /// From QEMU's start to the agent's answer. A new VM's first exec (its storage base made)
+    /// then has a quarter of this bound, at most 30 s, to start; a VM that misses it is
+    /// replaced once.
     pub boot_timeout: Duration,
     /// The deadline of one file call (stat, read, write, list, remove) and of an agent connect.
     pub call_timeout: Duration,
@@ -49,6 +50,9 @@ pub struct QemuConfig {
     /// process waits for a port up to 15 s, then its acquire is `Busy`). Fixed when the VM
     /// boots.
     pub agent_ports: u32,
+    /// Extra words for every VM's kernel command line (debugging, the agent's test modes);
+    /// each one word of printable ASCII.
+    pub kernel_args: Vec<String>,
 }
 
 impl Default for QemuConfig {
@@ -64,6 +68,7 @@ impl Default for QemuConfig {
             call_timeout: Duration::from_secs(300),
             name_prefix: DEFAULT_NAME_PREFIX.to_owned(),
             agent_ports: qemu_vm::DEFAULT_AGENT_PORTS,
+            kernel_args: Vec::new(),
         }
     }
 }
@@ -93,6 +98,7 @@ pub(crate) struct CheckedConfig {
     pub(crate) call_timeout: Duration,
     pub(crate) prefix: NamePrefix,
     pub(crate) agent_ports: u32,
+    pub(crate) kernel_args: Vec<String>,
 }
 
 impl QemuConfig {
@@ -144,6 +150,15 @@ impl QemuConfig {
                 qemu_vm::MAX_AGENT_PORTS
             )));
         }
+        if let Some(word) = self
+            .kernel_args
+            .iter()
+            .find(|word| word.is_empty() || !word.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return Err(SandboxError::invalid(format!(
+                "kernel argument {word:?}: each must be one word of printable ASCII"
+            )));
+        }
         Ok(CheckedConfig {
             image_dir: self.image_dir,
             state_dir: self.state_dir,
@@ -155,6 +170,7 @@ impl QemuConfig {
             call_timeout: self.call_timeout,
             prefix: NamePrefix::new(self.name_prefix)?,
             agent_ports: self.agent_ports,
+            kernel_args: self.kernel_args,
         })
     }
 }

@@ -164,9 +164,13 @@ impl QemuSandbox {
         let instance = self.instance.clone();
         let dir = self.vm_dir.clone();
         let reason = reason.to_owned();
+        let creating = self.creating;
         let work = async move {
             tracing::warn!(%instance, %reason, "retiring a VM");
-            if let Err(error) = slot.retire(&instance, &reason, RETIRE_LOCK_WAIT).await {
+            if creating {
+                // The name's lock is the creation's, which removes the record: waiting on it
+                // here would only add the wait.
+            } else if let Err(error) = slot.retire(&instance, &reason, RETIRE_LOCK_WAIT).await {
                 tracing::warn!(%instance, %error, "the retired VM's record was not marked");
             }
             if let Ok(vm) = Vm::attach(&dir) {

@@ -42,6 +42,9 @@ pub struct QemuSandbox {
     pub(crate) vm_dir: PathBuf,
     /// The name's record, which a retirement marks.
     pub(crate) slot: Slot,
+    /// Whether this is the handle its VM's creation holds, the name's lock held: a retirement
+    /// then only kills QEMU (the creation removes the record itself).
+    pub(crate) creating: bool,
 }
 
 impl QemuSandbox {

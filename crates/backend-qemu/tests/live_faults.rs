@@ -1,6 +1,6 @@
 //! Faults under the backend, against real QEMU (under TCG here): QEMU killed behind it, a guest
-//! agent that stops answering, a guest kernel panic, and a full host disk under the VM's
-//! overlay. Each is a typed error within a bound, never a hang or an exit code; the VM is
+//! agent that stops answering, a guest kernel panic, a full host disk under the VM's overlay,
+//! and new guests that never start their first command. Each is a typed error within a bound, never a hang or an exit code; the VM is
 //! retired or replaced by the next acquire; and nothing is left (no QEMU, socket, overlay or
 //! record).
 
@@ -347,11 +347,11 @@ async fn a_full_host_disk_under_the_overlay_is_a_typed_error_and_leaves_nothing(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_guests_first_exec_is_bounded_by_the_boot_not_by_one_call() {
+async fn a_new_guests_first_exec_has_a_bound_of_its_own_not_one_calls() {
     let state = tempfile::tempdir_in(run_parent()).unwrap();
     let state_dir = state.path().join("state");
     // No call could meet this deadline under emulation; the storage base's `mkdir`, the new
-    // guest's first exec, gets what is left of the boot's instead.
+    // guest's first exec, has a bound of its own instead.
     let mut config = support::config(&state_dir);
     config.call_timeout = Duration::from_millis(1);
     let backend = connect_with(config).await;
@@ -360,8 +360,52 @@ async fn a_new_guests_first_exec_is_bounded_by_the_boot_not_by_one_call() {
     with_cleanup(&backend, &key, &state_dir, async move {
         let sandbox = step("acquire", STEP, b.acquire(&k, &spec()))
             .await
-            .expect("the acquire makes its storage base within the boot's deadline");
+            .expect("the acquire makes its storage base within its own bound");
         assert!(sandbox.freshly_created());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_vm_that_never_starts_its_first_command_is_replaced_once_then_a_typed_error() {
+    let state = tempfile::tempdir_in(run_parent()).unwrap();
+    let state_dir = state.path().join("state");
+    // Every guest's agent takes exec requests and never starts them; the first command's
+    // bound is a quarter of the boot's.
+    let mut config = support::config(&state_dir);
+    config.boot_timeout = Duration::from_secs(60);
+    config.kernel_args = vec!["vm_agent.mode=silent-exec".to_owned()];
+    let patience = Duration::from_secs(15);
+    let backend = connect_with(config).await;
+    let key = key("silent-exec");
+    let (b, k, s) = (backend.clone(), key.clone(), state_dir.clone());
+    with_cleanup(&backend, &key, &state_dir, async move {
+        let started = Instant::now();
+        let acquired = step("acquire", STEP, b.acquire(&k, &spec())).await;
+        let elapsed = started.elapsed();
+        let error = expect_kind("acquire", acquired, &[ErrorKind::EngineTimeout]);
+        let text = error.to_string();
+        assert!(
+            text.contains("two VMs in turn"),
+            "the error says a second VM was tried: {text}"
+        );
+        // Two boots and two waits of the first command's bound, never a call timeout's.
+        assert!(
+            elapsed >= patience * 2,
+            "each VM was given the first command's bound: {elapsed:?}"
+        );
+        assert!(
+            elapsed < (Duration::from_secs(60) + patience) * 2,
+            "the typed error came after {elapsed:?}"
+        );
+        assert!(qemus_under(&s).is_empty(), "no QEMU of either VM runs");
+        assert!(
+            b.list(&k.scope, Some(&k.thread_id))
+                .await
+                .unwrap()
+                .is_empty(),
+            "no record is left"
+        );
     })
     .await;
 }

@@ -60,6 +60,9 @@ enum Mode {
     Serve,
     /// Test mode: answers the handshake, then answers every request with malformed frames.
     Garbage,
+    /// Test mode: serves every request but `Exec`, which it takes and never answers (a guest
+    /// whose commands never start).
+    SilentExec,
 }
 
 pub fn main() -> ExitCode {
@@ -68,6 +71,7 @@ pub fn main() -> ExitCode {
         Some("serve") => {
             let mode = match args.get(2).and_then(|arg| arg.to_str()) {
                 Some("garbage") => Mode::Garbage,
+                Some("silent-exec") => Mode::SilentExec,
                 _ => Mode::Serve,
             };
             serve(mode)
@@ -96,13 +100,13 @@ fn init() -> ExitCode {
         let _ = rustix::system::reboot(rustix::system::RebootCommand::Restart);
     }
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
-    let mode = if cmdline
+    let mode = match cmdline
         .split_whitespace()
-        .any(|word| word == "vm_agent.mode=garbage")
+        .find_map(|word| word.strip_prefix("vm_agent.mode="))
     {
-        "garbage"
-    } else {
-        "serve"
+        Some("garbage") => "garbage",
+        Some("silent-exec") => "silent-exec",
+        _ => "serve",
     };
     let mut server = start_server(mode);
     loop {
@@ -464,6 +468,8 @@ fn serve_port(path: &Path, mode: Mode) -> Result<(), String> {
                     };
                     let ok = if mode == Mode::Garbage {
                         send_garbage(&port);
+                        true
+                    } else if mode == Mode::SilentExec && matches!(message, HostMsg::Exec(_)) {
                         true
                     } else {
                         dispatch(&port, current, id, message)
