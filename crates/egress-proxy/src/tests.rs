@@ -627,6 +627,15 @@ fn not_listening(
     socket
 }
 
+/// A loopback TCP socket bound and never listening, as a tokio listener.
+fn tcp_not_listening() -> TcpListener {
+    let tcp = not_listening(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        rustix::net::AddressFamily::INET,
+    );
+    TcpListener::from_std(std::net::TcpListener::from(tcp)).unwrap()
+}
+
 #[tokio::test]
 async fn both_accept_loops_end_with_an_error_about_their_listener() {
     let dir = tempfile::tempdir().unwrap();
@@ -646,11 +655,7 @@ async fn both_accept_loops_end_with_an_error_about_their_listener() {
     .expect("the proxy's loop ends");
     assert_eq!(ended.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
 
-    let tcp = not_listening(
-        &std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        rustix::net::AddressFamily::INET,
-    );
-    let listener = TcpListener::from_std(std::net::TcpListener::from(tcp)).unwrap();
+    let listener = tcp_not_listening();
     let ended = tokio::time::timeout(
         Duration::from_secs(5),
         crate::forward::serve(listener, path.clone()),
@@ -659,11 +664,7 @@ async fn both_accept_loops_end_with_an_error_about_their_listener() {
     .expect("the forwarder's loop ends");
     assert_eq!(ended.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
 
-    let tcp = not_listening(
-        &std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        rustix::net::AddressFamily::INET,
-    );
-    let listener = TcpListener::from_std(std::net::TcpListener::from(tcp)).unwrap();
+    let listener = tcp_not_listening();
     let ended = tokio::time::timeout(
         Duration::from_secs(5),
         crate::serve::serve(listener, Reply::Text("x".into())),
