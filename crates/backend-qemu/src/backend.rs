@@ -313,13 +313,12 @@ impl QemuBackend {
         // The first command gets a bound of its own, not one call's: a call timeout is sized for
         // the user's slowest file call, and a guest that does not start its first command at all
         // is better replaced than waited on.
-        let call_timeout = self.host.config.call_timeout;
-        let mut sandbox = self.handle(slot, &record, agent.clone(), true);
-        sandbox.call_timeout = first_exec_patience(self.host.config.boot_timeout);
-        sandbox.creating = true;
+        let mut creating = self.handle(slot, &record, agent.clone(), true);
+        creating.call_timeout = first_exec_patience(self.host.config.boot_timeout);
+        creating.creating = true;
         let base = record.storage_base.clone();
         let made = sandbox_core::Sandbox::exec(
-            &sandbox,
+            &creating,
             sandbox_core::ExecRequest::new(sandbox_core::Command::argv([
                 "/bin/mkdir",
                 "-p",
@@ -350,11 +349,9 @@ impl QemuBackend {
                 detail: String::from_utf8_lossy(&made.stderr).trim().to_owned(),
             });
         }
-        sandbox.call_timeout = call_timeout;
-        sandbox.creating = false;
         cleanup.disarm();
         self.cache_agent(&record.instance, &agent);
-        Ok(FirstExec::Served(sandbox))
+        Ok(FirstExec::Served(self.handle(slot, &record, agent, true)))
     }
 
     /// Kills the VM of `slot` (whatever its state) and removes its record and directory.
@@ -392,7 +389,6 @@ fn attach_error(instance: &str, error: VmError, alive: bool) -> SandboxError {
     }
 }
 
-/// Kills the VM in `dir` if one runs there and removes the directory.
 /// The most a new VM's first command (its storage base's `mkdir`) may take to start: a quarter
 /// of the boot bound, at most 30 s. It starts in well under a second even under emulation on a
 /// loaded host (0.1 to 0.7 s measured with three VMs booting beside a disk-bound writer).
@@ -414,6 +410,7 @@ struct Stalled {
     error: SandboxError,
 }
 
+/// Kills the VM in `dir` if one runs there and removes the directory.
 async fn discard(dir: std::path::PathBuf) -> Result<(), SandboxError> {
     match Vm::attach(&dir) {
         Ok(vm) => vm

@@ -1,8 +1,8 @@
 //! Faults under the backend, against real QEMU (under TCG here): QEMU killed behind it, a guest
 //! agent that stops answering, a guest kernel panic, a full host disk under the VM's overlay,
-//! and new guests that never start their first command. Each is a typed error within a bound, never a hang or an exit code; the VM is
-//! retired or replaced by the next acquire; and nothing is left (no QEMU, socket, overlay or
-//! record).
+//! and new guests that never start their first command. Each is a typed error within a bound,
+//! never a hang or an exit code; the VM is retired or replaced by the next acquire; and nothing
+//! is left (no QEMU, socket, overlay or record).
 
 mod support;
 

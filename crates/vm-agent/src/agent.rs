@@ -100,14 +100,11 @@ fn init() -> ExitCode {
         let _ = rustix::system::reboot(rustix::system::RebootCommand::Restart);
     }
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
-    let mode = match cmdline
+    // Passed to the server as it is: the server's parse is the one list of modes.
+    let mode = cmdline
         .split_whitespace()
         .find_map(|word| word.strip_prefix("vm_agent.mode="))
-    {
-        Some("garbage") => "garbage",
-        Some("silent-exec") => "silent-exec",
-        _ => "serve",
-    };
+        .unwrap_or("serve");
     let mut server = start_server(mode);
     loop {
         match rustix::process::wait(WaitOptions::empty()) {
