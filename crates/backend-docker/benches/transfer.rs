@@ -2,6 +2,8 @@
 //!
 //! - Pass/fail: a 64 MiB `write_file` within 1.0× and a 64 MiB `read_file` within 1.1× a raw
 //!   `docker cp` of the same bytes, in (host file to container) and out (container to host file).
+//!   Reported beside them: the same bytes through one bare API `PUT` and `GET` of the archive
+//!   (the client library's own cost), and the backend's checks alone.
 //! - Reported only: a 1 KiB `write_file`, `read_file` and `stat_file` three components below the
 //!   storage base (`d1/d2/small.bin`), each against one raw `docker exec` doing the same
 //!   (`cat >`, `cat`, `stat`), against the spec's reference of 3×. Each backend call checks the ancestors with archive
@@ -10,6 +12,8 @@
 mod support;
 
 use std::path::Path;
+
+use futures_util::StreamExt as _;
 
 use backend_docker::defaults::TRANSFER_CEILING;
 use sandbox_core::{Command, ExecRequest, Sandbox, SandboxSpec};
@@ -21,7 +25,7 @@ const MIB: usize = 1024 * 1024;
 const BIG: usize = 64 * MIB;
 const SMALL: usize = 1024;
 const BIG_WARMUP: usize = 1;
-const BIG_ROUNDS: usize = 7;
+const BIG_ROUNDS: usize = 11;
 const SMALL_WARMUP: usize = 2;
 const SMALL_ROUNDS: usize = 15;
 
@@ -156,6 +160,10 @@ async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
         "64 MiB out, raw docker exec cat vs raw docker cp",
         Target::ReportedOnly,
     );
+    let mut bare_out = Metric::new(
+        "64 MiB read vs one bare API GET of the archive",
+        Target::ReportedOnly,
+    );
     let mut checks = Metric::new(
         "64 MiB read's engine checks alone (stat_file) vs raw docker cp",
         Target::ReportedOnly,
@@ -164,6 +172,7 @@ async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
         let mut got = Vec::new();
         let mut raw_got = Vec::new();
         let mut size = None;
+        let mut bare_tar_out = Vec::new();
         let times = round_robin(
             round,
             vec![
@@ -183,11 +192,26 @@ async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
                     let entry = sandbox.stat_file("big.bin", ".").await.expect("stat_file");
                     size = entry.and_then(|e| e.size_bytes());
                 }),
+                Box::pin(async {
+                    let options =
+                        bollard::query_parameters::DownloadFromContainerOptionsBuilder::new()
+                            .path(&format!("{}/big.bin", support::BASE))
+                            .build();
+                    let mut stream =
+                        api.download_from_container(sandbox.instance_id(), Some(options));
+                    while let Some(chunk) = stream.next().await {
+                        bare_tar_out.extend_from_slice(&chunk.expect("the bare GET"));
+                    }
+                }),
             ],
         )
         .await;
         assert!(got == data, "read_file returned what was written");
         assert!(raw_got == data, "docker exec cat returned what was written");
+        assert!(
+            bare_tar_out.len() > BIG,
+            "the bare GET returned the whole archive"
+        );
         assert_eq!(size, Some(BIG as u64));
         let copied = std::fs::read(&target).expect("docker cp wrote the host file");
         assert!(copied == data, "docker cp returned what was written");
@@ -196,6 +220,7 @@ async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
             read.push((times[0], times[1]));
             exec_out.push((times[2], times[1]));
             checks.push((times[3], times[1]));
+            bare_out.push((times[0], times[4]));
         }
     }
     let write_ok = write.report();
@@ -204,6 +229,7 @@ async fn big(sandbox: &dyn Sandbox, raw: &str, host: &Path) -> bool {
     over_bare.report();
     write_checks.report();
     let read_ok = read.report();
+    bare_out.report();
     exec_out.report();
     checks.report();
     write_ok && read_ok

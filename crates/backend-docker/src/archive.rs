@@ -142,9 +142,12 @@ impl BackendState {
                 return Ok(ArchiveRead::OverCap);
             }
             let wanted = usize::try_from(size).map_err(|_| malformed("an entry too large"))?;
-            let mut data = prefix.split_off(offset.min(prefix.len()));
+            // One allocation of the header's size (at most `cap`): growing by doubling would
+            // copy and fault the data in again at every step.
+            let mut data = Vec::with_capacity(wanted);
+            let first = prefix.get(offset..).unwrap_or_default();
+            data.extend_from_slice(&first[..first.len().min(wanted)]);
             drop(prefix);
-            data.truncate(wanted);
             while data.len() < wanted {
                 match stream.next().await {
                     Some(chunk) => {
