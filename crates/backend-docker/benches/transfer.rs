@@ -13,9 +13,8 @@ mod support;
 
 use std::path::Path;
 
-use futures_util::StreamExt as _;
-
 use backend_docker::defaults::TRANSFER_CEILING;
+use futures_util::StreamExt as _;
 use sandbox_core::{Command, ExecRequest, Sandbox, SandboxSpec};
 use support::{
     backend, docker, docker_with_stdin, paired, round_robin, Metric, SideBySide, Target,
