@@ -122,6 +122,8 @@ mod argv_encoding;
 mod bounded_runner;
 mod call_identity;
 mod error;
+#[cfg(unix)]
+mod exec_init;
 mod group_kill;
 mod nonce_result;
 mod nonce_splitter;
@@ -139,6 +141,15 @@ pub use bounded_runner::{
 };
 pub use call_identity::{cancel_file, new_nonce, pid_file, sbx_env_file_name, Nonce};
 pub use error::{Error, Result};
+/// The exec init's call parsing and, on Linux, the program itself (the `sandbox-exec-init` binary).
+#[cfg(unix)]
+pub mod init {
+    #[cfg(target_os = "linux")]
+    pub use crate::exec_init::run;
+    pub use crate::exec_init::{
+        no_cwd_lines, parse_init_args, spawn_failure, status_file, InitCall, INIT_REFUSED,
+    };
+}
 pub use group_kill::{KillFailure, KillMode, KillOutcome, KillReport, KILL_OUTPUT_BUDGET};
 pub use nonce_result::{
     nonce_line_seen, parse_result, parse_run_output, WrapperOutcome, WrapperOutput,
@@ -150,10 +161,11 @@ pub use tool_probe::{
     PROBE_OUTPUT_BUDGET, SBX_TOOLS,
 };
 pub use wrapper_scripts::{
-    docker_init_probe_argv, docker_init_wrapper_argv, docker_wrapper_argv, init_status_argv,
-    init_status_confirms, kill_argv, namespace_kill_argv, pid_namespace_probe_argv,
-    read_kill_mode_probe, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, tree_kill_argv,
-    SbxMount, DOCKER_INIT_PATH, SCRIPT_NAME, WORKSPACE_MARKER,
+    docker_init_probe_argv, docker_init_wrapper_argv, docker_wrapper_argv, exec_init_argv,
+    init_status_argv, init_status_confirms, kill_argv, namespace_kill_argv,
+    pid_namespace_probe_argv, read_kill_mode_probe, sbx_pid_namespace_wrapper_argv,
+    sbx_wrapper_argv, tree_kill_argv, SbxMount, DOCKER_INIT_PATH, EXEC_INIT_PATH, SCRIPT_NAME,
+    WORKSPACE_MARKER,
 };
 
 /// The script texts themselves, for review and snapshot tests: every `*_argv` function above

@@ -221,6 +221,18 @@ exit 0
 /// Where every `--init` container has the engine's init (tini).
 pub const DOCKER_INIT_PATH: &str = "/sbin/docker-init";
 
+// One literal for the path, so the tree kill's pattern is built from the same text.
+macro_rules! exec_init_path {
+    () => {
+        "/usr/local/libexec/sandbox-exec-init"
+    };
+}
+
+/// Where an image carries the exec init (`sandbox-exec-init`, static): the project's Debian
+/// images do. Where it is, a call runs as [`exec_init_argv`], two program starts fewer than
+/// [`docker_init_wrapper_argv`], with the same protocol and the same exact kill.
+pub const EXEC_INIT_PATH: &str = exec_init_path!();
+
 /// The Docker shape under the engine's init in subreaper mode: `/sbin/docker-init -s -- sh -c
 /// DOCKER_INIT_WRAPPER maf-sbx <nonce> <mask> <cwd> <argv>…`.
 ///
@@ -307,7 +319,8 @@ macro_rules! exact_kill_fallback {
 ///
 /// It finds the call's init: a process whose parent is outside the container (`PPid` 0, which
 /// only the engine can start: no process in the container can create one) and whose command
-/// line is `/sbin/docker-init -s -- sh -c <wrapper> maf-sbx <nonce> …`. It stops the init, so it
+/// line is `/sbin/docker-init -s -- sh -c <wrapper> maf-sbx <nonce> …` or `sandbox-exec-init
+/// <nonce> …` at [`EXEC_INIT_PATH`]. It stops the init, so it
 /// can neither reap nor exit and every orphan of the tree is re-parented to it; then, until the
 /// tree holds no live process, it collects every descendant from `/proc`, stops them all (so
 /// none forks between the scan and the kill) and kills them all; then it kills the init and
@@ -336,7 +349,9 @@ for d in /proc/[0-9]*; do
   [ "${s%% *}" = 0 ] || continue
   c=
   IFS= read -r c 2>/dev/null <"$d/cmdline"
-  case $c in "/sbin/docker-init-s--sh-c"*"maf-sbx$n"*) r="$r ${d#/proc/}" ;; esac
+  case $c in "/sbin/docker-init-s--sh-c"*"maf-sbx$n"*|""#,
+    exec_init_path!(),
+    r#"$n"*) r="$r ${d#/proc/}" ;; esac
 done
 if [ -n "$r" ]; then
   kill -STOP $r 2>/dev/null
@@ -616,7 +631,28 @@ pub fn docker_init_wrapper_argv(nonce: &Nonce, invocation: &RawInvocation) -> Ve
     argv
 }
 
-/// The exact kill of a call made with [`docker_init_wrapper_argv`]: `sh -c TREE_KILL_SCRIPT
+/// The argv after `docker exec <container id>` (or the Engine API's `Cmd`) for the Docker shape
+/// under the exec init: `/usr/local/libexec/sandbox-exec-init <nonce> <mask> <cwd> <argv>…`, the
+/// same values as [`docker_init_wrapper_argv`] after its script.
+///
+/// Use it once a probe found [`EXEC_INIT_PATH`] in the container; the kill is [`tree_kill_argv`]
+/// and a signal-shaped status is checked with [`init_status_argv`], as for the init wrapper.
+pub fn exec_init_argv(nonce: &Nonce, invocation: &RawInvocation) -> Vec<String> {
+    let mut argv = Vec::with_capacity(4 + invocation.argv().len());
+    argv.extend(
+        [
+            EXEC_INIT_PATH,
+            nonce.as_str(),
+            invocation.mask(),
+            invocation.cwd(),
+        ]
+        .map(str::to_owned),
+    );
+    argv.extend(invocation.argv().iter().cloned());
+    argv
+}
+
+/// The exact kill of a call made with [`docker_init_wrapper_argv`] or [`exec_init_argv`]: `sh -c TREE_KILL_SCRIPT
 /// maf-sbx <nonce>`, run as a second exec. It falls back to the group kill of the same nonce.
 pub fn tree_kill_argv(nonce: &Nonce) -> Vec<String> {
     ["sh", "-c", TREE_KILL_SCRIPT, SCRIPT_NAME, nonce.as_str()]

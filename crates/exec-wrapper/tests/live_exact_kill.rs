@@ -4,6 +4,7 @@
 //! a sibling call started before them completes, and the container keeps serving.
 //!
 //! Docker shape: `sandbox-base:local` (dash, perl) and `sandbox-busybox:local` (BusyBox), run
+//! under the engine's init and, on `sandbox-base:local`, which carries it, under the exec init,
 //! like the Docker backend runs its containers (`--init`, no capabilities, no new privileges, a
 //! pids limit, no network). sbx shape: `sbx-sim-shell:local` run as `sbx-sim` runs its
 //! sandboxes (uid 1000, no capabilities but SETFCAP, seccomp and AppArmor unconfined), through
@@ -13,10 +14,11 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use exec_wrapper::{
-    docker_init_probe_argv, docker_init_wrapper_argv, namespace_kill_argv, new_nonce,
-    nonce_line_seen, parse_run_output, pid_namespace_probe_argv, plain_invocation, raw_invocation,
-    read_kill_mode_probe, sbx_pid_namespace_wrapper_argv, tree_kill_argv, BoundedCommand, Error,
-    KillMode, KillOutcome, KillReport, Nonce, RunOutput, SbxMount, WrapperOutcome,
+    docker_init_probe_argv, docker_init_wrapper_argv, exec_init_argv, namespace_kill_argv,
+    new_nonce, nonce_line_seen, parse_run_output, pid_namespace_probe_argv, plain_invocation,
+    raw_invocation, read_kill_mode_probe, sbx_pid_namespace_wrapper_argv, tree_kill_argv,
+    BoundedCommand, Error, KillMode, KillOutcome, KillReport, Nonce, RunOutput, SbxMount,
+    WrapperOutcome,
 };
 
 const HOSTILE_TIMEOUT: Duration = Duration::from_millis(1500);
@@ -113,6 +115,7 @@ impl Drop for Container {
 #[derive(Clone, Copy, PartialEq)]
 enum Shape {
     DockerInit,
+    ExecInit,
     SbxPidNamespace,
 }
 
@@ -125,6 +128,7 @@ impl Shape {
             Shape::DockerInit => {
                 docker_init_wrapper_argv(nonce, &raw_invocation(b"/", argv).unwrap())
             }
+            Shape::ExecInit => exec_init_argv(nonce, &raw_invocation(b"/", argv).unwrap()),
             Shape::SbxPidNamespace => sbx_pid_namespace_wrapper_argv(
                 nonce,
                 &SbxMount {
@@ -140,14 +144,14 @@ impl Shape {
 
     fn kill(self, nonce: &Nonce) -> Vec<String> {
         match self {
-            Shape::DockerInit => tree_kill_argv(nonce),
+            Shape::DockerInit | Shape::ExecInit => tree_kill_argv(nonce),
             Shape::SbxPidNamespace => namespace_kill_argv(nonce),
         }
     }
 
     fn mode(self) -> KillMode {
         match self {
-            Shape::DockerInit => KillMode::SubreaperTree,
+            Shape::DockerInit | Shape::ExecInit => KillMode::SubreaperTree,
             Shape::SbxPidNamespace => KillMode::PidNamespace,
         }
     }
@@ -308,6 +312,12 @@ async fn docker_shape_tree_kill_on_debian_and_busybox() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_init_shape_tree_kill_on_debian() {
+    let container = Container::start("sandbox-base:local", DOCKER_LIKE).await;
+    the_hostile_cases_leave_nothing_behind(&container, Shape::ExecInit, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_init_the_probe_says_group_kill() {
     let container = Container::start(
         "sandbox-base:local",
@@ -320,12 +330,22 @@ async fn without_init_the_probe_says_group_kill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_whose_init_is_killed_by_its_command_is_not_landed() {
     let container = Container::start("sandbox-base:local", DOCKER_LIKE).await;
+    // The command kills its own init (its grandparent under the engine's init, its parent
+    // under the exec init) and keeps running, orphaned.
+    for (shape, script) in [
+        (
+            Shape::DockerInit,
+            b"read -r s </proc/$PPID/stat; s=${s##*) }; s=${s#* }; kill -KILL ${s%% *}; exec sleep 607".as_slice(),
+        ),
+        (Shape::ExecInit, b"kill -KILL $PPID; exec sleep 608".as_slice()),
+    ] {
+        init_killed_by_its_command(&container, shape, script).await;
+    }
+}
+
+async fn init_killed_by_its_command(container: &Container, shape: Shape, script: &[u8]) {
     let nonce = new_nonce().unwrap();
-    // The command kills its own init (its grandparent) and keeps running, orphaned.
-    let argv = Shape::DockerInit.call(
-        &nonce,
-        &[b"sh", b"-c", b"read -r s </proc/$PPID/stat; s=${s##*) }; s=${s#* }; kill -KILL ${s%% *}; exec sleep 607"],
-    );
+    let argv = shape.call(&nonce, &[b"sh", b"-c", script]);
     let hostile = container.exec(&argv, HOSTILE_TIMEOUT).run().await;
     // The client may see the exec end (its process died) or hang on the orphan's pipes.
     let seen = match &hostile {
