@@ -105,9 +105,9 @@ pub const STEPS: &[CiStep] = &[
     // The Debian packages the images, the target checks and the suites use (installed when
     // missing, under CI): first on the images lane, beside the compiles instead of before them.
     step("host tools", "images", Run::Script(".ci/host-tools")).background(),
-    // Debootstrap and the static proxy build (its own target layout): beside the compiles. Not
-    // in the background: a clean clone builds the proxy (release) every time, and the Docker
-    // suite needs the images as soon as the unit tests end.
+    // Debootstrap and the static builds of the proxy and the exec init (their own target
+    // layout): beside the compiles. Not in the background: a clean clone builds them (release)
+    // every time, and the Docker suite needs the images as soon as the unit tests end.
     step("images", "images", Run::Xtask(&["images"])),
     // The static guest agent, the kernel and the ext4 root made from the Debian root `images`
     // just cached: after it on its lane, so debootstrap runs once.

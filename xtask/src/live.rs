@@ -90,17 +90,30 @@ pub(crate) fn shared_binaries(workspace: &Workspace) -> Result<PathBuf, XtaskErr
     Ok(workspace.target_dir().join("debug"))
 }
 
-/// The target the egress proxy is built for, statically linked (no musl target is installed
-/// here; the static C library resolves names with its built-in `files` and `dns` lookups).
-const PROXY_TARGET: &str = "x86_64-unknown-linux-gnu";
+/// The target the static guest binaries are built for, statically linked (no musl target is
+/// installed here; the static C library resolves names with its built-in `files` and `dns`
+/// lookups).
+pub(crate) const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// The binaries (package, binary) the images are built around: the egress proxy and the exec
+/// init. They are always built together, whichever images are wanted: features unify per cargo
+/// invocation and symbol names carry their hash, so another selection would make another,
+/// equally good binary, and rebuild the images around it for nothing.
+const IMAGE_BINARIES: [(&str, &str); 2] = [
+    ("egress-proxy", "egress-proxy"),
+    ("exec-wrapper", "sandbox-exec-init"),
+];
 
 /// Builds the images (every engine image, or the given tags) with progress on stderr, caching
-/// debootstrap's output under `target/images-cache`. When the egress proxy image is wanted, the
-/// static `egress-proxy` binary is built (release, `+crt-static`) beside the other images (a
-/// compile beside a debootstrap that mostly waits on the mirror and the disk), and the proxy
-/// image is built last, around it; an image built around another binary is rebuilt. The tag
-/// `vm` names the microVM image, which is not an engine image: it is built only when named,
-/// after the engine images (from the same cached Debian root).
+/// debootstrap's output under `target/images-cache`. When an image built around a workspace
+/// binary is wanted (the egress proxy image; `sandbox-base:local` and `sandbox-base-root:local`,
+/// which carry the exec init), the static binaries are built (release, `+crt-static`, one cargo
+/// invocation) while the Debian roots of every missing image are bootstrapped into the cache in
+/// one debootstrap and the images around no binary are built (a compile beside a debootstrap that
+/// mostly waits on the mirror and the disk); then the images around the binaries are built from
+/// the cached roots, and one built around another binary is rebuilt. The tag `vm` names the
+/// microVM image, which is not an engine image: it is built only when named, after the engine
+/// images (from the same cached Debian root).
 pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskError> {
     if tags.iter().any(|tag| tag == crate::vm::VM_IMAGE) {
         let engine_tags: Vec<String> = tags
@@ -122,14 +135,11 @@ pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskE
     } else {
         images
     };
-    // Built (a no-op when nothing changed) even when the image exists: the recipe rebuilds an
-    // image whose binary digest differs, so a changed proxy is never tested in a stale image.
-    let wants_proxy = wanted.contains(&LocalImage::EgressProxy);
-    let others: Vec<LocalImage> = wanted
+    // Built (a no-op when nothing changed) even when the images exist: the recipe rebuilds an
+    // image whose binary digest differs, so a changed binary is never tested in a stale image.
+    let (around_binaries, others): (Vec<LocalImage>, Vec<LocalImage>) = wanted
         .iter()
-        .copied()
-        .filter(|image| *image != LocalImage::EgressProxy)
-        .collect();
+        .partition(|image| **image == LocalImage::EgressProxy || image.carries_exec_init());
     let recipe = ImageRecipe::new()
         .cache_dir(workspace.target_dir().join("images-cache"))
         .progress(|line| eprintln!("images: {line}"));
@@ -140,29 +150,40 @@ pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskE
             command: "a tokio runtime for the image recipe".to_owned(),
             source,
         })?;
-    let (proxy, others_built) = std::thread::scope(|scope| {
-        let proxy = wants_proxy.then(|| scope.spawn(|| build_static_proxy(workspace)));
-        // An empty list would mean every image to the recipe.
-        let others_built = if others.is_empty() {
-            Ok(Vec::new())
-        } else {
-            runtime.block_on(recipe.build(&others))
-        };
-        let proxy = proxy.map(|build| {
-            build.join().unwrap_or_else(|_| {
+    let mut reports = if around_binaries.is_empty() {
+        runtime.block_on(recipe.build(&wanted))?
+    } else {
+        let (binaries, others_built) = std::thread::scope(|scope| {
+            let binaries = scope.spawn(|| build_static(workspace, &IMAGE_BINARIES));
+            // The roots of every wanted image the engine lacks, so the images around the
+            // binaries find theirs cached (one built around a changed binary while present
+            // takes its root from the cache, or bootstraps it after the compile).
+            let others_built = runtime.block_on(async {
+                recipe.cache_roots(&wanted).await?;
+                // An empty list would mean every image to the recipe.
+                if others.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    recipe.build(&others).await
+                }
+            });
+            let binaries = binaries.join().unwrap_or_else(|_| {
                 Err(XtaskError::Spawn {
-                    command: "the static egress-proxy build".to_owned(),
+                    command: "the static image binaries' build".to_owned(),
                     source: std::io::Error::other("its thread panicked"),
                 })
-            })
+            });
+            (binaries, others_built)
         });
-        (proxy, others_built)
-    });
-    let mut reports = others_built?;
-    if let Some(binary) = proxy.transpose()? {
-        let recipe = recipe.egress_proxy_binary(binary);
-        reports.extend(runtime.block_on(recipe.build(&[LocalImage::EgressProxy]))?);
-    }
+        let dir = binaries?;
+        let mut reports = others_built?;
+        let recipe = recipe
+            .egress_proxy_binary(dir.join("egress-proxy"))
+            .exec_init_binary(dir.join("sandbox-exec-init"));
+        reports.extend(runtime.block_on(recipe.build(&around_binaries))?);
+        reports
+    };
+    reports.sort_by_key(|report| wanted.iter().position(|image| *image == report.image));
     for report in reports {
         eprintln!(
             "images: {:<26} {:?} ({:.1} s)",
@@ -174,27 +195,24 @@ pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskE
     Ok(())
 }
 
-/// Builds the static `egress-proxy` binary and returns its path.
-fn build_static_proxy(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
+/// Builds the given binaries (package, binary) for [`STATIC_TARGET`], release and statically
+/// linked, in one cargo invocation; returns the directory they are in.
+pub(crate) fn build_static(
+    workspace: &Workspace,
+    binaries: &[(&str, &str)],
+) -> Result<PathBuf, XtaskError> {
+    let mut command = cargo();
+    command.args(["build", "--release"]);
+    for (package, binary) in binaries {
+        command.args(["-p", package, "--bin", binary]);
+    }
     workspace.run(
-        cargo()
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "egress-proxy",
-                "--bin",
-                "egress-proxy",
-            ])
-            .args(["--target", PROXY_TARGET])
+        command
+            .args(["--target", STATIC_TARGET])
             .env_remove("CARGO_ENCODED_RUSTFLAGS")
             .env("RUSTFLAGS", "-C target-feature=+crt-static"),
     )?;
-    Ok(workspace
-        .target_dir()
-        .join(PROXY_TARGET)
-        .join("release")
-        .join("egress-proxy"))
+    Ok(workspace.target_dir().join(STATIC_TARGET).join("release"))
 }
 
 /// The sbx suite: every conformance suite the backend declares and (on the simulator) one test

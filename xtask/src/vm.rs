@@ -14,13 +14,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::XtaskError;
-use crate::process::{cargo, tee_in, Workspace};
+use crate::process::{tee_in, Workspace};
 
 /// The name `cargo xtask images` accepts for the VM image.
 pub const VM_IMAGE: &str = "vm";
-
-/// The target the agent is built for, statically linked (as the egress proxy is).
-const AGENT_TARGET: &str = "x86_64-unknown-linux-gnu";
 
 /// Where the VM image's parts and manifest live.
 pub fn image_dir(workspace: &Workspace) -> PathBuf {
@@ -37,20 +34,9 @@ fn runtime() -> Result<tokio::runtime::Runtime, XtaskError> {
         })
 }
 
-/// Builds the static agent and returns its path.
+/// Builds the static agent (as the images' static binaries are built) and returns its path.
 fn build_static_agent(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
-    workspace.run(
-        cargo()
-            .args(["build", "--release", "-p", "vm-agent", "--bin", "vm-agent"])
-            .args(["--target", AGENT_TARGET])
-            .env_remove("CARGO_ENCODED_RUSTFLAGS")
-            .env("RUSTFLAGS", "-C target-feature=+crt-static"),
-    )?;
-    Ok(workspace
-        .target_dir()
-        .join(AGENT_TARGET)
-        .join("release")
-        .join("vm-agent"))
+    Ok(crate::live::build_static(workspace, &[("vm-agent", "vm-agent")])?.join("vm-agent"))
 }
 
 /// Builds (or finds cached) the VM image; returns its directory.

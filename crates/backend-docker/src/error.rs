@@ -111,6 +111,14 @@ pub enum DockerError {
         reason: String,
     },
 
+    /// The Debian images that carry the exec init need a static `sandbox-exec-init` binary and
+    /// none was usable.
+    #[error("no usable static `sandbox-exec-init` binary for the Debian images that carry the exec init ({reason}); `cargo xtask images` builds one, or point the recipe at one with `ImageRecipe::exec_init_binary`")]
+    ExecInitBinary {
+        /// Why the binary looked for (or given) cannot serve.
+        reason: String,
+    },
+
     /// A scratch directory still had file systems mounted inside it, so it was left in place
     /// rather than deleting through a mount.
     #[error("scratch directory {} still has mounts inside it ({mounts}); left in place, unmount and remove it by hand", path.display())]

@@ -4,11 +4,13 @@
 //! the host. The Debian images come from one `debootstrap --variant=minbase` per package set
 //! (archived once, optionally cached across runs); the BusyBox image is a tar written in memory
 //! around the host's static BusyBox; the egress proxy image is a tar written in memory around
-//! a static `egress-proxy` binary (`docs/egress-proxy.md`). `cargo xtask images` and `sandboxctl images build` both
-//! call [`ImageRecipe::build`].
+//! a static `egress-proxy` binary (`docs/egress-proxy.md`). `sandbox-base:local` and
+//! `sandbox-base-root:local` carry the static exec init, added to the cached root at import.
+//! `cargo xtask images` and `sandboxctl images build` both call [`ImageRecipe::build`].
 //!
 //! Modules: [`debian`] bootstraps the Debian roots, [`busybox`] writes the BusyBox root,
-//! [`egress_proxy`] writes the proxy's root,
+//! [`egress_proxy`] writes the proxy's root, [`exec_init`] the init's entries,
+//! [`guest_binary`] finds, reads and labels the workspace's static binaries the images carry,
 //! [`scratch`] owns the build's private directory and its cleanup, [`engine_import`] hands a
 //! finished root to the engine; this file holds the public types, the recipe and the bounded
 //! runner every step uses.
@@ -17,6 +19,8 @@ mod busybox;
 mod debian;
 mod egress_proxy;
 mod engine_import;
+mod exec_init;
+mod guest_binary;
 mod scratch;
 
 use std::collections::HashMap;
@@ -37,6 +41,7 @@ use crate::error::DockerError;
 
 use busybox::find_static_busybox;
 use debian::{effective_uid, DebianRoot};
+use guest_binary::{binary_digest, GuestBinary};
 use scratch::Scratch;
 
 pub use debian::mirror_from_apt_sources;
@@ -81,14 +86,15 @@ const NOTOOLS_REMOVED: [&str; 2] = ["./usr/bin/base64", "./usr/bin/setsid"];
 #[non_exhaustive]
 pub enum LocalImage {
     /// `sandbox-base:local`, the default image: Debian minbase with util-linux, coreutils and
-    /// curl, running as user `agent` (1000:1000).
+    /// curl and the static exec init at [`exec_wrapper::EXEC_INIT_PATH`], running as user
+    /// `agent` (1000:1000).
     Base,
-    /// `sandbox-base-root:local`: the same root, running as root.
+    /// `sandbox-base-root:local`: the same root and init, running as root.
     BaseRoot,
     /// `sandbox-busybox:local`: a static BusyBox with a link per applet, running as 1000:1000.
     Busybox,
-    /// `sandbox-notools:local`: the base root without `base64` and `setsid`, so the exec
-    /// wrapper's tool probe must refuse it.
+    /// `sandbox-notools:local`: the base root without `base64` and `setsid` (and without the
+    /// exec init), so the exec wrapper's tool probe must refuse it.
     NoTools,
     /// `sbx-sim-shell:local`: the base packages plus bash, mount and sudo (passwordless for
     /// `agent`), running as `agent`; the image sbx-sim's default template runs.
@@ -159,6 +165,21 @@ impl LocalImage {
         }
     }
 
+    /// Whether the image carries the static exec init at [`exec_wrapper::EXEC_INIT_PATH`]
+    /// (built around the binary [`ImageRecipe::exec_init_binary`] names).
+    pub fn carries_exec_init(self) -> bool {
+        self.guest_binary() == Some(GuestBinary::ExecInit)
+    }
+
+    /// The workspace binary the image is built around, whose digest it is labelled with.
+    fn guest_binary(self) -> Option<GuestBinary> {
+        match self {
+            LocalImage::Base | LocalImage::BaseRoot => Some(GuestBinary::ExecInit),
+            LocalImage::EgressProxy => Some(GuestBinary::EgressProxy),
+            LocalImage::Busybox | LocalImage::NoTools | LocalImage::SbxSimShell => None,
+        }
+    }
+
     /// The `docker import --change` instructions for this image.
     fn import_changes(self) -> Vec<String> {
         let last = match self {
@@ -224,8 +245,10 @@ pub type ProgressSink = Arc<dyn Fn(&str) + Send + Sync>;
 /// Building needs: a reachable Docker engine; for the Debian images, root, `debootstrap`
 /// (Debian package `debootstrap`), `chroot` and GNU `tar`, and a Debian mirror in the apt
 /// sources (or [`ImageRecipe::mirror`]); for the BusyBox image, a static BusyBox (Debian
-/// package `busybox-static`). A missing tool is reported by name and package before anything
-/// is built. Every child process runs under a deadline and is killed (its whole process group)
+/// package `busybox-static`); for the two base images a static `sandbox-exec-init`
+/// ([`ImageRecipe::exec_init_binary`]), for the egress proxy image a static `egress-proxy`
+/// ([`ImageRecipe::egress_proxy_binary`]). A missing tool is reported by name and package
+/// before anything is built. Every child process runs under a deadline and is killed (its whole process group)
 /// and reaped when the deadline passes or the build future is dropped. Scratch directories are
 /// removed on every exit, after unmounting anything debootstrap left mounted in them.
 #[derive(Clone)]
@@ -236,6 +259,7 @@ pub struct ImageRecipe {
     scratch_parent: PathBuf,
     mirror: Option<String>,
     egress_proxy_binary: Option<PathBuf>,
+    exec_init_binary: Option<PathBuf>,
     command_timeout: Duration,
     import_timeout: Duration,
     bootstrap_timeout: Duration,
@@ -250,6 +274,7 @@ impl fmt::Debug for ImageRecipe {
             .field("scratch_parent", &self.scratch_parent)
             .field("mirror", &self.mirror)
             .field("egress_proxy_binary", &self.egress_proxy_binary)
+            .field("exec_init_binary", &self.exec_init_binary)
             .field("command_timeout", &self.command_timeout)
             .field("import_timeout", &self.import_timeout)
             .field("bootstrap_timeout", &self.bootstrap_timeout)
@@ -275,6 +300,7 @@ impl ImageRecipe {
             scratch_parent: std::env::temp_dir(),
             mirror: None,
             egress_proxy_binary: None,
+            exec_init_binary: None,
             command_timeout: Duration::from_secs(60),
             import_timeout: Duration::from_secs(600),
             bootstrap_timeout: Duration::from_secs(1800),
@@ -325,6 +351,23 @@ impl ImageRecipe {
     pub fn egress_proxy_binary(mut self, path: impl Into<PathBuf>) -> ImageRecipe {
         self.egress_proxy_binary = Some(path.into());
         self
+    }
+
+    /// The static `sandbox-exec-init` binary the images that carry the exec init are built
+    /// around ([`LocalImage::carries_exec_init`]); by default a `sandbox-exec-init` beside this
+    /// process's executable. It must be statically linked: it starts every call in those images
+    /// without loading a C library.
+    pub fn exec_init_binary(mut self, path: impl Into<PathBuf>) -> ImageRecipe {
+        self.exec_init_binary = Some(path.into());
+        self
+    }
+
+    /// The binary configured for `binary`, if any.
+    fn configured(&self, binary: GuestBinary) -> Option<&Path> {
+        match binary {
+            GuestBinary::EgressProxy => self.egress_proxy_binary.as_deref(),
+            GuestBinary::ExecInit => self.exec_init_binary.as_deref(),
+        }
     }
 
     /// The deadline of each short engine call (`docker image inspect`; default 60 s).
@@ -379,9 +422,10 @@ impl ImageRecipe {
         let mut missing = Vec::new();
         for image in &wanted {
             match self.image_id(image.tag()).await? {
-                Some(id) if *image == LocalImage::EgressProxy && self.proxy_is_stale().await? => {
+                Some(id) if self.is_stale(*image).await? => {
+                    let binary = image.guest_binary().map_or("", GuestBinary::file_name);
                     self.say(&format!(
-                        "{image}: present ({}) but built around another egress-proxy binary, rebuilding",
+                        "{image}: present ({}) but built around another {binary} binary, rebuilding",
                         short_id(&id)
                     ));
                     missing.push(*image);
@@ -405,14 +449,17 @@ impl ImageRecipe {
         let scratch = Scratch::create(&self.scratch_parent)?;
         // Every Debian root the missing images need, from one debootstrap; its time counts
         // toward the first image that needs one.
-        let mut needed: Vec<DebianRoot> = Vec::new();
-        for image in &missing {
-            if let RootSource::Debian(root) = image.root() {
-                if !needed.contains(&root) {
-                    needed.push(root);
-                }
-            }
-        }
+        let needed = debian_roots(&missing);
+        // Read once for every image that carries it.
+        let exec_init = if missing.iter().any(|image| image.carries_exec_init()) {
+            tools
+                .exec_init
+                .as_ref()
+                .map(|_| self.exec_init_entries(&tools))
+                .transpose()?
+        } else {
+            None
+        };
         let roots_started = Instant::now();
         let roots: HashMap<DebianRoot, PathBuf> = if needed.is_empty() {
             HashMap::new()
@@ -444,11 +491,18 @@ impl ImageRecipe {
                 RootSource::Busybox => self.busybox_archive(&tools, &scratch).await?,
                 RootSource::EgressProxy => {
                     let (archive, digest) = self.egress_proxy_archive(&tools, &scratch)?;
-                    labels.push((egress_proxy::BINARY_DIGEST_LABEL, digest));
+                    labels.push((GuestBinary::EgressProxy.digest_label(), digest));
                     archive
                 }
             };
-            self.import(*image, &archive, &labels).await?;
+            let appended = match &exec_init {
+                Some(init) if image.carries_exec_init() => {
+                    labels.push((GuestBinary::ExecInit.digest_label(), init.digest.clone()));
+                    &init.tar[..]
+                }
+                _ => &[],
+            };
+            self.import(*image, &archive, appended, &labels).await?;
             let mut elapsed = started.elapsed();
             if matches!(image.root(), RootSource::Debian(_)) {
                 elapsed += roots_elapsed.take().unwrap_or_default();
@@ -463,6 +517,51 @@ impl ImageRecipe {
         scratch.remove()?;
         reports.sort_by_key(|report| wanted.iter().position(|w| *w == report.image));
         Ok(reports)
+    }
+
+    /// Bootstraps into the cache directory ([`ImageRecipe::cache_dir`]) the Debian roots of the
+    /// images of `images` (an empty slice means every image) that the engine lacks, and imports
+    /// nothing: a later [`ImageRecipe::build`] of them takes the roots from the cache. For a caller
+    /// that must first compile a binary the images carry ([`ImageRecipe::exec_init_binary`]):
+    /// debootstrap, which mostly waits on the mirror and the disk, runs beside the compile. One
+    /// debootstrap serves every root, as in a build. Without a cache directory there is nowhere to
+    /// keep the roots, and it does nothing.
+    ///
+    /// # Errors
+    /// DaemonUnreachable when the engine cannot be asked; HostToolMissing or NeedsRoot when
+    /// debootstrap cannot run; Io or a command failure when a step fails.
+    ///
+    /// # Cancel safety
+    /// As [`ImageRecipe::build`]: the scratch directory is removed, a partial archive never
+    /// replaces a good one.
+    pub async fn cache_roots(&self, images: &[LocalImage]) -> Result<(), DockerError> {
+        if self.cache_dir.is_none() {
+            return Ok(());
+        }
+        let requested = if images.is_empty() {
+            &LocalImage::ALL[..]
+        } else {
+            images
+        };
+        let mut absent = Vec::new();
+        for image in requested {
+            let debian = matches!(image.root(), RootSource::Debian(_));
+            if debian && self.image_id(image.tag()).await?.is_none() {
+                absent.push(*image);
+            }
+        }
+        let roots = debian_roots(&absent);
+        if roots.is_empty() {
+            return Ok(());
+        }
+        // Only the Debian tools: the images' binaries may still be compiling.
+        let tools = HostTools {
+            debian: Some(self.debian_tools()?),
+            ..HostTools::default()
+        };
+        let scratch = Scratch::create(&self.scratch_parent)?;
+        self.debian_archives(&roots, &tools, &scratch).await?;
+        scratch.remove()
     }
 
     /// The tar archive of the base Debian root (the root of [`LocalImage::Base`]: minbase with
@@ -484,7 +583,10 @@ impl ImageRecipe {
         if recipe.cache_dir.is_none() {
             recipe.cache_dir = Some(self.scratch_parent.join("sandbox-images-cache"));
         }
-        let tools = recipe.preflight(&[LocalImage::Base])?;
+        let tools = HostTools {
+            debian: Some(recipe.debian_tools()?),
+            ..HostTools::default()
+        };
         let scratch = Scratch::create(&recipe.scratch_parent)?;
         let mut archives = recipe
             .debian_archives(&[DebianRoot::Base], &tools, &scratch)
@@ -516,20 +618,20 @@ impl ImageRecipe {
             })
     }
 
-    /// Whether the proxy image present on the engine was built around another binary than the
-    /// one this recipe would use now. With no binary to compare (none found), the image stands.
-    async fn proxy_is_stale(&self) -> Result<bool, DockerError> {
-        let Ok(path) = egress_proxy::find_egress_proxy(self.egress_proxy_binary.as_deref()) else {
+    /// Whether `image`, present on the engine, was built around another binary than the one
+    /// this recipe would use now. An image built around no binary, or with no binary to compare
+    /// (none found), stands.
+    async fn is_stale(&self, image: LocalImage) -> Result<bool, DockerError> {
+        let Some(binary) = image.guest_binary() else {
             return Ok(false);
         };
-        let digest = egress_proxy::binary_digest(&egress_proxy::read_binary(&path)?);
+        let Ok(path) = binary.find(self.configured(binary)) else {
+            return Ok(false);
+        };
+        let digest = binary_digest(&binary.read(&path)?);
         let engine = self.engine().await?;
         let label = engine
-            .image_label(
-                self.command_timeout,
-                EGRESS_PROXY_IMAGE,
-                egress_proxy::BINARY_DIGEST_LABEL,
-            )
+            .image_label(self.command_timeout, image.tag(), binary.digest_label())
             .await
             .map_err(|failure| {
                 unreachable_engine("image inspect", engine.failure("image inspect", failure))
@@ -551,37 +653,45 @@ impl ImageRecipe {
             .map_err(|e| unreachable_engine("connect", e))
     }
 
-    /// Finds every host tool the missing images need, so a gap is reported before any work.
+    /// Finds every host tool the missing images need, so a gap is reported before any work: the
+    /// workspace's binaries first (a local check that needs no host tool), then the host's tools.
     fn preflight(&self, missing: &[LocalImage]) -> Result<HostTools, DockerError> {
         let mut tools = HostTools::default();
+        for binary in [GuestBinary::EgressProxy, GuestBinary::ExecInit] {
+            if missing
+                .iter()
+                .any(|image| image.guest_binary() == Some(binary))
+            {
+                let found = binary.find(self.configured(binary));
+                let tool = match found {
+                    // The exec init only makes calls cheaper: without one named or beside this
+                    // executable, the base images are built without it and their calls run
+                    // under the engine's init. One that is named must be usable.
+                    Err(why)
+                        if binary == GuestBinary::ExecInit && self.configured(binary).is_none() =>
+                    {
+                        self.say(&format!(
+                            "no usable exec init beside this executable ({why}): the base images \
+                             are built without it, and their calls run under the engine's init"
+                        ));
+                        None
+                    }
+                    found => Some(Tool {
+                        program: found?,
+                        package: binary.file_name(),
+                    }),
+                };
+                match binary {
+                    GuestBinary::EgressProxy => tools.egress_proxy = tool,
+                    GuestBinary::ExecInit => tools.exec_init = tool,
+                }
+            }
+        }
         let needs_debian = missing
             .iter()
             .any(|image| matches!(image.root(), RootSource::Debian(_)));
         if needs_debian {
-            let bootstrap = Tool::find("debootstrap", "debootstrap")?;
-            if effective_uid()? != 0 {
-                return Err(DockerError::NeedsRoot {
-                    step: "debootstrap".to_owned(),
-                });
-            }
-            let mirror = match &self.mirror {
-                Some(url) => url.clone(),
-                None => mirror_from_apt_sources()?,
-            };
-            tools.debian = Some(DebianTools {
-                debootstrap: bootstrap,
-                chroot: Tool::find("chroot", "coreutils")?,
-                cp: Tool::find("cp", "coreutils")?,
-                tar: Tool::find("tar", "tar")?,
-                mirror,
-            });
-        }
-        if missing.contains(&LocalImage::EgressProxy) {
-            let path = egress_proxy::find_egress_proxy(self.egress_proxy_binary.as_deref())?;
-            tools.egress_proxy = Some(Tool {
-                program: path,
-                package: "egress-proxy",
-            });
+            tools.debian = Some(self.debian_tools()?);
         }
         if missing.contains(&LocalImage::Busybox) {
             let path = find_static_busybox()?;
@@ -592,6 +702,40 @@ impl ImageRecipe {
         }
         Ok(tools)
     }
+
+    /// The tools, the root and the mirror every Debian root needs.
+    fn debian_tools(&self) -> Result<DebianTools, DockerError> {
+        let debootstrap = Tool::find("debootstrap", "debootstrap")?;
+        if effective_uid()? != 0 {
+            return Err(DockerError::NeedsRoot {
+                step: "debootstrap".to_owned(),
+            });
+        }
+        let mirror = match &self.mirror {
+            Some(url) => url.clone(),
+            None => mirror_from_apt_sources()?,
+        };
+        Ok(DebianTools {
+            debootstrap,
+            chroot: Tool::find("chroot", "coreutils")?,
+            cp: Tool::find("cp", "coreutils")?,
+            tar: Tool::find("tar", "tar")?,
+            mirror,
+        })
+    }
+}
+
+/// The Debian roots `images` are made from, each once, in the order first needed.
+fn debian_roots(images: &[LocalImage]) -> Vec<DebianRoot> {
+    let mut roots: Vec<DebianRoot> = Vec::new();
+    for image in images {
+        if let RootSource::Debian(root) = image.root() {
+            if !roots.contains(&root) {
+                roots.push(root);
+            }
+        }
+    }
+    roots
 }
 
 /// An engine failure of the recipe, named with the operation.
@@ -609,6 +753,7 @@ struct HostTools {
     debian: Option<DebianTools>,
     busybox: Option<Tool>,
     egress_proxy: Option<Tool>,
+    exec_init: Option<Tool>,
 }
 
 #[derive(Debug)]
@@ -838,6 +983,40 @@ mod tests {
     }
 
     #[test]
+    fn without_an_exec_init_named_or_beside_the_executable_the_base_images_go_without() {
+        // Nothing named `sandbox-exec-init` lies beside this test binary. Whatever the host
+        // tools say after it, the init's absence is no refusal.
+        let beside = std::env::current_exe()
+            .unwrap()
+            .with_file_name("sandbox-exec-init");
+        assert!(!beside.exists(), "{}", beside.display());
+        match ImageRecipe::new().preflight(&[LocalImage::Base]) {
+            Ok(tools) => assert!(tools.exec_init.is_none()),
+            Err(error) => assert!(
+                !matches!(error, DockerError::ExecInitBinary { .. }),
+                "{error}"
+            ),
+        }
+    }
+
+    #[test]
+    fn preflight_refuses_a_dynamic_exec_init_as_the_init() {
+        // This test binary is dynamically linked. The workspace's binaries are checked first,
+        // so no host tool is needed to see the refusal.
+        let me = std::env::current_exe().unwrap();
+        for image in [LocalImage::Base, LocalImage::BaseRoot] {
+            let error = ImageRecipe::new()
+                .exec_init_binary(&me)
+                .preflight(&[image])
+                .unwrap_err();
+            assert!(
+                matches!(&error, DockerError::ExecInitBinary { reason } if reason.contains("dynamically linked")),
+                "{image}: {error}"
+            );
+        }
+    }
+
+    #[test]
     fn tags_round_trip_and_unknown_tags_list_the_known_ones() {
         for image in LocalImage::ALL {
             assert_eq!(LocalImage::from_tag(image.tag()).unwrap(), image);
@@ -888,6 +1067,23 @@ mod tests {
                 "{package}"
             );
         }
+        // The init is in the two base images only (NoTools is the base root without it).
+        let carriers: Vec<LocalImage> = LocalImage::ALL
+            .into_iter()
+            .filter(|image| image.carries_exec_init())
+            .collect();
+        assert_eq!(carriers, [LocalImage::Base, LocalImage::BaseRoot]);
+        let recipe = ImageRecipe::new()
+            .exec_init_binary("/i")
+            .egress_proxy_binary("/p");
+        assert_eq!(
+            recipe.configured(GuestBinary::ExecInit),
+            Some(Path::new("/i"))
+        );
+        assert_eq!(
+            recipe.configured(GuestBinary::EgressProxy),
+            Some(Path::new("/p"))
+        );
         let proxy = LocalImage::EgressProxy.import_changes();
         assert!(proxy.contains(&"USER 65532:65532".to_owned()), "{proxy:?}");
         assert!(
