@@ -10,11 +10,11 @@ use std::time::Duration;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use exec_wrapper::{
-    docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, init_status_argv,
-    init_status_confirms, new_nonce, raw_invocation, read_tool_probe, tool_probe_argv,
-    tree_kill_argv, ExitKind, KillFailure, KillOutcome, KillReport, Nonce, OutputSink, Stream,
-    ToolProbeOutcome, WrapperOutcome, DOCKER_INIT_PATH, DOCKER_TOOLS, KILL_OUTPUT_BUDGET,
-    PROBE_OUTPUT_BUDGET,
+    docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, exec_init_argv,
+    init_status_argv, init_status_confirms, new_nonce, raw_invocation, read_tool_probe,
+    tool_probe_argv, tree_kill_argv, ExitKind, KillFailure, KillOutcome, KillReport, Nonce,
+    OutputSink, Stream, ToolProbeOutcome, WrapperOutcome, DOCKER_INIT_PATH, DOCKER_TOOLS,
+    EXEC_INIT_PATH, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
 };
 use futures_util::StreamExt as _;
 use sandbox_core::backend_kit::ExecStreamSender;
@@ -102,7 +102,20 @@ impl OutputSink for PrepareSink {
 
 /// Whether a tool the wrapper needs is among the missing (the engine's init alone is not).
 fn needs_missing_tool(missing: &[String]) -> bool {
-    missing.iter().any(|tool| tool != DOCKER_INIT_PATH)
+    missing.iter().any(|tool| !is_optional_init(tool))
+}
+
+/// What a tool probe asks for: the wrapper's tools, then the two inits a call may run under.
+fn probed_tools() -> impl Iterator<Item = &'static str> {
+    DOCKER_TOOLS
+        .iter()
+        .copied()
+        .chain([DOCKER_INIT_PATH, EXEC_INIT_PATH])
+}
+
+/// The two inits a call may run under; an image may lack either (see `judge_tools`).
+fn is_optional_init(tool: &str) -> bool {
+    tool == DOCKER_INIT_PATH || tool == EXEC_INIT_PATH
 }
 
 /// Output budget of backend-internal commands whose answer is a line or two.
@@ -359,15 +372,16 @@ impl BackendState {
     }
 
     /// The tool probe, once per id; a pass is cached, a refusal is not. The same call asks for
-    /// the engine's init ([`DOCKER_INIT_PATH`]): where it is, every call runs under it as a
-    /// subreaper and a timeout kills the call's whole process tree; where it is not, the group
-    /// shape, and a timeout kills the command's process group only.
+    /// the image's exec init ([`EXEC_INIT_PATH`]) and the engine's init ([`DOCKER_INIT_PATH`]):
+    /// where either is, every call runs under it as a subreaper (the exec init first: it is the
+    /// wrapper itself, two program starts fewer) and a timeout kills the call's whole process
+    /// tree; where neither is, the group shape, and a timeout kills the command's process group
+    /// only.
     pub(crate) async fn probe_tools(&self, id: &str, image: &str) -> Result<(), SandboxError> {
         if self.is_probed(id) {
             return Ok(());
         }
-        let mut tools = DOCKER_TOOLS.to_vec();
-        tools.push(DOCKER_INIT_PATH);
+        let tools: Vec<&str> = probed_tools().collect();
         let argv = tool_probe_argv(&tools).map_err(|e| SandboxError::invalid(e.to_string()))?;
         let deadline = self.config.command_timeout;
         let probe = self.exec_collect(id, argv, Vec::new(), PROBE_OUTPUT_BUDGET as u64);
@@ -393,8 +407,9 @@ impl BackendState {
     }
 
     /// The tool probe's verdict on the tools `command -v` did not find: any the wrapper needs is
-    /// CapabilityNotSupported naming them all; the engine's init alone only chooses the group
-    /// shape. A pass is cached for `id`, with the init's subreaper when it is there.
+    /// CapabilityNotSupported naming them all; the inits only choose the shape (the exec init,
+    /// else the engine's init, else the group shape). A pass is cached for `id`, with the
+    /// init's subreaper when there is one.
     fn judge_tools(
         &self,
         id: &str,
@@ -402,11 +417,14 @@ impl BackendState {
         mut missing: Vec<String>,
     ) -> Result<(), SandboxError> {
         let init_missing = missing.iter().any(|tool| tool == DOCKER_INIT_PATH);
+        let exec_init_missing = missing.iter().any(|tool| tool == EXEC_INIT_PATH);
         if needs_missing_tool(&missing) {
-            missing.retain(|tool| tool != DOCKER_INIT_PATH);
+            missing.retain(|tool| !is_optional_init(tool));
             return Err(missing_tools(image, &missing.join(", ")));
         }
-        if init_missing {
+        if !exec_init_missing {
+            self.mark_exec_init(id);
+        } else if init_missing {
             tracing::warn!(
                 container = %id,
                 "no engine init at {DOCKER_INIT_PATH}: a timeout kills the command's process group only"
@@ -458,8 +476,7 @@ impl BackendState {
         .map(str::to_owned)
         .to_vec();
         if probe {
-            argv.extend(DOCKER_TOOLS.iter().map(|tool| (*tool).to_owned()));
-            argv.push(DOCKER_INIT_PATH.to_owned());
+            argv.extend(probed_tools().map(str::to_owned));
         }
         let (asked, asking) = tokio::sync::oneshot::channel();
         let (answered, started) = tokio::sync::oneshot::channel();
@@ -639,12 +656,16 @@ impl BackendState {
     ) -> Result<ExecStream, SandboxError> {
         self.refuse_retired(id)?;
         let nonce = new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
-        // Under the engine's init the argv travels raw (the API carries JSON strings exactly);
-        // only values that are not UTF-8 are encoded.
+        // Under an init the argv travels raw (the API carries JSON strings exactly); only
+        // values that are not UTF-8 are encoded.
         let argv = if self.has_subreaper(id) {
             let invocation = raw_invocation(call.cwd.as_bytes(), &call.argv)
                 .map_err(|e| SandboxError::invalid(e.to_string()))?;
-            docker_init_wrapper_argv(&nonce, &invocation)
+            if self.has_exec_init(id) {
+                exec_init_argv(&nonce, &invocation)
+            } else {
+                docker_init_wrapper_argv(&nonce, &invocation)
+            }
         } else {
             let invocation = encode_invocation(call.cwd.as_bytes(), &call.argv)
                 .map_err(|e| SandboxError::invalid(e.to_string()))?;

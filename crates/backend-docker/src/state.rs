@@ -37,6 +37,15 @@ pub(crate) struct Remembered {
     pub(crate) id: String,
 }
 
+/// The init a call runs under, its subreaper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallInit {
+    /// The engine's init starting the wrapper's `sh`.
+    EngineInit,
+    /// The image's exec init (`exec_wrapper::EXEC_INIT_PATH`), the wrapper itself.
+    ExecInit,
+}
+
 #[derive(Debug, Default)]
 struct ProcessMemory {
     /// Retired ids, with the name they had when known.
@@ -45,9 +54,10 @@ struct ProcessMemory {
     unremovable: HashSet<String>,
     /// Ids whose tool probe passed.
     probed: HashSet<String>,
-    /// Ids whose engine init runs as a subreaper (`docker-init -s`): their calls run under it
-    /// and a timeout kills the call's whole tree; the others get the group shape.
-    subreaper: HashSet<String>,
+    /// Ids whose calls run under an init that is their subreaper, and which init: the engine's
+    /// (`docker-init -s` starting the wrapper's `sh`) or the image's exec init. A timeout kills
+    /// the call's whole tree; the others get the group shape.
+    subreaper: HashMap<String, CallInit>,
     /// Ids verified for a warm acquire.
     warm: HashMap<String, WarmEntry>,
     /// Name → what this process made or adopted under it.
@@ -167,11 +177,27 @@ impl BackendState {
     }
 
     pub(crate) fn has_subreaper(&self, id: &str) -> bool {
-        self.memory().subreaper.contains(id)
+        self.memory().subreaper.contains_key(id)
     }
 
+    /// Whether `id`'s calls run as the image's exec init.
+    pub(crate) fn has_exec_init(&self, id: &str) -> bool {
+        self.memory().subreaper.get(id) == Some(&CallInit::ExecInit)
+    }
+
+    /// Records the engine's init for `id`, keeping an exec init a probe found.
     pub(crate) fn mark_subreaper(&self, id: &str) {
-        self.memory().subreaper.insert(id.to_owned());
+        self.memory()
+            .subreaper
+            .entry(id.to_owned())
+            .or_insert(CallInit::EngineInit);
+    }
+
+    /// Records that `id`'s image carries the exec init (the tool probe found it).
+    pub(crate) fn mark_exec_init(&self, id: &str) {
+        self.memory()
+            .subreaper
+            .insert(id.to_owned(), CallInit::ExecInit);
     }
 
     pub(crate) fn known_guest_ids(&self, id: &str) -> Option<(u64, u64)> {

@@ -138,18 +138,22 @@ async fn a_create_that_gives_up_leaves_no_container_behind() {
 async fn a_command_that_kills_its_init_is_an_error_and_leaves_nothing_running() {
     let backend = backend(false).await;
     let scope = unique_scope("init-kill");
-    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
-    for line in [
-        "sleep 902 & kill -9 $PPID; sleep 30",
-        "sleep 903 & read -r s </proc/$PPID/stat; s=${s##*) }; s=${s#* }; kill -KILL ${s%% *}; sleep 30",
+    // The base image's calls run as the exec init, the command's parent; BusyBox's under the
+    // engine's init (the grandparent) starting the wrapper's `sh` (the parent).
+    let kill_parent = "sleep 902 & kill -9 $PPID; sleep 30";
+    let kill_grandparent = "sleep 903 & read -r s </proc/$PPID/stat; s=${s##*) }; s=${s#* }; kill -KILL ${s%% *}; sleep 30";
+    for (thread, image, line) in [
+        ("t", BASE, kill_parent),
+        ("u", BUSYBOX, kill_parent),
+        ("u", BUSYBOX, kill_grandparent),
     ] {
-        let sandbox = backend.acquire(&key, &spec(BASE)).await.unwrap();
+        let key = SandboxKey::conversation(scope.as_str(), thread, "agent");
+        let sandbox = backend.acquire(&key, &spec(image)).await.unwrap();
         let id = sandbox.instance_id().to_owned();
         let started = Instant::now();
         let result = sandbox
             .exec(
-                ExecRequest::new(Command::argv(["sh", "-c", line]))
-                    .timeout(Duration::from_secs(5)),
+                ExecRequest::new(Command::argv(["sh", "-c", line])).timeout(Duration::from_secs(5)),
             )
             .await;
         let error = match result {
@@ -170,11 +174,40 @@ async fn a_command_that_kills_its_init_is_an_error_and_leaves_nothing_running() 
             "{line}: the container remains: {}",
             String::from_utf8_lossy(&inspect.stdout)
         );
-        let fresh = backend.acquire(&key, &spec(BASE)).await.unwrap();
+        let fresh = backend.acquire(&key, &spec(image)).await.unwrap();
         assert_ne!(fresh.instance_id(), id);
         assert_eq!(run(fresh.as_ref(), &["true"]).await.exit_code, 0);
     }
-    assert_nothing_left(&backend, &scope, &["t".to_owned()]).await;
+    assert_nothing_left(&backend, &scope, &["t".to_owned(), "u".to_owned()]).await;
+}
+
+/// A call in an image that carries the exec init runs as it (the command's parent), and the
+/// command starts with no signal ignored or blocked (a glibc `posix_spawn` would leave two
+/// ignored); an image without it runs the wrapper's `sh` under the engine's init.
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_run_as_the_exec_init_where_the_image_carries_it() {
+    let backend = backend(false).await;
+    let scope = unique_scope("exec-init");
+    let report =
+        "tr '\\0' ' ' </proc/$PPID/cmdline; echo; grep -E '^Sig(Ign|Blk):' /proc/self/status";
+    for (thread, image, parent) in [
+        ("t", BASE, format!("{} ", exec_wrapper::EXEC_INIT_PATH)),
+        ("u", BUSYBOX, "sh -c ".to_owned()),
+    ] {
+        let key = SandboxKey::conversation(scope.as_str(), thread, "agent");
+        let sandbox = backend.acquire(&key, &spec(image)).await.unwrap();
+        let output = run(sandbox.as_ref(), &["sh", "-c", report]).await;
+        assert_eq!(output.exit_code, 0, "{image}: {output:?}");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(text.starts_with(&parent), "{image}: {text}");
+        // (BusyBox's `sh` leaves SIGQUIT ignored in what it runs; the init leaves nothing.)
+        if image == BASE {
+            for line in ["SigIgn:\t0000000000000000", "SigBlk:\t0000000000000000"] {
+                assert!(text.contains(line), "{image}: {text}");
+            }
+        }
+    }
+    assert_nothing_left(&backend, &scope, &["t".to_owned(), "u".to_owned()]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
