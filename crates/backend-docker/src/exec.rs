@@ -100,7 +100,7 @@ impl OutputSink for PrepareSink {
     }
 }
 
-/// Whether a tool the wrapper needs is among the missing (the engine's init alone is not).
+/// Whether a tool the wrapper needs is among the missing (neither init is: they choose the shape).
 fn needs_missing_tool(missing: &[String]) -> bool {
     missing.iter().any(|tool| !is_optional_init(tool))
 }
