@@ -611,9 +611,8 @@ fn sbx_argv(
 /// Use it once [`docker_init_probe_argv`] has passed in the container; the kill is then
 /// [`tree_kill_argv`]. The guest env travels through the engine, never here.
 pub fn docker_init_wrapper_argv(nonce: &Nonce, invocation: &RawInvocation) -> Vec<String> {
-    let mut argv = Vec::with_capacity(9 + invocation.argv().len());
-    argv.extend(
-        [
+    raw_call_argv(
+        &[
             DOCKER_INIT_PATH,
             "-s",
             "--",
@@ -621,14 +620,10 @@ pub fn docker_init_wrapper_argv(nonce: &Nonce, invocation: &RawInvocation) -> Ve
             "-c",
             DOCKER_INIT_WRAPPER,
             SCRIPT_NAME,
-            nonce.as_str(),
-            invocation.mask(),
-            invocation.cwd(),
-        ]
-        .map(str::to_owned),
-    );
-    argv.extend(invocation.argv().iter().cloned());
-    argv
+        ],
+        nonce,
+        invocation,
+    )
 }
 
 /// The argv after `docker exec <container id>` (or the Engine API's `Cmd`) for the Docker shape
@@ -638,16 +633,15 @@ pub fn docker_init_wrapper_argv(nonce: &Nonce, invocation: &RawInvocation) -> Ve
 /// Use it once a probe found [`EXEC_INIT_PATH`] in the container; the kill is [`tree_kill_argv`]
 /// and a signal-shaped status is checked with [`init_status_argv`], as for the init wrapper.
 pub fn exec_init_argv(nonce: &Nonce, invocation: &RawInvocation) -> Vec<String> {
-    let mut argv = Vec::with_capacity(4 + invocation.argv().len());
-    argv.extend(
-        [
-            EXEC_INIT_PATH,
-            nonce.as_str(),
-            invocation.mask(),
-            invocation.cwd(),
-        ]
-        .map(str::to_owned),
-    );
+    raw_call_argv(&[EXEC_INIT_PATH], nonce, invocation)
+}
+
+/// `program` (the init and what it starts), then the nonce, the mask, the working directory and
+/// the argv of a raw invocation: the values both init shapes take.
+fn raw_call_argv(program: &[&str], nonce: &Nonce, invocation: &RawInvocation) -> Vec<String> {
+    let mut argv = Vec::with_capacity(program.len() + 3 + invocation.argv().len());
+    argv.extend(program.iter().map(|part| (*part).to_owned()));
+    argv.extend([nonce.as_str(), invocation.mask(), invocation.cwd()].map(str::to_owned));
     argv.extend(invocation.argv().iter().cloned());
     argv
 }
