@@ -301,6 +301,27 @@ mod tests {
         assert!(!refused(&[NONCE.as_bytes(), b"rx", b"/", b"xdHJ1ZQ=="]));
     }
 
+    proptest::proptest! {
+        /// Whatever the host's encoder sends (any bytes but NUL), the init reads back exactly.
+        #[test]
+        fn the_init_reads_back_what_the_host_encodes(
+            cwd in proptest::collection::vec(1u8..=255, 0..20),
+            argv in proptest::collection::vec(proptest::collection::vec(1u8..=255, 0..20), 1..6),
+        ) {
+            let nonce = crate::new_nonce().unwrap();
+            let invocation = crate::raw_invocation(&cwd, &argv).unwrap();
+            let sent: Vec<OsString> = crate::exec_init_argv(&nonce, &invocation)[1..]
+                .iter()
+                .map(OsString::from)
+                .collect();
+            let call = parse_init_args(&sent).unwrap();
+            proptest::prop_assert_eq!(call.nonce, nonce);
+            proptest::prop_assert_eq!(call.cwd.into_vec(), cwd);
+            let read: Vec<Vec<u8>> = call.argv.into_iter().map(OsString::into_vec).collect();
+            proptest::prop_assert_eq!(read, argv);
+        }
+    }
+
     #[test]
     fn failures_read_as_the_shell_words_them() {
         let nonce = Nonce::parse(NONCE).unwrap();
