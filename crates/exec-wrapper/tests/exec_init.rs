@@ -309,29 +309,22 @@ kill -KILL 0
     // `kill 0` ended the command's group (the sleeper's too), never the init: it answered
     // with the signal's status and recorded it.
     assert_eq!(output.status, 137, "{text}");
-    let init_group = text
-        .lines()
-        .find_map(|line| line.strip_prefix("init-group "))
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap()
-        .to_owned();
-    let init_pid = text
-        .lines()
-        .find_map(|line| line.strip_prefix("init "))
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap()
-        .to_owned();
-    let self_pid = text
-        .lines()
-        .find_map(|line| line.strip_prefix("init "))
-        .and_then(|rest| rest.split_whitespace().nth(2))
-        .unwrap()
-        .to_owned();
+    let init_group = word_after(&text, "init-group ", 0);
+    let init_pid = word_after(&text, "init ", 0);
+    let self_pid = word_after(&text, "init ", 2);
     assert_ne!(init_group, self_pid, "the init is in the command's group");
     assert_ne!(init_pid, self_pid);
     assert!(common::wait_dead(adopted, Duration::from_secs(5)).await);
     let check = init_status_check(&nonce).await;
     assert_eq!(check.trim(), "137");
+}
+
+/// The `index`th word after `prefix` on the first line of `text` that starts with it.
+fn word_after<'a>(text: &'a str, prefix: &str, index: usize) -> &'a str {
+    text.lines()
+        .find_map(|line| line.strip_prefix(prefix))
+        .and_then(|rest| rest.split_whitespace().nth(index))
+        .unwrap_or_else(|| panic!("no {prefix:?} line with word {index}: {text}"))
 }
 
 /// Runs the status check's script with the host's dash, as a second exec would.
