@@ -30,7 +30,7 @@ use crate::guest_scripts::{
     parse_prepare, PREPARE_EXIT_FALLBACK, PREPARE_EXIT_NO_IDS, PREPARE_EXIT_UNWRITABLE,
     PREPARE_SCRIPT,
 };
-use crate::state::BackendState;
+use crate::state::{BackendState, CallInit};
 
 /// One command through the exec wrapper.
 pub(crate) struct GuestCall<'a> {
@@ -658,13 +658,12 @@ impl BackendState {
         let nonce = new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
         // Under an init the argv travels raw (the API carries JSON strings exactly); only
         // values that are not UTF-8 are encoded.
-        let argv = if self.has_subreaper(id) {
+        let argv = if let Some(init) = self.call_init(id) {
             let invocation = raw_invocation(call.cwd.as_bytes(), &call.argv)
                 .map_err(|e| SandboxError::invalid(e.to_string()))?;
-            if self.has_exec_init(id) {
-                exec_init_argv(&nonce, &invocation)
-            } else {
-                docker_init_wrapper_argv(&nonce, &invocation)
+            match init {
+                CallInit::ExecInit => exec_init_argv(&nonce, &invocation),
+                CallInit::EngineInit => docker_init_wrapper_argv(&nonce, &invocation),
             }
         } else {
             let invocation = encode_invocation(call.cwd.as_bytes(), &call.argv)

@@ -39,7 +39,7 @@ pub(crate) struct Remembered {
 
 /// The init a call runs under, its subreaper.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CallInit {
+pub(crate) enum CallInit {
     /// The engine's init starting the wrapper's `sh`.
     EngineInit,
     /// The image's exec init (`exec_wrapper::EXEC_INIT_PATH`), the wrapper itself.
@@ -180,9 +180,9 @@ impl BackendState {
         self.memory().subreaper.contains_key(id)
     }
 
-    /// Whether `id`'s calls run as the image's exec init.
-    pub(crate) fn has_exec_init(&self, id: &str) -> bool {
-        self.memory().subreaper.get(id) == Some(&CallInit::ExecInit)
+    /// The init `id`'s calls run under, if any (one lookup for the exec's shape).
+    pub(crate) fn call_init(&self, id: &str) -> Option<CallInit> {
+        self.memory().subreaper.get(id).copied()
     }
 
     /// Records the engine's init for `id`, keeping an exec init a probe found.
