@@ -456,6 +456,7 @@ async fn handle(
         name: target.sbx.clone(),
         instance_id,
         base: target.base.clone(),
+        base_wd: crate::handle::resolved_wd(".", &target.base).ok(),
         mount: SbxMount {
             parent: target.parent.clone(),
             guest_mount,

@@ -55,6 +55,9 @@ pub(crate) struct SbxSandbox {
     pub(crate) name: SbxName,
     pub(crate) instance_id: String,
     pub(crate) base: String,
+    /// The working directory `.` resolves to (the storage base), resolved once: nearly every
+    /// call names it. `None` leaves each call to resolve `.` and meet the error itself.
+    pub(crate) base_wd: Option<String>,
     pub(crate) mount: SbxMount,
     pub(crate) plane: Arc<HostPlane>,
     pub(crate) fresh: bool,
@@ -256,6 +259,11 @@ fn gone(name: &SbxName, instance_id: &str) -> SandboxError {
     }
 }
 
+/// A call's working directory resolved against the storage base, in normal form.
+pub(crate) fn resolved_wd(wd: &str, base: &str) -> Result<String, SandboxError> {
+    Ok(guest_path::norm(&guest_path::resolve_wd(wd, base)?))
+}
+
 /// Runs a blocking plane operation on the blocking pool.
 async fn blocking<T, F>(work: F) -> Result<T, SandboxError>
 where
@@ -309,7 +317,10 @@ impl SbxSandbox {
 
     /// The call's working directory: relative ones are confined to the storage base.
     fn wd(&self, wd: &str) -> Result<String, SandboxError> {
-        Ok(guest_path::norm(&guest_path::resolve_wd(wd, &self.base)?))
+        match &self.base_wd {
+            Some(base_wd) if wd == "." => Ok(base_wd.clone()),
+            _ => resolved_wd(wd, &self.base),
+        }
     }
 
     /// One command through the wrapper, its output collected (the collector over

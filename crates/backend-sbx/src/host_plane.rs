@@ -40,16 +40,17 @@ pub(crate) enum Placement {
 }
 
 /// Maps a guest path onto the plane: normalised first; the root → `Inside("")`; a strict
-/// ancestor → `Above`; anything else outside → Confinement; NUL → Confinement.
+/// ancestor → `Above`; anything else outside → Confinement; NUL → Confinement. `guest_root` is
+/// in normal form (a validated storage base's parent is).
 pub(crate) fn placement(guest_root: &str, guest: &str) -> Result<Placement, SandboxError> {
-    if guest.contains('\0') {
+    if guest.as_bytes().contains(&0) {
         return Err(SandboxError::confinement(guest, "contains a NUL byte"));
     }
     let normal = guest_path::norm(guest);
-    if let Some(relative) = guest_path::relative_to(&normal, guest_root) {
-        return Ok(Placement::Inside(relative));
+    if let Some(relative) = guest_path::relative_to_normal(&normal, guest_root) {
+        return Ok(Placement::Inside(relative.to_owned()));
     }
-    if guest_path::relative_to(guest_root, &normal).is_some() {
+    if guest_path::relative_to_normal(guest_root, &normal).is_some() {
         return Ok(Placement::Above);
     }
     Err(SandboxError::confinement(
@@ -124,7 +125,7 @@ mod confined {
             let root = ConfinedRoot::open(host_root)
                 .map_err(|e| mapped(&host_root.display().to_string(), "open", e))?;
             Ok(HostPlane {
-                guest_root: guest_root.to_owned(),
+                guest_root: sandbox_core::guest_path::norm(guest_root),
                 root,
             })
         }
