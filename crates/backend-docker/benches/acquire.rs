@@ -22,7 +22,7 @@ use support::{
 const WARM_WARMUP: usize = 3;
 const WARM_ROUNDS: usize = 41;
 const COLD_WARMUP: usize = 1;
-const COLD_ROUNDS: usize = 7;
+const COLD_ROUNDS: usize = 11;
 
 #[tokio::main]
 async fn main() {

@@ -36,9 +36,9 @@ const SIZE: u64 = 1 << 20;
 /// Discarded downloads per side before the measured ones.
 const WARMUP: usize = 3;
 /// Batches per side (one `docker exec` each).
-const BATCHES: usize = 6;
+const BATCHES: usize = 10;
 /// Downloads per batch.
-const PER_BATCH: usize = 5;
+const PER_BATCH: usize = 15;
 /// The wall target: through the proxy at most this many times the direct download.
 const WALL_TARGET: f64 = 1.15;
 /// The connection setup target: at most this much added to the time to first byte.
