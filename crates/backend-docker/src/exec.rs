@@ -772,7 +772,7 @@ impl BackendState {
                 if ran.status > SIGNAL_STATUS_FLOOR {
                     self.refuse_if_container_died(id, ran.status, started)
                         .await?;
-                    if self.has_subreaper(id) {
+                    if self.call_init(id).is_some() {
                         self.refuse_if_init_killed(id, nonce, ran.status).await?;
                     }
                 }

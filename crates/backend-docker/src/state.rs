@@ -176,10 +176,6 @@ impl BackendState {
         self.memory().probed.insert(id.to_owned());
     }
 
-    pub(crate) fn has_subreaper(&self, id: &str) -> bool {
-        self.memory().subreaper.contains_key(id)
-    }
-
     /// The init `id`'s calls run under, if any (one lookup for the exec's shape).
     pub(crate) fn call_init(&self, id: &str) -> Option<CallInit> {
         self.memory().subreaper.get(id).copied()
