@@ -24,7 +24,7 @@ use crate::config::DockerConfig;
 use crate::connection::{quote, ApiFailure};
 use crate::containers::{hardened_host_config, Hardening, Lifecycle, Removal, VolumeAccess};
 use crate::egress_names::{
-    proxy_name, volume_name, FORWARDER, LABEL_EGRESS_V1, LABEL_ROLE, PROXY_SOCKET,
+    proxy_name, volume_name, FORWARDER, HANDOFF_SOCKET, LABEL_EGRESS_V1, LABEL_ROLE, PROXY_SOCKET,
 };
 use crate::ownership_labels::{ContainerRecord, ContainerSelector};
 use crate::state::BackendState;
@@ -153,6 +153,8 @@ pub(crate) fn proxy_command(plan: &EgressPlan, denied: &[String]) -> Vec<String>
         "proxy",
         "--socket",
         PROXY_SOCKET,
+        "--handoff-socket",
+        HANDOFF_SOCKET,
         "--install-forwarder",
         FORWARDER,
     ]
@@ -755,7 +757,8 @@ mod tests {
         let args = proxy_command(&plan, &["172.18.0.1".to_owned()]);
         assert_eq!(
             args.join(" "),
-            "proxy --socket /run/maf-egress/proxy.sock --install-forwarder /run/maf-egress/egress-proxy \
+            "proxy --socket /run/maf-egress/proxy.sock --handoff-socket /run/maf-egress/handoff.sock \
+             --install-forwarder /run/maf-egress/egress-proxy \
              --allow a.test --allow b.test --allow-private --deny-address 172.18.0.1"
         );
         let public = super::plan(&spec(&["a.test"]), &offering())

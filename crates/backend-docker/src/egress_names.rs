@@ -10,6 +10,9 @@
 pub(crate) const EGRESS_MOUNT: &str = "/run/maf-egress";
 /// The proxy's socket, in the volume.
 pub(crate) const PROXY_SOCKET: &str = "/run/maf-egress/proxy.sock";
+/// The proxy's handoff socket, in the volume: the forwarder passes each connection there, and
+/// relays it to [`PROXY_SOCKET`] only when that fails.
+pub(crate) const HANDOFF_SOCKET: &str = "/run/maf-egress/handoff.sock";
 /// The forwarder binary the proxy installs in the volume.
 pub(crate) const FORWARDER: &str = "/run/maf-egress/egress-proxy";
 /// Where the forwarder listens inside the workload's own network namespace.
@@ -51,13 +54,13 @@ pub(crate) fn workload_env() -> Vec<String> {
     env
 }
 
-/// The workload's body: the forwarder, kept running by a background loop that starts it again a
+/// The workload's body: the forwarder (handing each connection to the proxy), kept running by a background loop that starts it again a
 /// second after it ends (a crash, or a guest that killed it), then `keep_alive`. A guest that
 /// kills the loop too loses only its own egress, until the workload restarts.
 pub(crate) fn keep_alive_with_forwarder(keep_alive: &str) -> String {
     format!(
         "(while :; do if [ -x {FORWARDER} ]; then {FORWARDER} forward --listen {FORWARD_LISTEN} \
-         --socket {PROXY_SOCKET}; fi; sleep 1; done) </dev/null >/dev/null 2>&1 & {keep_alive}"
+         --socket {PROXY_SOCKET} --handoff-socket {HANDOFF_SOCKET}; fi; sleep 1; done) </dev/null >/dev/null 2>&1 & {keep_alive}"
     )
 }
 
@@ -80,7 +83,8 @@ mod tests {
         assert_eq!(
             body,
             "(while :; do if [ -x /run/maf-egress/egress-proxy ]; then /run/maf-egress/egress-proxy \
-             forward --listen 127.0.0.1:3128 --socket /run/maf-egress/proxy.sock; fi; sleep 1; done) \
+             forward --listen 127.0.0.1:3128 --socket /run/maf-egress/proxy.sock \
+             --handoff-socket /run/maf-egress/handoff.sock; fi; sleep 1; done) \
              </dev/null >/dev/null 2>&1 & while :; do sleep 3600; done"
         );
         assert_eq!(proxy_name("n"), "n-proxy");

@@ -51,6 +51,10 @@ pub struct ProxyArgs {
     /// The Unix socket to listen on (a stale socket file is replaced; mode 0666).
     #[arg(long)]
     pub socket: PathBuf,
+    /// Also take client connections forwarders hand off on this Unix socket (replaced and made
+    /// mode 0666 as `--socket`).
+    #[arg(long)]
+    pub handoff_socket: Option<PathBuf>,
     /// Where to copy this executable (mode 0755) for the forwarder.
     #[arg(long)]
     pub install_forwarder: PathBuf,
@@ -78,6 +82,10 @@ pub struct ForwardArgs {
     /// The proxy's Unix socket.
     #[arg(long)]
     pub socket: PathBuf,
+    /// The proxy's handoff socket: each connection is passed there first, and relayed to
+    /// `--socket` only when that fails.
+    #[arg(long)]
+    pub handoff_socket: Option<PathBuf>,
 }
 
 /// `egress-proxy serve`.
@@ -221,13 +229,18 @@ pub fn run(cli: Cli) -> Result<(), ProxyError> {
             let runtime = runtime()?;
             runtime.block_on(async {
                 let listener = bind_socket(&args.socket)?;
+                let handoffs = args
+                    .handoff_socket
+                    .as_deref()
+                    .map(bind_socket)
+                    .transpose()?;
                 let stdout = std::io::stdout();
                 let mut out = stdout.lock();
                 writeln!(out, "{READY_LINE}")
                     .and_then(|()| out.flush())
                     .map_err(|e| io_error("writing the ready line to", "stdout", e))?;
                 drop(out);
-                until_terminated(crate::proxy::serve(listener, policy))
+                until_terminated(crate::proxy::serve(listener, handoffs, policy))
                     .await
                     .map_err(|e| io_error("accepting on", &args.socket, e))
             })
@@ -236,7 +249,11 @@ pub fn run(cli: Cli) -> Result<(), ProxyError> {
             let listener = tokio::net::TcpListener::bind(args.listen)
                 .await
                 .map_err(|e| io_error("binding", args.listen.to_string(), e))?;
-            until_terminated(crate::forward::serve(listener, args.socket))
+            let upstream = crate::forward::Upstream {
+                socket: args.socket,
+                handoff: args.handoff_socket,
+            };
+            until_terminated(crate::forward::serve(listener, upstream))
                 .await
                 .map_err(|e| io_error("accepting on", args.listen.to_string(), e))
         }),

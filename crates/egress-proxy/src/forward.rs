@@ -1,15 +1,18 @@
-//! The forwarder role: a TCP listener (in the workload, `127.0.0.1:3128`) relaying each
-//! connection byte for byte to a new connection on the proxy's Unix socket (spliced, never
-//! copied through user space, on Linux: [`relay_sockets`]). It parses nothing and resolves no
-//! names; every decision is the proxy's.
+//! The forwarder role: a TCP listener (in the workload, `127.0.0.1:3128`) that hands each
+//! accepted connection to the proxy ([`crate::handoff`]: the proxy then serves the client
+//! directly) or, without a handoff socket or when the handoff fails, relays it byte for byte to a
+//! new connection on the proxy's Unix socket (spliced, never copied through user space, on
+//! Linux: [`relay_sockets`]). It parses nothing and resolves no names; every decision is the
+//! proxy's.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, UnixStream};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::Semaphore;
 
+use crate::handoff;
 use crate::relay::relay_sockets;
 
 /// Connections relayed at once; further ones wait in the listen backlog.
@@ -18,18 +21,29 @@ pub const MAX_FORWARDED: usize = 256;
 /// How long one relay may stay silent both ways (the proxy's own idle deadline is shorter).
 pub const FORWARD_IDLE: Duration = Duration::from_secs(600);
 
-/// Relays every connection accepted on `listener` to the Unix socket `socket`.
+/// How long connecting to the handoff socket, or passing one connection on it, may take before
+/// the forwarder relays that connection instead.
+pub const HANDOFF_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Where the forwarder sends what it accepts.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// The proxy's Unix socket, for relayed connections.
+    pub socket: PathBuf,
+    /// The proxy's handoff socket, tried first for each connection when given.
+    pub handoff: Option<PathBuf>,
+}
+
+/// Hands off or relays every connection accepted on `listener` (the module's documentation
+/// says which).
 ///
 /// # Errors
 /// An accept error that is not about one connection.
-pub async fn serve(listener: TcpListener, socket: PathBuf) -> std::io::Result<()> {
+pub async fn serve(listener: TcpListener, upstream: Upstream) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(MAX_FORWARDED));
-    let socket = Arc::new(socket);
+    let socket = Arc::new(upstream.socket);
+    let mut handoff = upstream.handoff.map(Handoff::new);
     loop {
-        let permit = Arc::clone(&slots)
-            .acquire_owned()
-            .await
-            .map_err(|_| std::io::Error::other("connection slots closed"))?;
         let (client, _) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
@@ -38,23 +52,95 @@ pub async fn serve(listener: TcpListener, socket: PathBuf) -> std::io::Result<()
             }
         };
         let _ = client.set_nodelay(true);
+        if let Some(handoff) = handoff.as_mut() {
+            if handoff.pass(&client).await.is_ok() {
+                continue;
+            }
+        }
+        let permit = Arc::clone(&slots)
+            .acquire_owned()
+            .await
+            .map_err(|_| std::io::Error::other("connection slots closed"))?;
         let socket = Arc::clone(&socket);
         tokio::spawn(async move {
-            match UnixStream::connect(socket.as_path()).await {
-                Ok(upstream) => {
-                    let _ = relay_sockets(client, upstream, FORWARD_IDLE, None).await;
-                }
-                Err(error) => {
-                    eprintln!(
-                        "{}",
-                        serde_json::json!({
-                            "role": "forward",
-                            "error": format!("connecting {}: {error}", socket.display()),
-                        })
-                    );
-                }
-            }
+            relay(client, &socket).await;
             drop(permit);
         });
+    }
+}
+
+/// Relays `client` to a new connection on the proxy's socket.
+async fn relay(client: TcpStream, socket: &std::path::Path) {
+    match UnixStream::connect(socket).await {
+        Ok(upstream) => {
+            let _ = relay_sockets(client, upstream, FORWARD_IDLE, None).await;
+        }
+        Err(error) => report(&format!("connecting {}: {error}", socket.display())),
+    }
+}
+
+fn report(error: &str) {
+    eprintln!(
+        "{}",
+        serde_json::json!({
+            "role": "forward",
+            "error": error,
+        })
+    );
+}
+
+/// The standing connection to the proxy's handoff socket, made when first needed and again
+/// after it breaks.
+struct Handoff {
+    path: PathBuf,
+    connection: Option<UnixStream>,
+}
+
+impl Handoff {
+    fn new(path: PathBuf) -> Handoff {
+        Handoff {
+            path,
+            connection: None,
+        }
+    }
+
+    /// Passes `client` to the proxy, connecting again once if the standing connection has
+    /// broken (a proxy restarted), each step within [`HANDOFF_DEADLINE`].
+    async fn pass(&mut self, client: &TcpStream) -> std::io::Result<()> {
+        let mut last = None;
+        for _ in 0..2 {
+            let connection = match self.connection.take() {
+                Some(connection) => connection,
+                None => {
+                    match tokio::time::timeout(HANDOFF_DEADLINE, UnixStream::connect(&self.path))
+                        .await
+                    {
+                        Ok(Ok(connection)) => connection,
+                        Ok(Err(error)) => {
+                            last = Some(error);
+                            break;
+                        }
+                        Err(_) => {
+                            last = Some(std::io::ErrorKind::TimedOut.into());
+                            break;
+                        }
+                    }
+                }
+            };
+            match tokio::time::timeout(HANDOFF_DEADLINE, handoff::pass(&connection, client)).await {
+                Ok(Ok(())) => {
+                    self.connection = Some(connection);
+                    return Ok(());
+                }
+                Ok(Err(error)) => last = Some(error),
+                Err(_) => last = Some(std::io::ErrorKind::TimedOut.into()),
+            }
+        }
+        let error = last.unwrap_or_else(|| std::io::ErrorKind::NotConnected.into());
+        report(&format!(
+            "handing off on {} (relaying instead): {error}",
+            self.path.display()
+        ));
+        Err(error)
     }
 }

@@ -9,7 +9,8 @@
 //!   dials only the addresses it checked. One request per client connection, one upstream per
 //!   client connection. Every refusal is `403`; an unreadable request is `400`.
 //! - **forward** ([`forward`]): runs inside the workload, listening on `127.0.0.1:3128`, and
-//!   relays each connection byte for byte to the socket. It parses and resolves nothing.
+//!   hands each connection to the proxy ([`handoff`]: the proxy then serves the client itself)
+//!   or relays it byte for byte to the socket. It parses and resolves nothing.
 //! - **serve** ([`serve`]): a tiny HTTP server for offline tests and benchmarks.
 //! - **host-addresses** ([`cli::interface_addresses`]): lists the addresses of its network
 //!   namespace's interfaces; the backend runs it in the engine host's namespace and passes what
@@ -43,6 +44,7 @@ pub mod address;
 pub mod cli;
 mod error;
 pub mod forward;
+pub mod handoff;
 pub mod head;
 pub mod hostmatch;
 pub mod proxy;

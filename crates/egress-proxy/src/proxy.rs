@@ -1,5 +1,5 @@
-//! The proxy role: one task per client connection on the Unix socket, each serving exactly
-//! one request (a CONNECT tunnel or one plain-HTTP exchange) to exactly one upstream.
+//! The proxy role: one task per client connection, accepted on the Unix socket or handed off by
+//! a forwarder ([`crate::handoff`]), each serving exactly one request (a CONNECT tunnel or one plain-HTTP exchange) to exactly one upstream.
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
@@ -13,6 +13,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::address::AddressPolicy;
+use crate::handoff::{self, Received};
 use crate::head::{head_len, parse_head, Authority, Body, Host, RequestHead, Target, MAX_HEAD_LEN};
 use crate::hostmatch::Allowlist;
 use crate::relay::{relay_sockets, Socket};
@@ -224,41 +225,112 @@ impl Policy {
     }
 }
 
-/// Serves the proxy on `listener` until it fails.
+/// Serves the proxy on `listener` and, when given, the client connections forwarders hand off on
+/// `handoffs` ([`crate::handoff`]), under one connection cap, until either fails.
 ///
 /// # Errors
 /// An accept error that is not about one connection.
-pub async fn serve(listener: UnixListener, policy: Arc<Policy>) -> std::io::Result<()> {
+pub async fn serve(
+    listener: UnixListener,
+    handoffs: Option<UnixListener>,
+    policy: Arc<Policy>,
+) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(policy.limits.max_connections));
+    let connections = serve_connections(listener, Arc::clone(&slots), Arc::clone(&policy));
+    match handoffs {
+        None => connections.await,
+        Some(handoffs) => tokio::select! {
+            result = connections => result,
+            result = serve_handoffs(handoffs, slots, policy) => result,
+        },
+    }
+}
+
+/// Handoff connections served at once (a forwarder keeps one); more are closed at accept.
+pub const MAX_HANDOFF_CONNECTIONS: usize = 16;
+
+async fn serve_connections(
+    listener: UnixListener,
+    slots: Arc<Semaphore>,
+    policy: Arc<Policy>,
+) -> std::io::Result<()> {
     loop {
-        let (mut stream, _) = match listener.accept().await {
-            Ok(accepted) => accepted,
+        match listener.accept().await {
+            Ok((stream, _)) => admit_client(stream, &slots, &policy),
+            Err(error) => crate::accept::pass_or_fail(error).await?,
+        }
+    }
+}
+
+/// Takes each handoff connection and serves the clients passed on it, until a message is refused
+/// (logged; that connection ends) or the connection ends.
+async fn serve_handoffs(
+    listener: UnixListener,
+    slots: Arc<Semaphore>,
+    policy: Arc<Policy>,
+) -> std::io::Result<()> {
+    let senders = Arc::new(Semaphore::new(MAX_HANDOFF_CONNECTIONS));
+    loop {
+        let connection = match listener.accept().await {
+            Ok((connection, _)) => connection,
             Err(error) => {
                 crate::accept::pass_or_fail(error).await?;
                 continue;
             }
         };
-        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-            log(&Decision {
-                allowed: false,
-                method: None,
-                host: None,
-                port: None,
-                reason: "too many connections".to_owned(),
-            });
-            let answer = Answer {
-                status: 503,
-                reason: "too many connections".to_owned(),
-            };
-            tokio::spawn(async move { answer_and_close(&mut stream, &answer).await });
+        let Ok(sender) = Arc::clone(&senders).try_acquire_owned() else {
+            refuse_unread("too many handoff connections");
             continue;
         };
+        let slots = Arc::clone(&slots);
         let policy = Arc::clone(&policy);
         tokio::spawn(async move {
-            handle(stream, &policy).await;
-            drop(permit);
+            loop {
+                match handoff::receive(&connection).await {
+                    Ok(Some(Received::Client(client))) => admit_client(client, &slots, &policy),
+                    Ok(Some(Received::Refused(refused))) => {
+                        refuse_unread(refused.reason());
+                        break;
+                    }
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            drop(sender);
         });
     }
+}
+
+/// Logs a refusal of something the proxy closes without reading a request from it.
+fn refuse_unread(reason: &str) {
+    log(&Decision {
+        allowed: false,
+        method: None,
+        host: None,
+        port: None,
+        reason: reason.to_owned(),
+    });
+}
+
+/// Serves `client` in a task of its own when a connection slot is free, else answers it 503.
+fn admit_client<S: Socket + Send + Sync + 'static>(
+    mut client: S,
+    slots: &Arc<Semaphore>,
+    policy: &Arc<Policy>,
+) {
+    let Ok(permit) = Arc::clone(slots).try_acquire_owned() else {
+        refuse_unread("too many connections");
+        let answer = Answer {
+            status: 503,
+            reason: "too many connections".to_owned(),
+        };
+        tokio::spawn(async move { answer_and_close(&mut client, &answer).await });
+        return;
+    };
+    let policy = Arc::clone(policy);
+    tokio::spawn(async move {
+        handle(client, &policy).await;
+        drop(permit);
+    });
 }
 
 /// Reads one head (bounded in size and time). Returns the head and any bytes after it.

@@ -13,9 +13,12 @@ use crate::hostmatch::Allowlist;
 use crate::proxy::{Limits, Policy};
 use crate::serve::Reply;
 
+mod handoff;
+
 struct Harness {
     _dir: tempfile::TempDir,
     socket: PathBuf,
+    handoff: PathBuf,
     upstream_port: u16,
 }
 
@@ -40,11 +43,18 @@ async fn start_with(upstream_port: u16, limits: Limits) -> Harness {
         addresses: AddressPolicy::new(false, []).permitting_loopback(),
         limits,
     };
+    let handoff = dir.path().join("handoff.sock");
     let listener = crate::cli::bind_socket(&socket).unwrap();
-    tokio::spawn(crate::proxy::serve(listener, Arc::new(policy)));
+    let handoffs = crate::cli::bind_socket(&handoff).unwrap();
+    tokio::spawn(crate::proxy::serve(
+        listener,
+        Some(handoffs),
+        Arc::new(policy),
+    ));
     Harness {
         _dir: dir,
         socket,
+        handoff,
         upstream_port,
     }
 }
@@ -252,32 +262,108 @@ async fn connections_over_the_cap_get_503() {
     assert_eq!(status(&answer), "HTTP/1.1 503");
 }
 
-#[tokio::test]
-async fn the_forwarder_relays_to_the_socket() {
-    let h = start(Reply::Filler(1 << 20), Limits::default()).await;
+/// Downloads 1 MiB through a forwarder sending to `upstream` and checks the whole body arrived.
+async fn download_through_forwarder(h: &Harness, upstream: crate::forward::Upstream) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let forward_addr = listener.local_addr().unwrap();
-    tokio::spawn(crate::forward::serve(listener, h.socket.clone()));
-    let mut stream = tokio::net::TcpStream::connect(forward_addr).await.unwrap();
-    stream
-        .write_all(
-            format!(
-                "GET http://localhost:{}/big HTTP/1.1\r\n\r\n",
-                h.upstream_port
+    let forwarder = tokio::spawn(crate::forward::serve(listener, upstream));
+    for _ in 0..3 {
+        let mut stream = tokio::net::TcpStream::connect(forward_addr).await.unwrap();
+        stream
+            .write_all(
+                format!(
+                    "GET http://localhost:{}/big HTTP/1.1\r\n\r\n",
+                    h.upstream_port
+                )
+                .as_bytes(),
             )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer))
-        .await
-        .unwrap()
-        .unwrap();
-    let end = crate::head::head_len(&answer).unwrap();
-    assert!(answer.starts_with(b"HTTP/1.1 200 OK"));
-    assert_eq!(answer.len() - end, 1 << 20);
-    assert!(answer[end..].iter().all(|b| *b == b'x'));
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer))
+            .await
+            .unwrap()
+            .unwrap();
+        let end = crate::head::head_len(&answer).unwrap();
+        assert!(answer.starts_with(b"HTTP/1.1 200 OK"));
+        assert_eq!(answer.len() - end, 1 << 20);
+        assert!(answer[end..].iter().all(|b| *b == b'x'));
+    }
+    forwarder.abort();
+}
+
+#[tokio::test]
+async fn the_forwarder_hands_off_and_relays_when_it_cannot() {
+    let h = start(Reply::Filler(1 << 20), Limits::default()).await;
+    let nowhere = h._dir.path().join("absent.sock");
+    // Only the handoff can reach the proxy.
+    download_through_forwarder(
+        &h,
+        crate::forward::Upstream {
+            socket: nowhere.clone(),
+            handoff: Some(h.handoff.clone()),
+        },
+    )
+    .await;
+    // Only the relay can: the handoff socket is absent.
+    download_through_forwarder(
+        &h,
+        crate::forward::Upstream {
+            socket: h.socket.clone(),
+            handoff: Some(nowhere),
+        },
+    )
+    .await;
+    // No handoff asked for.
+    download_through_forwarder(
+        &h,
+        crate::forward::Upstream {
+            socket: h.socket.clone(),
+            handoff: None,
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_forwarder_connects_again_to_a_restarted_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let handoff = dir.path().join("handoff.sock");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let forward_addr = listener.local_addr().unwrap();
+    tokio::spawn(crate::forward::serve(
+        listener,
+        crate::forward::Upstream {
+            socket: dir.path().join("absent.sock"),
+            handoff: Some(handoff.clone()),
+        },
+    ));
+    // Two proxies in turn on the same path, each taking one client and then going away with
+    // its listener and its handoff connection.
+    for round in 0..2 {
+        let proxy = crate::cli::bind_socket(&handoff).unwrap();
+        let mut client = tokio::net::TcpStream::connect(forward_addr).await.unwrap();
+        let (connection, _) = tokio::time::timeout(Duration::from_secs(5), proxy.accept())
+            .await
+            .expect("the forwarder connects to the handoff socket")
+            .unwrap();
+        let Some(crate::handoff::Received::Client(mut passed)) =
+            crate::handoff::receive(&connection).await.unwrap()
+        else {
+            panic!("round {round}: a client is handed off");
+        };
+        passed
+            .write_all(format!("round {round}").as_bytes())
+            .await
+            .unwrap();
+        drop(passed);
+        drop(connection);
+        drop(proxy);
+        assert_eq!(
+            answer_of(&mut client).await,
+            format!("round {round}").as_bytes()
+        );
+    }
 }
 
 /// An allowed upstream that records every connection's bytes (until the client is idle for a
@@ -649,7 +735,7 @@ async fn both_accept_loops_end_with_an_error_about_their_listener() {
     let policy = closed_policy();
     let ended = tokio::time::timeout(
         Duration::from_secs(5),
-        crate::proxy::serve(listener, Arc::new(policy)),
+        crate::proxy::serve(listener, None, Arc::new(policy)),
     )
     .await
     .expect("the proxy's loop ends");
@@ -658,7 +744,13 @@ async fn both_accept_loops_end_with_an_error_about_their_listener() {
     let listener = tcp_not_listening();
     let ended = tokio::time::timeout(
         Duration::from_secs(5),
-        crate::forward::serve(listener, path.clone()),
+        crate::forward::serve(
+            listener,
+            crate::forward::Upstream {
+                socket: path.clone(),
+                handoff: Some(path.clone()),
+            },
+        ),
     )
     .await
     .expect("the forwarder's loop ends");
@@ -734,7 +826,7 @@ fn the_proxy_waits_out_a_descriptor_shortage() {
         let socket = dir.path().join("proxy.sock");
         let policy = closed_policy();
         let listener = crate::cli::bind_socket(&socket).unwrap();
-        let serving = tokio::spawn(crate::proxy::serve(listener, Arc::new(policy)));
+        let serving = tokio::spawn(crate::proxy::serve(listener, None, Arc::new(policy)));
         tokio::task::yield_now().await;
 
         let (soft, hard) = {

@@ -37,12 +37,16 @@ fn the_command_line_starts_as_contracted_and_never_reaches_loopback() {
     let port = upstream.local_addr().unwrap().port().to_string();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("proxy.sock");
+    let handoff = dir.path().join("handoff.sock");
     let forwarder = dir.path().join("egress-forward");
-    // A stale socket file from an earlier run is replaced.
+    // Stale socket files from an earlier run are replaced.
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    drop(std::os::unix::net::UnixListener::bind(&handoff).unwrap());
     let child = Command::new(BINARY)
         .args(["proxy", "--socket"])
         .arg(&socket)
+        .arg("--handoff-socket")
+        .arg(&handoff)
         .arg("--install-forwarder")
         .arg(&forwarder)
         .args(["--allow", "localhost", "--allow-private", "--port", &port])
@@ -57,8 +61,10 @@ fn the_command_line_starts_as_contracted_and_never_reaches_loopback() {
     stdout.read_line(&mut line).unwrap();
     assert_eq!(line, "maf-egress-proxy ready v1\n");
 
-    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
-    assert_eq!(mode & 0o777, 0o666);
+    for path in [&socket, &handoff] {
+        let mode = std::fs::metadata(path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o666, "{}", path.display());
+    }
     let installed = std::fs::metadata(&forwarder).unwrap();
     assert_eq!(installed.permissions().mode() & 0o7777, 0o755);
     assert_eq!(

@@ -38,6 +38,9 @@ async fn the_image_filters_egress_from_a_closed_workload() {
          for u in http://allowed.test/ http://denied.test/ http://ALLOWED.test/x http://allowed.test:8080/; do \
            curl -sS -m 10 -x http://127.0.0.1:3128 -w ' [%{http_code}]\\n' \"$u\"; done; \
          curl -sS -m 10 -p -x http://127.0.0.1:3128 -w ' [%{http_code}]\\n' http://allowed.test/; \
+         /run/maf-egress/egress-forward forward --listen 127.0.0.1:3129 \
+           --socket /run/maf-egress/absent.sock --handoff-socket /run/maf-egress/handoff.sock & \
+         sleep 0.3; curl -sS -m 10 -x http://127.0.0.1:3129 -w ' [%{http_code}]\\n' http://allowed.test/; \
          curl -sS -m 10 --noproxy '*' http://allowed.test/ >/dev/null 2>&1; echo direct=$?",
     )
     .await;
@@ -49,13 +52,19 @@ async fn the_image_filters_egress_from_a_closed_workload() {
         "{out}"
     );
     assert!(
+        lines.iter().any(|l| l.contains("65532 65532")
+            && l.ends_with("handoff.sock")
+            && l.starts_with("srw-rw-rw-")),
+        "{out}"
+    );
+    assert!(
         lines
             .iter()
             .any(|l| l.starts_with("-rwxr-xr-x") && l.ends_with("egress-forward")),
         "{out}"
     );
     let answers: Vec<&str> = lines.iter().copied().filter(|l| l.ends_with(']')).collect();
-    assert_eq!(answers.len(), 5, "{out}");
+    assert_eq!(answers.len(), 6, "{out}");
     assert_eq!(answers[0], "allowed.test [200]", "{out}");
     assert!(
         answers[1].ends_with("[403]") && out.contains("host not on the allowlist"),
@@ -66,6 +75,10 @@ async fn the_image_filters_egress_from_a_closed_workload() {
     assert_eq!(
         answers[4], "allowed.test [200]",
         "a CONNECT tunnel carries it: {out}"
+    );
+    assert_eq!(
+        answers[5], "allowed.test [200]",
+        "a forwarder with no socket to relay to reaches the proxy only by handing off: {out}"
     );
     assert!(
         lines
@@ -81,7 +94,7 @@ async fn the_image_filters_egress_from_a_closed_workload() {
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
-    assert_eq!(decisions.len(), 5, "{log}");
+    assert_eq!(decisions.len(), 6, "{log}");
     assert!(decisions
         .iter()
         .any(|d| d["decision"] == "deny" && d["host"] == "denied.test"));

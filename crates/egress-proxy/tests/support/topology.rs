@@ -208,6 +208,8 @@ pub async fn start_proxy(
         "proxy",
         "--socket",
         "/run/maf-egress/proxy.sock",
+        "--handoff-socket",
+        "/run/maf-egress/handoff.sock",
         "--install-forwarder",
         "/run/maf-egress/egress-forward",
         "--allow",
@@ -228,7 +230,8 @@ pub async fn start_proxy(
 
 /// The shell prefix that starts the forwarder on 127.0.0.1:3128 from the mounted volume.
 const FORWARDER: &str = "/run/maf-egress/egress-forward forward --listen 127.0.0.1:3128 \
-                         --socket /run/maf-egress/proxy.sock &";
+                         --socket /run/maf-egress/proxy.sock \
+                         --handoff-socket /run/maf-egress/handoff.sock &";
 
 /// The `docker run` arguments of a `--network none` workload named `name` with `volume` mounted
 /// read-only, up to (not including) the image.
