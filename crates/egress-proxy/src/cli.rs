@@ -207,9 +207,11 @@ async fn until_terminated(
     }
 }
 
+/// One thread for every role: a request's work between its system calls is small, and on a
+/// two-core machine a second worker only hands wake-ups between threads (measured: the proxied
+/// 1 MiB GET 1.06 against 1.115 times the direct one with two workers).
 fn runtime() -> Result<tokio::runtime::Runtime, ProxyError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    tokio::runtime::Builder::new_current_thread()
         // Name lookups run on blocking threads; the proxy's container has a small pids limit.
         .max_blocking_threads(16)
         .enable_all()
