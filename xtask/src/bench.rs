@@ -28,6 +28,10 @@
 //! `BENCHMARKS.md` between its generated-section markers is rewritten from it, and everything
 //! outside the markers (the hand-written account of what moved each row) is kept as it is.
 //! `--report-only` rewrites that section from the last report without running anything.
+//!
+//! The command fails when a row's median misses its target, or when a bench failed in any run
+//! other than by missing a target in that run (it panicked, or exited non-zero with every row
+//! it recorded met, or recorded none): a single run's miss is the noise the medians are for.
 
 use std::path::Path;
 use std::time::Duration;
@@ -110,10 +114,61 @@ fn is_report_line(line: &str) -> bool {
         || line.starts_with("exec wrapper cost:")
         || (line.contains(": ours ") && line.contains(" ms at p50 "))
         || (line.contains(": backend ") && line.contains(" ms, raw "))
+        || is_panic_line(line)
+}
+
+/// A panic's first line: a bench that panicked failed for a reason no median can excuse.
+fn is_panic_line(line: &str) -> bool {
+    line.contains("panicked at")
+}
+
+/// One bench in one run: whether it exited 0, what it printed of note, and the rows it recorded.
+struct Step {
+    name: &'static str,
+    run: usize,
+    teed: crate::process::Teed,
+    rows: Vec<Row>,
+}
+
+impl Step {
+    /// Whether a failed exit is explained by a target this run missed (and so judged by the
+    /// medians over every run): the bench recorded a missed row and did not panic. A bench that
+    /// panicked, or failed with every recorded row met, failed for another reason.
+    fn failed_only_by_a_missed_row(&self) -> bool {
+        self.rows.iter().any(|row| !row.pass) && !self.teed.kept.iter().any(|l| is_panic_line(l))
+    }
+}
+
+/// The verdict of a whole `--runs N` bench: the first step that failed other than by a missed
+/// row fails it; otherwise every row's median over the runs must meet its target.
+fn verdict(steps: &[Step], aggregated: &[Aggregate]) -> Result<(), XtaskError> {
+    if let Some(step) = steps
+        .iter()
+        .find(|step| !step.teed.success && !step.failed_only_by_a_missed_row())
+    {
+        return Err(XtaskError::StepFailed {
+            suite: "bench",
+            step: step.name,
+        });
+    }
+    let missed: Vec<&str> = aggregated
+        .iter()
+        .filter(|row| !row.pass)
+        .map(|row| row.name.as_str())
+        .collect();
+    if missed.is_empty() {
+        Ok(())
+    } else {
+        Err(XtaskError::TargetsMissed {
+            count: missed.len(),
+            names: missed.join(", "),
+        })
+    }
 }
 
 /// Runs the benchmarks `args` selects `args.runs` times, prints the summary, writes the report
-/// and the generated section of `BENCHMARKS.md`, and fails when any bench failed.
+/// and the generated section of `BENCHMARKS.md`, and fails when a bench failed other than by
+/// missing a target in one run, or when a row's median over the runs misses its target.
 pub fn run(workspace: &Workspace, args: &BenchArgs) -> Result<(), XtaskError> {
     let bench_dir = workspace.root().join("target/bench");
     let report_path = bench_dir.join("report.json");
@@ -155,35 +210,47 @@ pub fn run(workspace: &Workspace, args: &BenchArgs) -> Result<(), XtaskError> {
     let load_before = load_average();
     // Each bench appends one JSON row per line; each run's rows are taken before the next.
     let rows = bench_dir.join("rows.jsonl");
-    let mut all_rows = Vec::new();
-    let mut outcomes = Vec::with_capacity(selected.len() * runs);
+    let mut steps: Vec<Step> = Vec::with_capacity(selected.len() * runs);
     for run in 1..=runs {
         let _ = std::fs::remove_file(&rows);
+        let mut seen = 0;
         for bench in &selected {
             eprintln!();
             eprintln!("==> bench: {} (run {run} of {runs})", bench.name);
             let teed = tee_in(workspace.root(), cargo().args(bench.args()), is_report_line)?;
-            outcomes.push((bench.name, run, teed));
+            // The rows file gathers the run's rows; this bench's are the ones after the last.
+            let mut recorded = parse_rows(&std::fs::read_to_string(&rows).unwrap_or_default());
+            let mine = recorded.split_off(seen.min(recorded.len()));
+            seen += mine.len();
+            steps.push(Step {
+                name: bench.name,
+                run,
+                teed,
+                rows: mine,
+            });
         }
-        all_rows.extend(parse_rows(
-            &std::fs::read_to_string(&rows).unwrap_or_default(),
-        ));
     }
     eprintln!();
     eprintln!("{}", "=".repeat(72));
     eprintln!("bench summary");
-    let mut first_failure = None;
-    for (name, run, teed) in &outcomes {
-        let label = if teed.success { "ok" } else { "FAILED" };
-        eprintln!("  {label:<8} {name} (run {run})");
-        for line in &teed.kept {
+    for step in &steps {
+        let label = match (step.teed.success, step.failed_only_by_a_missed_row()) {
+            (true, _) => "ok",
+            (false, true) => "missed",
+            (false, false) => "FAILED",
+        };
+        eprintln!("  {label:<8} {} (run {})", step.name, step.run);
+        for line in &step.teed.kept {
             eprintln!("             {line}");
         }
-        if !teed.success {
-            eprintln!("             `{}` ended with {}", teed.command, teed.status);
-            first_failure.get_or_insert(*name);
+        if !step.teed.success {
+            eprintln!(
+                "             `{}` ended with {}",
+                step.teed.command, step.teed.status
+            );
         }
     }
+    let all_rows: Vec<Row> = steps.iter().flat_map(|step| step.rows.clone()).collect();
     let aggregated = aggregate(&all_rows);
     if runs > 1 {
         eprintln!("medians over {runs} runs:");
@@ -213,13 +280,7 @@ pub fn run(workspace: &Workspace, args: &BenchArgs) -> Result<(), XtaskError> {
         Err(error) => eprintln!("could not write {}: {error}", report_path.display()),
     }
     write_benchmarks_md(workspace, &report)?;
-    match first_failure {
-        None => Ok(()),
-        Some(step) => Err(XtaskError::StepFailed {
-            suite: "bench",
-            step,
-        }),
-    }
+    verdict(&steps, &aggregated)
 }
 
 /// One row as a bench recorded it.
@@ -530,6 +591,68 @@ mod tests {
             "{{\"name\":\"{name}\",\"ours_ms\":{},\"raw_ms\":10.0,\"ratio\":{ratio},\"target\":\"{target}\",\"pass\":{pass}}}\n",
             ratio * 10.0
         )
+    }
+
+    /// A step of bench `name` that exited `success`, printed `kept` and recorded `rows`.
+    fn step(name: &'static str, success: bool, kept: &[&str], rows: &str) -> Step {
+        Step {
+            name,
+            run: 1,
+            teed: crate::process::Teed {
+                command: format!("cargo bench {name}"),
+                success,
+                status: if success {
+                    "exit status: 0"
+                } else {
+                    "exit status: 101"
+                }
+                .to_owned(),
+                kept: kept.iter().map(|line| (*line).to_owned()).collect(),
+            },
+            rows: parse_rows(rows),
+        }
+    }
+
+    #[test]
+    fn a_run_that_missed_a_row_is_judged_by_the_median_and_anything_else_fails() {
+        let missed_once = row("a", 1.4, "≤ 1.3", false);
+        let met = [row("a", 1.2, "≤ 1.3", true), row("a", 1.25, "≤ 1.3", true)].concat();
+        let rows = [missed_once.clone(), met.clone()].concat();
+        let aggregated = aggregate(&parse_rows(&rows));
+        // One run missed, the median met: the bench passes.
+        let steps = [
+            step("x", false, &[], &missed_once),
+            step("x", true, &[], &row("a", 1.2, "≤ 1.3", true)),
+            step("x", true, &[], &row("a", 1.25, "≤ 1.3", true)),
+        ];
+        assert!(verdict(&steps, &aggregated).is_ok());
+        // A panic fails it even beside a missed row.
+        let panicked = [step(
+            "x",
+            false,
+            &["thread 'main' panicked at benches/x.rs:1:1:"],
+            &missed_once,
+        )];
+        assert!(matches!(
+            verdict(&panicked, &aggregated),
+            Err(XtaskError::StepFailed { step: "x", .. })
+        ));
+        // So does a failure with every row met, or with no row at all.
+        for rows in [met.as_str(), ""] {
+            let failed = [step("y", false, &[], rows)];
+            assert!(matches!(
+                verdict(&failed, &aggregated),
+                Err(XtaskError::StepFailed { step: "y", .. })
+            ));
+        }
+        // Every step ran, a median missed: the row is named.
+        let over = [row("a", 1.4, "≤ 1.3", false), row("b", 0.9, "≤ 1.0", true)].concat();
+        let steps = [step("x", false, &[], &over)];
+        let missed = verdict(&steps, &aggregate(&parse_rows(&over))).unwrap_err();
+        assert!(
+            matches!(&missed, XtaskError::TargetsMissed { count: 1, names } if names == "a"),
+            "{missed:?}"
+        );
     }
 
     #[test]

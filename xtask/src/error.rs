@@ -58,6 +58,13 @@ pub enum XtaskError {
     },
 
     /// The `ci` step table is inconsistent.
+    #[error("{count} bench row(s) missed their target over the runs' medians: {names}")]
+    TargetsMissed {
+        /// How many rows.
+        count: usize,
+        /// Their names, comma-separated.
+        names: String,
+    },
     #[error("the ci step `{step}` is malformed: {reason}")]
     StepTable {
         /// The step.
