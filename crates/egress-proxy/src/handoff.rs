@@ -31,6 +31,8 @@ use rustix::net::{
 use tokio::io::Interest;
 use tokio::net::{TcpStream, UnixStream};
 
+use crate::relay::try_again;
+
 /// The one byte of each handoff message.
 pub const MARKER: u8 = b'H';
 
@@ -96,11 +98,7 @@ pub async fn pass(connection: &UnixStream, client: &TcpStream) -> io::Result<()>
         match sent {
             Ok(1) => return Ok(()),
             Ok(_) => return Err(io::ErrorKind::WriteZero.into()),
-            Err(error)
-                if matches!(
-                    error.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
+            Err(error) if try_again(&error) => {}
             Err(error) => return Err(error),
         }
     }
@@ -139,14 +137,7 @@ pub async fn receive(connection: &UnixStream) -> io::Result<Option<Received>> {
         });
         let (bytes, byte, flags, mut fds) = match read {
             Ok(read) => read,
-            Err(error)
-                if matches!(
-                    error.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) =>
-            {
-                continue
-            }
+            Err(error) if try_again(&error) => continue,
             Err(error) => return Err(error),
         };
         if bytes == 0 && fds.is_empty() {

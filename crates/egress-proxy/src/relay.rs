@@ -403,6 +403,15 @@ async fn write_chunk<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// Whether a non-blocking call that failed with `error` moved nothing and may be made again once
+/// its descriptor is ready (it would have blocked, or a signal interrupted it).
+pub(crate) fn try_again(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
+}
+
 /// A reset or broken pipe from the peer ends that direction like an orderly close.
 fn gone_is_end(read: io::Result<usize>) -> io::Result<usize> {
     match read {

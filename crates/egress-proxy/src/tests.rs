@@ -247,17 +247,22 @@ async fn one_connection_never_reaches_a_second_request_or_host() {
     );
 }
 
-#[tokio::test]
-async fn connections_over_the_cap_get_503() {
+/// A proxy with one connection slot, and a client on its socket holding it (its head incomplete).
+async fn start_with_its_only_slot_held() -> (Harness, UnixStream) {
     let limits = Limits {
         max_connections: 1,
         ..Limits::default()
     };
     let h = start(Reply::Text("x".into()), limits).await;
-    // The first connection holds the one slot while its head is incomplete.
     let mut holder = UnixStream::connect(&h.socket).await.unwrap();
     holder.write_all(b"GET http://localhost/").await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
+    (h, holder)
+}
+
+#[tokio::test]
+async fn connections_over_the_cap_get_503() {
+    let (h, _holder) = start_with_its_only_slot_held().await;
     let answer = exchange(&h.socket, b"GET http://localhost/ HTTP/1.1\r\n\r\n").await;
     assert_eq!(status(&answer), "HTTP/1.1 503");
 }

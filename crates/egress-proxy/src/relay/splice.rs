@@ -18,7 +18,7 @@ use rustix::net::Shutdown;
 use rustix::pipe::{pipe_with, splice, PipeFlags, SpliceFlags};
 use tokio::io::Interest;
 
-use super::{drive, gone_is_end, Progress, Relayed, Socket, BUFFER};
+use super::{drive, gone_is_end, try_again, Progress, Relayed, Socket, BUFFER};
 
 /// How a direction moves its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,11 +143,7 @@ async fn fill<R: Socket>(reader: &R, into_pipe: &OwnedFd, len: usize) -> io::Res
             Ok(splice(reader.fd(), None, into_pipe, None, len, FLAGS)?)
         });
         match spliced {
-            Err(error)
-                if matches!(
-                    error.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
+            Err(error) if try_again(&error) => {}
             other => return other,
         }
     }
@@ -163,11 +159,7 @@ async fn empty<W: Socket>(writer: &W, out_of_pipe: &OwnedFd, len: usize) -> io::
         });
         match spliced {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Err(error)
-                if matches!(
-                    error.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
+            Err(error) if try_again(&error) => {}
             other => return other,
         }
     }
@@ -201,11 +193,7 @@ async fn copy<R: Socket, W: Socket>(
         let n = loop {
             reader.ready(Interest::READABLE).await?;
             match injected().map_or_else(|| reader.try_read(&mut buffer[..want]), Err) {
-                Err(error)
-                    if matches!(
-                        error.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) => {}
+                Err(error) if try_again(&error) => {}
                 read => break gone_is_end(read)?,
             }
         };
@@ -227,11 +215,7 @@ async fn copy<R: Socket, W: Socket>(
                     count.fetch_add(m as u64, Ordering::Relaxed);
                     progress.moved();
                 }
-                Err(error)
-                    if matches!(
-                        error.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) => {}
+                Err(error) if try_again(&error) => {}
                 Err(error) => return Err(error),
             }
         }

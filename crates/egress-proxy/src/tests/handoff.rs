@@ -196,15 +196,7 @@ async fn a_message_not_the_marker_with_one_descriptor_ends_its_connection() {
 
 #[tokio::test]
 async fn handed_off_clients_share_the_connection_cap() {
-    let limits = Limits {
-        max_connections: 1,
-        ..Limits::default()
-    };
-    let h = start(Reply::Text("x".into()), limits).await;
-    // The one slot held by a client on the socket whose head is incomplete.
-    let mut holder = UnixStream::connect(&h.socket).await.unwrap();
-    holder.write_all(b"GET http://localhost/").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (h, _holder) = start_with_its_only_slot_held().await;
     let connection = UnixStream::connect(&h.handoff).await.unwrap();
     let (mut client, accepted) = tcp_pair().await;
     crate::handoff::pass(&connection, &accepted).await.unwrap();
