@@ -159,8 +159,7 @@ pub(crate) async fn acquire(
     )?;
     host.check_host().await?;
     let _guard = host.locks.lock(target.name.clone()).await;
-    let rows = host.cli.ls().await.map_err(to_sandbox_error)?;
-    let mut row = rows.into_iter().find(|row| row.name == target.name);
+    let mut row = listed(host, &target.name).await?;
     let mut record = read_record(host, &target).await?;
     if let Some(present) = &row {
         let retired = present.id.as_deref().is_some_and(|id| {
@@ -180,12 +179,15 @@ pub(crate) async fn acquire(
         }
     } else if let Some(stale) = record.clone() {
         match (presence(host, &target).await?, stale.instance_id.is_some()) {
-            (Presence::Answers, true) => return Err(lost_track(&target)),
-            // A create in progress in another process: wait for it, then look again.
-            (Presence::Answers, false) => {
-                record = wait_for_creator(host, &target).await?;
-                let rows = host.cli.ls().await.map_err(to_sandbox_error)?;
-                row = rows.into_iter().find(|row| row.name == target.name);
+            // A create in another process, in progress (wait for it) or finished between the
+            // listing above and the record's read (a finished record alone proves nothing):
+            // list again after the read; only a sandbox that answers and is still unlisted
+            // then means the daemon lost track of it.
+            (Presence::Answers, finished) => {
+                if !finished {
+                    record = wait_for_creator(host, &target).await?;
+                }
+                row = listed(host, &target.name).await?;
                 if row.is_none() {
                     return Err(lost_track(&target));
                 }
@@ -215,6 +217,12 @@ pub(crate) async fn acquire(
     }
 }
 
+/// The row `sbx ls` lists for `name`, if any.
+async fn listed(host: &SbxHost, name: &str) -> Result<Option<LsRow>, SandboxError> {
+    let rows = host.cli.ls().await.map_err(to_sandbox_error)?;
+    Ok(rows.into_iter().find(|row| row.name == name))
+}
+
 /// Another process is making this sandbox ready (its record has no instance id yet): wait for
 /// it, bounded by the command timeout, re-reading the record every 250 ms.
 async fn wait_for_creator(host: &SbxHost, target: &Target) -> Result<Option<Record>, SandboxError> {
@@ -238,17 +246,23 @@ pub(crate) async fn find(
     // The record says which storage base; the name does not depend on it.
     let probe = Target::new(host, key, kind, DEFAULT_WORK_DIR)?;
     let _guard = host.locks.lock(probe.name.clone()).await;
-    let rows = host.cli.ls().await.map_err(to_sandbox_error)?;
-    let row = rows.into_iter().find(|row| row.name == probe.name);
+    let row = listed(host, &probe.name).await?;
     let record = read_record(host, &probe).await?;
-    let Some(row) = row else {
-        return match record {
-            Some(record) if record.instance_id.is_some() => match presence(host, &probe).await? {
-                Presence::Answers => Err(lost_track(&probe)),
-                Presence::Absent => Ok(None),
-            },
-            _ => Ok(None),
-        };
+    let row = match row {
+        Some(row) => row,
+        None => match record {
+            Some(ref finished) if finished.instance_id.is_some() => {
+                match presence(host, &probe).await? {
+                    Presence::Absent => return Ok(None),
+                    // Finished between the listing and the record's read, or lost: list again.
+                    Presence::Answers => match listed(host, &probe.name).await? {
+                        Some(row) => row,
+                        None => return Err(lost_track(&probe)),
+                    },
+                }
+            }
+            _ => return Ok(None),
+        },
     };
     let target = match &record {
         Some(record) => Target::new(host, key, kind, &record.work_dir)?,
@@ -672,8 +686,7 @@ async fn adopt_race_winner(
     target: &Target,
     spec: &SandboxSpec,
 ) -> Result<Arc<SbxSandbox>, SandboxError> {
-    let rows = host.cli.ls().await.map_err(to_sandbox_error)?;
-    let Some(row) = rows.into_iter().find(|row| row.name == target.name) else {
+    let Some(row) = listed(host, &target.name).await? else {
         return Err(SandboxError::DaemonFault(format!(
             "sbx create said {} already exists but `sbx ls` does not list it; fix with `sbx \
              daemon restart`",
