@@ -3,43 +3,13 @@
 //! and the proxy goes on serving.
 
 use std::io;
-use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
-use rustix::net::{
-    sendmsg, AddressFamily, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketFlags,
-    SocketType,
-};
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
 
 use super::*;
+use crate::handoff::tests::{send_raw, tcp_pair};
 use crate::handoff::MARKER;
-
-/// Sends `bytes` with `fds` on `connection` in one message.
-fn send_raw(connection: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) {
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    if !fds.is_empty() {
-        assert!(control.push(SendAncillaryMessage::ScmRights(fds)));
-    }
-    let sent = sendmsg(
-        connection,
-        &[io::IoSlice::new(bytes)],
-        &mut control,
-        SendFlags::NOSIGNAL,
-    )
-    .unwrap();
-    assert_eq!(sent, bytes.len());
-}
-
-/// A connected loopback TCP pair: (the side a client holds, the side a forwarder accepted).
-async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-        .await
-        .unwrap();
-    let (accepted, _) = listener.accept().await.unwrap();
-    (client, accepted)
-}
 
 /// Waits until the proxy has ended `connection` (it reads its end).
 async fn ended(connection: &mut UnixStream) {
