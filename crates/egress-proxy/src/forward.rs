@@ -107,40 +107,39 @@ impl Handoff {
     /// Passes `client` to the proxy, connecting again once if the standing connection has
     /// broken (a proxy restarted), each step within [`HANDOFF_DEADLINE`].
     async fn pass(&mut self, client: &TcpStream) -> std::io::Result<()> {
-        let mut last = None;
-        for _ in 0..2 {
-            let connection = match self.connection.take() {
-                Some(connection) => connection,
-                None => {
-                    match tokio::time::timeout(HANDOFF_DEADLINE, UnixStream::connect(&self.path))
-                        .await
-                    {
-                        Ok(Ok(connection)) => connection,
-                        Ok(Err(error)) => {
-                            last = Some(error);
-                            break;
-                        }
-                        Err(_) => {
-                            last = Some(std::io::ErrorKind::TimedOut.into());
-                            break;
-                        }
-                    }
-                }
-            };
-            match tokio::time::timeout(HANDOFF_DEADLINE, handoff::pass(&connection, client)).await {
-                Ok(Ok(())) => {
-                    self.connection = Some(connection);
-                    return Ok(());
-                }
-                Ok(Err(error)) => last = Some(error),
-                Err(_) => last = Some(std::io::ErrorKind::TimedOut.into()),
-            }
+        let had_connection = self.connection.is_some();
+        let mut passed = self.pass_once(client).await;
+        if passed.is_err() && had_connection {
+            passed = self.pass_once(client).await;
         }
-        let error = last.unwrap_or_else(|| std::io::ErrorKind::NotConnected.into());
-        report(&format!(
-            "handing off on {} (relaying instead): {error}",
-            self.path.display()
-        ));
-        Err(error)
+        if let Err(error) = &passed {
+            report(&format!(
+                "handing off on {} (relaying instead): {error}",
+                self.path.display()
+            ));
+        }
+        passed
     }
+
+    /// One pass on the standing connection, or on a new one when there is none; the connection
+    /// is kept only when the pass went.
+    async fn pass_once(&mut self, client: &TcpStream) -> std::io::Result<()> {
+        let connection = match self.connection.take() {
+            Some(connection) => connection,
+            None => within(HANDOFF_DEADLINE, UnixStream::connect(&self.path)).await?,
+        };
+        within(HANDOFF_DEADLINE, handoff::pass(&connection, client)).await?;
+        self.connection = Some(connection);
+        Ok(())
+    }
+}
+
+/// `step`, or `TimedOut` once `deadline` has passed.
+async fn within<T>(
+    deadline: Duration,
+    step: impl std::future::Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    tokio::time::timeout(deadline, step)
+        .await
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
 }
