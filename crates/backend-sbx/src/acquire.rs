@@ -187,10 +187,7 @@ pub(crate) async fn acquire(
                 if !finished {
                     record = wait_for_creator(host, &target).await?;
                 }
-                row = listed(host, &target.name).await?;
-                if row.is_none() {
-                    return Err(lost_track(&target));
-                }
+                row = Some(listed_or_lost(host, &target).await?);
             }
             // Confirmed gone: a finished instance's generation is of no use to anyone. An
             // unfinished create's record stays (a create in another process may be just
@@ -221,6 +218,15 @@ pub(crate) async fn acquire(
 async fn listed(host: &SbxHost, name: &str) -> Result<Option<LsRow>, SandboxError> {
     let rows = host.cli.ls().await.map_err(to_sandbox_error)?;
     Ok(rows.into_iter().find(|row| row.name == name))
+}
+
+/// The row of a sandbox that answers though the first listing missed it: listed again, after
+/// its record was read (a create that finished in between is listed now); still unlisted, the
+/// daemon lost track of it.
+async fn listed_or_lost(host: &SbxHost, target: &Target) -> Result<LsRow, SandboxError> {
+    listed(host, &target.name)
+        .await?
+        .ok_or_else(|| lost_track(target))
 }
 
 /// Another process is making this sandbox ready (its record has no instance id yet): wait for
@@ -254,11 +260,8 @@ pub(crate) async fn find(
             Some(ref finished) if finished.instance_id.is_some() => {
                 match presence(host, &probe).await? {
                     Presence::Absent => return Ok(None),
-                    // Finished between the listing and the record's read, or lost: list again.
-                    Presence::Answers => match listed(host, &probe.name).await? {
-                        Some(row) => row,
-                        None => return Err(lost_track(&probe)),
-                    },
+                    // Finished between the listing and the record's read, or lost.
+                    Presence::Answers => listed_or_lost(host, &probe).await?,
                 }
             }
             _ => return Ok(None),
