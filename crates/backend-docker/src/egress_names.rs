@@ -54,8 +54,9 @@ pub(crate) fn workload_env() -> Vec<String> {
     env
 }
 
-/// The workload's body: the forwarder (handing each connection to the proxy), kept running by a background loop that starts it again a
-/// second after it ends (a crash, or a guest that killed it), then `keep_alive`. A guest that
+/// The workload's body: the forwarder (handing each connection to the proxy), kept running by
+/// a background loop that starts it again a second after it ends (a crash, or a guest that
+/// killed it), then `keep_alive`. A guest that
 /// kills the loop too loses only its own egress, until the workload restarts.
 pub(crate) fn keep_alive_with_forwarder(keep_alive: &str) -> String {
     format!(

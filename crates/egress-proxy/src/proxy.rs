@@ -1,5 +1,6 @@
 //! The proxy role: one task per client connection, accepted on the Unix socket or handed off by
-//! a forwarder ([`crate::handoff`]), each serving exactly one request (a CONNECT tunnel or one plain-HTTP exchange) to exactly one upstream.
+//! a forwarder ([`crate::handoff`]), each serving exactly one request (a CONNECT tunnel or one
+//! plain-HTTP exchange) to exactly one upstream.
 
 use std::collections::BTreeSet;
 use std::io::Write as _;

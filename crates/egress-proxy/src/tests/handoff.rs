@@ -11,6 +11,13 @@ use super::*;
 use crate::handoff::tests::{send_raw, tcp_pair};
 use crate::handoff::MARKER;
 
+/// Hands a fresh loopback connection to the proxy on `connection`; returns the client's side.
+async fn hand_off(connection: &UnixStream) -> tokio::net::TcpStream {
+    let (client, accepted) = tcp_pair().await;
+    crate::handoff::pass(connection, &accepted).await.unwrap();
+    client
+}
+
 /// Waits until the proxy has ended `connection` (it reads its end).
 async fn ended(connection: &mut UnixStream) {
     let mut byte = [0u8; 1];
@@ -44,17 +51,13 @@ async fn a_connection_handed_off_is_served_as_one_accepted() {
     let h = start(Reply::Text("handed".into()), Limits::default()).await;
     let connection = UnixStream::connect(&h.handoff).await.unwrap();
     for _ in 0..3 {
-        let (mut client, accepted) = tcp_pair().await;
-        crate::handoff::pass(&connection, &accepted).await.unwrap();
-        drop(accepted);
+        let mut client = hand_off(&connection).await;
         let answer = served(&h, &mut client).await;
         assert_eq!(status(&answer), "HTTP/1.1 200");
         assert!(answer.ends_with(b"handed"), "{answer:?}");
     }
     // The proxy's rules hold for a handed-off client as for one on the socket.
-    let (mut client, accepted) = tcp_pair().await;
-    crate::handoff::pass(&connection, &accepted).await.unwrap();
-    drop(accepted);
+    let mut client = hand_off(&connection).await;
     client
         .write_all(b"GET http://evil.test/ HTTP/1.1\r\n\r\n")
         .await
@@ -119,9 +122,7 @@ async fn anything_but_a_connected_tcp_socket_is_closed_unread() {
 
     // Still serving.
     let connection = UnixStream::connect(&h.handoff).await.unwrap();
-    let (mut client, accepted) = tcp_pair().await;
-    crate::handoff::pass(&connection, &accepted).await.unwrap();
-    drop(accepted);
+    let mut client = hand_off(&connection).await;
     assert_eq!(status(&served(&h, &mut client).await), "HTTP/1.1 200");
 }
 
@@ -168,9 +169,7 @@ async fn a_message_not_the_marker_with_one_descriptor_ends_its_connection() {
 async fn handed_off_clients_share_the_connection_cap() {
     let (h, _holder) = start_with_its_only_slot_held().await;
     let connection = UnixStream::connect(&h.handoff).await.unwrap();
-    let (mut client, accepted) = tcp_pair().await;
-    crate::handoff::pass(&connection, &accepted).await.unwrap();
-    drop(accepted);
+    let mut client = hand_off(&connection).await;
     assert_eq!(status(&served(&h, &mut client).await), "HTTP/1.1 503");
 }
 
@@ -184,8 +183,6 @@ async fn handoff_connections_past_their_cap_are_closed_at_accept() {
     let mut over = UnixStream::connect(&h.handoff).await.unwrap();
     ended(&mut over).await;
     // Each held one still hands off.
-    let (mut client, accepted) = tcp_pair().await;
-    crate::handoff::pass(&held[0], &accepted).await.unwrap();
-    drop(accepted);
+    let mut client = hand_off(&held[0]).await;
     assert_eq!(status(&served(&h, &mut client).await), "HTTP/1.1 200");
 }
