@@ -56,7 +56,7 @@ pub fn check(root: &Path) -> Result<(), XtaskError> {
 /// Every hit under `root` outside `unchecked`, as `path:line: text`, in path order.
 fn stale_citations(root: &Path, unchecked: &[&str]) -> Result<Vec<String>, XtaskError> {
     let mut files = Vec::new();
-    collect_rust_files(root, root, unchecked, &mut files)?;
+    collect_files(root, root, unchecked, ".rs", &mut files)?;
     files.sort();
     let mut hits = Vec::new();
     for (relative, path) in files {
@@ -74,10 +74,13 @@ fn stale_citations(root: &Path, unchecked: &[&str]) -> Result<Vec<String>, Xtask
     Ok(hits)
 }
 
-fn collect_rust_files(
+/// Every file under `dir` whose name ends with `extension`, as `(path relative to root, path)`,
+/// skipping [`SKIPPED_DIRECTORIES`] and the `unchecked` prefixes; links are not followed.
+pub(crate) fn collect_files(
     root: &Path,
     dir: &Path,
     unchecked: &[&str],
+    extension: &str,
     files: &mut Vec<(String, PathBuf)>,
 ) -> Result<(), XtaskError> {
     let io_error = |source| XtaskError::Io {
@@ -103,9 +106,9 @@ fn collect_rust_files(
         let kind = entry.file_type().map_err(io_error)?;
         if kind.is_dir() {
             if !SKIPPED_DIRECTORIES.contains(&name.as_str()) {
-                collect_rust_files(root, &path, unchecked, files)?;
+                collect_files(root, &path, unchecked, extension, files)?;
             }
-        } else if kind.is_file() && name.ends_with(".rs") {
+        } else if kind.is_file() && name.ends_with(extension) {
             files.push((relative, path));
         }
     }

@@ -135,6 +135,10 @@ pub enum XtaskError {
     )]
     StaleCitations(Vec<String>),
 
+    /// Citations of the repository's documents, or links between them, that do not resolve.
+    #[error("citations or links that do not resolve (fix the target or the heading):\n{}", .0.join("\n"))]
+    BrokenDocLinks(Vec<String>),
+
     /// A bounded child process could not run to its end (spawn failure, deadline, output budget).
     #[error("`{command}`: {source}")]
     Bounded {

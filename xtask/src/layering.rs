@@ -106,6 +106,8 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     // Not a dependency rule, but the same kind of structural check, cheap enough to ride along.
     crate::citations::check(workspace.root())?;
     eprintln!("layering: no comment cites a document outside the repository");
+    crate::doc_links::check(workspace.root())?;
+    eprintln!("layering: every citation of docs/ and every link between documents resolves");
     Ok(())
 }
 

@@ -43,6 +43,7 @@
 mod bench;
 mod ci;
 mod citations;
+mod doc_links;
 mod error;
 mod fuzz;
 mod layering;

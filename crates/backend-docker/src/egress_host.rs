@@ -1,4 +1,4 @@
-//! The engine host's own addresses, which the egress proxy denies (docs/egress-proxy.md#addresses).
+//! The engine host's own addresses, which the egress proxy denies (docs/egress-proxy.md#rules).
 //!
 //! A service on the engine host bound to `0.0.0.0`, or a port the engine publishes, answers on
 //! every address of the host: its LAN or public IPv4, its global IPv6, the gateways of every

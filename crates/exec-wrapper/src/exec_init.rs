@@ -4,7 +4,7 @@
 //! `sandbox-exec-init <nonce> <mask> <cwd> <argv>…` is the call's first process (the exec's, so
 //! its parent is outside the container) and does what `/sbin/docker-init -s -- sh -c
 //! DOCKER_INIT_WRAPPER …` does, in the same order and with the same exit statuses and lines
-//! (docs/wrapper-protocol.md#the-exec-init): it becomes the subreaper of everything the command
+//! (docs/wrapper-protocol.md#docker-the-exec-init): it becomes the subreaper of everything the command
 //! starts; refuses a malformed call or a cancel file with 125 and no nonce; decodes only the `x`
 //! values (in process: no `base64`); enters the working directory (failure: the `-nocwd` line, a
 //! reason, 125); prints the nonce line; starts exactly the argv (a `PATH` search as `execvp` does,

@@ -1,5 +1,5 @@
 //! `sandbox-exec-init <nonce> <mask> <cwd> <argv>…`: the Docker init shape's wrapper as one
-//! static program (docs/wrapper-protocol.md#the-exec-init). Linux only; elsewhere it says so and
+//! static program (docs/wrapper-protocol.md#docker-the-exec-init). Linux only; elsewhere it says so and
 //! exits 2.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
