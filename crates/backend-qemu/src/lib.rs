@@ -40,6 +40,7 @@ mod backend;
 mod config;
 mod fault;
 mod handle;
+mod health;
 mod layout;
 
 pub use backend::{QemuBackend, TRANSFER_CEILING};
@@ -48,6 +49,7 @@ pub use config::{
     DEFAULT_NAME_PREFIX,
 };
 pub use handle::QemuSandbox;
+pub use health::health_checks;
 
 /// The backend's name.
 pub const BACKEND_NAME: &str = "qemu";

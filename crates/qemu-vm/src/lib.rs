@@ -31,7 +31,9 @@ pub use client::{
 };
 pub use error::VmError;
 pub use image::{module_load_order, ImageRecipe, Progress, VmImage, MANIFEST, MODULES};
-pub use machine::{host_tsc_khz, qemus_under, Accel, RunningQemu, Vm, VmConfig, VmStatus};
+pub use machine::{
+    host_tsc_khz, qemus_under, Accel, RunningQemu, Vm, VmConfig, VmStatus, QEMU_PROGRAM,
+};
 pub use ports::DEFAULT_AGENT_PORTS;
 pub use vm_agent::proto::MAX_PORTS as MAX_AGENT_PORTS;
 pub use vm_agent::proto::{Entry, ErrorCode, ExecRequest, ExitStatus, FileKind, Stat};

@@ -95,8 +95,11 @@ pub struct VmConfig {
     pub agent_ports: u32,
 }
 
+/// The QEMU program a [`VmConfig`] runs unless told otherwise, looked up on `PATH`.
+pub const QEMU_PROGRAM: &str = "qemu-system-x86_64";
+
 impl VmConfig {
-    /// A config with 512 MiB, one CPU, TCG, `qemu-system-x86_64` from `PATH`,
+    /// A config with 512 MiB, one CPU, TCG, [`QEMU_PROGRAM`] from `PATH`,
     /// [`DEFAULT_AGENT_PORTS`] agent ports.
     pub fn new(image: VmImage, parent_dir: impl Into<PathBuf>, name: impl Into<String>) -> Self {
         VmConfig {
@@ -106,7 +109,7 @@ impl VmConfig {
             memory_mib: 512,
             cpus: 1,
             accel: Accel::Tcg,
-            qemu: PathBuf::from("qemu-system-x86_64"),
+            qemu: PathBuf::from(QEMU_PROGRAM),
             kernel_args: Vec::new(),
             console_log: false,
             agent_ports: DEFAULT_AGENT_PORTS,

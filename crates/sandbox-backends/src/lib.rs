@@ -17,6 +17,10 @@
 /// The guarded opener of host files, for hosts that reach it through this crate.
 pub use host_files;
 
+mod health;
+
+pub use health::health;
+
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;

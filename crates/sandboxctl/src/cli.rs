@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-pub use sandbox_backends::{BackendArgs, BackendChoice, OutDirArg};
+#[cfg(test)]
+use sandbox_backends::BackendChoice;
+pub use sandbox_backends::{BackendArgs, OutDirArg};
 #[cfg(test)]
 use sandbox_core::Isolation;
 
