@@ -16,8 +16,8 @@
 //!   namespace's interfaces; the backend runs it in the engine host's namespace and passes what
 //!   it prints to the proxy as denied addresses.
 //!
-//! The parsers ([`head`], [`hostmatch`], [`address`]) are pure and public so that fuzz
-//! targets and tests drive them directly.
+//! The parsers ([`head`], [`hostmatch`], [`address`], [`pathrule`]) are pure and public so that
+//! fuzz targets and tests drive them directly.
 //!
 //! What it defends: a guest reaching a host, port or address the allowlist does not grant,
 //! through the proxy — by naming a host off the list, an IP literal, a name that resolves to
@@ -47,6 +47,7 @@ pub mod forward;
 pub mod handoff;
 pub mod head;
 pub mod hostmatch;
+pub mod pathrule;
 pub mod proxy;
 pub mod relay;
 pub mod serve;
