@@ -16,7 +16,9 @@ use crate::address::AddressPolicy;
 use crate::error::{invalid_config, io_error, ProxyError};
 use crate::hostmatch::Allowlist;
 use crate::proxy::{Limits, Policy, DEFAULT_PORTS};
+use crate::rules::{Grant, HttpRule, HttpRules};
 use crate::serve::Reply;
+use crate::tls::{Terminator, UpstreamRoots};
 
 /// The line the proxy prints on stdout once it serves.
 pub const READY_LINE: &str = "maf-egress-proxy ready v1";
@@ -71,6 +73,23 @@ pub struct ProxyArgs {
     /// outbound network's gateways).
     #[arg(long = "deny-address")]
     pub deny_addresses: Vec<IpAddr>,
+    /// A method and path rule, `HOST METHODS PATHS` (repeatable; e.g.
+    /// `api.example.com GET,HEAD /v1/*,/health`; `*` for any method). Tunnels to a host with
+    /// rules are terminated and each request judged.
+    #[arg(long = "rule")]
+    pub rules: Vec<String>,
+    /// Read credential grants from standard input, one JSON object a line, until it ends
+    /// (never give a token in an argument or the environment).
+    #[arg(long)]
+    pub grants_stdin: bool,
+    /// Where to write the proxy's CA certificate (PEM, mode 0644) for the workload to trust;
+    /// required with rules or grants. The CA's key is never written.
+    #[arg(long)]
+    pub ca_cert_out: Option<PathBuf>,
+    /// A PEM bundle of further roots to verify upstreams against, beside the public roots
+    /// (repeatable).
+    #[arg(long = "upstream-ca")]
+    pub upstream_cas: Vec<PathBuf>,
 }
 
 /// `egress-proxy forward`.
@@ -104,12 +123,51 @@ pub struct ServeArgs {
 }
 
 impl ProxyArgs {
-    /// The policy these arguments describe.
+    /// The policy these arguments describe, without credential grants.
     ///
     /// # Errors
-    /// An allowlist entry the grammar refuses, or port 0.
+    /// As [`ProxyArgs::policy_with`].
     pub fn policy(&self) -> Result<Policy, ProxyError> {
+        self.policy_with(Vec::new())
+    }
+
+    /// The policy these arguments describe, with `grants`; it terminates TLS (a fresh CA) when
+    /// there is any rule or grant.
+    ///
+    /// # Errors
+    /// An allowlist entry the grammar refuses, port 0, a bad rule, a grant for a host off the
+    /// allowlist, rules or grants without `--ca-cert-out`, an unreadable `--upstream-ca`, or a CA
+    /// that cannot be made.
+    pub fn policy_with(&self, grants: Vec<Grant>) -> Result<Policy, ProxyError> {
         let allow = Allowlist::new(&self.allow)?;
+        let rules = self
+            .rules
+            .iter()
+            .map(|rule| HttpRule::parse(rule))
+            .collect::<Result<Vec<_>, _>>()?;
+        let http = HttpRules::new(rules, grants);
+        if let Some(host) = http.granted_hosts().find(|host| !allow.allows_name(host)) {
+            return Err(invalid_config(format!(
+                "a credential grant names {host}, which is not on the allowlist"
+            )));
+        }
+        let terminator = if http.is_empty() {
+            None
+        } else {
+            if self.ca_cert_out.is_none() {
+                return Err(invalid_config(
+                    "rules and grants need --ca-cert-out (the workload must trust the proxy's CA)",
+                ));
+            }
+            let mut roots = UpstreamRoots {
+                public: true,
+                extra: Vec::new(),
+            };
+            for bundle in &self.upstream_cas {
+                roots.add_pem_file(bundle)?;
+            }
+            Some(Arc::new(Terminator::new(&roots)?))
+        };
         let ports: BTreeSet<u16> = if self.ports.is_empty() {
             DEFAULT_PORTS.into_iter().collect()
         } else {
@@ -123,8 +181,71 @@ impl ProxyArgs {
             ports,
             addresses: AddressPolicy::new(self.allow_private, self.deny_addresses.iter().copied()),
             limits: Limits::default(),
+            http,
+            terminator,
+            observer: None,
         })
     }
+}
+
+/// The most grant input read from standard input.
+pub const MAX_GRANTS_INPUT: u64 = 1024 * 1024;
+
+/// How long the proxy waits for its grants' input to end.
+pub const GRANTS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Parses grant lines (blank lines skipped) from at most [`MAX_GRANTS_INPUT`] bytes of `input`.
+///
+/// # Errors
+/// Input past the cap, input that is not UTF-8, or a line [`Grant::parse`] refuses.
+pub fn read_grants(input: impl std::io::Read) -> Result<Vec<Grant>, ProxyError> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    input
+        .take(MAX_GRANTS_INPUT + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_error("reading the grants from", "stdin", e))?;
+    if bytes.len() as u64 > MAX_GRANTS_INPUT {
+        return Err(invalid_config("the grants' input is larger than 1 MiB"));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| invalid_config("the grants are not UTF-8"))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(at, line)| Grant::parse(line, at + 1))
+        .collect()
+}
+
+/// Reads the grants from this process's standard input, waiting at most [`GRANTS_DEADLINE`]
+/// for it to end.
+fn read_grants_from_stdin() -> Result<Vec<Grant>, ProxyError> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    // A reader blocked on an input that never ends stays behind; the process then fails.
+    std::thread::spawn(move || {
+        let _ = sender.send(read_grants(std::io::stdin().lock()));
+    });
+    receiver
+        .recv_timeout(GRANTS_DEADLINE)
+        .map_err(|_| invalid_config("standard input did not end within 30 s with the grants"))?
+}
+
+/// Writes `pem` to `dest`, mode 0644, through a temporary file renamed into place.
+///
+/// # Errors
+/// Any failure writing the file.
+pub fn write_ca_cert(dest: &Path, pem: &str) -> Result<(), ProxyError> {
+    let temp = temp_beside(dest)?;
+    let result = (|| {
+        std::fs::write(&temp, pem)
+            .map_err(|e| io_error("writing the CA certificate to", &temp, e))?;
+        std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| io_error("setting the mode of", &temp, e))?;
+        std::fs::rename(&temp, dest).map_err(|e| io_error("renaming into place", dest, e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result
 }
 
 /// Copies this process's executable to `dest`, mode 0755, through a temporary file in the
@@ -226,7 +347,15 @@ fn runtime() -> Result<tokio::runtime::Runtime, ProxyError> {
 pub fn run(cli: Cli) -> Result<(), ProxyError> {
     match cli.role {
         Role::Proxy(args) => {
-            let policy = Arc::new(args.policy()?);
+            let grants = if args.grants_stdin {
+                read_grants_from_stdin()?
+            } else {
+                Vec::new()
+            };
+            let policy = Arc::new(args.policy_with(grants)?);
+            if let (Some(terminator), Some(dest)) = (&policy.terminator, &args.ca_cert_out) {
+                write_ca_cert(dest, &terminator.authority_pem())?;
+            }
             install_forwarder(&args.install_forwarder)?;
             let runtime = runtime()?;
             runtime.block_on(async {

@@ -15,6 +15,26 @@ pub enum ProxyError {
         /// Why the grammar refused it.
         reason: String,
     },
+    /// A `--rule` is not `HOST METHODS PATHS` of valid parts.
+    #[error("rule {rule:?} refused: {reason}")]
+    InvalidRule {
+        /// The rule as given.
+        rule: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A credential grant line is unusable (the message never quotes the line: it holds a
+    /// secret).
+    #[error("credential grant on line {line} refused: {reason}")]
+    InvalidGrant {
+        /// The line number on standard input, from 1.
+        line: usize,
+        /// Which field is wrong and why.
+        reason: String,
+    },
+    /// Making the certificate authority, a certificate or a TLS configuration failed.
+    #[error("TLS set-up: {0}")]
+    Tls(String),
     /// A configuration value is unusable (an empty allowlist, port 0, a bad address).
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
@@ -47,4 +67,25 @@ pub(crate) fn io_error(
 #[cold]
 pub(crate) fn invalid_config(what: impl Into<String>) -> ProxyError {
     ProxyError::InvalidConfig(what.into())
+}
+
+#[cold]
+pub(crate) fn invalid_rule(rule: &str, reason: impl Into<String>) -> ProxyError {
+    ProxyError::InvalidRule {
+        rule: rule.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+#[cold]
+pub(crate) fn invalid_grant(line: usize, reason: impl Into<String>) -> ProxyError {
+    ProxyError::InvalidGrant {
+        line,
+        reason: reason.into(),
+    }
+}
+
+#[cold]
+pub(crate) fn tls_error(what: impl std::fmt::Display) -> ProxyError {
+    ProxyError::Tls(what.to_string())
 }

@@ -397,9 +397,25 @@ impl RequestHead {
     ///
     /// Returns `None` for a CONNECT head.
     pub fn rewrite_origin_form(&self) -> Option<Vec<u8>> {
-        let Target::Absolute { authority, path } = &self.target else {
+        let Target::Absolute { path, .. } = &self.target else {
             return None;
         };
+        Some(self.rewrite_to(path, 80, false, None))
+    }
+
+    /// The head to send upstream, as [`RequestHead::rewrite_origin_form`] makes it, with
+    /// `target` as the origin-form target, the port left out of `Host` when it is
+    /// `default_port`, every `Authorization` field dropped when `drop_authorization`, and one
+    /// `Authorization: <authorization>` added when given (the caller's value, which must hold
+    /// no line break). A CONNECT head keeps its own authority.
+    pub fn rewrite_to(
+        &self,
+        target: &str,
+        default_port: u16,
+        drop_authorization: bool,
+        authorization: Option<&str>,
+    ) -> Vec<u8> {
+        let authority = self.target.authority();
         let named: Vec<String> = self
             .field_values("connection")
             .flat_map(|v| v.split(','))
@@ -408,9 +424,9 @@ impl RequestHead {
             .collect();
         let mut out = format!(
             "{} {} HTTP/1.{}\r\nHost: {}",
-            self.method, path, self.minor_version, authority.host
+            self.method, target, self.minor_version, authority.host
         );
-        if authority.port != 80 {
+        if authority.port != default_port {
             out.push_str(&format!(":{}", authority.port));
         }
         out.push_str("\r\n");
@@ -419,6 +435,7 @@ impl RequestHead {
             if DROPPED.contains(&lower.as_str())
                 || lower.starts_with("proxy-")
                 || named.contains(&lower)
+                || (drop_authorization && lower == "authorization")
             {
                 continue;
             }
@@ -435,9 +452,61 @@ impl RequestHead {
                 Err(_) => {}
             }
         }
+        if let Some(value) = authorization {
+            out.push_str("Authorization: ");
+            out.push_str(value);
+            out.push_str("\r\n");
+        }
         out.push_str("Connection: close\r\n\r\n");
-        Some(out.into_bytes())
+        out.into_bytes()
     }
+}
+
+/// Parses the head of a request read inside a terminated tunnel to `authority`: origin-form
+/// (`METHOD /path HTTP/1.x`), with exactly one `Host` field naming the tunnel's host (and its
+/// port, when it gives one). The head's target is `authority` and the path as sent.
+///
+/// # Errors
+/// As [`parse_head`] for the syntax; Refused for another request form, CONNECT, or a `Host`
+/// missing, repeated or naming another host or port.
+pub fn parse_tunnelled_head(head: &[u8], authority: &Authority) -> Result<RequestHead, HeadError> {
+    if head.len() > MAX_HEAD_LEN {
+        return Err(refused("request head larger than 16 KiB"));
+    }
+    let text = std::str::from_utf8(head).map_err(|_| malformed("head is not ASCII"))?;
+    let text = text.strip_suffix("\r\n\r\n").unwrap_or(text);
+    let mut lines = text.split("\r\n");
+    let (method, target, minor_version) = parse_request_line(lines.next().unwrap_or(""))?;
+    let mut headers = Vec::new();
+    for line in lines {
+        if headers.len() == MAX_HEADERS {
+            return Err(refused("more than 100 header fields"));
+        }
+        headers.push(parse_field(line)?);
+    }
+    if method == "CONNECT" || !target.starts_with('/') {
+        return Err(refused(
+            "inside a terminated tunnel only origin-form requests are served",
+        ));
+    }
+    let head = RequestHead {
+        method: method.to_owned(),
+        target: Target::Absolute {
+            authority: authority.clone(),
+            path: target.to_owned(),
+        },
+        minor_version,
+        headers,
+    };
+    let hosts: Vec<&str> = head.field_values("host").collect();
+    let [host] = hosts[..] else {
+        return Err(refused("a tunnelled request needs exactly one Host field"));
+    };
+    if parse_authority(host, Some(authority.port)).as_ref() != Ok(authority) {
+        return Err(refused("the Host field names another host than the tunnel"));
+    }
+    drop(hosts);
+    Ok(head)
 }
 
 #[cfg(test)]

@@ -16,6 +16,12 @@
 //!   namespace's interfaces; the backend runs it in the engine host's namespace and passes what
 //!   it prints to the proxy as denied addresses.
 //!
+//! Hosts with method and path rules or credential grants ([`rules`]) are *terminated*: the
+//! proxy completes TLS with the client under a leaf of its own per-process CA ([`tls`]), judges
+//! each request's method and normalised path ([`pathrule`]), adds a granted bearer token to
+//! matching requests only, and reaches the upstream over TLS verified for the allowlisted name.
+//! Every other host stays an opaque tunnel.
+//!
 //! The parsers ([`head`], [`hostmatch`], [`address`], [`pathrule`]) are pure and public so that
 //! fuzz targets and tests drive them directly.
 //!
@@ -28,8 +34,9 @@
 //! Heads are bounded (16 KiB, 10 s), connects are bounded (10 s), relays close when idle, and
 //! concurrent connections are capped.
 //!
-//! What it does not defend: what flows inside an allowed TLS tunnel (it is never decrypted,
-//! so methods and paths cannot be filtered there); an allowed host that itself relays
+//! What it does not defend: what flows inside an opaque TLS tunnel (a host without rules or
+//! grants; it is never decrypted); a credential an upstream echoes in a form other than its own
+//! bytes (encoded, split across a transformation); an allowed host that itself relays
 //! elsewhere (an open proxy, a CDN serving any tenant under an allowed name); data
 //! exfiltration to an allowed host; DNS answers changing between the check and a later
 //! request (each connection resolves again and checks again, and dials only checked
@@ -50,7 +57,10 @@ pub mod hostmatch;
 pub mod pathrule;
 pub mod proxy;
 pub mod relay;
+pub mod rules;
 pub mod serve;
+mod terminate;
+pub mod tls;
 
 pub use error::ProxyError;
 

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpStream, UnixListener};
@@ -18,6 +18,8 @@ use crate::handoff::{self, Received};
 use crate::head::{head_len, parse_head, Authority, Body, Host, RequestHead, Target, MAX_HEAD_LEN};
 use crate::hostmatch::Allowlist;
 use crate::relay::{relay_sockets, Socket};
+use crate::rules::HttpRules;
+use crate::tls::Terminator;
 
 /// The ports served when none is configured.
 pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
@@ -57,10 +59,16 @@ pub struct Policy {
     pub addresses: AddressPolicy,
     /// Deadlines and caps.
     pub limits: Limits,
+    /// The method and path rules and the credential grants.
+    pub http: HttpRules,
+    /// The TLS termination of the hosts `http` judges (required when `http` is not empty).
+    pub terminator: Option<Arc<Terminator>>,
+    /// Told of every decision, besides the log line on stderr.
+    pub observer: Option<Observer>,
 }
 
 /// One decision, as logged.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Decision {
     /// Allowed or not.
     pub allowed: bool,
@@ -72,6 +80,18 @@ pub struct Decision {
     pub port: Option<u16>,
     /// Why.
     pub reason: String,
+    /// The normalised path of a request judged by its host's rules or grants.
+    pub path: Option<String>,
+    /// The rule that allowed it, as written.
+    pub rule: Option<String>,
+    /// Whether a credential grant's token was added (the token itself is never logged).
+    pub credential: bool,
+    /// Bytes of request body sent upstream, for a terminated request.
+    pub bytes_up: Option<u64>,
+    /// Bytes of response sent to the client, for a terminated request.
+    pub bytes_down: Option<u64>,
+    /// From the tunnel's TLS start to the end of the exchange, for a terminated request.
+    pub duration_ms: Option<u64>,
 }
 
 impl Decision {
@@ -83,16 +103,25 @@ impl Decision {
             "host": self.host,
             "port": self.port,
             "reason": self.reason,
+            "path": self.path,
+            "rule": self.rule,
+            "credential": self.credential,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "duration_ms": self.duration_ms,
         })
         .to_string()
     }
 }
 
-fn log(decision: &Decision) {
-    let line = decision.to_json_line();
-    let stderr = std::io::stderr();
-    let mut out = stderr.lock();
-    let _ = writeln!(out, "{line}");
+/// A callback that sees every decision of a proxy, after it is logged.
+#[derive(Clone)]
+pub struct Observer(pub Arc<dyn Fn(&Decision) + Send + Sync>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
 }
 
 /// Why [`Policy::admit`] refused a request, and the status it is answered with.
@@ -116,12 +145,20 @@ impl Refusal {
 
 /// A refusal or failure answered to the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Answer {
+pub(crate) struct Answer {
     status: u16,
-    reason: String,
+    pub(crate) reason: String,
 }
 
 impl Answer {
+    #[cold]
+    pub(crate) fn status(status: u16, reason: impl Into<String>) -> Answer {
+        Answer {
+            status,
+            reason: reason.into(),
+        }
+    }
+
     #[cold]
     fn forbidden(reason: impl Into<String>) -> Answer {
         Answer {
@@ -150,6 +187,18 @@ impl Answer {
 }
 
 impl Policy {
+    /// Logs `decision` as one JSON line on stderr and tells the observer.
+    pub(crate) fn record(&self, decision: &Decision) {
+        let line = decision.to_json_line();
+        let stderr = std::io::stderr();
+        let mut out = stderr.lock();
+        let _ = writeln!(out, "{line}");
+        drop(out);
+        if let Some(observer) = &self.observer {
+            (observer.0)(decision);
+        }
+    }
+
     /// The policy check of a parsed request before any resolution: host on the allowlist,
     /// port allowed, no Upgrade, a body framing the proxy can bound.
     ///
@@ -280,7 +329,7 @@ async fn serve_handoffs(
             }
         };
         let Ok(sender) = Arc::clone(&senders).try_acquire_owned() else {
-            refuse_unread("too many handoff connections");
+            refuse_unread(&policy, "too many handoff connections");
             continue;
         };
         let slots = Arc::clone(&slots);
@@ -290,7 +339,7 @@ async fn serve_handoffs(
                 match handoff::receive(&connection).await {
                     Ok(Some(Received::Client(client))) => admit_client(client, &slots, &policy),
                     Ok(Some(Received::Refused(refused))) => {
-                        refuse_unread(refused.reason());
+                        refuse_unread(&policy, refused.reason());
                         break;
                     }
                     Ok(None) | Err(_) => break,
@@ -302,13 +351,10 @@ async fn serve_handoffs(
 }
 
 /// Logs a refusal of something the proxy closes without reading a request from it.
-fn refuse_unread(reason: &str) {
-    log(&Decision {
-        allowed: false,
-        method: None,
-        host: None,
-        port: None,
+fn refuse_unread(policy: &Policy, reason: &str) {
+    policy.record(&Decision {
         reason: reason.to_owned(),
+        ..Decision::default()
     });
 }
 
@@ -319,7 +365,7 @@ fn admit_client<S: Socket + Send + Sync + 'static>(
     policy: &Arc<Policy>,
 ) {
     let Ok(permit) = Arc::clone(slots).try_acquire_owned() else {
-        refuse_unread("too many connections");
+        refuse_unread(policy, "too many connections");
         let answer = Answer {
             status: 503,
             reason: "too many connections".to_owned(),
@@ -335,7 +381,7 @@ fn admit_client<S: Socket + Send + Sync + 'static>(
 }
 
 /// Reads one head (bounded in size and time). Returns the head and any bytes after it.
-async fn read_head<S: AsyncRead + Unpin>(
+pub(crate) async fn read_head<S: AsyncRead + Unpin>(
     stream: &mut S,
     deadline: Instant,
 ) -> Result<(Vec<u8>, Vec<u8>), Answer> {
@@ -375,20 +421,14 @@ async fn read_head<S: AsyncRead + Unpin>(
 /// Serves one client connection.
 pub(crate) async fn handle<S: Socket>(mut client: S, policy: &Policy) {
     let started = Instant::now();
-    let mut decision = Decision {
-        allowed: false,
-        method: None,
-        host: None,
-        port: None,
-        reason: String::new(),
-    };
+    let mut decision = Decision::default();
     let outcome = serve_one(&mut client, policy, started, &mut decision).await;
     if let Err(answer) = outcome {
         if decision.reason.is_empty() {
             decision.reason = answer.reason.clone();
         }
         decision.allowed = false;
-        log(&decision);
+        policy.record(&decision);
         answer_and_close(&mut client, &answer).await;
     }
 }
@@ -396,7 +436,7 @@ pub(crate) async fn handle<S: Socket>(mut client: S, policy: &Policy) {
 /// Writes `answer`, ends the write side, then reads and discards what the client still sends
 /// (bounded in bytes and time) so that closing with unread input does not reset the
 /// connection before the client has read the answer.
-async fn answer_and_close<S>(client: &mut S, answer: &Answer)
+pub(crate) async fn answer_and_close<S>(client: &mut S, answer: &Answer)
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -437,15 +477,59 @@ async fn serve_one<S: Socket>(
         status: refusal.status,
         reason: refusal.reason,
     })?;
+    let name = match &authority.host {
+        Host::Name(name) => name.as_str(),
+        Host::Ip(_) => "",
+    };
+    let terminated = body.is_none() && policy.http.terminates(name);
+    let verdict = match &head.target {
+        Target::Absolute { path, .. } => {
+            let verdict = policy
+                .http
+                .judge(
+                    name,
+                    authority.port,
+                    &head.method,
+                    path,
+                    false,
+                    SystemTime::now(),
+                )
+                .map_err(|refusal| Answer::forbidden(refusal.0))?;
+            decision.path = verdict.path.clone();
+            decision.rule = verdict.rule.map(str::to_owned);
+            Some(verdict)
+        }
+        Target::Connect(_) => None,
+    };
+    let terminator = match (terminated, &policy.terminator) {
+        (false, _) => None,
+        (true, Some(terminator)) => Some(terminator),
+        (true, None) => {
+            return Err(Answer::forbidden(
+                "the host has rules but this proxy terminates no TLS",
+            ))
+        }
+    };
     let deadline = Instant::now() + policy.limits.connect_timeout;
     let addresses = policy.resolve(&authority, deadline).await?;
+    if let Some(terminator) = terminator {
+        let tunnel = crate::terminate::Tunnel {
+            authority: &authority,
+            host: name,
+            addresses: &addresses,
+            policy,
+            terminator,
+        };
+        crate::terminate::serve(&mut *client, rest, &tunnel, decision).await;
+        return Ok(());
+    }
     let mut upstream = connect(&addresses, deadline).await?;
     decision.allowed = true;
     decision.reason = match body {
         None => "tunnel".to_owned(),
         Some(_) => "plain http".to_owned(),
     };
-    log(decision);
+    policy.record(decision);
     let idle = policy.limits.idle_timeout;
     match body {
         None => {
@@ -459,9 +543,10 @@ async fn serve_one<S: Socket>(
             let _ = relay_sockets(client, upstream, idle, None).await;
         }
         Some(body) => {
-            let Some(rewritten) = head.rewrite_origin_form() else {
+            let Some(verdict) = verdict else {
                 return Ok(());
             };
+            let rewritten = head.rewrite_to(&verdict.target, 80, false, None);
             let length = match body {
                 Body::Empty => 0,
                 Body::Length(n) => n,
@@ -482,7 +567,10 @@ async fn serve_one<S: Socket>(
 }
 
 /// Dials the permitted addresses in order until one answers, all within `deadline`.
-async fn connect(addresses: &[SocketAddr], deadline: Instant) -> Result<TcpStream, Answer> {
+pub(crate) async fn connect(
+    addresses: &[SocketAddr],
+    deadline: Instant,
+) -> Result<TcpStream, Answer> {
     let mut last = String::from("no address");
     for address in addresses {
         match tokio::time::timeout_at(deadline, TcpStream::connect(address)).await {
@@ -539,6 +627,9 @@ mod tests {
             ports: DEFAULT_PORTS.into_iter().collect(),
             addresses: AddressPolicy::new(false, []),
             limits: Limits::default(),
+            http: HttpRules::default(),
+            terminator: None,
+            observer: None,
         }
     }
 
@@ -588,6 +679,7 @@ mod tests {
             host: Some("evil.test\n{\"decision\":\"allow\"}".into()),
             port: Some(80),
             reason: "host not on the allowlist".into(),
+            ..Decision::default()
         }
         .to_json_line();
         assert_eq!(line.lines().count(), 1);

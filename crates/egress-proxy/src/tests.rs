@@ -14,6 +14,7 @@ use crate::proxy::{Limits, Policy};
 use crate::serve::Reply;
 
 mod handoff;
+mod terminate;
 
 struct Harness {
     _dir: tempfile::TempDir,
@@ -42,6 +43,9 @@ async fn start_with(upstream_port: u16, limits: Limits) -> Harness {
         ports: BTreeSet::from([upstream_port]),
         addresses: AddressPolicy::new(false, []).permitting_loopback(),
         limits,
+        http: crate::rules::HttpRules::default(),
+        terminator: None,
+        observer: None,
     };
     let handoff = dir.path().join("handoff.sock");
     let listener = crate::cli::bind_socket(&socket).unwrap();
@@ -698,6 +702,9 @@ fn closed_policy() -> Policy {
         ports: BTreeSet::from([1]),
         addresses: AddressPolicy::new(false, []),
         limits: Limits::default(),
+        http: crate::rules::HttpRules::default(),
+        terminator: None,
+        observer: None,
     }
 }
 

@@ -123,3 +123,152 @@ fn bad_policies_fail_before_anything_is_created() {
         assert!(!socket.exists() && !forwarder.exists());
     }
 }
+
+const TOKEN: &str = "process-test-token-7d1e";
+
+fn grant_line(host: &str) -> String {
+    format!(
+        r#"{{"host":"{host}","port":443,"methods":["GET"],"paths":["/v1/*"],"token":"{TOKEN}","expires_unix":4102444800}}"#
+    )
+}
+
+#[test]
+fn grants_arrive_on_stdin_and_the_token_shows_nowhere_the_guest_could_look() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("proxy.sock");
+    let ca = dir.path().join("ca.pem");
+    let child = Command::new(BINARY)
+        .args(["proxy", "--socket"])
+        .arg(&socket)
+        .arg("--install-forwarder")
+        .arg(dir.path().join("egress-forward"))
+        .args(["--allow", "api.test", "--rule", "api.test GET /v1/*"])
+        .arg("--ca-cert-out")
+        .arg(&ca)
+        .arg("--grants-stdin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut running = Running(child);
+    {
+        let mut stdin = running.0.stdin.take().unwrap();
+        writeln!(stdin, "{}\n", grant_line("api.test")).unwrap();
+    }
+    let mut stdout = BufReader::new(running.0.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "maf-egress-proxy ready v1\n");
+
+    // The CA certificate is written for the workload, its key nowhere.
+    let pem = std::fs::read_to_string(&ca).unwrap();
+    assert!(pem.starts_with("-----BEGIN CERTIFICATE-----"), "{pem}");
+    assert!(!pem.contains("PRIVATE KEY"));
+    assert_eq!(
+        std::fs::metadata(&ca).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+    // Every file the proxy wrote but the forwarder (the executable itself, which names PEM
+    // labels in its code): no key, no token.
+    let written: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name != "egress-forward")
+        .collect();
+    assert!(written.contains(&"ca.pem".to_owned()), "{written:?}");
+    for name in &written {
+        let path = dir.path().join(name);
+        if let Ok(text) = std::fs::read(&path) {
+            let text = String::from_utf8_lossy(&text);
+            assert!(
+                !text.contains("PRIVATE KEY") && !text.contains(TOKEN),
+                "{name}"
+            );
+        }
+    }
+
+    // Not in the proxy's own argv or environment.
+    let pid = running.0.id();
+    for file in ["cmdline", "environ"] {
+        let bytes = std::fs::read(format!("/proc/{pid}/{file}")).unwrap();
+        assert!(!String::from_utf8_lossy(&bytes).contains(TOKEN), "{file}");
+    }
+
+    // A request it judges (the name does not resolve here): the answer and the log carry no
+    // token.
+    let mut stream = UnixStream::connect(&socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "GET http://api.test/v1/x HTTP/1.1\r\nAuthorization: Bearer guest\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(answer.contains("plain HTTP to it is refused"), "{answer}");
+    assert!(!answer.contains(TOKEN));
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    wait_for_exit(&mut running.0, Duration::from_secs(10)).expect("exits on SIGTERM");
+    let mut log = String::new();
+    running
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(!log.contains(TOKEN), "{log}");
+    let decision: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    assert_eq!(decision["decision"], "deny");
+    assert_eq!(decision["credential"], false);
+}
+
+#[test]
+fn bad_grants_and_rules_fail_without_echoing_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], stdin: &str| {
+        let mut child = Command::new(BINARY)
+            .args(["proxy", "--socket"])
+            .arg(dir.path().join("proxy.sock"))
+            .arg("--install-forwarder")
+            .arg(dir.path().join("egress-forward"))
+            .args(["--allow", "api.test"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains(TOKEN), "{stderr}");
+        stderr
+    };
+    let ca = dir.path().join("ca.pem");
+    let ca = ca.to_str().unwrap();
+    let grants = ["--grants-stdin", "--ca-cert-out", ca];
+    assert!(run(&grants, &grant_line("other.test")).contains("not on the allowlist"));
+    let broken = grant_line("api.test").replace("443", &format!("\"{TOKEN}\""));
+    assert!(run(&grants, &broken).contains("line 1"));
+    assert!(run(&grants, &format!("\n{}x", grant_line("api.test"))).contains("line 2"));
+    assert!(run(&["--grants-stdin"], &grant_line("api.test")).contains("--ca-cert-out"));
+    assert!(run(&["--rule", "api.test GET"], "").contains("rule"));
+    assert!(!dir.path().join("egress-forward").exists());
+    assert!(!dir.path().join("ca.pem").exists());
+}
