@@ -251,7 +251,7 @@ where
 }
 
 /// Copies at most `body` bytes client → upstream while copying the response upstream →
-/// client, until the response ends or nothing moves for `idle` on a read. With a credential, the
+/// client, until the response ends or one read or write waits longer than `idle`. With a credential, the
 /// response is scanned for its token and cut before the token would be written. Returns the
 /// bytes each way and whether the token was found.
 async fn pump_both<C, U>(
@@ -277,7 +277,8 @@ where
                 Ok(Ok(n)) if n > 0 => n,
                 _ => break,
             };
-            if upstream_write.write_all(&buffer[..n]).await.is_err() {
+            let written = tokio::time::timeout(idle, upstream_write.write_all(&buffer[..n])).await;
+            if !matches!(written, Ok(Ok(()))) {
                 break;
             }
             left -= n as u64;
@@ -304,13 +305,17 @@ where
                 return (written, true);
             }
             let ready = pending.len().saturating_sub(hold);
-            if client_write.write_all(&pending[..ready]).await.is_err() {
+            let sent = tokio::time::timeout(idle, client_write.write_all(&pending[..ready])).await;
+            if !matches!(sent, Ok(Ok(()))) {
                 return (written, false);
             }
             written += ready as u64;
             pending.drain(..ready);
         }
-        if client_write.write_all(&pending).await.is_ok() {
+        if matches!(
+            tokio::time::timeout(idle, client_write.write_all(&pending)).await,
+            Ok(Ok(()))
+        ) {
             written += pending.len() as u64;
         }
         let _ = client_write.shutdown().await;

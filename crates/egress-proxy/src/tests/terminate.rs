@@ -107,6 +107,8 @@ async fn tls_origin(pki: &UpstreamPki, name: &str) -> (u16, mpsc::UnboundedRecei
                 }
                 let body = if head.contains("echo") {
                     head.clone()
+                } else if head.contains("big") {
+                    "x".repeat(16 << 20)
                 } else {
                     "ok".to_owned()
                 };
@@ -145,6 +147,16 @@ struct Proxy {
 }
 
 async fn proxy(ports: &[u16], pki: &UpstreamPki, rules: &[&str], grants: Vec<Grant>) -> Proxy {
+    proxy_with(ports, pki, rules, grants, Limits::default()).await
+}
+
+async fn proxy_with(
+    ports: &[u16],
+    pki: &UpstreamPki,
+    rules: &[&str],
+    grants: Vec<Grant>,
+    limits: Limits,
+) -> Proxy {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("proxy.sock");
     let terminator = Arc::new(
@@ -160,7 +172,7 @@ async fn proxy(ports: &[u16], pki: &UpstreamPki, rules: &[&str], grants: Vec<Gra
         allow: Allowlist::new(["localhost"]).unwrap(),
         ports: ports.iter().copied().collect::<BTreeSet<u16>>(),
         addresses: AddressPolicy::new(false, []).permitting_loopback(),
-        limits: Limits::default(),
+        limits,
         http: HttpRules::new(
             rules.iter().map(|r| HttpRule::parse(r).unwrap()).collect(),
             grants,
@@ -489,4 +501,34 @@ async fn a_client_trusting_another_proxys_ca_cannot_complete_tls() {
     let decisions = observed(&a, 1).await;
     assert_eq!(decisions.len(), 1);
     assert!(!decisions[0].allowed && decisions[0].reason.contains("TLS with the client failed"));
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_let_go_at_the_idle_deadline() {
+    let pki = UpstreamPki::new();
+    let (port, _received) = tls_origin(&pki, "localhost").await;
+    let limits = Limits {
+        idle_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let p = proxy_with(&[port], &pki, &["localhost * /*"], Vec::new(), limits).await;
+    let mut stream = UnixStream::connect(&p.socket).await.unwrap();
+    stream
+        .write_all(format!("CONNECT localhost:{port} HTTP/1.1\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut first = [0u8; 39];
+    stream.read_exact(&mut first).await.unwrap();
+    let connector = tokio_rustls::TlsConnector::from(client_config(p.terminator.authority_der()));
+    let mut tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), stream)
+        .await
+        .unwrap();
+    tls.write_all(get("/big", "").as_bytes()).await.unwrap();
+    // The 16 MiB response is never read: the proxy's write blocks, then gives up.
+    let decisions = observed(&p, 1).await;
+    assert_eq!(decisions.len(), 1, "the exchange never ended");
+    assert!(decisions[0].allowed);
+    assert!(decisions[0].bytes_down.unwrap() < 16 << 20);
+    drop(tls);
 }
