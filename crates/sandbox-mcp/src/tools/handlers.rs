@@ -1,0 +1,452 @@
+//! The tool handlers: one method per tool on [`SandboxServer`], the MCP service of one
+//! connection, and what it tells the client about itself.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::{Json, Parameters};
+use rmcp::model::{Implementation, ServerCapabilities, ServerConfig, ToolAnnotations};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{tool, tool_handler, tool_router, ServerHandler};
+use sandbox_core::{Egress, EntryKind, SandboxError, SandboxSpec};
+
+use super::exec::{read_head, run_exec, ExecCall};
+use super::messages::{
+    CreateArgs, CreateResult, DeleteArgs, DeleteResult, DisposeArgs, DisposeResult, EgressView,
+    Encoding, ExecArgs, ExecResult, FileEntry, ListArgs, ListFilesArgs, ListFilesResult,
+    ListResult, ReadArgs, ReadResult, SandboxView, WriteArgs, WriteResult,
+};
+use super::shared::Shared;
+use crate::errors::ToolFailure;
+use crate::handles::Principal;
+
+/// The principal an HTTP request authenticated as, put in the request's extensions by the
+/// bearer check; tools read it from there and nowhere else.
+#[derive(Debug, Clone)]
+pub struct HttpPrincipal(pub Principal);
+
+/// The MCP service: one per connection, all sharing one [`Shared`].
+#[derive(Debug, Clone)]
+pub struct SandboxServer {
+    shared: Arc<Shared>,
+    tool_router: ToolRouter<Self>,
+}
+
+fn egress_view(hosts: &[String]) -> EgressView {
+    EgressView {
+        mode: if hosts.is_empty() {
+            "closed"
+        } else {
+            "allowlist"
+        }
+        .to_owned(),
+        allow_hosts: hosts.to_vec(),
+    }
+}
+
+/// Whether `host` is within the server's allowlist `server`: named there, or a strict
+/// subdomain of a `*.d` entry.
+fn within(server: &[String], host: &str) -> bool {
+    server.iter().any(|allowed| {
+        allowed == host
+            || allowed.strip_prefix("*.").is_some_and(|d| {
+                !host.starts_with("*.")
+                    && host.len() > d.len() + 1
+                    && host.ends_with(&format!(".{d}"))
+            })
+    })
+}
+
+fn check_kind(kind: &str) -> Result<(), ToolFailure> {
+    let ok = !kind.is_empty()
+        && kind.len() <= 32
+        && kind
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ToolFailure::invalid(
+            "kind must be 1 to 32 letters, digits, '-' or '_'",
+        ))
+    }
+}
+
+#[tool_router]
+impl SandboxServer {
+    /// A service over `shared`; the exec tool's open-world hint follows the server's egress.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        let mut tool_router = Self::tool_router();
+        let open = !shared.settings().allow_hosts.is_empty();
+        if let Some(route) = tool_router.map.get_mut("sandbox_exec") {
+            route.attr.annotations = Some(
+                ToolAnnotations::new()
+                    .read_only(false)
+                    .destructive(true)
+                    .idempotent(false)
+                    .open_world(open),
+            );
+        }
+        SandboxServer {
+            shared,
+            tool_router,
+        }
+    }
+
+    fn principal(&self, ctx: &RequestContext<RoleServer>) -> Result<Principal, ToolFailure> {
+        if !self.shared.settings().http {
+            return Ok(Principal::from(self.shared.settings().agent.as_str()));
+        }
+        ctx.extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<HttpPrincipal>())
+            .map(|p| p.0.clone())
+            // The bearer check runs before every request; a request without a principal never
+            // reaches a tool, and if one did it would own nothing.
+            .ok_or_else(ToolFailure::unknown_sandbox)
+    }
+
+    /// Create a sandbox and return its handle. The server chooses the image and egress; allow_hosts can only narrow the server's allowlist.
+    #[tool(
+        name = "sandbox_create",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn sandbox_create(
+        &self,
+        Parameters(args): Parameters<CreateArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<CreateResult>, ToolFailure> {
+        let principal = self.principal(&ctx)?;
+        let kind = args.kind.unwrap_or_else(|| "default".to_owned());
+        check_kind(&kind)?;
+        let server_hosts = &self.shared.settings().allow_hosts;
+        let hosts = match args.allow_hosts {
+            None => server_hosts.clone(),
+            Some(asked) => {
+                if let Some(refused) = asked.iter().find(|h| !within(server_hosts, h)) {
+                    return Err(ToolFailure::new(
+                        "not_permitted",
+                        format!(
+                            "egress to {} is not allowed by this server; allow_hosts can only narrow the server's allowlist",
+                            crate::errors::sanitize(refused)
+                        ),
+                        false,
+                    ));
+                }
+                asked
+            }
+        };
+        let mut spec = SandboxSpec::builder(kind.clone());
+        if let Some(image) = &self.shared.settings().image {
+            spec = spec.image(image.clone());
+        }
+        if !hosts.is_empty() {
+            spec = spec.egress(Egress::Allowlist);
+            for h in &hosts {
+                spec = spec.allow(h.as_str());
+            }
+        }
+        let spec = spec
+            .build()
+            .map_err(|e| ToolFailure::from_sandbox(&e, None))?;
+        let key = self.shared.new_key(&principal);
+        let sandbox = self
+            .shared
+            .router()
+            .acquire(&key, &spec)
+            .await
+            .map_err(|e| ToolFailure::from_sandbox(&e, None))?;
+        let mut table = self.shared.table();
+        let ttl = table.ttl();
+        let handle = table.insert(principal, key, kind, sandbox, hosts.clone());
+        Ok(Json(CreateResult {
+            sandbox: handle,
+            isolation: self.shared.isolation().to_string(),
+            egress: egress_view(&hosts),
+            expires_in_s: ttl.as_secs(),
+        }))
+    }
+
+    /// Run a command in a sandbox: `command` under `sh -c`, or `argv` as given. A non-zero exit is a normal result. Output over the cap is truncated (head and tail kept). Sends progress (the latest output line) about once a second when asked; a cancelled call kills the command's processes.
+    #[tool(name = "sandbox_exec")]
+    async fn sandbox_exec(
+        &self,
+        Parameters(args): Parameters<ExecArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ExecResult>, ToolFailure> {
+        let principal = self.principal(&ctx)?;
+        let call = ExecCall::new(args, self.shared.settings())?;
+        let (entry, _in_use) = self.shared.open(&principal, &call.sandbox)?;
+        let progress = ctx.meta.get_progress_token();
+        run_exec(
+            &*entry.sandbox,
+            call.request,
+            call.stdin,
+            call.keep,
+            progress.map(|token| (token, ctx.peer.clone())),
+            ctx.ct.clone(),
+        )
+        .await
+        .map(Json)
+    }
+
+    /// Read a file from a sandbox. Text comes back as utf8, other bytes as base64.
+    #[tool(
+        name = "sandbox_read_file",
+        annotations(
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn sandbox_read_file(
+        &self,
+        Parameters(args): Parameters<ReadArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ReadResult>, ToolFailure> {
+        let principal = self.principal(&ctx)?;
+        let max = match args.max_bytes {
+            Some(0) => return Err(ToolFailure::invalid("max_bytes must be positive")),
+            Some(n) => n.min(self.shared.settings().max_file_bytes),
+            None => self.shared.settings().max_file_bytes,
+        };
+        let (entry, _in_use) = self.shared.open(&principal, &args.sandbox)?;
+        let fail = |e: SandboxError| ToolFailure::from_sandbox(&e, Some(&args.path));
+        let stat = entry
+            .sandbox
+            .stat_file(&args.path, ".")
+            .await
+            .map_err(fail)?
+            .ok_or_else(|| {
+                ToolFailure::new(
+                    "not_found",
+                    format!(
+                        "no such file or directory: {}",
+                        crate::errors::sanitize(&args.path)
+                    ),
+                    false,
+                )
+            })?;
+        match stat.kind() {
+            EntryKind::File => {}
+            EntryKind::Directory => {
+                return Err(ToolFailure::new("is_a_directory", "is a directory", false))
+            }
+            _ => {
+                return Err(ToolFailure::new(
+                    "not_regular_file",
+                    "not a regular file",
+                    false,
+                ))
+            }
+        }
+        let size = stat.size_bytes().unwrap_or(0);
+        let (bytes, truncated) = if size <= max {
+            (
+                entry
+                    .sandbox
+                    .read_file(&args.path, ".", max)
+                    .await
+                    .map_err(fail)?,
+                false,
+            )
+        } else {
+            (read_head(&*entry.sandbox, &args.path, max).await?, true)
+        };
+        let (content, encoding) = match String::from_utf8(bytes) {
+            Ok(text) => (text, Encoding::Utf8),
+            Err(e) => (
+                base64::engine::general_purpose::STANDARD.encode(e.into_bytes()),
+                Encoding::Base64,
+            ),
+        };
+        Ok(Json(ReadResult {
+            content,
+            encoding,
+            size,
+            truncated,
+        }))
+    }
+
+    /// Write a file in a sandbox (content as utf8 text, or base64 for any bytes); parent directories are made.
+    #[tool(
+        name = "sandbox_write_file",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn sandbox_write_file(
+        &self,
+        Parameters(args): Parameters<WriteArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<WriteResult>, ToolFailure> {
+        let principal = self.principal(&ctx)?;
+        let bytes = match args.encoding.unwrap_or(Encoding::Utf8) {
+            Encoding::Utf8 => args.content.into_bytes(),
+            Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(args.content.as_bytes())
+                .map_err(|_| ToolFailure::invalid("content is not valid base64"))?,
+        };
+        if bytes.len() as u64 > self.shared.settings().max_file_bytes {
+            return Err(ToolFailure::new(
+                "over_cap",
+                format!(
+                    "the content is larger than the server allows ({} bytes)",
+                    self.shared.settings().max_file_bytes
+                ),
+                false,
+            ));
+        }
+        let (entry, _in_use) = self.shared.open(&principal, &args.sandbox)?;
+        entry
+            .sandbox
+            .write_file(&args.path, &bytes, ".")
+            .await
+            .map_err(|e| ToolFailure::from_sandbox(&e, Some(&args.path)))?;
+        Ok(Json(WriteResult {
+            path: args.path,
+            size: bytes.len() as u64,
+        }))
+    }
+
+    /// List one directory of a sandbox.
+    #[tool(
+        name = "sandbox_list_files",
+        annotations(
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn sandbox_list_files(
+        &self,
+        Parameters(args): Parameters<ListFilesArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ListFilesResult>, ToolFailure> {
+        let principal = self.principal(&ctx)?;
+        let path = args.path.unwrap_or_else(|| ".".to_owned());
+        let (entry, _in_use) = self.shared.open(&principal, &args.sandbox)?;
+        let entries = entry
+            .sandbox
+            .list_dir(&path, ".")
+            .await
+            .map_err(|e| ToolFailure::from_sandbox(&e, Some(&path)))?;
+        Ok(Json(ListFilesResult {
+            entries: entries
+                .into_iter()
+                .map(|e| FileEntry {
+                    path: e.path().to_owned(),
+                    kind: e.kind().to_string(),
+                    size: e.size_bytes(),
+                })
+                .collect(),
+        }))
+    }
+
+    /// Delete a file (or, with recursive, a directory) in a sandbox.
+    #[tool(
+        name = "sandbox_delete",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn sandbox_delete(
+        &self,
+        Parameters(args): Parameters<DeleteArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<DeleteResult>, ToolFailure> {
+        let principal = self.principal(&ctx)?;
+        let (entry, _in_use) = self.shared.open(&principal, &args.sandbox)?;
+        entry
+            .sandbox
+            .remove(&args.path, ".", args.recursive.unwrap_or(false))
+            .await
+            .map_err(|e| ToolFailure::from_sandbox(&e, Some(&args.path)))?;
+        Ok(Json(DeleteResult { deleted: args.path }))
+    }
+
+    /// List this caller's sandboxes.
+    #[tool(
+        name = "sandbox_list",
+        annotations(
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn sandbox_list(
+        &self,
+        Parameters(_args): Parameters<ListArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ListResult>, ToolFailure> {
+        let principal = self.principal(&ctx)?;
+        let listed = self.shared.table().list(&principal);
+        Ok(Json(ListResult {
+            sandboxes: listed
+                .into_iter()
+                .map(|(handle, entry, left)| SandboxView {
+                    sandbox: handle,
+                    kind: entry.kind,
+                    egress: egress_view(&entry.egress),
+                    expires_in_s: left.as_secs(),
+                })
+                .collect(),
+        }))
+    }
+
+    /// Dispose of a sandbox and everything in it. Disposing of one already gone succeeds.
+    #[tool(
+        name = "sandbox_dispose",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn sandbox_dispose(
+        &self,
+        Parameters(args): Parameters<DisposeArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<DisposeResult>, ToolFailure> {
+        let principal = self.principal(&ctx)?;
+        let entry = self.shared.table().remove(&principal, &args.sandbox);
+        let Some(entry) = entry else {
+            return Ok(Json(DisposeResult { disposed: false }));
+        };
+        if self.shared.router().dispose(&entry.key).await.is_some() {
+            return Err(ToolFailure::new(
+                "engine",
+                "the sandbox could not be fully disposed of; the server will retry at its end",
+                true,
+            ));
+        }
+        Ok(Json(DisposeResult { disposed: true }))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for SandboxServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("sandbox-mcp", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Create a sandbox with sandbox_create, run commands with sandbox_exec, move file contents with the file tools, dispose of it with sandbox_dispose.",
+            )
+    }
+}
