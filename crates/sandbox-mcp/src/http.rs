@@ -5,17 +5,25 @@
 //! principal travels in the request's extensions to the tools, which bind handles to it. The
 //! `Host` and `Origin` checks (against DNS rebinding and browser pages) are rmcp's own, given
 //! the bound address and the configured origins.
+//!
+//! A session (`Mcp-Session-Id`) belongs to the principal whose `initialize` opened it. A request
+//! that names a session its principal did not open, another's or one never made, is answered 404
+//! as an unknown session before rmcp sees it: it cannot post into the session (a call, a
+//! cancellation), open its stream or end it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::SessionManager as _;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
@@ -138,6 +146,99 @@ async fn bearer(State(tokens): State<Arc<Tokens>>, mut request: Request, next: N
     }
 }
 
+/// Which principal opened each live session.
+struct SessionOwners {
+    owners: Mutex<HashMap<String, Principal>>,
+    /// rmcp's sessions, asked which of the remembered ones still exist.
+    sessions: Arc<LocalSessionManager>,
+}
+
+impl SessionOwners {
+    fn new(sessions: Arc<LocalSessionManager>) -> Self {
+        SessionOwners {
+            owners: Mutex::new(HashMap::new()),
+            sessions,
+        }
+    }
+
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, Principal>> {
+        self.owners.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_owner(&self, session: &str, principal: &str) -> bool {
+        self.owners()
+            .get(session)
+            .is_some_and(|owner| **owner == *principal)
+    }
+
+    /// Binds a session rmcp has just opened to `principal`, and forgets the sessions rmcp has
+    /// ended on its own since (idle ones), so the map holds only live sessions.
+    async fn bind(&self, session: String, principal: Principal) {
+        let known: Vec<String> = self.owners().keys().cloned().collect();
+        let mut ended = Vec::new();
+        for id in known {
+            if let Ok(false) = self.sessions.has_session(&Arc::from(id.as_str())).await {
+                ended.push(id);
+            }
+        }
+        let mut owners = self.owners();
+        for id in ended {
+            owners.remove(&id);
+        }
+        owners.insert(session, principal);
+    }
+
+    fn forget(&self, session: &str) {
+        self.owners().remove(session);
+    }
+}
+
+/// rmcp's answer to a request that names a session it does not have.
+fn unknown_session() -> Response {
+    let mut response = Response::new(Body::from("Not Found: Session not found"));
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    response
+}
+
+/// Lets a request into a session only when its principal opened that session, and binds a new
+/// session to the principal whose `initialize` opened it.
+async fn owned_session(
+    State(owners): State<Arc<SessionOwners>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    // The bearer check ran first; without a principal nothing is anyone's.
+    let Some(HttpPrincipal(principal)) = request.extensions().get::<HttpPrincipal>().cloned()
+    else {
+        return unknown_session();
+    };
+    let Some(session) = request.headers().get(HEADER_SESSION_ID) else {
+        let response = next.run(request).await;
+        if let Some(opened) = response
+            .headers()
+            .get(HEADER_SESSION_ID)
+            .and_then(|v| v.to_str().ok())
+        {
+            owners.bind(opened.to_owned(), principal).await;
+        }
+        return response;
+    };
+    let Some(session) = session
+        .to_str()
+        .ok()
+        .filter(|id| owners.is_owner(id, &principal))
+        .map(str::to_owned)
+    else {
+        return unknown_session();
+    };
+    let ends = request.method() == Method::DELETE;
+    let response = next.run(request).await;
+    if response.status() == StatusCode::NOT_FOUND || (ends && response.status().is_success()) {
+        owners.forget(&session);
+    }
+    response
+}
+
 /// Serves `/mcp` on `listener` until `stop` is cancelled.
 ///
 /// # Errors
@@ -170,14 +271,21 @@ pub async fn serve(
     } else {
         config.with_allowed_origins(allowed_origins)
     };
+    let sessions = Arc::new(LocalSessionManager::default());
+    let owners = Arc::new(SessionOwners::new(sessions.clone()));
     let service = StreamableHttpService::new(
         move || Ok(SandboxServer::new(shared.clone())),
-        LocalSessionManager::default().into(),
+        sessions,
         config,
     );
-    let app = axum::Router::new().nest_service("/mcp", service).layer(
-        axum::middleware::from_fn_with_state(Arc::new(tokens), bearer),
-    );
+    // The last layer runs first: the bearer check, then the session's owner.
+    let app = axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(owners, owned_session))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(tokens),
+            bearer,
+        ));
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await

@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import re
+import secrets
 import time
 from pathlib import Path
 
@@ -375,6 +376,99 @@ async def test_http_principal_b_cannot_use_a_handle(http_server):
             assert box not in {s["sandbox"] for s in (await ok(bob, "sandbox_list"))["sandboxes"]}
         assert (await ok(alice, "sandbox_read_file", {"sandbox": box, "path": "secret.txt"}))["content"] == "alice's"
         assert (await ok(alice, "sandbox_dispose", {"sandbox": box}))["disposed"] is True
+
+
+class RawSession:
+    """One principal's Streamable HTTP session, spoken in plain JSON-RPC over HTTP so the test
+    holds the session id and can hand it to another principal."""
+
+    HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+    def __init__(self, http, url, token):
+        self.http, self.url, self.token = http, url, token
+        self.session = None
+        self.next_id = 0
+
+    def headers(self, token=None, session=None):
+        headers = {**self.HEADERS, "Authorization": f"Bearer {token or self.token}"}
+        if session or self.session:
+            headers["Mcp-Session-Id"] = session or self.session
+            headers["MCP-Protocol-Version"] = "2025-06-18"
+        return headers
+
+    async def open(self):
+        answer = await self.request("initialize", {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "session-test", "version": "0"},
+        })
+        assert "result" in answer, answer
+        r = await self.http.post(self.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=self.headers())
+        assert r.status_code == 202, r.status_code
+
+    async def request(self, method, params):
+        self.next_id += 1
+        request_id = self.next_id
+        r = await self.http.post(self.url, json={"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}, headers=self.headers())
+        assert r.status_code == 200, (r.status_code, r.text)
+        if self.session is None:
+            self.session = r.headers["mcp-session-id"]
+        # A JSON body, or an event stream whose data lines carry the messages.
+        if r.headers.get("content-type", "").startswith("application/json"):
+            messages = [r.json()]
+        else:
+            messages = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+        return next(m for m in messages if m.get("id") == request_id)
+
+    async def tool(self, name, arguments):
+        answer = await self.request("tools/call", {"name": name, "arguments": arguments})
+        result = answer["result"]
+        assert not result.get("isError"), result
+        return result["structuredContent"]
+
+
+async def test_http_session_answers_only_the_principal_that_opened_it(http_server):
+    url = http_server.url
+    async with httpx2.AsyncClient(timeout=120) as http:
+        alice = RawSession(http, url, TOKEN_A)
+        await alice.open()
+        box = (await alice.tool("sandbox_create", {}))["sandbox"]
+        # Her command runs while bob tries her session (its request id is her next one).
+        running_id = alice.next_id + 1
+        running = asyncio.create_task(alice.tool("sandbox_exec", {"sandbox": box, "command": "sleep 3; echo finished"}))
+        await asyncio.sleep(1)
+        assert not running.done()
+
+        async def bob(method, session, body=None):
+            """bob's request, with his own valid token, naming `session`: status and body."""
+            headers = alice.headers(token=TOKEN_B, session=session)
+            if method == "GET":
+                headers["Accept"] = "text/event-stream"
+            async with httpx2.AsyncClient(timeout=30) as own:
+                async with own.stream(method, url, json=body, headers=headers) as r:
+                    # A stream opened on her session would not end: read only a refusal's body.
+                    return r.status_code, (await r.aread() if r.status_code >= 400 else b"")
+
+        never_made = secrets.token_hex(16)
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": running_id, "reason": "bob"}}
+        listing = {"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {"name": "sandbox_list", "arguments": {}}}
+        for method, body in [("POST", cancel), ("POST", listing), ("GET", None), ("DELETE", None)]:
+            hers = await bob(method, alice.session, body)
+            unknown = await bob(method, never_made, body)
+            assert hers[0] == 404, (method, body, hers)
+            assert hers == unknown, f"{method} on her session answers unlike an unknown one: {hers} {unknown}"
+
+        # Nothing of hers was touched: the command ran to its end, the session serves on.
+        finished = await running
+        assert finished["exit_code"] == 0 and finished["stdout"] == "finished\n", finished
+        # (Her other cases' sandboxes on this shared server may be listed too.)
+        listed = await alice.tool("sandbox_list", {})
+        assert box in [s["sandbox"] for s in listed["sandboxes"]], listed
+        assert (await alice.tool("sandbox_dispose", {"sandbox": box}))["disposed"] is True
+        # She can end her own session; after that it is unknown to her too.
+        r = await http.delete(url, headers=alice.headers())
+        assert r.is_success, r.status_code
+        r = await http.post(url, json=listing, headers=alice.headers())
+        assert r.status_code == 404, r.status_code
 
 
 def readme_server():
