@@ -6,6 +6,11 @@
 //! live is taken out by [`HandleTable::take_expired`] and answers [`Lookup::Expired`] to its own
 //! principal afterwards (a bounded memory of expired handles).
 //!
+//! A sandbox whose disposal has begun (disposed of by its principal, or expired) stays in the
+//! table, out of the live handles, until its disposal succeeds: a failed disposal (or one whose
+//! caller went away) is retried by its principal's next `sandbox_dispose` and at the server's end
+//! ([`HandleTable::take_all`]).
+//!
 //! The table does no I/O: the server disposes of what it hands back.
 
 use std::collections::{HashMap, VecDeque};
@@ -54,6 +59,8 @@ pub enum Lookup {
 pub struct HandleTable {
     ttl: Duration,
     live: HashMap<String, Entry>,
+    /// Sandboxes whose disposal began and has not succeeded, by handle.
+    undisposed: HashMap<String, Entry>,
     expired: HashMap<String, Principal>,
     expired_order: VecDeque<String>,
 }
@@ -78,6 +85,7 @@ impl HandleTable {
         HandleTable {
             ttl,
             live: HashMap::new(),
+            undisposed: HashMap::new(),
             expired: HashMap::new(),
             expired_order: VecDeque::new(),
         }
@@ -138,12 +146,28 @@ impl HandleTable {
         }
     }
 
-    /// Removes the caller's handle; `None` when it is not the caller's live handle.
-    pub fn remove(&mut self, principal: &str, handle: &str) -> Option<Entry> {
+    /// Takes the caller's live handle out of use and keeps its sandbox among those being
+    /// disposed of until [`disposed`](Self::disposed); a handle of the caller's whose disposal
+    /// has not succeeded yet is handed out again. `None` when the handle is neither.
+    pub fn begin_disposal(&mut self, principal: &str, handle: &str) -> Option<Entry> {
         match self.live.get(handle) {
-            Some(entry) if &*entry.principal == principal => self.live.remove(handle),
-            _ => None,
+            Some(entry) if &*entry.principal == principal => {
+                let entry = self.live.remove(handle)?;
+                self.undisposed.insert(handle.to_owned(), entry.clone());
+                Some(entry)
+            }
+            Some(_) => None,
+            None => self
+                .undisposed
+                .get(handle)
+                .filter(|entry| &*entry.principal == principal)
+                .cloned(),
         }
+    }
+
+    /// The disposal of `handle`'s sandbox succeeded: nothing of it is kept.
+    pub fn disposed(&mut self, handle: &str) {
+        self.undisposed.remove(handle);
     }
 
     /// The caller's live handles with their entries and remaining time to live.
@@ -168,8 +192,9 @@ impl HandleTable {
             .saturating_sub(now.saturating_duration_since(entry.last_used))
     }
 
-    /// Takes out every handle idle for the whole TTL; their owners will read "expired".
-    pub fn take_expired(&mut self) -> Vec<Entry> {
+    /// Takes out every handle idle for the whole TTL, keeping each among those being disposed
+    /// of until [`disposed`](Self::disposed); their owners will read "expired".
+    pub fn take_expired(&mut self) -> Vec<(String, Entry)> {
         let now = Instant::now();
         let gone: Vec<String> = self
             .live
@@ -180,15 +205,21 @@ impl HandleTable {
         gone.into_iter()
             .filter_map(|h| {
                 let entry = self.live.remove(&h)?;
-                self.remember_expired(h, entry.principal.clone());
-                Some(entry)
+                self.remember_expired(h.clone(), entry.principal.clone());
+                self.undisposed.insert(h.clone(), entry.clone());
+                Some((h, entry))
             })
             .collect()
     }
 
-    /// Takes out every live handle (the server is ending).
+    /// Takes out every live handle and every sandbox whose disposal has not succeeded (the
+    /// server is ending).
     pub fn take_all(&mut self) -> Vec<Entry> {
-        self.live.drain().map(|(_, e)| e).collect()
+        self.live
+            .drain()
+            .chain(self.undisposed.drain())
+            .map(|(_, e)| e)
+            .collect()
     }
 
     /// The soonest instant any live handle may expire.
@@ -250,13 +281,17 @@ mod tests {
             Lookup::Unknown
         ));
         assert!(
-            table.remove("bob", &h).is_none(),
+            table.begin_disposal("bob", &h).is_none(),
             "bob cannot dispose of it"
         );
         assert!(table.list("bob").is_empty());
         assert_eq!(table.list("alice").len(), 1);
-        assert!(table.remove("alice", &h).is_some());
+        assert!(table.begin_disposal("alice", &h).is_some());
         assert!(matches!(table.acquire("alice", &h), Lookup::Unknown));
+        assert!(
+            table.begin_disposal("bob", &h).is_none(),
+            "nor retry its disposal"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -275,9 +310,35 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         let gone = table.take_expired();
         assert_eq!(gone.len(), 1);
-        assert_eq!(gone[0].key, key);
+        assert_eq!(gone[0].0, h);
+        assert_eq!(gone[0].1.key, key);
         assert!(matches!(table.acquire("alice", &h), Lookup::Expired));
         assert!(matches!(table.acquire("bob", &h), Lookup::Unknown));
+    }
+
+    #[tokio::test]
+    async fn a_disposal_not_yet_done_is_kept_for_its_principal_and_the_end() {
+        let mut table = HandleTable::new(Duration::from_secs(60));
+        let key = SandboxKey::conversation("s", "t", "a");
+        let h = table.insert(p("alice"), key.clone(), "k".into(), sandbox().await, vec![]);
+        let other = table.insert(p("alice"), key, "k".into(), sandbox().await, vec![]);
+        assert!(table.begin_disposal("alice", &h).is_some());
+        assert!(table.list("alice").iter().all(|(handle, ..)| *handle != h));
+        // Not done yet: its principal may try again, and the end still finds it.
+        assert!(table.begin_disposal("alice", &h).is_some());
+        assert_eq!(
+            table.take_all().len(),
+            2,
+            "the live one and the undisposed one"
+        );
+        assert!(table.begin_disposal("alice", &h).is_none());
+        assert!(table.begin_disposal("alice", &other).is_none());
+        let mut table = HandleTable::new(Duration::from_secs(60));
+        let key = SandboxKey::conversation("s", "t", "a");
+        let h = table.insert(p("alice"), key, "k".into(), sandbox().await, vec![]);
+        assert!(table.begin_disposal("alice", &h).is_some());
+        table.disposed(&h);
+        assert!(table.take_all().is_empty(), "a done disposal is forgotten");
     }
 
     #[tokio::test(start_paused = true)]

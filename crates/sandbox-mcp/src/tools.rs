@@ -27,3 +27,6 @@ pub use messages::{
 };
 pub use settings::Settings;
 pub use shared::Shared;
+
+#[cfg(test)]
+mod tests;

@@ -409,7 +409,7 @@ impl SandboxServer {
         }))
     }
 
-    /// Dispose of a sandbox and everything in it. Disposing of one already gone succeeds.
+    /// Dispose of a sandbox and everything in it. Disposing of one already gone succeeds; after a failed disposal, calling again retries it.
     #[tool(
         name = "sandbox_dispose",
         annotations(
@@ -425,18 +425,8 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<DisposeResult>, ToolFailure> {
         let principal = self.principal(&ctx)?;
-        let entry = self.shared.table().remove(&principal, &args.sandbox);
-        let Some(entry) = entry else {
-            return Ok(Json(DisposeResult { disposed: false }));
-        };
-        if self.shared.router().dispose(&entry.key).await.is_some() {
-            return Err(ToolFailure::new(
-                "engine",
-                "the sandbox could not be fully disposed of; the server will retry at its end",
-                true,
-            ));
-        }
-        Ok(Json(DisposeResult { disposed: true }))
+        let disposed = self.shared.dispose(&principal, &args.sandbox).await?;
+        Ok(Json(DisposeResult { disposed }))
     }
 }
 

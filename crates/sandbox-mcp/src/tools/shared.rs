@@ -104,32 +104,67 @@ impl Shared {
         }
     }
 
+    /// Disposes of the caller's sandbox behind `handle`: `Ok(false)` when there is none (never
+    /// made, another principal's, already disposed of or expired).
+    ///
+    /// # Errors
+    /// A retryable `engine` failure when the backend could not dispose of it all; the sandbox
+    /// is then kept, out of use, and disposed of again by the caller's next dispose of the
+    /// handle or at the server's end.
+    ///
+    /// # Cancel safety and drop
+    /// The sandbox stays among those being disposed of until its disposal succeeds, so a dropped
+    /// future leaves it to the server's end.
+    pub async fn dispose(&self, principal: &str, handle: &str) -> Result<bool, ToolFailure> {
+        let Some(entry) = self.table().begin_disposal(principal, handle) else {
+            return Ok(false);
+        };
+        if self.router.dispose(&entry.key).await.is_some() {
+            return Err(ToolFailure::new(
+                "engine",
+                "the sandbox could not be fully disposed of; the server will retry at its end",
+                true,
+            ));
+        }
+        self.table().disposed(handle);
+        Ok(true)
+    }
+
     /// Disposes of the sandboxes idle past the TTL. Returns when the next one may expire.
     ///
     /// # Cancel safety and drop
-    /// Expired handles are out of the table before any disposal starts; a dropped future leaves
-    /// the rest of them on the engine for the next start's sweep or `sandboxctl purge`.
+    /// Expired handles are out of use before any disposal starts; one whose disposal fails, or
+    /// is dropped, is kept for the server's end.
     pub async fn expire(&self) -> Option<Instant> {
         let gone = self.table().take_expired();
-        self.dispose_entries(gone).await;
+        let outcomes = futures_util::future::join_all(
+            gone.iter()
+                .map(|(_, entry)| self.router.dispose(&entry.key)),
+        )
+        .await;
+        {
+            let mut table = self.table();
+            for ((handle, _), failure) in gone.iter().zip(outcomes) {
+                if failure.is_none() {
+                    table.disposed(handle);
+                }
+            }
+        }
         self.table().next_expiry()
     }
 
-    /// Disposes of every sandbox this server still holds, all at once: an agent host gives a
-    /// stdio server a couple of seconds after closing its input before it kills it.
+    /// Disposes of every sandbox this server still holds, those whose disposal failed before
+    /// included, all at once: an agent host gives a stdio server a couple of seconds after
+    /// closing its input before it kills it. Returns how many it tried.
     ///
     /// # Cancel safety and drop
-    /// As [`expire`](Self::expire).
+    /// Every sandbox is out of the table before any disposal starts; a dropped future leaves the
+    /// rest of them on the engine for the next start's sweep or `sandboxctl purge`.
     pub async fn dispose_all(&self) -> usize {
         let all = self.table().take_all();
-        let n = all.len();
-        self.dispose_entries(all).await;
-        n
-    }
-
-    async fn dispose_entries(&self, entries: Vec<Entry>) {
-        futures_util::future::join_all(entries.iter().map(|entry| self.router.dispose(&entry.key)))
+        futures_util::future::join_all(all.iter().map(|entry| self.router.dispose(&entry.key)))
             .await;
+        all.len()
     }
 
     /// Disposes of the sandboxes in this server's scope whose owning server is gone (it

@@ -1,0 +1,136 @@
+//! The tools driven through the protocol, in process: an rmcp client talks to a
+//! [`SandboxServer`] over an in-memory pipe, in front of the core's fake backend.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::ServiceExt as _;
+use sandbox_core::testing::FakeBackend;
+use sandbox_core::{DisposalCode, Isolation, Router, RouterConfig, SandboxBackend};
+use serde_json::{json, Value};
+
+use super::{SandboxServer, Settings, Shared};
+use crate::liveness::Liveness;
+
+type Client = rmcp::service::RunningService<rmcp::RoleClient, ()>;
+
+/// A server over a fake backend, a client connected to it, and what the test inspects.
+struct Served {
+    fake: Arc<FakeBackend>,
+    shared: Arc<Shared>,
+    client: Client,
+    _state: tempfile::TempDir,
+}
+
+async fn serve() -> Served {
+    let fake = Arc::new(FakeBackend::new("fake", Isolation::Microvm));
+    let backend: Arc<dyn SandboxBackend> = fake.clone();
+    let router = Router::new(vec![backend], RouterConfig::default()).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let settings = Settings {
+        scope: "test".to_owned(),
+        agent: "agent".to_owned(),
+        image: None,
+        allow_hosts: Vec::new(),
+        max_timeout: Duration::from_secs(60),
+        max_output_bytes: 1 << 20,
+        max_file_bytes: 1 << 20,
+        http: false,
+    };
+    let liveness = Liveness::start(state.path()).unwrap();
+    let shared = Shared::new(router, settings, liveness, Duration::from_secs(600));
+    let (server_end, client_end) = tokio::io::duplex(1 << 16);
+    let server = SandboxServer::new(shared.clone());
+    tokio::spawn(async move {
+        if let Ok(running) = server.serve(server_end).await {
+            let _ = running.waiting().await;
+        }
+    });
+    let client = ().serve(client_end).await.unwrap();
+    Served {
+        fake,
+        shared,
+        client,
+        _state: state,
+    }
+}
+
+async fn call(client: &Client, name: &'static str, arguments: Value) -> CallToolResult {
+    let Value::Object(arguments) = arguments else {
+        panic!("tool arguments are an object");
+    };
+    let params = CallToolRequestParams::new(name).with_arguments(arguments);
+    tokio::time::timeout(Duration::from_secs(30), client.call_tool(params))
+        .await
+        .expect("the call answers")
+        .expect("the call is served")
+}
+
+/// A call that must succeed: its structured result.
+async fn ok(client: &Client, name: &'static str, arguments: Value) -> Value {
+    let result = call(client, name, arguments).await;
+    assert_ne!(result.is_error, Some(true), "{name}: {result:?}");
+    result.structured_content.expect("a structured result")
+}
+
+/// A dispose the engine fails, on a fresh server: the server, and the handle.
+async fn failed_dispose() -> (Served, String) {
+    let served = serve().await;
+    let made = ok(&served.client, "sandbox_create", json!({})).await;
+    let handle = made["sandbox"].as_str().unwrap().to_owned();
+    assert_eq!(served.fake.instances().len(), 1);
+    served
+        .fake
+        .update_faults(|f| f.dispose_failure = Some(DisposalCode::Refused));
+    let failed = call(
+        &served.client,
+        "sandbox_dispose",
+        json!({ "sandbox": handle }),
+    )
+    .await;
+    assert_eq!(failed.is_error, Some(true), "{failed:?}");
+    let error = &failed.structured_content.expect("a structured error")["error"];
+    assert_eq!(error["kind"], "engine", "{error}");
+    assert_eq!(error["retryable"], true, "{error}");
+    assert!(
+        error["message"].as_str().unwrap().contains("retry"),
+        "{error}"
+    );
+    assert_eq!(served.fake.instances().len(), 1, "nothing was removed");
+    served.fake.update_faults(|f| f.dispose_failure = None);
+    (served, handle)
+}
+
+#[tokio::test]
+async fn a_failed_dispose_is_retried_at_the_servers_end() {
+    let (served, _) = failed_dispose().await;
+    served.shared.dispose_all().await;
+    assert!(
+        served.fake.instances().is_empty(),
+        "the server's end left the sandbox whose disposal failed: {:?}",
+        served.fake.instances()
+    );
+}
+
+#[tokio::test]
+async fn a_failed_dispose_is_retried_by_its_principal() {
+    let (served, handle) = failed_dispose().await;
+    let again = ok(
+        &served.client,
+        "sandbox_dispose",
+        json!({ "sandbox": handle }),
+    )
+    .await;
+    assert_eq!(again["disposed"], true, "{again}");
+    assert!(served.fake.instances().is_empty());
+    // Done now: the handle names nothing, and the end has nothing left to do.
+    let done = ok(
+        &served.client,
+        "sandbox_dispose",
+        json!({ "sandbox": handle }),
+    )
+    .await;
+    assert_eq!(done["disposed"], false, "{done}");
+    assert_eq!(served.shared.dispose_all().await, 0);
+}
