@@ -68,6 +68,16 @@ impl ToolFailure {
         Self::new("invalid_argument", sanitize(&message.into()), false)
     }
 
+    /// The server is ending and makes no new sandbox.
+    #[cold]
+    pub fn shutting_down() -> Self {
+        Self::new(
+            "shutting_down",
+            "the server is ending and creates no sandbox",
+            false,
+        )
+    }
+
     /// The call was cancelled by the client.
     #[cold]
     pub fn cancelled() -> Self {

@@ -11,6 +11,9 @@
 //! caller went away) is retried by its principal's next `sandbox_dispose` and at the server's end
 //! ([`HandleTable::take_all`]).
 //!
+//! The table also counts the creates in flight by their keys, so the server's end can wait for
+//! them and dispose of what they made.
+//!
 //! The table does no I/O: the server disposes of what it hands back.
 
 use std::collections::{HashMap, VecDeque};
@@ -63,6 +66,10 @@ pub struct HandleTable {
     undisposed: HashMap<String, Entry>,
     expired: HashMap<String, Principal>,
     expired_order: VecDeque<String>,
+    /// The keys of the sandboxes being created, not bound to a handle yet.
+    creating: Vec<SandboxKey>,
+    /// The server is ending: no create may begin.
+    ending: bool,
 }
 
 /// A fresh handle: `sbx_` and 32 hex digits (128 random bits).
@@ -88,6 +95,8 @@ impl HandleTable {
             undisposed: HashMap::new(),
             expired: HashMap::new(),
             expired_order: VecDeque::new(),
+            creating: Vec::new(),
+            ending: false,
         }
     }
 
@@ -119,6 +128,34 @@ impl HandleTable {
             },
         );
         handle
+    }
+
+    /// Records a create of `key` in flight, until [`end_create`](Self::end_create); false (and
+    /// nothing recorded) once the server is ending.
+    pub fn begin_create(&mut self, key: SandboxKey) -> bool {
+        if self.ending {
+            return false;
+        }
+        self.creating.push(key);
+        true
+    }
+
+    /// The create of `key` ended; whatever it made was inserted before.
+    pub fn end_create(&mut self, key: &SandboxKey) {
+        if let Some(at) = self.creating.iter().position(|k| k == key) {
+            self.creating.swap_remove(at);
+        }
+    }
+
+    /// Refuses every later create (the server is ending); returns how many are in flight.
+    pub fn close_creates(&mut self) -> usize {
+        self.ending = true;
+        self.creating.len()
+    }
+
+    /// Takes the keys of the creates still in flight (the server is ending without them).
+    pub fn take_creating(&mut self) -> Vec<SandboxKey> {
+        std::mem::take(&mut self.creating)
     }
 
     /// The caller's sandbox behind `handle`, marked in use until [`release`](Self::release) (an
@@ -339,6 +376,23 @@ mod tests {
         assert!(table.begin_disposal("alice", &h).is_some());
         table.disposed(&h);
         assert!(table.take_all().is_empty(), "a done disposal is forgotten");
+    }
+
+    #[test]
+    fn creates_in_flight_are_counted_until_they_end_and_none_begins_after_the_close() {
+        let mut table = HandleTable::new(Duration::from_secs(60));
+        let a = SandboxKey::conversation("s", "a", "x");
+        let b = SandboxKey::conversation("s", "b", "x");
+        assert!(table.begin_create(a.clone()));
+        assert!(table.begin_create(b.clone()));
+        table.end_create(&a);
+        assert_eq!(table.close_creates(), 1);
+        assert!(
+            !table.begin_create(a),
+            "no create begins once the server ends"
+        );
+        assert_eq!(table.take_creating(), vec![b]);
+        assert_eq!(table.close_creates(), 0);
     }
 
     #[tokio::test(start_paused = true)]

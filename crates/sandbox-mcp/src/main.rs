@@ -120,10 +120,21 @@ async fn run(cli: Cli) -> ExitCode {
     stop.cancel();
     let _ = expiry.await;
     if !cli.keep {
+        // What creates in flight make is disposed of with the rest, not left running.
+        let unfinished = shared.finish_creates(CREATE_WAIT).await;
+        if unfinished > 0 {
+            eprintln!(
+                "sandbox-mcp: {unfinished} create(s) still running after {}s; disposing of them by key",
+                CREATE_WAIT.as_secs()
+            );
+        }
         shared.dispose_all().await;
     }
     code
 }
+
+/// How long the server's end waits for the creates in flight before it disposes of their keys.
+const CREATE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Disposes of idle sandboxes as they expire, until `stop`.
 async fn expire_loop(shared: Arc<Shared>, stop: CancellationToken, ttl: std::time::Duration) {

@@ -155,16 +155,10 @@ impl SandboxServer {
         let spec = spec
             .build()
             .map_err(|e| ToolFailure::from_sandbox(&e, None))?;
-        let key = self.shared.new_key(&principal);
-        let sandbox = self
+        let (handle, ttl) = self
             .shared
-            .router()
-            .acquire(&key, &spec)
-            .await
-            .map_err(|e| ToolFailure::from_sandbox(&e, None))?;
-        let mut table = self.shared.table();
-        let ttl = table.ttl();
-        let handle = table.insert(principal, key, kind, sandbox, hosts.clone());
+            .create(principal, kind, spec, hosts.clone())
+            .await?;
         Ok(Json(CreateResult {
             sandbox: handle,
             isolation: self.shared.isolation().to_string(),

@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sandbox_core::{Isolation, Router, SandboxError, SandboxKey};
+use sandbox_core::{Isolation, Router, SandboxError, SandboxKey, SandboxSpec};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::settings::Settings;
 use crate::errors::ToolFailure;
-use crate::handles::{Entry, HandleTable, Lookup};
+use crate::handles::{Entry, HandleTable, Lookup, Principal};
 use crate::liveness::Liveness;
 
 /// The state every connection of one server shares.
@@ -22,6 +23,8 @@ pub struct Shared {
     liveness: Liveness,
     seq: AtomicU64,
     table: Mutex<HandleTable>,
+    /// Woken each time a create in flight ends.
+    create_ended: Notify,
 }
 
 impl Shared {
@@ -33,6 +36,7 @@ impl Shared {
             liveness,
             seq: AtomicU64::new(0),
             table: Mutex::new(HandleTable::new(ttl)),
+            create_ended: Notify::new(),
         })
     }
 
@@ -67,7 +71,7 @@ impl Shared {
 
     /// A fresh key for a sandbox of `principal`: the server's scope, a thread unique to this
     /// server, and the principal as agent over HTTP (over stdio, the configured agent).
-    pub(super) fn new_key(&self, principal: &str) -> SandboxKey {
+    fn new_key(&self, principal: &str) -> SandboxKey {
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let agent: &str = if self.settings.http {
             principal
@@ -79,6 +83,72 @@ impl Shared {
             self.liveness.thread(n),
             agent.to_owned(),
         )
+    }
+
+    /// Creates a sandbox of `spec` for `principal` and binds a new handle to it; returns the
+    /// handle and its idle time to live.
+    ///
+    /// # Errors
+    /// The backend's refusal or failure, as the model may read it; `shutting_down` once the
+    /// server is ending.
+    ///
+    /// # Cancel safety and drop
+    /// The sandbox is made in a task of its own, counted in the table from before it starts
+    /// until its sandbox is in the table: a dropped future (the client went away, the server is
+    /// ending) leaves the create running, and what it makes is there for the idle TTL and for the
+    /// server's end, which waits for it ([`finish_creates`](Self::finish_creates)).
+    pub(super) async fn create(
+        self: &Arc<Self>,
+        principal: Principal,
+        kind: String,
+        spec: SandboxSpec,
+        egress: Vec<String>,
+    ) -> Result<(String, Duration), ToolFailure> {
+        let key = self.new_key(&principal);
+        if !self.table().begin_create(key.clone()) {
+            return Err(ToolFailure::shutting_down());
+        }
+        let creating = Creating {
+            shared: Arc::clone(self),
+            key: key.clone(),
+        };
+        let made = tokio::spawn(async move {
+            let sandbox = creating
+                .shared
+                .router
+                .acquire(&key, &spec)
+                .await
+                .map_err(|e| ToolFailure::from_sandbox(&e, None))?;
+            let mut table = creating.shared.table();
+            let ttl = table.ttl();
+            Ok((table.insert(principal, key, kind, sandbox, egress), ttl))
+        });
+        made.await.unwrap_or_else(|_| {
+            Err(ToolFailure::from_sandbox(
+                &SandboxError::engine("the create ended abnormally"),
+                None,
+            ))
+        })
+    }
+
+    /// Refuses every later create and waits, at most `within`, for those in flight, so that what
+    /// they make is in the table for [`dispose_all`](Self::dispose_all). Returns how many are
+    /// still in flight (`dispose_all` disposes of their keys).
+    pub async fn finish_creates(&self, within: Duration) -> usize {
+        let deadline = Instant::now() + within;
+        loop {
+            let ended = self.create_ended.notified();
+            tokio::pin!(ended);
+            // Registered before the count is read, so an end between the two is not missed.
+            ended.as_mut().enable();
+            let in_flight = self.table().close_creates();
+            if in_flight == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return self.table().close_creates();
+            }
+        }
     }
 
     /// The caller's sandbox behind `handle`, held in use (so it never expires) until the
@@ -154,17 +224,25 @@ impl Shared {
     }
 
     /// Disposes of every sandbox this server still holds, those whose disposal failed before
-    /// included, all at once: an agent host gives a stdio server a couple of seconds after
+    /// and those of creates still in flight included, all at once: an agent host gives a stdio server a couple of seconds after
     /// closing its input before it kills it. Returns how many it tried.
     ///
     /// # Cancel safety and drop
     /// Every sandbox is out of the table before any disposal starts; a dropped future leaves the
     /// rest of them on the engine for the next start's sweep or `sandboxctl purge`.
     pub async fn dispose_all(&self) -> usize {
-        let all = self.table().take_all();
-        futures_util::future::join_all(all.iter().map(|entry| self.router.dispose(&entry.key)))
-            .await;
-        all.len()
+        let (all, creating) = {
+            let mut table = self.table();
+            (table.take_all(), table.take_creating())
+        };
+        // A create still in flight past its wait is disposed of by its key.
+        let keys: Vec<&SandboxKey> = all
+            .iter()
+            .map(|entry| &entry.key)
+            .chain(&creating)
+            .collect();
+        futures_util::future::join_all(keys.iter().map(|key| self.router.dispose(key))).await;
+        keys.len()
     }
 
     /// Disposes of the sandboxes in this server's scope whose owning server is gone (it
@@ -209,5 +287,19 @@ pub(super) struct InUse<'a> {
 impl Drop for InUse<'_> {
     fn drop(&mut self) {
         self.shared.table().release(&self.handle);
+    }
+}
+
+/// Counts one create in flight until it ends, however it ends (made, failed, panicked, or
+/// dropped with the runtime).
+struct Creating {
+    shared: Arc<Shared>,
+    key: SandboxKey,
+}
+
+impl Drop for Creating {
+    fn drop(&mut self) {
+        self.shared.table().end_create(&self.key);
+        self.shared.create_ended.notify_waiters();
     }
 }

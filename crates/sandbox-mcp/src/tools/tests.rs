@@ -134,3 +134,62 @@ async fn a_failed_dispose_is_retried_by_its_principal() {
     assert_eq!(done["disposed"], false, "{done}");
     assert_eq!(served.shared.dispose_all().await, 0);
 }
+
+/// A create the fake holds for `delay`, and the server's end begun once it is in flight (after
+/// `wait` for creates): the create's answer, and what the end disposed of.
+async fn end_during_create(
+    served: &Served,
+    delay: Duration,
+    wait: Duration,
+) -> (CallToolResult, usize, usize) {
+    served.fake.update_faults(|f| f.acquire_delay = Some(delay));
+    let create = call(&served.client, "sandbox_create", json!({}));
+    let end = async {
+        while served.fake.acquire_calls() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let unfinished = served.shared.finish_creates(wait).await;
+        (unfinished, served.shared.dispose_all().await)
+    };
+    let (made, (unfinished, disposed)) = tokio::join!(create, end);
+    (made, unfinished, disposed)
+}
+
+#[tokio::test]
+async fn the_end_waits_for_a_create_in_flight_and_disposes_of_what_it_made() {
+    let served = serve().await;
+    let (made, unfinished, disposed) =
+        end_during_create(&served, Duration::from_millis(300), Duration::from_secs(30)).await;
+    assert_ne!(made.is_error, Some(true), "{made:?}");
+    assert_eq!((unfinished, disposed), (0, 1));
+    assert!(
+        served.fake.instances().is_empty(),
+        "the create's sandbox was left"
+    );
+    // Once the end has begun, no create starts.
+    let late = call(&served.client, "sandbox_create", json!({})).await;
+    assert_eq!(late.is_error, Some(true), "{late:?}");
+    assert_eq!(
+        late.structured_content.unwrap()["error"]["kind"],
+        "shutting_down"
+    );
+    assert_eq!(served.fake.acquire_calls(), 1);
+}
+
+#[tokio::test]
+async fn a_create_still_running_past_the_wait_is_disposed_of_by_its_key_and_leaves_nothing() {
+    let served = serve().await;
+    let (_, unfinished, disposed) =
+        end_during_create(&served, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert_eq!((unfinished, disposed), (1, 1));
+    assert!(
+        served.fake.dispose_calls() >= 1,
+        "the key in flight was disposed of"
+    );
+    // The router disposes of what a create of a key disposed of meanwhile makes.
+    assert!(
+        served.fake.instances().is_empty(),
+        "{:?}",
+        served.fake.instances()
+    );
+}

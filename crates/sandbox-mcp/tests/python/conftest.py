@@ -202,41 +202,55 @@ def open_client(transport, request):
     return factory
 
 
-def crash_after_create():
-    """Starts a stdio server, has it create one sandbox (plain JSON-RPC lines, the legacy
-    handshake), and kills it with SIGKILL: a server that crashed, its sandbox left behind."""
-    proc = subprocess.Popen(
-        [BIN, *server_args()], env=server_env(),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sys.stderr,
-    )
-    # A deadline for the blocking reads below: a wedged server is killed, its output ends.
-    watchdog = threading.Timer(120, proc.kill)
-    watchdog.start()
-    try:
-        def send(message):
-            proc.stdin.write((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
-            proc.stdin.flush()
+class StdioLines:
+    """A stdio server spoken to in plain JSON-RPC lines (the legacy handshake), for the cases that
+    need the process itself: to kill it or signal it in the middle of a call."""
 
-        def answer(request_id):
-            # Each line is one JSON-RPC message; the server sends nothing unasked here, but
-            # a notification would be skipped all the same.
-            while True:
-                line = proc.stdout.readline()
-                assert line, "the server closed its output"
-                message = json.loads(line)
-                if message.get("id") == request_id:
-                    return message
+    def __init__(self, args):
+        self.proc = subprocess.Popen(
+            [BIN, *args], env=server_env(),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sys.stderr,
+        )
+        # A deadline for the blocking reads: a wedged server is killed, its output ends.
+        self.watchdog = threading.Timer(120, self.proc.kill)
+        self.watchdog.start()
 
-        send({"id": 1, "method": "initialize", "params": {
+    def send(self, message):
+        self.proc.stdin.write((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def answer(self, request_id):
+        # Each line is one JSON-RPC message; the server sends nothing unasked here, but a
+        # notification would be skipped all the same.
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, "the server closed its output"
+            message = json.loads(line)
+            if message.get("id") == request_id:
+                return message
+
+    def initialize(self):
+        self.send({"id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "crash-test", "version": "0"},
+            "clientInfo": {"name": "lines-test", "version": "0"},
         }})
-        assert "result" in answer(1)
-        send({"method": "notifications/initialized"})
-        send({"id": 2, "method": "tools/call", "params": {"name": "sandbox_create", "arguments": {}}})
-        made = answer(2)["result"]
+        assert "result" in self.answer(1)
+        self.send({"method": "notifications/initialized"})
+
+    def close(self):
+        self.watchdog.cancel()
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def crash_after_create():
+    """Starts a stdio server, has it create one sandbox, and kills it with SIGKILL: a server that
+    crashed, its sandbox left behind."""
+    server = StdioLines(server_args())
+    try:
+        server.initialize()
+        server.send({"id": 2, "method": "tools/call", "params": {"name": "sandbox_create", "arguments": {}}})
+        made = server.answer(2)["result"]
         assert not made.get("isError"), made
     finally:
-        watchdog.cancel()
-        proc.kill()
-        proc.wait(timeout=30)
+        server.close()

@@ -8,6 +8,9 @@ import json
 import os
 import re
 import secrets
+import select
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -19,7 +22,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND
 
 from conftest import (
-    BACKEND, BIN, RUN_DIR, SCOPE, TOKEN_A, TOKEN_B, connect, crash_after_create, engine_sandboxes,
+    BACKEND, BIN, RUN_DIR, SCOPE, TOKEN_A, TOKEN_B, StdioLines, backend_args, connect,
+    crash_after_create, engine_sandboxes,
 )
 
 pytestmark = pytest.mark.anyio
@@ -503,3 +507,45 @@ if BACKEND == "docker":
             box = await create(client)
             assert (await sh(client, box, "echo pasted"))["stdout"] == "pasted\n"
         assert not ({s["instance_id"] for s in engine_sandboxes()} - before), "the session's sandbox remains"
+
+    def scope_containers(scope):
+        """The ids of every container, in any state, of the Docker backend's `scope`."""
+        out = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label=maf-sandbox.scope={scope}"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    def sigterm_during_create(args, scope):
+        """A stdio server signalled once its create's container exists; whether the create was
+        answered before the signal."""
+        server = StdioLines(args)
+        try:
+            server.initialize()
+            server.send({"id": 2, "method": "tools/call", "params": {"name": "sandbox_create", "arguments": {}}})
+            deadline = time.monotonic() + 60
+            while not scope_containers(scope):
+                assert time.monotonic() < deadline, "no container was made"
+                time.sleep(0.01)
+            answered = bool(select.select([server.proc.stdout], [], [], 0)[0])
+            server.proc.send_signal(signal.SIGTERM)
+            assert server.proc.wait(timeout=120) == 0
+            return answered
+        finally:
+            server.close()
+
+    async def test_sigterm_during_a_create_leaves_no_sandbox():
+        # A scope of its own: the containers counted are this server's alone.
+        scope = f"{SCOPE}-term"
+        args = [*backend_args(), "--scope", scope, "--state-dir", str(RUN_DIR / "locks")]
+        # The signal must land while the create is in flight: once its container exists and
+        # before its answer. A create that finished first proves nothing here; it is tried again.
+        landed = False
+        for _ in range(3):
+            answered = await asyncio.to_thread(sigterm_during_create, args, scope)
+            assert scope_containers(scope) == [], "a create interrupted by SIGTERM left its container"
+            if not answered:
+                landed = True
+                break
+        assert landed, "every create finished before the signal"
