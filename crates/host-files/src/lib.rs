@@ -686,6 +686,119 @@ mod tests {
         assert_eq!(e.kind(), sandbox_core::ErrorKind::InvalidArgument);
     }
 
+    /// A temporary directory whose own name is plain (tempfile's default `.tmp` prefix is hidden).
+    fn plain_tempdir() -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix("host-files-")
+            .tempdir()
+            .unwrap()
+    }
+
+    /// A fake home that is also the output root, as with `cp-out` run from the home directory.
+    fn home_as_output_root() -> (tempfile::TempDir, PathBuf, HostPathGuard) {
+        let dir = plain_tempdir();
+        let home = std::fs::canonicalize(dir.path()).unwrap().join("home");
+        std::fs::create_dir_all(&home).unwrap();
+        let guard = guard_for(&home).with_output_root(home.display().to_string());
+        (dir, home, guard)
+    }
+
+    /// Start-up files no list names: the destination's hidden name (or hidden directory) refuses
+    /// it, and nothing is created.
+    #[test]
+    fn start_up_files_no_list_names_are_refused_by_their_hidden_name() {
+        let (_dir, home, guard) = home_as_output_root();
+        for relative in [
+            ".tmux.conf",
+            ".gdbinit",
+            ".exrc",
+            ".psqlrc",
+            ".Rprofile",
+            ".bash_completion",
+            ".config/tmux/tmux.conf",
+            ".config/direnv/direnvrc",
+            ".ipython/profile_default/startup/00.py",
+            ".gradle/init.d/x.gradle",
+            ".local/share/nvim/site/plugin/x.lua",
+            ".vscode/extensions/x/extension.js",
+            "src/.envrc",
+        ] {
+            let local = home.join(relative);
+            std::fs::create_dir_all(local.parent().unwrap()).unwrap();
+            let text = refusal_of(Destination::open(&local, &guard, true));
+            assert!(text.contains("hidden"), "{relative}: {text}");
+            assert!(!local.exists(), "{relative}");
+        }
+        let plain = home.join("src/report.txt");
+        Destination::open(&plain, &guard, false)
+            .unwrap()
+            .write_atomically(b"x")
+            .unwrap();
+        assert_eq!(std::fs::read(&plain).unwrap(), b"x");
+    }
+
+    /// A guard without an output root writes nothing.
+    #[test]
+    fn no_output_root_admits_no_destination() {
+        let dir = plain_tempdir();
+        let guard = guard_for(Path::new("/nonexistent-home"));
+        let text = refusal_of(Destination::open(&dir.path().join("out"), &guard, false));
+        assert!(text.contains("output root"), "{text}");
+    }
+
+    /// A link below the output root is never written through, even one that points inside it, and
+    /// a link standing at the destination is not replaced.
+    #[test]
+    fn a_link_below_the_output_root_is_never_followed() {
+        let (_dir, home, guard) = home_as_output_root();
+        let sub = home.join("sub");
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(sub.join("target"), b"mine").unwrap();
+        std::os::unix::fs::symlink(&sub, home.join("link")).unwrap();
+        std::os::unix::fs::symlink(sub.join("target"), home.join("file-link")).unwrap();
+        for local in [home.join("link/x"), home.join("file-link")] {
+            let e = Destination::open(&local, &guard, false).expect_err("refused");
+            assert_eq!(e.kind(), sandbox_core::ErrorKind::Confinement, "{e}");
+            assert!(e.to_string().contains("link"), "{e}");
+        }
+        assert!(!sub.join("x").exists());
+        assert_eq!(std::fs::read(sub.join("target")).unwrap(), b"mine");
+        assert!(std::fs::symlink_metadata(home.join("file-link"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+    }
+
+    /// An existing file is kept: refused when the destination is opened, and when it appears
+    /// between the open and the write.
+    #[test]
+    fn an_existing_file_is_kept() {
+        let (_dir, home, guard) = home_as_output_root();
+        let kept = home.join("kept.txt");
+        std::fs::write(&kept, b"mine").unwrap();
+        let text = refusal_of(Destination::open(&kept, &guard, false));
+        assert!(text.contains("exists"), "{text}");
+        let late = home.join("late.txt");
+        let destination = Destination::open(&late, &guard, false).unwrap();
+        std::fs::write(&late, b"mine").unwrap();
+        let e = destination.write_atomically(b"theirs").unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::NotPermitted, "{e}");
+        for path in [&kept, &late] {
+            assert_eq!(std::fs::read(path).unwrap(), b"mine");
+        }
+        assert_only(&home, &["kept.txt", "late.txt"]);
+    }
+
+    /// Nothing but `keep` in `dir`: no temporary file left behind.
+    fn assert_only(dir: &Path, keep: &[&str]) {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, keep, "in {}", dir.display());
+    }
+
     #[test]
     fn backend_state_is_refused_both_ways_whatever_the_override() {
         let root = tempfile::tempdir().unwrap();

@@ -703,6 +703,58 @@ mod tests {
         assert_eq!(guard.read_refusal("/tmp/x", false), None);
     }
 
+    /// Start-up files no list names (tmux, gdb, IPython, Gradle, direnv, editors' plugins, shell
+    /// completions, PowerShell's profile): below the output root a hidden name anywhere on the path
+    /// refuses the write, whatever the credential override says.
+    #[test]
+    fn hidden_names_below_the_output_root_are_never_written() {
+        let guard = user().with_output_root(HOME);
+        for path in [
+            "/home/u/.tmux.conf",
+            "/home/u/.gdbinit",
+            "/home/u/.exrc",
+            "/home/u/.psqlrc",
+            "/home/u/.Rprofile",
+            "/home/u/.bash_completion",
+            "/home/u/.config/tmux/tmux.conf",
+            "/home/u/.config/direnv/direnvrc",
+            "/home/u/.config/powershell/Microsoft.PowerShell_profile.ps1",
+            "/home/u/.ipython/profile_default/startup/00.py",
+            "/home/u/.gradle/init.d/x.gradle",
+            "/home/u/.local/share/bash-completion/completions/git",
+            "/home/u/.local/share/nvim/site/plugin/x.lua",
+            "/home/u/.vscode/extensions/x/extension.js",
+            "/home/u/src/app/.envrc",
+            "/home/u/src/app/.vscode/tasks.json",
+        ] {
+            assert!(guard.write_refusal(path, true).is_some(), "{path}");
+        }
+        assert_eq!(guard.write_refusal("/home/u/src/app/report.txt", false), None);
+    }
+
+    /// Without an output root nothing is written: the allowlist is the default.
+    #[test]
+    fn no_output_root_admits_no_write() {
+        for path in ["/home/u/src/report.txt", "/tmp/out", "/srv/data/x"] {
+            assert!(user().write_refusal(path, false).is_some(), "{path}");
+        }
+    }
+
+    /// An output root that holds system-wide start-up locations admits nothing, not even a file no
+    /// list names.
+    #[test]
+    fn an_output_root_holding_system_start_up_paths_admits_nothing() {
+        for (root, path) in [
+            ("/", "/etc/tmux.conf"),
+            ("/etc", "/etc/gdb/gdbinit"),
+            ("/usr", "/usr/share/bash-completion/completions/git"),
+            ("/var", "/var/report.txt"),
+        ] {
+            let guard = user().with_output_root(root);
+            assert!(guard.write_refusal(path, false).is_some(), "{root}: {path}");
+        }
+    }
+
     #[test]
     fn listed_paths_cover_every_kind_without_globs() {
         let guard = user().with_state_roots(["/srv/ws"]);
@@ -792,6 +844,24 @@ mod tests {
                 want,
                 "{}", respelled
             );
+        }
+
+        /// Below the output root, one hidden component anywhere on the path refuses the write; a
+        /// path of plain names only (none of them listed) is written.
+        #[test]
+        fn one_hidden_component_refuses_the_write(
+            before in proptest::collection::vec("[a-z][a-z0-9_-]{0,6}", 0..3),
+            hidden in "\\.[a-zA-Z0-9_-][a-zA-Z0-9_.-]{0,7}",
+            after in proptest::collection::vec("[a-z][a-z0-9_.-]{0,6}", 0..3),
+        ) {
+            let guard = user().with_output_root("/srv/out");
+            let plain = format!("/srv/out/{}", [before.clone(), after.clone()].concat().join("/"));
+            if !before.is_empty() || !after.is_empty() {
+                prop_assert_eq!(guard.write_refusal(&plain, false), None, "{}", plain);
+            }
+            let parts: Vec<String> = before.into_iter().chain([hidden]).chain(after).collect();
+            let path = format!("/srv/out/{}", parts.join("/"));
+            prop_assert!(guard.write_refusal(&path, true).is_some(), "{}", path);
         }
 
         /// Everything below a listed entry, in any case, is refused, and nothing panics on any input.

@@ -19,7 +19,18 @@ fn scope(test: &str) -> String {
 
 /// Runs sandboxctl (docker accepted) with extra environment, killed if it outlives `bound`.
 fn ctl_env(args: &[&str], env: &[(&str, &str)], bound: Duration) -> Output {
-    let mut child = Command::new(BIN)
+    bounded(Command::new(BIN), args, env, bound)
+}
+
+/// [`ctl_env`] in the working directory `cwd`.
+fn ctl_in(cwd: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(BIN);
+    command.current_dir(cwd);
+    bounded(command, args, env, Duration::from_secs(60))
+}
+
+fn bounded(mut command: Command, args: &[&str], env: &[(&str, &str)], bound: Duration) -> Output {
+    let mut child = command
         .args(["--min-isolation", "container"])
         .args(args)
         .envs(env.iter().copied())
@@ -560,7 +571,11 @@ struct FakeHome {
 
 impl FakeHome {
     fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        // A plain name: tempfile's default prefix is hidden, and cp-out writes no hidden path.
+        let dir = tempfile::Builder::new()
+            .prefix("hardening-")
+            .tempdir()
+            .unwrap();
         let home = dir.path().join("home");
         std::fs::create_dir_all(&home).unwrap();
         FakeHome { _dir: dir, home }
@@ -637,6 +652,64 @@ fn cp_out_refuses_destinations_a_host_executes() {
     // An ordinary destination is still written.
     let out = fake.cp_out(&sandbox.key, "payload", &home.join("x/payload.txt"), &[]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
+
+/// cp-out writes only plain new files below its output root (`--out-dir`, else the current
+/// directory): a hidden name anywhere below it (start-up files of tmux, gdb, IPython that no list
+/// names) is refused with nothing created, a link is never followed, and an existing file is kept
+/// unless `--overwrite` says otherwise.
+#[test]
+fn cp_out_writes_only_plain_new_files_below_its_output_root() {
+    let sandbox = KeptSandbox::new("allowlist", "printf 'run-shell \"touch pwned\"' > payload");
+    let fake = FakeHome::new();
+    let home = &fake.home;
+    let src = home.join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::os::unix::fs::symlink(src.join("sub"), src.join("link")).unwrap();
+    let pin = ["--out-dir", home.to_str().unwrap()];
+    for relative in [
+        ".tmux.conf",
+        ".gdbinit",
+        ".config/tmux/tmux.conf",
+        ".ipython/profile_default/startup/00.py",
+        "src/.envrc",
+    ] {
+        let dest = home.join(relative);
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        let out = fake.cp_out(&sandbox.key, "payload", &dest, &pin);
+        assert_eq!(code(&out), 69, "{relative}: {}", stderr(&out));
+        assert!(stderr(&out).contains("hidden"), "{}", stderr(&out));
+        assert!(!dest.exists(), "{relative} was written");
+    }
+    // Through a link, even one to a directory inside the root: a confinement refusal.
+    let out = fake.cp_out(&sandbox.key, "payload", &src.join("link/x"), &pin);
+    assert_eq!(code(&out), 65, "{}", stderr(&out));
+    FakeHome::assert_only(&src.join("sub"), &[]);
+    // A plain new file is written; an existing one is kept unless --overwrite.
+    let report = src.join("report.txt");
+    let out = fake.cp_out(&sandbox.key, "payload", &report, &pin);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(std::fs::read(&report).unwrap(), b"run-shell \"touch pwned\"");
+    std::fs::write(&report, b"mine").unwrap();
+    let out = fake.cp_out(&sandbox.key, "payload", &report, &pin);
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(stderr(&out).contains("--overwrite"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&report).unwrap(), b"mine");
+    let out = fake.cp_out(&sandbox.key, "payload", &report, &[&pin[..], &["--overwrite"]].concat());
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(std::fs::read(&report).unwrap(), b"run-shell \"touch pwned\"");
+    // Without --out-dir the root is the current directory: nothing above or beside it is written.
+    let key = sandbox.key.as_str();
+    let out = ctl_in(&src, &["cp-out", "--key", key, "payload", "here.txt"], &fake.env());
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(src.join("here.txt").is_file());
+    for dest in ["../above.txt", home.join("beside.txt").to_str().unwrap()] {
+        let out = ctl_in(&src, &["cp-out", "--key", key, "payload", dest], &fake.env());
+        assert_eq!(code(&out), 69, "{dest}: {}", stderr(&out));
+        assert!(stderr(&out).contains("output root"), "{}", stderr(&out));
+    }
+    FakeHome::assert_only(home, &[".config", ".ipython", "src"]);
+    FakeHome::assert_only(&src, &["here.txt", "link", "report.txt", "sub"]);
 }
 
 /// `--out-dir` pins cp-out: inside it (also reached through a link) is written; outside it, by
