@@ -1,6 +1,6 @@
 //! The host-path guard: never panics on any path, judges a path and its normal form alike, refuses
 //! every case variant of a refused path, and admits writes only inside the output root, spelled
-//! exactly.
+//! exactly, with no hidden name on the path.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -49,9 +49,11 @@ fuzz_target!(|input: Input| {
             "{path:?}"
         );
     }
-    // Whatever may be written lies inside the output root; a refused read is refused as a write.
+    // Whatever may be written lies inside the output root with no hidden name on it; a refused read
+    // is refused as a write.
     if write.is_none() {
         assert!(normal.starts_with("/srv/out/"), "{normal:?}");
+        assert!(!normal.split('/').any(|c| c.starts_with('.')), "{normal:?}");
         assert!(read.is_none() || read.as_ref().is_some_and(HostRefusal::is_credential));
     }
 });

@@ -12,22 +12,29 @@
 //! Every check runs on an open descriptor, never on a path string checked earlier and opened again later:
 //! a source is opened first (the kernel never follows a link in its last component; links there are
 //! followed one hop at a time, each hop opened without following), then judged by the real path of the
-//! open descriptor, its kind and its file system; a destination's parent directory is opened first and
-//! judged the same way, and the file is then created and renamed relative to that descriptor. Swapping a
-//! directory for a link between the check and the read therefore changes nothing: the check is about the
-//! file that is read. Each listed path is also resolved where it really lives, so a `~/.bashrc` linked
+//! open descriptor, its kind and its file system; a destination's directory is reached by opening the
+//! output root and then each directory below it relative to the last, never following a link, and the
+//! file is created and renamed relative to that descriptor. Swapping a directory for a link between the
+//! check and the read therefore changes nothing: the check is about the file that is read, and a write
+//! never passes a link at all. Each listed path is also resolved where it really lives, so a `~/.bashrc` linked
 //! into a dotfiles directory guards its target.
 //!
+//! What is written: a plain new file below the output root (a guard without one writes nothing), with no
+//! hidden name (one starting with `.`) anywhere on its path and no link on the way or at it; an existing
+//! file only when the caller says [`ExistingFile::Replace`]. Behind that the lists still refuse a
+//! destination that is, contains or lies under a path a host executes or loads on its own.
+//!
 //! What is refused: a source or destination that is, contains or lies under a credential path
-//! (`allow_credential_path` lifts this one refusal) or a backend's host state (another sandbox's
-//! workspace and record); a destination a host executes or loads on its own, or outside the output root
-//! when one is set; a source that is not a regular file, a source on a pseudo file system (procfs,
+//! (`allow_credential_path` lifts this one refusal, which for a destination the hidden-name rule
+//! covers too) or a backend's host state (another sandbox's workspace and record); a destination
+//! the rules above do not admit; a source that is not a regular file, a source on a pseudo file system (procfs,
 //! sysfs, devtmpfs, debugfs, securityfs, cgroup, ... on Linux), and more bytes than the caller's cap (at
 //! most cap + 1 bytes are ever read). Errors name the path and the rule, never a byte of content.
 //!
 //! Not defended: a hard link to a guarded file made elsewhere by the caller (it has no guarded path),
-//! credentials kept outside the listed paths, and files a host runs from places no list knows (a
-//! project's own build scripts): pin writes to an output root for those. Unix hosts only.
+//! credentials kept outside the listed paths, and files a host runs from plain names below the output
+//! root (a project's own build scripts, a `Makefile`): choose an output root that holds none. Unix
+//! hosts only.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -39,7 +46,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, Mode, OFlags, CWD};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
 use sandbox_core::credential_paths::CredentialGuard;
 use sandbox_core::host_paths::{touches, ListedKind};
@@ -81,12 +88,15 @@ pub fn credential_guard() -> CredentialGuard {
 
 /// The one guard for this process's host file operations: its credential paths ([`credential_guard`]),
 /// the paths a host executes below its homes and system-wide, the backends' host state roots
-/// `state_roots` (each also where it really lives), and the output root when one is given.
+/// `state_roots` (each also where it really lives), and the output root, without which it admits no
+/// write.
 ///
 /// # Errors
 ///
 /// [`SandboxError::InvalidArgument`] when `output_root` is not an existing directory (it is resolved,
-/// links and `..` included, before it is compared with resolved destinations).
+/// links and `..` included, before it is compared with resolved destinations);
+/// [`SandboxError::NotPermitted`] when it is unfit ([`HostPathGuard::output_root_refusal`]: a hidden
+/// name on it, or it holds system-wide start-up paths).
 pub fn host_guard(
     state_roots: impl IntoIterator<Item = PathBuf>,
     output_root: Option<&Path>,
@@ -110,7 +120,14 @@ pub fn host_guard(
         if !resolved.is_dir() {
             return Err(refuse("not a directory".into()));
         }
-        guard = guard.with_output_root(resolved.display().to_string());
+        let resolved = resolved.display().to_string();
+        if let Some(refusal) = guard.output_root_refusal(&resolved) {
+            return Err(SandboxError::NotPermitted(format!(
+                "{}: {refusal}",
+                root.display()
+            )));
+        }
+        guard = guard.with_output_root(resolved);
     }
     Ok(guard)
 }
@@ -184,82 +201,144 @@ impl Source {
     }
 }
 
+/// Whether `cp-out` may replace a file that already stands at its destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExistingFile {
+    /// Refuse the copy (NotPermitted): checked when the destination is opened, and again when the
+    /// copy is published, by a rename that never replaces.
+    Keep,
+    /// Replace a regular file (never a link, a directory or anything else).
+    Replace,
+}
+
 /// The directory a `cp-out` writes into, opened and judged before anything is read from the guest.
 #[derive(Debug)]
 pub struct Destination {
     directory: OwnedFd,
     leaf: OsString,
     shown: String,
+    existing: ExistingFile,
 }
 
 impl Destination {
-    /// Opens the parent directory of `local` and judges `<its real path>/<file name>` (and `local` as
-    /// named) against the guard: outside its output root (judged on the real path alone), a path a host
-    /// executes or loads, a credential path (unless `allow_credential_path`) or a backend's host state
-    /// → NotPermitted. A `local` without a file name (`dir/`, `..`) is an invalid argument.
+    /// Opens the directory `local` is to be written in by walking from the guard's output root one
+    /// directory at a time, never following a link, and judges the destination against the guard
+    /// ([`HostPathGuard::write_refusal`]).
+    ///
+    /// `local` (relative to the current directory, or absolute) must lie below the output root:
+    /// its first ancestor that resolves to the root is where the walk starts, so a root named
+    /// through a link (`/tmp` on macOS) still admits its files, while below it every name is
+    /// opened as it is.
     ///
     /// # Errors
     ///
-    /// As above, and NotFound or Io when the parent directory cannot be opened.
+    /// NotPermitted: no output root, an unfit one, a destination outside it, a hidden name on its
+    /// path, one the lists refuse (a credential path unless `allow_credential_path`), or an
+    /// existing file under [`ExistingFile::Keep`]. Confinement: a link on the way or at the
+    /// destination. InvalidArgument: `local` names no file (`dir/`, `..`). NotFound, NotADirectory,
+    /// IsADirectory, NotRegularFile or Io from the walk.
     pub fn open(
         local: &Path,
         guard: &HostPathGuard,
         allow_credential_path: bool,
+        existing: ExistingFile,
     ) -> Result<Self, SandboxError> {
         let shown = local.display().to_string();
-        let leaf = match local.file_name() {
-            Some(leaf) if !local.as_os_str().as_bytes().ends_with(b"/") => leaf.to_os_string(),
-            _ => {
-                return Err(SandboxError::invalid(format!(
-                    "{shown} does not name a file to write"
-                )))
-            }
+        if local.file_name().is_none() || local.as_os_str().as_bytes().ends_with(b"/") {
+            return Err(SandboxError::invalid(format!(
+                "{shown} does not name a file to write"
+            )));
+        }
+        let refuse = |refusal: HostRefusal| refused(&shown, &refusal, "write it");
+        let root = guard
+            .output_root()
+            .ok_or_else(|| refuse(HostRefusal::NoOutputRoot))?;
+        if let Some(refusal) = guard.output_root_refusal(root) {
+            return Err(refuse(refusal));
+        }
+        let named = std::path::absolute(local).map_err(|e| io_error("resolve", &shown, e))?;
+        // As named first (`..` taken lexically), so `x/../.profile` is refused for its hidden name.
+        if let Some(refusal) =
+            guard.destination_refusal(&named.display().to_string(), allow_credential_path)
+        {
+            return Err(refuse(refusal));
+        }
+        let below = below_output_root(&named, Path::new(root))
+            .ok_or_else(|| refuse(HostRefusal::OutsideOutputRoot(root.to_owned())))?;
+        let lexical = below.iter().fold(PathBuf::from(root), |p, c| p.join(c));
+        let Some((leaf, directories)) = below.split_last() else {
+            return Err(refuse(HostRefusal::OutsideOutputRoot(root.to_owned())));
         };
-        let parent = match local.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let directory = rustix::fs::open(
-            &parent,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| io_error("open", &parent.display().to_string(), e.into()))?;
-        let real = real_path(&directory, &parent)?.join(&leaf);
-        let named = std::path::absolute(local).unwrap_or_else(|_| local.to_path_buf());
         let refusal = guard
-            .write_refusal(&real.display().to_string(), allow_credential_path)
+            .write_refusal(&lexical.display().to_string(), allow_credential_path)
             .or_else(|| {
                 judge(
                     guard,
-                    &[&real, &named],
+                    &[&lexical, &named],
                     Judged::Write,
                     allow_credential_path,
                 )
             });
         if let Some(refusal) = refusal {
-            return Err(refused(&shown, &refusal, "write it"));
+            return Err(refuse(refusal));
+        }
+        let mut directory = rustix::fs::open(
+            root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io_error("open", root, e.into()))?;
+        if real_path(&directory, Path::new(root))? != Path::new(root) {
+            return Err(SandboxError::NotPermitted(format!(
+                "the output root {root} was moved while {shown} was opened below it"
+            )));
+        }
+        let mut walked = PathBuf::from(root);
+        for name in directories {
+            walked.push(name);
+            directory = open_directory_below(&directory, name, &walked, &shown)?;
+        }
+        walked.push(leaf);
+        check_leaf(&directory, leaf, &walked, &shown, existing)?;
+        // Second line: the kernel's own name of what the walk opened, judged again.
+        let real = real_path(&directory, &walked)?.join(leaf);
+        let refusal = guard
+            .write_refusal(&real.display().to_string(), allow_credential_path)
+            .or_else(|| judge(guard, &[&real], Judged::Write, allow_credential_path));
+        if let Some(refusal) = refusal {
+            return Err(refuse(refusal));
         }
         Ok(Destination {
             directory,
-            leaf,
+            leaf: leaf.clone(),
             shown,
+            existing,
         })
     }
 
     /// Writes `content` to a fresh file (mode 0666 before the umask) in the opened directory and renames it
-    /// over the destination: a failed write leaves no partial file, and a link standing at the destination
-    /// is replaced, never written through.
+    /// to the destination: a failed write leaves no partial file, a link standing at the destination is
+    /// replaced, never written through, and under [`ExistingFile::Keep`] a file that appeared since the
+    /// open is kept (NotPermitted).
     pub fn write_atomically(&self, content: &[u8]) -> Result<(), SandboxError> {
         let (temp_name, temp) = self.create_temp()?;
         let written = write_and_sync(File::from(temp), content);
-        let renamed = written.and_then(|()| {
-            rustix::fs::renameat(&self.directory, &temp_name, &self.directory, &self.leaf)
-                .map_err(std::io::Error::from)
+        let published = written.and_then(|()| match self.existing {
+            ExistingFile::Replace => {
+                rustix::fs::renameat(&self.directory, &temp_name, &self.directory, &self.leaf)
+                    .map_err(std::io::Error::from)
+            }
+            ExistingFile::Keep => {
+                publish_without_replacing(&self.directory, &temp_name, &self.leaf)
+            }
         });
-        renamed.map_err(|e| {
+        published.map_err(|e| {
             let _ = rustix::fs::unlinkat(&self.directory, &temp_name, AtFlags::empty());
-            io_error("write", &self.shown, e)
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                exists(&self.shown)
+            } else {
+                io_error("write", &self.shown, e)
+            }
         })
     }
 
@@ -286,6 +365,126 @@ impl Destination {
             }
         }
     }
+}
+
+/// The components of `named` below `root`, the leaf last: `named` is split at its first ancestor
+/// (from `/` down, its parent at most) that resolves to `root`, and below it only plain names may
+/// follow. None when no ancestor is the root or a `..` follows it.
+fn below_output_root(named: &Path, root: &Path) -> Option<Vec<OsString>> {
+    use std::path::Component;
+    let components: Vec<Component<'_>> = named.components().collect();
+    let mut ancestor = PathBuf::new();
+    for (at, component) in components
+        .iter()
+        .enumerate()
+        .take(components.len().saturating_sub(1))
+    {
+        ancestor.push(component);
+        if std::fs::canonicalize(&ancestor).is_ok_and(|real| real == root) {
+            return components[at + 1..]
+                .iter()
+                .map(|c| match c {
+                    Component::Normal(name) => Some(name.to_os_string()),
+                    _ => None,
+                })
+                .collect();
+        }
+    }
+    None
+}
+
+/// Opens the directory `name` in `parent` without following a link. A link is a confinement
+/// refusal, whatever it points at.
+fn open_directory_below(
+    parent: &OwnedFd,
+    name: &OsString,
+    walked: &Path,
+    shown: &str,
+) -> Result<OwnedFd, SandboxError> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    match rustix::fs::openat(parent, name, flags, Mode::empty()) {
+        Ok(fd) => Ok(fd),
+        Err(Errno::LOOP | Errno::NOTDIR) => {
+            let is_link = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink);
+            if is_link {
+                Err(through_link(shown, walked))
+            } else {
+                Err(SandboxError::NotADirectory {
+                    path: walked.display().to_string(),
+                })
+            }
+        }
+        Err(e) => Err(io_error("open", &walked.display().to_string(), e.into())),
+    }
+}
+
+/// What stands at the destination, if anything: nothing, or a regular file under
+/// [`ExistingFile::Replace`], is accepted.
+fn check_leaf(
+    directory: &OwnedFd,
+    leaf: &OsString,
+    walked: &Path,
+    shown: &str,
+    existing: ExistingFile,
+) -> Result<(), SandboxError> {
+    let stat = match rustix::fs::statat(directory, leaf, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => stat,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(io_error("stat", shown, e.into())),
+    };
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::Symlink => Err(through_link(shown, walked)),
+        FileType::Directory => Err(SandboxError::IsADirectory {
+            path: shown.to_owned(),
+        }),
+        FileType::RegularFile if existing == ExistingFile::Replace => Ok(()),
+        FileType::RegularFile => Err(exists(shown)),
+        _ => Err(SandboxError::NotRegularFile {
+            path: shown.to_owned(),
+        }),
+    }
+}
+
+/// Renames `temp` to `leaf` unless `leaf` exists (AlreadyExists then), atomically: `renameat2`'s
+/// no-replace flag, or a hard link where the file system lacks it.
+fn publish_without_replacing(
+    directory: &OwnedFd,
+    temp: &OsString,
+    leaf: &OsString,
+) -> std::io::Result<()> {
+    #[cfg(any(target_os = "linux", target_os = "android", target_vendor = "apple"))]
+    match rustix::fs::renameat_with(
+        directory,
+        temp,
+        directory,
+        leaf,
+        rustix::fs::RenameFlags::NOREPLACE,
+    ) {
+        Err(Errno::INVAL | Errno::NOSYS | Errno::NOTSUP) => {}
+        other => return other.map_err(std::io::Error::from),
+    }
+    rustix::fs::linkat(directory, temp, directory, leaf, AtFlags::empty())?;
+    rustix::fs::unlinkat(directory, temp, AtFlags::empty())?;
+    Ok(())
+}
+
+#[cold]
+fn through_link(shown: &str, link: &Path) -> SandboxError {
+    SandboxError::confinement(
+        shown,
+        format!(
+            "{} is a link, and a sandbox's bytes are never written through one",
+            link.display()
+        ),
+    )
+}
+
+#[cold]
+fn exists(shown: &str) -> SandboxError {
+    SandboxError::NotPermitted(format!(
+        "{shown} exists and is kept; pass --overwrite to replace it"
+    ))
 }
 
 /// `cp-in` for every host: opens and judges `local` ([`Source::open`]) before anything reaches the
@@ -315,16 +514,17 @@ pub async fn copy_in(
     Ok(content.len() as u64)
 }
 
-/// `cp-out` for every host: opens and judges the destination ([`Destination::open`]: credential
-/// paths, paths a host executes or loads, backends' host state, the output root) before anything is
-/// read from the guest, reads `guest` whole when it holds at most `max_bytes` (a file the guest
-/// grows past the bound is refused, never truncated), and publishes it with one rename, so a refused
-/// or failed copy leaves no partial or temporary file. Returns the number of bytes copied.
+/// `cp-out` for every host: given a destination already opened and judged ([`Destination::open`]:
+/// below the output root only, no hidden name, no link, an existing file kept unless asked, and the
+/// lists behind), so a refused one never costs a read from the guest, reads `guest` whole when it
+/// holds at most `max_bytes` (a file the guest grows past the bound is refused, never truncated),
+/// and publishes it with one rename, so a failed copy leaves no partial or temporary file. Returns
+/// the number of bytes copied.
 ///
 /// # Errors
 ///
-/// What [`Destination::open`] refuses (then nothing is read from the guest), the sandbox's read
-/// failure (TransferCapExceeded over `max_bytes`), or the local write's.
+/// The sandbox's read failure (TransferCapExceeded over `max_bytes`), or the local write's (an
+/// existing file that appeared since the open, under [`ExistingFile::Keep`], is NotPermitted).
 ///
 /// # Cancel safety and drop
 ///
@@ -334,12 +534,9 @@ pub async fn copy_out(
     sandbox: &dyn Sandbox,
     guest: &str,
     workdir: &str,
-    local: &Path,
-    guard: &HostPathGuard,
-    allow_credential_path: bool,
+    destination: Destination,
     max_bytes: u64,
 ) -> Result<u64, SandboxError> {
-    let destination = Destination::open(local, guard, allow_credential_path)?;
     let content = sandbox.read_file(guest, workdir, max_bytes).await?;
     destination.write_atomically(&content)?;
     Ok(content.len() as u64)
@@ -613,42 +810,46 @@ mod tests {
         e.to_string()
     }
 
+    /// Start-up files, by any alias: their hidden names refuse them, and behind that the list
+    /// refuses a plain name a host runs (`~/bin`) and the file a start-up link points at.
     #[test]
     fn start_up_files_are_refused_by_any_alias() {
-        let root = tempfile::tempdir().unwrap();
-        let home = root.path().join("home");
+        let (_dir, home, guard) = home_as_output_root();
         let dotfiles = home.join("dotfiles");
         let units = home.join(".config/systemd/user");
         std::fs::create_dir_all(&dotfiles).unwrap();
         std::fs::create_dir_all(&units).unwrap();
+        std::fs::create_dir_all(home.join("bin")).unwrap();
         std::fs::write(dotfiles.join("bashrc"), b"# mine").unwrap();
         std::os::unix::fs::symlink(dotfiles.join("bashrc"), home.join(".bashrc")).unwrap();
-        std::os::unix::fs::symlink(&units, root.path().join("innocent")).unwrap();
-        let guard = guard_for(&home);
-        for local in [
-            home.join(".bashrc"),
-            home.join(".Bashrc"),
-            home.join("dotfiles/../.profile"),
+        for (local, reason) in [
+            (home.join(".bashrc"), "hidden"),
+            (home.join(".Bashrc"), "hidden"),
+            (home.join("dotfiles/../.profile"), "hidden"),
+            (units.join("x.service"), "hidden"),
+            (home.join("repo/../.config/autostart/x.desktop"), "hidden"),
             // The file the start-up link points at is as executed as the link.
-            dotfiles.join("bashrc"),
-            // A directory reached through a link is judged where it really is.
-            root.path().join("innocent/x.service"),
-            units.join("x.service"),
-            home.join("repo/../.config/autostart/x.desktop"),
+            (dotfiles.join("bashrc"), "executes or loads"),
+            (home.join("bin/git"), "executes or loads"),
         ] {
             if let Some(parent) = local.parent() {
                 std::fs::create_dir_all(parent).unwrap();
             }
-            let text = refusal_of(Destination::open(&local, &guard, true));
-            assert!(text.contains("executes or loads"), "{text}");
+            for existing in [ExistingFile::Keep, ExistingFile::Replace] {
+                let text = refusal_of(Destination::open(&local, &guard, true, existing));
+                assert!(text.contains(reason), "{}: {text}", local.display());
+            }
         }
         assert_eq!(std::fs::read(dotfiles.join("bashrc")).unwrap(), b"# mine");
-        assert!(Destination::open(&home.join("notes.txt"), &guard, false).is_ok());
+        assert!(!home.join("bin/git").exists());
+        assert!(
+            Destination::open(&home.join("notes.txt"), &guard, false, ExistingFile::Keep).is_ok()
+        );
     }
 
     #[test]
     fn an_output_root_holds_every_write_inside_it() {
-        let root = tempfile::tempdir().unwrap();
+        let root = plain_tempdir();
         let home = root.path().join("home");
         let out = root.path().join("out");
         let elsewhere = root.path().join("elsewhere");
@@ -662,19 +863,23 @@ mod tests {
         for local in [
             elsewhere.join("x"),
             out.join("sub/../../elsewhere/x"),
-            out.join("escape/x"),
+            out.join("sub/../a"),
             home.join("x"),
         ] {
-            let text = refusal_of(Destination::open(&local, &guard, true));
+            let text = refusal_of(Destination::open(&local, &guard, true, ExistingFile::Keep));
             assert!(text.contains("outside the output root"), "{text}");
         }
-        // Inside, and the root reached through a link, are written.
+        // A link out of the root is not followed.
+        let e = Destination::open(&out.join("escape/x"), &guard, true, ExistingFile::Keep)
+            .expect_err("refused");
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::Confinement, "{e}");
+        // Inside, and the root itself reached through a link, are written.
         for local in [
             out.join("a"),
             out.join("sub/b"),
             root.path().join("out-link/c"),
         ] {
-            Destination::open(&local, &guard, false)
+            Destination::open(&local, &guard, false, ExistingFile::Keep)
                 .unwrap()
                 .write_atomically(b"x")
                 .unwrap();
@@ -725,12 +930,17 @@ mod tests {
         ] {
             let local = home.join(relative);
             std::fs::create_dir_all(local.parent().unwrap()).unwrap();
-            let text = refusal_of(Destination::open(&local, &guard, true));
+            let text = refusal_of(Destination::open(
+                &local,
+                &guard,
+                true,
+                ExistingFile::Replace,
+            ));
             assert!(text.contains("hidden"), "{relative}: {text}");
             assert!(!local.exists(), "{relative}");
         }
         let plain = home.join("src/report.txt");
-        Destination::open(&plain, &guard, false)
+        Destination::open(&plain, &guard, false, ExistingFile::Keep)
             .unwrap()
             .write_atomically(b"x")
             .unwrap();
@@ -742,7 +952,12 @@ mod tests {
     fn no_output_root_admits_no_destination() {
         let dir = plain_tempdir();
         let guard = guard_for(Path::new("/nonexistent-home"));
-        let text = refusal_of(Destination::open(&dir.path().join("out"), &guard, false));
+        let text = refusal_of(Destination::open(
+            &dir.path().join("out"),
+            &guard,
+            false,
+            ExistingFile::Keep,
+        ));
         assert!(text.contains("output root"), "{text}");
     }
 
@@ -757,9 +972,11 @@ mod tests {
         std::os::unix::fs::symlink(&sub, home.join("link")).unwrap();
         std::os::unix::fs::symlink(sub.join("target"), home.join("file-link")).unwrap();
         for local in [home.join("link/x"), home.join("file-link")] {
-            let e = Destination::open(&local, &guard, false).expect_err("refused");
-            assert_eq!(e.kind(), sandbox_core::ErrorKind::Confinement, "{e}");
-            assert!(e.to_string().contains("link"), "{e}");
+            for existing in [ExistingFile::Keep, ExistingFile::Replace] {
+                let e = Destination::open(&local, &guard, false, existing).expect_err("refused");
+                assert_eq!(e.kind(), sandbox_core::ErrorKind::Confinement, "{e}");
+                assert!(e.to_string().contains("link"), "{e}");
+            }
         }
         assert!(!sub.join("x").exists());
         assert_eq!(std::fs::read(sub.join("target")).unwrap(), b"mine");
@@ -776,10 +993,10 @@ mod tests {
         let (_dir, home, guard) = home_as_output_root();
         let kept = home.join("kept.txt");
         std::fs::write(&kept, b"mine").unwrap();
-        let text = refusal_of(Destination::open(&kept, &guard, false));
+        let text = refusal_of(Destination::open(&kept, &guard, false, ExistingFile::Keep));
         assert!(text.contains("exists"), "{text}");
         let late = home.join("late.txt");
-        let destination = Destination::open(&late, &guard, false).unwrap();
+        let destination = Destination::open(&late, &guard, false, ExistingFile::Keep).unwrap();
         std::fs::write(&late, b"mine").unwrap();
         let e = destination.write_atomically(b"theirs").unwrap_err();
         assert_eq!(e.kind(), sandbox_core::ErrorKind::NotPermitted, "{e}");
@@ -787,6 +1004,28 @@ mod tests {
             assert_eq!(std::fs::read(path).unwrap(), b"mine");
         }
         assert_only(&home, &["kept.txt", "late.txt"]);
+        // Replacing is asked for: the file is replaced, never a directory or a fifo.
+        Destination::open(&kept, &guard, false, ExistingFile::Replace)
+            .unwrap()
+            .write_atomically(b"theirs")
+            .unwrap();
+        assert_eq!(std::fs::read(&kept).unwrap(), b"theirs");
+        std::fs::create_dir(home.join("dir")).unwrap();
+        rustix::fs::mknodat(
+            CWD,
+            home.join("fifo"),
+            rustix::fs::FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let e =
+            Destination::open(&home.join("dir"), &guard, false, ExistingFile::Replace).unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::IsADirectory, "{e}");
+        let e = Destination::open(&home.join("fifo"), &guard, false, ExistingFile::Replace)
+            .unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::NotRegularFile, "{e}");
+        assert_only(&home, &["dir", "fifo", "kept.txt", "late.txt"]);
     }
 
     /// Nothing but `keep` in `dir`: no temporary file left behind.
@@ -801,7 +1040,7 @@ mod tests {
 
     #[test]
     fn backend_state_is_refused_both_ways_whatever_the_override() {
-        let root = tempfile::tempdir().unwrap();
+        let root = plain_tempdir();
         let home = root.path().join("home");
         let state = root.path().join("state/workspaces");
         let other = state.join("sbx-other/ws-1");
@@ -810,7 +1049,10 @@ mod tests {
         std::fs::write(other.join("secret.txt"), b"theirs").unwrap();
         std::fs::write(state.join("sbx-other/meta.json"), b"{}").unwrap();
         std::os::unix::fs::symlink(&other, root.path().join("alias")).unwrap();
-        let guard = guard_for(&home).with_state_roots([state.display().to_string()]);
+        let canonical = std::fs::canonicalize(root.path()).unwrap();
+        let guard = guard_for(&home)
+            .with_state_roots([state.display().to_string()])
+            .with_output_root(canonical.display().to_string());
         for source in [
             other.join("secret.txt"),
             root.path().join("alias/secret.txt"),
@@ -819,14 +1061,21 @@ mod tests {
             assert_eq!(e.kind(), sandbox_core::ErrorKind::NotPermitted, "{e}");
             assert!(e.to_string().contains("sandboxes' workspaces"), "{e}");
         }
-        for local in [
-            other.join("planted"),
-            state.join("sbx-other/meta.json"),
-            root.path().join("alias/planted"),
-        ] {
-            let text = refusal_of(Destination::open(&local, &guard, true));
-            assert!(text.contains("sandboxes' workspaces"), "{text}");
+        for local in [other.join("planted"), state.join("sbx-other/meta.json")] {
+            for existing in [ExistingFile::Keep, ExistingFile::Replace] {
+                let text = refusal_of(Destination::open(&local, &guard, true, existing));
+                assert!(text.contains("sandboxes' workspaces"), "{text}");
+            }
         }
+        let e = Destination::open(
+            &root.path().join("alias/planted"),
+            &guard,
+            true,
+            ExistingFile::Keep,
+        )
+        .expect_err("refused");
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::Confinement, "{e}");
+        assert!(!other.join("planted").exists());
         assert_eq!(
             std::fs::read(state.join("sbx-other/meta.json")).unwrap(),
             b"{}"
@@ -835,10 +1084,15 @@ mod tests {
 
     #[test]
     fn cp_out_files_get_the_usual_mode() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = plain_tempdir();
         let local = dir.path().join("out");
-        let guard = guard_for(Path::new("/nonexistent-home"));
-        Destination::open(&local, &guard, false)
+        let guard = guard_for(Path::new("/nonexistent-home")).with_output_root(
+            std::fs::canonicalize(dir.path())
+                .unwrap()
+                .display()
+                .to_string(),
+        );
+        Destination::open(&local, &guard, false, ExistingFile::Keep)
             .unwrap()
             .write_atomically(b"x")
             .unwrap();
@@ -934,7 +1188,8 @@ mod tests {
     fn a_destination_must_name_a_file() {
         let guard = guard_for(Path::new("/nonexistent-home"));
         for local in ["/tmp/", "..", "/"] {
-            let e = Destination::open(Path::new(local), &guard, false).unwrap_err();
+            let e =
+                Destination::open(Path::new(local), &guard, false, ExistingFile::Keep).unwrap_err();
             assert_eq!(
                 e.kind(),
                 sandbox_core::ErrorKind::InvalidArgument,

@@ -185,25 +185,57 @@ pub async fn connect_sbx(
     SbxBackend::connect(sbx_config(args, guest_names)).await
 }
 
-/// The output root of a host that writes sandboxes' bytes to host files (`sandboxctl cp-out`, an MCP
-/// tool that copies out): flatten it into the host's flags and give `out_dir` to [`host_guard`].
+/// Where a host that writes sandboxes' bytes to host files (`sandboxctl cp-out`) may write: flatten
+/// it into the host's flags, give [`OutDirArg::output_root`] to [`host_guard`] and
+/// [`OutDirArg::existing`] to `host_files::copy_out`.
 #[derive(Debug, Clone, Default, Args)]
 pub struct OutDirArg {
-    /// Write nothing outside DIR (an existing directory; judged where the destination really is,
-    /// links and `..` resolved, spelled exactly).
+    /// Write only below DIR (default: the current directory), an existing directory with no hidden
+    /// name on its path that holds no system start-up directory (not `/`, `/etc`, `/usr`).
     #[arg(long, value_name = "DIR")]
     pub out_dir: Option<PathBuf>,
+    /// Replace a regular file already at the destination (without it, an existing file is kept
+    /// and the copy refused).
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+impl OutDirArg {
+    /// The output root: `--out-dir`, else the current directory.
+    ///
+    /// # Errors
+    /// Io when there is no `--out-dir` and the current directory cannot be named.
+    pub fn output_root(&self) -> Result<PathBuf, SandboxError> {
+        match &self.out_dir {
+            Some(dir) => Ok(dir.clone()),
+            None => std::env::current_dir().map_err(|source| SandboxError::Io {
+                operation: "find the current directory",
+                path: ".".into(),
+                source,
+            }),
+        }
+    }
+
+    /// Whether an existing destination file is replaced or kept.
+    pub fn existing(&self) -> host_files::ExistingFile {
+        if self.overwrite {
+            host_files::ExistingFile::Replace
+        } else {
+            host_files::ExistingFile::Keep
+        }
+    }
 }
 
 /// The one guard of every host file a host reads for a sandbox or writes with its bytes
 /// ([`host_files`]: `cp-in`, `cp-out`, an env file, an MCP tool's transfer): the credential paths
 /// and the paths a host executes, the host state roots the connected `backend` reports, those of
 /// the sbx and qemu configurations these flags would give (whichever backend runs, one key never
-/// reaches another key's sbx workspace or VM through the host), and `output_root` when a host pins writes to one.
+/// reaches another key's sbx workspace or VM through the host), and `output_root`, without which the
+/// guard admits no write (`cp-in` and env files pass none).
 ///
 /// # Errors
-/// The backend's failure to report its roots (then nothing is moved), or an `output_root` that is
-/// not an existing directory.
+/// The backend's failure to report its roots (then nothing is moved), an `output_root` that is
+/// not an existing directory (InvalidArgument), or one unfit to write below (NotPermitted).
 ///
 /// # Cancel safety and drop
 /// Dropping the future drops the backend's request in flight; nothing is changed.

@@ -4,11 +4,18 @@
 //! Threat model: the guest is hostile, and the caller choosing host paths (a model picking arguments)
 //! can be talked into anything by guest output; the host's operator is trusted and configures the
 //! guard. A read is refused when its path is, contains or lies under a credential path
-//! ([`crate::credential_paths`]) or a backend's host state (another sandbox's workspace and record);
-//! a write is refused for those, for any path a host executes or loads on its own (shell start-up
-//! files, autostart entries and units, cron, sudoers, the loader's preload, repository hooks; the
-//! list is [`executed_paths`], from `executed_paths.txt`), and for anything outside the output root
-//! when one is set.
+//! ([`crate::credential_paths`]) or a backend's host state (another sandbox's workspace and record).
+//!
+//! A write is admitted, not screened: only below the output root (a guard without one admits no
+//! write), never with a hidden name (one starting with `.`) anywhere on the path, and never below
+//! an output root that is, contains or lies under a system-wide path a host executes or loads.
+//! Programs read start-up code from more hidden files than any list can name (`~/.tmux.conf`,
+//! `~/.gdbinit`, `~/.ipython/…/startup`, an editor's plugin directory), so the hidden-name rule is
+//! what keeps them out. Behind it, as a second line, the lists still refuse a path that is,
+//! contains or lies under a credential path, a backend's host state or a path a host executes or
+//! loads on its own (shell start-up files, autostart entries and units, cron, sudoers, the
+//! loader's preload, repository hooks, `~/bin`; the list is [`executed_paths`], from
+//! `executed_paths.txt`).
 //!
 //! Matching is lexical and case-insensitive (a case-folding file system has no alias that slips
 //! through; on a case-sensitive one the cost is refusing an odd spelling). It does no I/O: the
@@ -16,9 +23,10 @@
 //! opened file really is, and again for each listed path resolved where it really lives
 //! ([`HostPathGuard::listed`]).
 //!
-//! Not decided here: pseudo file systems and file kinds (the opener judges what it opened), and files
-//! a host runs from places no list can know (a project's own build scripts): pin writes to an output
-//! root for those.
+//! Not decided here: links, existing files, pseudo file systems and file kinds (the opener judges
+//! what it opens, walking from the output root without following a link), and files a host runs
+//! from plain names below the output root (a project's own build scripts, a `Makefile`): choose an
+//! output root that holds none.
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -143,6 +151,17 @@ pub enum HostRefusal {
     SandboxState(String),
     /// It lies outside this output root.
     OutsideOutputRoot(String),
+    /// The guard has no output root, so it admits no write.
+    NoOutputRoot,
+    /// This hidden name (the path up to it) lies on the path.
+    Hidden(String),
+    /// The output root itself is unfit to write below, for the reason given.
+    UnfitOutputRoot {
+        /// The output root.
+        root: String,
+        /// What is wrong with it.
+        why: Box<HostRefusal>,
+    },
 }
 
 impl HostRefusal {
@@ -168,6 +187,18 @@ impl fmt::Display for HostRefusal {
                 "is, contains or lies under {p}, where a backend keeps sandboxes' workspaces and records"
             ),
             HostRefusal::OutsideOutputRoot(p) => write!(f, "lies outside the output root {p}"),
+            HostRefusal::NoOutputRoot => {
+                f.write_str("has no output root to lie below, and nothing is written without one")
+            }
+            HostRefusal::Hidden(p) => write!(
+                f,
+                "has the hidden name {p} on its path; a hidden file or directory is never written \
+                 or written through (programs load start-up code from many)"
+            ),
+            HostRefusal::UnfitOutputRoot { root, why } => write!(
+                f,
+                "lies below the output root {root}, which {why}; choose a directory of its own"
+            ),
         }
     }
 }
@@ -216,7 +247,8 @@ impl Listed {
 ///     .with_output_root("/home/u/out");
 /// assert!(matches!(guard.write_refusal("/home/u/.bashrc", false), Some(HostRefusal::OutsideOutputRoot(_))));
 /// assert_eq!(guard.write_refusal("/home/u/out/report.txt", false), None);
-/// assert!(matches!(guard.write_refusal("/home/u/out/.git/hooks/pre-commit", false), Some(HostRefusal::Executed(_))));
+/// assert!(matches!(guard.write_refusal("/home/u/out/.git/hooks/pre-commit", false), Some(HostRefusal::Hidden(_))));
+/// assert_eq!(HostPathGuard::new(CredentialGuard::for_user("/home/u")).write_refusal("/home/u/out/report.txt", false), Some(HostRefusal::NoOutputRoot));
 /// assert!(matches!(guard.read_refusal("/home/u/.local/state/ws/a/meta.json", true), Some(HostRefusal::SandboxState(_))));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -254,7 +286,8 @@ impl HostPathGuard {
         }
     }
 
-    /// Writes nothing outside `root` (give it resolved: it is compared with resolved paths).
+    /// Admits writes below `root` alone (give it resolved: it is compared with resolved paths); a
+    /// root [`HostPathGuard::output_root_refusal`] refuses admits nothing.
     pub fn with_output_root(mut self, root: impl Into<String>) -> Self {
         self.output_root = Some(norm(&root.into()));
         self
@@ -296,28 +329,65 @@ impl HostPathGuard {
     }
 
     /// Why writing a sandbox's bytes to the resolved absolute `path` is refused, if it is, in this
-    /// order: outside the output root, a path a host executes or loads, a credential path (unless
-    /// `allow_credential`), or a backend's host state.
+    /// order: no output root, an unfit one ([`HostPathGuard::output_root_refusal`]), outside it, a
+    /// hidden name on the path, then the lists ([`HostPathGuard::listed_refusal`]).
     pub fn write_refusal(&self, path: &str, allow_credential: bool) -> Option<HostRefusal> {
         if !path.starts_with('/') {
             return Some(HostRefusal::NotAbsolute);
         }
         let path = norm(path);
-        if let Some(root) = &self.output_root {
-            // Exact, not folded like the refusals: on a case-sensitive file system `/srv/Out` is
-            // another directory, and an admission must never widen by case. The opener asks with
-            // the kernel's own name of the opened directory, so a case-folding one costs nothing.
-            if relative_to(&path, root).is_none() || path == *root {
-                return Some(HostRefusal::OutsideOutputRoot(root.clone()));
-            }
+        let Some(root) = &self.output_root else {
+            return Some(HostRefusal::NoOutputRoot);
+        };
+        if let Some(refusal) = self.output_root_refusal(root) {
+            return Some(refusal);
+        }
+        // Exact, not folded like the refusals: on a case-sensitive file system `/srv/Out` is
+        // another directory, and an admission must never widen by case. The opener asks with
+        // the kernel's own name of the opened directory, so a case-folding one costs nothing.
+        if relative_to(&path, root).is_none() || path == *root {
+            return Some(HostRefusal::OutsideOutputRoot(root.clone()));
         }
         self.destination_refusal(&path, allow_credential)
     }
 
-    /// [`HostPathGuard::write_refusal`] without the output root: for a destination as it was named,
-    /// before links are resolved (the output root is judged on the resolved path alone, so that a
-    /// root reached through a link, such as `/tmp` on macOS, still admits its files).
+    /// Why `root` is unfit as an output root, if it is: a hidden name on it, or it is, contains or
+    /// lies under a system-wide path a host executes or loads (`/`, `/etc`, `/usr` hold programs'
+    /// start-up files no list can name). A home directory is fit: below it the hidden-name rule
+    /// and the lists hold.
+    pub fn output_root_refusal(&self, root: &str) -> Option<HostRefusal> {
+        if !root.starts_with('/') {
+            return Some(HostRefusal::NotAbsolute);
+        }
+        let root = norm(root);
+        let why = hidden_refusal(&root).or_else(|| {
+            executed_paths()
+                .iter()
+                .find(|e| e.scope == ExecutedScope::System && touches_pattern(&root, e.path))
+                .map(|e| HostRefusal::Executed(e.path.to_owned()))
+        })?;
+        Some(HostRefusal::UnfitOutputRoot {
+            root,
+            why: Box::new(why),
+        })
+    }
+
+    /// [`HostPathGuard::write_refusal`] without the output root: a hidden name on the path, then
+    /// the lists. For a destination as it was named, before links are resolved (the output root
+    /// is judged on the resolved path alone, so that a root reached through a link, such as `/tmp`
+    /// on macOS, still admits its files).
     pub fn destination_refusal(&self, path: &str, allow_credential: bool) -> Option<HostRefusal> {
+        if !path.starts_with('/') {
+            return Some(HostRefusal::NotAbsolute);
+        }
+        let path = norm(path);
+        hidden_refusal(&path).or_else(|| self.listed_refusal(&path, allow_credential))
+    }
+
+    /// The second line of defence alone: why the absolute `path` is refused by the lists, if it
+    /// is: it is, contains or lies under a path a host executes or loads, a credential path
+    /// (unless `allow_credential`), or a backend's host state.
+    pub fn listed_refusal(&self, path: &str, allow_credential: bool) -> Option<HostRefusal> {
         if !path.starts_with('/') {
             return Some(HostRefusal::NotAbsolute);
         }
@@ -417,6 +487,19 @@ impl HostPathGuard {
             .find(|root| touches(path, root))
             .map(|root| HostRefusal::SandboxState(root.clone()))
     }
+}
+
+/// The first hidden name on the normalised absolute `path`, as the path up to and including it.
+fn hidden_refusal(path: &str) -> Option<HostRefusal> {
+    let mut end = 0;
+    for component in path.split('/') {
+        end += component.len();
+        if component.starts_with('.') {
+            return Some(HostRefusal::Hidden(path[..end].to_owned()));
+        }
+        end += 1;
+    }
+    None
 }
 
 /// Case folded for comparison: a case-folding host file system sees `~/.BashRC` as `~/.bashrc`.
@@ -580,14 +663,14 @@ mod tests {
             ("/proc/sys/kernel/core_pattern", "/proc"),
         ];
         for (path, named) in refused {
-            let got = guard.write_refusal(path, false);
+            let got = guard.listed_refusal(path, false);
             assert_eq!(
                 got,
                 Some(HostRefusal::Executed((*named).to_owned())),
                 "{path}"
             );
             // Credential overrides never lift it.
-            assert!(guard.write_refusal(path, true).is_some(), "{path}");
+            assert!(guard.listed_refusal(path, true).is_some(), "{path}");
             // Reading such a file is another matter: only a credential one is refused.
             assert!(
                 guard
@@ -607,7 +690,7 @@ mod tests {
             "/srv/data/x",
             "/var/spool/cronicle/x",
         ] {
-            assert_eq!(guard.write_refusal(allowed, false), None, "{allowed}");
+            assert_eq!(guard.listed_refusal(allowed, false), None, "{allowed}");
         }
     }
 
@@ -615,14 +698,14 @@ mod tests {
     fn root_guards_every_users_start_up_files() {
         let guard = HostPathGuard::new(CredentialGuard::for_root("/root", ["/home/bob"]));
         assert_eq!(
-            guard.write_refusal("/home/bob/.profile", false),
+            guard.listed_refusal("/home/bob/.profile", false),
             Some(HostRefusal::Executed("/home/bob/.profile".into()))
         );
         assert_eq!(
-            guard.write_refusal("/root/.bashrc", false),
+            guard.listed_refusal("/root/.bashrc", false),
             Some(HostRefusal::Executed("/root/.bashrc".into()))
         );
-        assert_eq!(guard.write_refusal("/home/bob/notes", false), None);
+        assert_eq!(guard.listed_refusal("/home/bob/notes", false), None);
     }
 
     #[test]
@@ -637,7 +720,7 @@ mod tests {
             "/home/u/.SSH/id_rsa",
             "/home/u/repo/.GIT/hooks/x",
         ] {
-            assert!(guard.write_refusal(alias, false).is_some(), "{alias}");
+            assert!(guard.listed_refusal(alias, false).is_some(), "{alias}");
         }
         assert_eq!(
             guard.read_refusal("/home/u/.AWS/credentials", false),
@@ -667,7 +750,7 @@ mod tests {
         ] {
             let want = Some(HostRefusal::SandboxState(root.to_owned()));
             assert_eq!(guard.read_refusal(&path, true), want, "{path}");
-            assert_eq!(guard.write_refusal(&path, true), want, "{path}");
+            assert_eq!(guard.listed_refusal(&path, true), want, "{path}");
         }
         assert_eq!(
             guard.read_refusal("/home/u/.local/state/other/x", false),
@@ -694,11 +777,16 @@ mod tests {
                 "{outside}"
             );
         }
-        // Inside the root, the other refusals still hold.
-        assert!(matches!(
-            guard.write_refusal("/srv/out/.git/config", false),
-            Some(HostRefusal::Executed(_))
-        ));
+        // Inside the root, a hidden name and the lists still refuse.
+        assert_eq!(
+            guard.write_refusal("/srv/out/a/.git/config", false),
+            Some(HostRefusal::Hidden("/srv/out/a/.git".into()))
+        );
+        let home_root = user().with_output_root(HOME);
+        assert_eq!(
+            home_root.write_refusal("/home/u/bin/git", false),
+            Some(HostRefusal::Executed("/home/u/bin".into()))
+        );
         // Reads are not pinned by it.
         assert_eq!(guard.read_refusal("/tmp/x", false), None);
     }
@@ -727,16 +815,33 @@ mod tests {
             "/home/u/src/app/.envrc",
             "/home/u/src/app/.vscode/tasks.json",
         ] {
-            assert!(guard.write_refusal(path, true).is_some(), "{path}");
+            assert!(
+                matches!(
+                    guard.write_refusal(path, true),
+                    Some(HostRefusal::Hidden(_))
+                ),
+                "{path}"
+            );
         }
-        assert_eq!(guard.write_refusal("/home/u/src/app/report.txt", false), None);
+        assert_eq!(
+            guard.write_refusal("/home/u/.config/tmux/tmux.conf", false),
+            Some(HostRefusal::Hidden("/home/u/.config".into()))
+        );
+        assert_eq!(
+            guard.write_refusal("/home/u/src/app/report.txt", false),
+            None
+        );
     }
 
     /// Without an output root nothing is written: the allowlist is the default.
     #[test]
     fn no_output_root_admits_no_write() {
         for path in ["/home/u/src/report.txt", "/tmp/out", "/srv/data/x"] {
-            assert!(user().write_refusal(path, false).is_some(), "{path}");
+            assert_eq!(
+                user().write_refusal(path, false),
+                Some(HostRefusal::NoOutputRoot),
+                "{path}"
+            );
         }
     }
 
@@ -751,7 +856,21 @@ mod tests {
             ("/var", "/var/report.txt"),
         ] {
             let guard = user().with_output_root(root);
-            assert!(guard.write_refusal(path, false).is_some(), "{root}: {path}");
+            let refusal = guard.write_refusal(path, false);
+            assert!(
+                matches!(&refusal, Some(HostRefusal::UnfitOutputRoot { why, .. })
+                    if matches!(**why, HostRefusal::Executed(_))),
+                "{root}: {path}: {refusal:?}"
+            );
+            assert_eq!(guard.output_root_refusal(root), refusal);
+        }
+        // A root with a hidden name is unfit; a home, a project and a temporary directory are fit.
+        assert!(matches!(
+            user().output_root_refusal("/home/u/.ipython/profile_default/startup"),
+            Some(HostRefusal::UnfitOutputRoot { .. })
+        ));
+        for fit in ["/home/u", "/home/u/src/app", "/tmp/run-1", "/home"] {
+            assert_eq!(user().output_root_refusal(fit), None, "{fit}");
         }
     }
 
@@ -831,7 +950,7 @@ mod tests {
                     || lower[1].starts_with("cron")
                     || lower[1].starts_with("rc"));
             let want = model_refuses(&parts, &listed, &components) || globbed || parts.is_empty();
-            prop_assert_eq!(guard.write_refusal(&path, false).is_some(), want, "{}", path);
+            prop_assert_eq!(guard.listed_refusal(&path, false).is_some(), want, "{}", path);
             // The same path spelled with `.` and `x/..` components is judged alike.
             let mut spelled: Vec<String> = parts.clone();
             for (at, extra) in &noise {
@@ -840,7 +959,7 @@ mod tests {
             }
             let respelled = format!("/{}", spelled.join("/"));
             prop_assert_eq!(
-                guard.write_refusal(&respelled, false).is_some(),
+                guard.listed_refusal(&respelled, false).is_some(),
                 want,
                 "{}", respelled
             );
@@ -861,7 +980,8 @@ mod tests {
             }
             let parts: Vec<String> = before.into_iter().chain([hidden]).chain(after).collect();
             let path = format!("/srv/out/{}", parts.join("/"));
-            prop_assert!(guard.write_refusal(&path, true).is_some(), "{}", path);
+            let refusal = guard.write_refusal(&path, true);
+            prop_assert!(matches!(refusal, Some(HostRefusal::Hidden(_))), "{}: {:?}", path, refusal);
         }
 
         /// Everything below a listed entry, in any case, is refused, and nothing panics on any input.
@@ -879,12 +999,13 @@ mod tests {
             if upper {
                 deeper = deeper.to_uppercase();
             }
-            prop_assert!(guard.write_refusal(&deeper, false).is_some(), "{}", deeper);
+            prop_assert!(guard.listed_refusal(&deeper, false).is_some(), "{}", deeper);
             if entry.kind != ListedKind::Executed {
                 prop_assert!(guard.read_refusal(&deeper, false).is_some(), "{}", deeper);
             }
             let _ = guard.read_refusal(&noise, false);
             let _ = guard.write_refusal(&noise, true);
+            let _ = guard.with_output_root(noise.clone()).write_refusal(&noise, false);
         }
     }
 }

@@ -50,23 +50,27 @@ Exit codes of the other commands:
 The default --min-isolation is microvm: the docker backend (rung container) needs
 --min-isolation container.
 
-Host files refused (exit 69):
-  cp-in never copies a source that is, contains or lies under a credential path, judged by
-  where the opened file really is (links resolved, so a swapped link cannot slip one in):
-  ~/.ssh ~/.aws ~/.docker ~/.kube ~/.gnupg ~/.netrc ~/.gitconfig ~/.git-credentials,
-  ~/.config/gh and other tool credential files; run as root, also every home directory of
-  /etc/passwd, /etc/shadow, /etc/gshadow and /etc/ssh/ssh_host_*.
-  cp-out never writes a destination under one either (judged on its opened parent directory),
-  so a guest cannot plant ~/.ssh/authorized_keys.
-  --allow-credential-path (cp-in and cp-out only) lifts this one refusal.
-  cp-out never writes where a host executes or loads files on its own, whatever the flag says:
-  shell start-up files (~/.bashrc ~/.profile ~/.bash_profile ~/.zshrc ~/.config/fish, ...),
-  ~/.config/autostart, ~/.config/systemd and ~/.config/environment.d, ~/.local/bin, ~/bin,
-  ~/.ssh/rc, any .git or .hg directory, and system-wide /etc/cron*, /etc/sudoers.d,
-  /etc/profile.d, /etc/ld.so.preload, /etc/ld.so.conf.d, /etc/systemd, /etc/init.d,
-  /etc/rc.local, /etc/bash.bashrc, /etc/environment, /etc/udev, /usr, /bin, /lib, /boot, ...
-  (the full list is in the README's Security section); names are compared without regard
-  to case. --out-dir DIR pins cp-out to DIR: nothing outside it is written.
+Host files cp-out writes: only a plain new file below the output root (--out-dir DIR, else the
+  current directory), reached without following a link:
+  - outside the output root, or a root that is not fit (a hidden name on it, or it holds /etc,
+    /usr, ... as / does): exit 69, and 64 for a root that is no existing directory;
+  - a hidden name (starting with '.') anywhere on the destination's path: exit 69, whatever any
+    flag says (~/.tmux.conf, ~/.gdbinit, ~/.config/..., ~/.ipython/..., a project's .git, .envrc);
+  - a link on the way or at the destination, even one that stays inside the root: exit 65;
+  - an existing file: exit 69 unless --overwrite (which replaces a regular file only; 67 for a
+    directory or anything else);
+  - behind those rules, the lists: a path a host executes or loads on its own, by any alias
+    (~/bin, ~/Library/LaunchAgents, ~/.bashrc's target in a dotfiles directory, /etc/cron*,
+    /usr/lib, ...; the full list is in docs/host-files.md; names compared without regard to
+    case), a credential path, a backend's host state: exit 69.
+Host files cp-in and --env-file read (refused with exit 69):
+  never a source that is, contains or lies under a credential path, judged by where the opened
+  file really is (links resolved, so a swapped link cannot slip one in): ~/.ssh ~/.aws
+  ~/.docker ~/.kube ~/.gnupg ~/.netrc ~/.gitconfig ~/.git-credentials, ~/.config/gh and other
+  tool credential files; run as root, also every home directory of /etc/passwd, /etc/shadow,
+  /etc/gshadow and /etc/ssh/ssh_host_*. --allow-credential-path (cp-in and cp-out) lifts this
+  one refusal; every listed credential path is hidden or where cp-out never writes, so for
+  cp-out it lifts nothing today.
   cp-in, cp-out and --env-file never touch a backend's host state: the sbx workspace root
   (another sandbox's workspace and meta.json) and a local Docker engine's data root.
   cp-in and --env-file also refuse files of pseudo file systems (procfs such as
@@ -241,10 +245,11 @@ pub enum FileCommand {
         /// The guest path: relative to --workdir, or absolute and under it.
         guest: String,
     },
-    /// Copy a file out of a sandbox; a refused copy leaves no partial local file. Refuses a destination
-    /// under a credential path (~/.ssh/authorized_keys, ~/.gitconfig, ...) unless
-    /// --allow-credential-path, and always one a host executes or loads (~/.bashrc, systemd units,
-    /// cron, ...), a backend's host state, or one outside --out-dir (exit 69).
+    /// Copy a file out of a sandbox to a plain new file below the output root (--out-dir, else the
+    /// current directory); a refused copy leaves no partial local file. Refuses a hidden name
+    /// anywhere on the destination's path, a destination outside the root, an existing file
+    /// without --overwrite, one a host executes or loads (~/bin, cron, ...), a credential path or a
+    /// backend's host state (exit 69), and a link on the way (exit 65).
     CpOut {
         /// The sandbox's key.
         #[command(flatten)]
@@ -252,10 +257,12 @@ pub enum FileCommand {
         /// The sandbox kind and the guest working directory.
         #[command(flatten)]
         target: FileTarget,
-        /// Allow a destination under a credential path (~/.ssh/authorized_keys, ~/.gitconfig, ...).
+        /// Allow a destination under a credential path; hidden names and the other rules stay, and
+        /// every listed credential path is hidden or where cp-out never writes.
         #[arg(long)]
         allow_credential_path: bool,
-        /// The output root (`--out-dir`), shared with every host.
+        /// The output root (`--out-dir`, else the current directory) and `--overwrite`, shared
+        /// with every host.
         #[command(flatten)]
         out: OutDirArg,
         /// The largest file accepted.

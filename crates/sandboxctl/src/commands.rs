@@ -550,20 +550,15 @@ async fn run_file_command(global: &GlobalArgs, command: FileCommand) -> Done {
         } => {
             let key = key.require()?;
             let backend = gated_backend(global, &[]).await?;
-            let guard = backends::host_guard(global, &*backend, out.out_dir.as_deref()).await?;
+            let root = out.output_root()?;
+            let guard = backends::host_guard(global, &*backend, Some(&root)).await?;
             // Judged before the sandbox is looked up: a refused destination costs no engine call.
-            drop(Destination::open(&local, &guard, allow_credential_path)?);
+            let destination =
+                Destination::open(&local, &guard, allow_credential_path, out.existing())?;
             let sandbox = found(&backend, &key, &target.kind).await?;
-            let copied = host_files::copy_out(
-                &*sandbox,
-                &guest,
-                &target.workdir,
-                &local,
-                &guard,
-                allow_credential_path,
-                max_bytes,
-            )
-            .await?;
+            let copied =
+                host_files::copy_out(&*sandbox, &guest, &target.workdir, destination, max_bytes)
+                    .await?;
             Ok((
                 json!({"copied": copied, "local": local.display().to_string()}),
                 String::new(),

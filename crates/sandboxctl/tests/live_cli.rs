@@ -19,6 +19,15 @@ fn scope(test: &str) -> String {
     format!("cli-{test}-{}-{nanos}", std::process::id())
 }
 
+/// A temporary directory with a plain name (tempfile's default `.tmp` prefix is hidden, and
+/// cp-out writes no hidden path).
+fn plain_tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("live-cli-")
+        .tempdir()
+        .unwrap()
+}
+
 fn ctl(args: &[&str]) -> Output {
     Command::new(BIN)
         .args(["--min-isolation", "container"])
@@ -160,7 +169,10 @@ fn files_and_refusals_on_a_kept_sandbox() {
     ]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
 
-    let dir = tempfile::tempdir().unwrap();
+    // A plain name: cp-out writes below its --out-dir, never into a hidden directory such as
+    // tempfile's default `.tmp…`.
+    let dir = plain_tempdir();
+    let out_dir = ["--out-dir", dir.path().to_str().unwrap()];
     let local_in = dir.path().join("in.bin");
     std::fs::write(&local_in, b"\x00\x01binary\xff").unwrap();
     let out = ctl(&[
@@ -176,6 +188,8 @@ fn files_and_refusals_on_a_kept_sandbox() {
         "cp-out",
         "--key",
         &key,
+        out_dir[0],
+        out_dir[1],
         "up/in.bin",
         local_out.to_str().unwrap(),
     ]);
@@ -195,17 +209,23 @@ fn files_and_refusals_on_a_kept_sandbox() {
                 "cp-out",
                 "--key",
                 &key,
+                out_dir[0],
+                out_dir[1],
                 "../../etc/passwd",
                 refused.to_str().unwrap(),
             ],
             65,
         ),
         (
-            &["cp-out", "--key", &key, "link", refused.to_str().unwrap()],
-            67,
-        ),
-        (
-            &["cp-out", "--key", &key, "d", refused.to_str().unwrap()],
+            &[
+                "cp-out",
+                "--key",
+                &key,
+                out_dir[0],
+                out_dir[1],
+                "link",
+                refused.to_str().unwrap(),
+            ],
             67,
         ),
         (
@@ -213,6 +233,20 @@ fn files_and_refusals_on_a_kept_sandbox() {
                 "cp-out",
                 "--key",
                 &key,
+                out_dir[0],
+                out_dir[1],
+                "d",
+                refused.to_str().unwrap(),
+            ],
+            67,
+        ),
+        (
+            &[
+                "cp-out",
+                "--key",
+                &key,
+                out_dir[0],
+                out_dir[1],
                 "missing",
                 refused.to_str().unwrap(),
             ],
@@ -223,6 +257,8 @@ fn files_and_refusals_on_a_kept_sandbox() {
                 "cp-out",
                 "--key",
                 &key,
+                out_dir[0],
+                out_dir[1],
                 "--max-bytes",
                 "2",
                 "d/f",
@@ -840,7 +876,7 @@ fn file_commands_resolve_guest_paths_against_the_workdir() {
     let scope = scope("workdir");
     let key = format!("{scope}/t1/agent");
     kept_with(&key, "mkdir -p sub && mkdir -p /maf-sandbox/work-outside");
-    let dir = tempfile::tempdir().unwrap();
+    let dir = plain_tempdir();
     let local = dir.path().join("in.txt");
     std::fs::write(&local, b"inside\n").unwrap();
     let local = local.to_str().unwrap();
@@ -877,7 +913,14 @@ fn file_commands_resolve_guest_paths_against_the_workdir() {
         "{v}"
     );
     let back = dir.path().join("back.txt");
-    assert_eq!(code(&with("cp-out", &["y", back.to_str().unwrap()])), 0);
+    let out_dir = dir.path().to_str().unwrap();
+    assert_eq!(
+        code(&with(
+            "cp-out",
+            &["--out-dir", out_dir, "y", back.to_str().unwrap()]
+        )),
+        0
+    );
     assert_eq!(std::fs::read(&back).unwrap(), b"inside\n");
     // The guest saw the files where the working directory put them.
     let out = ctl(&[

@@ -224,72 +224,40 @@ fn env_files_are_small_regular_files() {
     }
 }
 
+/// Credential destinations are refused by their hidden names, with or without the credential
+/// override: `--allow-credential-path` no longer lets cp-out write `~/.ssh/authorized_keys`.
 #[test]
 fn cp_out_refuses_credential_destinations() {
     let sandbox = KeptSandbox::new("cpout", "printf 'ssh-ed25519 AAAA guest-key' > k");
-    let root = tempfile::tempdir().unwrap();
-    let home = root.path().join("home");
+    let fake = FakeHome::new();
+    let home = &fake.home;
     let ssh = home.join(".ssh");
     std::fs::create_dir_all(&ssh).unwrap();
     std::os::unix::fs::symlink(&ssh, home.join("innocent")).unwrap();
-    let home_env = [("HOME", home.to_str().unwrap())];
-    let bound = Duration::from_secs(60);
-    for dest in [
-        ssh.join("authorized_keys"),
-        home.join("innocent/authorized_keys"),
-        home.join(".gitconfig"),
-        home.join(".config/gh/hosts.yml"),
+    for (dest, exit) in [
+        (ssh.join("authorized_keys"), 69),
+        (home.join(".gitconfig"), 69),
+        (home.join(".config/gh/hosts.yml"), 69),
+        // A plain name that links to ~/.ssh is not followed.
+        (home.join("innocent/authorized_keys"), 65),
     ] {
         if let Some(parent) = dest.parent() {
             std::fs::create_dir_all(parent).unwrap();
         }
-        let out = ctl_env(
-            &["cp-out", "--key", &sandbox.key, "k", dest.to_str().unwrap()],
-            &home_env,
-            bound,
-        );
-        assert_eq!(code(&out), 69, "{}: {}", dest.display(), stderr(&out));
-        assert!(
-            stderr(&out).contains("--allow-credential-path"),
-            "{}",
-            stderr(&out)
-        );
-        assert!(!dest.exists(), "{} was written", dest.display());
+        for extra in [&[][..], &["--allow-credential-path"][..]] {
+            let out = fake.cp_out(&sandbox.key, "k", &dest, extra);
+            assert_eq!(code(&out), exit, "{}: {}", dest.display(), stderr(&out));
+            assert!(!dest.exists(), "{} was written", dest.display());
+        }
     }
+    FakeHome::assert_only(&ssh, &[]);
+    // An ordinary destination is written.
+    let out = fake.cp_out(&sandbox.key, "k", &home.join("out.txt"), &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(
-        std::fs::read_dir(&ssh).unwrap().count(),
-        0,
-        "nothing left in ~/.ssh"
+        std::fs::read(home.join("out.txt")).unwrap(),
+        b"ssh-ed25519 AAAA guest-key"
     );
-    // An ordinary destination is written; the explicit override lifts the refusal.
-    let plain = home.join("out.txt");
-    let out = ctl_env(
-        &[
-            "cp-out",
-            "--key",
-            &sandbox.key,
-            "k",
-            plain.to_str().unwrap(),
-        ],
-        &home_env,
-        bound,
-    );
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let dest = ssh.join("authorized_keys");
-    let out = ctl_env(
-        &[
-            "cp-out",
-            "--key",
-            &sandbox.key,
-            "--allow-credential-path",
-            "k",
-            dest.to_str().unwrap(),
-        ],
-        &home_env,
-        bound,
-    );
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert_eq!(std::fs::read(&dest).unwrap(), b"ssh-ed25519 AAAA guest-key");
 }
 
 #[test]
@@ -585,11 +553,12 @@ impl FakeHome {
         [("HOME", self.home.to_str().unwrap())]
     }
 
+    /// cp-out run in the home directory, so the home is the output root unless `extra` names one.
     fn cp_out(&self, key: &str, guest: &str, dest: &std::path::Path, extra: &[&str]) -> Output {
         let mut args = vec!["cp-out", "--key", key];
         args.extend_from_slice(extra);
         args.extend([guest, dest.to_str().unwrap()]);
-        ctl_env(&args, &self.env(), Duration::from_secs(60))
+        ctl_in(&self.home, &args, &self.env())
     }
 
     /// Nothing but `keep` in `dir`: no destination, no temp file of a refused copy.
@@ -605,9 +574,10 @@ impl FakeHome {
     }
 }
 
-/// cp-out never writes where a host executes or loads files on its own (shell start-up files,
-/// units, autostart entries, repository hooks), by any alias (a link, `..`, another case), and no
-/// credential override lifts it.
+/// cp-out never writes where a host executes or loads files on its own, by any alias (a link,
+/// `..`, another case), and no credential override lifts it: shell start-up files, units,
+/// autostart entries and repository hooks by their hidden names, `~/bin` by the list behind them,
+/// and a link to the units directory is never followed.
 #[test]
 fn cp_out_refuses_destinations_a_host_executes() {
     let sandbox = KeptSandbox::new("exec-dest", "printf 'touch /tmp/pwned' > payload");
@@ -618,36 +588,36 @@ fn cp_out_refuses_destinations_a_host_executes() {
         units.clone(),
         home.join(".config/autostart"),
         home.join("repo/.git/hooks"),
+        home.join("bin"),
         home.join("x"),
     ] {
         std::fs::create_dir_all(dir).unwrap();
     }
     std::os::unix::fs::symlink(&units, home.join("innocent")).unwrap();
-    for dest in [
-        home.join(".bashrc"),
-        home.join(".profile"),
-        home.join(".bash_profile"),
-        home.join(".bash_login"),
-        home.join(".zshrc"),
-        home.join(".BASHRC"),
-        home.join("x/../.zprofile"),
-        units.join("x.service"),
-        home.join("innocent/y.service"),
-        home.join(".config/autostart/x.desktop"),
-        home.join("repo/.git/hooks/pre-commit"),
+    for (dest, exit, reason) in [
+        (home.join(".bashrc"), 69, "hidden"),
+        (home.join(".profile"), 69, "hidden"),
+        (home.join(".bash_profile"), 69, "hidden"),
+        (home.join(".bash_login"), 69, "hidden"),
+        (home.join(".zshrc"), 69, "hidden"),
+        (home.join(".BASHRC"), 69, "hidden"),
+        (home.join("x/../.zprofile"), 69, "hidden"),
+        (units.join("x.service"), 69, "hidden"),
+        (home.join(".config/autostart/x.desktop"), 69, "hidden"),
+        (home.join("repo/.git/hooks/pre-commit"), 69, "hidden"),
+        (home.join("bin/ls"), 69, "executes or loads"),
+        (home.join("BIN/ls"), 69, "executes or loads"),
+        (home.join("innocent/y.service"), 65, "link"),
     ] {
         for extra in [&[][..], &["--allow-credential-path"][..]] {
             let out = fake.cp_out(&sandbox.key, "payload", &dest, extra);
-            assert_eq!(code(&out), 69, "{}: {}", dest.display(), stderr(&out));
-            assert!(
-                stderr(&out).contains("executes or loads"),
-                "{}",
-                stderr(&out)
-            );
+            assert_eq!(code(&out), exit, "{}: {}", dest.display(), stderr(&out));
+            assert!(stderr(&out).contains(reason), "{}", stderr(&out));
         }
     }
-    FakeHome::assert_only(home, &[".config", "repo", "x", "innocent"]);
+    FakeHome::assert_only(home, &[".config", "bin", "innocent", "repo", "x"]);
     FakeHome::assert_only(&units, &[]);
+    FakeHome::assert_only(&home.join("bin"), &[]);
     FakeHome::assert_only(&home.join("repo/.git/hooks"), &[]);
     // An ordinary destination is still written.
     let out = fake.cp_out(&sandbox.key, "payload", &home.join("x/payload.txt"), &[]);
@@ -689,22 +659,41 @@ fn cp_out_writes_only_plain_new_files_below_its_output_root() {
     let report = src.join("report.txt");
     let out = fake.cp_out(&sandbox.key, "payload", &report, &pin);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert_eq!(std::fs::read(&report).unwrap(), b"run-shell \"touch pwned\"");
+    assert_eq!(
+        std::fs::read(&report).unwrap(),
+        b"run-shell \"touch pwned\""
+    );
     std::fs::write(&report, b"mine").unwrap();
     let out = fake.cp_out(&sandbox.key, "payload", &report, &pin);
     assert_eq!(code(&out), 69, "{}", stderr(&out));
     assert!(stderr(&out).contains("--overwrite"), "{}", stderr(&out));
     assert_eq!(std::fs::read(&report).unwrap(), b"mine");
-    let out = fake.cp_out(&sandbox.key, "payload", &report, &[&pin[..], &["--overwrite"]].concat());
+    let out = fake.cp_out(
+        &sandbox.key,
+        "payload",
+        &report,
+        &[&pin[..], &["--overwrite"]].concat(),
+    );
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert_eq!(std::fs::read(&report).unwrap(), b"run-shell \"touch pwned\"");
+    assert_eq!(
+        std::fs::read(&report).unwrap(),
+        b"run-shell \"touch pwned\""
+    );
     // Without --out-dir the root is the current directory: nothing above or beside it is written.
     let key = sandbox.key.as_str();
-    let out = ctl_in(&src, &["cp-out", "--key", key, "payload", "here.txt"], &fake.env());
+    let out = ctl_in(
+        &src,
+        &["cp-out", "--key", key, "payload", "here.txt"],
+        &fake.env(),
+    );
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(src.join("here.txt").is_file());
     for dest in ["../above.txt", home.join("beside.txt").to_str().unwrap()] {
-        let out = ctl_in(&src, &["cp-out", "--key", key, "payload", dest], &fake.env());
+        let out = ctl_in(
+            &src,
+            &["cp-out", "--key", key, "payload", dest],
+            &fake.env(),
+        );
         assert_eq!(code(&out), 69, "{dest}: {}", stderr(&out));
         assert!(stderr(&out).contains("output root"), "{}", stderr(&out));
     }
@@ -712,8 +701,8 @@ fn cp_out_writes_only_plain_new_files_below_its_output_root() {
     FakeHome::assert_only(&src, &["here.txt", "link", "report.txt", "sub"]);
 }
 
-/// `--out-dir` pins cp-out: inside it (also reached through a link) is written; outside it, by
-/// `..` or a link, nothing is.
+/// `--out-dir` pins cp-out: inside it (also the root named through a link) is written; outside
+/// it, by `..`, nothing is, and a link below it is never followed.
 #[test]
 fn cp_out_writes_nothing_outside_its_out_dir() {
     let sandbox = KeptSandbox::new("out-dir", "printf data > f");
@@ -725,15 +714,13 @@ fn cp_out_writes_nothing_outside_its_out_dir() {
     std::os::unix::fs::symlink(&elsewhere, out_dir.join("escape")).unwrap();
     std::os::unix::fs::symlink(&out_dir, fake.home.join("out-link")).unwrap();
     let pin = ["--out-dir", out_dir.to_str().unwrap()];
-    for dest in [
-        elsewhere.join("a"),
-        out_dir.join("sub/../../elsewhere/b"),
-        out_dir.join("escape/c"),
-    ] {
+    for dest in [elsewhere.join("a"), out_dir.join("sub/../../elsewhere/b")] {
         let out = fake.cp_out(&sandbox.key, "f", &dest, &pin);
         assert_eq!(code(&out), 69, "{}: {}", dest.display(), stderr(&out));
         assert!(stderr(&out).contains("output root"), "{}", stderr(&out));
     }
+    let out = fake.cp_out(&sandbox.key, "f", &out_dir.join("escape/c"), &pin);
+    assert_eq!(code(&out), 65, "{}", stderr(&out));
     FakeHome::assert_only(&elsewhere, &[]);
     for dest in [out_dir.join("sub/d"), fake.home.join("out-link/e")] {
         let out = fake.cp_out(&sandbox.key, "f", &dest, &pin);
@@ -793,13 +780,13 @@ fn one_key_cannot_reach_another_sandboxs_sbx_workspace() {
     }
     let out = ctl(&["exec", "--key", &sandbox.key, "--", "test", "-e", "stolen"]);
     assert_eq!(code(&out), 1, "nothing was copied in: {}", stderr(&out));
-    for dest in [
-        workspace.join("planted"),
-        record_dir.join("meta.json"),
-        fake.home.join("alias/planted2"),
+    for (dest, exit) in [
+        (workspace.join("planted"), 69),
+        (record_dir.join("meta.json"), 69),
+        (fake.home.join("alias/planted2"), 65),
     ] {
         let out = fake.cp_out(&sandbox.key, "f", &dest, &["--allow-credential-path"]);
-        assert_eq!(code(&out), 69, "{}: {}", dest.display(), stderr(&out));
+        assert_eq!(code(&out), exit, "{}: {}", dest.display(), stderr(&out));
     }
     FakeHome::assert_only(&workspace, &["secret.txt", "vars.env"]);
     assert_eq!(std::fs::read(record_dir.join("meta.json")).unwrap(), record);
@@ -888,21 +875,18 @@ fn cp_out_of_a_growing_file_is_bounded_and_never_partial() {
             ])
         })
     };
-    let dir = tempfile::tempdir().unwrap();
-    let dest = dir.path().join("copy");
+    let fake = FakeHome::new();
+    let dest = fake.home.join("copy");
     let cap: u64 = 256 * 1024;
     let (mut over, mut copied) = (0, 0);
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(12) {
-        let out = ctl(&[
-            "cp-out",
-            "--key",
+        let out = fake.cp_out(
             &sandbox.key,
-            "--max-bytes",
-            &cap.to_string(),
             "grow",
-            dest.to_str().unwrap(),
-        ]);
+            &dest,
+            &["--max-bytes", &cap.to_string()],
+        );
         match code(&out) {
             0 => {
                 copied += 1;
@@ -922,7 +906,7 @@ fn cp_out_of_a_growing_file_is_bounded_and_never_partial() {
             68 => over += 1,
             other => panic!("cp-out exited {other}: {}", stderr(&out)),
         }
-        FakeHome::assert_only(dir.path(), &[]);
+        FakeHome::assert_only(&fake.home, &[]);
         if over >= 3 {
             break;
         }
@@ -1055,7 +1039,15 @@ fn one_key_cannot_reach_another_sandboxs_engine_state() {
     }
     for dest in &destinations {
         let fake = FakeHome::new();
-        let out = fake.cp_out(&mine.key, "f", dest, &["--allow-credential-path"]);
+        // The destination's own directory as the output root: the state guard is what refuses.
+        let parent = dest.parent().unwrap().to_str().unwrap();
+        let extra = [
+            "--allow-credential-path",
+            "--overwrite",
+            "--out-dir",
+            parent,
+        ];
+        let out = fake.cp_out(&mine.key, "f", dest, &extra);
         assert_eq!(code(&out), 69, "{}: {}", dest.display(), stderr(&out));
         assert!(stderr(&out).contains("workspaces"), "{}", stderr(&out));
     }
@@ -1191,6 +1183,9 @@ fn on_sbx_one_key_cannot_reach_another_keys_workspace_or_record() {
             "--key",
             &mine,
             "--allow-credential-path",
+            "--overwrite",
+            "--out-dir",
+            fake.home.to_str().unwrap(),
             "f",
             dest.to_str().unwrap(),
         ]);
