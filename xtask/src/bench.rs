@@ -197,8 +197,8 @@ pub fn run(workspace: &Workspace, args: &BenchArgs) -> Result<(), XtaskError> {
             "sandbox-egress-proxy:local".to_owned(),
         ],
     )?;
-    // The VM benchmarks boot the image of QEMU_VM_IMAGE when it names one, else target/vm-image,
-    // built first.
+    // The VM benchmarks boot the image of QEMU_VM_IMAGE when it names one, else the default
+    // one, built first.
     if selected
         .iter()
         .any(|bench| matches!(bench.package, "qemu-vm" | "backend-qemu"))

@@ -4,11 +4,12 @@
 //! base Debian root archive from the one image recipe (`backend_docker::ImageRecipe`, which
 //! bootstraps it when the cache lacks it) and hands both to `qemu_vm::ImageRecipe`, which
 //! extracts the kernel, writes the initramfs and makes the ext4 root, each cached by digest
-//! under `target/vm-image`. `cargo xtask e2e vm` builds the image and runs `qemu-vm`'s live
+//! in the directory every host reads by default (`qemu_vm::default_image_dir`), or the one
+//! `QEMU_VM_IMAGE` names. `cargo xtask e2e vm` builds the image and runs `qemu-vm`'s live
 //! tests; `cargo xtask e2e qemu` builds it and runs `backend-qemu`'s (its own checks, every
-//! conformance suite it declares with HARDENING and CONFINEMENT, and its fault tests). Each fails
-//! when a test failed or skipped, or a QEMU process or a file of its run directory is left
-//! behind.
+//! conformance suite it declares with HARDENING and CONFINEMENT, and its fault tests) and
+//! `sandboxctl`'s first run on QEMU. Each fails when a test failed or skipped, or a QEMU
+//! process or a file of its run directory is left behind.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,9 +20,14 @@ use crate::process::{tee_in, Workspace};
 /// The name `cargo xtask images` accepts for the VM image.
 pub const VM_IMAGE: &str = "vm";
 
-/// Where the VM image's parts and manifest live.
-pub fn image_dir(workspace: &Workspace) -> PathBuf {
-    workspace.target_dir().join("vm-image")
+/// Where the VM image's parts and manifest live: the directory `QEMU_VM_IMAGE` names, else the
+/// one every host reads by default (`qemu_vm::default_image_dir`), so the image built here is
+/// the one `sandboxctl --backend qemu` boots.
+///
+/// # Errors
+/// When neither that variable nor a user cache directory is set.
+pub fn image_dir() -> Result<PathBuf, XtaskError> {
+    Ok(qemu_vm::given_image_dir()?)
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, XtaskError> {
@@ -49,7 +55,7 @@ pub fn build_image(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
             .progress(|line| eprintln!("images: {line}"))
             .base_root_archive(),
     )?;
-    let dir = image_dir(workspace);
+    let dir = image_dir()?;
     let recipe = qemu_vm::ImageRecipe {
         cache_dir: dir.clone(),
         agent,
@@ -69,8 +75,8 @@ pub fn build_image(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
     Ok(dir)
 }
 
-/// The VM image `QEMU_VM_IMAGE` names when it holds one (its manifest), else the workspace's,
-/// built (or found cached) first: for the suites and benches that boot VMs beside others, which
+/// The VM image `QEMU_VM_IMAGE` names when it holds one (its manifest), else the one of
+/// [`image_dir`], built (or found cached) first: for the suites and benches that boot VMs beside others, which
 /// may share one image built elsewhere.
 ///
 /// # Errors
@@ -99,16 +105,17 @@ const DRIVER: VmSuite = VmSuite {
     filter: "package(qemu-vm) & binary(/^live_/)",
 };
 
-/// `backend-qemu`'s live tests: its own checks, the conformance suites and the faults.
+/// `backend-qemu`'s live tests: its own checks, the conformance suites and the faults; and
+/// `sandboxctl`'s first run on QEMU, from no image to a command's output.
 const BACKEND: VmSuite = VmSuite {
     name: "qemu",
-    filter: "package(backend-qemu) & binary(/^live_/)",
+    filter: "(package(backend-qemu) & binary(/^live_/)) | (package(sandboxctl) & binary(live_qemu_first_run))",
 };
 
 /// Both: one nextest run packs the two suites' VMs into the group's two slots.
 const BOTH: VmSuite = VmSuite {
     name: "vms",
-    filter: "(package(qemu-vm) | package(backend-qemu)) & binary(/^live_/)",
+    filter: "((package(qemu-vm) | package(backend-qemu)) & binary(/^live_/)) | (package(sandboxctl) & binary(live_qemu_first_run))",
 };
 
 /// `cargo xtask e2e vm`: the image, then `qemu-vm`'s live tests.

@@ -100,13 +100,8 @@ impl QemuBackend {
     /// Dropping the future during the test boot leaves the probe VM to its own deadline.
     pub async fn connect(config: QemuConfig) -> Result<QemuBackend, SandboxError> {
         let config = config.check_for(host_cpus(), host_memory_mib())?;
-        let image = VmImage::load(&config.image_dir).map_err(|error| {
-            SandboxError::invalid(format!(
-                "VM image {}: {error}; build it with `cargo xtask images vm` or `sandboxctl \
-                 images build vm`",
-                config.image_dir.display()
-            ))
-        })?;
+        let image = VmImage::load(&config.image_dir)
+            .map_err(|error| unusable_image(&config.image_dir, error))?;
         // `<state>/vms/vm-<12 hex>/agent-<n>.sock` must fit a Unix socket address (108 bytes).
         let longest = config.state_dir.join(layout::VMS).join(format!(
             "vm-000000000000/agent-{}.sock",
@@ -376,6 +371,27 @@ impl QemuBackend {
 /// Why an attach to a running VM found no agent, in the contract's terms: every port held by
 /// other processes, or a port's connection not answered while QEMU runs, is `Busy` (the VM is
 /// in use, not broken, and must not be replaced); anything else says the VM cannot serve.
+/// The one command that makes the VM image where the hosts look for it.
+pub(crate) const BUILD_IMAGE_COMMAND: &str = "sandboxctl images build vm";
+
+/// Why the image in `dir` cannot be used, naming the command that builds it: `ImageMissing`
+/// when its manifest is not there, `InvalidArgument` when it is there but unusable.
+#[cold]
+fn unusable_image(dir: &Path, error: VmError) -> SandboxError {
+    match &error {
+        VmError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            SandboxError::ImageMissing {
+                image: dir.display().to_string(),
+                hint: format!("build it with `{BUILD_IMAGE_COMMAND}`"),
+            }
+        }
+        _ => SandboxError::invalid(format!(
+            "VM image {}: {error}; rebuild it with `{BUILD_IMAGE_COMMAND}`",
+            dir.display()
+        )),
+    }
+}
+
 fn attach_error(instance: &str, error: VmError, alive: bool) -> SandboxError {
     match error {
         VmError::PortsBusy { ports, after } => SandboxError::Busy(format!(
@@ -705,8 +721,23 @@ mod tests {
             state_dir: state.path().join("state"),
             ..QemuConfig::default()
         };
+        let refused = QemuBackend::connect(config.clone()).await.unwrap_err();
+        assert_eq!(refused.kind(), sandbox_core::ErrorKind::ImageMissing);
+        let message = refused.to_string();
+        assert!(
+            message.contains("`sandboxctl images build vm`"),
+            "{message}"
+        );
+        assert!(message.contains("no-image"), "{message}");
+
+        // An image whose manifest is there but unusable names the same fix.
+        std::fs::create_dir_all(&config.image_dir).unwrap();
+        std::fs::write(config.image_dir.join(qemu_vm::MANIFEST), b"{}").unwrap();
         let refused = QemuBackend::connect(config).await.unwrap_err();
         assert_eq!(refused.kind(), sandbox_core::ErrorKind::InvalidArgument);
-        assert!(refused.to_string().contains("images vm"), "{refused}");
+        assert!(
+            refused.to_string().contains("`sandboxctl images build vm`"),
+            "{refused}"
+        );
     }
 }

@@ -13,9 +13,7 @@ use sandbox_core::{
 };
 
 fn image_dir() -> PathBuf {
-    std::env::var_os("QEMU_VM_IMAGE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/vm-image"))
+    qemu_vm::given_image_dir().expect("a VM image directory")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

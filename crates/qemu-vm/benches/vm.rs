@@ -27,9 +27,7 @@ const EXEC_ROUNDS: usize = 30;
 const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn image_dir() -> PathBuf {
-    std::env::var_os("QEMU_VM_IMAGE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/vm-image"))
+    qemu_vm::given_image_dir().expect("a VM image directory")
 }
 
 /// The baseline initramfs: BusyBox, the same modules, and a script for `/init`.

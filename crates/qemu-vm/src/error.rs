@@ -138,6 +138,9 @@ pub enum VmError {
     /// The request was invalid before anything was sent.
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// No user cache directory can be named for the VM image.
+    #[error("no cache directory for the VM image: set SANDBOX_VM_CACHE, XDG_CACHE_HOME or HOME")]
+    NoCacheDir,
 }
 
 impl VmError {
@@ -152,6 +155,11 @@ impl VmError {
             path: path.into(),
             source,
         }
+    }
+
+    #[cold]
+    pub(crate) fn no_cache_dir() -> Self {
+        VmError::NoCacheDir
     }
 
     #[cold]

@@ -47,6 +47,68 @@ const ROOT_HEADROOM_MIB: u64 = 768;
 /// The manifest file [`VmImage::load`] reads.
 pub const MANIFEST: &str = "vm-image.json";
 
+/// The target the guest agent is built for: the host's own triple, statically linked by
+/// [`AGENT_RUSTFLAGS`] (the initramfs has no C library or loader).
+pub const AGENT_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// The `RUSTFLAGS` the guest agent is built with for [`AGENT_TARGET`]. Every builder of the
+/// agent passes these exact flags, so one build's output is the next one's cache hit.
+pub const AGENT_RUSTFLAGS: &str = "-C target-feature=+crt-static";
+
+/// The variable naming the user cache directory itself, before the XDG and home defaults.
+const CACHE_VAR: &str = "SANDBOX_VM_CACHE";
+
+/// The variable naming an image directory that overrides the default one.
+pub const IMAGE_VAR: &str = "QEMU_VM_IMAGE";
+
+/// Where the VM image, and the root archive it is made from, are cached for this user:
+/// `$SANDBOX_VM_CACHE`, else `$XDG_CACHE_HOME/sandboxes`, else `$HOME/.cache/sandboxes` (empty
+/// values count as unset).
+///
+/// # Errors
+/// [`VmError::NoCacheDir`] when none of the three is set.
+pub fn user_cache_dir() -> Result<PathBuf, VmError> {
+    cache_dir_from(|name| std::env::var_os(name))
+}
+
+/// The image directory every host and builder uses unless told otherwise:
+/// `vm-image` under [`user_cache_dir`].
+///
+/// # Errors
+/// As [`user_cache_dir`].
+pub fn default_image_dir() -> Result<PathBuf, VmError> {
+    Ok(user_cache_dir()?.join("vm-image"))
+}
+
+/// The image directory `$QEMU_VM_IMAGE` names, else [`default_image_dir`]: what the tests,
+/// benches and suites that boot VMs use.
+///
+/// # Errors
+/// As [`user_cache_dir`], when `$QEMU_VM_IMAGE` is unset.
+pub fn given_image_dir() -> Result<PathBuf, VmError> {
+    match non_empty(std::env::var_os(IMAGE_VAR)) {
+        Some(dir) => Ok(PathBuf::from(dir)),
+        None => default_image_dir(),
+    }
+}
+
+fn non_empty(value: Option<std::ffi::OsString>) -> Option<std::ffi::OsString> {
+    value.filter(|value| !value.is_empty())
+}
+
+fn cache_dir_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<PathBuf, VmError> {
+    let var = |name| non_empty(var(name));
+    if let Some(dir) = var(CACHE_VAR) {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Some(dir) = var("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(dir).join("sandboxes"));
+    }
+    var("HOME")
+        .map(|home| PathBuf::from(home).join(".cache/sandboxes"))
+        .ok_or_else(VmError::no_cache_dir)
+}
+
 /// A built image: three files, and the digest that names the combination.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmImage {
@@ -593,6 +655,38 @@ mod tests {
         std::fs::remove_file(moved.join("initramfs-b.cpio")).unwrap();
         let gone = VmImage::load(&moved).unwrap_err().to_string();
         assert!(gone.contains("initramfs-b.cpio"), "{gone}");
+    }
+
+    #[test]
+    fn the_cache_directory_is_the_override_then_xdg_then_home() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        };
+        let all = env(&[
+            ("SANDBOX_VM_CACHE", "/c"),
+            ("XDG_CACHE_HOME", "/x"),
+            ("HOME", "/h"),
+        ]);
+        assert_eq!(cache_dir_from(all).unwrap(), PathBuf::from("/c"));
+        let xdg = env(&[
+            ("SANDBOX_VM_CACHE", ""),
+            ("XDG_CACHE_HOME", "/x"),
+            ("HOME", "/h"),
+        ]);
+        assert_eq!(cache_dir_from(xdg).unwrap(), PathBuf::from("/x/sandboxes"));
+        let home = env(&[("XDG_CACHE_HOME", ""), ("HOME", "/h")]);
+        assert_eq!(
+            cache_dir_from(home).unwrap(),
+            PathBuf::from("/h/.cache/sandboxes")
+        );
+        let none = cache_dir_from(env(&[("HOME", "")])).unwrap_err();
+        assert!(matches!(none, VmError::NoCacheDir), "{none}");
+        assert!(none.to_string().contains("SANDBOX_VM_CACHE"), "{none}");
     }
 
     #[test]

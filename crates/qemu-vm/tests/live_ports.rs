@@ -121,8 +121,8 @@ async fn trues(agent: &AgentClient, n: usize) -> Vec<Duration> {
 async fn connections_share_a_vm_one_port_each_and_fail_apart() {
     // The helper process this test kills must be reaped here.
     rustix::process::set_child_subreaper(Some(rustix::process::getpid())).unwrap();
-    let dir = std::env::var_os("QEMU_VM_IMAGE").expect("QEMU_VM_IMAGE names the image directory");
-    let image = VmImage::load(&PathBuf::from(&dir)).unwrap();
+    let dir = qemu_vm::given_image_dir().expect("a VM image directory");
+    let image = VmImage::load(&dir).unwrap();
     let mut config = VmConfig::new(
         image.clone(),
         run_dir(),
@@ -326,8 +326,8 @@ fn cpu_time(pid: i32) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ports_no_host_holds_cost_an_idle_guest_nothing() {
-    let dir = std::env::var_os("QEMU_VM_IMAGE").expect("QEMU_VM_IMAGE names the image directory");
-    let image = VmImage::load(&PathBuf::from(&dir)).unwrap();
+    let dir = qemu_vm::given_image_dir().expect("a VM image directory");
+    let image = VmImage::load(&dir).unwrap();
     let mut config = VmConfig::new(
         image.clone(),
         run_dir(),

@@ -17,9 +17,8 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
 const CALL: Duration = Duration::from_secs(30);
 
 fn image() -> VmImage {
-    let dir = std::env::var_os("QEMU_VM_IMAGE")
-        .expect("QEMU_VM_IMAGE names the image directory (run through `cargo xtask e2e vm`)");
-    VmImage::load(&PathBuf::from(dir)).expect("the VM image `cargo xtask images vm` builds")
+    let dir = qemu_vm::given_image_dir().expect("a VM image directory");
+    VmImage::load(&dir).expect("the VM image `cargo xtask images vm` builds")
 }
 
 fn run_dir() -> PathBuf {
@@ -465,7 +464,7 @@ async fn a_vm_outlives_its_creator_and_other_processes_reattach() {
     // QEMU's creator exits at once; this process adopts (and so reaps) the orphan.
     rustix::process::set_child_subreaper(Some(rustix::process::getpid())).unwrap();
     let tool = env!("CARGO_BIN_EXE_qemu-vm");
-    let image_dir = std::env::var_os("QEMU_VM_IMAGE").unwrap();
+    let image_dir = qemu_vm::given_image_dir().unwrap();
     let name = unique("reattach");
     let created = std::process::Command::new(tool)
         .arg("start")

@@ -18,6 +18,8 @@
 pub use host_files;
 
 mod health;
+#[cfg(target_os = "linux")]
+pub mod vm_image;
 
 pub use health::health;
 
@@ -151,7 +153,7 @@ pub fn qemu_config(args: &BackendArgs) -> Result<backend_qemu::QemuConfig, Sandb
     let mut config = backend_qemu::QemuConfig::default();
     config.image_dir = match &args.vm_image {
         Some(dir) => dir.clone(),
-        None => vm_cache_dir()?.join("vm-image"),
+        None => vm_image::default_dir()?,
     };
     config.allow_emulation = args.allow_emulation;
     Ok(config)
@@ -377,61 +379,13 @@ async fn image_present(tag: &str, guest_names: &[String]) -> bool {
 /// The name [`build_images`] takes for the microVM image (docs/vm.md#image).
 pub const VM_IMAGE: &str = "vm";
 
-/// Where the microVM image and the root archive it is made from are cached:
-/// `$SANDBOX_VM_CACHE`, else `$XDG_CACHE_HOME/sandboxes`, else `~/.cache/sandboxes`.
-fn vm_cache_dir() -> Result<PathBuf, SandboxError> {
-    if let Some(dir) = std::env::var_os("SANDBOX_VM_CACHE") {
-        return Ok(PathBuf::from(dir));
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return Ok(PathBuf::from(dir).join("sandboxes"));
-    }
-    std::env::var_os("HOME")
-        .map(|home| PathBuf::from(home).join(".cache/sandboxes"))
-        .ok_or_else(|| {
-            SandboxError::invalid(
-                "no cache directory: set SANDBOX_VM_CACHE, XDG_CACHE_HOME or HOME",
-            )
-        })
-}
-
-/// Builds the microVM image from the static guest agent (`$SANDBOX_VM_AGENT`, else the
-/// `vm-agent` beside the current executable) and the base Debian root of the one image recipe.
 #[cfg(target_os = "linux")]
 async fn build_vm_image() -> Result<(String, &'static str), SandboxError> {
-    let cache = vm_cache_dir()?;
-    let agent = match std::env::var_os("SANDBOX_VM_AGENT") {
-        Some(path) => PathBuf::from(path),
-        None => std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent().map(|dir| dir.join("vm-agent")))
-            .ok_or_else(|| SandboxError::invalid("set SANDBOX_VM_AGENT to the static vm-agent"))?,
-    };
-    let archive = recipe()
-        .cache_dir(cache.join("roots"))
-        .base_root_archive()
-        .await
-        .map_err(|e| SandboxError::engine(format!("root archive: {e}")))?;
-    let dir = cache.join("vm-image");
-    let image = qemu_vm::ImageRecipe {
-        cache_dir: dir.clone(),
-        agent,
-        root_archive: archive,
-        kernel_release: None,
-        host_root: PathBuf::from("/"),
-    }
-    .build(&|line: &str| eprintln!("images: vm: {line}"))
-    .await
-    .map_err(|e| SandboxError::engine(format!("VM image build failed: {e}")))?;
-    Ok((
-        format!("{VM_IMAGE} {} ({})", dir.display(), image.digest),
-        "built",
-    ))
+    Ok((format!("{VM_IMAGE} {}", vm_image::build().await?), "built"))
 }
 
 #[cfg(not(target_os = "linux"))]
 async fn build_vm_image() -> Result<(String, &'static str), SandboxError> {
-    let _ = vm_cache_dir;
     Err(SandboxError::invalid(
         "the microVM image is built on Linux hosts only",
     ))

@@ -36,11 +36,9 @@ pub const RAW_TIMEOUT: Duration = Duration::from_secs(120);
 /// The scope of every key a bench makes.
 pub const SCOPE: &str = "bench-qemu";
 
-/// The VM image: `QEMU_VM_IMAGE`, else the workspace's `target/vm-image`.
+/// The VM image: `QEMU_VM_IMAGE`, else the default one (`cargo xtask images vm`).
 pub fn image_dir() -> PathBuf {
-    std::env::var_os("QEMU_VM_IMAGE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/vm-image"))
+    qemu_vm::given_image_dir().expect("a VM image directory")
 }
 
 /// A bench's own state directory (short: the VMs' socket paths must fit a Unix address), with

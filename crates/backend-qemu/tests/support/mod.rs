@@ -11,11 +11,9 @@ use std::time::Duration;
 
 use backend_qemu::{QemuBackend, QemuConfig};
 
-/// The VM image (`cargo xtask images vm`).
+/// The VM image (`cargo xtask images vm`): `QEMU_VM_IMAGE`, else the default one.
 pub fn image_dir() -> PathBuf {
-    std::env::var_os("QEMU_VM_IMAGE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/vm-image"))
+    qemu_vm::given_image_dir().expect("a VM image directory")
 }
 
 /// Where the test's state directories are made (the xtask's run directory, which must be
