@@ -55,6 +55,15 @@ async fn within<T>(
 /// The most entries [`AgentClient::list`] collects.
 pub const MAX_LIST_ENTRIES: usize = 100_000;
 
+/// The most bytes of a listing [`AgentClient::list`] collects: every entry's name plus
+/// [`LIST_ENTRY_OVERHEAD`]. A guest's names are its own bytes, of any length the protocol's frame
+/// allows, so the entry count alone does not bound the memory a listing takes; this holds
+/// [`MAX_LIST_ENTRIES`] entries with names of Linux's longest (255 bytes).
+pub const MAX_LIST_BYTES: u64 = 32 * 1024 * 1024;
+
+/// What an entry counts towards [`MAX_LIST_BYTES`] beyond its name (its kind and size).
+pub const LIST_ENTRY_OVERHEAD: u64 = 16;
+
 struct Route {
     sender: mpsc::UnboundedSender<(GuestMsg, u64)>,
     buffered: Arc<std::sync::atomic::AtomicU64>,
@@ -683,10 +692,12 @@ impl AgentClient {
         within(what, deadline, work).await?
     }
 
-    /// Lists a directory, at most [`MAX_LIST_ENTRIES`] entries, within `deadline`.
+    /// Lists a directory, at most [`MAX_LIST_ENTRIES`] entries and [`MAX_LIST_BYTES`], within
+    /// `deadline`.
     ///
     /// # Errors
-    /// Agent, OutputLimit past the entry cap, Deadline, or a channel error.
+    /// Agent, OutputLimit past either cap (the listing's bytes as the limit past the second),
+    /// Deadline, or a channel error.
     pub async fn list(&self, path: &[u8], deadline: Duration) -> Result<Vec<Entry>, VmError> {
         let work = async {
             let mut call = self
@@ -695,9 +706,21 @@ impl AgentClient {
                 })
                 .await?;
             let mut entries = Vec::new();
+            let mut bytes = 0u64;
             loop {
                 match call.next().await? {
-                    GuestMsg::Entries(batch) => entries.extend(batch),
+                    GuestMsg::Entries(batch) => {
+                        bytes += batch
+                            .iter()
+                            .map(|entry| entry.name.len() as u64 + LIST_ENTRY_OVERHEAD)
+                            .sum::<u64>();
+                        if bytes > MAX_LIST_BYTES {
+                            return Err(VmError::OutputLimit {
+                                limit: MAX_LIST_BYTES,
+                            });
+                        }
+                        entries.extend(batch);
+                    }
                     GuestMsg::Done => return Ok(entries),
                     GuestMsg::Error { code, message } => {
                         return Err(VmError::Agent { code, message })
@@ -999,4 +1022,105 @@ fn route(shared: &Shared, id: u32, message: GuestMsg) -> Result<(), Closed> {
         routes.remove(&id);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_agent::proto::FileKind;
+
+    /// A stand-in agent on the one connection `listener` accepts: it answers the handshake,
+    /// then every listing with `frames` frames of `per_frame` entries whose names are
+    /// `name_len` bytes, then `Done`. Each frame waits 50 ms, as a guest reading its directory
+    /// does, so the host's consumer stays within its route's buffer even on a loaded host
+    /// (listings are not credited: the route's cap, not the bound under test, would end it).
+    async fn lister(
+        listener: tokio::net::UnixListener,
+        frames: usize,
+        per_frame: usize,
+        name_len: usize,
+    ) {
+        let (stream, _) = listener.accept().await.unwrap();
+        let (mut read, mut write) = stream.into_split();
+        let mut decoder = FrameDecoder::<HostMsg>::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let Ok(n) = read.read(&mut buf).await else {
+                return;
+            };
+            if n == 0 {
+                return;
+            }
+            decoder.push(&buf[..n]);
+            while let Some((id, message)) = decoder.next_message().unwrap() {
+                let answer = match message {
+                    HostMsg::Hello { nonce } => write.write_all(&hello_ack_bytes(nonce)).await,
+                    HostMsg::List { .. } => {
+                        let mut sent = Ok(());
+                        for _ in 0..frames {
+                            let batch = (0..per_frame)
+                                .map(|_| Entry {
+                                    name: vec![b'n'; name_len],
+                                    kind: FileKind::File,
+                                    size: 0,
+                                })
+                                .collect();
+                            sent = write
+                                .write_all(&encode(id, &GuestMsg::Entries(batch)))
+                                .await;
+                            if sent.is_err() {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        match sent {
+                            Ok(()) => write.write_all(&encode(id, &GuestMsg::Done)).await,
+                            Err(error) => Err(error),
+                        }
+                    }
+                    _ => Ok(()),
+                };
+                if answer.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A client of a stand-in agent that lists as [`lister`] does.
+    async fn listing(
+        frames: usize,
+        per_frame: usize,
+        name_len: usize,
+    ) -> Result<Vec<Entry>, VmError> {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("agent.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let agent = tokio::spawn(lister(listener, frames, per_frame, name_len));
+        let client = AgentClient::connect(&socket, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let listed = client.list(b"/d", Duration::from_secs(60)).await;
+        drop(client);
+        agent.abort();
+        listed
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listing_of_long_names_is_cut_at_its_byte_cap() {
+        // 10,000 entries (a tenth of the entry cap) whose 4 KiB names make about 41 MB.
+        let refused = listing(50, 200, 4096).await.unwrap_err();
+        assert!(
+            matches!(refused, VmError::OutputLimit { limit } if limit == MAX_LIST_BYTES),
+            "{refused}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_fullest_listing_a_linux_guest_makes_fits_the_byte_cap() {
+        // As many entries as the entry cap allows, each with a name of Linux's longest.
+        let listed = listing(40, MAX_LIST_ENTRIES / 40, 255).await.unwrap();
+        assert_eq!(listed.len(), MAX_LIST_ENTRIES);
+        assert!(listed.iter().all(|entry| entry.name.len() == 255));
+    }
 }

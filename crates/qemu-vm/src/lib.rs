@@ -27,7 +27,7 @@ mod ports;
 pub use accel::{probe_accel, AccelReport};
 pub use client::{
     AgentClient, Exec, ExecEvent, ExecOutput, RunLimits, StdinWriter, WeakAgentClient,
-    HANDSHAKE_SCAN_CAP, MAX_LIST_ENTRIES,
+    HANDSHAKE_SCAN_CAP, LIST_ENTRY_OVERHEAD, MAX_LIST_BYTES, MAX_LIST_ENTRIES,
 };
 pub use error::VmError;
 pub use image::{
