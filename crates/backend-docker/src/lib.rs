@@ -196,3 +196,8 @@ pub mod fuzzing {
 
 /// The backend's name.
 pub const BACKEND_NAME: &str = "docker";
+
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -53,3 +53,8 @@ pub use health::health_checks;
 
 /// The backend's name.
 pub const BACKEND_NAME: &str = "qemu";
+
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -90,3 +90,8 @@ pub use config::{
 
 /// The backend's name.
 pub const BACKEND_NAME: &str = "docker-sbx";
+
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

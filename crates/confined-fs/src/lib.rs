@@ -192,3 +192,8 @@ pub use crate::windows_rules::{
     is_reparse_point, windows_device_name, windows_name_problem, WindowsNameProblem,
     FILE_ATTRIBUTE_REPARSE_POINT,
 };
+
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -146,3 +146,8 @@ pub mod suites {
     pub use crate::reclaim::{RECLAIM, RECLAIM_PROBES};
     pub use crate::storage_base::{STORAGE_BASE, STORAGE_BASE_STEPS};
 }
+
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -64,5 +64,10 @@ pub mod tls;
 
 pub use error::ProxyError;
 
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(test)]
 mod tests;

@@ -181,3 +181,8 @@ pub mod scripts {
         NAMESPACE_KILL_SCRIPT, SBX_WRAPPER, TREE_KILL_SCRIPT,
     };
 }
+
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

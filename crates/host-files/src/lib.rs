@@ -759,6 +759,11 @@ fn io_error(operation: &'static str, path: &str, source: std::io::Error) -> Sand
     }
 }
 
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,3 +40,8 @@ pub use machine::{
 pub use ports::DEFAULT_AGENT_PORTS;
 pub use vm_agent::proto::MAX_PORTS as MAX_AGENT_PORTS;
 pub use vm_agent::proto::{Entry, ErrorCode, ExecRequest, ExitStatus, FileKind, Stat};
+
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -92,3 +92,8 @@ pub use router::{
     BackendSelection, FailedCleanup, Router, RouterConfig, UncleanTarget, DEFAULT_CLEANUP_TIMEOUT,
 };
 pub use spec::{SandboxSpec, SandboxSpecBuilder, DEFAULT_WORK_DIR};
+
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -116,3 +116,8 @@ pub use shapes::{
 };
 /// The clock deadlines are given on (tokio's, as the runner uses).
 pub use tokio::time::Instant;
+
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -181,6 +181,11 @@ pub async fn fetch(address: SocketAddr, bound: Duration) -> Result<Vec<u8>, Erro
     }
 }
 
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,3 +16,8 @@
 #![forbid(unsafe_code)]
 
 pub mod proto;
+
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

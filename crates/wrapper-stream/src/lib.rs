@@ -116,6 +116,11 @@ impl OutputSink for WrapperStreamSink {
     }
 }
 
+/// The README's examples, run as doctests so that they stay true to this API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(test)]
 mod tests {
     use super::*;
