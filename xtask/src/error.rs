@@ -114,6 +114,15 @@ pub enum XtaskError {
         listing: String,
     },
 
+    /// A publishable crate lacks what crates.io needs (`crate::packaging`).
+    #[error("{count} packaging problem(s):\n{listing}")]
+    Packaging {
+        /// How many.
+        count: usize,
+        /// One line per problem.
+        listing: String,
+    },
+
     /// Three or more modules of one crate import each other in a circle (`crate::module_circles`).
     #[error(
         "{count} module circle(s) of three or more; give each module what it owns so the \

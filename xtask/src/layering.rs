@@ -91,8 +91,9 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
 /// Crates whose name starts with this are backends; no backend depends on another.
 const BACKEND_PREFIX: &str = "backend-";
 
-/// Reads the workspace's metadata and checks it against the rules, then checks that no code
-/// comment cites a document outside the repository ([`crate::citations`]).
+/// Reads the workspace's metadata and checks it against the rules and the fields publishing
+/// needs ([`crate::packaging`]), then checks that no code comment cites a document outside the
+/// repository ([`crate::citations`]).
 pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     let packages = read_packages(workspace)?;
     check(&packages)?;
@@ -101,6 +102,12 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         packages.len(),
         internal_edge_count(&packages)
     );
+    crate::packaging::check(
+        packages
+            .iter()
+            .map(|package| (package.name.as_str(), &package.manifest)),
+    )?;
+    eprintln!("layering: every publishable crate has its readme, keywords and categories");
     let circles = module_circles(&packages)?;
     report_module_circles(&circles)?;
     // Not a dependency rule, but the same kind of structural check, cheap enough to ride along.
@@ -176,6 +183,9 @@ struct Package {
     /// `[package.metadata]`: `cargo-fuzz = true` marks the fuzz targets' package.
     #[serde(default)]
     metadata: Option<serde_json::Value>,
+    /// The fields publishing needs ([`crate::packaging`]).
+    #[serde(flatten)]
+    manifest: crate::packaging::Manifest,
 }
 
 /// One build target of a member.

@@ -27,8 +27,9 @@
 //! - `bench`: runs the benchmarks;
 //! - `tools [nextest|fuzz]`: installs cargo-nextest and cargo-fuzz into the tools cache when
 //!   missing (once per machine; also a `ci` step);
-//! - `layering`: checks which crate depends on which, and that no code comment cites a document
-//!   outside the repository (also a `ci` step);
+//! - `layering`: checks which crate depends on which, that every publishable crate has the
+//!   readme, keywords and categories crates.io takes (`packaging.rs`), and that no code comment
+//!   cites a document outside the repository (also a `ci` step);
 //! - `mutants [CRATE…]`: mutation-tests the security crates with cargo-mutants and fails on a
 //!   survivor that is not on the allow-list (not a `ci` step: it takes hours, see `mutants.rs`).
 //!
@@ -51,6 +52,7 @@ mod live;
 mod mcp_suite;
 mod module_circles;
 mod mutants;
+mod packaging;
 mod process;
 mod targets;
 mod tools;
