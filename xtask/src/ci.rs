@@ -102,6 +102,21 @@ pub const STEPS: &[CiStep] = &[
         Run::Cargo(&["fmt", "--all", "--check"]),
     ),
     step("layering", WORKSPACE_LANE, Run::Xtask(&["layering"])),
+    // Every publishable crate packaged as `cargo publish` would (versions on internal
+    // dependencies, readme, the files each package holds, a lock file per package resolved
+    // against the crates.io index and the workspace's own packages): no upload, no credentials,
+    // but the index over the network. `--no-verify`: building every crate again from its package
+    // would cost minutes of CI's two cores for what clippy and the tests build anyway. A tracked
+    // file changed or an untracked one inside a package fails it (no `--allow-dirty`), so it runs
+    // at the start, beside the first steps: no step writes into the tree (their output goes under
+    // `target/`), and running first keeps it that way even if one ever did. The index is read
+    // again for each package: more retries than cargo's default ride out a passing network fault.
+    step(
+        "package",
+        "package",
+        Run::Cargo(&["publish", "--workspace", "--dry-run", "--no-verify"]),
+    )
+    .env(&[("CARGO_NET_RETRY", "10")]),
     // The Debian packages the images, the target checks and the suites use (installed when
     // missing, under CI): first on the images lane, beside the compiles instead of before them.
     step("host tools", "images", Run::Script(".ci/host-tools")).background(),
@@ -799,6 +814,27 @@ mod tests {
                 step.name
             );
         }
+    }
+
+    #[test]
+    fn the_packaging_check_starts_with_the_run_and_never_accepts_a_dirty_tree() {
+        let position = STEPS
+            .iter()
+            .position(|step| step.name == "package")
+            .unwrap();
+        let package = &STEPS[position];
+        // Nothing it waits for and nothing before it on its lane: it starts at once, before any
+        // other step has had time to write into the tree.
+        assert!(package.after.is_empty());
+        assert!(STEPS[..position]
+            .iter()
+            .all(|step| step.lane != package.lane));
+        let Run::Cargo(args) = package.run else {
+            panic!("the packaging check is a cargo command");
+        };
+        assert_eq!(args[..2], ["publish", "--workspace"]);
+        assert!(args.contains(&"--dry-run"), "{args:?}");
+        assert!(!args.contains(&"--allow-dirty"), "{args:?}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Project automation, run as `cargo xtask <command>` from anywhere in the workspace.
 //!
-//! - `ci`: the one test command (formatting, the layering rules, clippy, every test through
+//! - `ci`: the one test command (formatting, the layering rules, the packaging of every
+//!   publishable crate (`cargo publish --workspace --dry-run --no-verify`), clippy, every test through
 //!   nextest, doctests, rustdoc with `-D warnings`, the local images (clippy checks the fuzz
 //!   targets), the Windows and macOS type checks, the microVM image, the live Docker suite, the live sbx
 //!   suite on `sbx-sim`, the live microVM suite under QEMU): one table of steps on lanes that
