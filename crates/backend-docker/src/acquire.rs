@@ -1,32 +1,36 @@
-//! Get-or-create per (key, kind), `find`, image presence (docs/docker-backend.md#local-images) and the
-//! storage base.
+//! Get-or-create per (key, kind) and `find`: the [`Acquirer`], whose explicit [`Step`] machine
+//! finds, verifies, revives or replaces a container, else creates one (with the image present:
+//! docs/docker-backend.md#local-images), then prepares it and its storage base.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sandbox_core::naming::docker::docker_container_name;
-use sandbox_core::storage_base::{plan_storage_base, storage_base_directories, validate_base};
+use sandbox_core::storage_base::validate_base;
 use sandbox_core::{
-    Capability, EntryKind, SandboxError, SandboxKey, SandboxSpec, TransferLimits, DEFAULT_WORK_DIR,
+    BackendDeclarations, Capability, SandboxError, SandboxKey, SandboxSpec, TransferLimits,
+    DEFAULT_WORK_DIR,
 };
 use tokio::time::Instant;
 
+use crate::config::DockerConfig;
 use crate::config::{check_image_reference, Resources};
-use crate::containers::{ContainerShape, Created, Lifecycle, PauseWait};
+use crate::connection::EngineConnection;
+use crate::containers::{ContainerShape, Containers, Created, Lifecycle, PauseWait};
+use crate::egress::EgressCompanions;
 use crate::egress::EgressPlan;
 use crate::egress_names::{keep_alive_with_forwarder, volume_name, LABEL_EGRESS_V1};
-use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
-use crate::handle::DockerSandbox;
+use crate::guest_calls::GuestCalls;
+use crate::handle::{DockerSandbox, HandleParts};
+use crate::memory::{Memories, Remembered, WarmEntry};
 use crate::ownership_labels::{workload_labels, ContainerRecord, Verdict};
-use crate::state::{bounded_join, BackendState, Remembered, WarmEntry};
-use crate::tar_header::directory_entry;
-use sandbox_core::backend_kit::{run_detached, CleanupOnDrop};
+use crate::retirement::Retirement;
+use crate::sizing::Sizing;
+use crate::storage_base::{numeric_owner, still_missing, StorageBase, ADOPT_POLL};
+use sandbox_core::backend_kit::{CleanupOnDrop, LockTable};
 
 /// The body every workload runs, so any image stays alive whatever its entrypoint.
 const KEEP_ALIVE: &str = "while :; do sleep 3600; done";
-
-/// How often the name-conflict adopt loop re-inspects.
-const ADOPT_POLL: Duration = Duration::from_millis(250);
 
 /// How many times one acquire may replace a container before giving up.
 const MAX_REPLACEMENTS: usize = 4;
@@ -78,7 +82,7 @@ impl Progress {
         &self,
         name: &str,
         had_container: bool,
-        state: &BackendState,
+        adopt_budget: Duration,
     ) -> Result<(), SandboxError> {
         if !self.adopted || Instant::now() < self.adopt_deadline {
             return Ok(());
@@ -87,7 +91,7 @@ impl Progress {
         Err(SandboxError::engine(if had_container {
             format!(
                 "could not adopt {name} within {} s: {last_conflict}",
-                state.config.command_timeout.as_secs()
+                adopt_budget.as_secs()
             )
         } else {
             format!("the name {name} stayed in use without a container behind it: {last_conflict}")
@@ -95,7 +99,7 @@ impl Progress {
     }
 }
 
-/// One step of an acquire. Each turn of [`BackendState::acquire_sandbox`]'s loop runs one step
+/// One step of an acquire. Each turn of [`Acquirer::acquire_sandbox`]'s loop runs one step
 /// and names the next; a step that goes back to the top (a new look at the name, a create) passes
 /// the adopt deadline first.
 enum Step {
@@ -126,18 +130,37 @@ struct Progress {
     proxy_ready: bool,
 }
 
-impl BackendState {
+/// Get-or-create per (key, kind) and `find`: the explicit [`Step`] machine over the
+/// components below it, under the process-wide lock of each container name.
+#[derive(Debug)]
+pub(crate) struct Acquirer {
+    pub(crate) engine: EngineConnection,
+    pub(crate) config: Arc<DockerConfig>,
+    pub(crate) declarations: BackendDeclarations,
+    pub(crate) name_locks: Arc<LockTable<String>>,
+    pub(crate) sizing: Arc<Sizing>,
+    pub(crate) containers: Arc<Containers>,
+    pub(crate) guest: Arc<GuestCalls>,
+    pub(crate) storage_base: StorageBase,
+    pub(crate) egress: Arc<EgressCompanions>,
+    pub(crate) retirement: Arc<Retirement>,
+    pub(crate) memory: Arc<Memories>,
+    /// What each handed-out handle reaches.
+    pub(crate) handle_parts: HandleParts,
+}
+
+impl Acquirer {
     /// Get-or-create: find, verify, revive or replace, else create; then prepare. An explicit
     /// state machine over [`Step`].
     pub(crate) async fn acquire_sandbox(
-        self: &Arc<Self>,
+        &self,
         key: &SandboxKey,
         spec: &SandboxSpec,
     ) -> Result<Arc<DockerSandbox>, SandboxError> {
-        let resources = self.resources().await;
+        let resources = self.sizing.resources().await;
         let plan = self.plan(key, spec, resources)?;
-        let _serialised = self.lock_name(&plan.name).await;
-        self.sweep_unremovable().await;
+        let _serialised = self.name_locks.lock(plan.name.clone()).await;
+        self.retirement.sweep_unremovable().await;
 
         let mut progress = Progress {
             adopt_deadline: Instant::now() + self.config.command_timeout,
@@ -147,19 +170,23 @@ impl BackendState {
             egress_checked: false,
             proxy_ready: plan.egress.is_none(),
         };
-        let mut step = match self.inspect(&plan.name).await? {
+        let mut step = match self.containers.inspect(&plan.name).await? {
             Some(existing) => Step::Existing(Box::new(existing)),
             None => Step::Create,
         };
         loop {
             step = match step {
                 Step::Create => self.create_step(&plan, &mut progress).await?,
-                Step::AfterConflict => match self.inspect(&plan.name).await? {
+                Step::AfterConflict => match self.containers.inspect(&plan.name).await? {
                     Some(existing) => Step::Existing(Box::new(existing)),
                     None => {
                         // The engine holds the name from the start of a create, before an
                         // inspect finds it: wait a poll, then create again.
-                        progress.past_adopt_deadline(&plan.name, false, self)?;
+                        progress.past_adopt_deadline(
+                            &plan.name,
+                            false,
+                            self.config.command_timeout,
+                        )?;
                         tokio::time::sleep(ADOPT_POLL).await;
                         Step::Create
                     }
@@ -172,7 +199,7 @@ impl BackendState {
                 }
                 Step::Replace(id) => {
                     self.replace(&id).await?;
-                    progress.past_adopt_deadline(&plan.name, true, self)?;
+                    progress.past_adopt_deadline(&plan.name, true, self.config.command_timeout)?;
                     Step::Create
                 }
                 Step::Finish(id, arrival, created) => {
@@ -185,7 +212,7 @@ impl BackendState {
     /// [`Step::Create`]: the egress check once, the OS re-check and the image presence check, all
     /// three at once (none changes anything); the proxy once; then one create.
     async fn create_step(
-        self: &Arc<Self>,
+        &self,
         plan: &Plan<'_>,
         progress: &mut Progress,
     ) -> Result<Step, SandboxError> {
@@ -202,8 +229,11 @@ impl BackendState {
                 self.refuse_other_egress(plan).await
             }
         };
-        let (egress, os, image) =
-            tokio::join!(egress, self.recheck_os(), self.ensure_image(&plan.image));
+        let (egress, os, image) = tokio::join!(
+            egress,
+            self.recheck_os(),
+            self.containers.ensure_image(&plan.image)
+        );
         egress?;
         progress.egress_checked = true;
         os?;
@@ -211,7 +241,7 @@ impl BackendState {
         if !progress.proxy_ready {
             if let Err(error) = self.ensure_plan_proxy(plan).await {
                 // No workload: nothing is served by what the attempt made.
-                self.remove_companions_shielded(&plan.name).await;
+                self.egress.remove_companions_shielded(&plan.name).await;
                 return Err(error);
             }
             progress.proxy_ready = true;
@@ -222,7 +252,7 @@ impl BackendState {
             Err(error) => {
                 // Nothing serves the companions of a workload that was not made.
                 if plan.egress.is_some() {
-                    self.remove_companions_shielded(&plan.name).await;
+                    self.egress.remove_companions_shielded(&plan.name).await;
                 }
                 return Err(error);
             }
@@ -239,14 +269,14 @@ impl BackendState {
 
     /// [`Step::Existing`]: verify the container, then serve it warm, revive it, or replace it.
     async fn existing_step(
-        self: &Arc<Self>,
+        &self,
         plan: &Plan<'_>,
         existing: Box<ContainerRecord>,
         progress: &mut Progress,
     ) -> Result<Served, SandboxError> {
         self.verify_for(plan, &existing)?;
 
-        if self.is_retired(&existing.id) {
+        if self.memory.retired.contains(&existing.id) {
             return Ok(Served::Next(Step::Replace(existing.id)));
         }
         // A workload is never served, nor started, without a ready proxy.
@@ -264,7 +294,7 @@ impl BackendState {
         };
         let next = match existing.status() {
             "running" => {
-                if let Some(entry) = self.warm_entry(&existing.id) {
+                if let Some(entry) = self.memory.warm.get(&existing.id) {
                     let warm = entry.base == plan.base
                         && entry.policy == plan.policy
                         && (entry.base_ready || !plan.needs_base);
@@ -275,19 +305,25 @@ impl BackendState {
                 Step::Finish(existing.id, arrival, None)
             }
             "paused" => {
-                self.forget_warm(&existing.id);
+                self.memory.warm.forget(&existing.id);
                 // An operator's pause, or that of a process on an earlier version of this crate
                 // (which wrote the storage base under one and lifts it itself); one that outlasts
                 // the wait has no one left to lift it.
-                if self.wait_out_pause(&existing.id).await? == PauseWait::Held {
-                    self.lifecycle(Lifecycle::Unpause, &existing.id).await?;
+                if self.containers.wait_out_pause(&existing.id).await? == PauseWait::Held {
+                    self.containers
+                        .lifecycle(Lifecycle::Unpause, &existing.id)
+                        .await?;
                 }
                 Step::Finish(existing.id, Arrival::Revived, None)
             }
             "created" | "exited" => {
-                self.forget_warm(&existing.id);
+                self.memory.warm.forget(&existing.id);
                 self.recheck_os().await?;
-                if let Err(error) = self.lifecycle(Lifecycle::Start, &existing.id).await {
+                if let Err(error) = self
+                    .containers
+                    .lifecycle(Lifecycle::Start, &existing.id)
+                    .await
+                {
                     tracing::warn!(container = %existing.id, %error, "start failed; replacing");
                     return Ok(Served::Next(Step::Replace(existing.id)));
                 }
@@ -363,8 +399,8 @@ impl BackendState {
         })
     }
 
-    fn handle(self: &Arc<Self>, plan: &Plan<'_>, id: &str, fresh: bool) -> Arc<DockerSandbox> {
-        self.remember(
+    fn handle(&self, plan: &Plan<'_>, id: &str, fresh: bool) -> Arc<DockerSandbox> {
+        self.memory.adoptions.remember(
             &plan.name,
             Remembered {
                 key: plan.key.clone(),
@@ -373,7 +409,7 @@ impl BackendState {
             },
         );
         Arc::new(DockerSandbox::new(
-            Arc::clone(self),
+            self.handle_parts.clone(),
             id.to_owned(),
             plan.base.clone(),
             fresh,
@@ -385,7 +421,7 @@ impl BackendState {
     /// Verifies, prepares and remembers a container this call created or found not yet verified;
     /// one this call created is removed again (with its egress companions) on any failure.
     async fn finish(
-        self: &Arc<Self>,
+        &self,
         plan: &Plan<'_>,
         id: &str,
         arrival: Arrival,
@@ -394,13 +430,14 @@ impl BackendState {
         let fresh = arrival == Arrival::Created;
         // A container this call created is removed on any failure, even if the caller drops us.
         let mut discard = fresh.then(|| {
-            let state = Arc::clone(self);
+            let containers = Arc::clone(&self.containers);
+            let egress = Arc::clone(&self.egress);
             let id = id.to_owned();
             let companions = plan.egress.is_some().then(|| plan.name.clone());
             CleanupOnDrop::armed("the removal of a half-made sandbox", async move {
-                let _ = state.remove(&id).await;
+                let _ = containers.remove(&id).await;
                 if let Some(name) = companions {
-                    let _ = state.remove_companions(&name).await;
+                    let _ = egress.remove_companions(&name).await;
                 }
             })
         });
@@ -410,7 +447,7 @@ impl BackendState {
                 if let Some(guard) = discard.as_mut() {
                     guard.disarm();
                 }
-                self.remember_warm(
+                self.memory.warm.insert(
                     id,
                     WarmEntry {
                         base: plan.base.clone(),
@@ -423,9 +460,9 @@ impl BackendState {
             Err(error) => {
                 if let Some(guard) = discard.as_mut() {
                     guard.disarm();
-                    self.remove_shielded(id).await;
+                    self.containers.remove_shielded(id).await;
                     if plan.egress.is_some() {
-                        self.remove_companions_shielded(&plan.name).await;
+                        self.egress.remove_companions_shielded(&plan.name).await;
                     }
                 }
                 Err(error)
@@ -435,11 +472,11 @@ impl BackendState {
 
     /// Verifies what this call created (from the inspect made while it started), then the one
     /// guest call: the tool probe and the storage base. In a container this call created the host
-    /// makes the base engine-side, from the start of the call ([`Self::early_base`]); in any other
+    /// makes the base engine-side, from the start of the call ([`StorageBase::early`]); in any other
     /// the guest makes it, with the engine-side fallback in the call's middle where it cannot.
     /// Then the base's engine-side walk, alongside the egress preflight when configured.
     async fn prepare(
-        self: &Arc<Self>,
+        &self,
         plan: &Plan<'_>,
         id: &str,
         arrival: Arrival,
@@ -450,7 +487,7 @@ impl BackendState {
         }
         let base = plan.needs_base.then_some(plan.base.as_str());
         if let (Some(base), Arrival::Adopted) = (base, arrival) {
-            self.await_adopted_base(id, base).await?;
+            self.storage_base.await_adopted(id, base).await?;
         }
         match (base, created) {
             // Nothing runs in a container this call created but the image's keep-alive: the host
@@ -459,47 +496,57 @@ impl BackendState {
             (Some(base), Some(record)) if arrival == Arrival::Created => {
                 let user = record.user();
                 let image_id = record.image_id.as_deref();
-                let predicted = numeric_owner(user)
-                    .or_else(|| image_id.and_then(|image| self.known_image_owner(image, user)));
-                self.prepare_guest(
-                    id,
-                    &plan.image,
-                    Some(base),
-                    true,
-                    |started| self.early_base(id, base, predicted, started),
-                    |early, ids| async move {
-                        if let Some(image) = image_id {
-                            self.remember_image_owner(image, user, ids);
-                        }
-                        self.settle_base(id, early, ids).await
-                    },
-                )
-                .await?;
+                let predicted = numeric_owner(user).or_else(|| {
+                    image_id.and_then(|image| self.memory.image_owners.get(image, user))
+                });
+                self.guest
+                    .prepare_guest(
+                        id,
+                        &plan.image,
+                        Some(base),
+                        true,
+                        |started| self.storage_base.early(id, base, predicted, started),
+                        |early, ids| async move {
+                            if let Some(image) = image_id {
+                                self.memory.image_owners.remember(image, user, ids);
+                            }
+                            self.storage_base.settle(id, early, ids).await
+                        },
+                    )
+                    .await?;
             }
             _ => {
                 let fallback_base = base.unwrap_or_default();
-                self.prepare_guest(
-                    id,
-                    &plan.image,
-                    base,
-                    false,
-                    |_| async { Ok(()) },
-                    |(), ids| self.create_base_fallback(id, fallback_base, ids),
-                )
-                .await?;
+                self.guest
+                    .prepare_guest(
+                        id,
+                        &plan.image,
+                        base,
+                        false,
+                        |_| async { Ok(()) },
+                        |(), ids| self.storage_base.create_fallback(id, fallback_base, ids),
+                    )
+                    .await?;
             }
         }
         // The base's walk and the egress preflight touch nothing of each other: both at once.
         let settled = async {
             match base {
                 // The guest's word is never taken for what the base's components are.
-                Some(base) => still_missing(base, &self.plan_base(id, base).await?),
+                Some(base) => still_missing(base, &self.storage_base.plan(id, base).await?),
                 None => Ok(()),
             }
         };
         let preflight = async {
             if self.config.verify_egress && arrival == Arrival::Created {
-                crate::egress_preflight::verify(self, id, plan.egress.as_ref()).await
+                crate::egress_preflight::verify(
+                    &self.guest,
+                    &self.engine,
+                    &self.config,
+                    id,
+                    plan.egress.as_ref(),
+                )
+                .await
             } else {
                 Ok(())
             }
@@ -511,7 +558,7 @@ impl BackendState {
     }
 
     /// Creates and starts the container (the OS re-check and the image presence check passed).
-    async fn create(self: &Arc<Self>, plan: &Plan<'_>) -> Result<Created, SandboxError> {
+    async fn create(&self, plan: &Plan<'_>) -> Result<Created, SandboxError> {
         // This create's mark: a container the engine makes after our create gave up (its
         // deadline passed, or the acquire was dropped) is found by it and removed, and only then.
         let mark = exec_wrapper::new_nonce()
@@ -520,7 +567,10 @@ impl BackendState {
             .to_owned();
         let mut labels: std::collections::HashMap<String, String> =
             plan.labels.iter().cloned().collect();
-        labels.insert(CREATE_MARK_LABEL.to_owned(), mark.clone());
+        labels.insert(
+            crate::containers::CREATE_MARK_LABEL.to_owned(),
+            mark.clone(),
+        );
         let keep_alive = match plan.egress {
             Some(_) => keep_alive_with_forwarder(KEEP_ALIVE),
             None => KEEP_ALIVE.to_owned(),
@@ -537,16 +587,17 @@ impl BackendState {
         // cannot cancel removes what the engine may still make under this name and this mark. It
         // takes the name's lock, so no acquire of the same key adopts the container meanwhile.
         let mut abandoned = {
-            let state = Arc::clone(self);
+            let name_locks = Arc::clone(&self.name_locks);
+            let containers = Arc::clone(&self.containers);
+            let patience = self.config.command_timeout;
             let name = plan.name.clone();
             let mark = mark.clone();
             CleanupOnDrop::armed("the removal of an abandoned create", async move {
-                let _serialised = state.lock_name(&name).await;
-                let patience = state.config.command_timeout;
-                state.remove_if_marked(&name, &mark, patience).await;
+                let _serialised = name_locks.lock(name.clone()).await;
+                containers.remove_if_marked(&name, &mark, patience).await;
             })
         };
-        let created = self.create_container(&shape).await;
+        let created = self.containers.create_container(&shape).await;
         if matches!(created, Err(SandboxError::EngineTimeout { .. })) {
             // Leave the guard armed: its task looks for what the engine may still make.
             return created;
@@ -561,7 +612,7 @@ impl BackendState {
         if self.declarations.os_families.is_empty() {
             return Ok(());
         }
-        match self.engine_os().await {
+        match self.containers.engine_os().await {
             Some(os) if os != "linux" => Err(SandboxError::OsFamilyNotSupported(format!(
                 "the engine at {} now reports OS {os:?}, not linux",
                 self.engine.endpoint()
@@ -580,154 +631,27 @@ impl BackendState {
 
     /// Removes a container that cannot serve, before a create takes its name.
     async fn replace(&self, id: &str) -> Result<(), SandboxError> {
-        self.remove(id).await.map(|_| ()).map_err(|failure| {
-            SandboxError::engine(format!(
-                "could not remove container {id} to replace it: {failure}"
-            ))
-        })
-    }
-
-    /// Another process created this container a moment ago and may be preparing the same base:
-    /// while the engine-side walk finds it missing, give that process the adopt budget before
-    /// doing it a second time.
-    async fn await_adopted_base(&self, id: &str, base: &str) -> Result<(), SandboxError> {
-        let until = Instant::now() + self.config.command_timeout;
-        let mut missing = self.plan_base(id, base).await?;
-        while !missing.is_empty() && Instant::now() < until {
-            tokio::time::sleep(ADOPT_POLL).await;
-            missing = self.plan_base(id, base).await?;
-        }
-        Ok(())
-    }
-
-    /// The host's part of a new container's storage base from the start of its guest call: the
-    /// engine-side walk (its refusals: a link or a non-directory among the components), then,
-    /// with an owner `predicted`, the missing suffix written with it once the engine answered the
-    /// exec's start (the upload holds the container's lock in the engine, which the start's
-    /// checks take too: after them, the two overlap).
-    async fn early_base(
-        &self,
-        id: &str,
-        base: &str,
-        predicted: Option<(u64, u64)>,
-        started: tokio::sync::oneshot::Receiver<()>,
-    ) -> Result<EarlyBase, SandboxError> {
-        let missing = self.plan_base(id, base).await?;
-        let written = match predicted {
-            Some((uid, gid)) if !missing.is_empty() => {
-                if started.await.is_err() {
-                    return Err(SandboxError::engine(
-                        "the guest call of the acquire did not start",
-                    ));
-                }
-                self.put_base(id, &missing, uid, gid).await?;
-                Some((uid, gid))
-            }
-            _ => None,
-        };
-        Ok(EarlyBase { missing, written })
-    }
-
-    /// Once the guest of a new container reported its ids: the missing suffix is the guest's, or
-    /// is written (again) with its ids. The engine applies an archive entry's owner to a
-    /// directory that exists, so a wrong prediction is corrected in place.
-    async fn settle_base(
-        &self,
-        id: &str,
-        early: EarlyBase,
-        (uid, gid): (u64, u64),
-    ) -> Result<(), SandboxError> {
-        if early.missing.is_empty() || early.written == Some((uid, gid)) {
-            return Ok(());
-        }
-        if let Some(predicted) = early.written {
-            tracing::info!(container = %id, ?predicted, uid, gid, "the guest's ids differ from the predicted owner; writing the base again");
-        }
-        self.put_base(id, &early.missing, uid, gid).await
-    }
-
-    /// The guest of a container this call did not create could not make the storage base: the
-    /// missing suffix the engine-side walk finds is created engine-side, owned by the guest's
-    /// ids, in an order the guest (which may be running) cannot race ([`guarded_base_archive`]).
-    async fn create_base_fallback(
-        self: &Arc<Self>,
-        id: &str,
-        base: &str,
-        (uid, gid): (u64, u64),
-    ) -> Result<(), SandboxError> {
-        let missing = self.plan_base(id, base).await?;
-        if missing.is_empty() {
-            return Ok(());
-        }
-        self.put_archive(id, "/", guarded_base_archive(&missing, uid, gid)?)
+        self.containers
+            .remove(id)
             .await
-    }
-
-    /// The engine-side walk of the base's directories, decided by the core.
-    async fn plan_base(&self, id: &str, base: &str) -> Result<Vec<String>, SandboxError> {
-        let directories = storage_base_directories(base)?;
-        let stats = bounded_join(
-            directories
-                .iter()
-                .map(|d| self.stat_kind(id, d.clone()))
-                .collect(),
-            crate::state::STAT_CONCURRENCY,
-        )
-        .await;
-        let mut kinds: Vec<Option<EntryKind>> = Vec::new();
-        for stat in stats {
-            let kind = stat?;
-            kinds.push(kind);
-            if kind.is_none() {
-                break;
-            }
-        }
-        plan_storage_base(base, &kinds)
-    }
-
-    /// One tar of the base's missing directories, extracted at `/` by the engine, each owned by
-    /// `uid` and `gid` (nothing of the guest's but the keep-alive runs yet).
-    async fn put_base(
-        &self,
-        id: &str,
-        missing: &[String],
-        uid: u64,
-        gid: u64,
-    ) -> Result<(), SandboxError> {
-        self.put_archive(id, "/", base_archive(missing, uid, gid)?)
-            .await
-    }
-
-    /// A backend-internal command through the wrapper, cwd `/`, under the command timeout.
-    pub(crate) async fn guest_internal(
-        self: &Arc<Self>,
-        id: &str,
-        argv: &[&str],
-    ) -> Result<sandbox_core::ExecOutput, SandboxError> {
-        let call = GuestCall::internal("/", argv, SMALL_BUDGET as u64, self.config.command_timeout);
-        match self.run_guest(id, call).await? {
-            GuestEnd::Ran(output) => Ok(output),
-            GuestEnd::Expired(_) => Err(SandboxError::EngineTimeout {
-                operation: format!("guest {}", argv.first().copied().unwrap_or("command")),
-                bound: self.config.command_timeout,
-            }),
-            GuestEnd::Overflowed => Err(SandboxError::engine(format!(
-                "guest {} wrote more than {SMALL_BUDGET} bytes",
-                argv.first().copied().unwrap_or("command")
-            ))),
-        }
+            .map(|_| ())
+            .map_err(|failure| {
+                SandboxError::engine(format!(
+                    "could not remove container {id} to replace it: {failure}"
+                ))
+            })
     }
 
     /// `find`: never creates, never removes. One engine request for a running container: its
     /// inspect.
     pub(crate) async fn find_sandbox(
-        self: &Arc<Self>,
+        &self,
         key: &SandboxKey,
         kind: &str,
     ) -> Result<Option<Arc<DockerSandbox>>, SandboxError> {
         let closed_name = docker_container_name(key, kind, "");
-        let _serialised = self.lock_name(&closed_name).await;
-        let record = match self.inspect(&closed_name).await? {
+        let _serialised = self.name_locks.lock(closed_name.clone()).await;
+        let record = match self.containers.inspect(&closed_name).await? {
             Some(record) => record,
             // Not closed: an allowlist sandbox of this key and kind, if any (its name carries
             // an egress id `find` cannot know).
@@ -748,27 +672,31 @@ impl BackendState {
                 egress_volume.as_deref(),
             )
             .map_err(|verdict| refusal(&name, verdict))?;
-        if self.is_retired(&record.id) {
+        if self.memory.retired.contains(&record.id) {
             return Err(SandboxError::Retired {
                 instance: record.id.clone(),
                 reason: "a timed-out command's kill did not land".to_owned(),
             });
         }
         if egress_volume.is_some() {
-            self.require_ready_proxy(&record).await?;
+            self.egress.require_ready_proxy(&record).await?;
         }
         match record.status() {
             "running" => {}
             "paused" => {
-                self.forget_warm(&record.id);
-                if self.wait_out_pause(&record.id).await? == PauseWait::Held {
-                    self.lifecycle(Lifecycle::Unpause, &record.id).await?;
+                self.memory.warm.forget(&record.id);
+                if self.containers.wait_out_pause(&record.id).await? == PauseWait::Held {
+                    self.containers
+                        .lifecycle(Lifecycle::Unpause, &record.id)
+                        .await?;
                 }
             }
             "created" | "exited" => {
-                self.forget_warm(&record.id);
+                self.memory.warm.forget(&record.id);
                 self.recheck_os().await?;
-                self.lifecycle(Lifecycle::Start, &record.id).await?;
+                self.containers
+                    .lifecycle(Lifecycle::Start, &record.id)
+                    .await?;
             }
             other => {
                 return Err(SandboxError::engine(format!(
@@ -786,9 +714,9 @@ impl BackendState {
         // under it) and the state. The image's tools were probed when this backend created the
         // container (a creation whose probe fails removes it); a wrapper call that fails before
         // its nonce probes them again, to name a missing one.
-        self.mark_subreaper(&record.id);
+        self.memory.probes.mark_subreaper(&record.id);
         let ceiling = self.declarations.limits;
-        self.remember(
+        self.memory.adoptions.remember(
             &name,
             Remembered {
                 key: key.clone(),
@@ -797,7 +725,7 @@ impl BackendState {
             },
         );
         Ok(Some(Arc::new(DockerSandbox::new(
-            Arc::clone(self),
+            self.handle_parts.clone(),
             record.id,
             base,
             false,
@@ -805,104 +733,15 @@ impl BackendState {
             ceiling.files_out,
         ))))
     }
-}
 
-/// What [`BackendState::early_base`] found and did.
-struct EarlyBase {
-    /// The base's missing suffix, outermost first.
-    missing: Vec<String>,
-    /// The owner it was written with, when it was.
-    written: Option<(u64, u64)>,
-}
-
-/// The owner a `Config.User` of the numeric form `uid:gid` names, without any lookup.
-fn numeric_owner(user: &str) -> Option<(u64, u64)> {
-    let (uid, gid) = user.split_once(':')?;
-    let number = |text: &str| {
-        (!text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
-            .then(|| text.parse::<u64>().ok())
-            .flatten()
-    };
-    Some((number(uid)?, number(gid)?))
-}
-
-/// The tar of directory entries (0755, owned by `uid` and `gid`) making `missing` at `/`.
-fn base_archive(missing: &[String], uid: u64, gid: u64) -> Result<Vec<u8>, SandboxError> {
-    directory_archive(missing.iter().map(|directory| (directory, uid, gid)))
-}
-
-/// A tar of directory entries (0755), in the order given, each with its owner, then the end.
-fn directory_archive<'a>(
-    entries: impl Iterator<Item = (&'a String, u64, u64)>,
-) -> Result<Vec<u8>, SandboxError> {
-    let mut archive = Vec::new();
-    for (directory, uid, gid) in entries {
-        let name = format!("{}/", directory.trim_start_matches('/'));
-        archive.extend(directory_entry(&name, uid, gid).map_err(SandboxError::invalid)?);
-    }
-    archive.extend([0u8; 1024]);
-    Ok(archive)
-}
-
-/// The missing directories for a container the guest may be running in, in one tar the engine
-/// extracts in order: first each directory, top down, owned by root (0755), then each again,
-/// bottom up, owned by `uid` and `gid` (the engine applies an entry's owner and mode to a
-/// directory that exists). Each directory becomes the guest's only after every directory below
-/// it has, and while its own parent is still root's, so no path the extraction changes can be
-/// moved by the guest while it does: the guest writes in none of them yet. No pause: an engine
-/// freeze that catches another caller's exec half-started holds the container until its host
-/// thaws it by hand (docs/docker-backend.md#storage-base).
-fn guarded_base_archive(missing: &[String], uid: u64, gid: u64) -> Result<Vec<u8>, SandboxError> {
-    let skeleton = missing.iter().map(|directory| (directory, 0, 0));
-    let handed_over = missing.iter().rev().map(|directory| (directory, uid, gid));
-    directory_archive(skeleton.chain(handed_over))
-}
-
-/// Any directory of the base the last walk did not find is an engine error.
-fn still_missing(base: &str, missing: &[String]) -> Result<(), SandboxError> {
-    if missing.is_empty() {
-        return Ok(());
-    }
-    Err(SandboxError::engine(format!(
-        "the storage base {base} is still missing {} after it was created",
-        missing.join(", ")
-    )))
-}
-
-fn min_limits(a: TransferLimits, b: TransferLimits) -> TransferLimits {
-    TransferLimits {
-        max_bytes_per_file: a.max_bytes_per_file.min(b.max_bytes_per_file),
-        max_total_bytes: a.max_total_bytes.min(b.max_total_bytes),
-        max_files: a.max_files.min(b.max_files),
-    }
-}
-
-/// The ownership refusals in core terms.
-#[cold]
-fn refusal(name: &str, verdict: Verdict) -> SandboxError {
-    match verdict {
-        Verdict::NotOurs => SandboxError::engine(format!(
-            "a container named {name} exists that this key did not create; dispose it"
-        )),
-        Verdict::OtherBase(recorded) => SandboxError::SpecMismatch(format!(
-            "container {name} records storage base {}; dispose before changing the storage base",
-            recorded.as_deref().unwrap_or("(none)")
-        )),
-        Verdict::OtherImage(image) => SandboxError::SpecMismatch(format!(
-            "container {name} runs image {}; dispose it before changing the image",
-            image.as_deref().unwrap_or("(none)")
-        )),
-        Verdict::OtherPolicy(difference) => SandboxError::SpecMismatch(format!(
-            "container {name}: {difference}; its runtime policy differs from this configuration; dispose it first"
-        )),
-    }
-}
-
-impl BackendState {
     /// The proxy of an allowlist plan, ready.
     async fn ensure_plan_proxy(&self, plan: &Plan<'_>) -> Result<(), SandboxError> {
         match &plan.egress {
-            Some(egress) => self.ensure_proxy(&plan.name, egress, &plan.labels).await,
+            Some(egress) => {
+                self.egress
+                    .ensure_proxy(&plan.name, egress, &plan.labels)
+                    .await
+            }
             None => Ok(()),
         }
     }
@@ -940,6 +779,7 @@ impl BackendState {
     ) -> Result<Vec<ContainerRecord>, SandboxError> {
         let selection = crate::ownership_labels::ContainerSelector::of_key(key, Some(kind));
         let ids: Vec<String> = self
+            .containers
             .listing(&selection)
             .await?
             .into_iter()
@@ -947,6 +787,7 @@ impl BackendState {
             .map(|(id, _)| id)
             .collect();
         Ok(self
+            .containers
             .inspect_many(&ids)
             .await?
             .into_iter()
@@ -980,151 +821,33 @@ impl BackendState {
         }
         Ok(found.pop())
     }
+}
 
-    /// Removes an allowlist sandbox's companions in a task the caller's drop cannot cancel.
-    async fn remove_companions_shielded(self: &Arc<Self>, name: &str) {
-        let state = Arc::clone(self);
-        let name = name.to_owned();
-        let _ = run_detached(async move {
-            for failure in state.remove_companions(&name).await {
-                tracing::warn!(sandbox = %name, %failure, "could not remove an egress companion");
-            }
-        })
-        .await;
+fn min_limits(a: TransferLimits, b: TransferLimits) -> TransferLimits {
+    TransferLimits {
+        max_bytes_per_file: a.max_bytes_per_file.min(b.max_bytes_per_file),
+        max_total_bytes: a.max_total_bytes.min(b.max_total_bytes),
+        max_files: a.max_files.min(b.max_files),
     }
 }
 
-/// The label carrying one create's mark (a per-call nonce). Other backends ignore it.
-const CREATE_MARK_LABEL: &str = "maf-sandbox.create-mark";
-
-impl BackendState {
-    /// Removes the container named `name` if it carries `mark`, looking for up to `patience` for one
-    /// the daemon is still making. A container without the mark is another create's and is kept.
-    async fn remove_if_marked(&self, name: &str, mark: &str, patience: Duration) {
-        let until = Instant::now() + patience;
-        loop {
-            match self.inspect(name).await {
-                Ok(Some(record)) => {
-                    if record.labels().get(CREATE_MARK_LABEL).map(String::as_str) == Some(mark) {
-                        if let Err(failure) = self.remove(&record.id).await {
-                            tracing::warn!(container = %name, %failure, "an abandoned create could not be removed");
-                        }
-                    }
-                    return;
-                }
-                Ok(None) | Err(_) if Instant::now() < until => {
-                    tokio::time::sleep(ABANDONED_CREATE_POLL).await;
-                }
-                Ok(None) | Err(_) => return,
-            }
-        }
-    }
-}
-
-/// How often an abandoned create is looked for.
-const ABANDONED_CREATE_POLL: Duration = Duration::from_millis(250);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_numeric_uid_and_gid_name_an_owner_without_a_lookup() {
-        assert_eq!(numeric_owner("1000:1000"), Some((1000, 1000)));
-        assert_eq!(numeric_owner("0:5"), Some((0, 5)));
-        for needs_a_lookup in [
-            "",
-            "agent",
-            "1000",
-            "agent:1000",
-            "1000:agent",
-            ":1000",
-            "1000:",
-            "-1:2",
-            "+1:2",
-            "1:2:3",
-            " 1:2",
-            "99999999999999999999999:1",
-        ] {
-            assert_eq!(numeric_owner(needs_a_lookup), None, "{needs_a_lookup:?}");
-        }
-    }
-
-    fn entries_of(archive: &[u8]) -> Vec<(String, u64, u64, u32)> {
-        tar::Archive::new(archive)
-            .entries()
-            .unwrap()
-            .map(|entry| {
-                let header = entry.unwrap().header().clone();
-                (
-                    header.path().unwrap().display().to_string(),
-                    header.uid().unwrap(),
-                    header.gid().unwrap(),
-                    header.mode().unwrap(),
-                )
-            })
-            .collect()
-    }
-
-    /// Root's skeleton top down, then the guest's ownership bottom up: when a directory becomes
-    /// the guest's, everything below it already is and its parent is still root's.
-    #[test]
-    fn the_guarded_base_archive_gives_each_directory_away_deepest_first() {
-        let missing = [
-            "/srv/a".to_owned(),
-            "/srv/a/b".to_owned(),
-            "/srv/a/b/work".to_owned(),
-        ];
-        let archive = guarded_base_archive(&missing, 1000, 100).unwrap();
-        assert_eq!(archive.len(), 512 * 6 + 1024);
-        assert!(archive[archive.len() - 1024..].iter().all(|&b| b == 0));
-        let entries = entries_of(&archive);
-        assert_eq!(
-            entries,
-            [
-                ("srv/a/".to_owned(), 0, 0, 0o755),
-                ("srv/a/b/".to_owned(), 0, 0, 0o755),
-                ("srv/a/b/work/".to_owned(), 0, 0, 0o755),
-                ("srv/a/b/work/".to_owned(), 1000, 100, 0o755),
-                ("srv/a/b/".to_owned(), 1000, 100, 0o755),
-                ("srv/a/".to_owned(), 1000, 100, 0o755),
-            ]
-        );
-        // The ordering property, for any depth: when entry i gives a directory to the guest,
-        // every directory the archive holds below it is the guest's already, and every one above
-        // it is still root's.
-        for (i, (name, ..)) in entries.iter().enumerate().filter(|(_, e)| e.1 == 1000) {
-            let owner_before = |other: &str| {
-                entries[..i]
-                    .iter()
-                    .rev()
-                    .find(|(n, ..)| n == other)
-                    .map(|e| e.1)
-            };
-            for (other, ..) in &entries[..3] {
-                if other.len() > name.len() && other.starts_with(name.as_str()) {
-                    assert_eq!(owner_before(other), Some(1000), "{other} under {name}");
-                }
-                if other.len() < name.len() && name.starts_with(other.as_str()) {
-                    assert_eq!(owner_before(other), Some(0), "{other} above {name}");
-                }
-            }
-        }
-        assert!(guarded_base_archive(&[], 1000, 100).unwrap() == vec![0u8; 1024]);
-    }
-
-    #[test]
-    fn the_base_archive_holds_the_missing_directories_then_the_end() {
-        let missing = ["/maf-sandbox".to_owned(), "/maf-sandbox/work".to_owned()];
-        let archive = base_archive(&missing, 1000, 100).unwrap();
-        assert_eq!(archive.len(), 512 * 2 + 1024);
-        let seen = entries_of(&archive);
-        assert_eq!(
-            seen,
-            [
-                ("maf-sandbox/".to_owned(), 1000, 100, 0o755),
-                ("maf-sandbox/work/".to_owned(), 1000, 100, 0o755)
-            ]
-        );
+/// The ownership refusals in core terms.
+#[cold]
+fn refusal(name: &str, verdict: Verdict) -> SandboxError {
+    match verdict {
+        Verdict::NotOurs => SandboxError::engine(format!(
+            "a container named {name} exists that this key did not create; dispose it"
+        )),
+        Verdict::OtherBase(recorded) => SandboxError::SpecMismatch(format!(
+            "container {name} records storage base {}; dispose before changing the storage base",
+            recorded.as_deref().unwrap_or("(none)")
+        )),
+        Verdict::OtherImage(image) => SandboxError::SpecMismatch(format!(
+            "container {name} runs image {}; dispose it before changing the image",
+            image.as_deref().unwrap_or("(none)")
+        )),
+        Verdict::OtherPolicy(difference) => SandboxError::SpecMismatch(format!(
+            "container {name}: {difference}; its runtime policy differs from this configuration; dispose it first"
+        )),
     }
 }

@@ -13,7 +13,11 @@ use sandbox_core::guest_path::check_bounds;
 use sandbox_core::{EntryKind, SandboxError};
 
 use crate::connection::ApiFailure;
-use crate::state::BackendState;
+use std::sync::Arc;
+
+use crate::config::DockerConfig;
+use crate::connection::EngineConnection;
+use crate::containers::Containers;
 use crate::tar_header::{first_entry_at, FirstEntry, TarStat, MAX_PREFIX};
 
 // Go's `os.FileMode` type bits, as the path-stat header carries them.
@@ -41,7 +45,35 @@ pub(crate) fn stat_from_mode(mode: u32, size: i64) -> TarStat {
     }
 }
 
-impl BackendState {
+/// How many engine stats run at once for one backend: an ancestor walk of a deep path waits for
+/// a slot rather than opening one request per component.
+pub(crate) const STAT_CONCURRENCY: usize = 8;
+
+/// The archive endpoints of the backend's containers, with the bound on stats in flight.
+#[derive(Debug)]
+pub(crate) struct Archive {
+    engine: EngineConnection,
+    config: Arc<DockerConfig>,
+    /// Tells a missing container from a missing path.
+    containers: Arc<Containers>,
+    /// Bounds the engine stats in flight (at most [`STAT_CONCURRENCY`]).
+    stat_slots: tokio::sync::Semaphore,
+}
+
+impl Archive {
+    pub(crate) fn new(
+        engine: EngineConnection,
+        config: Arc<DockerConfig>,
+        containers: Arc<Containers>,
+    ) -> Self {
+        Archive {
+            engine,
+            config,
+            containers,
+            stat_slots: tokio::sync::Semaphore::new(STAT_CONCURRENCY),
+        }
+    }
+
     /// The engine-side stat; `None` when the path does not exist.
     pub(crate) async fn engine_stat(
         &self,
@@ -73,7 +105,7 @@ impl BackendState {
                     .message()
                     .to_lowercase()
                     .contains("no such container")
-                    || self.inspect(id).await?.is_none()
+                    || self.containers.inspect(id).await?.is_none()
                 {
                     Err(SandboxError::SandboxGone {
                         instance: id.to_owned(),

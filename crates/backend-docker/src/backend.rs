@@ -5,15 +5,26 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sandbox_core::{
-    BackendDeclarations, Capability, DisposalFailure, DisposeSelector, Egress, Isolation,
-    IsolationScope, OsFamily, Sandbox, SandboxBackend, SandboxError, SandboxKey, SandboxLimits,
-    SandboxSpec, SandboxSummary, ScopePurge, TransferLimits,
+    BackendDeclarations, Capability, DisposalFailure, DisposeSelector, Egress, HealthCheck,
+    Isolation, IsolationScope, OsFamily, Sandbox, SandboxBackend, SandboxError, SandboxKey,
+    SandboxLimits, SandboxSpec, SandboxSummary, ScopePurge, TransferLimits,
 };
 
+use crate::acquire::Acquirer;
+use crate::archive::Archive;
 use crate::config::DockerConfig;
 use crate::connection::EngineConnection;
+use crate::containers::Containers;
+use crate::disposal::Disposal;
+use crate::egress::EgressCompanions;
 use crate::endpoint::Endpoint;
-use crate::state::BackendState;
+use crate::exec::Execs;
+use crate::guest_calls::GuestCalls;
+use crate::handle::HandleParts;
+use crate::memory::Memories;
+use crate::retirement::Retirement;
+use crate::sizing::Sizing;
+use crate::storage_base::StorageBase;
 use crate::BACKEND_NAME;
 
 const MIB: u64 = 1024 * 1024;
@@ -32,7 +43,12 @@ pub const TRANSFER_CEILING: TransferLimits = TransferLimits {
 /// of retired instances.
 #[derive(Debug, Clone)]
 pub struct DockerBackend {
-    state: Arc<BackendState>,
+    engine: EngineConnection,
+    config: Arc<DockerConfig>,
+    declarations: Arc<BackendDeclarations>,
+    sizing: Arc<Sizing>,
+    acquirer: Arc<Acquirer>,
+    disposal: Arc<Disposal>,
 }
 
 impl DockerBackend {
@@ -94,15 +110,103 @@ impl DockerBackend {
             api_version = %engine.api_version(),
             "engine endpoint pinned"
         );
-        Ok(DockerBackend {
-            state: Arc::new(BackendState::new(config, engine, declarations)),
-        })
+        Ok(DockerBackend::assemble(config, engine, declarations))
+    }
+
+    /// Builds the components over one pinned connection, each holding what it uses.
+    fn assemble(
+        config: DockerConfig,
+        engine: EngineConnection,
+        declarations: BackendDeclarations,
+    ) -> DockerBackend {
+        let config = Arc::new(config);
+        let memory = Arc::new(Memories::default());
+        let sizing = Arc::new(Sizing::new(engine.clone(), Arc::clone(&config)));
+        let containers = Arc::new(Containers::new(
+            engine.clone(),
+            Arc::clone(&config),
+            Arc::clone(&memory),
+        ));
+        let archive = Arc::new(Archive::new(
+            engine.clone(),
+            Arc::clone(&config),
+            Arc::clone(&containers),
+        ));
+        let execs = Arc::new(Execs::new(engine.clone(), Arc::clone(&containers)));
+        let retirement = Arc::new(Retirement::new(
+            Arc::clone(&containers),
+            Arc::clone(&memory),
+        ));
+        let guest = Arc::new(GuestCalls::new(
+            engine.clone(),
+            Arc::clone(&config),
+            execs,
+            Arc::clone(&containers),
+            Arc::clone(&retirement),
+            Arc::clone(&sizing),
+            Arc::clone(&memory),
+        ));
+        let egress = Arc::new(EgressCompanions::new(
+            engine.clone(),
+            Arc::clone(&config),
+            Arc::clone(&containers),
+            Arc::clone(&sizing),
+            Arc::clone(&memory),
+        ));
+        let disposal = Arc::new(Disposal::new(
+            Arc::clone(&containers),
+            Arc::clone(&egress),
+            Arc::clone(&memory),
+        ));
+        let handle_parts = HandleParts {
+            archive: Arc::clone(&archive),
+            guest: Arc::clone(&guest),
+            memory: Arc::clone(&memory),
+            command_timeout: config.command_timeout,
+        };
+        let acquirer = Arc::new(Acquirer {
+            engine: engine.clone(),
+            config: Arc::clone(&config),
+            declarations: declarations.clone(),
+            name_locks: Arc::default(),
+            sizing: Arc::clone(&sizing),
+            containers,
+            guest,
+            storage_base: StorageBase::new(archive, Arc::clone(&config)),
+            egress,
+            retirement,
+            memory,
+            handle_parts,
+        });
+        DockerBackend {
+            engine,
+            config,
+            declarations: Arc::new(declarations),
+            sizing,
+            acquirer,
+            disposal,
+        }
+    }
+
+    /// What this host needs for the backend, checked in order, each a [`HealthCheck`]:
+    /// `docker.context` (the endpoint resolves as the CLI would), `docker.engine` (it answers the
+    /// version negotiation), `docker.engine_os` (linux), `kernel.init` (the engine names an init
+    /// binary, for `--init`), `kernel.pids_cgroup` (this host has the pids controller, for
+    /// `--pids-limit`), `docker.image` (`config.default_image` is present), and, for `allowlist`
+    /// egress, `docker.egress_proxy_image` and `docker.outbound_network` (one
+    /// `docker.egress_proxy` not-applicable line when no proxy image is configured). Checks after a
+    /// failed endpoint or engine are not run. Reads only; changes nothing.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the engine request in flight; nothing is created.
+    pub async fn health_checks(config: &DockerConfig) -> Vec<HealthCheck> {
+        crate::health::checks(config).await
     }
 
     /// The pinned endpoint's context name: the named context, or `default` when the endpoint
     /// came from `DOCKER_HOST` or the default socket.
     pub fn context(&self) -> &str {
-        match &self.state.engine.endpoint().source {
+        match &self.engine.endpoint().source {
             crate::EndpointSource::Context(name) => name,
             _ => "default",
         }
@@ -110,17 +214,17 @@ impl DockerBackend {
 
     /// The pinned endpoint's address (`unix://…`, `tcp://…`, `ssh://…`).
     pub fn endpoint(&self) -> &str {
-        &self.state.engine.endpoint().host
+        &self.engine.endpoint().host
     }
 
     /// The pinned endpoint: address, what chose it, TLS material.
     pub fn pinned_endpoint(&self) -> &Endpoint {
-        self.state.engine.endpoint()
+        self.engine.endpoint()
     }
 
     /// The API version negotiated with the engine (`1.41` for an Engine 20.10).
     pub fn api_version(&self) -> String {
-        self.state.engine.api_version()
+        self.engine.api_version()
     }
 
     /// The CPUs and memory (bytes) every new sandbox gets, after clamping to the engine host
@@ -129,13 +233,13 @@ impl DockerBackend {
     /// # Cancel safety
     /// Dropping the future drops the engine request; a later call asks again.
     pub async fn sandbox_resources(&self) -> (f64, u64) {
-        let r = self.state.resources().await;
+        let r = self.sizing.resources().await;
         (r.nano_cpus as f64 / 1e9, r.memory_bytes as u64)
     }
 
     /// The configuration this backend runs with.
     pub fn config(&self) -> &DockerConfig {
-        &self.state.config
+        &self.config
     }
 
     /// The container name of (key, kind) (egress closed).
@@ -157,7 +261,7 @@ impl SandboxBackend for DockerBackend {
     }
 
     fn declarations(&self) -> &BackendDeclarations {
-        &self.state.declarations
+        &self.declarations
     }
 
     async fn acquire(
@@ -165,7 +269,7 @@ impl SandboxBackend for DockerBackend {
         key: &SandboxKey,
         spec: &SandboxSpec,
     ) -> Result<Arc<dyn Sandbox>, SandboxError> {
-        let handle = self.state.acquire_sandbox(key, spec).await?;
+        let handle = self.acquirer.acquire_sandbox(key, spec).await?;
         Ok(handle)
     }
 
@@ -175,7 +279,7 @@ impl SandboxBackend for DockerBackend {
         kind: &str,
     ) -> Result<Option<Arc<dyn Sandbox>>, SandboxError> {
         Ok(self
-            .state
+            .acquirer
             .find_sandbox(key, kind)
             .await?
             .map(|handle| handle as Arc<dyn Sandbox>))
@@ -186,11 +290,11 @@ impl SandboxBackend for DockerBackend {
         key: &SandboxKey,
         selector: DisposeSelector,
     ) -> Option<DisposalFailure> {
-        self.state.dispose_key(key, &selector).await
+        self.disposal.dispose_key(key, &selector).await
     }
 
     async fn dispose_scope(&self, scope: &str, thread_id: &str) -> ScopePurge {
-        self.state.dispose_conversation(scope, thread_id).await
+        self.disposal.dispose_conversation(scope, thread_id).await
     }
 
     async fn list(
@@ -198,7 +302,7 @@ impl SandboxBackend for DockerBackend {
         scope: &str,
         thread_id: Option<&str>,
     ) -> Result<Vec<SandboxSummary>, SandboxError> {
-        self.state.list_sandboxes(scope, thread_id).await
+        self.disposal.list_sandboxes(scope, thread_id).await
     }
 
     /// The engine's data root (containers' file systems and volumes) when the engine runs on this
@@ -207,9 +311,9 @@ impl SandboxBackend for DockerBackend {
         if !self.endpoint().starts_with("unix://") {
             return Ok(Vec::new());
         }
-        let engine = &self.state.engine;
+        let engine = &self.engine;
         let info = engine
-            .call(self.state.config.command_timeout, engine.api().info())
+            .call(self.config.command_timeout, engine.api().info())
             .await
             .map_err(|f| engine.failure("engine info", f))?;
         Ok(info

@@ -14,9 +14,12 @@ use bollard::query_parameters::{
 use futures_util::StreamExt as _;
 use sandbox_core::{DisposalCode, DisposalFailure, SandboxError};
 
+use crate::bounded::bounded_join;
+use crate::config::DockerConfig;
+use crate::connection::EngineConnection;
 use crate::connection::{quote, ApiFailure};
+use crate::memory::Memories;
 use crate::ownership_labels::{ContainerRecord, ContainerSelector};
-use crate::state::{bounded_join, BackendState};
 
 /// How many inspects of a listing run at once.
 const INSPECT_CONCURRENCY: usize = 8;
@@ -98,7 +101,28 @@ pub(crate) fn hardened_host_config(hardening: Hardening<'_>) -> HostConfig {
     }
 }
 
-impl BackendState {
+/// The backend's containers on the engine: inspect, list, create, start, unpause, remove, and
+/// the images they run. A removal forgets what this process remembered about the container.
+#[derive(Debug)]
+pub(crate) struct Containers {
+    engine: EngineConnection,
+    config: Arc<DockerConfig>,
+    memory: Arc<Memories>,
+}
+
+impl Containers {
+    pub(crate) fn new(
+        engine: EngineConnection,
+        config: Arc<DockerConfig>,
+        memory: Arc<Memories>,
+    ) -> Self {
+        Containers {
+            engine,
+            config,
+            memory,
+        }
+    }
+
     /// One container by name or id; `None` when the engine says it is absent.
     pub(crate) async fn inspect(
         &self,
@@ -359,17 +383,17 @@ impl BackendState {
                 ))
             }
         };
-        self.forget_instance(id);
+        self.memory.forget_instance(id);
         Ok(removal)
     }
 
     /// Removes a container this call created and must not leave behind, in a task the caller's
     /// drop cannot cancel.
     pub(crate) async fn remove_shielded(self: &Arc<Self>, id: &str) {
-        let state = Arc::clone(self);
+        let containers = Arc::clone(self);
         let id = id.to_owned();
         let _ = sandbox_core::backend_kit::run_detached(async move {
-            if let Err(failure) = state.remove(&id).await {
+            if let Err(failure) = containers.remove(&id).await {
                 tracing::warn!(container = %id, %failure, "could not remove a half-made sandbox");
             }
         })
@@ -412,6 +436,28 @@ impl BackendState {
         }
     }
 
+    /// Removes the container named `name` if it carries `mark`, looking for up to `patience` for one
+    /// the daemon is still making. A container without the mark is another create's and is kept.
+    pub(crate) async fn remove_if_marked(&self, name: &str, mark: &str, patience: Duration) {
+        let until = tokio::time::Instant::now() + patience;
+        loop {
+            match self.inspect(name).await {
+                Ok(Some(record)) => {
+                    if record.labels().get(CREATE_MARK_LABEL).map(String::as_str) == Some(mark) {
+                        if let Err(failure) = self.remove(&record.id).await {
+                            tracing::warn!(container = %name, %failure, "an abandoned create could not be removed");
+                        }
+                    }
+                    return;
+                }
+                Ok(None) | Err(_) if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(ABANDONED_CREATE_POLL).await;
+                }
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+
     #[cold]
     pub(crate) fn image_missing(&self, image: &str, reason: &str) -> SandboxError {
         SandboxError::ImageMissing {
@@ -435,6 +481,12 @@ impl BackendState {
     }
 }
 
+/// The label carrying one create's mark (a per-call nonce). Other backends ignore it.
+pub(crate) const CREATE_MARK_LABEL: &str = "maf-sandbox.create-mark";
+
+/// How often an abandoned create is looked for.
+const ABANDONED_CREATE_POLL: Duration = Duration::from_millis(250);
+
 /// How long a caller waits out a pause someone else holds (one archive upload, for the pause of
 /// an earlier version of this crate).
 pub(crate) const PAUSE_WAIT: Duration = Duration::from_secs(10);
@@ -442,7 +494,7 @@ pub(crate) const PAUSE_WAIT: Duration = Duration::from_secs(10);
 /// Between two looks at a paused container.
 const PAUSE_POLL: Duration = Duration::from_millis(25);
 
-/// How [`BackendState::wait_out_pause`] ended.
+/// How [`Containers::wait_out_pause`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PauseWait {
     /// The container was not paused when looked at; `running` when it was running (a pause that

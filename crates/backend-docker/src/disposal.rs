@@ -14,12 +14,39 @@ use sandbox_core::{
 use crate::containers::Removal;
 use crate::egress_names::{is_proxy_name, proxy_name, volume_name};
 use crate::ownership_labels::{ContainerRecord, ContainerSelector};
-use crate::state::{bounded_join, BackendState};
+use std::sync::Arc;
+
+use crate::bounded::bounded_join;
+use crate::containers::Containers;
+use crate::egress::EgressCompanions;
+use crate::memory::Memories;
 
 /// How many removals run at once.
 const REMOVAL_CONCURRENCY: usize = 4;
 
-impl BackendState {
+/// `list`, `dispose` and `dispose_scope` over the engine's labels.
+#[derive(Debug)]
+pub(crate) struct Disposal {
+    containers: Arc<Containers>,
+    /// An allowlist sandbox's proxy and volume go with it.
+    egress: Arc<EgressCompanions>,
+    /// What this process made, swept when the engine's listing fails; and what it retired.
+    memory: Arc<Memories>,
+}
+
+impl Disposal {
+    pub(crate) fn new(
+        containers: Arc<Containers>,
+        egress: Arc<EgressCompanions>,
+        memory: Arc<Memories>,
+    ) -> Self {
+        Disposal {
+            containers,
+            egress,
+            memory,
+        }
+    }
+
     /// Workloads only: phase-2 proxies are never selected as workloads.
     fn workloads(listed: Vec<(String, String)>) -> Vec<(String, String)> {
         listed
@@ -39,9 +66,9 @@ impl BackendState {
             thread: thread.map(str::to_owned),
             ..ContainerSelector::default()
         };
-        let listed = Self::workloads(self.listing(&selection).await?);
+        let listed = Self::workloads(self.containers.listing(&selection).await?);
         let ids: Vec<String> = listed.into_iter().map(|(id, _)| id).collect();
-        let records = self.inspect_many(&ids).await?;
+        let records = self.containers.inspect_many(&ids).await?;
         let mut summaries: Vec<SandboxSummary> =
             records.iter().map(|record| self.summary(record)).collect();
         summaries.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
@@ -72,7 +99,7 @@ impl BackendState {
                     call_id: call?,
                 })
             });
-        let state = if self.is_retired(&record.id) {
+        let state = if self.memory.retired.contains(&record.id) {
             SandboxState::Retired
         } else {
             match record.status() {
@@ -96,7 +123,7 @@ impl BackendState {
         let mut removed = 0u32;
         let mut failures = Vec::new();
         let results = bounded_join(
-            ids.iter().map(|id| self.remove(id)).collect(),
+            ids.iter().map(|id| self.containers.remove(id)).collect(),
             REMOVAL_CONCURRENCY,
         )
         .await;
@@ -116,7 +143,7 @@ impl BackendState {
     async fn sweep_targets(&self, selection: &ContainerSelector) -> (Sweep, Vec<DisposalFailure>) {
         let mut sweep = Sweep::default();
         let mut failures = Vec::new();
-        match self.listing(selection).await {
+        match self.containers.listing(selection).await {
             Ok(listed) => {
                 for (id, name) in listed {
                     if is_proxy_name(&name) {
@@ -127,8 +154,10 @@ impl BackendState {
                 }
             }
             Err(error) => {
-                for (name, remembered) in
-                    self.remembered_matching(|r| selection.matches(&r.key, &r.kind))
+                for (name, remembered) in self
+                    .memory
+                    .adoptions
+                    .matching(|r| selection.matches(&r.key, &r.kind))
                 {
                     sweep.workloads.push(remembered.id);
                     sweep.proxies.push(proxy_name(&name));
@@ -140,7 +169,7 @@ impl BackendState {
                 ));
             }
         }
-        match self.volume_listing(selection).await {
+        match self.egress.volume_listing(selection).await {
             Ok(volumes) => sweep.volumes.extend(volumes),
             Err(error) => failures.push(DisposalFailure::new(
                 DisposalCode::Unlisted,
@@ -168,7 +197,7 @@ impl BackendState {
             sweep
                 .volumes
                 .iter()
-                .map(|volume| self.remove_volume(volume))
+                .map(|volume| self.egress.remove_volume(volume))
                 .collect(),
             REMOVAL_CONCURRENCY,
         )
@@ -206,7 +235,7 @@ impl BackendState {
         if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
-        let record = match self.inspect(id).await {
+        let record = match self.containers.inspect(id).await {
             Ok(Some(record)) => record,
             Ok(None) => return None,
             Err(error) => return Some(failure_of(&error, id)),
@@ -216,12 +245,12 @@ impl BackendState {
         if !record.owned_by(key, kind) || is_proxy_name(record.bare_name()) {
             return None;
         }
-        if let Err(failure) = self.remove(&record.id).await {
+        if let Err(failure) = self.containers.remove(&record.id).await {
             return Some(failure);
         }
         // A closed workload has no companions.
         record.expected_egress_volume()?;
-        DisposalFailure::fold(self.remove_companions(record.bare_name()).await)
+        DisposalFailure::fold(self.egress.remove_companions(record.bare_name()).await)
     }
 
     /// `dispose_scope`. Never raises.

@@ -17,6 +17,7 @@ use bollard::query_parameters::{
     ListVolumesOptionsBuilder, LogsOptionsBuilder, RemoveVolumeOptionsBuilder,
 };
 use futures_util::StreamExt as _;
+use sandbox_core::backend_kit::run_detached;
 use sandbox_core::{DisposalCode, DisposalFailure, Egress, EgressEntry, SandboxError, SandboxSpec};
 use sha2::{Digest as _, Sha256};
 
@@ -27,7 +28,13 @@ use crate::egress_names::{
     proxy_name, volume_name, FORWARDER, HANDOFF_SOCKET, LABEL_EGRESS_V1, LABEL_ROLE, PROXY_SOCKET,
 };
 use crate::ownership_labels::{ContainerRecord, ContainerSelector};
-use crate::state::BackendState;
+use std::sync::Arc;
+
+use crate::connection::EngineConnection;
+use crate::containers::Containers;
+use crate::egress_host::HostAddresses;
+use crate::memory::Memories;
+use crate::sizing::Sizing;
 
 /// The contract line a proxy prints on stdout once its socket and forwarder are in place.
 const READY_LINE: &str = "maf-egress-proxy ready v1";
@@ -193,7 +200,42 @@ pub(crate) fn log_tail(text: &str) -> String {
         .join("\n")
 }
 
-impl BackendState {
+/// An allowlist sandbox's companions on the engine: its egress proxy and the volume it shares
+/// with the workload.
+#[derive(Debug)]
+pub(crate) struct EgressCompanions {
+    engine: EngineConnection,
+    config: Arc<DockerConfig>,
+    containers: Arc<Containers>,
+    /// What the proxy is told to deny besides the gateways.
+    host_addresses: HostAddresses,
+    /// The proxy's resources, as a workload's.
+    sizing: Arc<Sizing>,
+    memory: Arc<Memories>,
+}
+
+impl EgressCompanions {
+    pub(crate) fn new(
+        engine: EngineConnection,
+        config: Arc<DockerConfig>,
+        containers: Arc<Containers>,
+        sizing: Arc<Sizing>,
+        memory: Arc<Memories>,
+    ) -> Self {
+        EgressCompanions {
+            host_addresses: HostAddresses::new(
+                engine.clone(),
+                Arc::clone(&config),
+                Arc::clone(&containers),
+            ),
+            engine,
+            config,
+            containers,
+            sizing,
+            memory,
+        }
+    }
+
     /// Makes sure the sandbox `workload` has a ready proxy running `plan`: an owned proxy that is
     /// running with this policy's digest and has said it is ready is kept; anything else is
     /// replaced (the volume is created when missing). Never returns before the ready line.
@@ -228,7 +270,7 @@ impl BackendState {
         labels: &[(String, String)],
     ) -> Result<bool, SandboxError> {
         let name = proxy_name(workload);
-        if let Some(existing) = self.inspect(&name).await? {
+        if let Some(existing) = self.containers.inspect(&name).await? {
             let owned = owned_like(&existing.labels(), labels);
             if !owned {
                 return Err(SandboxError::engine(format!(
@@ -241,26 +283,33 @@ impl BackendState {
             // rotated since).
             let current = existing.labels().get(LABEL_EGRESS_V1) == Some(&plan.digest)
                 && matches!(existing.status(), "running" | "created");
-            if current && existing.status() == "running" && self.is_ready_proxy(&existing.id) {
+            if current
+                && existing.status() == "running"
+                && self.memory.ready_proxies.contains(&existing.id)
+            {
                 return Ok(true);
             }
             if current && self.await_ready(&name, &existing.id).await.is_ok() {
                 return Ok(true);
             }
             tracing::info!(proxy = %name, "replacing an egress proxy that is stopped, not ready or on another policy");
-            self.remove(&existing.id).await.map_err(|failure| {
-                SandboxError::engine(format!(
-                    "could not remove the egress proxy {name} to replace it: {failure}"
-                ))
-            })?;
+            self.containers
+                .remove(&existing.id)
+                .await
+                .map_err(|failure| {
+                    SandboxError::engine(format!(
+                        "could not remove the egress proxy {name} to replace it: {failure}"
+                    ))
+                })?;
         }
         // Present, or one explicit bounded pull, as for a workload's image (ImageMissing else).
-        self.ensure_image(&plan.image).await?;
+        self.containers.ensure_image(&plan.image).await?;
         // Never dialled: the outbound network's gateways and every address of the engine host
         // (a service on the host bound to 0.0.0.0 answers on all of them).
         let mut denied = self.outbound_gateways(&plan.network).await?;
         denied.extend(
-            self.engine_host_addresses(&plan.image)
+            self.host_addresses
+                .addresses(&plan.image)
                 .await?
                 .iter()
                 .map(ToString::to_string),
@@ -272,7 +321,7 @@ impl BackendState {
         let mut proxy_labels: HashMap<String, String> = labels.iter().cloned().collect();
         proxy_labels.insert(LABEL_ROLE.to_owned(), "proxy".to_owned());
         proxy_labels.insert(LABEL_EGRESS_V1.to_owned(), plan.digest.clone());
-        let resources = self.resources().await;
+        let resources = self.sizing.resources().await;
         let host_config = HostConfig {
             readonly_rootfs: Some(true),
             // Readable logs (the ready line), bounded on disk: one line per request.
@@ -298,6 +347,7 @@ impl BackendState {
             ..ContainerCreateBody::default()
         };
         let id = match self
+            .containers
             .create_named(&name, &plan.image, body, "egress proxy create")
             .await?
         {
@@ -308,7 +358,7 @@ impl BackendState {
             Err(_taken) => {
                 let until = tokio::time::Instant::now() + self.config.command_timeout;
                 let existing = loop {
-                    match self.inspect(&name).await? {
+                    match self.containers.inspect(&name).await? {
                         Some(existing) => break existing,
                         None if tokio::time::Instant::now() < until => {
                             tokio::time::sleep(READY_POLL).await;
@@ -328,14 +378,14 @@ impl BackendState {
         };
         let result = self.start_proxy(&name, &id).await;
         if result.is_err() {
-            let _ = self.remove(&id).await;
+            let _ = self.containers.remove(&id).await;
         }
         result.map(|()| true)
     }
 
     /// Starts a created proxy, checks it is not root, and waits for its ready line.
     async fn start_proxy(&self, name: &str, id: &str) -> Result<(), SandboxError> {
-        let record = self.inspect(id).await?.ok_or_else(|| {
+        let record = self.containers.inspect(id).await?.ok_or_else(|| {
             SandboxError::engine(format!("the egress proxy {name} vanished after its create"))
         })?;
         if record.runs_as_root() {
@@ -344,7 +394,7 @@ impl BackendState {
                 record.image().unwrap_or("(unknown)")
             )));
         }
-        self.lifecycle(Lifecycle::Start, id).await?;
+        self.containers.lifecycle(Lifecycle::Start, id).await?;
         self.await_ready(name, id).await
     }
 
@@ -358,12 +408,12 @@ impl BackendState {
         for poll in 0..READY_POLLS {
             let (ready, text) = self.proxy_ready(id).await?;
             if ready {
-                self.mark_ready_proxy(id);
+                self.memory.ready_proxies.mark(id);
                 return Ok(());
             }
             logs = text;
             if poll % 4 == 3 {
-                if let Some(record) = self.inspect(id).await? {
+                if let Some(record) = self.containers.inspect(id).await? {
                     if matches!(record.status(), "exited" | "dead") {
                         break;
                     }
@@ -497,7 +547,7 @@ impl BackendState {
     ) -> Result<(), SandboxError> {
         let name = proxy_name(workload.bare_name());
         let labels: Vec<(String, String)> = workload.labels().into_iter().collect();
-        let ready = match self.inspect(&name).await? {
+        let ready = match self.containers.inspect(&name).await? {
             Some(proxy) if owned_like(&proxy.labels(), &labels) && proxy.status() == "running" => {
                 self.proxy_ready(&proxy.id).await?.0
             }
@@ -517,13 +567,25 @@ impl BackendState {
     /// fine; a failure is `unknown`.
     pub(crate) async fn remove_companions(&self, workload: &str) -> Vec<DisposalFailure> {
         let mut failures = Vec::new();
-        if let Err(failure) = self.remove(&proxy_name(workload)).await {
+        if let Err(failure) = self.containers.remove(&proxy_name(workload)).await {
             failures.push(companion_failure(failure));
         }
         if let Err(failure) = self.remove_volume(&volume_name(workload)).await {
             failures.push(failure);
         }
         failures
+    }
+
+    /// Removes an allowlist sandbox's companions in a task the caller's drop cannot cancel.
+    pub(crate) async fn remove_companions_shielded(self: &Arc<Self>, name: &str) {
+        let companions = Arc::clone(self);
+        let name = name.to_owned();
+        let _ = run_detached(async move {
+            for failure in companions.remove_companions(&name).await {
+                tracing::warn!(sandbox = %name, %failure, "could not remove an egress companion");
+            }
+        })
+        .await;
     }
 
     /// Removes one volume; absent is fine. Never raises: a failure is `unknown`.

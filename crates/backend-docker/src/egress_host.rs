@@ -29,7 +29,11 @@ use futures_util::StreamExt as _;
 use sandbox_core::SandboxError;
 
 use crate::egress_names::LABEL_ROLE;
-use crate::state::BackendState;
+use std::sync::Arc;
+
+use crate::config::DockerConfig;
+use crate::connection::EngineConnection;
+use crate::containers::{Containers, Lifecycle};
 
 /// How long one reading of the host's addresses is used for new proxies.
 pub(crate) const HOST_ADDRESSES_TTL: Duration = Duration::from_secs(300);
@@ -70,7 +74,30 @@ pub(crate) fn worth_denying(addresses: &[IpAddr]) -> Vec<IpAddr> {
     kept
 }
 
-impl BackendState {
+/// The engine host's addresses the egress proxy denies, as last read, and when.
+#[derive(Debug)]
+pub(crate) struct HostAddresses {
+    engine: EngineConnection,
+    config: Arc<DockerConfig>,
+    /// Makes, starts and removes the listing container.
+    containers: Arc<Containers>,
+    last_read: tokio::sync::Mutex<Option<(Instant, Vec<IpAddr>)>>,
+}
+
+impl HostAddresses {
+    pub(crate) fn new(
+        engine: EngineConnection,
+        config: Arc<DockerConfig>,
+        containers: Arc<Containers>,
+    ) -> Self {
+        HostAddresses {
+            engine,
+            config,
+            containers,
+            last_read: tokio::sync::Mutex::new(None),
+        }
+    }
+
     /// The engine host's interface addresses worth denying, read through `image` (the proxy
     /// image, present) at most once per [`HOST_ADDRESSES_TTL`].
     ///
@@ -81,11 +108,8 @@ impl BackendState {
     /// # Cancel safety and drop
     /// A dropped call may leave its listing container behind, exited (it runs for a moment)
     /// and labelled `maf-sandbox.role=host-addresses`; nothing is cached then.
-    pub(crate) async fn engine_host_addresses(
-        &self,
-        image: &str,
-    ) -> Result<Vec<IpAddr>, SandboxError> {
-        let mut read = self.host_addresses.lock().await;
+    pub(crate) async fn addresses(&self, image: &str) -> Result<Vec<IpAddr>, SandboxError> {
+        let mut read = self.last_read.lock().await;
         if let Some((at, addresses)) = read.as_ref() {
             if at.elapsed() < HOST_ADDRESSES_TTL {
                 return Ok(addresses.clone());
@@ -119,6 +143,7 @@ impl BackendState {
             ..ContainerCreateBody::default()
         };
         let id = match self
+            .containers
             .create_named(&name, image, body, "host address listing create")
             .await?
         {
@@ -131,7 +156,7 @@ impl BackendState {
         };
         // The listing runs the proxy image: one that runs as root is refused before anything of
         // it starts, as the proxy itself is.
-        let listed = match self.inspect(&id).await {
+        let listed = match self.containers.inspect(&id).await {
             Ok(Some(record)) if record.runs_as_root() => Err(SandboxError::engine(format!(
                 "the egress proxy image {image} runs as root; it must name a non-root user"
             ))),
@@ -141,7 +166,7 @@ impl BackendState {
             ))),
             Err(error) => Err(error),
         };
-        if let Err(failure) = self.remove(&id).await {
+        if let Err(failure) = self.containers.remove(&id).await {
             tracing::warn!(container = %id, %failure, "could not remove the host address listing");
         }
         let text = listed?;
@@ -156,8 +181,7 @@ impl BackendState {
 
     /// Starts the listing container, waits for it to exit, and reads its stdout.
     async fn run_listing(&self, id: &str) -> Result<String, SandboxError> {
-        self.lifecycle(crate::containers::Lifecycle::Start, id)
-            .await?;
+        self.containers.lifecycle(Lifecycle::Start, id).await?;
         let deadline = self.config.command_timeout;
         let wait = async {
             let options = WaitContainerOptionsBuilder::new()

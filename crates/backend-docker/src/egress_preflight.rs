@@ -8,11 +8,13 @@ use std::time::Duration;
 use sandbox_core::SandboxError;
 use token_server::TokenServer;
 
+use crate::config::DockerConfig;
 use crate::config::EgressProbe;
 use crate::connection::quote as tail;
+use crate::connection::EngineConnection;
 use crate::egress::{gateway_from_ipam, EgressPlan};
-use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
-use crate::state::BackendState;
+use crate::guest_calls::GuestCalls;
+use crate::guest_calls::{GuestCall, GuestEnd, SMALL_BUDGET};
 
 /// The whole probe's bound.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -52,13 +54,15 @@ fn allowed_url(egress: &EgressPlan) -> String {
 
 /// Runs the preflight against a freshly created sandbox.
 pub(crate) async fn verify(
-    shared: &Arc<BackendState>,
+    guest: &Arc<GuestCalls>,
+    engine: &EngineConnection,
+    config: &DockerConfig,
     id: &str,
     egress: Option<&EgressPlan>,
 ) -> Result<(), SandboxError> {
-    let address = match shared.config.egress_probe.token_server {
+    let address = match config.egress_probe.token_server {
         Some(address) => address,
-        None => bridge_gateway(shared).await?,
+        None => bridge_gateway(engine, config).await?,
     };
     let token = fresh_token()?;
     let server = serve_token(address, &token).await?;
@@ -72,7 +76,7 @@ pub(crate) async fn verify(
             "egress preflight: the host could not fetch its own token from {url}"
         )));
     }
-    let probe = &shared.config.egress_probe;
+    let probe = &config.egress_probe;
     let (direct, proxy) = match egress {
         Some(egress) => (
             allowed_url(egress),
@@ -93,7 +97,7 @@ pub(crate) async fn verify(
         proxy.as_str(),
     ];
     let call = GuestCall::internal("/", &argv, SMALL_BUDGET as u64, PROBE_TIMEOUT);
-    let end = shared.run_guest(id, call).await;
+    let end = guest.run_guest(id, call).await;
     drop(server);
     verdict(end?, probe, &url, egress.map(|_| direct.as_str()))
 }
@@ -158,18 +162,20 @@ fn fresh_token() -> Result<String, SandboxError> {
 }
 
 /// The default bridge's gateway: an address the engine can route to, on this host.
-async fn bridge_gateway(state: &BackendState) -> Result<IpAddr, SandboxError> {
-    let network = state
-        .engine
+async fn bridge_gateway(
+    engine: &EngineConnection,
+    config: &DockerConfig,
+) -> Result<IpAddr, SandboxError> {
+    let network = engine
         .call(
-            state.config.command_timeout,
-            state.engine.api().inspect_network(
+            config.command_timeout,
+            engine.api().inspect_network(
                 "bridge",
                 None::<bollard::query_parameters::InspectNetworkOptions>,
             ),
         )
         .await
-        .map_err(|f| state.engine.failure("network inspect bridge", f))?;
+        .map_err(|f| engine.failure("network inspect bridge", f))?;
     let answer: String = network
         .ipam
         .and_then(|ipam| ipam.config)

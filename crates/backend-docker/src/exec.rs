@@ -1,135 +1,29 @@
 //! Commands in a container through the Engine API: exec create, attached start with stdin fed
-//! from the caller and stdout and stderr demultiplexed into stream chunks as they arrive, the
-//! exit code from the exec inspect, and the remote kill that follows an expired, over-budget or
-//! dropped command. The collected form is a collector over the same stream.
+//! from the caller and stdout and stderr demultiplexed to a sink as they arrive, and the exit code
+//! from the exec inspect. What runs (the wrapper, its kill) is [`crate::guest_calls`]'s.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use exec_wrapper::{
-    docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, exec_init_argv,
-    init_status_argv, init_status_confirms, new_nonce, raw_invocation, read_tool_probe,
-    tool_probe_argv, tree_kill_argv, ExitKind, KillFailure, KillOutcome, KillReport, Nonce,
-    OutputSink, Stream, ToolProbeOutcome, WrapperOutcome, DOCKER_INIT_PATH, DOCKER_TOOLS,
-    EXEC_INIT_PATH, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
-};
+use exec_wrapper::{OutputSink, Stream};
 use futures_util::StreamExt as _;
-use sandbox_core::backend_kit::ExecStreamSender;
-use sandbox_core::{
-    ExecEnv, ExecExit, ExecOutput, ExecStdin, ExecStream, GuestCleanup, SandboxError,
-};
+use sandbox_core::{ExecStdin, SandboxError};
 use tokio::io::AsyncWriteExt as _;
-use wrapper_stream::WrapperStreamSink;
 
-use crate::connection::{quote, ApiFailure};
-use crate::containers::PauseWait;
-use crate::guest_scripts::{
-    parse_prepare, PREPARE_EXIT_FALLBACK, PREPARE_EXIT_NO_IDS, PREPARE_EXIT_UNWRITABLE,
-    PREPARE_SCRIPT,
-};
-use crate::state::{BackendState, CallInit};
-
-/// One command through the exec wrapper.
-pub(crate) struct GuestCall<'a> {
-    pub(crate) cwd: &'a str,
-    pub(crate) argv: Vec<Vec<u8>>,
-    pub(crate) env: Option<&'a ExecEnv>,
-    pub(crate) stdin: ExecStdin,
-    /// The total of the command's stdout and stderr (`None`: a stream without a total).
-    pub(crate) budget: Option<u64>,
-    pub(crate) timeout: Duration,
-}
-
-impl<'a> GuestCall<'a> {
-    /// A backend-internal command: cwd as given, no env, no stdin.
-    pub(crate) fn internal<A: AsRef<[u8]>>(
-        cwd: &'a str,
-        argv: &[A],
-        budget: u64,
-        timeout: Duration,
-    ) -> Self {
-        GuestCall {
-            cwd,
-            argv: argv.iter().map(|a| a.as_ref().to_vec()).collect(),
-            env: None,
-            stdin: ExecStdin::Closed,
-            budget: Some(budget),
-            timeout,
-        }
-    }
-}
-
-/// How a wrapper call ended.
-#[derive(Debug)]
-pub(crate) enum GuestEnd {
-    /// The command ran to completion (any exit status).
-    Ran(ExecOutput),
-    /// The deadline passed; the guest side ended as the cleanup says.
-    Expired(GuestCleanup),
-    /// The output budget was exceeded; the guest side was killed (how it ended is logged).
-    Overflowed,
-}
-
-/// [`BackendState::prepare_guest`]'s sink: collects like [`CollectSink`], and hands the stdout
-/// so far to the host once the script asks for the engine-side fallback.
-struct PrepareSink {
-    collected: CollectSink,
-    asked: Option<tokio::sync::oneshot::Sender<Vec<u8>>>,
-}
-
-impl OutputSink for PrepareSink {
-    async fn accept(&mut self, stream: Stream, bytes: &[u8]) -> Result<(), exec_wrapper::Error> {
-        self.collected.accept(stream, bytes).await?;
-        let stdout = &self.collected.stdout;
-        if stream == Stream::Stdout
-            && self.asked.is_some()
-            && stdout
-                .split(|b| *b == b'\n')
-                .rev()
-                .skip(1)
-                .any(|line| line == b"fallback")
-        {
-            if let Some(asked) = self.asked.take() {
-                let _ = asked.send(stdout.clone());
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Whether a tool the wrapper needs is among the missing (neither init is: they choose the shape).
-fn needs_missing_tool(missing: &[String]) -> bool {
-    missing.iter().any(|tool| !is_optional_init(tool))
-}
-
-/// What a tool probe asks for: the wrapper's tools, then the two inits a call may run under.
-fn probed_tools() -> impl Iterator<Item = &'static str> {
-    DOCKER_TOOLS
-        .iter()
-        .copied()
-        .chain([DOCKER_INIT_PATH, EXEC_INIT_PATH])
-}
-
-/// The two inits a call may run under; an image may lack either (see `judge_tools`).
-fn is_optional_init(tool: &str) -> bool {
-    tool == DOCKER_INIT_PATH || tool == EXEC_INIT_PATH
-}
-
-/// Output budget of backend-internal commands whose answer is a line or two.
-pub(crate) const SMALL_BUDGET: usize = 64 * 1024;
+use crate::connection::{quote, ApiFailure, EngineConnection};
+use crate::containers::{Containers, PauseWait};
 
 /// What one attached exec collected.
-struct Collected {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    exit_code: i32,
+pub(crate) struct Collected {
+    pub(crate) stdout: Vec<u8>,
+    pub(crate) stderr: Vec<u8>,
+    pub(crate) exit_code: i32,
 }
 
 /// How an attached exec failed.
-enum ExecFailure {
+pub(crate) enum ExecFailure {
     /// The engine refused the create or the start: the command never ran.
     NotStarted(ApiFailure),
     /// The stream broke after the start: the command may still run.
@@ -141,10 +35,10 @@ enum ExecFailure {
 }
 
 /// Collects a backend-internal call's output against its budget.
-struct CollectSink {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    budget: u64,
+pub(crate) struct CollectSink {
+    pub(crate) stdout: Vec<u8>,
+    pub(crate) stderr: Vec<u8>,
+    pub(crate) budget: u64,
 }
 
 impl OutputSink for CollectSink {
@@ -181,21 +75,22 @@ fn starts_after_conflict(waited: PauseWait) -> bool {
 /// How far stdin is read ahead of the command: one buffer of this many bytes.
 const STDIN_BUFFER: usize = 256 * 1024;
 
-/// Statuses above this are "killed by signal N" (128 + N), and are also what a command reads as
-/// when its container is removed or stopped under it.
-const SIGNAL_STATUS_FLOOR: i32 = 128;
+/// The engine's exec endpoints for the backend's containers.
+#[derive(Debug)]
+pub(crate) struct Execs {
+    engine: EngineConnection,
+    /// Waits out a pause someone else holds before an exec starts.
+    containers: Arc<Containers>,
+}
 
-/// 128 + SIGKILL: what a command killed by the kernel's OOM killer, or by its container's
-/// removal, reports.
-const SIGKILL_STATUS: i32 = 137;
+impl Execs {
+    pub(crate) fn new(engine: EngineConnection, containers: Arc<Containers>) -> Self {
+        Execs { engine, containers }
+    }
 
-/// How long the engine may take to record a killed container as stopped after its exec ended.
-const CONTAINER_DEATH_LAG: Duration = Duration::from_millis(300);
-
-impl BackendState {
     /// Runs `argv` attached in container `id`, the guest environment only in the exec request's
     /// own `Env`, collecting at most `budget` bytes of output. The caller bounds the time.
-    async fn exec_collect(
+    pub(crate) async fn exec_collect(
         &self,
         id: &str,
         argv: Vec<String>,
@@ -253,7 +148,7 @@ impl BackendState {
     /// `answered` fires once the engine answered the start (the guest process is being made); it
     /// is dropped unfired when the exec never starts.
     #[allow(clippy::too_many_arguments)]
-    async fn exec_attached(
+    pub(crate) async fn exec_attached(
         &self,
         id: &str,
         argv: Vec<String>,
@@ -289,6 +184,7 @@ impl BackendState {
             if failure.is_conflict()
                 && pauses_waited_out < PAUSES_WAITED_OUT
                 && self
+                    .containers
                     .wait_out_pause(id)
                     .await
                     .is_ok_and(starts_after_conflict)
@@ -371,436 +267,14 @@ impl BackendState {
             })
     }
 
-    /// The tool probe, once per id; a pass is cached, a refusal is not. The same call asks for
-    /// the image's exec init ([`EXEC_INIT_PATH`]) and the engine's init ([`DOCKER_INIT_PATH`]):
-    /// where either is, every call runs under it as a subreaper (the exec init first: it is the
-    /// wrapper itself, two program starts fewer) and a timeout kills the call's whole process
-    /// tree; where neither is, the group shape, and a timeout kills the command's process group
-    /// only.
-    pub(crate) async fn probe_tools(&self, id: &str, image: &str) -> Result<(), SandboxError> {
-        if self.is_probed(id) {
-            return Ok(());
-        }
-        let tools: Vec<&str> = probed_tools().collect();
-        let argv = tool_probe_argv(&tools).map_err(|e| SandboxError::invalid(e.to_string()))?;
-        let deadline = self.config.command_timeout;
-        let probe = self.exec_collect(id, argv, Vec::new(), PROBE_OUTPUT_BUDGET as u64);
-        let collected = match tokio::time::timeout(deadline, probe).await {
-            Ok(Ok(collected)) => collected,
-            Ok(Err(failure)) => return Err(self.exec_failure(id, "tool probe", failure)),
-            Err(_) => {
-                return Err(SandboxError::EngineTimeout {
-                    operation: "tool probe".to_owned(),
-                    bound: deadline,
-                })
-            }
-        };
-        match read_tool_probe(ExitKind::Exited(collected.exit_code), &collected.stdout) {
-            ToolProbeOutcome::AllPresent => self.judge_tools(id, image, Vec::new()),
-            ToolProbeOutcome::Missing(missing) => self.judge_tools(id, image, missing),
-            ToolProbeOutcome::NoShell => Err(missing_tools(image, "sh")),
-            ToolProbeOutcome::Failed { status } => Err(SandboxError::engine(format!(
-                "the tool probe failed before it could answer ({status:?}): {}",
-                quote(&collected.stderr)
-            ))),
-        }
-    }
-
-    /// The tool probe's verdict on the tools `command -v` did not find: any the wrapper needs is
-    /// CapabilityNotSupported naming them all; the inits only choose the shape (the exec init,
-    /// else the engine's init, else the group shape). A pass is cached for `id`, with the
-    /// init's subreaper when there is one.
-    fn judge_tools(
-        &self,
-        id: &str,
-        image: &str,
-        mut missing: Vec<String>,
-    ) -> Result<(), SandboxError> {
-        let init_missing = missing.iter().any(|tool| tool == DOCKER_INIT_PATH);
-        let exec_init_missing = missing.iter().any(|tool| tool == EXEC_INIT_PATH);
-        if needs_missing_tool(&missing) {
-            missing.retain(|tool| !is_optional_init(tool));
-            return Err(missing_tools(image, &missing.join(", ")));
-        }
-        if !exec_init_missing {
-            self.mark_exec_init(id);
-        } else if init_missing {
-            tracing::warn!(
-                container = %id,
-                "no engine init at {DOCKER_INIT_PATH}: a timeout kills the command's process group only"
-            );
-        } else {
-            self.mark_subreaper(id);
-        }
-        self.mark_probed(id);
-        Ok(())
-    }
-
-    /// The one guest call of an acquire ([`PREPARE_SCRIPT`]): the tool probe, unless this
-    /// process probed `id` already, and with `base` its preparation. `host_first` chooses who
-    /// makes the base: the guest (`mkdir -p`; when it cannot, it asks the host), or the host
-    /// (the guest asks right after printing its ids, and never creates anything itself). `early`
-    /// starts with the call, handed a signal that fires once the engine answered the exec's start
-    /// (dropped unfired when it never starts); once the guest asks, `then` runs with what `early`
-    /// gave and the guest's ids while the call waits, and the guest checks it can write what the
-    /// host made. A missing tool is refused as the probe refuses it, before anything the base
-    /// step said, and `then` never runs for it; the guest user's ids are remembered for `id`. The
-    /// guest's part is bounded by the command timeout (its clock stopped while `then` runs), the
-    /// host's by its own requests' deadlines.
-    pub(crate) async fn prepare_guest<E, Early, Then, Fut>(
-        &self,
-        id: &str,
-        image: &str,
-        base: Option<&str>,
-        host_first: bool,
-        early: impl FnOnce(tokio::sync::oneshot::Receiver<()>) -> Early,
-        then: Then,
-    ) -> Result<(), SandboxError>
-    where
-        Early: std::future::Future<Output = Result<E, SandboxError>>,
-        Then: FnOnce(E, (u64, u64)) -> Fut,
-        Fut: std::future::Future<Output = Result<(), SandboxError>>,
-    {
-        let probe = !self.is_probed(id);
-        if !probe && base.is_none() {
-            return Ok(());
-        }
-        let mut argv: Vec<String> = [
-            "sh",
-            "-c",
-            PREPARE_SCRIPT,
-            "maf-prepare",
-            base.unwrap_or(""),
-            if host_first { "host" } else { "guest" },
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        if probe {
-            argv.extend(probed_tools().map(str::to_owned));
-        }
-        let (asked, asking) = tokio::sync::oneshot::channel();
-        let (answered, started) = tokio::sync::oneshot::channel();
-        let (mut answer, answer_reader) = tokio::io::duplex(64);
-        let stdin = match base {
-            Some(_) => ExecStdin::reader(answer_reader),
-            None => ExecStdin::Closed,
-        };
-        let deadline = self.config.command_timeout;
-        let (guest_deadline, mut guest_deadline_seen) =
-            tokio::sync::watch::channel(Some(tokio::time::Instant::now() + deadline));
-        let guest = async {
-            let mut sink = PrepareSink {
-                collected: CollectSink {
-                    stdout: Vec::new(),
-                    stderr: Vec::new(),
-                    budget: PROBE_OUTPUT_BUDGET as u64,
-                },
-                asked: Some(asked),
-            };
-            let ran = self
-                .exec_attached(
-                    id,
-                    argv,
-                    Vec::new(),
-                    stdin,
-                    &mut sink,
-                    &AtomicBool::new(false),
-                    Some(answered),
-                )
-                .await;
-            // Nothing more will ask: the host's side stops waiting.
-            drop(sink.asked.take());
-            ran.map(|exit_code| Collected {
-                stdout: sink.collected.stdout,
-                stderr: sink.collected.stderr,
-                exit_code,
-            })
-        };
-        let host = async {
-            let ids = async {
-                let so_far = asking.await.ok()?;
-                match parse_prepare(&so_far) {
-                    Ok(so_far) if !needs_missing_tool(&so_far.missing) => so_far.ids,
-                    // The guest's full answer names the refusal.
-                    _ => None,
-                }
-            };
-            let (early, ids) = tokio::join!(early(started), ids);
-            let ids = ids?;
-            // The guest waits while the host works: its clock stops meanwhile.
-            let _ = guest_deadline.send(None);
-            let made = match early {
-                Ok(early) => then(early, ids).await,
-                Err(error) => Err(error),
-            };
-            if made.is_ok() {
-                let _ = answer.write_all(b"go\n").await;
-            }
-            drop(answer);
-            let _ = guest_deadline.send(Some(tokio::time::Instant::now() + deadline));
-            Some(made)
-        };
-        let joined = async { tokio::join!(guest, host) };
-        tokio::pin!(joined);
-        let (ran, made) = loop {
-            let until = *guest_deadline_seen.borrow_and_update();
-            let expired = async {
-                match until {
-                    Some(until) => tokio::time::sleep_until(until).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                both = &mut joined => break both,
-                _ = guest_deadline_seen.changed() => {}
-                () = expired => {
-                    return Err(SandboxError::EngineTimeout {
-                        operation: "tool probe".to_owned(),
-                        bound: deadline,
-                    })
-                }
-            }
-        };
-        let collected = ran.map_err(|failure| self.exec_failure(id, "tool probe", failure))?;
-        let code = collected.exit_code;
-        // No `sh` at all: the engine's 126 or 127, and nothing printed.
-        if matches!(code, 126 | 127) && collected.stdout.is_empty() {
-            return Err(missing_tools(image, "sh"));
-        }
-        let failed = |what: &str| {
-            SandboxError::engine(format!(
-                "{what} (exit {code}): {}",
-                quote(&collected.stderr)
-            ))
-        };
-        let answer = parse_prepare(&collected.stdout).map_err(|reason| {
-            failed(&format!(
-                "the tool probe answered what it never prints: {reason}"
-            ))
-        })?;
-        if probe {
-            self.judge_tools(id, image, answer.missing)?;
-        }
-        if let Some(ids) = answer.ids {
-            self.remember_guest_ids(id, ids);
-        }
-        // The host's own failure in the fallback is the answer, not the guest's exit after it.
-        made.transpose()?;
-        let Some(base) = base else {
-            return match code {
-                0 => Ok(()),
-                _ => Err(failed("the tool probe failed before it could answer")),
-            };
-        };
-        match code {
-            0 => Ok(()),
-            PREPARE_EXIT_UNWRITABLE => Err(SandboxError::engine(format!(
-                "the storage base {base} is not writable by the guest"
-            ))),
-            PREPARE_EXIT_FALLBACK | PREPARE_EXIT_NO_IDS => Err(failed(&format!(
-                "the guest cannot create the storage base {base}, and the host could not either"
-            ))),
-            _ => Err(failed(&format!(
-                "preparing the storage base {base} as the guest failed"
-            ))),
-        }
-    }
-
-    /// After a wrapper call failed before its nonce in a container this process has not probed
-    /// (one `find` returned): probes its tools now, so a missing one is refused by name
-    /// (CapabilityNotSupported) rather than read as an engine failure. Ok when none is missing.
-    async fn name_missing_tools(&self, id: &str) -> Result<(), SandboxError> {
-        if self.is_probed(id) {
-            return Ok(());
-        }
-        let image = self
-            .inspect(id)
-            .await?
-            .and_then(|record| record.image().map(str::to_owned))
-            .unwrap_or_else(|| "(unknown)".to_owned());
-        self.probe_tools(id, &image).await
-    }
-
-    /// Runs one command through the exec wrapper and collects its output (the collector over
-    /// [`Self::stream_guest`]).
-    ///
-    /// # Cancel safety
-    /// Dropping the future drops the stream: the command is killed as on its deadline, in the
-    /// producer's task.
-    pub(crate) async fn run_guest(
-        self: &Arc<Self>,
-        id: &str,
-        call: GuestCall<'_>,
-    ) -> Result<GuestEnd, SandboxError> {
-        match self.stream_guest(id, call)?.collect().await {
-            Ok(output) => Ok(GuestEnd::Ran(output)),
-            Err(SandboxError::Timeout {
-                cleanup: Some(cleanup),
-                ..
-            }) => Ok(GuestEnd::Expired(cleanup)),
-            Err(SandboxError::OutputLimitExceeded { .. }) => Ok(GuestEnd::Overflowed),
-            Err(error) => Err(error),
-        }
-    }
-
-    /// Starts one command through the exec wrapper; its output streams as it arrives.
-    ///
-    /// A task owns the call: on an expired deadline, output over the call's budget, or a dropped
-    /// stream it kills the command's processes by a second exec; the container is kept when the
-    /// kill lands and retired when it does not. The stream's last item is the exit, or the error
-    /// the collected exec would return.
-    pub(crate) fn stream_guest(
-        self: &Arc<Self>,
-        id: &str,
-        call: GuestCall<'_>,
-    ) -> Result<ExecStream, SandboxError> {
-        self.refuse_retired(id)?;
-        let nonce = new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
-        // Under an init the argv travels raw (the API carries JSON strings exactly); only
-        // values that are not UTF-8 are encoded.
-        let argv = if let Some(init) = self.call_init(id) {
-            let invocation = raw_invocation(call.cwd.as_bytes(), &call.argv)
-                .map_err(|e| SandboxError::invalid(e.to_string()))?;
-            match init {
-                CallInit::ExecInit => exec_init_argv(&nonce, &invocation),
-                CallInit::EngineInit => docker_init_wrapper_argv(&nonce, &invocation),
-            }
-        } else {
-            let invocation = encode_invocation(call.cwd.as_bytes(), &call.argv)
-                .map_err(|e| SandboxError::invalid(e.to_string()))?;
-            docker_wrapper_argv(&nonce, &invocation)
-        };
-        let env = match call.env {
-            Some(env) => guest_env(env)?,
-            None => Vec::new(),
-        };
-        let (sender, stream) = ExecStream::channel(call.budget);
-        let produce = Arc::clone(self).produce(
-            id.to_owned(),
-            argv,
-            env,
-            call.stdin,
-            call.timeout,
-            nonce,
-            sender,
-        );
-        tokio::spawn(produce);
-        Ok(stream)
-    }
-
-    /// The task behind a stream: runs the wrapper call under its deadline, kills what must be
-    /// killed, and ends the stream with the exit or the error.
-    #[allow(clippy::too_many_arguments)]
-    async fn produce(
-        self: Arc<Self>,
-        id: String,
-        argv: Vec<String>,
-        env: Vec<String>,
-        stdin: ExecStdin,
-        timeout: Duration,
-        nonce: Nonce,
-        sender: ExecStreamSender,
-    ) {
-        let limit = sender.cap();
-        let mut sink = WrapperStreamSink::new(sender, &nonce, "docker");
-        let started_seen = sink.started_flag();
-        let started = std::time::SystemTime::now();
-        let start_requested = AtomicBool::new(false);
-        let ran = tokio::time::timeout(
-            timeout,
-            self.exec_attached(&id, argv, env, stdin, &mut sink, &start_requested, None),
-        )
-        .await;
-        let (sender, splitter) = sink.into_parts();
-        let outcome = match ran {
-            // The deadline passed before the engine was asked to start anything (the exec
-            // waited out a pause): there is nothing to kill.
-            Err(_) if !start_requested.load(Ordering::Relaxed) => Err(SandboxError::Timeout {
-                operation: "command".to_owned(),
-                bound: timeout,
-                cleanup: Some(GuestCleanup::NeverStarted),
-            }),
-            Err(_) => Err(SandboxError::Timeout {
-                operation: "command".to_owned(),
-                bound: timeout,
-                cleanup: Some(self.clone().kill_call(id, nonce, started_seen).await),
-            }),
-            Ok(Err(ExecFailure::OverBudget)) => {
-                let cleanup = self
-                    .clone()
-                    .kill_call(id.clone(), nonce, started_seen)
-                    .await;
-                let limit = limit.unwrap_or_default();
-                tracing::info!(container = %id, %cleanup, limit, "command output exceeded its budget");
-                Err(SandboxError::OutputLimitExceeded { limit })
-            }
-            Ok(Err(ExecFailure::Dropped)) => {
-                let cleanup = self
-                    .clone()
-                    .kill_call(id.clone(), nonce, started_seen)
-                    .await;
-                tracing::debug!(container = %id, %cleanup, "the stream was dropped; its command was killed");
-                return;
-            }
-            Ok(Err(failure @ ExecFailure::Broken(_))) => {
-                // The stream is gone but the command may not be: kill it all the same.
-                let _ = self
-                    .clone()
-                    .kill_call(id.clone(), nonce, started_seen)
-                    .await;
-                Err(self.exec_failure(&id, "exec", failure))
-            }
-            Ok(Err(failure)) => Err(self.exec_failure(&id, "exec", failure)),
-            Ok(Ok(exit_code)) => {
-                let end = splitter.finish(ExitKind::Exited(exit_code));
-                self.exit_of(&id, &nonce, end, started).await
-            }
-        };
-        sender.finish(outcome).await;
-    }
-
-    /// What a wrapper call that ended reports: the command's exit, or the engine's failure.
-    async fn exit_of(
-        &self,
-        id: &str,
-        nonce: &Nonce,
-        outcome: WrapperOutcome,
-        started: std::time::SystemTime,
-    ) -> Result<ExecExit, SandboxError> {
-        match outcome {
-            WrapperOutcome::Ran(ran) => {
-                if ran.status > SIGNAL_STATUS_FLOOR {
-                    self.refuse_if_container_died(id, ran.status, started)
-                        .await?;
-                    if self.call_init(id).is_some() {
-                        self.refuse_if_init_killed(id, nonce, ran.status).await?;
-                    }
-                }
-                Ok(ExecExit::exited(ran.status))
-            }
-            WrapperOutcome::NoWorkingDirectory { reason } => Ok(ExecExit::workdir_unusable(reason)),
-            WrapperOutcome::NoNonce {
-                status,
-                stderr_tail,
-            } => {
-                self.name_missing_tools(id).await?;
-                Err(SandboxError::engine(format!(
-                    "the exec wrapper failed before the command started (exit {status}): {}",
-                    quote(&stderr_tail)
-                )))
-            }
-            WrapperOutcome::ClientKilled { signal, .. } => Err(SandboxError::engine(format!(
-                "the exec ended by signal {signal} before its result"
-            ))),
-            WrapperOutcome::Unmounted => Err(SandboxError::engine(
-                "the wrapper reported an unmounted workspace, which docker never has",
-            )),
-        }
-    }
-
     /// Names an exec failure: an absent container is SandboxGone, a stopped or paused one says
     /// so, anything else is the engine's.
-    fn exec_failure(&self, id: &str, operation: &str, failure: ExecFailure) -> SandboxError {
+    pub(crate) fn exec_failure(
+        &self,
+        id: &str,
+        operation: &str,
+        failure: ExecFailure,
+    ) -> SandboxError {
         let failure = match failure {
             ExecFailure::NotStarted(failure) | ExecFailure::Broken(failure) => failure,
             ExecFailure::OverBudget => {
@@ -830,227 +304,12 @@ impl BackendState {
         }
         self.engine.failure(operation, failure)
     }
-
-    /// The kill call and what follows it: keep, or retire. One kill script serves both shapes:
-    /// it kills the call's subreaper tree when the call runs under the engine's init, and the
-    /// recorded process group otherwise. Finding nothing after the nonce line arrived means the
-    /// command removed or escaped what names it: retired, never "never started".
-    async fn kill_call(
-        self: Arc<Self>,
-        id: String,
-        nonce: Nonce,
-        started_seen: Arc<AtomicBool>,
-    ) -> GuestCleanup {
-        let kill = self.exec_collect(
-            &id,
-            tree_kill_argv(&nonce),
-            Vec::new(),
-            KILL_OUTPUT_BUDGET as u64,
-        );
-        let report = match tokio::time::timeout(self.config.exec_cleanup_timeout, kill).await {
-            Ok(Ok(collected)) => KillReport::from_exit(collected.exit_code),
-            Ok(Err(_)) | Err(_) => KillReport {
-                outcome: KillOutcome::NotLanded(KillFailure::CallFailed),
-                mode: None,
-            },
-        }
-        .after_start(started_seen.load(Ordering::Relaxed));
-        match report.outcome {
-            KillOutcome::Killed => {
-                tracing::debug!(container = %id, mode = ?report.mode, "the timed-out command was killed");
-                GuestCleanup::Killed
-            }
-            KillOutcome::NeverStarted => GuestCleanup::NeverStarted,
-            KillOutcome::NotLanded(why) => {
-                tracing::warn!(container = %id, ?why, "the kill did not land; retiring the sandbox");
-                self.retire(&id).await;
-                GuestCleanup::Retired
-            }
-        }
-    }
-
-    /// Under the engine's init, a signal-shaped status is the command's only when its wrapper
-    /// recorded it (docs/wrapper-protocol.md#docker-the-engines-init-as-the-calls-subreaper):
-    /// otherwise the command killed its init or its wrapper, the status is theirs, and the
-    /// command and whatever it started may still run outside any call. That is the wrapper's
-    /// failure, never an exit code: the sandbox is retired (its removal ends every process).
-    async fn refuse_if_init_killed(
-        &self,
-        id: &str,
-        nonce: &Nonce,
-        status: i32,
-    ) -> Result<(), SandboxError> {
-        let check = self.exec_collect(
-            id,
-            init_status_argv(nonce),
-            Vec::new(),
-            KILL_OUTPUT_BUDGET as u64,
-        );
-        let confirmed = match tokio::time::timeout(self.config.exec_cleanup_timeout, check).await {
-            Ok(Ok(collected)) => init_status_confirms(
-                ExitKind::Exited(collected.exit_code),
-                &collected.stdout,
-                status,
-            ),
-            Ok(Err(_)) | Err(_) => false,
-        };
-        if confirmed {
-            return Ok(());
-        }
-        tracing::warn!(container = %id, status, "a command killed its call's init or wrapper; retiring the sandbox");
-        self.retire(id).await;
-        Err(SandboxError::engine(format!(
-            "the command killed the process that runs it (the call's init or wrapper): status \
-             {status} is not the command's, and the sandbox {id} was retired to end what it left \
-             running"
-        )))
-    }
-
-    /// Retires an instance: removed by id, so every process creates a replacement; when the
-    /// removal fails too, every handle refuses and the next acquire removes it first.
-    pub(crate) async fn retire(&self, id: &str) {
-        self.mark_retired(id);
-        match self.remove(id).await {
-            Ok(_) => {
-                // `remove` forgot the instance; keep it retired so old handles say so.
-                self.mark_retired(id);
-            }
-            Err(failure) => {
-                tracing::warn!(container = %id, %failure, "a retired sandbox could not be removed");
-                self.mark_unremovable(id);
-            }
-        }
-    }
-
-    /// Removes retired instances whose removal failed before, before anything else.
-    pub(crate) async fn sweep_unremovable(&self) {
-        for id in self.unremovable() {
-            if self.remove(&id).await.is_ok() {
-                self.clear_unremovable(&id);
-            }
-        }
-    }
-
-    /// Whether the engine recorded an OOM kill in container `id` since `started` (its `oom`
-    /// events; an engine's `State.OOMKilled` is only set when the container itself exits).
-    async fn oom_since(
-        &self,
-        id: &str,
-        started: std::time::SystemTime,
-    ) -> Result<bool, SandboxError> {
-        let since = started
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        let until = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs()
-            + 1;
-        let options = bollard::query_parameters::EventsOptions {
-            since: Some(since.as_secs().to_string()),
-            until: Some(until.to_string()),
-            filters: Some(std::collections::HashMap::from([
-                ("container".to_owned(), vec![id.to_owned()]),
-                ("event".to_owned(), vec!["oom".to_owned()]),
-            ])),
-        };
-        let events = async {
-            let mut stream = self.engine.api().events(Some(options));
-            let mut seen = false;
-            while let Some(event) = stream.next().await {
-                let event = event?;
-                let at = event.time_nano.unwrap_or(i64::MAX);
-                seen |= i128::from(at) >= since.as_nanos() as i128;
-            }
-            Ok(seen)
-        };
-        self.engine
-            .call(self.config.command_timeout, events)
-            .await
-            .map_err(|f| self.engine.failure("engine events (oom)", f))
-    }
-
-    /// A signal-shaped status may be the container's death, or the kernel's OOM kill, rather than
-    /// the command's own: an inspect tells them apart, so neither reads as a bare exit code.
-    async fn refuse_if_container_died(
-        &self,
-        id: &str,
-        status: i32,
-        started: std::time::SystemTime,
-    ) -> Result<(), SandboxError> {
-        let mut record = self.inspect(id).await?;
-        if status == SIGKILL_STATUS && record.as_ref().is_some_and(|r| r.status() == "running") {
-            // A container's own kill ends the exec before the engine records the container as
-            // stopped: look once more after the engine has had time to notice.
-            tokio::time::sleep(CONTAINER_DEATH_LAG).await;
-            record = self.inspect(id).await?;
-        }
-        match record {
-            None => Err(SandboxError::SandboxGone {
-                instance: id.to_owned(),
-            }),
-            Some(record) if record.status() != "running" => Err(SandboxError::engine(format!(
-                "container {id} stopped ({}) while the command ran; its status {status} is not the command's",
-                record.status()
-            ))),
-            Some(_) if status == SIGKILL_STATUS && self.oom_since(id, started).await? => {
-                Err(SandboxError::engine(format!(
-                    "the command was killed for exceeding the sandbox's memory limit of {} MiB \
-                     (the kernel's OOM killer; the engine reports OOMKilled)",
-                    self.resources().await.memory_bytes / (1024 * 1024)
-                )))
-            }
-            Some(_) => Ok(()),
-        }
-    }
-}
-
-#[cold]
-fn missing_tools(image: &str, tools: &str) -> SandboxError {
-    SandboxError::CapabilityNotSupported(format!(
-        "image {image} lacks {tools}; the exec wrapper needs them"
-    ))
-}
-
-/// The exec request's `Env` entries, `NAME=VALUE`, after the core's checks. The request is JSON,
-/// so a value must be UTF-8; every refusal names the variable, never its value.
-pub(crate) fn guest_env(env: &ExecEnv) -> Result<Vec<String>, SandboxError> {
-    env.validate()?;
-    env.entries()
-        .iter()
-        .map(|(name, value)| match std::str::from_utf8(value) {
-            Ok(text) => Ok(format!("{name}={text}")),
-            Err(_) => Err(SandboxError::invalid(format!(
-                "environment variable {name} is refused: its value is not valid UTF-8, which the \
-                 engine's exec request cannot carry"
-            ))),
-        })
-        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandbox_core::ErrorKind;
-
-    #[test]
-    fn guest_env_entries_and_refusals() {
-        let env = ExecEnv::default()
-            .set("A", "1 2 ")
-            .set("B", "")
-            .set("C", "x\ny");
-        assert_eq!(guest_env(&env).unwrap(), ["A=1 2 ", "B=", "C=x\ny"]);
-        for env in [
-            ExecEnv::default().set("A", b"\xffhunter2".as_slice()),
-            ExecEnv::default().set("GITHUB_TOKEN", "hunter2"),
-        ] {
-            let error = guest_env(&env).unwrap_err();
-            assert_eq!(error.kind(), ErrorKind::InvalidArgument);
-            assert!(!error.to_string().contains("hunter2"), "{error}");
-            let name = &env.entries()[0].0;
-            assert!(error.to_string().contains(name.as_str()), "{error}");
-        }
-    }
+    use crate::containers::PauseWait;
 
     #[test]
     fn a_conflict_starts_again_once_the_container_runs() {

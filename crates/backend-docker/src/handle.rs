@@ -22,19 +22,34 @@ use sandbox_core::{
     TransferLimits,
 };
 
+use crate::archive::Archive;
 use crate::connection::quote as tail;
-use crate::exec::{GuestCall, GuestEnd, SMALL_BUDGET};
+use crate::guest_calls::GuestCalls;
+use crate::guest_calls::{GuestCall, GuestEnd, SMALL_BUDGET};
 use crate::guest_scripts::{parse_list_records, LIST_EXIT_CANNOT_ENTER, LIST_SCRIPT};
-use crate::state::BackendState;
+use crate::memory::Memories;
 use crate::tar_header::TarStat;
 
 /// Output budget of a listing.
 const LIST_BUDGET: u64 = 8 * 1024 * 1024;
 
+/// What every handle of one backend reaches: the archive endpoints, the guest calls, the guest
+/// ids and retirements this process knows, and the command timeout.
+#[derive(Debug, Clone)]
+pub(crate) struct HandleParts {
+    pub(crate) archive: Arc<Archive>,
+    pub(crate) guest: Arc<GuestCalls>,
+    pub(crate) memory: Arc<Memories>,
+    pub(crate) command_timeout: Duration,
+}
+
 /// A handle to one container, by id: a replacement under the same name is never reached.
 #[derive(Debug)]
 pub(crate) struct DockerSandbox {
-    state: Arc<BackendState>,
+    archive: Arc<Archive>,
+    guest: Arc<GuestCalls>,
+    memory: Arc<Memories>,
+    command_timeout: Duration,
     id: String,
     base: String,
     fresh: bool,
@@ -44,7 +59,7 @@ pub(crate) struct DockerSandbox {
 
 impl DockerSandbox {
     pub(crate) fn new(
-        state: Arc<BackendState>,
+        parts: HandleParts,
         id: String,
         base: String,
         fresh: bool,
@@ -52,7 +67,10 @@ impl DockerSandbox {
         files_out: TransferLimits,
     ) -> Self {
         DockerSandbox {
-            state,
+            archive: parts.archive,
+            guest: parts.guest,
+            memory: parts.memory,
+            command_timeout: parts.command_timeout,
             id,
             base,
             fresh,
@@ -67,11 +85,11 @@ impl DockerSandbox {
     }
 
     async fn stat_kind(&self, path: String) -> Result<Option<EntryKind>, SandboxError> {
-        self.state.stat_kind(&self.id, path).await
+        self.archive.stat_kind(&self.id, path).await
     }
 
     async fn stat(&self, path: &str) -> Result<Option<TarStat>, SandboxError> {
-        self.state.engine_stat(&self.id, path).await
+        self.archive.engine_stat(&self.id, path).await
     }
 
     /// The resolved leaf of a read-bundle check and its engine stat, run concurrently. Each path
@@ -117,25 +135,25 @@ impl DockerSandbox {
             env: None,
             stdin: stdin.map_or(ExecStdin::Closed, ExecStdin::Bytes),
             budget: Some(budget),
-            timeout: self.state.config.command_timeout,
+            timeout: self.command_timeout,
         };
-        self.state.run_guest(&self.id, call).await
+        self.guest.run_guest(&self.id, call).await
     }
 
     /// The guest user's uid and gid, asked once per container.
     async fn guest_ids(&self) -> Result<(u64, u64), SandboxError> {
-        if let Some(ids) = self.state.known_guest_ids(&self.id) {
+        if let Some(ids) = self.memory.guest_ids.get(&self.id) {
             return Ok(ids);
         }
         let output = self
-            .state
+            .guest
             .guest_internal(&self.id, &["sh", "-c", "id -u && id -g"])
             .await?;
         let text = String::from_utf8_lossy(&output.stdout).into_owned();
         let mut numbers = text.split_whitespace().map(str::parse::<u64>);
         match (output.exit_code, numbers.next(), numbers.next()) {
             (0, Some(Ok(uid)), Some(Ok(gid))) => {
-                self.state.remember_guest_ids(&self.id, (uid, gid));
+                self.memory.guest_ids.remember(&self.id, (uid, gid));
                 Ok((uid, gid))
             }
             _ => Err(SandboxError::engine(format!(
@@ -148,7 +166,7 @@ impl DockerSandbox {
     fn engine_timeout(&self, operation: &str) -> SandboxError {
         SandboxError::EngineTimeout {
             operation: operation.to_owned(),
-            bound: self.state.config.command_timeout,
+            bound: self.command_timeout,
         }
     }
 }
@@ -215,11 +233,11 @@ impl Sandbox for DockerSandbox {
             budget: request.output_cap(),
             timeout: request.timeout_bound(),
         };
-        self.state.stream_guest(&self.id, call)
+        self.guest.stream_guest(&self.id, call)
     }
 
     async fn write_file(&self, path: &str, content: &[u8], wd: &str) -> Result<(), SandboxError> {
-        self.state.refuse_retired(&self.id)?;
+        self.memory.retired.refuse(&self.id)?;
         let wd = self.wd(wd)?;
         let limit = self.files_in.max_bytes_per_file;
         if content.len() as u64 > limit {
@@ -304,7 +322,7 @@ impl Sandbox for DockerSandbox {
             uid,
             gid,
         )?;
-        self.state
+        self.archive
             .put_write_archive(&self.id, &at, archive, content)
             .await
             .map_err(|error| match error {
@@ -320,7 +338,7 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn stat_file(&self, path: &str, wd: &str) -> Result<Option<SandboxEntry>, SandboxError> {
-        self.state.refuse_retired(&self.id)?;
+        self.memory.retired.refuse(&self.id)?;
         let wd = self.wd(wd)?;
         let (resolved, stat) = self.checked_leaf(path, &wd).await?;
         Ok(stat.map(|s| SandboxEntry::new(reported(&resolved, &wd), s.kind, s.size)))
@@ -332,7 +350,7 @@ impl Sandbox for DockerSandbox {
         wd: &str,
         max_bytes: u64,
     ) -> Result<Vec<u8>, SandboxError> {
-        self.state.refuse_retired(&self.id)?;
+        self.memory.retired.refuse(&self.id)?;
         let wd = self.wd(wd)?;
         let cap = max_bytes.min(self.files_out.max_bytes_per_file);
         // Check before reading: a refused path (absent, a directory, a link, a FIFO, over the
@@ -355,13 +373,17 @@ impl Sandbox for DockerSandbox {
             Some(TarStat {
                 kind: EntryKind::File,
                 ..
-            }) => self.state.read_archive_file(&self.id, &resolved, cap).await,
+            }) => {
+                self.archive
+                    .read_archive_file(&self.id, &resolved, cap)
+                    .await
+            }
             Some(_) => Err(SandboxError::NotRegularFile { path: resolved }),
         }
     }
 
     async fn list_dir(&self, path: &str, wd: &str) -> Result<Vec<SandboxEntry>, SandboxError> {
-        self.state.refuse_retired(&self.id)?;
+        self.memory.retired.refuse(&self.id)?;
         let wd = self.wd(wd)?;
         let directory = Access::List
             .check_async(|p| self.stat_kind(p), path, &wd)
@@ -417,7 +439,7 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn remove(&self, path: &str, wd: &str, recursive: bool) -> Result<(), SandboxError> {
-        self.state.refuse_retired(&self.id)?;
+        self.memory.retired.refuse(&self.id)?;
         let wd = self.wd(wd)?;
         let leaf = guest_path::confine(path, &wd)?;
         let (checked, stat) = tokio::join!(
@@ -467,7 +489,7 @@ impl Sandbox for DockerSandbox {
         wd: &str,
         timeout: Duration,
     ) -> Result<(), SandboxError> {
-        self.state.refuse_retired(&self.id)?;
+        self.memory.retired.refuse(&self.id)?;
         if timeout.is_zero() {
             return Err(SandboxError::invalid(
                 "reclaim timeout must be greater than zero",
@@ -508,7 +530,7 @@ impl Sandbox for DockerSandbox {
             bound: timeout,
             cleanup,
         };
-        match self.state.run_guest(&self.id, call).await? {
+        match self.guest.run_guest(&self.id, call).await? {
             GuestEnd::Ran(output) if output.exit_code == 0 => {}
             GuestEnd::Ran(output) => {
                 return Err(guest_refused(

@@ -3,113 +3,100 @@
 
 use sandbox_core::HealthCheck;
 
-use crate::backend::DockerBackend;
 use crate::config::DockerConfig;
 use crate::connection::EngineConnection;
 use crate::endpoint::Endpoint;
 use crate::ownership_labels::user_is_root;
 
-impl DockerBackend {
-    /// What this host needs for the backend, checked in order, each a [`HealthCheck`]:
-    /// `docker.context` (the endpoint resolves as the CLI would), `docker.engine` (it answers the
-    /// version negotiation), `docker.engine_os` (linux), `kernel.init` (the engine names an init
-    /// binary, for `--init`), `kernel.pids_cgroup` (this host has the pids controller, for
-    /// `--pids-limit`), `docker.image` (`config.default_image` is present), and, for `allowlist`
-    /// egress, `docker.egress_proxy_image` and `docker.outbound_network` (one
-    /// `docker.egress_proxy` not-applicable line when no proxy image is configured). Checks after a
-    /// failed endpoint or engine are not run. Reads only; changes nothing.
-    ///
-    /// # Cancel safety
-    /// Dropping the future drops the engine request in flight; nothing is created.
-    pub async fn health_checks(config: &DockerConfig) -> Vec<HealthCheck> {
-        let mut checks = Vec::new();
-        let env = config
-            .management_env
-            .clone()
-            .unwrap_or_else(|| std::env::vars_os().collect());
-        let endpoint = match Endpoint::resolve(&env, config.context.as_deref()) {
-            Ok(endpoint) => endpoint,
-            Err(e) => {
-                checks.push(HealthCheck::fail(
-                    "docker.context",
-                    e.to_string(),
-                    "fix DOCKER_HOST / DOCKER_CONTEXT, or docker context use default",
-                ));
-                return checks;
-            }
-        };
-        checks.push(HealthCheck::pass(
-            "docker.context",
-            format!("the backend pins the engine at {endpoint}"),
-        ));
-        let deadline = config.command_timeout;
-        let engine = match EngineConnection::open(endpoint, deadline).await {
-            Ok((engine, _os)) => engine,
-            Err(e) => {
-                checks.push(HealthCheck::fail(
-                    "docker.engine",
-                    e.to_string(),
-                    "start the engine (dockerd) or fix DOCKER_HOST",
-                ));
-                return checks;
-            }
-        };
-        checks.push(HealthCheck::pass(
-            "docker.engine",
-            format!("engine reachable (API {})", engine.api_version()),
-        ));
-        match engine.call(deadline, engine.api().info()).await {
-            Ok(info) => {
-                let os = info.os_type.unwrap_or_default();
-                checks.push(if os == "linux" {
-                    HealthCheck::pass("docker.engine_os", "engine OS linux")
-                } else {
-                    HealthCheck::fail(
-                        "docker.engine_os",
-                        format!("engine OS {os:?}"),
-                        "use a Linux engine",
-                    )
-                });
-                checks.push(match info.init_binary.filter(|i| !i.is_empty()) {
-                    Some(init) => HealthCheck::pass(
-                        "kernel.init",
-                        format!("engine init binary {init} (for --init)"),
-                    ),
-                    None => HealthCheck::fail(
-                        "kernel.init",
-                        "the engine names no init binary",
-                        "install docker-init (Debian: tini)",
-                    ),
-                });
-            }
-            Err(failure) => {
-                let why = engine.failure("engine info", failure).to_string();
-                checks.push(HealthCheck::fail(
-                    "docker.engine_os",
-                    why.clone(),
-                    "see docker.engine",
-                ));
-                checks.push(HealthCheck::fail("kernel.init", why, "see docker.engine"));
-            }
+/// The checks [`DockerBackend::health_checks`](crate::DockerBackend::health_checks) reports.
+pub(crate) async fn checks(config: &DockerConfig) -> Vec<HealthCheck> {
+    let mut checks = Vec::new();
+    let env = config
+        .management_env
+        .clone()
+        .unwrap_or_else(|| std::env::vars_os().collect());
+    let endpoint = match Endpoint::resolve(&env, config.context.as_deref()) {
+        Ok(endpoint) => endpoint,
+        Err(e) => {
+            checks.push(HealthCheck::fail(
+                "docker.context",
+                e.to_string(),
+                "fix DOCKER_HOST / DOCKER_CONTEXT, or docker context use default",
+            ));
+            return checks;
         }
-        checks.push(pids_cgroup_check());
-        let image = config.default_image.as_str();
-        checks.push(match engine.image_id(deadline, image).await {
-            Ok(Some(_)) => HealthCheck::pass("docker.image", format!("{image} present")),
-            Ok(None) => HealthCheck::fail(
-                "docker.image",
-                format!("{image} missing"),
-                "sandboxctl images build",
-            ),
-            Err(failure) => HealthCheck::fail(
-                "docker.image",
-                engine.failure("image inspect", failure).to_string(),
-                "sandboxctl images build",
-            ),
-        });
-        checks.extend(egress_checks(&engine, config).await);
-        checks
+    };
+    checks.push(HealthCheck::pass(
+        "docker.context",
+        format!("the backend pins the engine at {endpoint}"),
+    ));
+    let deadline = config.command_timeout;
+    let engine = match EngineConnection::open(endpoint, deadline).await {
+        Ok((engine, _os)) => engine,
+        Err(e) => {
+            checks.push(HealthCheck::fail(
+                "docker.engine",
+                e.to_string(),
+                "start the engine (dockerd) or fix DOCKER_HOST",
+            ));
+            return checks;
+        }
+    };
+    checks.push(HealthCheck::pass(
+        "docker.engine",
+        format!("engine reachable (API {})", engine.api_version()),
+    ));
+    match engine.call(deadline, engine.api().info()).await {
+        Ok(info) => {
+            let os = info.os_type.unwrap_or_default();
+            checks.push(if os == "linux" {
+                HealthCheck::pass("docker.engine_os", "engine OS linux")
+            } else {
+                HealthCheck::fail(
+                    "docker.engine_os",
+                    format!("engine OS {os:?}"),
+                    "use a Linux engine",
+                )
+            });
+            checks.push(match info.init_binary.filter(|i| !i.is_empty()) {
+                Some(init) => HealthCheck::pass(
+                    "kernel.init",
+                    format!("engine init binary {init} (for --init)"),
+                ),
+                None => HealthCheck::fail(
+                    "kernel.init",
+                    "the engine names no init binary",
+                    "install docker-init (Debian: tini)",
+                ),
+            });
+        }
+        Err(failure) => {
+            let why = engine.failure("engine info", failure).to_string();
+            checks.push(HealthCheck::fail(
+                "docker.engine_os",
+                why.clone(),
+                "see docker.engine",
+            ));
+            checks.push(HealthCheck::fail("kernel.init", why, "see docker.engine"));
+        }
     }
+    checks.push(pids_cgroup_check());
+    let image = config.default_image.as_str();
+    checks.push(match engine.image_id(deadline, image).await {
+        Ok(Some(_)) => HealthCheck::pass("docker.image", format!("{image} present")),
+        Ok(None) => HealthCheck::fail(
+            "docker.image",
+            format!("{image} missing"),
+            "sandboxctl images build",
+        ),
+        Err(failure) => HealthCheck::fail(
+            "docker.image",
+            engine.failure("image inspect", failure).to_string(),
+            "sandboxctl images build",
+        ),
+    });
+    checks.extend(egress_checks(&engine, config).await);
+    checks
 }
 
 /// The `allowlist` egress mode's two needs, when it is configured (`config.egress_proxy_image`):

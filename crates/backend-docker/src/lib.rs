@@ -123,6 +123,7 @@
 mod acquire;
 mod archive;
 mod backend;
+mod bounded;
 mod config;
 mod connection;
 mod containers;
@@ -134,12 +135,16 @@ mod egress_preflight;
 mod endpoint;
 mod error;
 mod exec;
+mod guest_calls;
 mod guest_scripts;
 mod handle;
 mod health;
 mod images;
+mod memory;
 mod ownership_labels;
-mod state;
+mod retirement;
+mod sizing;
+mod storage_base;
 mod tar_header;
 
 pub use backend::DockerBackend;
