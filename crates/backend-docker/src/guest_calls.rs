@@ -20,7 +20,7 @@ use sandbox_core::{
     ExecEnv, ExecExit, ExecOutput, ExecStdin, ExecStream, GuestCleanup, SandboxError,
 };
 use tokio::io::AsyncWriteExt as _;
-use wrapper_stream::WrapperStreamSink;
+use wrapper_stream::{guest_cleanup, WrapperStreamSink};
 
 use crate::config::DockerConfig;
 use crate::connection::{quote, EngineConnection};
@@ -645,18 +645,14 @@ impl GuestCalls {
             },
         }
         .after_start(started_seen.load(Ordering::Relaxed));
-        match report.outcome {
-            KillOutcome::Killed => {
-                tracing::debug!(container = %id, mode = ?report.mode, "the timed-out command was killed");
-                GuestCleanup::Killed
-            }
-            KillOutcome::NeverStarted => GuestCleanup::NeverStarted,
-            KillOutcome::NotLanded(why) => {
-                tracing::warn!(container = %id, ?why, "the kill did not land; retiring the sandbox");
-                self.retirement.retire(&id).await;
-                GuestCleanup::Retired
-            }
+        let cleanup = guest_cleanup(report.outcome);
+        if cleanup == GuestCleanup::Retired {
+            tracing::warn!(container = %id, outcome = ?report.outcome, "the kill did not land; retiring the sandbox");
+            self.retirement.retire(&id).await;
+        } else {
+            tracing::debug!(container = %id, mode = ?report.mode, %cleanup, "the kill ended the call");
         }
+        cleanup
     }
 
     /// Under the engine's init, a signal-shaped status is the command's only when its wrapper

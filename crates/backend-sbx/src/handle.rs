@@ -19,7 +19,7 @@ use sandbox_core::{
     Sandbox, SandboxEntry, SandboxError, TransferLimits,
 };
 use sbx_cli::{Error as CliError, ExecRequest as CliExec, Instant, SbxName};
-use wrapper_stream::WrapperStreamSink;
+use wrapper_stream::{guest_cleanup, WrapperStreamSink};
 
 use crate::engine::to_sandbox_error;
 use crate::host::SbxHost;
@@ -114,19 +114,15 @@ async fn kill(
     // Nothing to kill after the nonce line arrived: the command removed or escaped what names
     // it. Retired, never "never started".
     let report = report.after_start(started.load(Ordering::Relaxed));
-    match report.outcome {
-        KillOutcome::Killed => {
-            tracing::debug!(sandbox = %name, mode = ?report.mode, "the command was killed");
-            GuestCleanup::Killed
-        }
-        KillOutcome::NeverStarted => GuestCleanup::NeverStarted,
-        KillOutcome::NotLanded(failure) => {
-            tracing::warn!(sandbox = %name, ?failure, "the kill did not land");
-            host.retire(name.as_str(), &instance_id, KILL_NOT_LANDED)
-                .await;
-            GuestCleanup::Retired
-        }
+    let cleanup = guest_cleanup(report.outcome);
+    if cleanup == GuestCleanup::Retired {
+        tracing::warn!(sandbox = %name, outcome = ?report.outcome, "the kill did not land");
+        host.retire(name.as_str(), &instance_id, KILL_NOT_LANDED)
+            .await;
+    } else {
+        tracing::debug!(sandbox = %name, mode = ?report.mode, %cleanup, "the kill ended the call");
     }
+    cleanup
 }
 
 /// What the task behind one streamed call owns.

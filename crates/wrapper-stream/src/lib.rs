@@ -10,9 +10,10 @@
 //! sink sits in this small crate above both and below every backend
 //! (docs/architecture.md#layering-rules).
 //!
-//! Scope: routing bytes and mapping the stream's refusals to the runner's errors. Not here: running
-//! the command, its deadline, the kill after an early end (the backend's), and reading the call's
-//! end ([`NonceSplitter::finish`]).
+//! Scope: routing bytes and mapping the stream's refusals to the runner's errors, and the one
+//! reading of a kill's outcome in the contract's terms ([`guest_cleanup`]). Not here: running the
+//! command, its deadline, the kill after an early end and what a kill that did not land costs
+//! (the backend's), and reading the call's end ([`NonceSplitter::finish`]).
 //!
 //! ```
 //! use exec_wrapper::{ExitKind, Nonce, OutputSink, Stream, WrapperOutcome};
@@ -40,9 +41,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use exec_wrapper::{Error, Nonce, NonceSplitter, OutputSink, Stream};
+use exec_wrapper::{Error, KillOutcome, Nonce, NonceSplitter, OutputSink, Stream};
 use sandbox_core::backend_kit::{ExecStreamSender, SendRefused};
-use sandbox_core::ExecChunk;
+use sandbox_core::{ExecChunk, GuestCleanup};
 
 /// Feeds one wrapper call's output to its stream; see the crate docs.
 #[derive(Debug)]
@@ -121,6 +122,17 @@ impl OutputSink for WrapperStreamSink {
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+/// How the guest side of a call ended, in the contract's terms, after the kill that followed an
+/// expired, over-budget or dropped call: killed, never started, or, when the kill did not land,
+/// retired (the backend retires the sandbox).
+pub fn guest_cleanup(outcome: KillOutcome) -> GuestCleanup {
+    match outcome {
+        KillOutcome::Killed => GuestCleanup::Killed,
+        KillOutcome::NeverStarted => GuestCleanup::NeverStarted,
+        KillOutcome::NotLanded(_) => GuestCleanup::Retired,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,6 +140,35 @@ mod tests {
     use sandbox_core::{ExecEvent, ExecStream};
 
     const NONCE: &str = "0123456789abcdef01234567";
+
+    #[test]
+    fn a_kill_outcome_reads_as_the_guest_cleanup() {
+        use exec_wrapper::{KillFailure, KillReport};
+        assert_eq!(guest_cleanup(KillOutcome::Killed), GuestCleanup::Killed);
+        assert_eq!(
+            guest_cleanup(KillOutcome::NeverStarted),
+            GuestCleanup::NeverStarted
+        );
+        for failure in [
+            KillFailure::CallFailed,
+            KillFailure::GroupSurvived,
+            KillFailure::StartedButUnrecorded,
+        ] {
+            assert_eq!(
+                guest_cleanup(KillOutcome::NotLanded(failure)),
+                GuestCleanup::Retired
+            );
+        }
+        // A "never started" after the command's nonce line was seen is a kill that did not land.
+        let report = KillReport {
+            outcome: KillOutcome::NeverStarted,
+            mode: None,
+        };
+        assert_eq!(
+            guest_cleanup(report.after_start(true).outcome),
+            GuestCleanup::Retired
+        );
+    }
 
     fn nonce() -> Nonce {
         Nonce::parse(NONCE).unwrap()
