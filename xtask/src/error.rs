@@ -135,6 +135,19 @@ pub enum XtaskError {
         listing: String,
     },
 
+    /// One type's inherent impls are split across modules of one crate (`crate::split_impls`).
+    #[error(
+        "{count} type(s) with inherent impls outside the module that defines them; make each \
+         part a type of its own that holds what it uses (or, where the split is right, add it to \
+         `split_impls::ALLOWED_SPLITS` with the reason):\n{listing}"
+    )]
+    SplitImpls {
+        /// How many.
+        count: usize,
+        /// One line per split type: the crate, the type and the modules.
+        listing: String,
+    },
+
     /// Code comments cite documents outside the repository (`crate::citations`).
     #[error(
         "{} comment line(s) cite a document or a rule number outside the repository; cite \

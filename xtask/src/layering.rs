@@ -22,6 +22,10 @@
 //! - `sandbox-core` does no I/O: its normal dependencies are a short allow-list, and a new one
 //!   fails the check until someone decides it belongs there.
 //!
+//! The same command runs two checks inside each crate: no three modules import each other in a
+//! circle ([`crate::module_circles`]), and a type's inherent impls live in the module defining it
+//! ([`crate::split_impls`], with its allow-list of splits that remain).
+//!
 //! Rules name crates; a crate that does not exist yet has no edges and breaks nothing. The rules
 //! apply to every dependency kind (normal, build and dev): a leaf whose tests import a higher
 //! layer is no longer testable alone. A crate's dev-dependency on itself (to turn on its own
@@ -110,6 +114,7 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     eprintln!("layering: every publishable crate has its readme, keywords and categories");
     let circles = module_circles(&packages)?;
     report_module_circles(&circles)?;
+    report_split_impls(&split_impls(&packages)?)?;
     // Not a dependency rule, but the same kind of structural check, cheap enough to ride along.
     crate::citations::check(workspace.root())?;
     eprintln!("layering: no comment cites a document outside the repository");
@@ -242,6 +247,41 @@ fn report_module_circles(circles: &[(String, Vec<String>)]) -> Result<(), XtaskE
         Err(XtaskError::ModuleCircles {
             count: circles.len(),
             listing: circles.iter().map(line).collect::<Vec<_>>().join("\n"),
+        })
+    }
+}
+
+/// Every member's types whose inherent impls are split across modules, but the allowed ones.
+fn split_impls(packages: &[Package]) -> Result<Vec<crate::split_impls::Split>, XtaskError> {
+    let mut found = Vec::new();
+    for package in packages {
+        for target in package.targets.iter().filter(|t| t.is_crate_code()) {
+            for split in crate::split_impls::splits_of_root(&package.name, &target.src_path)? {
+                if !found.contains(&split) {
+                    found.push(split);
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Fails on any split, one line each; says so when there is none.
+fn report_split_impls(splits: &[crate::split_impls::Split]) -> Result<(), XtaskError> {
+    if splits.is_empty() {
+        eprintln!(
+            "layering: no type's inherent impls split across modules ({} allowed)",
+            crate::split_impls::ALLOWED_SPLITS.len()
+        );
+        Ok(())
+    } else {
+        Err(XtaskError::SplitImpls {
+            count: splits.len(),
+            listing: splits
+                .iter()
+                .map(crate::split_impls::Split::line)
+                .collect::<Vec<_>>()
+                .join("\n"),
         })
     }
 }

@@ -55,6 +55,7 @@ mod module_circles;
 mod mutants;
 mod packaging;
 mod process;
+mod split_impls;
 mod targets;
 mod tools;
 mod vm;

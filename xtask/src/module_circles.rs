@@ -48,11 +48,26 @@ pub fn circles_of_crate(root_files: &[PathBuf]) -> Result<Vec<Vec<String>>, Xtas
     Ok(found.into_iter().collect())
 }
 
+/// Every module file reachable from `root` (one library or binary), as its path (`crate`,
+/// `a::b`) and its code without comments and `#[cfg(test)]` modules, in the order read.
+///
+/// # Errors
+///
+/// [`XtaskError::Io`] when a module file that a `mod` declaration names cannot be read.
+pub fn module_code(root: &Path) -> Result<Vec<(String, String)>, XtaskError> {
+    Ok(read_modules(root)?
+        .into_iter()
+        .map(|module| (display(&module.path), module.code))
+        .collect())
+}
+
 /// One module file as the check sees it: its path and the module paths its code names.
 #[derive(Debug)]
 struct Module {
     path: ModulePath,
     names: Vec<ModulePath>,
+    /// Its code without comments and test modules.
+    code: String,
 }
 
 /// Every module reachable from `root` through `mod name;` declarations.
@@ -84,7 +99,7 @@ fn read_modules(root: &Path) -> Result<Vec<Module>, XtaskError> {
             pending.push((child_file, child_path, grandchild_dir));
         }
         let names = named_paths(&code, &path);
-        modules.push(Module { path, names });
+        modules.push(Module { path, names, code });
     }
     Ok(modules)
 }
