@@ -1,7 +1,7 @@
 //! The storage base: the directories of a sandbox's working directory, made before anything
 //! else runs in it, engine-side where the guest cannot race the host (a new container's, or a
 //! guest that cannot make them itself), and walked engine-side afterwards: the guest's word is
-//! never taken for what the base's components are (docs/docker-backend.md#the-storage-base).
+//! never taken for what the base's components are (docs/docker-backend.md#storage-base).
 
 use std::sync::Arc;
 
@@ -189,7 +189,7 @@ fn directory_archive<'a>(
 /// it has, and while its own parent is still root's, so no path the extraction changes can be
 /// moved by the guest while it does: the guest writes in none of them yet. No pause: an engine
 /// freeze that catches another caller's exec half-started holds the container until its host
-/// thaws it by hand (docs/docker-backend.md#the-storage-base).
+/// thaws it by hand (docs/docker-backend.md#storage-base).
 fn guarded_base_archive(missing: &[String], uid: u64, gid: u64) -> Result<Vec<u8>, SandboxError> {
     let skeleton = missing.iter().map(|directory| (directory, 0, 0));
     let handed_over = missing.iter().rev().map(|directory| (directory, uid, gid));
