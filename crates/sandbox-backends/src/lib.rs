@@ -18,10 +18,12 @@
 pub use host_files;
 
 mod health;
+mod logging;
 #[cfg(target_os = "linux")]
 pub mod vm_image;
 
 pub use health::health;
+pub use logging::log_to_stderr_from_env;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -15,16 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Ok(level) = std::env::var("SANDBOX_MCP_LOG") {
-        if let Ok(level) = level.parse::<tracing::Level>() {
-            let _ = tracing::subscriber::set_global_default(
-                tracing_subscriber::fmt()
-                    .with_max_level(level)
-                    .with_writer(std::io::stderr)
-                    .finish(),
-            );
-        }
-    }
+    sandbox_backends::log_to_stderr_from_env("SANDBOX_MCP_LOG");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -26,7 +26,8 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => return usage_error(&raw, err),
     };
-    init_tracing();
+    // Logs go to stderr only when asked for (SANDBOXCTL_LOG=debug); stdout stays the command's.
+    sandbox_backends::log_to_stderr_from_env("SANDBOXCTL_LOG");
     // One call per process, I/O-bound: a current-thread runtime starts no worker threads and
     // hands no wake-up between threads, which on a loaded host is measurable per call
     // (BENCHMARKS.md, `sandboxctl` per call). Blocking work (stdin, stdout) is on tokio's blocking
@@ -139,20 +140,6 @@ fn one_line_reason(rendered: &str) -> String {
         .collect();
     let joined = text.join(" ");
     joined.strip_prefix("error: ").unwrap_or(&joined).to_owned()
-}
-
-fn init_tracing() {
-    // Logs go to stderr only when asked for (SANDBOXCTL_LOG=debug); stdout stays the command's.
-    if let Ok(level) = std::env::var("SANDBOXCTL_LOG") {
-        if let Ok(level) = level.parse::<tracing::Level>() {
-            let _ = tracing::subscriber::set_global_default(
-                tracing_subscriber::fmt()
-                    .with_max_level(level)
-                    .with_writer(std::io::stderr)
-                    .finish(),
-            );
-        }
-    }
 }
 
 #[cfg(test)]
