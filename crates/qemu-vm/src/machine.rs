@@ -154,6 +154,10 @@ impl VmConfig {
             "-no-user-config".into(),
             "-nographic".into(),
             "-no-reboot".into(),
+            // QEMU's own seccomp filter: a subverted device model cannot start programs, raise
+            // its privileges, change its scheduling or use obsolete system calls.
+            "-sandbox".into(),
+            QEMU_SANDBOX.into(),
             "-M".into(),
             "microvm".into(),
             "-accel".into(),
@@ -209,6 +213,10 @@ impl VmConfig {
         args
     }
 }
+
+/// QEMU's `-sandbox` options (QEMU 7.2 accepts them all).
+const QEMU_SANDBOX: &str =
+    "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
 
 /// QEMU's run state, from QMP `query-status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -983,6 +991,18 @@ mod tests {
     fn kernel_line(args: &[String]) -> &str {
         let at = args.iter().position(|a| a == "-append").expect("-append");
         &args[at + 1]
+    }
+
+    #[test]
+    fn qemu_runs_under_its_seccomp_sandbox_with_every_deny() {
+        for accel in [Accel::Tcg, Accel::Kvm] {
+            let args = config(accel).qemu_args(None);
+            let at = args.iter().position(|a| a == "-sandbox").expect("-sandbox");
+            assert_eq!(
+                args[at + 1],
+                "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+            );
+        }
     }
 
     #[test]

@@ -138,6 +138,25 @@ async fn boots_to_the_agent_and_runs_exact_bytes_and_exit_codes() {
     let status = booted.vm.as_ref().unwrap().status().await.unwrap();
     assert!(status.running, "QMP says {status:?}");
 
+    // QEMU runs under its own seccomp filter (mode 2, every thread): a subverted device model
+    // cannot start programs, raise its privileges or use obsolete system calls.
+    for task in std::fs::read_dir(format!("/proc/{}/task", booted.vm.as_ref().unwrap().pid()))
+        .unwrap()
+        .flatten()
+    {
+        // A thread that ended since the listing has nothing to judge.
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        assert!(
+            status
+                .lines()
+                .any(|line| line.split_whitespace().eq(["Seccomp:", "2"])),
+            "thread {:?} of QEMU has no seccomp filter: {status}",
+            task.file_name()
+        );
+    }
+
     // Raw argv bytes (not UTF-8, with spaces and quotes) arrive exactly.
     let arg = b"a b'\"\xff\xfe\n".to_vec();
     let request = ExecRequest {
