@@ -14,7 +14,8 @@ use crate::connection::quote as tail;
 use crate::connection::EngineConnection;
 use crate::egress::{gateway_from_ipam, EgressPlan};
 use crate::guest_calls::GuestCalls;
-use crate::guest_calls::{GuestCall, GuestEnd, SMALL_BUDGET};
+use crate::guest_calls::{GuestCall, SMALL_BUDGET};
+use wrapper_stream::GuestEnd;
 
 /// The whole probe's bound.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);

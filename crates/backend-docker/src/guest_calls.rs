@@ -16,11 +16,9 @@ use exec_wrapper::{
 };
 use futures_util::StreamExt as _;
 use sandbox_core::backend_kit::ExecStreamSender;
-use sandbox_core::{
-    ExecEnv, ExecExit, ExecOutput, ExecStdin, ExecStream, GuestCleanup, SandboxError,
-};
+use sandbox_core::{ExecEnv, ExecExit, ExecStdin, ExecStream, GuestCleanup, SandboxError};
 use tokio::io::AsyncWriteExt as _;
-use wrapper_stream::{guest_cleanup, WrapperStreamSink};
+use wrapper_stream::{guest_cleanup, GuestEnd, WrapperStreamSink};
 
 use crate::config::DockerConfig;
 use crate::connection::{quote, EngineConnection};
@@ -62,17 +60,6 @@ impl<'a> GuestCall<'a> {
             timeout,
         }
     }
-}
-
-/// How a wrapper call ended.
-#[derive(Debug)]
-pub(crate) enum GuestEnd {
-    /// The command ran to completion (any exit status).
-    Ran(ExecOutput),
-    /// The deadline passed; the guest side ended as the cleanup says.
-    Expired(GuestCleanup),
-    /// The output budget was exceeded; the guest side was killed (how it ended is logged).
-    Overflowed,
 }
 
 /// [`GuestCalls::prepare_guest`]'s sink: collects like [`CollectSink`], and hands the stdout
@@ -434,15 +421,7 @@ impl GuestCalls {
         id: &str,
         call: GuestCall<'_>,
     ) -> Result<GuestEnd, SandboxError> {
-        match self.stream_guest(id, call)?.collect().await {
-            Ok(output) => Ok(GuestEnd::Ran(output)),
-            Err(SandboxError::Timeout {
-                cleanup: Some(cleanup),
-                ..
-            }) => Ok(GuestEnd::Expired(cleanup)),
-            Err(SandboxError::OutputLimitExceeded { .. }) => Ok(GuestEnd::Overflowed),
-            Err(error) => Err(error),
-        }
+        GuestEnd::collect(self.stream_guest(id, call)?).await
     }
 
     /// A backend-internal command through the wrapper, cwd `/`, under the command timeout.

@@ -25,10 +25,11 @@ use sandbox_core::{
 use crate::archive::Archive;
 use crate::connection::quote as tail;
 use crate::guest_calls::GuestCalls;
-use crate::guest_calls::{GuestCall, GuestEnd, SMALL_BUDGET};
+use crate::guest_calls::{GuestCall, SMALL_BUDGET};
 use crate::guest_scripts::{parse_list_records, LIST_EXIT_CANNOT_ENTER, LIST_SCRIPT};
 use crate::memory::Memories;
 use crate::tar_header::TarStat;
+use wrapper_stream::GuestEnd;
 
 /// Output budget of a listing.
 const LIST_BUDGET: u64 = 8 * 1024 * 1024;

@@ -23,11 +23,12 @@ use crate::guest_scripts::{
     guest_mount_argv, parse_guest_mount, presence_argv, script_argv, AGENT_SOCKET,
     AGENT_SOCKET_EXIT, MOUNT_POINT_CLASH_EXIT, MOUNT_POINT_SCRIPT, NO_AGENT_SCRIPT,
 };
-use crate::handle::{GuestEnd, SbxSandbox};
+use crate::handle::SbxSandbox;
 use crate::host::SbxHost;
 use crate::host_plane::HostPlane;
 use crate::layout::{self, Record, RECORD_VERSION};
 use sandbox_core::backend_kit::spawn_detached;
+use wrapper_stream::GuestEnd;
 
 /// How long an abandoned create is watched for, and how often `ls` is asked.
 const WATCH_FOR: Duration = Duration::from_secs(10);

@@ -19,7 +19,7 @@ use sandbox_core::{
     Sandbox, SandboxEntry, SandboxError, TransferLimits,
 };
 use sbx_cli::{Error as CliError, ExecRequest as CliExec, Instant, SbxName};
-use wrapper_stream::{guest_cleanup, WrapperStreamSink};
+use wrapper_stream::{guest_cleanup, GuestEnd, WrapperStreamSink};
 
 use crate::engine::to_sandbox_error;
 use crate::host::SbxHost;
@@ -34,17 +34,6 @@ const NONCE_SLACK: u64 = 4096;
 
 /// Output budget of the backend's own guest commands (rm).
 const SMALL_GUEST_BUDGET: u64 = 64 * 1024;
-
-/// How a wrapped guest call ended.
-#[derive(Debug)]
-pub(crate) enum GuestEnd {
-    /// The command ran to its end.
-    Ran(ExecOutput),
-    /// The deadline passed; how the kill went.
-    Expired(GuestCleanup),
-    /// The output passed its budget; the command was killed (how it ended is logged).
-    Overflowed,
-}
 
 /// A handle to one instance, by name and id: a replacement under the same name is never reached
 /// (every call checks the retired set by id; an sbx call reaching a replacement finds its
@@ -332,15 +321,7 @@ impl SbxSandbox {
         let stream = self
             .stream_wrapped(cwd, argv, env, ExecStdin::Closed, Some(budget), timeout)
             .await?;
-        match stream.collect().await {
-            Ok(output) => Ok(GuestEnd::Ran(output)),
-            Err(SandboxError::Timeout {
-                cleanup: Some(cleanup),
-                ..
-            }) => Ok(GuestEnd::Expired(cleanup)),
-            Err(SandboxError::OutputLimitExceeded { .. }) => Ok(GuestEnd::Overflowed),
-            Err(error) => Err(error),
-        }
+        GuestEnd::collect(stream).await
     }
 
     /// Starts one command through the wrapper (`unshare`, then `bind` / `run`; plain values carried

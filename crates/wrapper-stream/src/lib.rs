@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 use exec_wrapper::{Error, KillOutcome, Nonce, NonceSplitter, OutputSink, Stream};
 use sandbox_core::backend_kit::{ExecStreamSender, SendRefused};
-use sandbox_core::{ExecChunk, GuestCleanup};
+use sandbox_core::{ExecChunk, ExecOutput, ExecStream, GuestCleanup, SandboxError};
 
 /// Feeds one wrapper call's output to its stream; see the crate docs.
 #[derive(Debug)]
@@ -121,6 +121,42 @@ impl OutputSink for WrapperStreamSink {
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// How a wrapped call a backend runs for itself ended, read from its collected stream: the two
+/// ends the contract reports as errors to a caller (the deadline, the output budget) are values
+/// here, because the backend decides what each costs (a retry, a retirement, a typed refusal).
+#[derive(Debug)]
+pub enum GuestEnd {
+    /// The command ran to its end (any exit status).
+    Ran(ExecOutput),
+    /// The deadline passed; the guest side ended as the cleanup says.
+    Expired(GuestCleanup),
+    /// The output passed its budget; the command was killed (how it ended is logged).
+    Overflowed,
+}
+
+impl GuestEnd {
+    /// Collects `stream` and reads its end.
+    ///
+    /// # Errors
+    /// Every error of [`ExecStream::collect`] but an expired deadline with a known cleanup and an
+    /// exceeded output budget.
+    ///
+    /// # Cancel safety and drop
+    /// As [`ExecStream::collect`]: dropping the future drops the stream, and the command is killed
+    /// as on its deadline.
+    pub async fn collect(stream: ExecStream) -> Result<GuestEnd, SandboxError> {
+        match stream.collect().await {
+            Ok(output) => Ok(GuestEnd::Ran(output)),
+            Err(SandboxError::Timeout {
+                cleanup: Some(cleanup),
+                ..
+            }) => Ok(GuestEnd::Expired(cleanup)),
+            Err(SandboxError::OutputLimitExceeded { .. }) => Ok(GuestEnd::Overflowed),
+            Err(error) => Err(error),
+        }
+    }
+}
 
 /// How the guest side of a call ended, in the contract's terms, after the kill that followed an
 /// expired, over-budget or dropped call: killed, never started, or, when the kill did not land,
