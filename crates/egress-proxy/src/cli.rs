@@ -234,18 +234,9 @@ fn read_grants_from_stdin() -> Result<Vec<Grant>, ProxyError> {
 /// # Errors
 /// Any failure writing the file.
 pub fn write_ca_cert(dest: &Path, pem: &str) -> Result<(), ProxyError> {
-    let temp = temp_beside(dest)?;
-    let result = (|| {
-        std::fs::write(&temp, pem)
-            .map_err(|e| io_error("writing the CA certificate to", &temp, e))?;
-        std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o644))
-            .map_err(|e| io_error("setting the mode of", &temp, e))?;
-        std::fs::rename(&temp, dest).map_err(|e| io_error("renaming into place", dest, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result
+    put_in_place(dest, 0o644, |temp| {
+        std::fs::write(temp, pem).map_err(|e| io_error("writing the CA certificate to", temp, e))
+    })
 }
 
 /// Copies this process's executable to `dest`, mode 0755, through a temporary file in the
@@ -255,14 +246,29 @@ pub fn write_ca_cert(dest: &Path, pem: &str) -> Result<(), ProxyError> {
 /// Any failure reading the executable or writing the copy.
 pub fn install_forwarder(dest: &Path) -> Result<(), ProxyError> {
     let source = Path::new("/proc/self/exe");
+    put_in_place(dest, 0o755, |temp| {
+        std::fs::copy(source, temp)
+            .map(drop)
+            .map_err(|e| io_error("copying the executable to", temp, e))
+    })
+}
+
+/// Writes `dest` whole or not at all: `fill` writes a temporary file beside it, which gets `mode`
+/// and is renamed into place; on any failure the temporary file is removed.
+fn put_in_place(
+    dest: &Path,
+    mode: u32,
+    fill: impl FnOnce(&Path) -> Result<(), ProxyError>,
+) -> Result<(), ProxyError> {
     let temp = temp_beside(dest)?;
-    let result = (|| {
-        std::fs::copy(source, &temp)
-            .map_err(|e| io_error("copying the executable to", &temp, e))?;
-        std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| io_error("setting the mode of", &temp, e))?;
-        std::fs::rename(&temp, dest).map_err(|e| io_error("renaming into place", dest, e))
-    })();
+    let result = fill(&temp)
+        .and_then(|()| {
+            std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| io_error("setting the mode of", &temp, e))
+        })
+        .and_then(|()| {
+            std::fs::rename(&temp, dest).map_err(|e| io_error("renaming into place", dest, e))
+        });
     if result.is_err() {
         let _ = std::fs::remove_file(&temp);
     }

@@ -329,6 +329,29 @@ pub enum Body {
     Length(u64),
 }
 
+impl Body {
+    /// How many bytes the body has.
+    pub fn len(self) -> u64 {
+        match self {
+            Body::Empty => 0,
+            Body::Length(n) => n,
+        }
+    }
+
+    /// Whether the body has no byte.
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+
+    /// The part of this body that arrived in `rest`, the bytes read after the head: at most
+    /// the body's length, so bytes of a next request are never taken as this one's.
+    pub fn arrived(self, rest: &[u8]) -> &[u8] {
+        &rest[..rest
+            .len()
+            .min(usize::try_from(self.len()).unwrap_or(usize::MAX))]
+    }
+}
+
 /// Header fields never forwarded as the client wrote them: hop-by-hop fields (RFC 9110 §7.6.1),
 /// the host, which the rewrite sets from the request target, and `Content-Length`, which it
 /// writes once, canonical, from the framing the proxy itself uses.
@@ -516,6 +539,17 @@ mod tests {
 
     fn head(text: &str) -> Result<RequestHead, HeadError> {
         parse_head(text.as_bytes())
+    }
+
+    #[test]
+    fn a_body_takes_only_its_own_bytes_of_what_followed_the_head() {
+        let rest = b"abcdef";
+        assert_eq!(Body::Empty.arrived(rest), b"");
+        assert_eq!(Body::Length(4).arrived(rest), b"abcd");
+        assert_eq!(Body::Length(9).arrived(rest), b"abcdef");
+        assert_eq!(Body::Length(u64::MAX).arrived(b""), b"");
+        assert_eq!(Body::Length(9).len(), 9);
+        assert!(Body::Empty.is_empty() && !Body::Length(1).is_empty());
     }
 
     fn name(n: &str) -> Host {

@@ -547,20 +547,20 @@ async fn serve_one<S: Socket>(
                 return Ok(());
             };
             let rewritten = head.rewrite_to(&verdict.target, 80, false, None);
-            let length = match body {
-                Body::Empty => 0,
-                Body::Length(n) => n,
-            };
-            let early = rest
-                .len()
-                .min(usize::try_from(length).unwrap_or(usize::MAX));
+            let early = body.arrived(&rest);
             let mut first = rewritten;
-            first.extend_from_slice(&rest[..early]);
+            first.extend_from_slice(early);
             let sent = tokio::time::timeout(idle, upstream.write_all(&first)).await;
             if !matches!(sent, Ok(Ok(()))) {
                 return Ok(());
             }
-            let _ = relay_sockets(client, upstream, idle, Some(length - early as u64)).await;
+            let _ = relay_sockets(
+                client,
+                upstream,
+                idle,
+                Some(body.len() - early.len() as u64),
+            )
+            .await;
         }
     }
     Ok(())

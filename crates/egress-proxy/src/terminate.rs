@@ -18,7 +18,7 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::time::Instant;
 
-use crate::head::{parse_tunnelled_head, Authority, Body};
+use crate::head::{parse_tunnelled_head, Authority};
 use crate::proxy::{answer_and_close, connect, read_head, Answer, Decision, Policy};
 use crate::rules::Token;
 use crate::tls::Terminator;
@@ -209,13 +209,7 @@ where
         Err(_) => return Err(Answer::status(504, "TLS with the upstream timed out")),
     };
 
-    let length = match body {
-        Body::Empty => 0,
-        Body::Length(n) => n,
-    };
-    let early = rest
-        .len()
-        .min(usize::try_from(length).unwrap_or(usize::MAX));
+    let early = body.arrived(&rest);
     let authorization = verdict.credential.map(Token::authorization_value);
     let mut first = head.rewrite_to(
         &verdict.target,
@@ -223,7 +217,7 @@ where
         verdict.drop_authorization,
         authorization.as_deref(),
     );
-    first.extend_from_slice(&rest[..early]);
+    first.extend_from_slice(early);
     decision.allowed = true;
     decision.reason = "terminated".to_owned();
     let idle = policy.limits.idle_timeout;
@@ -236,12 +230,12 @@ where
     let (up, down, echoed) = pump_both(
         client,
         &mut upstream,
-        length - early as u64,
+        body.len() - early.len() as u64,
         verdict.credential,
         idle,
     )
     .await;
-    decision.bytes_up = Some(early as u64 + up);
+    decision.bytes_up = Some(early.len() as u64 + up);
     decision.bytes_down = Some(down);
     if echoed {
         decision.allowed = false;
