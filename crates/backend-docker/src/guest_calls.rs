@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use exec_wrapper::{
     docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, exec_init_argv,
-    init_status_argv, init_status_confirms, new_nonce, raw_invocation, read_tool_probe,
-    tool_probe_argv, tree_kill_argv, ExitKind, KillFailure, KillOutcome, KillReport, Nonce,
-    OutputSink, Stream, ToolProbeOutcome, WrapperOutcome, DOCKER_INIT_PATH, DOCKER_TOOLS,
-    EXEC_INIT_PATH, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
+    init_status_argv, new_nonce, raw_invocation, read_tool_probe, recorded_status, tool_probe_argv,
+    tree_kill_argv, ExitKind, KillFailure, KillOutcome, KillReport, Nonce, OutputSink, Stream,
+    ToolProbeOutcome, WrapperOutcome, DOCKER_INIT_PATH, DOCKER_TOOLS, EXEC_INIT_PATH,
+    KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET, RECORDED_STATUS, SIGNAL_STATUSES,
 };
 use futures_util::StreamExt as _;
 use sandbox_core::backend_kit::ExecStreamSender;
@@ -571,14 +571,19 @@ impl GuestCalls {
     ) -> Result<ExecExit, SandboxError> {
         match outcome {
             WrapperOutcome::Ran(ran) => {
-                if ran.status > SIGNAL_STATUS_FLOOR {
-                    self.refuse_if_container_died(id, ran.status, started)
-                        .await?;
-                    if self.memory.probes.call_init(id).is_some() {
-                        self.refuse_if_init_killed(id, nonce, ran.status).await?;
+                let init_shape = self.memory.probes.call_init(id).is_some();
+                let status = if init_shape && ran.status == RECORDED_STATUS {
+                    self.recorded_status(id, nonce).await?
+                } else {
+                    ran.status
+                };
+                if status > SIGNAL_STATUS_FLOOR {
+                    self.refuse_if_container_died(id, status, started).await?;
+                    if init_shape && SIGNAL_STATUSES.contains(&ran.status) {
+                        return Err(self.retire_for_killed_init(id, status).await);
                     }
                 }
-                Ok(ExecExit::exited(ran.status))
+                Ok(ExecExit::exited(status))
             }
             WrapperOutcome::NoWorkingDirectory { reason } => Ok(ExecExit::workdir_unusable(reason)),
             WrapperOutcome::NoNonce {
@@ -634,41 +639,44 @@ impl GuestCalls {
         cleanup
     }
 
-    /// Under the engine's init, a signal-shaped status is the command's only when its wrapper
-    /// recorded it (docs/wrapper-protocol.md#docker-the-engines-init-as-the-calls-subreaper):
-    /// otherwise the command killed its init or its wrapper, the status is theirs, and the
-    /// command and whatever it started may still run outside any call. That is the wrapper's
-    /// failure, never an exit code: the sandbox is retired (its removal ends every process).
-    async fn refuse_if_init_killed(
-        &self,
-        id: &str,
-        nonce: &Nonce,
-        status: i32,
-    ) -> Result<(), SandboxError> {
+    /// Under an init shape, the wrapper exits [`RECORDED_STATUS`] both for a command that
+    /// exited 255 and for one whose status was signal-shaped (then recorded): the record, read
+    /// and removed by a second exec, tells which
+    /// (docs/wrapper-protocol.md#docker-the-engines-init-as-the-calls-subreaper). A check that
+    /// fails is an engine error: the command ended, but its status is not known.
+    async fn recorded_status(&self, id: &str, nonce: &Nonce) -> Result<i32, SandboxError> {
         let check = self.execs.exec_collect(
             id,
             init_status_argv(nonce),
             Vec::new(),
             KILL_OUTPUT_BUDGET as u64,
         );
-        let confirmed = match tokio::time::timeout(self.config.exec_cleanup_timeout, check).await {
-            Ok(Ok(collected)) => init_status_confirms(
-                ExitKind::Exited(collected.exit_code),
-                &collected.stdout,
-                status,
-            ),
-            Ok(Err(_)) | Err(_) => false,
+        let read = match tokio::time::timeout(self.config.exec_cleanup_timeout, check).await {
+            Ok(Ok(collected)) => {
+                recorded_status(ExitKind::Exited(collected.exit_code), &collected.stdout)
+            }
+            Ok(Err(_)) | Err(_) => None,
         };
-        if confirmed {
-            return Ok(());
-        }
+        read.ok_or_else(|| {
+            SandboxError::engine(format!(
+                "the command in {id} ended, but the record of its status could not be read"
+            ))
+        })
+    }
+
+    /// An init-shape exec that ends with a signal-shaped status ended because its init or
+    /// wrapper was killed (no wrapper exits with one): the command and whatever it started may
+    /// still run outside any call, whatever it wrote where the wrapper keeps its record. That
+    /// is the wrapper's failure, never an exit code: the sandbox is retired (its removal ends
+    /// every process).
+    async fn retire_for_killed_init(&self, id: &str, status: i32) -> SandboxError {
         tracing::warn!(container = %id, status, "a command killed its call's init or wrapper; retiring the sandbox");
         self.retirement.retire(id).await;
-        Err(SandboxError::engine(format!(
+        SandboxError::engine(format!(
             "the command killed the process that runs it (the call's init or wrapper): status \
              {status} is not the command's, and the sandbox {id} was retired to end what it left \
              running"
-        )))
+        ))
     }
 
     /// Whether the engine recorded an OOM kill in container `id` since `started` (its `oom`

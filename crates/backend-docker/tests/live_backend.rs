@@ -181,6 +181,81 @@ async fn a_command_that_kills_its_init_is_an_error_and_leaves_nothing_running() 
     assert_nothing_left(&backend, &scope, &["t".to_owned(), "u".to_owned()]).await;
 }
 
+/// A command that reads its call's nonce (every argv in the container is readable), writes the
+/// status record its wrapper would have written, and then kills its init cannot make that death
+/// pass for its own signal: the exit is still the wrapper's failure and the sandbox is retired,
+/// ending what the command left running.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_status_record_does_not_hide_a_killed_init() {
+    let backend = backend(false).await;
+    let scope = unique_scope("init-forge");
+    let forge = r#"n=$(tr '\0' '\n' </proc/$PPID/cmdline | grep -m1 -xE '[0-9a-f]{24}')
+printf 137 >"/tmp/maf-sbx-$n.status""#;
+    let kill_parent = format!("{forge}\nsleep 905 & kill -9 $PPID; sleep 30");
+    let kill_grandparent = format!(
+        "{forge}\nsleep 906 & read -r s </proc/$PPID/stat; s=${{s##*) }}; s=${{s#* }}; kill -KILL ${{s%% *}}; sleep 30"
+    );
+    for (thread, image, line) in [("t", BASE, &kill_parent), ("u", BUSYBOX, &kill_grandparent)] {
+        let key = SandboxKey::conversation(scope.as_str(), thread, "agent");
+        let sandbox = backend.acquire(&key, &spec(image)).await.unwrap();
+        let id = sandbox.instance_id().to_owned();
+        let result = sandbox
+            .exec(
+                ExecRequest::new(Command::argv(["sh", "-c", line])).timeout(Duration::from_secs(5)),
+            )
+            .await;
+        let error = match result {
+            Ok(output) => panic!(
+                "{image}: the forged record passed: read as the command's exit {} ({})",
+                output.exit_code,
+                String::from_utf8_lossy(&output.stderr)
+            ),
+            Err(error) => error,
+        };
+        assert_eq!(error.kind(), ErrorKind::Engine, "{image}: {error}");
+        assert!(error.to_string().contains("retired"), "{error}");
+        let inspect = docker(["inspect", "--format", "{{.State.Status}}", &id]).await;
+        assert_ne!(
+            inspect.status,
+            exec_wrapper::ExitKind::Exited(0),
+            "{image}: the container remains: {}",
+            String::from_utf8_lossy(&inspect.stdout)
+        );
+    }
+    assert_nothing_left(&backend, &scope, &["t".to_owned(), "u".to_owned()]).await;
+}
+
+/// A command's own exit statuses, 255 and every signal-shaped one among them, read as its
+/// exits in both init shapes, and the record is gone after each.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_status_a_command_ends_with_reads_as_its_own() {
+    let backend = backend(false).await;
+    let scope = unique_scope("init-status");
+    for (thread, image) in [("t", BASE), ("u", BUSYBOX)] {
+        let key = SandboxKey::conversation(scope.as_str(), thread, "agent");
+        let sandbox = backend.acquire(&key, &spec(image)).await.unwrap();
+        for (line, status) in [
+            ("exit 255", 255),
+            ("exit 254", 254),
+            ("exit 130", 130),
+            ("exit 192", 192),
+            ("exit 193", 193),
+            ("kill -TERM $$", 143),
+            ("kill -KILL $$", 137),
+        ] {
+            let output = run(sandbox.as_ref(), &["sh", "-c", line]).await;
+            assert_eq!(output.exit_code, status, "{image}: {line}");
+        }
+        let left = run(
+            sandbox.as_ref(),
+            &["sh", "-c", "ls /tmp | grep -c status$ || true"],
+        )
+        .await;
+        assert_eq!(String::from_utf8_lossy(&left.stdout).trim(), "0", "{image}");
+    }
+    assert_nothing_left(&backend, &scope, &["t".to_owned(), "u".to_owned()]).await;
+}
+
 /// A call in an image that carries the exec init runs as it (the command's parent), and the
 /// command starts with no signal ignored or blocked (a glibc `posix_spawn` would leave two
 /// ignored); an image without it runs the wrapper's `sh` under the engine's init.

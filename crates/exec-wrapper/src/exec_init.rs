@@ -9,8 +9,8 @@
 //! values (in process: no `base64`); enters the working directory (failure: the `-nocwd` line, a
 //! reason, 125); prints the nonce line; starts exactly the argv (a `PATH` search as `execvp` does,
 //! in a process group of its own); reaps every orphan it adopts while it waits; records a
-//! signal-shaped status (over 128) for [`crate::init_status_argv`]; exits with the command's
-//! status.
+//! signal-shaped status ([`crate::SIGNAL_STATUSES`]) for [`crate::init_status_argv`] and exits
+//! [`crate::RECORDED_STATUS`] then, else exits with the command's status.
 //!
 //! What it saves is two program starts per call, the init's and a dynamically linked shell's.
 //! The parsing ([`parse_init_args`]) is portable and pure, so it is tested on every host; the
@@ -157,8 +157,11 @@ mod linux {
                 i32::from(status)
             }
         };
-        if status > 128 {
+        // No exit of the init's own is ever signal-shaped: such an exec status can only be the
+        // init's death.
+        if crate::SIGNAL_STATUSES.contains(&status) {
             record_status(&status_file(&nonce), status);
+            return crate::RECORDED_STATUS as u8;
         }
         u8::try_from(status).unwrap_or(u8::MAX)
     }

@@ -166,10 +166,10 @@ pub use tool_probe::{
 };
 pub use wrapper_scripts::{
     docker_init_probe_argv, docker_init_wrapper_argv, docker_wrapper_argv, exec_init_argv,
-    init_status_argv, init_status_confirms, kill_argv, namespace_kill_argv,
-    pid_namespace_probe_argv, read_kill_mode_probe, sbx_pid_namespace_wrapper_argv,
-    sbx_wrapper_argv, tree_kill_argv, SbxMount, DOCKER_INIT_PATH, EXEC_INIT_PATH, SCRIPT_NAME,
-    WORKSPACE_MARKER,
+    init_status_argv, kill_argv, namespace_kill_argv, pid_namespace_probe_argv,
+    read_kill_mode_probe, recorded_status, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv,
+    tree_kill_argv, SbxMount, DOCKER_INIT_PATH, EXEC_INIT_PATH, RECORDED_STATUS, SCRIPT_NAME,
+    SIGNAL_STATUSES, WORKSPACE_MARKER,
 };
 
 /// The script texts themselves, for review and snapshot tests: every `*_argv` function above

@@ -243,10 +243,10 @@ pub const EXEC_INIT_PATH: &str = exec_init_path!();
 /// (exit 125, no nonce); only `x` values are decoded (any failure: 125, no nonce); `cd` (failure:
 /// the `<nonce>-nocwd` line, the shell's message, 125, no nonce); the nonce line; then the
 /// command runs in a subshell that replaces itself with it (`(exec "$@")`: exactly the argv, never
-/// a shell builtin), while the wrapper waits. A signal-shaped status (over 128) is written to
-/// `/tmp/maf-sbx-<nonce>.status` before the wrapper exits with it, so the host can tell a command
-/// killed by a signal (the file holds its status) from an init or wrapper the command killed (no
-/// file: nothing waited for the command); see [`init_status_argv`]. The init puts the wrapper in
+/// a shell builtin), while the wrapper waits. A signal-shaped status ([`SIGNAL_STATUSES`]) is
+/// written to `/tmp/maf-sbx-<nonce>.status` and the wrapper exits [`RECORDED_STATUS`] instead:
+/// an exec of this shape that ends with a signal-shaped status therefore always means its init
+/// or wrapper was killed, whatever a command wrote (see [`init_status_argv`]). The init puts the wrapper in
 /// its own process group and stays the subreaper: whatever the command starts, even in a new
 /// session, stays in its tree.
 pub const DOCKER_INIT_WRAPPER: &str = concat!(
@@ -258,14 +258,13 @@ pub const DOCKER_INIT_WRAPPER: &str = concat!(
     r#"set -- "$@" "$a";done;shift "$k";;esac;"#,
     r#"cd -- "$1" 2>/dev/null||{ printf '%s-nocwd\n' "$n" >&2;cd -- "$1";exit 125;};"#,
     r#"printf '%s\n' "$n" >&2;shift;(exec "$@");s=$?;"#,
-    r#"[ "$s" -le 128 ]||printf '%s' "$s" >"/tmp/maf-sbx-$n.status";exit "$s""#
+    r#"if [ "$s" -gt 128 ]&&[ "$s" -le 192 ];then printf '%s' "$s" >"/tmp/maf-sbx-$n.status";s=255;fi;exit "$s""#
 );
 
-/// After a call in the Docker init shape ended with a signal-shaped status (over 128): `sh -c
-/// INIT_STATUS_SCRIPT maf-sbx <nonce>` prints the status its wrapper recorded (and removes the
-/// record), or `none` when there is none: then the command killed its init or wrapper, the
-/// status is theirs, not the command's, and the command may still run. A missing nonce or one
-/// not of 24 lowercase hex digits: exit 3.
+/// After a call in the Docker init shape ended with [`RECORDED_STATUS`]: `sh -c
+/// INIT_STATUS_SCRIPT maf-sbx <nonce>` prints the signal-shaped status its wrapper recorded (and
+/// removes the record), or `none` when there is none: then the command exited with
+/// [`RECORDED_STATUS`] itself. A missing nonce or one not of 24 lowercase hex digits: exit 3.
 pub const INIT_STATUS_SCRIPT: &str = r#"n=$1
 case $n in ''|*[!0-9a-f]*) exit 3 ;; esac
 [ "${#n}" -eq 24 ] || exit 3
@@ -287,12 +286,34 @@ pub fn init_status_argv(nonce: &Nonce) -> Vec<String> {
         .to_vec()
 }
 
-/// Whether the status check's output confirms `status` as the command's own: its wrapper
-/// recorded exactly that status. Anything else (`none`, another number, a failed check) means
-/// the command killed its init or wrapper.
-pub fn init_status_confirms(check_status: ExitKind, stdout: &[u8], status: i32) -> bool {
-    check_status == ExitKind::Exited(0)
-        && std::str::from_utf8(stdout).is_ok_and(|text| text.trim_end() == status.to_string())
+/// The exit statuses of a process killed by a signal: 128 plus the signal's number (1 to 64).
+/// An init-shape call's exec never ends with one of them unless its init or wrapper was killed:
+/// the wrapper turns a command's signal-shaped status into [`RECORDED_STATUS`] and a record.
+pub const SIGNAL_STATUSES: std::ops::RangeInclusive<i32> = 129..=192;
+
+/// What an init-shape wrapper exits with when the command's status was signal-shaped (and
+/// recorded), or when the command itself exited with it: [`recorded_status`] tells which.
+pub const RECORDED_STATUS: i32 = 255;
+
+/// The command's status after its init-shape call ended with [`RECORDED_STATUS`], from the
+/// status check's exit and output: the record when it holds a signal-shaped status, else
+/// [`RECORDED_STATUS`] (no record, or one the command wrote that no wrapper would). `None` when
+/// the check itself failed.
+///
+/// A command can write a record of its own and exit 255: it then chooses which of its own
+/// statuses is reported, which it could have done by exiting with it.
+pub fn recorded_status(check_status: ExitKind, stdout: &[u8]) -> Option<i32> {
+    if check_status != ExitKind::Exited(0) {
+        return None;
+    }
+    let text = String::from_utf8_lossy(stdout);
+    Some(
+        text.trim_end()
+            .parse::<i32>()
+            .ok()
+            .filter(|status| SIGNAL_STATUSES.contains(status))
+            .unwrap_or(RECORDED_STATUS),
+    )
 }
 
 // The start of the exact kills: check the nonce, create the cancel file first (the start race
@@ -774,9 +795,10 @@ mod tests {
             .unwrap();
         assert_eq!(check.status.code(), Some(0));
         let printed = String::from_utf8(check.stdout).unwrap();
-        assert!(
-            init_status_confirms(ExitKind::Exited(0), printed.as_bytes(), status)
-                == (printed.trim_end() != "none")
+        let read = recorded_status(ExitKind::Exited(0), printed.as_bytes());
+        assert_eq!(
+            read.is_some_and(|r| r != RECORDED_STATUS),
+            printed.trim_end() != "none"
         );
         // The record is read once: a second check finds none.
         let again = std::process::Command::new("sh")
@@ -789,7 +811,8 @@ mod tests {
 
     #[test]
     fn the_init_shape_records_a_signal_status_and_not_a_killed_wrapper() {
-        // Plain statuses leave no record; a command killed by a signal leaves its status.
+        // Plain statuses leave no record; a command killed by a signal leaves its status, and
+        // the wrapper exits with the one status that says so.
         assert_eq!(wrapper_then_status_check(&["true"]), (0, "none".to_owned()));
         assert_eq!(
             wrapper_then_status_check(&["sh", "-c", "exit 7"]),
@@ -797,19 +820,40 @@ mod tests {
         );
         assert_eq!(
             wrapper_then_status_check(&["sh", "-c", "kill -KILL $$"]),
-            (137, "137".to_owned())
+            (RECORDED_STATUS, "137".to_owned())
+        );
+        // A command's own signal-shaped exit is recorded alike; 255 and 193 pass as they are.
+        assert_eq!(
+            wrapper_then_status_check(&["sh", "-c", "exit 192"]),
+            (RECORDED_STATUS, "192".to_owned())
+        );
+        assert_eq!(
+            wrapper_then_status_check(&["sh", "-c", "exit 193"]),
+            (193, "none".to_owned())
+        );
+        assert_eq!(
+            wrapper_then_status_check(&["sh", "-c", "exit 255"]),
+            (RECORDED_STATUS, "none".to_owned())
         );
         // The command is exactly its argv, never a shell builtin.
         assert_eq!(wrapper_then_status_check(&["exit", "3"]).0, 127);
-        // A command that kills the process waiting for it: no record, so the status (the
-        // wrapper's death) is never taken for the command's.
+        // A command that kills the process waiting for it: the exec's status is signal-shaped,
+        // which no wrapper exits with; a record the command forged changes nothing of that.
         assert_eq!(
             wrapper_then_status_check(&["sh", "-c", "kill -KILL $PPID; sleep 0.2"]),
             (137, "none".to_owned())
         );
-        assert!(!init_status_confirms(ExitKind::Exited(0), b"none\n", 137));
-        assert!(!init_status_confirms(ExitKind::Exited(3), b"137\n", 137));
-        assert!(init_status_confirms(ExitKind::Exited(0), b"137\n", 137));
+        assert!(SIGNAL_STATUSES.contains(&137));
+        assert_eq!(recorded_status(ExitKind::Exited(0), b"none\n"), Some(255));
+        assert_eq!(recorded_status(ExitKind::Exited(0), b"137\n"), Some(137));
+        assert_eq!(recorded_status(ExitKind::Exited(0), b"129"), Some(129));
+        assert_eq!(recorded_status(ExitKind::Exited(0), b"192"), Some(192));
+        // What no wrapper records reads as the command's own 255.
+        for forged in [&b"0"[..], b"128", b"193", b"255", b"-1", b"\xff\xfe", b""] {
+            assert_eq!(recorded_status(ExitKind::Exited(0), forged), Some(255));
+        }
+        assert_eq!(recorded_status(ExitKind::Exited(3), b"137\n"), None);
+        assert_eq!(recorded_status(ExitKind::Signaled(9), b""), None);
     }
     use crate::argv_encoding::encode_invocation;
 
