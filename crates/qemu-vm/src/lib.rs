@@ -23,6 +23,7 @@ mod error;
 mod image;
 mod machine;
 mod ports;
+mod run_as;
 
 pub use accel::{probe_accel, AccelReport};
 pub use client::{
@@ -38,6 +39,7 @@ pub use machine::{
     host_tsc_khz, qemus_under, Accel, RunningQemu, Vm, VmConfig, VmStatus, QEMU_PROGRAM,
 };
 pub use ports::DEFAULT_AGENT_PORTS;
+pub use run_as::{RunAs, Spelling, FIRST_VM_ID, VM_IDS};
 pub use vm_agent::proto::MAX_PORTS as MAX_AGENT_PORTS;
 pub use vm_agent::proto::{Entry, ErrorCode, ExecRequest, ExitStatus, FileKind, Stat};
 

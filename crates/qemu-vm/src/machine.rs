@@ -24,6 +24,7 @@ use crate::client::AgentClient;
 use crate::error::VmError;
 use crate::image::VmImage;
 use crate::ports::{self, DEFAULT_AGENT_PORTS};
+use crate::run_as::{RunAs, Spelling};
 
 /// How a VM's CPU is run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +94,8 @@ pub struct VmConfig {
     /// The agent ports, `1..=`[`crate::MAX_AGENT_PORTS`]: how many host processes can use the
     /// VM at once (each holds one port while its connection lives).
     pub agent_ports: u32,
+    /// The user QEMU runs as once its set-up is done (see [`RunAs`]).
+    pub run_as: RunAs,
 }
 
 /// The QEMU program a [`VmConfig`] runs unless told otherwise, looked up on `PATH`.
@@ -100,7 +103,8 @@ pub const QEMU_PROGRAM: &str = "qemu-system-x86_64";
 
 impl VmConfig {
     /// A config with 512 MiB, one CPU, TCG, [`QEMU_PROGRAM`] from `PATH`,
-    /// [`DEFAULT_AGENT_PORTS`] agent ports.
+    /// [`DEFAULT_AGENT_PORTS`] agent ports, and QEMU dropping to ids of its own when this
+    /// process is root ([`RunAs::for_this_process`]).
     pub fn new(image: VmImage, parent_dir: impl Into<PathBuf>, name: impl Into<String>) -> Self {
         VmConfig {
             image,
@@ -113,6 +117,7 @@ impl VmConfig {
             kernel_args: Vec::new(),
             console_log: false,
             agent_ports: DEFAULT_AGENT_PORTS,
+            run_as: RunAs::for_this_process(),
         }
     }
 
@@ -121,8 +126,9 @@ impl VmConfig {
         self.parent_dir.join(&self.name)
     }
 
-    /// QEMU's arguments, with the QMP listener on descriptor 3 and agent port `i`'s on `4 + i`.
-    pub fn qemu_args(&self, tsc_khz: Option<u64>) -> Vec<String> {
+    /// QEMU's arguments, with the QMP listener on descriptor 3 and agent port `i`'s on `4 + i`,
+    /// the drop to [`VmConfig::run_as`] spelled as `spelling` says.
+    pub fn qemu_args(&self, tsc_khz: Option<u64>, spelling: Spelling) -> Vec<String> {
         let dir = self.dir();
         let mut append = vec![
             "quiet".to_owned(),
@@ -157,7 +163,7 @@ impl VmConfig {
             // QEMU's own seccomp filter: a subverted device model cannot start programs, raise
             // its privileges, change its scheduling or use obsolete system calls.
             "-sandbox".into(),
-            QEMU_SANDBOX.into(),
+            self.run_as.sandbox_option().into(),
             "-M".into(),
             "microvm".into(),
             "-accel".into(),
@@ -210,13 +216,10 @@ impl VmConfig {
         } else {
             args.push("none".into());
         }
+        args.extend(self.run_as.qemu_args(spelling));
         args
     }
 }
-
-/// QEMU's `-sandbox` options (QEMU 7.2 accepts them all).
-const QEMU_SANDBOX: &str =
-    "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
 
 /// QEMU's run state, from QMP `query-status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -269,8 +272,12 @@ impl Vm {
         let dir = config.dir();
         std::fs::create_dir_all(&config.parent_dir)
             .map_err(|e| VmError::io("creating", &config.parent_dir, e))?;
+        let spelling = match config.run_as {
+            RunAs::Invoker => Spelling::RunWith,
+            RunAs::Ids { .. } => Spelling::of(&config.qemu).await?,
+        };
         std::fs::create_dir(&dir).map_err(|e| VmError::io("creating", &dir, e))?;
-        let started = Vm::spawn(config, &dir);
+        let started = Vm::spawn(config, &dir, spelling);
         if started.is_err() {
             // Nothing runs there: the directory goes with the failure.
             let _ = std::fs::remove_dir_all(&dir);
@@ -291,7 +298,7 @@ impl Vm {
         }
     }
 
-    fn spawn(config: &VmConfig, dir: &Path) -> Result<Vm, VmError> {
+    fn spawn(config: &VmConfig, dir: &Path, spelling: Spelling) -> Result<Vm, VmError> {
         let dir = dir.to_owned();
         let qmp = std::os::unix::net::UnixListener::bind(dir.join("qmp.sock"))
             .map_err(|e| VmError::io("binding", dir.join("qmp.sock"), e))?;
@@ -323,7 +330,7 @@ impl Vm {
         let log_path = dir.join("qemu.log");
         let mut command = std::process::Command::new(&config.qemu);
         command
-            .args(config.qemu_args(host_tsc_khz()))
+            .args(config.qemu_args(host_tsc_khz(), spelling))
             .env("TMPDIR", &dir)
             .stdin(std::process::Stdio::null())
             .stdout(
@@ -995,23 +1002,40 @@ mod tests {
 
     #[test]
     fn qemu_runs_under_its_seccomp_sandbox_with_every_deny() {
+        let dropping = RunAs::Ids {
+            uid: 2_000_000_001,
+            gid: 2_000_000_001,
+        };
         for accel in [Accel::Tcg, Accel::Kvm] {
-            let args = config(accel).qemu_args(None);
-            let at = args.iter().position(|a| a == "-sandbox").expect("-sandbox");
-            assert_eq!(
-                args[at + 1],
-                "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
-            );
+            for (run_as, elevate, drop) in [
+                (RunAs::Invoker, "deny", None),
+                (dropping, "allow", Some("user=2000000001:2000000001")),
+            ] {
+                let args = VmConfig {
+                    run_as,
+                    ..config(accel)
+                }
+                .qemu_args(None, Spelling::RunWith);
+                let at = args.iter().position(|a| a == "-sandbox").expect("-sandbox");
+                assert_eq!(
+                    args[at + 1],
+                    format!(
+                        "on,obsolete=deny,elevateprivileges={elevate},spawn=deny,resourcecontrol=deny"
+                    )
+                );
+                let at = args.iter().position(|a| a == "-run-with");
+                assert_eq!(at.map(|at| args[at + 1].as_str()), drop);
+            }
         }
     }
 
     #[test]
     fn under_tcg_the_guest_clock_is_the_calibrated_tsc() {
-        let args = config(Accel::Tcg).qemu_args(Some(2_300_000));
+        let args = config(Accel::Tcg).qemu_args(Some(2_300_000), Spelling::RunWith);
         let line = kernel_line(&args);
         assert!(line.contains(" tsc_early_khz=2300000 "), "{line}");
         assert!(line.split(' ').any(|w| w == "tsc=reliable"), "{line}");
-        let unknown = config(Accel::Tcg).qemu_args(None);
+        let unknown = config(Accel::Tcg).qemu_args(None, Spelling::RunWith);
         assert!(
             !kernel_line(&unknown).contains("tsc"),
             "no frequency, no TSC words"
@@ -1020,7 +1044,7 @@ mod tests {
 
     #[test]
     fn under_kvm_the_guest_keeps_its_own_clock_choice() {
-        let args = config(Accel::Kvm).qemu_args(Some(2_300_000));
+        let args = config(Accel::Kvm).qemu_args(Some(2_300_000), Spelling::RunWith);
         assert!(
             !kernel_line(&args).contains("tsc"),
             "{}",
@@ -1032,7 +1056,7 @@ mod tests {
     fn every_agent_port_is_a_socket_chardev_on_its_own_descriptor_and_named_for_the_agent() {
         let mut four = config(Accel::Tcg);
         four.agent_ports = 4;
-        let args = four.qemu_args(None);
+        let args = four.qemu_args(None, Spelling::RunWith);
         for index in 0..4u32 {
             let chardev = format!("socket,id=agent{index},fd={},server=on,wait=off", 4 + index);
             assert!(args.contains(&chardev), "{chardev} in {args:?}");
@@ -1047,7 +1071,7 @@ mod tests {
         let line = kernel_line(&args);
         assert_eq!(vm_agent::proto::ports_from_cmdline(line), 4, "{line}");
         assert!(args.contains(&"socket,id=agent0,fd=4,server=on,wait=off".to_owned()));
-        let one = config(Accel::Tcg).qemu_args(None);
+        let one = config(Accel::Tcg).qemu_args(None, Spelling::RunWith);
         assert_eq!(
             vm_agent::proto::ports_from_cmdline(kernel_line(&one)),
             DEFAULT_AGENT_PORTS

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use qemu_vm::{
-    probe_accel, AgentClient, ErrorCode, ExecEvent, ExecRequest, FileKind, RunLimits, Vm, VmConfig,
-    VmError, VmImage,
+    probe_accel, AgentClient, ErrorCode, ExecEvent, ExecRequest, FileKind, RunAs, RunLimits, Vm,
+    VmConfig, VmError, VmImage, FIRST_VM_ID, VM_IDS,
 };
 
 /// A TCG boot takes about 4 s alone; two at once on two shared cores take longer.
@@ -116,6 +116,39 @@ async fn step<T>(name: &str, work: impl std::future::Future<Output = T>) -> T {
         Ok(value) => value,
         Err(_) => panic!("step `{name}` did not finish within 120 s"),
     }
+}
+
+/// The user and group QEMU runs as, read from `/proc`, checked against `run_as`: the ids it
+/// names in every slot (real, effective, saved, file system), no supplementary group but its own
+/// and no capability left; the invoker's own ids when it names none.
+fn qemu_ids(vm: &Vm, run_as: RunAs) -> (u32, u32) {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", vm.pid())).unwrap();
+    let field = |name: &str| -> Vec<String> {
+        let line = status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {status}"));
+        line.split_whitespace().map(str::to_owned).collect()
+    };
+    let (uids, gids) = (field("Uid:"), field("Gid:"));
+    match run_as {
+        RunAs::Ids { uid, gid } => {
+            assert_eq!(uids, vec![uid.to_string(); 4], "{status}");
+            assert_eq!(gids, vec![gid.to_string(); 4], "{status}");
+            let groups = field("Groups:");
+            assert!(groups.iter().all(|g| *g == gid.to_string()), "{status}");
+            for caps in ["CapPrm:", "CapEff:", "CapAmb:"] {
+                assert_eq!(field(caps), ["0000000000000000"], "{caps} {status}");
+            }
+            assert!((FIRST_VM_ID..FIRST_VM_ID + VM_IDS).contains(&uid));
+        }
+        RunAs::Invoker => {
+            assert!(!rustix::process::geteuid().is_root(), "root must drop");
+            assert_eq!(uids[0], rustix::process::getuid().as_raw().to_string());
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    (uids[0].parse().unwrap(), gids[0].parse().unwrap())
 }
 
 /// A shell function counting the guest's processes named `$1` with builtins only (the image
@@ -545,6 +578,13 @@ async fn a_vm_outlives_its_creator_and_other_processes_reattach() {
 async fn two_vms_run_at_once_and_share_nothing() {
     let (first, second) = tokio::join!(config("pair-a"), config("pair-b"));
     let (a, b) = tokio::join!(boot(&first), boot(&second));
+    // Under root each QEMU dropped to ids of its own, with no capability and no other group:
+    // a subverted device model can neither read the other's files nor signal it.
+    let ids_a = qemu_ids(a.vm.as_ref().unwrap(), first.run_as);
+    let ids_b = qemu_ids(b.vm.as_ref().unwrap(), second.run_as);
+    if rustix::process::geteuid().is_root() {
+        assert_ne!(ids_a, ids_b, "two VMs share a user");
+    }
     a.agent
         .write_file(b"/tmp/only-a", 0o644, &b"a"[..], Duration::from_secs(10))
         .await
