@@ -82,7 +82,7 @@ impl DockerSandbox {
 
     /// The call's working directory: relative ones are confined to the storage base.
     fn wd(&self, wd: &str) -> Result<String, SandboxError> {
-        Ok(guest_path::norm(&guest_path::resolve_wd(wd, &self.base)?))
+        guest_path::resolve_wd(wd, &self.base)
     }
 
     async fn stat_kind(&self, path: String) -> Result<Option<EntryKind>, SandboxError> {
@@ -181,15 +181,6 @@ fn guest_path_parent(path: &str) -> String {
     match path.trim_end_matches('/').rfind('/') {
         Some(0) | None => "/".to_owned(),
         Some(i) => path[..i].to_owned(),
-    }
-}
-
-/// The path an entry reports: relative to the working directory, `.` for the directory itself.
-fn reported(resolved: &str, wd: &str) -> String {
-    match guest_path::relative_to(resolved, wd) {
-        Some(relative) if relative.is_empty() => ".".to_owned(),
-        Some(relative) => relative,
-        None => resolved.to_owned(),
     }
 }
 
@@ -342,7 +333,7 @@ impl Sandbox for DockerSandbox {
         self.memory.retired.refuse(&self.id)?;
         let wd = self.wd(wd)?;
         let (resolved, stat) = self.checked_leaf(path, &wd).await?;
-        Ok(stat.map(|s| SandboxEntry::new(reported(&resolved, &wd), s.kind, s.size)))
+        Ok(stat.map(|s| SandboxEntry::new(guest_path::reported(&resolved, &wd), s.kind, s.size)))
     }
 
     async fn read_file(
@@ -418,7 +409,7 @@ impl Sandbox for DockerSandbox {
             SandboxError::engine(format!("unreadable listing of {directory}: {why}"))
         })?;
         let mut entries = Vec::with_capacity(records.len());
-        let shown_directory = reported(&directory, &wd);
+        let shown_directory = guest_path::reported(&directory, &wd);
         for record in records {
             let kind = match record.kind {
                 b'f' => EntryKind::File,
@@ -552,17 +543,5 @@ impl Sandbox for DockerSandbox {
                 Some(_) => Err(guest_refused(&target, "the directory survived reclaim")),
             },
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reported_paths_are_relative() {
-        assert_eq!(reported("/w", "/w"), ".");
-        assert_eq!(reported("/w/a/b", "/w"), "a/b");
-        assert_eq!(reported("/elsewhere", "/w"), "/elsewhere");
     }
 }

@@ -98,16 +98,6 @@ impl QemuSandbox {
     }
 }
 
-/// A path as the caller sees it: relative to the working directory (`.` for the directory
-/// itself), absolute only outside it.
-fn reported(resolved: &str, wd: &str) -> String {
-    match guest_path::relative_to(resolved, wd) {
-        Some(relative) if relative.is_empty() => ".".to_owned(),
-        Some(relative) => relative,
-        None => resolved.to_owned(),
-    }
-}
-
 /// Moves one exec's events into its stream, feeds its stdin, and ends it: on its exit, on the
 /// stream's cap (killed, `OutputLimitExceeded`), on the bound passing in the guest (`Timeout`),
 /// when the stream is dropped (killed), or when the VM cannot serve (found after each
@@ -401,7 +391,7 @@ impl Sandbox for QemuSandbox {
                 let kind = entry_kind(stat.kind);
                 let size = (kind == EntryKind::File).then_some(stat.size);
                 Ok(Some(SandboxEntry::new(
-                    reported(&resolved, &wd),
+                    guest_path::reported(&resolved, &wd),
                     kind,
                     size,
                 )))
@@ -474,7 +464,7 @@ impl Sandbox for QemuSandbox {
                 let kind = entry_kind(entry.kind);
                 let size = (kind == EntryKind::File).then_some(entry.size);
                 SandboxEntry::new(
-                    reported(&guest_path::join(&resolved, &name), &wd),
+                    guest_path::reported(&guest_path::join(&resolved, &name), &wd),
                     kind,
                     size,
                 )

@@ -474,7 +474,7 @@ async fn handle(
         name: target.sbx.clone(),
         instance_id,
         base: target.base.clone(),
-        base_wd: crate::handle::resolved_wd(".", &target.base).ok(),
+        base_wd: sandbox_core::guest_path::resolve_wd(".", &target.base).ok(),
         mount: SbxMount {
             parent: target.parent.clone(),
             guest_mount,

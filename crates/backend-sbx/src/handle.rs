@@ -244,11 +244,6 @@ fn gone(name: &SbxName, instance_id: &str) -> SandboxError {
     }
 }
 
-/// A call's working directory resolved against the storage base, in normal form.
-pub(crate) fn resolved_wd(wd: &str, base: &str) -> Result<String, SandboxError> {
-    Ok(guest_path::norm(&guest_path::resolve_wd(wd, base)?))
-}
-
 /// Runs a blocking plane operation on the blocking pool.
 async fn blocking<T, F>(work: F) -> Result<T, SandboxError>
 where
@@ -258,15 +253,6 @@ where
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| SandboxError::engine(format!("a host file operation did not finish: {e}")))?
-}
-
-/// The path an entry reports: relative to the working directory, `.` for the directory itself.
-fn reported(resolved: &str, wd: &str) -> String {
-    match guest_path::relative_to(resolved, wd) {
-        Some(relative) if relative.is_empty() => ".".to_owned(),
-        Some(relative) => relative,
-        None => resolved.to_owned(),
-    }
 }
 
 #[cold]
@@ -304,7 +290,7 @@ impl SbxSandbox {
     fn wd(&self, wd: &str) -> Result<String, SandboxError> {
         match &self.base_wd {
             Some(base_wd) if wd == "." => Ok(base_wd.clone()),
-            _ => resolved_wd(wd, &self.base),
+            _ => guest_path::resolve_wd(wd, &self.base),
         }
     }
 
@@ -546,9 +532,9 @@ impl Sandbox for SbxSandbox {
         let path = path.to_owned();
         blocking(move || {
             let resolved = Access::Read.resolve(&path, &wd)?;
-            Ok(plane
-                .lstat(&resolved)?
-                .map(|stat| SandboxEntry::new(reported(&resolved, &wd), stat.kind, stat.size)))
+            Ok(plane.lstat(&resolved)?.map(|stat| {
+                SandboxEntry::new(guest_path::reported(&resolved, &wd), stat.kind, stat.size)
+            }))
         })
         .await
     }
@@ -578,7 +564,7 @@ impl Sandbox for SbxSandbox {
         let path = path.to_owned();
         blocking(move || {
             let directory = Access::List.resolve(&path, &wd)?;
-            let shown_directory = reported(&directory, &wd);
+            let shown_directory = guest_path::reported(&directory, &wd);
             // A name no guest path can address (not UTF-8, or holding a backslash) is shown
             // escaped, never left out.
             let mut entries: Vec<SandboxEntry> = plane
@@ -695,13 +681,6 @@ impl Sandbox for SbxSandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reported_paths_are_relative() {
-        assert_eq!(reported("/w", "/w"), ".");
-        assert_eq!(reported("/w/a/b", "/w"), "a/b");
-        assert_eq!(reported("/elsewhere", "/w"), "/elsewhere");
-    }
 
     #[test]
     fn stderr_tails_keep_the_last_2000_characters() {

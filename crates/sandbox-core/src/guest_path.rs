@@ -696,16 +696,41 @@ impl Access {
     }
 }
 
-/// Resolves a call's working directory against the storage base.
+/// Resolves a call's working directory against the storage base, in normal form ([`norm`]).
 ///
-/// An absolute `wd` is used verbatim (legacy guest-native addressing: it may lie outside the base and may not
-/// exist yet). A relative `wd` is confined to `base` by [`confine`].
+/// An absolute `wd` is taken as it is (guest-native addressing: it may lie outside the base and may not
+/// exist yet), only normalised, as a shell's `cd` reads it. A relative `wd` is confined to `base` by
+/// [`confine`]. Every backend resolves with this, so one `wd` names one directory everywhere.
+///
+/// ```
+/// use sandbox_core::guest_path::resolve_wd;
+/// assert_eq!(resolve_wd("/srv//x/./y/..", "/w").unwrap(), "/srv/x");
+/// assert_eq!(resolve_wd("a/./b", "/w").unwrap(), "/w/a/b");
+/// assert!(resolve_wd("../x", "/w").is_err());
+/// ```
 pub fn resolve_wd(wd: &str, base: &str) -> Result<String, SandboxError> {
     if wd.starts_with('/') {
         check_shape("working directory", wd)?;
-        Ok(wd.to_owned())
+        Ok(norm(wd))
     } else {
         confine(wd, base)
+    }
+}
+
+/// The path a file method reports for `resolved` (absolute, normal form): relative to the
+/// working directory `wd`, `.` for the directory itself, absolute only outside it.
+///
+/// ```
+/// use sandbox_core::guest_path::reported;
+/// assert_eq!(reported("/w/a/b", "/w"), "a/b");
+/// assert_eq!(reported("/w", "/w"), ".");
+/// assert_eq!(reported("/etc/x", "/w"), "/etc/x");
+/// ```
+pub fn reported(resolved: &str, wd: &str) -> String {
+    match relative_to(resolved, wd) {
+        Some(relative) if relative.is_empty() => ".".to_owned(),
+        Some(relative) => relative,
+        None => resolved.to_owned(),
     }
 }
 
@@ -1156,7 +1181,7 @@ mod tests {
     #[test]
     fn resolve_wd_cases() {
         assert_eq!(resolve_wd("/elsewhere/x", "/base").unwrap(), "/elsewhere/x");
-        assert_eq!(resolve_wd("/a/../b", "/base").unwrap(), "/a/../b");
+        assert_eq!(resolve_wd("/a/../b", "/base").unwrap(), "/b");
         assert_eq!(resolve_wd("proj", "/base").unwrap(), "/base/proj");
         assert_eq!(resolve_wd("", "/base").unwrap(), "/base");
         assert_eq!(
