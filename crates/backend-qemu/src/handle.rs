@@ -289,17 +289,9 @@ impl Sandbox for QemuSandbox {
     ) -> Result<ExecStream, SandboxError> {
         request.command().validate()?;
         request.guest_env().validate()?;
+        // The agent enters the working directory itself and says when it cannot: one round
+        // trip, and no window between a check and the start.
         let workdir = resolve_wd(request.working_dir(), &self.storage_base)?;
-        let unusable = match self.stat_kind(workdir.clone()).await? {
-            Some(EntryKind::Directory) => None,
-            Some(_) => Some(format!("{workdir}: Not a directory")),
-            None => Some(format!("{workdir}: No such file or directory")),
-        };
-        if let Some(reason) = unusable {
-            return Ok(ExecStream::from_output(ExecOutput::workdir_unusable(
-                reason,
-            )));
-        }
         let bound = request.timeout_bound();
         let mut env: Vec<(Vec<u8>, Vec<u8>)> = vec![(
             b"PATH".to_vec(),
@@ -328,6 +320,14 @@ impl Sandbox for QemuSandbox {
         };
         let exec = match self.watch(start).await {
             Ok(exec) => exec,
+            Err(VmError::Agent {
+                code: ErrorCode::WorkdirUnusable,
+                message,
+            }) => {
+                return Ok(ExecStream::from_output(ExecOutput::workdir_unusable(
+                    message,
+                )))
+            }
             Err(VmError::Agent {
                 code: ErrorCode::NotFound,
                 message,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use sandbox_core::{
     Capability, Command, ErrorKind, ExecChunk, ExecEvent, ExecExit, ExecOutput, ExecRequest,
-    ExecStdin, ExecStream, SandboxError,
+    ExecStdin, ExecStream, SandboxError, WORKDIR_UNUSABLE_EXIT,
 };
 
 use crate::error::ConformanceError;
@@ -34,6 +34,7 @@ const EXEC_PROBE_TABLE: &[&str] = &[
     "exit-code-fidelity",
     "argv-is-quoted",
     "working-directory-is-honoured",
+    "an-unusable-working-directory-is-not-started",
     "streams-stay-separate",
     "exec-byte-fidelity",
     "a-timeout-raises-timeout-error",
@@ -217,6 +218,60 @@ pub async fn assert_exec(
                 printed.trim() == norm(work),
                 "pwd printed {:?} in {work:?}",
                 printed.trim()
+            );
+            Ok(())
+        })
+        .await;
+
+    suite
+        .probe("an-unusable-working-directory-is-not-started", &[], async {
+            // A missing directory and a file where the directory should be: the command never
+            // starts (the contract's own exit and a reason, never a shell's 127 or 2), and what
+            // it would have done does not happen. On every backend the guest judges the
+            // directory as it starts the command: there is no earlier check to race.
+            let plain = format!("{work}/.probe-nocwd-file");
+            let ran = format!("{work}/.probe-nocwd-ran");
+            let made = run_argv(
+                subject,
+                &["sh", "-c", "printf x > \"$1\"", "probe", &plain],
+                work,
+            )
+            .await?;
+            ensure!(
+                made.exit_code == 0,
+                "planting a file exited {}",
+                made.exit_code
+            );
+            for wd in [format!("{work}/.probe-nocwd-missing"), plain.clone()] {
+                let out = run_argv(subject, &["touch", &ran], &wd).await?;
+                ensure!(
+                    out.exit_code == WORKDIR_UNUSABLE_EXIT,
+                    "in {wd:?} the command ended {} ({:?})",
+                    out.exit_code,
+                    out.stderr_text()
+                );
+                let reason = out.not_started.as_deref().unwrap_or_default();
+                ensure!(
+                    !reason.is_empty(),
+                    "in {wd:?} the result does not say the command never started"
+                );
+            }
+            let left = run_argv(
+                subject,
+                &[
+                    "sh",
+                    "-c",
+                    "test ! -e \"$1\" && rm -f \"$2\"",
+                    "probe",
+                    &ran,
+                    &plain,
+                ],
+                work,
+            )
+            .await?;
+            ensure!(
+                left.exit_code == 0,
+                "the command ran although its working directory was unusable"
             );
             Ok(())
         })

@@ -104,7 +104,7 @@ pub const QEMU_PROGRAM: &str = "qemu-system-x86_64";
 impl VmConfig {
     /// A config with 512 MiB, one CPU, TCG, [`QEMU_PROGRAM`] from `PATH`,
     /// [`DEFAULT_AGENT_PORTS`] agent ports, and QEMU dropping to ids of its own when this
-    /// process is root ([`RunAs::for_this_process`]).
+    /// process is root ([`RunAs::OwnIdsUnderRoot`]).
     pub fn new(image: VmImage, parent_dir: impl Into<PathBuf>, name: impl Into<String>) -> Self {
         VmConfig {
             image,
@@ -117,7 +117,7 @@ impl VmConfig {
             kernel_args: Vec::new(),
             console_log: false,
             agent_ports: DEFAULT_AGENT_PORTS,
-            run_as: RunAs::for_this_process(),
+            run_as: RunAs::OwnIdsUnderRoot,
         }
     }
 
@@ -272,12 +272,16 @@ impl Vm {
         let dir = config.dir();
         std::fs::create_dir_all(&config.parent_dir)
             .map_err(|e| VmError::io("creating", &config.parent_dir, e))?;
-        let spelling = match config.run_as {
-            RunAs::Invoker => Spelling::RunWith,
+        let resolved = VmConfig {
+            run_as: config.run_as.resolve()?,
+            ..config.clone()
+        };
+        let spelling = match resolved.run_as {
             RunAs::Ids { .. } => Spelling::of(&config.qemu).await?,
+            _ => Spelling::RunWith,
         };
         std::fs::create_dir(&dir).map_err(|e| VmError::io("creating", &dir, e))?;
-        let started = Vm::spawn(config, &dir, spelling);
+        let started = Vm::spawn(&resolved, &dir, spelling);
         if started.is_err() {
             // Nothing runs there: the directory goes with the failure.
             let _ = std::fs::remove_dir_all(&dir);

@@ -2,11 +2,14 @@
 //!
 //! A driver running as root would otherwise leave every VM's device model running as root: a
 //! guest that subverts QEMU would own the host. So under root each VM's QEMU drops to an id
-//! pair of its own ([`RunAs::for_this_process`]), drawn at random from a range no distribution
+//! pair of its own ([`RunAs::OwnIdsUnderRoot`], the default), drawn at random from a range no distribution
 //! allocates: no file on the host belongs to it, and no other VM runs as it, so a subverted
 //! QEMU can neither read another VM's files nor signal or trace its process. QEMU opens
 //! everything it needs (kernel, initramfs, root image, its temporary overlay, the sockets it is
 //! handed) before it drops, so nothing of the VM's directory has to change owner.
+//!
+//! Every method here takes a resolved value ([`RunAs::resolve`]): [`RunAs::OwnIdsUnderRoot`]
+//! reads as the invoker until then.
 //!
 //! The drop is a `setuid` after QEMU's seccomp filter is in place, so the filter must allow
 //! `set*id` calls then (`elevateprivileges=allow`): once every id is unprivileged they cannot
@@ -38,9 +41,13 @@ const HELP_DEADLINE: Duration = Duration::from_secs(10);
 const HELP_OUTPUT_CAP: usize = 256 * 1024;
 
 /// Which user a VM's QEMU runs as once its set-up is done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum RunAs {
+    /// Ids of the VM's own, drawn when it starts, when the driver runs as root; the driver's own
+    /// user otherwise (an unprivileged driver has nothing to drop).
+    #[default]
+    OwnIdsUnderRoot,
     /// The driver's own user, unchanged.
     Invoker,
     /// These ids (user and group; no supplementary groups).
@@ -53,28 +60,30 @@ pub enum RunAs {
 }
 
 impl RunAs {
-    /// A fresh id pair from [`FIRST_VM_ID`]`..+`[`VM_IDS`] when this process runs as root, else
-    /// [`RunAs::Invoker`] (an unprivileged driver has nothing to drop).
-    pub fn for_this_process() -> RunAs {
+    /// What `self` means for a VM starting now: [`RunAs::OwnIdsUnderRoot`] becomes a fresh id
+    /// pair from [`FIRST_VM_ID`]`..+`[`VM_IDS`] under root, else [`RunAs::Invoker`].
+    ///
+    /// # Errors
+    /// [`VmError::Invalid`] when the host gives no randomness for the ids.
+    pub fn resolve(self) -> Result<RunAs, VmError> {
+        if self != RunAs::OwnIdsUnderRoot {
+            return Ok(self);
+        }
         if !rustix::process::geteuid().is_root() {
-            return RunAs::Invoker;
+            return Ok(RunAs::Invoker);
         }
         let mut bytes = [0u8; 4];
-        // Without randomness the id is still unprivileged; only its separation from other VMs'
-        // ids would be weaker, so the process id stands in.
-        let drawn = match getrandom::fill(&mut bytes) {
-            Ok(()) => u32::from_le_bytes(bytes),
-            Err(_) => std::process::id().wrapping_mul(2_654_435_761),
-        };
-        let id = FIRST_VM_ID + drawn % VM_IDS;
-        RunAs::Ids { uid: id, gid: id }
+        getrandom::fill(&mut bytes)
+            .map_err(|e| VmError::Invalid(format!("no entropy for the VM's user id: {e}")))?;
+        let id = FIRST_VM_ID + u32::from_le_bytes(bytes) % VM_IDS;
+        Ok(RunAs::Ids { uid: id, gid: id })
     }
 
     /// QEMU's `-sandbox` value for this user: every deny, but `set*id` calls allowed when QEMU
     /// has to make them itself to drop.
     pub(crate) fn sandbox_option(self) -> &'static str {
         match self {
-            RunAs::Invoker => {
+            RunAs::Invoker | RunAs::OwnIdsUnderRoot => {
                 "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
             }
             RunAs::Ids { .. } => {
@@ -86,7 +95,7 @@ impl RunAs {
     /// QEMU's arguments that drop to this user, in the spelling `qemu` knows.
     pub(crate) fn qemu_args(self, spelling: Spelling) -> Vec<String> {
         match self {
-            RunAs::Invoker => Vec::new(),
+            RunAs::Invoker | RunAs::OwnIdsUnderRoot => Vec::new(),
             RunAs::Ids { uid, gid } => match spelling {
                 Spelling::RunWith => vec!["-run-with".into(), format!("user={uid}:{gid}")],
                 Spelling::Runas => vec!["-runas".into(), format!("{uid}:{gid}")],
@@ -210,7 +219,8 @@ mod tests {
 
     #[test]
     fn root_draws_ids_in_the_range_and_others_keep_their_own() {
-        match RunAs::for_this_process() {
+        let first = RunAs::OwnIdsUnderRoot.resolve().unwrap();
+        match first {
             RunAs::Ids { uid, gid } => {
                 assert!(rustix::process::geteuid().is_root());
                 assert_eq!(uid, gid);
@@ -218,8 +228,16 @@ mod tests {
                 assert!(FIRST_VM_ID
                     .checked_add(VM_IDS)
                     .is_some_and(|end| end < 1 << 31));
+                // Drawn afresh for each VM (two equal draws out of 10^8: once in 10^8 runs).
+                assert_ne!(RunAs::OwnIdsUnderRoot.resolve().unwrap(), first);
             }
-            RunAs::Invoker => assert!(!rustix::process::geteuid().is_root()),
+            other => {
+                assert_eq!(other, RunAs::Invoker);
+                assert!(!rustix::process::geteuid().is_root());
+            }
         }
+        let fixed = RunAs::Ids { uid: 7, gid: 8 };
+        assert_eq!(fixed.resolve().unwrap(), fixed);
+        assert_eq!(RunAs::Invoker.resolve().unwrap(), RunAs::Invoker);
     }
 }

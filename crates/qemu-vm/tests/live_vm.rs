@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use qemu_vm::{
-    probe_accel, AgentClient, ErrorCode, ExecEvent, ExecRequest, FileKind, RunAs, RunLimits, Vm,
-    VmConfig, VmError, VmImage, FIRST_VM_ID, VM_IDS,
+    probe_accel, AgentClient, ErrorCode, ExecEvent, ExecRequest, FileKind, RunLimits, Vm, VmConfig,
+    VmError, VmImage, FIRST_VM_ID, VM_IDS,
 };
 
 /// A TCG boot takes about 4 s alone; two at once on two shared cores take longer.
@@ -118,10 +118,11 @@ async fn step<T>(name: &str, work: impl std::future::Future<Output = T>) -> T {
     }
 }
 
-/// The user and group QEMU runs as, read from `/proc`, checked against `run_as`: the ids it
-/// names in every slot (real, effective, saved, file system), no supplementary group but its own
-/// and no capability left; the invoker's own ids when it names none.
-fn qemu_ids(vm: &Vm, run_as: RunAs) -> (u32, u32) {
+/// The user and group QEMU runs as, read from `/proc`. Under root (the default
+/// `RunAs::OwnIdsUnderRoot`): ids from the VMs' range in every slot (real, effective, saved,
+/// file system), no supplementary group but its own and no capability left; otherwise the
+/// invoker's own ids.
+fn qemu_ids(vm: &Vm) -> (u32, u32) {
     let status = std::fs::read_to_string(format!("/proc/{}/status", vm.pid())).unwrap();
     let field = |name: &str| -> Vec<String> {
         let line = status
@@ -131,24 +132,23 @@ fn qemu_ids(vm: &Vm, run_as: RunAs) -> (u32, u32) {
         line.split_whitespace().map(str::to_owned).collect()
     };
     let (uids, gids) = (field("Uid:"), field("Gid:"));
-    match run_as {
-        RunAs::Ids { uid, gid } => {
-            assert_eq!(uids, vec![uid.to_string(); 4], "{status}");
-            assert_eq!(gids, vec![gid.to_string(); 4], "{status}");
-            let groups = field("Groups:");
-            assert!(groups.iter().all(|g| *g == gid.to_string()), "{status}");
-            for caps in ["CapPrm:", "CapEff:", "CapAmb:"] {
-                assert_eq!(field(caps), ["0000000000000000"], "{caps} {status}");
-            }
-            assert!((FIRST_VM_ID..FIRST_VM_ID + VM_IDS).contains(&uid));
+    let (uid, gid): (u32, u32) = (uids[0].parse().unwrap(), gids[0].parse().unwrap());
+    if rustix::process::geteuid().is_root() {
+        assert!(
+            (FIRST_VM_ID..FIRST_VM_ID + VM_IDS).contains(&uid),
+            "{status}"
+        );
+        assert_eq!(uids, vec![uid.to_string(); 4], "{status}");
+        assert_eq!(gids, vec![gid.to_string(); 4], "{status}");
+        let groups = field("Groups:");
+        assert!(groups.iter().all(|g| *g == gid.to_string()), "{status}");
+        for caps in ["CapPrm:", "CapEff:", "CapAmb:"] {
+            assert_eq!(field(caps), ["0000000000000000"], "{caps} {status}");
         }
-        RunAs::Invoker => {
-            assert!(!rustix::process::geteuid().is_root(), "root must drop");
-            assert_eq!(uids[0], rustix::process::getuid().as_raw().to_string());
-        }
-        other => panic!("unexpected {other:?}"),
+    } else {
+        assert_eq!(uid, rustix::process::getuid().as_raw(), "{status}");
     }
-    (uids[0].parse().unwrap(), gids[0].parse().unwrap())
+    (uid, gid)
 }
 
 /// A shell function counting the guest's processes named `$1` with builtins only (the image
@@ -580,8 +580,8 @@ async fn two_vms_run_at_once_and_share_nothing() {
     let (a, b) = tokio::join!(boot(&first), boot(&second));
     // Under root each QEMU dropped to ids of its own, with no capability and no other group:
     // a subverted device model can neither read the other's files nor signal it.
-    let ids_a = qemu_ids(a.vm.as_ref().unwrap(), first.run_as);
-    let ids_b = qemu_ids(b.vm.as_ref().unwrap(), second.run_as);
+    let ids_a = qemu_ids(a.vm.as_ref().unwrap());
+    let ids_b = qemu_ids(b.vm.as_ref().unwrap());
     if rustix::process::geteuid().is_root() {
         assert_ne!(ids_a, ids_b, "two VMs share a user");
     }

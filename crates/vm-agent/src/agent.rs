@@ -840,7 +840,19 @@ impl Job {
         let started = self.spawn(&request, &cgroup);
         let mut child = match started {
             Ok(child) => child,
-            Err(error) => {
+            Err(NotStarted::Workdir(error)) => {
+                let _ = std::fs::remove_dir(&cgroup);
+                let dir = if request.workdir.is_empty() {
+                    "/".into()
+                } else {
+                    String::from_utf8_lossy(&request.workdir)
+                };
+                return self.fail(
+                    ErrorCode::WorkdirUnusable,
+                    format!("cd: {dir}: {}", plain_reason(&error)),
+                );
+            }
+            Err(NotStarted::Spawn(error)) => {
                 let _ = std::fs::remove_dir(&cgroup);
                 let code = match error.kind() {
                     std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
@@ -903,13 +915,31 @@ impl Job {
         self.send(&GuestMsg::Exited(status));
     }
 
-    fn spawn(&self, request: &ExecRequest, cgroup: &Path) -> std::io::Result<Child> {
+    /// Starts the request's process in `cgroup`, in its working directory, which the child
+    /// enters itself just before its exec (after taking the request's user, so that user's
+    /// permissions decide): a directory that is missing, not a directory or not searchable is
+    /// told apart from a program that cannot start by a marker byte the child writes on a pipe
+    /// of its own before it fails. One check, at the moment that counts: no window between a
+    /// check and the start in which the directory could go.
+    fn spawn(&self, request: &ExecRequest, cgroup: &Path) -> Result<Child, NotStarted> {
         if request.argv.is_empty() {
-            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+            return Err(NotStarted::Spawn(std::io::Error::from(
+                std::io::ErrorKind::InvalidInput,
+            )));
         }
+        let workdir = if request.workdir.is_empty() {
+            c"/".to_owned()
+        } else {
+            CString::new(request.workdir.clone()).map_err(|_| {
+                NotStarted::Workdir(std::io::Error::from(std::io::ErrorKind::InvalidInput))
+            })?
+        };
+        let (marker_read, marker_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| NotStarted::Spawn(e.into()))?;
         let procs = OpenOptions::new()
             .write(true)
-            .open(cgroup.join("cgroup.procs"))?;
+            .open(cgroup.join("cgroup.procs"))
+            .map_err(NotStarted::Spawn)?;
         let mut command = Command::new(OsStr::from_bytes(&request.argv[0]));
         command
             .args(request.argv[1..].iter().map(|arg| OsStr::from_bytes(arg)))
@@ -920,11 +950,6 @@ impl Job {
                     .iter()
                     .map(|(name, value)| (OsStr::from_bytes(name), OsStr::from_bytes(value))),
             )
-            .current_dir(if request.workdir.is_empty() {
-                OsStr::new("/")
-            } else {
-                OsStr::from_bytes(&request.workdir)
-            })
             .stdin(if request.stdin {
                 Stdio::piped()
             } else {
@@ -935,19 +960,32 @@ impl Job {
         if let Some((uid, gid)) = request.user {
             command.uid(uid).gid(gid);
         }
-        // SAFETY: the closure runs in the forked child before exec and makes only two
-        // async-signal-safe system calls (write, setsid) on a descriptor opened before the
-        // fork; it allocates nothing and takes no lock.
+        // SAFETY: the closure runs in the forked child before exec and makes only
+        // async-signal-safe system calls (write, chdir, setsid) on descriptors and a path made
+        // before the fork; it allocates nothing and takes no lock.
         #[allow(unsafe_code)]
         unsafe {
             command.pre_exec(move || {
                 // Join the exec's group before anything runs, so nothing it starts escapes.
                 rustix::io::write(&procs, b"0")?;
+                if let Err(error) = rustix::process::chdir(workdir.as_c_str()) {
+                    let _ = rustix::io::write(&marker_write, b"w");
+                    return Err(error.into());
+                }
                 rustix::process::setsid()?;
                 Ok(())
             });
         }
-        command.spawn()
+        let spawned = command.spawn();
+        // The closure holds the parent's write end: once it is gone, a read ends at once.
+        drop(command);
+        spawned.map_err(|error| {
+            let mut marker = [0u8; 1];
+            match rustix::io::read(&marker_read, &mut marker) {
+                Ok(1) => NotStarted::Workdir(error),
+                _ => NotStarted::Spawn(error),
+            }
+        })
     }
 
     /// A thread that moves one output pipe to the host in credited chunks.
@@ -1084,4 +1122,21 @@ fn mem_available_kib() -> u64 {
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|value| value.parse().ok())
         .unwrap_or(0)
+}
+
+/// Why an exec's process did not start.
+enum NotStarted {
+    /// Its working directory could not be entered.
+    Workdir(std::io::Error),
+    /// Anything else: the program, the cgroup, the descriptors.
+    Spawn(std::io::Error),
+}
+
+/// The system's message for `error`, without Rust's ` (os error N)` suffix.
+fn plain_reason(error: &std::io::Error) -> String {
+    let text = error.to_string();
+    match text.find(" (os error ") {
+        Some(at) => text[..at].to_owned(),
+        None => text,
+    }
 }

@@ -243,6 +243,9 @@ pub enum ErrorCode {
     SpawnFailed,
     /// Any other I/O failure.
     Io,
+    /// An exec's working directory could not be entered: the command never started (the
+    /// message is `cd: <dir>: <reason>`).
+    WorkdirUnusable,
     /// An unknown code from a newer agent.
     Other,
 }
@@ -257,6 +260,7 @@ impl ErrorCode {
             ErrorCode::Invalid => 5,
             ErrorCode::SpawnFailed => 6,
             ErrorCode::Io => 7,
+            ErrorCode::WorkdirUnusable => 8,
             ErrorCode::Other => 0,
         }
     }
@@ -270,6 +274,7 @@ impl ErrorCode {
             5 => ErrorCode::Invalid,
             6 => ErrorCode::SpawnFailed,
             7 => ErrorCode::Io,
+            8 => ErrorCode::WorkdirUnusable,
             _ => ErrorCode::Other,
         }
     }
