@@ -4,7 +4,8 @@
 //! with one line per broken rule. The rules, and why each exists, are in
 //! `docs/architecture.md#layering-rules`; in short:
 //!
-//! - the leaves (`exec-wrapper`, `confined-fs`, `token-server`) and the contract (`sandbox-core`)
+//! - the leaves (`exec-wrapper`, `confined-fs`, `token-server`, `host-state`) and the contract
+//!   (`sandbox-core`)
 //!   depend on nothing of ours, so each can be read and tested alone;
 //! - `wrapper-stream` joins `exec-wrapper` and `sandbox-core` and nothing else;
 //! - `sbx-cli` and `sbx-sim` depend on `exec-wrapper` only;
@@ -71,6 +72,7 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
     ("sbx-cli", &["exec-wrapper"]),
     ("sbx-sim", &["exec-wrapper"]),
     ("token-server", &[]),
+    ("host-state", &[]),
     ("wrapper-stream", &["sandbox-core", "exec-wrapper"]),
     ("conformance", &["sandbox-core", "token-server"]),
     ("egress-proxy", &["sandbox-core"]),

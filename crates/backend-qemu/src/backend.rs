@@ -272,7 +272,7 @@ impl QemuBackend {
             agent_id: key.agent_id.clone(),
             call_id: key.call_id.clone(),
             kind: kind.to_owned(),
-            instance: layout::new_instance_id(),
+            instance: layout::new_instance_id()?,
             storage_base,
             created: layout::now_secs(),
             retired: None,

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use host_state::{self, Placing};
 use sandbox_core::naming::sbx::{
     sbx_conversation_prefix, sbx_key_prefix, sbx_sandbox_name, NamePrefix,
 };
@@ -80,28 +81,25 @@ impl Slot {
     /// The record, `None` when there is none.
     pub(crate) fn read_record(&self) -> Result<Option<Record>, SandboxError> {
         let path = self.dir.join(RECORD);
-        let file = match File::open(&path) {
-            Ok(file) => file,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(io_error("read", &path, source)),
+        let Some(bytes) =
+            host_state::read_record(&path, RECORD_CAP).map_err(|e| io_error("read", &path, e))?
+        else {
+            return Ok(None);
         };
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut std::io::Read::take(file, RECORD_CAP), &mut text)
-            .map_err(|source| io_error("read", &path, source))?;
-        serde_json::from_str(&text)
+        serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|error| SandboxError::engine(format!("record {}: {error}", path.display())))
     }
 
-    /// Writes the record through a temporary file and a rename, so a reader sees the old or the
-    /// new record, never half of one.
+    /// Writes the record durably ([`host_state::place_record`]): a reader sees the old or the
+    /// new record, never half of one, and a crash after the write keeps the new one.
     pub(crate) fn write_record(&self, record: &Record) -> Result<(), SandboxError> {
         let path = self.dir.join(RECORD);
-        let temp = self.dir.join(format!("{RECORD}.tmp"));
         let text = serde_json::to_vec_pretty(record)
             .map_err(|error| SandboxError::engine(format!("record: {error}")))?;
-        std::fs::write(&temp, text).map_err(|source| io_error("write", &temp, source))?;
-        std::fs::rename(&temp, &path).map_err(|source| io_error("write", &path, source))
+        host_state::place_record(&self.dir, RECORD, &text, Placing::Replace)
+            .map(drop)
+            .map_err(|source| io_error("write", &path, source))
     }
 
     pub(crate) fn remove_record(&self) -> Result<(), SandboxError> {
@@ -207,24 +205,19 @@ pub(crate) fn conversation_prefix(prefix: &NamePrefix, scope: &str, thread_id: &
 }
 
 /// A fresh instance id: `vm-` and 12 random hex digits (a VM directory name).
-pub(crate) fn new_instance_id() -> String {
-    let mut bytes = [0u8; 6];
-    // The clock and pid are enough to keep ids apart when the random source fails.
-    if getrandom_fill(&mut bytes).is_err() {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let mixed = nanos ^ (u128::from(std::process::id()) << 64);
-        bytes.copy_from_slice(&mixed.to_le_bytes()[..6]);
-    }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("vm-{hex}")
-}
-
-fn getrandom_fill(bytes: &mut [u8]) -> std::io::Result<()> {
-    let mut file = File::open("/dev/urandom")?;
-    std::io::Read::read_exact(&mut file, bytes)
+///
+/// # Errors
+/// The operating system's random source fails: no id is made up from a clock.
+pub(crate) fn new_instance_id() -> Result<String, SandboxError> {
+    host_state::random_hex(12)
+        .map(|hex| format!("vm-{hex}"))
+        .map_err(|source| {
+            io_error(
+                "draw an instance id",
+                Path::new("the random source"),
+                source,
+            )
+        })
 }
 
 pub(crate) fn now_secs() -> u64 {
@@ -257,7 +250,7 @@ mod tests {
             agent_id: "agent".into(),
             call_id: String::new(),
             kind: "shell".into(),
-            instance: new_instance_id(),
+            instance: new_instance_id().unwrap(),
             storage_base: "/maf-sandbox/workspace".into(),
             created: now_secs(),
             retired: None,
@@ -368,9 +361,9 @@ mod tests {
 
     #[test]
     fn instance_ids_are_vm_directory_names_and_differ() {
-        let a = new_instance_id();
+        let a = new_instance_id().unwrap();
         assert!(a.starts_with("vm-") && a.len() == 15, "{a}");
         assert!(a[3..].bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_ne!(a, new_instance_id());
+        assert_ne!(a, new_instance_id().unwrap());
     }
 }

@@ -841,10 +841,10 @@ async fn mount_point(host: &SbxHost, target: &Target) -> Result<(), SandboxError
 /// The mount proof: a token written through the host plane must read back through the full
 /// wrapper at `<parent>/<probe>`. The probe file is always removed.
 async fn mount_proof(sandbox: &SbxSandbox, timeout: Duration) -> Result<(), SandboxError> {
-    let token = layout::random_hex(32).map_err(|e| SandboxError::engine(e.to_string()))?;
+    let token = host_state::random_hex(32).map_err(|e| SandboxError::engine(e.to_string()))?;
     let probe = format!(
         ".maf-sbx-probe-{}",
-        layout::random_hex(16).map_err(|e| SandboxError::engine(e.to_string()))?
+        host_state::random_hex(16).map_err(|e| SandboxError::engine(e.to_string()))?
     );
     let plane = sandbox.plane.clone();
     let (file, bytes) = (probe.clone(), token.clone().into_bytes());

@@ -12,9 +12,10 @@
 //! module is blocking file I/O: call it on the blocking pool.
 
 use std::fs;
-use std::io::{self, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
 
+use host_state::{self, random_hex, Placing};
 use serde::{Deserialize, Serialize};
 
 /// The record's file name.
@@ -81,17 +82,6 @@ pub(crate) fn is_generation_name(name: &str) -> bool {
                 .bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
-}
-
-/// Lowercase hex from the operating system's random source.
-pub(crate) fn random_hex(len: usize) -> io::Result<String> {
-    let mut out = String::with_capacity(len);
-    while out.len() < len {
-        let nonce = exec_wrapper::new_nonce().map_err(io::Error::other)?;
-        out.push_str(nonce.as_str());
-    }
-    out.truncate(len);
-    Ok(out)
 }
 
 /// A builder for directories only the user can enter: mode 0700 on POSIX. Windows has no mode
@@ -193,50 +183,9 @@ pub(crate) fn claim_record(dir: &Path, record: &Record) -> io::Result<bool> {
     place_record(dir, record, Placing::IfAbsent)
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Placing {
-    Replace,
-    IfAbsent,
-}
-
 fn place_record(dir: &Path, record: &Record, placing: Placing) -> io::Result<bool> {
     let bytes = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
-    let temp = dir.join(format!(".{RECORD}.{}.part", random_hex(16)?));
-    let mut options = fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        options.mode(0o600);
-    }
-    let written = (|| {
-        let mut file = options.open(&temp)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-        match placing {
-            Placing::Replace => fs::rename(&temp, dir.join(RECORD)).map(|()| true),
-            Placing::IfAbsent => {
-                let linked = match fs::hard_link(&temp, dir.join(RECORD)) {
-                    Ok(()) => Ok(true),
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-                    Err(e) => Err(e),
-                };
-                fs::remove_file(&temp)?;
-                linked
-            }
-        }
-    })();
-    if written.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    let placed = written?;
-    // Makes the rename or link durable. Windows cannot open a directory as a `File` through
-    // std; NTFS journals the metadata change itself.
-    #[cfg(unix)]
-    {
-        fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(placed)
+    host_state::place_record(dir, RECORD, &bytes, placing)
 }
 
 /// Removes the record (missing is fine).
@@ -512,14 +461,5 @@ mod tests {
         );
         drop_generation(root, "n", &first, false).unwrap();
         assert!(!name_dir(root, "n").exists());
-    }
-
-    #[test]
-    fn random_hex_lengths() {
-        for len in [12, 16, 32, 50] {
-            let hex = random_hex(len).unwrap();
-            assert_eq!(hex.len(), len);
-            assert!(hex.bytes().all(|b| b.is_ascii_hexdigit()));
-        }
     }
 }

@@ -379,7 +379,10 @@ async fn run(
         Err(e) => return refused(e),
     };
     let dispose_after = !keep && given_key.is_none();
-    let key = given_key.unwrap_or_else(generated_key);
+    let key = match given_key.map_or_else(generated_key, Ok) {
+        Ok(key) => key,
+        Err(e) => return refused(e),
+    };
     if keep {
         eprintln!("sandboxctl: kept sandbox key {}", key_flags(&key));
     }

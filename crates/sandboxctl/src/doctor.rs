@@ -19,7 +19,14 @@ pub async fn doctor(global: &GlobalArgs, egress_probe: &[String]) -> u8 {
         eprintln!("sandboxctl: {message}");
         return crate::exit_codes::USAGE;
     }
-    let checks = crate::backends::health(global, egress_probe, &generated_key()).await;
+    let key = match generated_key() {
+        Ok(key) => key,
+        Err(e) => {
+            eprintln!("sandboxctl: {e}");
+            return crate::exit_codes::ENGINE;
+        }
+    };
+    let checks = crate::backends::health(global, egress_probe, &key).await;
     print(&checks, global.json);
     u8::from(checks.iter().any(HealthCheck::failed))
 }

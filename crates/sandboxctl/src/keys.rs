@@ -113,24 +113,17 @@ pub fn check_field(field: &str, value: &str) -> Result<(), KeyError> {
     Ok(())
 }
 
-/// A fresh key: scope `sandboxctl`, a random thread id, agent `cli`.
-pub fn generated_key() -> SandboxKey {
-    SandboxKey::conversation(GENERATED_SCOPE, random_thread_id(), "cli")
-}
-
-fn random_thread_id() -> String {
-    // Randomness from the kernel; a thread id only needs to be unique, not secret.
-    let mut bytes = [0u8; 8];
-    let filled = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
-    if filled.is_err() {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        bytes = ((nanos as u64) ^ u64::from(std::process::id())).to_le_bytes();
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// A fresh key: scope `sandboxctl`, a random thread id (16 hex digits), agent `cli`.
+///
+/// # Errors
+/// The operating system's random source fails: no thread id is made up from a clock.
+pub fn generated_key() -> Result<SandboxKey, SandboxError> {
+    let thread = host_state::random_hex(16).map_err(|source| SandboxError::Io {
+        operation: "draw a thread id",
+        path: "the random source".to_owned(),
+        source,
+    })?;
+    Ok(SandboxKey::conversation(GENERATED_SCOPE, thread, "cli"))
 }
 
 #[cfg(test)]
@@ -196,8 +189,8 @@ mod tests {
 
     #[test]
     fn generated_keys_differ() {
-        let a = generated_key();
-        let b = generated_key();
+        let a = generated_key().unwrap();
+        let b = generated_key().unwrap();
         assert_eq!(a.scope, GENERATED_SCOPE);
         assert_eq!(a.agent_id, "cli");
         assert_eq!(a.thread_id.len(), 16);
