@@ -212,10 +212,14 @@ pub(crate) mod exact_lookup {
         BYTE_EXACT_FILE_SYSTEMS.contains(&kind)
     }
 
-    /// `dir` itself (`.`, no link to follow) opened for reading, so its flags can be read.
+    /// `dir` itself opened for reading, so its flags can be read. `.` is the directory itself:
+    /// the kernel follows no link to reach it, and fails a handle that is not a directory
+    /// (`ENOTDIR`), so `O_NOFOLLOW` and `O_DIRECTORY` could change nothing here. Close-on-exec
+    /// matters: a root holds the descriptor for as long as it lives, and a host that starts a
+    /// program must not hand it a handle inside the workspace.
     pub(crate) fn open_readable(dir: BorrowedFd<'_>) -> Option<OwnedFd> {
-        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        openat(dir, ".", flags, Mode::empty()).ok()
+        // Read-only is the access mode without a flag (`O_RDONLY` is 0).
+        openat(dir, ".", OFlags::CLOEXEC, Mode::empty()).ok()
     }
 
     /// The directory's file system compares names byte for byte and the directory does not
@@ -260,6 +264,58 @@ pub(crate) mod exact_lookup {
                     "{name:?}"
                 );
             }
+        }
+
+        /// A file system off the list (proc here; FAT, SMB or a FUSE mount on another host) is
+        /// never taken as byte-exact: its lookups might fold case or normalise, so only the
+        /// listing answers there, whatever a lookup would find.
+        #[test]
+        fn a_file_system_off_the_list_is_left_to_the_listing() {
+            let proc = rustix::fs::open(
+                "/proc",
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap();
+            assert!(!byte_exact_file_system(proc.as_fd()));
+            assert!(!is_byte_exact(proc.as_fd(), HeldDirectory::default()));
+            assert_eq!(lists_verbatim(proc.as_fd(), "self".as_ref()), None);
+            assert_eq!(
+                lists_found_verbatim(proc.as_fd(), "self".as_ref(), HeldDirectory::default()),
+                None
+            );
+            // tmpfs, on the list, for contrast: the same question is answered by the lookup.
+            let shm = rustix::fs::open(
+                "/dev/shm",
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap();
+            assert!(byte_exact_file_system(shm.as_fd()));
+        }
+
+        /// `.` of a handle that is not a directory opens nothing, whatever the flags: the
+        /// kernel refuses to start a lookup there.
+        #[test]
+        fn only_a_directory_opens_readable() {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("f"), b"").unwrap();
+            let file = std::fs::File::open(dir.path().join("f")).unwrap();
+            assert!(open_readable(file.as_fd()).is_none());
+            let path_only = rustix::fs::open(
+                dir.path().join("f"),
+                OFlags::PATH | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap();
+            assert!(open_readable(path_only.as_fd()).is_none());
+            let directory = std::fs::File::open(dir.path()).unwrap();
+            let readable = open_readable(directory.as_fd()).unwrap();
+            let (opened, held) = (
+                rustix::fs::fstat(&readable).unwrap(),
+                rustix::fs::fstat(&directory).unwrap(),
+            );
+            assert_eq!((opened.st_dev, opened.st_ino), (held.st_dev, held.st_ino));
         }
 
         #[test]
