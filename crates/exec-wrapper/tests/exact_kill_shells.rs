@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{read_pids, shells, wait_dead, Shell};
 use exec_wrapper::{
     cancel_file, docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation,
-    namespace_kill_argv, new_nonce, nonce_line_seen, parse_run_output, pid_file, raw_invocation,
+    namespace_kill_argv, nonce_line_seen, parse_run_output, pid_file, raw_invocation,
     tree_kill_argv, ExitKind, KillMode, KillOutcome, KillReport, Nonce, RawInvocation,
     WrapperOutcome, WrapperOutput, DOCKER_INIT_PATH,
 };
@@ -27,14 +27,19 @@ fn from_sh(nonce: &Nonce, invocation: &RawInvocation) -> Vec<String> {
     argv[3..].to_vec()
 }
 
-async fn run_init_shape(shell: &Shell, cwd: &[u8], argv: &[Vec<u8>]) -> (Nonce, WrapperOutcome) {
-    let nonce = new_nonce().unwrap();
+async fn run_init_shape(
+    shell: &Shell,
+    cwd: &[u8],
+    argv: &[Vec<u8>],
+) -> (common::HostCall, WrapperOutcome) {
+    let nonce = common::host_call();
     let invocation = raw_invocation(cwd, argv).unwrap();
     let output = shell
         .run(&from_sh(&nonce, &invocation), BOUND)
         .await
         .unwrap_or_else(|e| panic!("{}: runner failed: {e}", shell.name));
-    (nonce.clone(), parse_run_output(output, &nonce))
+    let outcome = parse_run_output(output, &nonce);
+    (nonce, outcome)
 }
 
 fn ran(shell: &Shell, outcome: WrapperOutcome) -> WrapperOutput {
@@ -150,7 +155,7 @@ async fn status_streams_and_working_directory_pass_through() {
             );
         }
         // A command's own marker and 125, after the nonce line, stay its result.
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let forged = format!("{nonce}-nocwd\ncd: forged\n");
         let invocation = raw_invocation(
             b"/",
@@ -182,7 +187,7 @@ async fn status_streams_and_working_directory_pass_through() {
 #[tokio::test]
 async fn wrapper_failures_and_a_cancel_exit_125_without_the_nonce() {
     for shell in shells() {
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let good = from_sh(&nonce, &raw_invocation(b"/", &[b"true"]).unwrap());
         // positionals in `good`: sh -c W maf-sbx nonce mask cwd argv…
         let mut short_mask = good.clone();
@@ -205,7 +210,7 @@ async fn wrapper_failures_and_a_cancel_exit_125_without_the_nonce() {
         // The kill came first: the cancel file stops the command before the nonce line.
         let dir = tempfile::tempdir().unwrap();
         let side_effect = dir.path().join("ran");
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let kill = shell.run(&tree_kill_argv(&nonce), BOUND).await.unwrap();
         assert_eq!(kill.status, ExitKind::Exited(4), "{}", shell.name);
         assert!(Path::new(&cancel_file(&nonce)).exists(), "{}", shell.name);
@@ -236,7 +241,7 @@ async fn wrapper_failures_and_a_cancel_exit_125_without_the_nonce() {
 async fn the_exact_kills_refuse_a_malformed_nonce() {
     for shell in shells() {
         for kill in [tree_kill_argv, namespace_kill_argv] {
-            let mut argv = kill(&new_nonce().unwrap());
+            let mut argv = kill(&common::host_call());
             for bad in [
                 "",
                 "../../etc/x0123456789abcd",
@@ -267,7 +272,7 @@ async fn the_exact_kills_fall_back_to_the_group_kill() {
         for kill in [tree_kill_argv, namespace_kill_argv] {
             let dir = tempfile::tempdir().unwrap();
             let pids_file = dir.path().join("pids");
-            let nonce = new_nonce().unwrap();
+            let nonce = common::host_call();
             let argv = docker_wrapper_argv(
                 &nonce,
                 &encode_invocation(
@@ -282,7 +287,7 @@ async fn the_exact_kills_fall_back_to_the_group_kill() {
                 )
                 .unwrap(),
             );
-            let sibling_nonce = new_nonce().unwrap();
+            let sibling_nonce = common::host_call();
             let sibling = tokio::spawn(
                 shell
                     .command(

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use common::{shells, Shell};
 use exec_wrapper::{
-    cancel_file, docker_init_wrapper_argv, exec_init_argv, init_status_argv, new_nonce,
-    nonce_line_seen, parse_run_output, raw_invocation, BoundedCommand, ExitKind, Nonce,
-    RawInvocation, RunOutput, WrapperOutcome, WrapperOutput, EXEC_INIT_PATH,
+    cancel_file, docker_init_wrapper_argv, exec_init_argv, init_status_argv, nonce_line_seen,
+    parse_run_output, raw_invocation, BoundedCommand, ExitKind, Nonce, RawInvocation, RunOutput,
+    WrapperOutcome, WrapperOutput, EXEC_INIT_PATH,
 };
 use proptest::prelude::*;
 
@@ -44,10 +44,11 @@ async fn through_wrapper(shell: &Shell, nonce: &Nonce, invocation: &RawInvocatio
         .expect("the wrapper runs")
 }
 
-async fn init_outcome(cwd: &[u8], argv: &[Vec<u8>]) -> (Nonce, WrapperOutcome) {
-    let nonce = new_nonce().unwrap();
+async fn init_outcome(cwd: &[u8], argv: &[Vec<u8>]) -> (common::HostCall, WrapperOutcome) {
+    let nonce = common::host_call();
     let output = through_init(&nonce, &raw_invocation(cwd, argv).unwrap()).await;
-    (nonce.clone(), parse_run_output(output, &nonce))
+    let outcome = parse_run_output(output, &nonce);
+    (nonce, outcome)
 }
 
 fn ran(outcome: WrapperOutcome) -> WrapperOutput {
@@ -134,7 +135,7 @@ proptest! {
         let rt = runtime();
         let dash = dash();
         let invocation = raw_invocation(&cwd, &argv).unwrap();
-        let (model_nonce, nonce) = (new_nonce().unwrap(), new_nonce().unwrap());
+        let (model_nonce, nonce) = (common::host_call(), common::host_call());
         let model = rt.block_on(through_wrapper(&dash, &model_nonce, &invocation));
         let ours = rt.block_on(through_init(&nonce, &invocation));
         prop_assert_eq!(model.status, ours.status);
@@ -196,7 +197,7 @@ async fn a_missing_program_an_unrunnable_file_and_a_script_without_an_interprete
         output.stdout,
         [script.as_os_str().as_encoded_bytes(), b"|a b|"].concat()
     );
-    let nonce = new_nonce().unwrap();
+    let nonce = common::host_call();
     let output = BoundedCommand::new(INIT, BOUND)
         .args(
             exec_init_argv(&nonce, &raw_invocation(b"/", &[b"greet"]).unwrap())[1..]
@@ -222,7 +223,7 @@ async fn a_malformed_call_or_a_cancel_exits_125_without_the_nonce_and_runs_nothi
         b"touch".to_vec(),
         side_effect.as_os_str().as_encoded_bytes().to_vec(),
     ];
-    let nonce = new_nonce().unwrap();
+    let nonce = common::host_call();
     let good = exec_init_argv(&nonce, &raw_invocation(b"/", &touch).unwrap());
     // positionals after the path: nonce mask cwd argv…
     let mut short_mask = good.clone();
@@ -291,7 +292,7 @@ echo "init-group ${rest%% *}"
 echo "init $init self $$"
 kill -KILL 0
 "#;
-    let nonce = new_nonce().unwrap();
+    let nonce = common::host_call();
     let output = through_init(
         &nonce,
         &raw_invocation(b"/", &[b"sh".to_vec(), b"-c".to_vec(), script.to_vec()]).unwrap(),
@@ -350,7 +351,7 @@ async fn a_status_over_128_is_recorded_and_one_below_is_not_and_a_planted_link_i
     // nothing through the link, and the check reads no status (the host reads the 255).
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("target");
-    let nonce = new_nonce().unwrap();
+    let nonce = common::host_call();
     let record = exec_wrapper::init::status_file(&nonce);
     let script = format!("ln -s {} {record}; kill -KILL $$", target.display());
     let output = through_init(
@@ -374,7 +375,7 @@ async fn the_command_starts_with_the_signals_the_wrapper_gives_it_and_exactly_it
     let script = b"grep -E '^Sig(Ign|Blk):' /proc/self/status; tr '\\0' '|' < /proc/$$/cmdline";
     let argv = [b"sh".to_vec(), b"-c".to_vec(), script.to_vec()];
     let invocation = raw_invocation(b"/", &argv).unwrap();
-    let nonce = new_nonce().unwrap();
+    let nonce = common::host_call();
     let model = through_wrapper(&dash(), &nonce, &invocation).await;
     let model = ran(parse_run_output(model, &nonce));
     let (_, outcome) = init_outcome(b"/", &argv).await;

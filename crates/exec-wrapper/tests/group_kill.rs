@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::{alive, become_subreaper, read_pids, reap_adopted, shells, wait_dead, Shell};
 use exec_wrapper::{
-    docker_wrapper_argv, encode_invocation, kill_argv, new_nonce, parse_run_output, pid_file,
-    Error, KillFailure, KillOutcome, Nonce, WrapperOutcome,
+    docker_wrapper_argv, encode_invocation, kill_argv, parse_run_output, pid_file, Error,
+    KillFailure, KillOutcome, Nonce, WrapperOutcome,
 };
 
 fn wrapper_argv(nonce: &Nonce, argv: &[&[u8]]) -> Vec<String> {
@@ -30,7 +30,7 @@ wait
 async fn timed_out_family_dies_and_sibling_lives(shell: &Shell) {
     let dir = tempfile::tempdir().unwrap();
     let pids_file = dir.path().join("pids");
-    let nonce = new_nonce().unwrap();
+    let nonce = common::host_call();
     let argv = wrapper_argv(
         &nonce,
         &[
@@ -41,7 +41,7 @@ async fn timed_out_family_dies_and_sibling_lives(shell: &Shell) {
             pids_file.to_str().unwrap().as_bytes(),
         ],
     );
-    let sibling_nonce = new_nonce().unwrap();
+    let sibling_nonce = common::host_call();
     let sibling_argv = wrapper_argv(&sibling_nonce, &[b"sh", b"-c", b"sleep 2; echo done"]);
 
     let sibling = tokio::spawn(shell.command(&sibling_argv, Duration::from_secs(20)).run());
@@ -116,7 +116,7 @@ async fn start_race_a_cancelled_command_never_runs() {
     for shell in shells() {
         let (mut killed, mut never_started) = (0, 0);
         for round in 0..15u64 {
-            let nonce = new_nonce().unwrap();
+            let nonce = common::host_call();
             let side_effect = dir.path().join(format!("{}-{round}", shell.name));
             let argv = wrapper_argv(
                 &nonce,
@@ -176,7 +176,7 @@ async fn a_zombie_member_reads_as_a_survivor() {
     let dir = tempfile::tempdir().unwrap();
     for shell in shells() {
         let pids_file = dir.path().join(shell.name);
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let argv = wrapper_argv(
             &nonce,
             &[

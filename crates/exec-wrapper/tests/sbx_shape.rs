@@ -13,6 +13,8 @@
 //! Run as root, the caller is a fixed unprivileged uid and gid reached through `setpriv`; run as
 //! anyone else, the caller is the test process's own uid and gid.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
@@ -20,10 +22,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use exec_wrapper::{
-    cancel_file, encode_env_file, encode_invocation, new_nonce, parse_run_output, pid_file,
-    plain_invocation, sbx_env_file_name, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv,
-    BoundedCommand, EncodedInvocation, ExitKind, Nonce, SbxMount, WrapperOutcome, WrapperOutput,
-    WORKSPACE_MARKER,
+    cancel_file, encode_env_file, encode_invocation, parse_run_output, pid_file, plain_invocation,
+    sbx_env_file_name, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, BoundedCommand,
+    EncodedInvocation, ExitKind, Nonce, SbxMount, WrapperOutcome, WrapperOutput, WORKSPACE_MARKER,
 };
 
 const BOUND: Duration = Duration::from_secs(20);
@@ -435,7 +436,7 @@ fn a_root_caller_runs_its_command_from_the_bind_stage_shell() {
 fn workspace_bound_and_command_run_as(site: &Site, parent_stage: &str) {
     let cwd = format!("{}/work/a dir", site.parent_str());
     for shell in &site.shells {
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let written = format!("written-by-{}", shell.name);
         // The parent's listing shows the workspace (marker, storage base), not the host-only
         // file the bind covers; the file is written relative to the cwd, through the bind.
@@ -571,7 +572,7 @@ fn stdout_stderr_and_the_exit_status_pass_through_exactly() {
     ];
     for shell in &site.shells {
         for (script, expected) in &cases {
-            let nonce = new_nonce().unwrap();
+            let nonce = common::host_call();
             let outcome = runtime().block_on(site.run(
                 shell,
                 &nonce,
@@ -623,7 +624,7 @@ fn every_argv_value_arrives_exactly_whether_plain_or_encoded() {
     let encoded = encode_invocation(b"/", &argv).unwrap();
     for shell in &site.shells {
         for (how, invocation) in [("plain", &plain), ("encoded", &encoded)] {
-            let nonce = new_nonce().unwrap();
+            let nonce = common::host_call();
             let outcome = runtime().block_on(site.run_invocation(
                 shell,
                 &nonce,
@@ -663,7 +664,7 @@ fn a_workspace_without_the_marker_is_unmounted_and_the_command_never_runs() {
                     site.workspace.clone()
                 }
             };
-            let nonce = new_nonce().unwrap();
+            let nonce = common::host_call();
             let side_effect = site.outside.join(format!("ran-{}", shell.name));
             let outcome = runtime().block_on(site.run(
                 shell,
@@ -695,7 +696,7 @@ fn a_workspace_without_the_marker_is_unmounted_and_the_command_never_runs() {
     // The outside directory is writable by the caller: with the marker back, the same command
     // runs and leaves its side effect, so its absence above was the marker check's doing.
     let shell = &site.shells[0];
-    let nonce = new_nonce().unwrap();
+    let nonce = common::host_call();
     let side_effect = site.outside.join("ran-with-marker");
     let outcome = runtime().block_on(site.run(
         shell,
@@ -714,7 +715,7 @@ fn a_guest_mount_that_cannot_be_bound_is_a_wrapper_failure() {
     let site = Site::new();
     let missing = site.root.path().join("no-such-workspace");
     for shell in &site.shells {
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let side_effect = site.outside.join(format!("ran-{}", shell.name));
         let outcome = runtime().block_on(site.run(
             shell,
@@ -739,7 +740,7 @@ fn a_guest_mount_that_cannot_be_bound_is_a_wrapper_failure() {
 fn the_env_file_is_read_through_the_bind_and_deleted() {
     let site = Site::new();
     for shell in &site.shells {
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         // The host writes the env file into the workspace (0600, as the caller sees its own
         // files through sbx's mount); the wrapper reads it at <parent>/<name> after binding.
         let env_file = site.workspace.join(sbx_env_file_name(&nonce));
@@ -807,7 +808,7 @@ fn own_group_and_signal_status(site: &Site) {
 [ "$3" = "$p" ] && [ "$4" = "$p" ] && echo own-group
 if [ -e "$0" ]; then echo recorded; else echo unrecorded; fi"#;
     for shell in &site.shells {
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let record = pid_file(&nonce);
         let outcome = runtime().block_on(site.run(
             shell,
@@ -836,7 +837,7 @@ if [ -e "$0" ]; then echo recorded; else echo unrecorded; fi"#;
         );
 
         for (signal, status) in [("KILL", 137), ("TERM", 143)] {
-            let nonce = new_nonce().unwrap();
+            let nonce = common::host_call();
             let kill = format!("kill -{signal} $$");
             let outcome = runtime().block_on(site.run(
                 shell,
@@ -861,7 +862,7 @@ if [ -e "$0" ]; then echo recorded; else echo unrecorded; fi"#;
             &[b"no-such-program"]
         };
         for program in programs {
-            let nonce = new_nonce().unwrap();
+            let nonce = common::host_call();
             let outcome = runtime().block_on(site.run(
                 shell,
                 &nonce,
@@ -889,7 +890,7 @@ if [ -e "$0" ]; then echo recorded; else echo unrecorded; fi"#;
 fn a_cancelled_call_never_runs_its_command() {
     let site = Site::new();
     for shell in &site.shells {
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let cancel = cancel_file(&nonce);
         std::fs::write(&cancel, b"").unwrap();
         let side_effect = site.outside.join(format!("cancelled-{}", shell.name));
@@ -961,7 +962,7 @@ fn the_namespace_kill_ends_every_process_of_a_pid_namespace_call() {
     let site = Site::new();
     let setsid = required("setsid");
     for (index, shell) in site.shells.iter().filter(|s| s.pid_namespace).enumerate() {
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let marker = format!("sleep31{}7", 60 + index);
         let script = format!(
             "(setsid sh -c '{m} & exit 0' &); nohup {m} >/dev/null 2>&1 & exec {m}",

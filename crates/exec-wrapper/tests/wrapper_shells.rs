@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{shells, Shell};
 use exec_wrapper::{
     cancel_file, docker_wrapper_argv, encode_arg, encode_env_file, encode_invocation, kill_argv,
-    new_nonce, parse_run_output, pid_file, plain_invocation, read_tool_probe, sbx_env_file_name,
+    parse_run_output, pid_file, plain_invocation, read_tool_probe, sbx_env_file_name,
     sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, tool_probe_argv, EncodedInvocation, ExitKind,
     KillFailure, KillOutcome, Nonce, SbxMount, ToolProbeOutcome, WrapperOutcome, WrapperOutput,
     DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
@@ -18,8 +18,12 @@ use proptest::prelude::*;
 
 const BOUND: Duration = Duration::from_secs(20);
 
-async fn run_docker_shape(shell: &Shell, cwd: &[u8], argv: &[Vec<u8>]) -> (Nonce, WrapperOutcome) {
-    let nonce = new_nonce().unwrap();
+async fn run_docker_shape(
+    shell: &Shell,
+    cwd: &[u8],
+    argv: &[Vec<u8>],
+) -> (common::HostCall, WrapperOutcome) {
+    let nonce = common::host_call();
     let invocation = encode_invocation(cwd, argv).unwrap();
     let output = shell
         .run(&docker_wrapper_argv(&nonce, &invocation), BOUND)
@@ -76,7 +80,7 @@ async fn the_pid_namespace_run_stage_starts_the_command_under_setsid_alone() {
 [ "$3" = "$p" ] && [ "$4" = "$p" ] && echo own-group"#;
     for shell in shells() {
         let run = |argv: &[&[u8]]| {
-            let nonce = new_nonce().unwrap();
+            let nonce = common::host_call();
             let invocation = plain_invocation(b"/", argv).unwrap();
             let argv = sbx_pid_namespace_run_stage(&nonce, &invocation);
             let shell = &shell;
@@ -124,7 +128,7 @@ async fn the_pid_namespace_run_stage_starts_the_command_under_setsid_alone() {
         }
 
         // The kill came first: nothing runs, and no nonce line says otherwise.
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         std::fs::write(cancel_file(&nonce), b"").unwrap();
         let side_effect = dir.path().join(format!("ran-{}", shell.name));
         let invocation = plain_invocation(
@@ -157,7 +161,7 @@ async fn the_pid_namespace_run_stage_starts_the_command_under_setsid_alone() {
 }
 
 async fn run_sbx_run_stage(shell: &Shell, cwd: &[u8], argv: &[Vec<u8>]) -> WrapperOutcome {
-    let nonce = new_nonce().unwrap();
+    let nonce = common::host_call();
     let invocation = plain_invocation(cwd, argv).unwrap();
     let output = shell
         .run(
@@ -291,7 +295,7 @@ async fn the_sbx_run_stage_enters_a_plain_working_directory() {
             common::assert_not_started(shell.name, &outcome, cwd);
         }
         // Neither an `r` nor an `x` value: a wrapper failure before the nonce.
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let invocation = plain_invocation(b"/", &[b"true"]).unwrap();
         let mut argv = sbx_run_stage(&nonce, "/nonexistent-parent", false, &invocation);
         argv.push("unprefixed".into());
@@ -410,7 +414,7 @@ async fn working_directory_is_entered_and_an_unusable_one_is_not_started() {
 #[tokio::test]
 async fn a_command_cannot_forge_the_not_started_marker() {
     for shell in shells() {
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let forged = format!("{nonce}-nocwd\nsh: cd: can't cd to /forged\n");
         let argv = [
             b"sh".to_vec(),
@@ -446,7 +450,7 @@ async fn a_missing_program_is_127_after_the_nonce() {
 #[tokio::test]
 async fn wrapper_failures_exit_125_without_the_nonce() {
     for shell in shells() {
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let invocation = encode_invocation(b"/", &[b"true"]).unwrap();
         let good = docker_wrapper_argv(&nonce, &invocation);
 
@@ -475,7 +479,7 @@ async fn sbx_run_stage_exports_env_entries_verbatim_and_deletes_the_env_file() {
     let parent = tempfile::tempdir().unwrap();
     let parent_str = parent.path().to_str().unwrap().to_owned();
     for shell in shells() {
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let env: Vec<(&[u8], &[u8])> = vec![
             (b"PLAIN", b"value with  spaces"),
             (
@@ -553,7 +557,7 @@ async fn sbx_run_stage_exports_env_entries_verbatim_and_deletes_the_env_file() {
 async fn a_bad_env_file_is_a_wrapper_failure() {
     let parent = tempfile::tempdir().unwrap();
     for shell in shells() {
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let env_file = parent.path().join(sbx_env_file_name(&nonce));
         // An entry without `=` and a line that is not encoded.
         for body in [
@@ -580,7 +584,7 @@ async fn a_bad_env_file_is_a_wrapper_failure() {
 async fn a_cancel_before_the_start_means_the_command_never_runs() {
     let dir = tempfile::tempdir().unwrap();
     for shell in shells() {
-        let nonce = new_nonce().unwrap();
+        let nonce = common::host_call();
         let pid = pid_file(&nonce);
         // The kill comes first: no pid file yet, so "never started", and the cancel file stays.
         let kill = shell.run(&kill_argv(&pid), BOUND).await.unwrap();
@@ -639,7 +643,7 @@ async fn the_kill_script_refuses_bad_records() {
             .chain([("unterminated", b"1234".as_slice())])
         {
             runs.push(async move {
-                let nonce = new_nonce().unwrap();
+                let nonce = common::host_call();
                 let pid = pid_file(&nonce);
                 std::fs::write(&pid, record).unwrap();
                 let started = std::time::Instant::now();

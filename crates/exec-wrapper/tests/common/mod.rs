@@ -3,10 +3,52 @@
 //! so the wrapper's inner shell and tools are the ones under test too.
 #![allow(dead_code)]
 
+use std::fmt;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use exec_wrapper::{BoundedCommand, Error, RunOutput};
+use exec_wrapper::{cancel_file, new_nonce, pid_file, BoundedCommand, Error, Nonce, RunOutput};
+
+/// A call's nonce, owning the files named after it that the scripts write under `/tmp` (the
+/// group record, the cancel file, the status record). In a guest they live and die with the
+/// sandbox; run on this host they would stay in its `/tmp`, so they are removed when the call
+/// drops, whether the test passed or not. The scripts name them under `/tmp` whatever the
+/// host's temporary directory is (a guest has no other), so a test cannot move them elsewhere.
+pub struct HostCall(Nonce);
+
+/// A fresh nonce whose `/tmp` files are removed when it drops.
+pub fn host_call() -> HostCall {
+    HostCall(new_nonce().expect("a nonce from the OS's random source"))
+}
+
+impl Deref for HostCall {
+    type Target = Nonce;
+
+    fn deref(&self) -> &Nonce {
+        &self.0
+    }
+}
+
+impl fmt::Display for HostCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl Drop for HostCall {
+    fn drop(&mut self) {
+        let files = [
+            pid_file(&self.0),
+            cancel_file(&self.0),
+            exec_wrapper::init::status_file(&self.0),
+        ];
+        for file in files {
+            // Most calls leave nothing: a missing file is the usual case, not a failure.
+            let _ = std::fs::remove_file(file);
+        }
+    }
+}
 
 /// One shell under test.
 pub struct Shell {
