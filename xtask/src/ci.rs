@@ -21,7 +21,9 @@
 //! The first failure stops the run: no further step starts, and the steps still running are
 //! sent SIGTERM and reaped (a grandchild that made a process group of its own, as a bounded
 //! command does, ends at its own deadline). The end prints one table: each step's lane, when it
-//! started, how long it took and how it ended.
+//! started, how long it took and how it ended. Last, whether the run passed or not, the host's
+//! temporary directory is compared with what it held before the first step: a new entry with
+//! one of the project's prefixes fails the run (`host_temp.rs`).
 
 use std::fs::File;
 use std::io::{BufRead as _, BufReader};
@@ -31,6 +33,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::XtaskError;
+use crate::host_temp::TempSnapshot;
 use crate::process::{capture_in, cargo, describe, seconds, Workspace};
 
 /// How a step runs.
@@ -217,6 +220,7 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         source,
     })?;
     crate::live::forget_docker_snapshot(workspace);
+    let temp_before = TempSnapshot::take(&std::env::temp_dir())?;
     let ran = schedule(STEPS, |step, children, index| {
         let mut command = match step.run {
             Run::Cargo(args) => {
@@ -247,7 +251,24 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         remove_left_simulator_containers(workspace);
         remove_docker_suite_leftovers(workspace);
     }
-    ran
+    // Judged after every step, passed or not: a failing run must not also leave the host's
+    // temporary directory dirty unnoticed.
+    let temp_left = temp_before.check_nothing_new();
+    match (ran, temp_left) {
+        (Err(failed), Err(left)) => {
+            eprintln!("==> ci: {left}");
+            Err(failed)
+        }
+        (Err(failed), Ok(())) => Err(failed),
+        (Ok(()), left) => {
+            if left.is_ok() {
+                eprintln!(
+                    "==> ci: nothing of the project's left in the host's temporary directory"
+                );
+            }
+            left
+        }
+    }
 }
 
 /// The containers, networks and volumes a failed or stopped Docker suite made: a suite killed

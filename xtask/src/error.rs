@@ -98,6 +98,17 @@ pub enum XtaskError {
         listing: String,
     },
 
+    /// `ci` left entries with one of the project's prefixes in the host's temporary directory.
+    #[error("the run left {count} entr(ies) in {dir}:\n{listing}")]
+    TempLeftovers {
+        /// The temporary directory.
+        dir: String,
+        /// How many.
+        count: usize,
+        /// One line per entry: its path.
+        listing: String,
+    },
+
     /// `cargo metadata` printed something the layering check cannot read.
     #[error("cannot read `cargo metadata`: {reason}")]
     Metadata {

@@ -48,6 +48,7 @@ mod citations;
 mod doc_links;
 mod error;
 mod fuzz;
+mod host_temp;
 mod layering;
 mod live;
 mod mcp_suite;
