@@ -26,13 +26,15 @@
 //! - `check-targets`: type-checks the crates a Windows or macOS host builds, for those targets,
 //!   with a Debian toolchain in a cached chroot (see `targets.rs`);
 //! - `bench`: runs the benchmarks;
-//! - `tools [nextest|fuzz]`: installs cargo-nextest and cargo-fuzz into the tools cache when
-//!   missing (once per machine; also a `ci` step);
+//! - `tools [nextest|fuzz|mutants]`: installs cargo-nextest, cargo-fuzz and cargo-mutants into
+//!   the tools cache when missing (once per machine; also a `ci` step);
 //! - `layering`: checks which crate depends on which, that every publishable crate has the
 //!   readme, keywords and categories crates.io takes (`packaging.rs`), and that no code comment
 //!   cites a document outside the repository (also a `ci` step);
 //! - `mutants [CRATE…]`: mutation-tests the security crates with cargo-mutants and fails on a
-//!   survivor that is not on the allow-list (not a `ci` step: it takes hours, see `mutants.rs`).
+//!   survivor that is not on the allow-list (whole crates take hours, see `mutants.rs`);
+//!   `mutants --changed` mutates only the security leaves' lines changed since the last tag (else
+//!   main's merge base, else the last commit), which is a `ci` step.
 //!
 //! Every child process's output streams to this process's as it comes; xtask exits non-zero
 //! when any step fails. It does not install system packages on the host itself (only into its

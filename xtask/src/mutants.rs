@@ -8,6 +8,18 @@
 //! under a comment saying why; entries of any other kind, or without a comment, are refused.
 //! A mutant whose tests hang until cargo-mutants' timeout counts as detected and is listed.
 //!
+//! `--changed` (CI's `mutants` step) mutates only the lines of the security leaves
+//! ([`CHANGED_CRATES`]) that changed since a base (cargo-mutants' `--in-diff`, one diff per
+//! crate): the newest tag reachable from HEAD, else the merge base with `main`, else, on `main`
+//! itself, the last commit's parent. A crate whose sources did not change is not built at all,
+//! so the step costs nothing when no security leaf changed and a few mutants when one did. A
+//! base that cannot be found is an error, never "nothing changed". Its mutants run every test
+//! but the live ones, which belong to the suites CI runs beside it.
+//!
+//! A mutant run kills tests midway, and a killed test leaves what it made in the temporary
+//! directory, so each run gets one of its own: as root, a private tmpfs on `/tmp` (a mount
+//! namespace of its own, gone with the run); otherwise `TMPDIR` under `target/mutants/`.
+//!
 //! Every build shares one target directory, `target/mutants/cargo-target`, so dependencies are
 //! compiled once across runs; each crate's report is kept in `target/mutants/<crate>/mutants.out`.
 //! cargo-mutants is installed with `cargo install` when `cargo mutants --version` does not
@@ -16,7 +28,7 @@
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -25,15 +37,29 @@ use serde::Deserialize;
 
 use crate::error::XtaskError;
 use crate::process::{bounded_runtime, capture_in, cargo, seconds, stream_bounded, Workspace};
+use crate::tools::{is_supported_version, TOOL_MAJOR};
 
 /// The crates mutated when none is named: the ones a security reviewer reads alone.
 pub const DEFAULT_CRATES: &[&str] = &["confined-fs", "exec-wrapper", "sbx-cli"];
 
+/// The security leaves whose changed lines `--changed` mutates (CI's step): the default crates,
+/// the one guarded opener of host files, the filtering proxy, and the core's host-path guard.
+pub const CHANGED_CRATES: &[&str] = &[
+    "confined-fs",
+    "exec-wrapper",
+    "sbx-cli",
+    "host-files",
+    "egress-proxy",
+    "sandbox-core",
+];
+
+/// The branch whose merge base `--changed` diffs from when no tag is reachable.
+const MAIN_BRANCH: &str = "main";
+
+const GIT_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The allow-list, from the workspace root.
 pub const ALLOW_LIST: &str = "xtask/mutants-allow.txt";
-
-/// The cargo-mutants major version whose `mutants.out` layout this module reads.
-pub const TOOL_MAJOR: &str = "27";
 
 const VERSION_TIMEOUT: Duration = Duration::from_secs(60);
 /// A cold `cargo install` on a busy two-core machine has taken over 25 minutes.
@@ -63,6 +89,14 @@ pub struct MutantsArgs {
     /// Minutes the run of one crate may take before it is killed.
     #[arg(long, default_value_t = 360, value_name = "MINUTES")]
     deadline: u64,
+    /// Mutate only the lines of the security leaves changed since a base (cargo-mutants'
+    /// `--in-diff`): the newest tag reachable from HEAD, else the merge base with `main`, else
+    /// (on `main` itself) HEAD's parent. A crate with no changed source is skipped.
+    #[arg(long, conflicts_with_all = ["crates", "files"])]
+    changed: bool,
+    /// The base `--changed` diffs from, instead of the one it finds.
+    #[arg(long, value_name = "REV", requires = "changed")]
+    since: Option<String>,
 }
 
 /// Runs cargo-mutants on each requested crate, prints the counts and survivors, and fails when a
@@ -75,34 +109,63 @@ pub fn run(workspace: &Workspace, args: &MutantsArgs) -> Result<(), XtaskError> 
         source,
     })?;
     let allow = AllowList::parse(&allow_text)?;
-    let crates: Vec<String> = if args.crates.is_empty() {
+    // Each crate to mutate, with the diff that restricts it (under `--changed`).
+    let crates: Vec<(String, Option<PathBuf>)> = if args.changed {
+        changed_crates(workspace, args.since.as_deref())?
+    } else if args.crates.is_empty() {
         DEFAULT_CRATES
             .iter()
-            .map(|name| (*name).to_owned())
+            .map(|name| ((*name).to_owned(), None))
             .collect()
     } else {
-        args.crates.clone()
+        args.crates
+            .iter()
+            .map(|name| (name.clone(), None))
+            .collect()
     };
+    if crates.is_empty() {
+        eprintln!("==> mutants: no security leaf changed; nothing to mutate");
+        return Ok(());
+    }
     let runtime = bounded_runtime("cargo-mutants")?;
     ensure_cargo_mutants(workspace, &runtime)?;
 
     let mut reports = Vec::new();
-    for name in &crates {
+    for (name, diff) in &crates {
         eprintln!("==> mutants: {name}");
         let started = Instant::now();
         let out_dir = workspace.target_dir().join("mutants").join(name);
-        run_crate(workspace, &runtime, args, name, &out_dir)?;
-        let report = CrateReport::read(
-            workspace,
-            name,
-            &out_dir.join("mutants.out"),
-            started.elapsed(),
-        )?;
+        let report_dir = out_dir.join("mutants.out");
+        // A run that finds no mutant writes no report: an earlier run's must not stand for it.
+        match std::fs::remove_dir_all(&report_dir) {
+            Err(source) if source.kind() != std::io::ErrorKind::NotFound => {
+                return Err(XtaskError::Io {
+                    action: "removing",
+                    path: report_dir.display().to_string(),
+                    source,
+                })
+            }
+            _ => {}
+        }
+        run_crate(workspace, &runtime, args, name, diff.as_deref(), &out_dir)?;
+        let report = if diff.is_some() && !report_dir.exists() {
+            // Only comments, tests or other lines with no mutant changed.
+            eprintln!("==> mutants: {name}: no mutant on the changed lines");
+            CrateReport {
+                name: name.clone(),
+                elapsed: started.elapsed(),
+                counts: Counts::default(),
+                survivors: Vec::new(),
+                timeouts: Vec::new(),
+            }
+        } else {
+            CrateReport::read(workspace, name, &report_dir, started.elapsed())?
+        };
         eprint!("{}", report.survivor_listing(&allow));
         reports.push(report);
     }
     eprint!("{}", summary(&reports));
-    let whole_crates = args.files.is_empty();
+    let whole_crates = args.files.is_empty() && !args.changed;
     for entry in allow.stale(&reports, whole_crates) {
         eprintln!("==> mutants: allow-list entry matched no survivor: {entry}");
     }
@@ -123,6 +186,72 @@ pub fn run(workspace: &Workspace, args: &MutantsArgs) -> Result<(), XtaskError> 
                 .join("\n"),
         })
     }
+}
+
+/// The crates of [`CHANGED_CRATES`] whose sources changed since the base, each with its diff
+/// written under `target/mutants/`.
+fn changed_crates(
+    workspace: &Workspace,
+    since: Option<&str>,
+) -> Result<Vec<(String, Option<PathBuf>)>, XtaskError> {
+    let root = workspace.root();
+    let base = match since {
+        Some(rev) => git(
+            root,
+            &["rev-parse", "--verify", &format!("{rev}^{{commit}}")],
+        )?,
+        None => diff_base(root)?,
+    };
+    let base = base.trim().to_owned();
+    eprintln!("==> mutants: the lines changed since {base}");
+    let dir = workspace.target_dir().join("mutants");
+    std::fs::create_dir_all(&dir).map_err(|source| XtaskError::Io {
+        action: "creating",
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let mut changed = Vec::new();
+    for name in CHANGED_CRATES {
+        let sources = format!("crates/{name}/src");
+        let diff = git(
+            root,
+            &["diff", "--no-ext-diff", "--no-color", &base, "--", &sources],
+        )?;
+        if diff.trim().is_empty() {
+            eprintln!("==> mutants: {name}: no change to its sources");
+            continue;
+        }
+        let path = dir.join(format!("{name}.diff"));
+        std::fs::write(&path, diff).map_err(|source| XtaskError::Io {
+            action: "writing",
+            path: path.display().to_string(),
+            source,
+        })?;
+        changed.push(((*name).to_owned(), Some(path)));
+    }
+    Ok(changed)
+}
+
+/// The newest tag reachable from HEAD; else the merge base with [`MAIN_BRANCH`] when HEAD is
+/// past it; else (a checkout of main itself) HEAD's parent, the last commit's changes.
+fn diff_base(root: &Path) -> Result<String, XtaskError> {
+    if let Ok(tag) = git(root, &["describe", "--tags", "--abbrev=0", "HEAD"]) {
+        return git(root, &["rev-parse", &format!("{}^{{commit}}", tag.trim())]);
+    }
+    let head = git(root, &["rev-parse", "HEAD"])?;
+    if let Ok(base) = git(root, &["merge-base", "HEAD", MAIN_BRANCH]) {
+        if base.trim() != head.trim() {
+            return Ok(base);
+        }
+    }
+    git(root, &["rev-parse", "--verify", "HEAD^"])
+}
+
+/// `git ARGS` in `root`, its standard output.
+fn git(root: &Path, args: &[&str]) -> Result<String, XtaskError> {
+    let mut command = std::process::Command::new("git");
+    command.args(args).stderr(std::process::Stdio::null());
+    capture_in(root, &mut command, GIT_TIMEOUT)
 }
 
 /// Installs cargo-mutants unless `cargo mutants --version` answers [`TOOL_MAJOR`].
@@ -162,22 +291,30 @@ fn ensure_cargo_mutants(
     .map(drop)
 }
 
-/// `cargo-mutants 27.1.0` → supported.
-fn is_supported_version(answer: &str) -> bool {
-    answer
-        .trim()
-        .strip_prefix("cargo-mutants ")
-        .and_then(|version| version.split('.').next())
-        == Some(TOOL_MAJOR)
-}
-
 /// `cargo` under a deadline, with this process's environment (cargo needs `PATH`, `HOME`,
 /// `RUSTUP_HOME`...), from the workspace root.
 fn cargo_command(workspace: &Workspace, timeout: Duration) -> BoundedCommand {
-    BoundedCommand::new(cargo().get_program(), timeout)
+    with_cargo_environment(
+        BoundedCommand::new(cargo().get_program(), timeout),
+        workspace,
+    )
+}
+
+/// This process's environment with the `PATH` [`cargo`] gives (the tools cache first, where
+/// `cargo xtask tools mutants` installs cargo-mutants), from the workspace root.
+fn with_cargo_environment(command: BoundedCommand, workspace: &Workspace) -> BoundedCommand {
+    let command = command
         .envs(std::env::vars_os())
         .current_dir(workspace.root())
-        .output_budget(OUTPUT_BUDGET)
+        .output_budget(OUTPUT_BUDGET);
+    let path = cargo()
+        .get_envs()
+        .find(|(name, _)| *name == "PATH")
+        .and_then(|(_, value)| value.map(ToOwned::to_owned));
+    match path {
+        Some(path) => command.env("PATH", path),
+        None => command,
+    }
 }
 
 /// One `cargo mutants` run over one crate, its report written under `out_dir`.
@@ -186,6 +323,7 @@ fn run_crate(
     runtime: &tokio::runtime::Runtime,
     args: &MutantsArgs,
     name: &str,
+    diff: Option<&Path>,
     out_dir: &Path,
 ) -> Result<(), XtaskError> {
     std::fs::create_dir_all(out_dir).map_err(|source| XtaskError::Io {
@@ -193,7 +331,7 @@ fn run_crate(
         path: out_dir.display().to_string(),
         source,
     })?;
-    let argv = mutants_argv(args, name, out_dir);
+    let argv = mutants_argv(args, name, diff, out_dir);
     let line = format!(
         "cargo {}",
         argv.iter()
@@ -202,7 +340,38 @@ fn run_crate(
             .join(" ")
     );
     let deadline = Duration::from_secs(args.deadline.saturating_mul(60));
-    let command = cargo_command(workspace, deadline).args(argv).env(
+    // Mutant runs kill tests midway (nextest stops the others once one fails; cargo-mutants
+    // kills a run at its timeout), and a killed test leaves what it made in the temporary
+    // directory. They get one of their own: as root (CI), a private tmpfs on `/tmp` in a mount
+    // namespace of their own, which also holds the files the guest scripts name under `/tmp`
+    // and vanishes with the run; else `TMPDIR` under `target/mutants/`.
+    let scratch = workspace.target_dir().join("mutants").join("tmp");
+    let command = if is_root() {
+        with_cargo_environment(BoundedCommand::new("unshare", deadline), workspace)
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-c",
+                PRIVATE_TMP,
+                "sh",
+            ])
+            .arg(cargo().get_program())
+            .args(argv)
+            .env("TMPDIR", "/tmp")
+    } else {
+        std::fs::create_dir_all(&scratch).map_err(|source| XtaskError::Io {
+            action: "creating",
+            path: scratch.display().to_string(),
+            source,
+        })?;
+        cargo_command(workspace, deadline)
+            .args(argv)
+            .env("TMPDIR", &scratch)
+    };
+    let command = command.env(
         "CARGO_TARGET_DIR",
         workspace.target_dir().join("mutants").join("cargo-target"),
     );
@@ -214,7 +383,27 @@ fn run_crate(
     .map(drop)
 }
 
-fn mutants_argv(args: &MutantsArgs, name: &str, out_dir: &Path) -> Vec<OsString> {
+/// Mounts a fresh tmpfs on `/tmp` (in the mount namespace `unshare` made) and runs the rest of
+/// the arguments.
+const PRIVATE_TMP: &str = r#"mount -t tmpfs -o mode=1777 tmpfs /tmp && exec "$@""#;
+
+/// Whether this process runs as root (who may make a mount namespace and mount in it).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1))
+            == Some("0")
+    })
+}
+
+fn mutants_argv(
+    args: &MutantsArgs,
+    name: &str,
+    diff: Option<&Path>,
+    out_dir: &Path,
+) -> Vec<OsString> {
     let mut argv: Vec<OsString> = ["mutants", "--package", name, "--test-tool", "nextest"]
         .into_iter()
         .map(OsString::from)
@@ -231,8 +420,20 @@ fn mutants_argv(args: &MutantsArgs, name: &str, out_dir: &Path) -> Vec<OsString>
         argv.push("--file".into());
         argv.push(file.into());
     }
+    if let Some(diff) = diff {
+        argv.push("--in-diff".into());
+        argv.push(diff.into());
+        // Beside CI's live suites, which judge the engine's objects by difference: the live
+        // tests are theirs. A mutant only a live test would catch survives here, and wants a
+        // unit test or an explanation.
+        argv.extend(["--", "-E", UNIT_TESTS].map(OsString::from));
+    }
     argv
 }
+
+/// The tests `--changed` runs against each mutant (a nextest filter): every test binary but the
+/// live ones.
+const UNIT_TESTS: &str = "not binary(/^live/)";
 
 fn expect_success(status: ExitKind, line: &str, accepted: &[i32]) -> Result<i32, XtaskError> {
     match status {
@@ -920,8 +1121,10 @@ mod tests {
             timeout: Some(120),
             jobs: 1,
             deadline: 60,
+            changed: false,
+            since: None,
         };
-        let argv: Vec<String> = mutants_argv(&args, "e", Path::new("/t/mutants/e"))
+        let argv: Vec<String> = mutants_argv(&args, "e", None, Path::new("/t/mutants/e"))
             .iter()
             .map(|arg| arg.to_string_lossy().into_owned())
             .collect();
@@ -929,6 +1132,16 @@ mod tests {
             argv.join(" "),
             "mutants --package e --test-tool nextest --jobs 1 --output /t/mutants/e \
              --timeout 120 --file crates/e/src/a.rs --file crates/e/src/b.rs"
+        );
+        let diff = Path::new("/t/mutants/e.diff");
+        let argv: Vec<String> = mutants_argv(&args, "e", Some(diff), Path::new("/t/mutants/e"))
+            .iter()
+            .map(|arg| arg.to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            argv.join(" ")
+                .ends_with(" --in-diff /t/mutants/e.diff -- -E not binary(/^live/)"),
+            "{argv:?}"
         );
     }
 
@@ -945,6 +1158,67 @@ mod tests {
         ] {
             assert!(expect_success(status, "x", COMPLETE_RUN_EXITS).is_err());
         }
+    }
+
+    /// A repository of its own: a tag wins; without one, the merge base with main; on main
+    /// itself, the last commit's parent.
+    #[test]
+    fn the_diff_base_is_the_tag_else_the_merge_base_else_the_parent() {
+        let repo = tempfile::tempdir().unwrap();
+        let root = repo.path();
+        let run = |args: &[&str]| {
+            let mut command = std::process::Command::new("git");
+            command
+                .args([
+                    "-c",
+                    "user.name=t",
+                    "-c",
+                    "user.email=t@t",
+                    "-c",
+                    "commit.gpgsign=false",
+                ])
+                .args(args);
+            capture_in(root, &mut command, GIT_TIMEOUT)
+                .unwrap()
+                .trim()
+                .to_owned()
+        };
+        let commit = |message: &str| {
+            run(&["commit", "--allow-empty", "-q", "-m", message]);
+            run(&["rev-parse", "HEAD"])
+        };
+        run(&["init", "-q", "-b", MAIN_BRANCH]);
+        let first = commit("first");
+        let second = commit("second");
+        // On main: the parent of HEAD.
+        assert_eq!(diff_base(root).unwrap().trim(), first);
+        // A branch off main: the merge base, however many commits it has.
+        run(&["checkout", "-q", "-b", "topic"]);
+        commit("third");
+        commit("fourth");
+        assert_eq!(diff_base(root).unwrap().trim(), second);
+        // A tag reachable from HEAD wins.
+        run(&["tag", "v0.1.0", &first]);
+        assert_eq!(diff_base(root).unwrap().trim(), first);
+        // A repository of one commit has no base at all: an error, never "nothing changed".
+        let lone = tempfile::tempdir().unwrap();
+        let mut init = std::process::Command::new("git");
+        init.args(["init", "-q", "-b", MAIN_BRANCH]);
+        capture_in(lone.path(), &mut init, GIT_TIMEOUT).unwrap();
+        let mut only = std::process::Command::new("git");
+        only.args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "--allow-empty",
+            "-q",
+            "-m",
+            "only",
+        ]);
+        capture_in(lone.path(), &mut only, GIT_TIMEOUT).unwrap();
+        assert!(diff_base(lone.path()).is_err());
     }
 
     #[test]

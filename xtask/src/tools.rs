@@ -16,6 +16,18 @@ use crate::process::{cargo, Workspace};
 const TOOLS_CACHE_ENV: &str = "XTASK_TOOLS_CACHE";
 const DEFAULT_TOOLS_CACHE: &str = "/var/cache/sandboxes-tools";
 
+/// The cargo-mutants major version whose `mutants.out` layout `mutants.rs` reads.
+pub const TOOL_MAJOR: &str = "27";
+
+/// `cargo-mutants 27.1.0` → a version `mutants.rs` can read.
+pub fn is_supported_version(answer: &str) -> bool {
+    answer
+        .trim()
+        .strip_prefix("cargo-mutants ")
+        .and_then(|version| version.split('.').next())
+        == Some(TOOL_MAJOR)
+}
+
 /// The tools cache.
 pub fn tools_root() -> PathBuf {
     std::env::var_os(TOOLS_CACHE_ENV)
@@ -27,7 +39,7 @@ pub fn tools_root() -> PathBuf {
 /// `bin`, then the cache's own `bin` (where earlier runs installed cargo-fuzz).
 pub fn bin_dirs() -> Vec<PathBuf> {
     let root = tools_root();
-    [Tool::Nextest, Tool::Fuzz]
+    Tool::ALL
         .iter()
         .map(|tool| tool.install_root().join("bin"))
         .chain(std::iter::once(root.join("bin")))
@@ -41,13 +53,19 @@ pub enum Tool {
     Nextest,
     /// `cargo fuzz` (crate cargo-fuzz): the fuzz targets.
     Fuzz,
+    /// `cargo mutants` (crate cargo-mutants, the major version `mutants.rs` reads): the
+    /// mutation testing of the security leaves' changed lines.
+    Mutants,
 }
 
 impl Tool {
+    const ALL: [Tool; 3] = [Tool::Nextest, Tool::Fuzz, Tool::Mutants];
+
     fn subcommand(self) -> &'static str {
         match self {
             Tool::Nextest => "nextest",
             Tool::Fuzz => "fuzz",
+            Tool::Mutants => "mutants",
         }
     }
 
@@ -55,6 +73,23 @@ impl Tool {
         match self {
             Tool::Nextest => "cargo-nextest",
             Tool::Fuzz => "cargo-fuzz",
+            Tool::Mutants => "cargo-mutants",
+        }
+    }
+
+    /// The version `cargo install` is asked for, when one is pinned.
+    fn version(self) -> Option<String> {
+        match self {
+            Tool::Mutants => Some(format!("^{TOOL_MAJOR}")),
+            Tool::Nextest | Tool::Fuzz => None,
+        }
+    }
+
+    /// Whether `cargo <tool> --version`'s answer is a version this xtask can use.
+    fn accepts(self, answer: &str) -> bool {
+        match self {
+            Tool::Mutants => is_supported_version(answer),
+            Tool::Nextest | Tool::Fuzz => true,
         }
     }
 
@@ -68,17 +103,21 @@ impl Tool {
 /// Installs each of `tools` (every one when empty) into the tools cache unless `cargo <tool>
 /// --version` already answers (from `PATH` or the cache).
 pub fn ensure(workspace: &Workspace, tools: &[Tool]) -> Result<(), XtaskError> {
-    let all = [Tool::Nextest, Tool::Fuzz];
-    let tools = if tools.is_empty() { &all[..] } else { tools };
+    let tools = if tools.is_empty() {
+        &Tool::ALL[..]
+    } else {
+        tools
+    };
     for tool in tools {
         let present = cargo()
             .args([tool.subcommand(), "--version"])
             .current_dir(workspace.root())
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success());
+            .output()
+            .is_ok_and(|output| {
+                output.status.success() && tool.accepts(&String::from_utf8_lossy(&output.stdout))
+            });
         if present {
             eprintln!("==> tools: cargo {} is installed", tool.subcommand());
             continue;
@@ -90,11 +129,14 @@ pub fn ensure(workspace: &Workspace, tools: &[Tool]) -> Result<(), XtaskError> {
             tool.krate(),
             root.display()
         );
-        workspace.run(
-            cargo()
-                .args(["install", tool.krate(), "--locked", "--root"])
-                .arg(&root),
-        )?;
+        let mut install = cargo();
+        install
+            .args(["install", tool.krate(), "--locked", "--root"])
+            .arg(&root);
+        if let Some(version) = tool.version() {
+            install.args(["--version", &version]);
+        }
+        workspace.run(&mut install)?;
     }
     Ok(())
 }
