@@ -1189,6 +1189,24 @@ mod tests {
         assert_eq!(e.kind(), sandbox_core::ErrorKind::TransferCapExceeded);
     }
 
+    /// The `--env-file` cap holds an env file of a mebibyte (a generated one with many long
+    /// values), and refuses one byte more.
+    #[test]
+    fn an_env_file_of_a_mebibyte_is_read_and_one_byte_more_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.env");
+        let mut content = b"A=".to_vec();
+        content.resize(1 << 20, b'x');
+        std::fs::write(&path, &content).unwrap();
+        let guard = guard_for(Path::new("/nonexistent-home"));
+        let open = || Source::open(&path, &guard, false).unwrap();
+        assert_eq!(open().read_capped(MAX_ENV_FILE_BYTES).unwrap(), content);
+        content.push(b'x');
+        std::fs::write(&path, &content).unwrap();
+        let e = open().read_capped(MAX_ENV_FILE_BYTES).unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::TransferCapExceeded);
+    }
+
     #[test]
     fn a_destination_must_name_a_file() {
         let guard = guard_for(Path::new("/nonexistent-home"));
