@@ -570,8 +570,9 @@ mod tests {
             (ExecutedScope::System, "/etc/ld.so.preload"),
             (ExecutedScope::Component, ".git"),
         ] {
+            // Through the accessors callers read the entries with.
             assert!(
-                all.iter().any(|e| e.scope == scope && e.path == path),
+                all.iter().any(|e| e.scope() == scope && e.path() == path),
                 "{path}"
             );
         }
