@@ -891,9 +891,20 @@ mod tests {
         }
         assert_eq!(std::fs::read(out.join("c")).unwrap(), b"x");
         assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
-        // The library's builder refuses a root that does not exist.
+        // The library's builder refuses a root that does not exist, or is a file; it takes a
+        // directory, resolved.
         let e = host_guard([], Some(&root.path().join("missing"))).unwrap_err();
         assert_eq!(e.kind(), sandbox_core::ErrorKind::InvalidArgument);
+        std::fs::write(root.path().join("a-file"), b"").unwrap();
+        let e = host_guard([], Some(&root.path().join("a-file"))).unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("not a directory"), "{e}");
+        let built = host_guard([], Some(&root.path().join("out-link"))).unwrap();
+        let resolved = std::fs::canonicalize(&out).unwrap();
+        assert_eq!(
+            built.output_root(),
+            Some(resolved.display().to_string().as_str())
+        );
     }
 
     /// A temporary directory whose own name is plain (tempfile's default `.tmp` prefix is hidden).
