@@ -343,16 +343,17 @@ impl Acquirer {
     }
 
     /// Refuses a container that is not the one `plan` would make (owner, kind, base, image,
-    /// network, egress volume, hardening).
+    /// network, egress volume, hardening, runtime).
     fn verify_for(&self, plan: &Plan<'_>, record: &ContainerRecord) -> Result<(), SandboxError> {
         record
-            .verify(
+            .verify_under(
                 plan.key,
                 plan.kind,
                 Some(&plan.base),
                 Some(&plan.image),
                 self.config.workload_network(),
                 plan.egress_volume.as_deref(),
+                self.config.runtime.as_deref(),
             )
             .map_err(|verdict| refusal(&plan.name, verdict))
     }
@@ -663,13 +664,14 @@ impl Acquirer {
         let name = record.bare_name().to_owned();
         let egress_volume = record.expected_egress_volume();
         record
-            .verify(
+            .verify_under(
                 key,
                 kind,
                 None,
                 None,
                 self.config.workload_network(),
                 egress_volume.as_deref(),
+                self.config.runtime.as_deref(),
             )
             .map_err(|verdict| refusal(&name, verdict))?;
         if self.memory.retired.contains(&record.id) {

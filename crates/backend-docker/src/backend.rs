@@ -23,6 +23,7 @@ use crate::guest_calls::GuestCalls;
 use crate::handle::HandleParts;
 use crate::memory::Memories;
 use crate::retirement::Retirement;
+use crate::runtime_probe::RuntimeVerification;
 use crate::sizing::Sizing;
 use crate::storage_base::StorageBase;
 use crate::BACKEND_NAME;
@@ -49,6 +50,10 @@ pub struct DockerBackend {
     sizing: Arc<Sizing>,
     acquirer: Arc<Acquirer>,
     disposal: Arc<Disposal>,
+    /// `hardened_container` only when a probe showed the configured runtime to be gVisor.
+    isolation: Isolation,
+    /// What connect found out about the configured runtime; `None` without one.
+    runtime: Option<Arc<RuntimeVerification>>,
 }
 
 impl DockerBackend {
@@ -58,12 +63,20 @@ impl DockerBackend {
     /// warning). The engine host's size, to which the per-sandbox CPU and memory limits are
     /// clamped, is asked when a sandbox is first acquired.
     ///
+    /// With [`DockerConfig::runtime`], the engine must list that runtime, and one probe container
+    /// under it (the default image, which must then be present) tells what it is: rung
+    /// `hardened_container` when it shows gVisor's kernel, else `container`. Under gVisor,
+    /// allowlist egress is not offered (docs/docker-backend.md#gvisor).
+    ///
     /// # Errors
-    /// InvalidArgument for a bad configuration; BackendUnavailable naming the endpoint when it
-    /// cannot be resolved or does not answer (not cached: a later `connect` tries again).
+    /// InvalidArgument for a bad configuration or a runtime the engine does not list;
+    /// BackendUnavailable naming the endpoint when it cannot be resolved or does not answer (not
+    /// cached: a later `connect` tries again); what the engine answers when the runtime's probe
+    /// cannot run.
     ///
     /// # Cancel safety
-    /// Dropping the future drops the request in flight; nothing is created by `connect`.
+    /// Dropping the future drops the request in flight; a runtime probe already made is removed
+    /// in a task the drop cannot cancel.
     pub async fn connect(config: DockerConfig) -> Result<DockerBackend, SandboxError> {
         config.validate()?;
         let env = config
@@ -83,6 +96,21 @@ impl DockerBackend {
                 BTreeSet::new()
             }
         };
+        let config = Arc::new(config);
+        let runtime = match config.runtime.as_deref() {
+            Some(runtime) => Some(Arc::new(
+                crate::runtime_probe::verify(&engine, &config, runtime).await?,
+            )),
+            None => None,
+        };
+        let gvisor = runtime.as_ref().is_some_and(|r| r.gvisor);
+        if let Some(runtime) = runtime.as_ref().filter(|r| !r.gvisor) {
+            tracing::warn!(
+                runtime = %runtime.runtime,
+                kernel = ?runtime.kernel_release,
+                "the configured runtime did not show gVisor's kernel; the backend stays rung container"
+            );
+        }
         let declarations = BackendDeclarations {
             capabilities: BTreeSet::from([
                 Capability::Exec,
@@ -96,7 +124,9 @@ impl DockerBackend {
                 files_in: TRANSFER_CEILING,
                 files_out: TRANSFER_CEILING,
             },
-            egress_modes: if config.proxy_image().is_some() {
+            // Under gVisor the workload could not connect to the proxy's socket on the shared
+            // volume without runsc's host-socket flag: allowlist egress is not offered there.
+            egress_modes: if config.proxy_image().is_some() && !gvisor {
                 BTreeSet::from([Egress::Closed, Egress::Allowlist])
             } else {
                 BTreeSet::from([Egress::Closed])
@@ -110,16 +140,24 @@ impl DockerBackend {
             api_version = %engine.api_version(),
             "engine endpoint pinned"
         );
-        Ok(DockerBackend::assemble(config, engine, declarations))
+        let isolation = if gvisor {
+            Isolation::HardenedContainer
+        } else {
+            Isolation::Container
+        };
+        let mut backend = DockerBackend::assemble(config, engine, declarations);
+        backend.isolation = isolation;
+        backend.runtime = runtime;
+        Ok(backend)
     }
 
-    /// Builds the components over one pinned connection, each holding what it uses.
+    /// Builds the components over one pinned connection, each holding what it uses; rung
+    /// `container`, no runtime verified.
     fn assemble(
-        config: DockerConfig,
+        config: Arc<DockerConfig>,
         engine: EngineConnection,
         declarations: BackendDeclarations,
     ) -> DockerBackend {
-        let config = Arc::new(config);
         let memory = Arc::new(Memories::default());
         let sizing = Arc::new(Sizing::new(engine.clone(), Arc::clone(&config)));
         let containers = Arc::new(Containers::new(
@@ -185,6 +223,8 @@ impl DockerBackend {
             sizing,
             acquirer,
             disposal,
+            isolation: Isolation::Container,
+            runtime: None,
         }
     }
 
@@ -194,8 +234,11 @@ impl DockerBackend {
     /// binary, for `--init`), `kernel.pids_cgroup` (this host has the pids controller, for
     /// `--pids-limit`), `docker.image` (`config.default_image` is present), and, for `allowlist`
     /// egress, `docker.egress_proxy_image` and `docker.outbound_network` (one
-    /// `docker.egress_proxy` not-applicable line when no proxy image is configured). Checks after a
-    /// failed endpoint or engine are not run. Reads only; changes nothing.
+    /// `docker.egress_proxy` not-applicable line when no proxy image is configured), and
+    /// `docker.runtime` (the configured runtime, its platform, the kernel a probe container under
+    /// it saw and the rung that gives; not applicable without one). Checks after a failed
+    /// endpoint or engine are not run. Changes nothing but the runtime probe, a container made
+    /// and removed.
     ///
     /// # Cancel safety
     /// Dropping the future drops the engine request in flight; nothing is created.
@@ -237,6 +280,12 @@ impl DockerBackend {
         (r.nano_cpus as f64 / 1e9, r.memory_bytes as u64)
     }
 
+    /// What connect found out about [`DockerConfig::runtime`] (the engine's path for it, its
+    /// platform, the kernel its probe saw, whether that was gVisor); `None` without a runtime.
+    pub fn runtime_verification(&self) -> Option<&RuntimeVerification> {
+        self.runtime.as_deref()
+    }
+
     /// The configuration this backend runs with.
     pub fn config(&self) -> &DockerConfig {
         &self.config
@@ -254,10 +303,11 @@ impl SandboxBackend for DockerBackend {
         BACKEND_NAME
     }
 
-    /// Always `container`: a Docker Desktop or Colima VM does not lift the rung, since one VM
-    /// kernel serves every container.
+    /// `hardened_container` when connect's probe showed the configured runtime to be gVisor,
+    /// else `container`: a Docker Desktop or Colima VM does not lift the rung, since one VM
+    /// kernel serves every container, and a runtime's name proves nothing.
     fn isolation(&self) -> Isolation {
-        Isolation::Container
+        self.isolation
     }
 
     fn declarations(&self) -> &BackendDeclarations {

@@ -150,6 +150,13 @@ pub struct DockerConfig {
     /// Let proxies dial private addresses (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7);
     /// for offline tests on a network of their own, never for operators.
     pub allow_private_destinations: bool,
+    /// The OCI runtime every sandbox container runs under (`HostConfig.Runtime`, as
+    /// `docker run --runtime`), by the name the engine registered it under; `None` = the
+    /// engine's default (runc). Connect refuses a name the engine does not list, and runs one
+    /// probe container under it: only a runtime the probe shows to be gVisor lifts the backend
+    /// to rung `hardened_container` (docs/docker-backend.md#gvisor); any other stays `container`,
+    /// whatever its name.
+    pub runtime: Option<String>,
     /// **Unsafe; the live tests' seam only** (present with the `live` feature, hidden from the
     /// docs, and set by no `sandboxctl` flag): the engine network every workload is created on
     /// instead of `none`, and the one its ownership check then expects. It exists so the live
@@ -178,6 +185,7 @@ impl Default for DockerConfig {
             egress_proxy_image: None,
             outbound_network: DEFAULT_OUTBOUND_NETWORK.to_owned(),
             allow_private_destinations: false,
+            runtime: None,
             #[cfg(feature = "live")]
             unsafe_open_network: None,
         }
@@ -209,6 +217,9 @@ impl DockerConfig {
             check_image_reference(image)?;
         }
         check_cli_word("outbound_network", &self.outbound_network)?;
+        if let Some(runtime) = &self.runtime {
+            check_cli_word("runtime", runtime)?;
+        }
         if !(self.cpus.is_finite() && self.cpus >= 0.01) {
             return Err(SandboxError::invalid(format!(
                 "cpus must be at least 0.01, not {}",
@@ -256,8 +267,11 @@ impl DockerConfig {
     /// policy.
     pub(crate) fn hardening_fingerprint(&self, resources: Resources) -> String {
         format!(
-            "pids={};memory={};nanocpus={}",
-            self.pids_limit, resources.memory_bytes, resources.nano_cpus
+            "pids={};memory={};nanocpus={};runtime={}",
+            self.pids_limit,
+            resources.memory_bytes,
+            resources.nano_cpus,
+            self.runtime.as_deref().unwrap_or("")
         )
     }
 }
@@ -322,6 +336,8 @@ mod tests {
             Box::new(|c| c.egress_proxy_image = Some("-x".into())),
             Box::new(|c| c.outbound_network = String::new()),
             Box::new(|c| c.outbound_network = "a b".into()),
+            Box::new(|c| c.runtime = Some(String::new())),
+            Box::new(|c| c.runtime = Some("--runtime".into())),
             #[cfg(feature = "live")]
             Box::new(|c| c.unsafe_open_network = Some("host".into())),
             #[cfg(feature = "live")]
@@ -353,5 +369,11 @@ mod tests {
         let fingerprint = config.hardening_fingerprint(big_host);
         assert_ne!(fingerprint, config.hardening_fingerprint(small_host));
         assert!(fingerprint.contains("memory=2147483648"), "{fingerprint}");
+        let under_runsc = DockerConfig {
+            runtime: Some("runsc".into()),
+            ..DockerConfig::default()
+        };
+        under_runsc.validate().unwrap();
+        assert_ne!(fingerprint, under_runsc.hardening_fingerprint(big_host));
     }
 }

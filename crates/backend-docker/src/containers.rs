@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bollard::container::LogOutput;
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ListContainersOptionsBuilder,
-    RemoveContainerOptionsBuilder,
+    LogsOptionsBuilder, RemoveContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
 use futures_util::StreamExt as _;
 use sandbox_core::{DisposalCode, DisposalFailure, SandboxError};
@@ -71,12 +72,14 @@ pub(crate) struct Hardening<'a> {
     pub(crate) network: &'a str,
     /// The egress volume and how it is mounted at the egress mount point; `None` mounts nothing.
     pub(crate) egress_volume: Option<(&'a str, VolumeAccess)>,
+    /// The OCI runtime (`HostConfig.Runtime`); `None` = the engine's default.
+    pub(crate) runtime: Option<&'a str>,
 }
 
 /// The one hardened host configuration of every container this backend makes, workload and
 /// egress proxy alike: the engine's init, every capability dropped, no privilege gain, a pids
-/// limit, memory (swap included) and CPUs bounded, one network, and no mount but the egress
-/// volume. A container that needs more (the proxy's read-only root and bounded logs) adds to it,
+/// limit, memory (swap included) and CPUs bounded, one network, no mount but the egress volume,
+/// and the configured runtime. A container that needs more (the proxy's read-only root and bounded logs) adds to it,
 /// never takes from it.
 pub(crate) fn hardened_host_config(hardening: Hardening<'_>) -> HostConfig {
     HostConfig {
@@ -88,6 +91,7 @@ pub(crate) fn hardened_host_config(hardening: Hardening<'_>) -> HostConfig {
         memory_swap: Some(hardening.resources.memory_bytes),
         nano_cpus: Some(hardening.resources.nano_cpus),
         network_mode: Some(hardening.network.to_owned()),
+        runtime: hardening.runtime.map(str::to_owned),
         mounts: hardening.egress_volume.map(|(volume, access)| {
             vec![Mount {
                 target: Some(crate::egress_names::EGRESS_MOUNT.to_owned()),
@@ -215,6 +219,7 @@ impl Containers {
             egress_volume: shape
                 .egress_volume
                 .map(|volume| (volume, VolumeAccess::ReadOnly)),
+            runtime: self.config.runtime.as_deref(),
         });
         let body = ContainerCreateBody {
             image: Some(shape.image.to_owned()),
@@ -400,6 +405,70 @@ impl Containers {
         .await;
     }
 
+    /// Starts a one-shot container `id`, waits (under the command deadline) until it no longer
+    /// runs, and reads its output, stdout and stderr interleaved, up to `budget` bytes (what
+    /// follows is dropped). `what` names the container in errors. Removing it is the caller's.
+    ///
+    /// # Errors
+    /// Engine (or EngineTimeout) when it cannot be started, waited for or read.
+    pub(crate) async fn run_to_exit(
+        &self,
+        id: &str,
+        budget: usize,
+        what: &str,
+    ) -> Result<Vec<u8>, SandboxError> {
+        self.lifecycle(Lifecycle::Start, id).await?;
+        let deadline = self.config.command_timeout;
+        let wait = async {
+            let options = WaitContainerOptionsBuilder::new()
+                .condition("not-running")
+                .build();
+            let mut waits = self.engine.api().wait_container(id, Some(options));
+            while let Some(answer) = waits.next().await {
+                // A non-zero exit arrives as an error of its own kind; the output says the rest.
+                if let Err(error) = answer {
+                    if !matches!(
+                        error,
+                        bollard::errors::Error::DockerContainerWaitError { .. }
+                    ) {
+                        return Err(error);
+                    }
+                }
+            }
+            Ok(())
+        };
+        self.engine
+            .call(deadline, wait)
+            .await
+            .map_err(|f| self.engine.failure(&format!("{what} wait"), f))?;
+        let options = LogsOptionsBuilder::new()
+            .stdout(true)
+            .stderr(true)
+            .tail("all")
+            .build();
+        let read = async {
+            let mut stream = self.engine.api().logs(id, Some(options));
+            let mut output = Vec::new();
+            while let Some(chunk) = stream.next().await {
+                match chunk? {
+                    LogOutput::StdOut { message }
+                    | LogOutput::Console { message }
+                    | LogOutput::StdErr { message } => output.extend_from_slice(&message),
+                    LogOutput::StdIn { .. } => {}
+                }
+                if output.len() > budget {
+                    output.truncate(budget);
+                    break;
+                }
+            }
+            Ok(output)
+        };
+        self.engine
+            .call(deadline, read)
+            .await
+            .map_err(|f| self.engine.failure(&format!("{what} logs"), f))
+    }
+
     /// Present locally, or one explicit bounded pull; ImageMissing when that fails.
     pub(crate) async fn ensure_image(&self, image: &str) -> Result<(), SandboxError> {
         match self
@@ -538,6 +607,7 @@ mod tests {
             },
             network: "none",
             egress_volume,
+            runtime: None,
         })
     }
 
@@ -560,6 +630,29 @@ mod tests {
         assert_eq!(closed.binds, None);
         assert_eq!(closed.privileged, None);
         assert_eq!(closed.cap_add, None);
+        assert_eq!(closed.runtime, None);
+    }
+
+    #[test]
+    fn a_configured_runtime_changes_nothing_else() {
+        let under_runsc = hardened_host_config(Hardening {
+            pids_limit: 7,
+            resources: crate::config::Resources {
+                nano_cpus: 1_500_000_000,
+                memory_bytes: 64 << 20,
+            },
+            network: "none",
+            egress_volume: None,
+            runtime: Some("runsc"),
+        });
+        assert_eq!(under_runsc.runtime.as_deref(), Some("runsc"));
+        assert_eq!(
+            HostConfig {
+                runtime: None,
+                ..under_runsc
+            },
+            hardening(None)
+        );
     }
 
     #[test]

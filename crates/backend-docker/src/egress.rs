@@ -223,11 +223,7 @@ impl EgressCompanions {
         memory: Arc<Memories>,
     ) -> Self {
         EgressCompanions {
-            host_addresses: HostAddresses::new(
-                engine.clone(),
-                Arc::clone(&config),
-                Arc::clone(&containers),
-            ),
+            host_addresses: HostAddresses::new(Arc::clone(&containers)),
             engine,
             config,
             containers,
@@ -337,6 +333,9 @@ impl EgressCompanions {
                 resources,
                 network: &plan.network,
                 egress_volume: Some((&volume, VolumeAccess::ReadWrite)),
+                // The proxy is this crate's own code on the outbound network, never the guest's:
+                // the engine's default runtime.
+                runtime: None,
             })
         };
         let body = ContainerCreateBody {

@@ -22,18 +22,13 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use bollard::container::LogOutput;
 use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters::{LogsOptionsBuilder, WaitContainerOptionsBuilder};
-use futures_util::StreamExt as _;
 use sandbox_core::SandboxError;
 
 use crate::egress_names::LABEL_ROLE;
 use std::sync::Arc;
 
-use crate::config::DockerConfig;
-use crate::connection::EngineConnection;
-use crate::containers::{Containers, Lifecycle};
+use crate::containers::Containers;
 
 /// How long one reading of the host's addresses is used for new proxies.
 pub(crate) const HOST_ADDRESSES_TTL: Duration = Duration::from_secs(300);
@@ -77,22 +72,14 @@ pub(crate) fn worth_denying(addresses: &[IpAddr]) -> Vec<IpAddr> {
 /// The engine host's addresses the egress proxy denies, as last read, and when.
 #[derive(Debug)]
 pub(crate) struct HostAddresses {
-    engine: EngineConnection,
-    config: Arc<DockerConfig>,
     /// Makes, starts and removes the listing container.
     containers: Arc<Containers>,
     last_read: tokio::sync::Mutex<Option<(Instant, Vec<IpAddr>)>>,
 }
 
 impl HostAddresses {
-    pub(crate) fn new(
-        engine: EngineConnection,
-        config: Arc<DockerConfig>,
-        containers: Arc<Containers>,
-    ) -> Self {
+    pub(crate) fn new(containers: Arc<Containers>) -> Self {
         HostAddresses {
-            engine,
-            config,
             containers,
             last_read: tokio::sync::Mutex::new(None),
         }
@@ -160,7 +147,11 @@ impl HostAddresses {
             Ok(Some(record)) if record.runs_as_root() => Err(SandboxError::engine(format!(
                 "the egress proxy image {image} runs as root; it must name a non-root user"
             ))),
-            Ok(Some(_)) => self.run_listing(&id).await,
+            Ok(Some(_)) => self
+                .containers
+                .run_to_exit(&id, LISTING_BUDGET, "host address listing")
+                .await
+                .map(|output| String::from_utf8_lossy(&output).into_owned()),
             Ok(None) => Err(SandboxError::engine(format!(
                 "the host address listing {name} vanished after its create"
             ))),
@@ -177,62 +168,6 @@ impl HostAddresses {
                 crate::egress::log_tail(&text)
             ))
         })
-    }
-
-    /// Starts the listing container, waits for it to exit, and reads its stdout.
-    async fn run_listing(&self, id: &str) -> Result<String, SandboxError> {
-        self.containers.lifecycle(Lifecycle::Start, id).await?;
-        let deadline = self.config.command_timeout;
-        let wait = async {
-            let options = WaitContainerOptionsBuilder::new()
-                .condition("not-running")
-                .build();
-            let mut waits = self.engine.api().wait_container(id, Some(options));
-            while let Some(answer) = waits.next().await {
-                // A non-zero exit arrives as an error of its own kind; the listing says the rest.
-                if let Err(error) = answer {
-                    if !matches!(
-                        error,
-                        bollard::errors::Error::DockerContainerWaitError { .. }
-                    ) {
-                        return Err(error);
-                    }
-                }
-            }
-            Ok(())
-        };
-        self.engine
-            .call(deadline, wait)
-            .await
-            .map_err(|f| self.engine.failure("host address listing wait", f))?;
-        let options = LogsOptionsBuilder::new()
-            .stdout(true)
-            .stderr(true)
-            .tail("all")
-            .build();
-        let read = async {
-            let mut stream = self.engine.api().logs(id, Some(options));
-            let mut stdout = Vec::new();
-            while let Some(chunk) = stream.next().await {
-                match chunk? {
-                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                        stdout.extend_from_slice(&message);
-                    }
-                    LogOutput::StdErr { message } => stdout.extend_from_slice(&message),
-                    LogOutput::StdIn { .. } => {}
-                }
-                if stdout.len() > LISTING_BUDGET {
-                    break;
-                }
-            }
-            Ok(stdout)
-        };
-        let stdout = self
-            .engine
-            .call(deadline, read)
-            .await
-            .map_err(|f| self.engine.failure("host address listing logs", f))?;
-        Ok(String::from_utf8_lossy(&stdout).into_owned())
     }
 }
 

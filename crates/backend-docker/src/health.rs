@@ -96,7 +96,51 @@ pub(crate) async fn checks(config: &DockerConfig) -> Vec<HealthCheck> {
         ),
     });
     checks.extend(egress_checks(&engine, config).await);
+    checks.push(runtime_check(&engine, config).await);
     checks
+}
+
+/// `docker.runtime`: the configured OCI runtime as connect verifies it (listed by the engine, one
+/// probe container under it), with its platform and the rung it gives; not applicable without
+/// one. A runtime that runs but is not gVisor passes, naming rung `container`.
+async fn runtime_check(engine: &EngineConnection, config: &DockerConfig) -> HealthCheck {
+    let Some(runtime) = config.runtime.as_deref() else {
+        return HealthCheck::not_applicable(
+            "docker.runtime",
+            "no runtime configured: the engine's default (runc), rung container",
+        );
+    };
+    let config = std::sync::Arc::new(config.clone());
+    match crate::runtime_probe::verify(engine, &config, runtime).await {
+        Ok(found) => HealthCheck::pass("docker.runtime", runtime_summary(&found)),
+        Err(error) => HealthCheck::fail(
+            "docker.runtime",
+            error.to_string(),
+            "install gVisor (Debian: apt-get install runsc), register it in /etc/docker/daemon.json \
+             (\"runtimes\": {\"runsc\": {\"path\": \"/usr/bin/runsc\", \"runtimeArgs\": \
+             [\"--platform=ptrace\", \"--network=none\"]}}) and send dockerd SIGHUP",
+        ),
+    }
+}
+
+/// One line on a verified runtime: name, program, platform, the kernel its probe saw, the rung.
+pub(crate) fn runtime_summary(found: &crate::RuntimeVerification) -> String {
+    format!(
+        "runtime {} ({}), platform {}, probe kernel {}: {}",
+        found.runtime,
+        if found.path.is_empty() {
+            "no path listed"
+        } else {
+            &found.path
+        },
+        found.platform.as_deref().unwrap_or("the runtime's default"),
+        found.kernel_release.as_deref().unwrap_or("unknown"),
+        if found.gvisor {
+            "gVisor verified, rung hardened_container"
+        } else {
+            "not gVisor (its kernel log does not start with gVisor's banner), rung container"
+        }
+    )
 }
 
 /// The `allowlist` egress mode's two needs, when it is configured (`config.egress_proxy_image`):

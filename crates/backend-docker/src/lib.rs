@@ -18,6 +18,10 @@
 //!   (clamped to the engine host); never a bind mount, a host path, a published port or the
 //!   engine's socket. A command killed for the memory limit is reported as such (from the
 //!   engine's `oom` events), never as a bare exit 137.
+//! - With [`DockerConfig::runtime`], every workload runs under that OCI runtime; the backend is
+//!   rung `hardened_container` only when, at connect, the engine lists the runtime and a probe
+//!   container under it shows gVisor's kernel (never from the runtime's name), else `container`.
+//!   Under gVisor allowlist egress is not offered (docs/docker-backend.md#gvisor).
 //! - Commands run through the exec wrapper (nonce, process-group record) as an exec create and an
 //!   attached start, stdout and stderr demultiplexed, the caller's output budget enforced while
 //!   streaming, the exit code from the exec inspect. An expired or dropped command's group is
@@ -143,6 +147,7 @@ mod images;
 mod memory;
 mod ownership_labels;
 mod retirement;
+mod runtime_probe;
 mod sizing;
 mod storage_base;
 mod tar_header;
@@ -154,6 +159,7 @@ pub use error::DockerError;
 pub use images::{
     mirror_from_apt_sources, ImageOutcome, ImageRecipe, ImageReport, LocalImage, ProgressSink,
 };
+pub use runtime_probe::RuntimeVerification;
 
 /// What a [`DockerConfig`] holds unless told otherwise, and the transfer ceiling the backend
 /// declares: for a host that shows its defaults (a `--help` text, a default flag value).

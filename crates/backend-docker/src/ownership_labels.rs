@@ -148,6 +148,8 @@ pub(crate) struct HostConfigRecord {
     mounts: Option<Vec<serde_json::Value>>,
     #[serde(rename = "PortBindings", default)]
     port_bindings: Option<serde_json::Value>,
+    #[serde(rename = "Runtime", default)]
+    runtime: Option<String>,
 }
 
 /// How a container fails the ownership rules, first failure first.
@@ -333,6 +335,21 @@ impl ContainerRecord {
         None
     }
 
+    /// Ownership 4, the runtime: a backend configured with a runtime serves only containers
+    /// made under it (a container made under the engine's default, runc, must never pass for a
+    /// gVisor sandbox). Without one, any runtime serves: the engine's default is its own
+    /// setting, and a stronger runtime takes nothing away. `None` when it holds, else what
+    /// differs.
+    pub(crate) fn runtime_difference(&self, expected: Option<&str>) -> Option<String> {
+        let expected = expected?;
+        let actual = self
+            .host_config
+            .as_ref()
+            .and_then(|host| host.runtime.as_deref())
+            .unwrap_or("");
+        (actual != expected).then(|| format!("it runs under runtime {actual:?}, not {expected}"))
+    }
+
     /// The ownership rules in order, first failure wins. `image` is `None` for `find`, which has no
     /// spec; `network` is the configured workload network (`none`); `egress_volume` is the
     /// allowlist sandbox's volume, `None` for egress closed.
@@ -360,6 +377,25 @@ impl ContainerRecord {
             }
         }
         match self.policy_difference(network, egress_volume) {
+            Some(difference) => Err(Verdict::OtherPolicy(difference)),
+            None => Ok(()),
+        }
+    }
+
+    /// [`verify`](Self::verify), then the runtime rule ([`runtime_difference`](Self::runtime_difference)).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn verify_under(
+        &self,
+        key: &SandboxKey,
+        kind: &str,
+        base: Option<&str>,
+        image: Option<&str>,
+        network: &str,
+        egress_volume: Option<&str>,
+        runtime: Option<&str>,
+    ) -> Result<(), Verdict> {
+        self.verify(key, kind, base, image, network, egress_volume)?;
+        match self.runtime_difference(runtime) {
             Some(difference) => Err(Verdict::OtherPolicy(difference)),
             None => Ok(()),
         }
@@ -459,6 +495,34 @@ mod tests {
     }
 
     const HARDENED: &str = r#"{"CapDrop":["ALL"],"CapAdd":null,"Privileged":false,"NetworkMode":"none","Init":true,"Binds":null,"PortBindings":{}}"#;
+
+    #[test]
+    fn a_configured_runtime_serves_only_its_own_containers() {
+        let labels = workload_labels(&key(), "python", &BTreeMap::new(), "/w");
+        let under = |runtime: &str| {
+            let open = HARDENED.strip_suffix('}').unwrap();
+            let host = format!(r#"{open},"Runtime":"{runtime}"}}"#);
+            record(&labels, &host)
+        };
+        let verify = |record: &ContainerRecord, runtime: Option<&str>| {
+            record.verify_under(&key(), "python", Some("/w"), None, "none", None, runtime)
+        };
+        assert_eq!(verify(&under("runsc"), Some("runsc")), Ok(()));
+        // A runc container under the gVisor sandbox's name is refused, never served as gVisor.
+        let Err(Verdict::OtherPolicy(why)) = verify(&under("runc"), Some("runsc")) else {
+            panic!("a runc container passed for runsc");
+        };
+        assert!(why.contains("\"runc\"") && why.contains("runsc"), "{why}");
+        assert!(verify(&record(&labels, HARDENED), Some("runsc")).is_err());
+        // Without a configured runtime, the engine's default or a stronger one both serve.
+        assert_eq!(verify(&under("runc"), None), Ok(()));
+        assert_eq!(verify(&under("runsc"), None), Ok(()));
+        // The other rules still come first.
+        assert_eq!(
+            under("runsc").verify_under(&key(), "other", None, None, "none", None, Some("runsc")),
+            Err(Verdict::NotOurs)
+        );
+    }
 
     #[test]
     fn labels_carry_every_field_and_the_raw_base() {

@@ -106,10 +106,17 @@ pub async fn docker(args: &[&str]) -> RawOutput {
 /// `docker run -d` of a keep-alive container with the backend's own hardening
 /// (docs/docker-backend.md#hardening) and the raw label; returns its id.
 pub async fn run_raw_container(scope: &str) -> String {
+    run_raw_container_under(scope, "runc").await
+}
+
+/// [`run_raw_container`] under the engine's runtime `runtime` (`docker run --runtime`).
+pub async fn run_raw_container_under(scope: &str, runtime: &str) -> String {
     let label = format!("{RAW_LABEL}={scope}");
     let output = docker(&[
         "run",
         "-d",
+        "--runtime",
+        runtime,
         "--pull=never",
         "--init",
         "--security-opt",

@@ -19,6 +19,10 @@ async fn main() {
     let n: usize = n.parse().expect("n is a number");
     let mut config = DockerConfig::default();
     config.context = Some(context.clone());
+    // The parent's runtime, so both make and serve the same containers.
+    config.runtime = std::env::var("SANDBOX_E2E_DOCKER_RUNTIME")
+        .ok()
+        .filter(|runtime| !runtime.is_empty());
     let backend = DockerBackend::connect(config).await.expect("connect");
     let key = SandboxKey::conversation(scope.as_str(), thread.as_str(), agent.as_str())
         .with_call(call.as_str());

@@ -66,9 +66,22 @@ pub async fn bridge_gateway() -> IpAddr {
         .expect("the default bridge has a gateway")
 }
 
-/// The live configuration: defaults, plus the egress preflight with local targets only.
+/// The variable naming the OCI runtime the live suites run every sandbox under (`cargo xtask e2e
+/// gvisor` sets `runsc`); unset, the engine's default.
+pub const RUNTIME_VARIABLE: &str = "SANDBOX_E2E_DOCKER_RUNTIME";
+
+/// The runtime the live suites run under, from [`RUNTIME_VARIABLE`].
+pub fn runtime_under_test() -> Option<String> {
+    std::env::var(RUNTIME_VARIABLE)
+        .ok()
+        .filter(|runtime| !runtime.is_empty())
+}
+
+/// The live configuration: defaults, plus the egress preflight with local targets only, under
+/// the runtime of [`RUNTIME_VARIABLE`].
 pub async fn config(verify_egress: bool) -> DockerConfig {
     let mut config = DockerConfig::default();
+    config.runtime = runtime_under_test();
     if verify_egress {
         let gateway = bridge_gateway().await;
         config.verify_egress = true;
