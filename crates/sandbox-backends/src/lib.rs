@@ -44,7 +44,8 @@ pub struct BackendArgs {
     #[arg(long, global = true, value_enum, default_value_t = BackendChoice::Docker)]
     pub backend: BackendChoice,
     /// The lowest isolation rung accepted for commands that run code or move files. The docker backend
-    /// is rung `container`, so it needs `--min-isolation container`.
+    /// is rung `container` (`hardened_container` under a verified gVisor `--docker-runtime`), so it
+    /// needs `--min-isolation container` (or `hardened_container`).
     #[arg(long, global = true, value_name = "RUNG", default_value = "microvm", value_parser = parse_rung)]
     pub min_isolation: Isolation,
     /// The `sbx` program of `--backend sbx`.
@@ -61,6 +62,12 @@ pub struct BackendArgs {
     /// The docker network the egress proxy's outbound leg joins.
     #[arg(long, global = true, value_name = "NETWORK", default_value = backend_docker::defaults::DEFAULT_OUTBOUND_NETWORK)]
     pub outbound_network: String,
+    /// The OCI runtime the docker backend runs sandboxes under, by the engine's name for it (e.g.
+    /// `runsc`, gVisor registered in the engine's daemon.json). Rung `hardened_container` only
+    /// when a probe container under it shows gVisor's kernel; any other runtime stays
+    /// `container`. Default: the engine's own (runc).
+    #[arg(long, global = true, value_name = "RUNTIME")]
+    pub docker_runtime: Option<String>,
     /// The VM image of `--backend qemu` (default: the one `images build vm` makes in the cache).
     #[arg(long, global = true, value_name = "DIR")]
     pub vm_image: Option<PathBuf>,
@@ -77,7 +84,7 @@ fn parse_rung(s: &str) -> Result<Isolation, String> {
 /// The backends a host can drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
-    /// Docker containers (rung `container`).
+    /// Docker containers (rung `container`; `hardened_container` under gVisor).
     Docker,
     /// Docker Sandboxes microVMs through `sbx` (rung `microvm`).
     Sbx,
@@ -91,6 +98,7 @@ pub fn docker_config(args: &BackendArgs, guest_names: &[String]) -> DockerConfig
     config.management_env = Some(management_env(std::env::vars_os(), guest_names));
     config.egress_proxy_image = Some(args.egress_proxy_image.clone());
     config.outbound_network = args.outbound_network.clone();
+    config.runtime = args.docker_runtime.clone();
     config
 }
 
@@ -474,6 +482,36 @@ mod tests {
         assert_eq!(args.sbx_path, PathBuf::from("sbx"));
         assert!(!args.allow_simulator);
         assert_eq!(args.outbound_network, "bridge");
+        assert_eq!(args.docker_runtime, None);
+        assert_eq!(docker_config(&args, &[]).runtime, None);
+    }
+
+    #[test]
+    fn the_docker_runtime_flag_reaches_the_docker_configuration() {
+        let args = parse(&["--docker-runtime", "runsc"]);
+        assert_eq!(docker_config(&args, &[]).runtime.as_deref(), Some("runsc"));
+    }
+
+    #[test]
+    fn a_hardened_container_floor_takes_gvisor_and_refuses_runc_and_a_microvm_floor() {
+        use sandbox_core::testing::FakeBackend;
+        let floor = parse(&["--min-isolation", "hardened_container"]);
+        let gvisor: Arc<dyn SandboxBackend> =
+            Arc::new(FakeBackend::new("docker", Isolation::HardenedContainer));
+        assert!(gated_router(&floor, gvisor.clone()).is_ok());
+        let refused = gated_router(&parse(&[]), gvisor).unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("pass --min-isolation hardened_container"),
+            "{refused}"
+        );
+        let runc: Arc<dyn SandboxBackend> =
+            Arc::new(FakeBackend::new("docker", Isolation::Container));
+        assert_eq!(
+            gated_router(&floor, runc).unwrap_err().kind(),
+            sandbox_core::ErrorKind::NotPermitted
+        );
     }
 
     #[test]

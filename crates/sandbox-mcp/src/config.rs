@@ -95,3 +95,30 @@ fn user_tag() -> String {
         .filter(|u| !u.is_empty() && u.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
         .unwrap_or_else(|| "user".to_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_docker_runtime_and_a_hardened_container_floor_reach_the_backend() {
+        let cli = Cli::parse_from([
+            "sandbox-mcp",
+            "--docker-runtime",
+            "runsc",
+            "--min-isolation",
+            "hardened_container",
+        ]);
+        let config = sandbox_backends::docker_config(&cli.backends, &[]);
+        assert_eq!(config.runtime.as_deref(), Some("runsc"));
+        assert_eq!(
+            cli.backends.min_isolation,
+            sandbox_core::Isolation::HardenedContainer
+        );
+        let plain = Cli::parse_from(["sandbox-mcp"]);
+        assert_eq!(
+            sandbox_backends::docker_config(&plain.backends, &[]).runtime,
+            None
+        );
+    }
+}

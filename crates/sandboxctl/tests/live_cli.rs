@@ -522,8 +522,8 @@ fn doctor_passes_here_and_names_the_fix_when_the_engine_is_away() {
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
     let v = json(&out);
     assert_eq!(v["ok"], true);
-    // The backend's own checks, in its order, then the throwaway sandbox; only the sbx line does
-    // not apply.
+    // The backend's own checks, in its order, then the throwaway sandbox; only the runtime line
+    // (none configured) and the sbx line do not apply.
     let statuses: Vec<(&str, &str)> = v["checks"]
         .as_array()
         .unwrap()
@@ -541,6 +541,7 @@ fn doctor_passes_here_and_names_the_fix_when_the_engine_is_away() {
             ("docker.image", "pass"),
             ("docker.egress_proxy_image", "pass"),
             ("docker.outbound_network", "pass"),
+            ("docker.runtime", "not_applicable"),
             ("sbx", "not_applicable"),
             ("docker.sandbox", "pass"),
         ]
