@@ -13,7 +13,9 @@
 //! acquire against the driver's bare boot and attach, exec against `docker exec` on this machine,
 //! and 1 KiB and 64 MiB transfers against the driver's own agent calls, on the same image; the
 //! MCP server's, `crates/sandbox-mcp/benches`, an exec through
-//! the server over stdio against the same exec through the library), prints one line per
+//! the server over stdio against the same exec through the library; the Docker backend under
+//! gVisor's, `crates/backend-docker/benches/gvisor.rs`, exec and cold acquire against the raw
+//! CLI under `runsc`, and what gVisor costs over runc, reported only), prints one line per
 //! metric (`name: backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`; a cost added on top
 //! of the same call as an absolute `ours X ms, raw Y ms, added Z ms at p50`) and exits non-zero
 //! when a pass/fail target is missed.
@@ -96,6 +98,7 @@ const BENCHES: &[Bench] = &[
     Bench::new("backend-docker transfer", "backend-docker", "transfer"),
     Bench::new("sandboxctl per call", "sandboxctl", "cli"),
     Bench::new("backend-docker stream", "backend-docker", "stream"),
+    Bench::new("backend-docker under gVisor", "backend-docker", "gvisor"),
     Bench::new("backend-sbx on sbx-sim", "backend-sbx", "sbx"),
     Bench::new("vm boot and exec", "qemu-vm", "vm"),
     Bench::new("qemu acquire", "backend-qemu", "acquire"),

@@ -89,6 +89,17 @@ pub enum XtaskError {
         names: String,
     },
 
+    /// The engine does not list the runtimes the gVisor suite runs under.
+    #[error(
+        "the engine lists no runtime {missing}: install gVisor (apt-get install runsc) and \
+         register runsc (path /usr/bin/runsc, runtimeArgs [\"--platform=ptrace\", \"--network=none\"]) and runsc-fake \
+         (path runc) in /etc/docker/daemon.json, then send dockerd SIGHUP (.ci/run does this)"
+    )]
+    MissingRuntimes {
+        /// The runtimes missing, comma-separated.
+        missing: String,
+    },
+
     /// A live suite left engine objects behind.
     #[error("the live suite left {count} object(s) on the engine:\n{listing}")]
     Leftovers {

@@ -30,6 +30,9 @@ const SIM_HOME_LABEL: &str = "sbx-sim.home";
 pub enum Suite {
     /// The Docker backend against this machine's engine.
     Docker,
+    /// The Docker backend under gVisor (`runsc`, registered with the engine): every conformance
+    /// suite with the HARDENING probes, the gVisor checks of the backend and of `sandboxctl`.
+    Gvisor,
     /// The sbx backend against `sbx-sim` (built first), or against the `sbx` at `--sbx-path`.
     Sbx {
         /// The `sbx` program to test against. Without it, `sbx-sim` is built and used. A real
@@ -332,7 +335,7 @@ pub(crate) fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
     write_snapshot(&snapshot, &before)?;
     // The live test binaries only: the same build's other tests ran in the unit-test step.
     let mut command = shared_nextest(
-        "(package(backend-docker) | package(sandboxctl) | package(exec-wrapper) | package(egress-proxy)) & binary(/^live/) & not binary(live_qemu_first_run)",
+        "(package(backend-docker) | package(sandboxctl) | package(exec-wrapper) | package(egress-proxy)) & binary(/^live/) & not binary(live_qemu_first_run) & not binary(live_gvisor)",
     );
     command.env("SBX_PATH", &sim);
     let teed = tee_in(workspace.root(), &mut command, |line| {
@@ -356,6 +359,54 @@ pub(crate) fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
         let _ = std::fs::remove_file(&snapshot);
     }
     verdict
+}
+
+/// The runtime the gVisor suite runs every sandbox under, and the runc runtime registered under
+/// a gVisor-like name that it proves is refused the rung (`.ci/run` registers both).
+pub(crate) const GVISOR_RUNTIMES: [&str; 2] = ["runsc", "runsc-fake"];
+
+/// The variable that tells the live tests which runtime to run under.
+const RUNTIME_VARIABLE: &str = "SANDBOX_E2E_DOCKER_RUNTIME";
+
+/// The gVisor suite: the Docker backend's conformance suites (HARDENING included) with every
+/// sandbox under `runsc`, and the gVisor tests of the backend and of `sandboxctl`; no skip, and
+/// nothing of the run left on the engine (judged by difference, so it never runs beside the
+/// Docker suite).
+pub(crate) fn gvisor(workspace: &Workspace) -> Result<(), XtaskError> {
+    let listed = capture_in(
+        workspace.root(),
+        Command::new("docker").args(["info", "--format", "{{json .Runtimes}}"]),
+        LISTING_TIMEOUT,
+    )?;
+    let runtimes: serde_json::Value =
+        serde_json::from_str(listed.trim()).unwrap_or(serde_json::Value::Null);
+    let missing: Vec<&str> = GVISOR_RUNTIMES
+        .into_iter()
+        .filter(|name| runtimes.get(name).is_none())
+        .collect();
+    if !missing.is_empty() {
+        return Err(XtaskError::MissingRuntimes {
+            missing: missing.join(", "),
+        });
+    }
+    build_images(workspace, &[])?;
+    shared_binaries(workspace)?;
+    let before = engine_objects(workspace)?;
+    let started = std::time::Instant::now();
+    let mut command = shared_nextest(
+        "(package(backend-docker) & (binary(live_conformance) | binary(live_gvisor))) | (package(sandboxctl) & binary(live_gvisor))",
+    );
+    command.env(RUNTIME_VARIABLE, GVISOR_RUNTIMES[0]);
+    let teed = tee_in(workspace.root(), &mut command, |line| {
+        is_summary_line(line) || is_skip_line(line)
+    })?;
+    eprintln!(
+        "==> e2e gvisor: tests ran in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let after = engine_objects(workspace)?;
+    let left: Vec<&EngineObject> = after.difference(&before).collect();
+    judge_suite("gvisor", teed, &left, Ok(()))
 }
 
 /// Where the Docker suite records the engine's objects as they were when it started: a run of
