@@ -49,6 +49,10 @@ pub struct RunOptions<'a> {
     /// Run only the reduced set a minimal image supports (EXEC, FILES_IN, FILES_OUT with its listing
     /// probes, FILES_DELETE, RECLAIM): no storage-base, lifecycle, REACH or CALL_SCOPE suites.
     pub reduced: bool,
+    /// Leave CONFINEMENT out of a run with hooks: its observer joins the sandbox's PID namespace
+    /// from a container beside it to read the sandbox's root, which a user-space kernel (gVisor)
+    /// keeps to itself.
+    pub without_confinement: bool,
 }
 
 impl RunOptions<'_> {
@@ -73,7 +77,13 @@ impl RunOptions<'_> {
                 }
         };
         let hardening = if self.hardening.is_some() {
-            HARDENING_SHARED_PROBES + HARDENING_OWN_SANDBOX_PROBES + CONFINEMENT_PROBES
+            HARDENING_SHARED_PROBES
+                + HARDENING_OWN_SANDBOX_PROBES
+                + if self.without_confinement {
+                    0
+                } else {
+                    CONFINEMENT_PROBES
+                }
         } else {
             0
         };
@@ -88,6 +98,7 @@ impl std::fmt::Debug for RunOptions<'_> {
             .field("flat_files", &self.flat_files)
             .field("hardening", &self.hardening.is_some())
             .field("reduced", &self.reduced)
+            .field("without_confinement", &self.without_confinement)
             .finish()
     }
 }
@@ -250,7 +261,14 @@ pub async fn run_backend_suites(
     }
 
     if let Some(hooks) = options.hardening {
-        hardening_on_own_sandboxes(&mut run, keys, &base_spec, hooks).await;
+        hardening_on_own_sandboxes(
+            &mut run,
+            keys,
+            &base_spec,
+            hooks,
+            !options.without_confinement,
+        )
+        .await;
     }
 
     run.release().await;
@@ -363,6 +381,7 @@ async fn hardening_on_own_sandboxes(
     keys: &mut (dyn FnMut(&str) -> SandboxKey + Send),
     base_spec: &SandboxSpec,
     hooks: &dyn HardeningHooks,
+    confinement: bool,
 ) {
     let network = async {
         require_closed_egress(base_spec)?;
@@ -391,18 +410,20 @@ async fn hardening_on_own_sandboxes(
     }
     run.release().await;
 
-    let key = keys("confinement");
-    match run.acquire("confinement", &key, base_spec).await {
-        Ok(sandbox) => match run.subject(sandbox) {
-            Ok(subject) => {
-                run.suite(CONFINEMENT, assert_confinement(&subject, hooks))
-                    .await
-            }
+    if confinement {
+        let key = keys("confinement");
+        match run.acquire("confinement", &key, base_spec).await {
+            Ok(sandbox) => match run.subject(sandbox) {
+                Ok(subject) => {
+                    run.suite(CONFINEMENT, assert_confinement(&subject, hooks))
+                        .await
+                }
+                Err(e) => fold_into(&mut run.report, CONFINEMENT, Err(e)),
+            },
             Err(e) => fold_into(&mut run.report, CONFINEMENT, Err(e)),
-        },
-        Err(e) => fold_into(&mut run.report, CONFINEMENT, Err(e)),
+        }
+        run.release().await;
     }
-    run.release().await;
 
     let backend = run.backend;
     let key = keys("engine-failure");
