@@ -111,6 +111,12 @@ impl DockerBackend {
                 "the configured runtime did not show gVisor's kernel; the backend stays rung container"
             );
         }
+        if let Some(runtime) = runtime.as_ref().filter(|r| !r.subreaper) {
+            tracing::warn!(
+                runtime = %runtime.runtime,
+                "the runtime's kernel makes no subreaper: a timeout kills the command's process group only"
+            );
+        }
         let declarations = BackendDeclarations {
             capabilities: BTreeSet::from([
                 Capability::Exec,
@@ -145,20 +151,30 @@ impl DockerBackend {
         } else {
             Isolation::Container
         };
-        let mut backend = DockerBackend::assemble(config, engine, declarations);
+        let mut backend = DockerBackend::assemble(
+            config,
+            engine,
+            declarations,
+            runtime.as_ref().is_none_or(|r| r.subreaper),
+        );
         backend.isolation = isolation;
         backend.runtime = runtime;
         Ok(backend)
     }
 
     /// Builds the components over one pinned connection, each holding what it uses; rung
-    /// `container`, no runtime verified.
+    /// `container`, no runtime verified. Without a `subreaper` (the runtime's kernel cannot make
+    /// one), every call gets the group shape.
     fn assemble(
         config: Arc<DockerConfig>,
         engine: EngineConnection,
         declarations: BackendDeclarations,
+        subreaper: bool,
     ) -> DockerBackend {
         let memory = Arc::new(Memories::default());
+        if !subreaper {
+            memory.probes.runtime_lacks_subreaper();
+        }
         let sizing = Arc::new(Sizing::new(engine.clone(), Arc::clone(&config)));
         let containers = Arc::new(Containers::new(
             engine.clone(),

@@ -118,7 +118,8 @@ async fn runtime_check(engine: &EngineConnection, config: &DockerConfig) -> Heal
             error.to_string(),
             "install gVisor (Debian: apt-get install runsc), register it in /etc/docker/daemon.json \
              (\"runtimes\": {\"runsc\": {\"path\": \"/usr/bin/runsc\", \"runtimeArgs\": \
-             [\"--platform=ptrace\", \"--network=none\"]}}) and send dockerd SIGHUP",
+             [\"--platform=ptrace\", \"--network=none\", \"--file-access=shared\", \
+             \"--overlay2=none\"]}}) and send dockerd SIGHUP",
         ),
     }
 }
@@ -126,7 +127,7 @@ async fn runtime_check(engine: &EngineConnection, config: &DockerConfig) -> Heal
 /// One line on a verified runtime: name, program, platform, the kernel its probe saw, the rung.
 pub(crate) fn runtime_summary(found: &crate::RuntimeVerification) -> String {
     format!(
-        "runtime {} ({}), platform {}, probe kernel {}: {}",
+        "runtime {} ({}), platform {}, probe kernel {}, {}: {}",
         found.runtime,
         if found.path.is_empty() {
             "no path listed"
@@ -135,6 +136,11 @@ pub(crate) fn runtime_summary(found: &crate::RuntimeVerification) -> String {
         },
         found.platform.as_deref().unwrap_or("the runtime's default"),
         found.kernel_release.as_deref().unwrap_or("unknown"),
+        if found.subreaper {
+            "exact kills"
+        } else {
+            "no subreaper (a timeout kills the command's process group only)"
+        },
         if found.gvisor {
             "gVisor verified, rung hardened_container"
         } else {

@@ -100,6 +100,9 @@ struct ProbeResults {
     /// (`docker-init -s` starting the wrapper's `sh`) or the image's exec init. A timeout kills
     /// the call's whole tree; the others get the group shape.
     subreaper: HashMap<String, CallInit>,
+    /// The configured runtime's kernel cannot make a process a subreaper (gVisor's release
+    /// 2022-12-19 lacks `PR_SET_CHILD_SUBREAPER`): every call gets the group shape.
+    no_subreaper: bool,
 }
 
 /// What the tool probe found per container: that it passed, and the init calls run under.
@@ -120,19 +123,31 @@ impl Probes {
         held(&self.0).subreaper.get(id).copied()
     }
 
-    /// Records the engine's init for `id`, keeping an exec init a probe found.
-    pub(crate) fn mark_subreaper(&self, id: &str) {
-        held(&self.0)
-            .subreaper
-            .entry(id.to_owned())
-            .or_insert(CallInit::EngineInit);
+    /// Records that the runtime's kernel makes no subreaper, so no init is ever recorded and
+    /// every call gets the group shape (set once, at connect).
+    pub(crate) fn runtime_lacks_subreaper(&self) {
+        held(&self.0).no_subreaper = true;
     }
 
-    /// Records that `id`'s image carries the exec init (the tool probe found it).
+    /// Records the engine's init for `id`, keeping an exec init a probe found; nothing when the
+    /// runtime makes no subreaper.
+    pub(crate) fn mark_subreaper(&self, id: &str) {
+        let mut results = held(&self.0);
+        if !results.no_subreaper {
+            results
+                .subreaper
+                .entry(id.to_owned())
+                .or_insert(CallInit::EngineInit);
+        }
+    }
+
+    /// Records that `id`'s image carries the exec init (the tool probe found it); nothing when
+    /// the runtime makes no subreaper.
     pub(crate) fn mark_exec_init(&self, id: &str) {
-        held(&self.0)
-            .subreaper
-            .insert(id.to_owned(), CallInit::ExecInit);
+        let mut results = held(&self.0);
+        if !results.no_subreaper {
+            results.subreaper.insert(id.to_owned(), CallInit::ExecInit);
+        }
     }
 
     fn forget(&self, id: &str) {
@@ -347,5 +362,16 @@ mod tests {
         assert_eq!(probes.call_init("id"), Some(CallInit::ExecInit));
         probes.mark_subreaper("other");
         assert_eq!(probes.call_init("other"), Some(CallInit::EngineInit));
+    }
+
+    #[test]
+    fn a_runtime_without_a_subreaper_gives_every_call_the_group_shape() {
+        let probes = Probes::default();
+        probes.runtime_lacks_subreaper();
+        probes.mark_exec_init("id");
+        probes.mark_subreaper("id");
+        probes.mark_subreaper("other");
+        assert_eq!(probes.call_init("id"), None);
+        assert_eq!(probes.call_init("other"), None);
     }
 }

@@ -26,8 +26,13 @@ use crate::egress_names::LABEL_ROLE;
 /// probe left behind is found with its other containers.
 const PROBE_NAME: &str = "maf-sandbox-docker-runtime-probe-";
 
-/// The probe's script: the kernel release, then the first kernel log line (or nothing).
-const PROBE_SCRIPT: &str = "uname -r; dmesg 2>/dev/null | head -n 1; exit 0";
+/// The probe's script, one tagged line each: the kernel release, the first kernel log line (empty
+/// when unreadable), and whether the engine's init can make itself a subreaper here (what exact
+/// kills need: docs/wrapper-protocol.md#exact-kills).
+const PROBE_SCRIPT: &str = "echo \"release $(uname -r)\"; \
+    echo \"log $(dmesg 2>/dev/null | head -n 1)\"; \
+    if /sbin/docker-init -s -- true >/dev/null 2>&1; then echo 'subreaper yes'; \
+    else echo 'subreaper no'; fi; exit 0";
 
 /// The most probe output read.
 const PROBE_BUDGET: usize = 4096;
@@ -53,14 +58,25 @@ pub struct RuntimeVerification {
     /// Whether the probe showed gVisor's kernel: the one condition for rung
     /// `hardened_container`.
     pub gvisor: bool,
+    /// Whether the engine's init could make itself a subreaper under the runtime. Without it a
+    /// timed-out call's kill reaches the command's process group only (gVisor's release
+    /// 2022-12-19 lacks `PR_SET_CHILD_SUBREAPER`).
+    pub subreaper: bool,
 }
 
 impl RuntimeVerification {
-    /// Reads a probe's output (the kernel release line, then the kernel log's first line).
+    /// Reads a probe's output (`release …`, `log …`, `subreaper yes|no` lines).
     pub(crate) fn from_probe(runtime: &str, path: &str, args: &[String], output: &str) -> Self {
-        let mut lines = output.lines().map(str::trim).filter(|l| !l.is_empty());
-        let kernel_release = lines.next().map(str::to_owned);
-        let kernel_log = lines.next().map(str::to_owned);
+        let field = |tag: &str| {
+            output.lines().find_map(|line| {
+                line.strip_prefix(tag)
+                    .and_then(|rest| rest.strip_prefix(' '))
+                    .map(str::trim)
+                    .filter(|value| !value.is_empty())
+                    .map(str::to_owned)
+            })
+        };
+        let kernel_log = field("log");
         RuntimeVerification {
             runtime: runtime.to_owned(),
             path: path.to_owned(),
@@ -68,8 +84,9 @@ impl RuntimeVerification {
             gvisor: kernel_log
                 .as_deref()
                 .is_some_and(|line| log_message(line).starts_with(GVISOR_BANNER)),
-            kernel_release,
+            kernel_release: field("release"),
             kernel_log,
+            subreaper: field("subreaper").as_deref() == Some("yes"),
         }
     }
 }
@@ -217,32 +234,43 @@ mod tests {
             "runsc",
             "/usr/bin/runsc",
             &args(&["--platform=ptrace"]),
-            "4.4.0\n[    0.000000] Starting gVisor...\n",
+            "release 4.4.0\nlog [    0.000000] Starting gVisor...\nsubreaper no\n",
         );
         assert!(gvisor.gvisor);
+        assert!(!gvisor.subreaper);
         assert_eq!(gvisor.kernel_release.as_deref(), Some("4.4.0"));
         assert_eq!(gvisor.platform.as_deref(), Some("ptrace"));
         assert!(gvisor.kernel_log.unwrap().contains("Starting gVisor"));
         // Without a time stamp, too.
         assert!(
-            RuntimeVerification::from_probe("runsc", "", &[], "4.4.0\nStarting gVisor...\n").gvisor
+            RuntimeVerification::from_probe("runsc", "", &[], "log Starting gVisor...\n").gvisor
         );
 
         // runc under the same name: the host kernel, whose log an unprivileged reader cannot
         // read, or whose log is its own.
         for output in [
-            "6.1.0-57-amd64\n",
-            "6.1.0-57-amd64\n[    0.000000] Linux version 6.1.0\n",
-            "4.4.0\n",
+            "release 6.1.0-57-amd64\nlog \nsubreaper yes\n",
+            "release 6.1.0-57-amd64\nlog [    0.000000] Linux version 6.1.0\nsubreaper yes\n",
+            "release 4.4.0\n",
             "",
-            // The banner only counts as the log's first line, not as the release.
+            // The banner only counts as the log line, not as the release or untagged.
+            "release Starting gVisor...\n",
             "Starting gVisor...\n",
-            "4.4.0\nnot Starting gVisor\n",
-            "4.4.0\n[    0.000000] Linux says Starting gVisor\n",
+            "log not Starting gVisor\n",
+            "log [    0.000000] Linux says Starting gVisor\n",
         ] {
             let verdict = RuntimeVerification::from_probe("runsc", "runc", &[], output);
             assert!(!verdict.gvisor, "{output:?} verified");
         }
+        let runc = RuntimeVerification::from_probe(
+            "runsc-fake",
+            "runc",
+            &[],
+            "release 6.1.0\nlog \nsubreaper yes\n",
+        );
+        assert!(runc.subreaper);
+        assert_eq!(runc.kernel_log, None);
+        assert_eq!(runc.kernel_release.as_deref(), Some("6.1.0"));
     }
 
     #[test]
