@@ -92,7 +92,8 @@ pub enum XtaskError {
     /// The engine does not list the runtimes the gVisor suite runs under.
     #[error(
         "the engine lists no runtime {missing}: install gVisor (apt-get install runsc) and \
-         register runsc (path /usr/bin/runsc, runtimeArgs [\"--platform=ptrace\", \"--network=none\"]) and runsc-fake \
+         register runsc (path /usr/bin/runsc, runtimeArgs [\"--platform=ptrace\", \"--network=none\", \"--file-access=shared\", \
+         \"--overlay2=none\"]) and runsc-fake \
          (path runc) in /etc/docker/daemon.json, then send dockerd SIGHUP (.ci/run does this)"
     )]
     MissingRuntimes {

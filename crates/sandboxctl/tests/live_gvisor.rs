@@ -45,7 +45,7 @@ fn stdout(out: &Output) -> String {
 fn a_hardened_container_floor_runs_on_gvisors_kernel() {
     let runtime = gvisor_runtime();
     let scope = scope("run");
-    let at = ["--scope", scope.as_str(), "--thread", "t"];
+    let at = ["--scope", scope.as_str(), "--thread", "t", "--agent", "a"];
     let release = ctl(
         &runtime,
         "hardened_container",
@@ -74,7 +74,7 @@ fn a_hardened_container_floor_runs_on_gvisors_kernel() {
     let purge = ctl(
         &runtime,
         "hardened_container",
-        &[&["purge"][..], &at].concat(),
+        &["purge", "--scope", scope.as_str(), "--thread", "t"],
     );
     assert_eq!(purge.status.code(), Some(0), "{purge:?}");
     let listed = ctl(
