@@ -187,9 +187,6 @@ pub const STEPS: &[CiStep] = &[
     step("mutants", "mutants", Run::Xtask(&["mutants", "--changed"]))
         .after(&["nextest", "mutants install"])
         .background(),
-    // The Docker backend under gVisor (`.ci/run` registers runsc with the engine): on the
-    // Docker suite's lane, after it, since both judge the engine's leftovers by difference.
-    step("e2e gvisor", WORKSPACE_LANE, Run::Xtask(&["e2e", "gvisor"])).after(&["images"]),
     // Off the workspace lane, so the Docker suite (the longest step) starts right after the
     // unit tests: the doc builds wait for its compile on cargo's lock at most, then build
     // while its tests wait on the engine.

@@ -4,7 +4,7 @@
 //!   publishable crate (`cargo publish --workspace --dry-run --no-verify`), clippy, every test through
 //!   nextest, doctests, rustdoc with `-D warnings`, the local images (clippy checks the fuzz
 //!   targets), the Windows and macOS type checks, the microVM image, the live Docker suite, the live sbx
-//!   suite under gVisor, the live sbx suite on `sbx-sim`, the live microVM suite under QEMU): one table of steps on lanes that
+//!   suite on `sbx-sim`, the live microVM suite under QEMU): one table of steps on lanes that
 //!   run beside each other (see `ci.rs`), failing fast, with a table of each step's time at the
 //!   end;
 //! - `fuzz`: builds the fuzz targets on the stable toolchain and runs each for a while;
@@ -14,7 +14,8 @@
 //!   skipped nothing and left nothing behind on the engine;
 //! - `e2e gvisor`: the same Docker suites' conformance and HARDENING runs, and the gVisor tests,
 //!   with every sandbox under gVisor (`runsc`, which `.ci/run` installs and registers with the
-//!   engine); the same checks;
+//!   engine); the same checks (not yet a `ci` step: docs/docker-backend.md#gvisor says what
+//!   still fails);
 //! - `e2e sbx [--sbx-path PATH]`: builds `sbx-sim` (unless a path is given), runs the live sbx
 //!   suite against it, then checks the same;
 //! - `e2e vm`: builds the microVM image, runs `qemu-vm`'s live tests against real QEMU, then
