@@ -362,7 +362,7 @@ pub(crate) fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
 }
 
 /// The runtime the gVisor suite runs every sandbox under, and the runc runtime registered under
-/// a gVisor-like name that it proves is refused the rung (`.ci/run` registers both).
+/// a gVisor-like name that it proves is refused the rung (`.ci/register-gvisor` registers both).
 pub(crate) const GVISOR_RUNTIMES: [&str; 2] = ["runsc", "runsc-fake"];
 
 /// The variable that tells the live tests which runtime to run under.

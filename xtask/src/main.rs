@@ -13,7 +13,7 @@
 //! - `e2e docker`: builds the images, runs the live Docker suite, then checks the suite
 //!   skipped nothing and left nothing behind on the engine;
 //! - `e2e gvisor`: the same Docker suites' conformance and HARDENING runs, and the gVisor tests,
-//!   with every sandbox under gVisor (`runsc`, which `.ci/run` installs and registers with the
+//!   with every sandbox under gVisor (`runsc`, which `.ci/register-gvisor` installs and registers with the
 //!   engine); the same checks (not yet a `ci` step: docs/docker-backend.md#gvisor says what
 //!   still fails);
 //! - `e2e sbx [--sbx-path PATH]`: builds `sbx-sim` (unless a path is given), runs the live sbx

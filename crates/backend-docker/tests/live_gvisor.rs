@@ -5,7 +5,7 @@
 //! ending the whole sandbox.
 //!
 //! Run by `cargo xtask e2e gvisor`, which sets `SANDBOX_E2E_DOCKER_RUNTIME=runsc` and needs the
-//! engine to list `runsc` (gVisor) and `runsc-fake` (runc under a gVisor-like name), as `.ci/run`
+//! engine to list `runsc` (gVisor) and `runsc-fake` (runc under a gVisor-like name), as `.ci/register-gvisor`
 //! registers them. Without them every test here fails, naming what is missing.
 
 mod support;
