@@ -19,11 +19,13 @@ pub use host_files;
 
 mod health;
 mod logging;
+mod mcp_state;
 #[cfg(target_os = "linux")]
 pub mod vm_image;
 
 pub use health::health;
 pub use logging::log_to_stderr_from_env;
+pub use mcp_state::default_mcp_state_dir;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -242,8 +244,9 @@ impl OutDirArg {
 /// ([`host_files`]: `cp-in`, `cp-out`, an env file, an MCP tool's transfer): the credential paths
 /// and the paths a host executes, the host state roots the connected `backend` reports, those of
 /// the sbx and qemu configurations these flags would give (whichever backend runs, one key never
-/// reaches another key's sbx workspace or VM through the host), and `output_root`, without which the
-/// guard admits no write (`cp-in` and env files pass none).
+/// reaches another key's sbx workspace or VM through the host), the MCP server's default state
+/// directory ([`default_mcp_state_dir`]), and `output_root`, without which the guard admits no
+/// write (`cp-in` and env files pass none).
 ///
 /// # Errors
 /// The backend's failure to report its roots (then nothing is moved), an `output_root` that is
@@ -272,6 +275,9 @@ pub async fn host_guard(
             .map(|config| config.host_state_roots())
             .unwrap_or_default(),
     );
+    // And the MCP server's default state directory: its locks are its own, not a sandbox's to
+    // write over.
+    roots.push(default_mcp_state_dir());
     host_files::host_guard(roots, output_root)
 }
 
@@ -568,5 +574,33 @@ mod tests {
             "{refused}"
         );
         host_files::Source::open(&plain, &guard, false).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_host_guard_refuses_the_mcp_servers_state_directory() {
+        use sandbox_core::host_paths::HostRefusal;
+        use sandbox_core::testing::FakeBackend;
+        let state = default_mcp_state_dir();
+        let lock = state.join("0123.lock");
+        let parent = state.parent().unwrap().display().to_string();
+        let backend = FakeBackend::new("fake", Isolation::Container);
+        // The pure guard with the state directory's parent as the output root: a `cp-out` there
+        // is admitted by every other rule, so only the state root can refuse it.
+        let guard = host_guard(&parse(&[]), &backend, None)
+            .await
+            .unwrap()
+            .with_output_root(parent);
+        for path in [&state, &lock] {
+            let path = path.display().to_string();
+            assert!(
+                matches!(
+                    guard.write_refusal(&path, true),
+                    Some(HostRefusal::SandboxState(_))
+                ),
+                "{path}: {:?}",
+                guard.write_refusal(&path, true)
+            );
+            assert!(guard.read_refusal(&path, true).is_some(), "{path}");
+        }
     }
 }

@@ -807,6 +807,42 @@ fn one_key_cannot_reach_another_sandboxs_sbx_workspace() {
     assert!(stderr(&out).contains("workspaces"), "{}", stderr(&out));
 }
 
+/// The MCP server's default state directory (here under the `XDG_RUNTIME_DIR` the command is
+/// given) is guarded like a backend's own state: cp-out neither replaces a running server's lock
+/// nor plants a file beside it, even with the directory as its output root.
+#[test]
+fn cp_out_never_writes_into_the_mcp_servers_state_directory() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let sandbox = KeptSandbox::new("mcp-state", "printf planted > f");
+    let fake = FakeHome::new();
+    let runtime = fake.home.join("runtime");
+    let state = runtime.join("sandbox-mcp");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let name = "4242.17.0.4026531836.0123456789abcdef0123456789abcdef.00000000000000aa.lock";
+    let lock = state.join(name);
+    std::fs::write(&lock, b"held\n").unwrap();
+    let env = [
+        ("HOME", fake.home.to_str().unwrap()),
+        ("XDG_RUNTIME_DIR", runtime.to_str().unwrap()),
+    ];
+    let root = state.to_str().unwrap();
+    for (dest, extra) in [
+        (&lock, vec!["--out-dir", root, "--overwrite"]),
+        (&state.join("planted"), vec!["--out-dir", root]),
+        (&state.join("planted"), vec![]),
+    ] {
+        let mut args = vec!["cp-out", "--key", sandbox.key.as_str()];
+        args.extend(extra);
+        args.extend(["f", dest.to_str().unwrap()]);
+        let out = ctl_in(&fake.home, &args, &env);
+        assert_eq!(code(&out), 69, "{}: {}", dest.display(), stderr(&out));
+        assert!(stderr(&out).contains("sandbox-mcp"), "{}", stderr(&out));
+    }
+    FakeHome::assert_only(&state, &[name]);
+    assert_eq!(std::fs::read(&lock).unwrap(), b"held\n");
+}
+
 /// `--env-file` goes through the same guarded opener as cp-in: a credential file and the host
 /// kernel's command line are refused, and a file that is not an env file (a process environment)
 /// is refused by line with no variable's name or value in the message.
