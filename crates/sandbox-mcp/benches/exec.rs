@@ -86,7 +86,8 @@ async fn main() {
             &image,
         ])
         .arg("--state-dir")
-        .arg(state.path())
+        // A directory the server makes itself, private as it requires.
+        .arg(state.path().join("state"))
         .stderr(Stdio::inherit());
     let transport = TokioChildProcess::new(server).expect("the server starts");
     let client: Client = tokio::time::timeout(CALL_TIMEOUT, ().serve(transport))

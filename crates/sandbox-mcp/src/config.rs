@@ -59,8 +59,9 @@ pub struct Cli {
     /// The largest file `sandbox_read_file` returns and `sandbox_write_file` accepts.
     #[arg(long, value_name = "N", default_value_t = 8 * 1024 * 1024)]
     pub max_file_bytes: u64,
-    /// Where the liveness locks live (default: `$XDG_RUNTIME_DIR/sandbox-mcp`, else a
-    /// per-user directory under the temporary directory).
+    /// The server's private state directory, where it keeps its lock (default:
+    /// `$XDG_RUNTIME_DIR/sandbox-mcp`, else `sandbox-mcp-<uid>` under the temporary directory).
+    /// It must be owned by this user with no access for others; a missing one is made so.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 }
@@ -77,25 +78,14 @@ impl Cli {
         Duration::from_secs(self.ttl.max(1))
     }
 
-    /// The liveness lock directory.
+    /// The state directory: `--state-dir`, else the per-user default
+    /// ([`sandbox_backends::default_mcp_state_dir`]).
     pub fn state_dir(&self) -> PathBuf {
-        if let Some(dir) = &self.state_dir {
-            return dir.clone();
-        }
-        match std::env::var_os("XDG_RUNTIME_DIR") {
-            Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("sandbox-mcp"),
-            _ => std::env::temp_dir().join(format!("sandbox-mcp-{}", user_tag())),
-        }
+        self.state_dir
+            .clone()
+            .unwrap_or_else(sandbox_backends::default_mcp_state_dir)
     }
 }
-
-fn user_tag() -> String {
-    std::env::var("USER")
-        .ok()
-        .filter(|u| !u.is_empty() && u.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
-        .unwrap_or_else(|| "user".to_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

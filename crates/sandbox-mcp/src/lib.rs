@@ -19,6 +19,7 @@ pub mod handles;
 pub mod http;
 pub mod liveness;
 pub mod output;
+pub mod state_dir;
 pub mod tools;
 
 pub use config::Cli;

@@ -64,6 +64,12 @@ async fn run(cli: Cli) -> ExitCode {
         Ok(l) => l,
         Err(e) => return fail("state", &e),
     };
+    if !liveness.judges() {
+        eprintln!(
+            "sandbox-mcp: procfs does not name this process: no server's sandboxes are judged \
+             ended, and what this one leaves if killed stays for `sandboxctl purge`"
+        );
+    }
     let shared = Shared::new(router, Settings::from_cli(&cli, image), liveness, cli.ttl());
     match shared.sweep_orphans().await {
         Ok(0) => {}
@@ -121,6 +127,8 @@ async fn run(cli: Cli) -> ExitCode {
         }
         shared.dispose_all().await;
     }
+    // A clean end leaves no lock behind.
+    shared.liveness().end();
     code
 }
 

@@ -50,7 +50,7 @@ impl Shared {
         &self.router
     }
 
-    /// The liveness lock.
+    /// This server's identity and lock.
     pub fn liveness(&self) -> &Liveness {
         &self.liveness
     }
@@ -245,8 +245,9 @@ impl Shared {
         keys.len()
     }
 
-    /// Disposes of the sandboxes in this server's scope whose owning server is gone (it
-    /// crashed: its liveness lock is free). Returns how many conversations were purged.
+    /// Disposes of the sandboxes in this server's scope whose owning server the kernel proves
+    /// gone (it crashed; [`Liveness::verdict`]), never those of a live server or of an owner it
+    /// cannot judge. Returns how many conversations were purged.
     ///
     /// # Errors
     /// The backend's listing failure.
@@ -263,13 +264,9 @@ impl Shared {
             threads.dedup();
             for thread in threads {
                 if self.liveness.owner_is_gone(&thread) {
-                    let purge = self
-                        .router
+                    self.router
                         .dispose_scope(&self.settings.scope, &thread)
                         .await;
-                    if purge.undisposed.is_none() {
-                        self.liveness.forget(&thread);
-                    }
                     purged += 1;
                 }
             }

@@ -23,11 +23,19 @@ struct Served {
     _state: tempfile::TempDir,
 }
 
+/// A state directory of the test's own, private as the server requires.
+fn private_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    dir
+}
+
 async fn serve() -> Served {
     let fake = Arc::new(FakeBackend::new("fake", Isolation::Microvm));
     let backend: Arc<dyn SandboxBackend> = fake.clone();
     let router = Router::new(vec![backend], RouterConfig::default()).unwrap();
-    let state = tempfile::tempdir().unwrap();
+    let state = private_dir();
     let settings = Settings {
         scope: "test".to_owned(),
         agent: "agent".to_owned(),
@@ -192,4 +200,46 @@ async fn a_create_still_running_past_the_wait_is_disposed_of_by_its_key_and_leav
         "{:?}",
         served.fake.instances()
     );
+}
+
+#[tokio::test]
+async fn the_sweep_disposes_only_of_what_ended_servers_left() {
+    use sandbox_core::SandboxKey;
+    let served = serve().await;
+    // A live server of the same scope with another state directory, its lock deleted too.
+    let other_dir = private_dir();
+    let other = Liveness::start(other_dir.path()).unwrap();
+    std::fs::remove_file(other_dir.path().join(format!("{}.lock", other.id()))).unwrap();
+    // A server whose process ended (a real one, killed and reaped).
+    let mut ended = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    let ended_owner = crate::liveness::Owner::of(ended.id()).unwrap();
+    ended.kill().unwrap();
+    ended.wait().unwrap();
+    let live = other.thread(0);
+    let crashed = format!("{}.00000000000000aa-0", ended_owner.id());
+    let foreign = ["another-host-7", "0123456789abcdef0123456789abcdef-1"];
+    for thread in [live.as_str(), crashed.as_str()].into_iter().chain(foreign) {
+        served.fake.seed_instance(
+            &SandboxKey::conversation("test", thread, "agent"),
+            "default",
+        );
+    }
+    assert_eq!(served.shared.sweep_orphans().await.unwrap(), 1);
+    let mut left: Vec<String> = served
+        .fake
+        .instances()
+        .into_iter()
+        .map(|(key, _, _)| key.thread_id)
+        .collect();
+    left.sort();
+    let mut want: Vec<String> = [live.as_str()]
+        .into_iter()
+        .chain(foreign)
+        .map(str::to_owned)
+        .collect();
+    want.sort();
+    assert_eq!(left, want);
 }

@@ -104,9 +104,9 @@ def server_env():
     return env
 
 
-def server_args(extra=()):
+def server_args(extra=(), state_dir=None):
     return [
-        *backend_args(), "--scope", SCOPE, "--state-dir", str(RUN_DIR / "locks"),
+        *backend_args(), "--scope", SCOPE, "--state-dir", str(state_dir or RUN_DIR / "locks"),
         "--max-timeout", "30", *extra,
     ]
 
@@ -178,10 +178,13 @@ def transport(request):
 
 
 @asynccontextmanager
-async def connect(transport, http_server=None, token=TOKEN_A, mode="auto", extra=()):
-    """A connected client: a fresh stdio server process, or the shared HTTP server."""
+async def connect(transport, http_server=None, token=TOKEN_A, mode="auto", extra=(), state_dir=None):
+    """A connected client: a fresh stdio server process (with `state_dir` as its state
+    directory when given), or the shared HTTP server."""
     if transport == "stdio":
-        params = StdioServerParameters(command=BIN, args=server_args(extra), env=server_env())
+        params = StdioServerParameters(
+            command=BIN, args=server_args(extra, state_dir), env=server_env(),
+        )
         async with Client(params, mode=mode, read_timeout_seconds=120) as client:
             yield client
     else:

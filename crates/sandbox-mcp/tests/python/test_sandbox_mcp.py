@@ -23,7 +23,7 @@ from mcp_types.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND
 
 from conftest import (
     BACKEND, BIN, RUN_DIR, SCOPE, TOKEN_A, TOKEN_B, StdioLines, backend_args, connect,
-    crash_after_create, engine_sandboxes,
+    crash_after_create, engine_sandboxes, server_args, server_env,
 )
 
 pytestmark = pytest.mark.anyio
@@ -344,6 +344,51 @@ async def test_a_starting_server_clears_only_crashed_servers_sandboxes():
         assert (await sh(live, kept, "echo alive"))["stdout"] == "alive\n"
 
 
+def lock_files(directory):
+    return sorted(path.name for path in directory.glob("*.lock"))
+
+
+async def test_no_file_makes_a_live_servers_sandbox_look_abandoned():
+    # Servers of one scope: the first holds a sandbox; each later one starts (and sweeps the
+    # scope) with another state directory, or after the first's lock was deleted, or replaced
+    # by other bytes. None may dispose of the first's sandbox.
+    first_dir = RUN_DIR / f"state-{secrets.token_hex(4)}"
+    second_dir = RUN_DIR / f"state-{secrets.token_hex(4)}"
+    async with connect("stdio", state_dir=first_dir) as first:
+        box = await create(first)
+        [lock] = first_dir.glob("*.lock")
+
+        async def another_server_starts(state_dir, why):
+            async with connect("stdio", state_dir=state_dir) as other:
+                await other.list_tools()
+            # Its start is over (it swept before it answered), and it ended cleanly.
+            assert (await sh(first, box, "echo alive"))["stdout"] == "alive\n", why
+
+        await another_server_starts(second_dir, "another state directory")
+        assert second_dir.is_dir() and lock_files(second_dir) == [], "a clean end leaves no lock"
+        lock.unlink()
+        await another_server_starts(first_dir, "the lock deleted")
+        lock.write_bytes(b"copied over\n")
+        await another_server_starts(first_dir, "the lock replaced")
+        assert lock_files(first_dir) == [lock.name], "only the replacement is left"
+        assert box in {s["sandbox"] for s in (await ok(first, "sandbox_list"))["sandboxes"]}
+    # The first server's end leaves the file put in its lock's place, which is not its own.
+    assert lock.read_bytes() == b"copied over\n"
+
+
+async def test_a_state_directory_others_can_write_is_refused():
+    shared = RUN_DIR / f"shared-{secrets.token_hex(4)}"
+    shared.mkdir()
+    shared.chmod(0o777)
+    out = await asyncio.to_thread(
+        subprocess.run, [BIN, *server_args(state_dir=shared)], env=server_env(),
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode != 0, out.stderr
+    assert "must be private to its user" in out.stderr, out.stderr
+    assert list(shared.iterdir()) == [], "nothing was written there"
+
+
 async def test_http_refuses_bad_host_origin_and_missing_token(http_server):
     server = http_server
     body = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
@@ -491,10 +536,9 @@ if BACKEND == "docker":
     async def test_the_readme_snippet_works_as_pasted():
         server = readme_server()
         # As an agent host starts it: the installed binary found on PATH, the host's small
-        # default environment, the snippet's arguments. Only the scope and the lock directory
-        # are added, so the run stays apart from any other server on this machine (the lock
-        # directory is the one every server of this scope shares: a server judges another's
-        # liveness by its lock there).
+        # default environment, the snippet's arguments. Only the scope and the state directory
+        # are added, so the run stays apart from any other server on this machine and leaves
+        # nothing outside its directory.
         env = {name: os.environ[name] for name in ("HOME", "USER", "DOCKER_HOST") if name in os.environ}
         env["PATH"] = f"{Path(BIN).parent}{os.pathsep}{os.environ['PATH']}"
         assert Path(BIN).name == server["command"]
