@@ -667,16 +667,21 @@ impl GuestCalls {
     /// An init-shape exec that ends with a signal-shaped status ended because its init or
     /// wrapper was killed (no wrapper exits with one): the command and whatever it started may
     /// still run outside any call, whatever it wrote where the wrapper keeps its record. That
-    /// is the wrapper's failure, never an exit code: the sandbox is retired (its removal ends
-    /// every process).
+    /// is never an exit code: the sandbox is retired (its removal ends every process) and the
+    /// call fails as retired, which trying again does not mend.
     async fn retire_for_killed_init(&self, id: &str, status: i32) -> SandboxError {
         tracing::warn!(container = %id, status, "a command killed its call's init or wrapper; retiring the sandbox");
         self.retirement.retire(id).await;
-        SandboxError::engine(format!(
-            "the command killed the process that runs it (the call's init or wrapper): status \
-             {status} is not the command's, and the sandbox {id} was retired to end what it left \
-             running"
-        ))
+        // Retired, not an engine failure: the command did it, and running it again would only
+        // do it again.
+        SandboxError::Retired {
+            instance: id.to_owned(),
+            reason: format!(
+                "the command killed the process that runs it (the call's init or wrapper): \
+                 status {status} is not the command's, and the sandbox was retired to end what it \
+                 left running"
+            ),
+        }
     }
 
     /// Whether the engine recorded an OOM kill in container `id` since `started` (its `oom`

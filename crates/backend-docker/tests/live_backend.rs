@@ -132,8 +132,9 @@ async fn a_create_that_gives_up_leaves_no_container_behind() {
 }
 
 /// A command that kills the process running it (the call's init, or the wrapper waiting for it)
-/// ends its call early with a signal status that is not its own: an error, never an exit code,
-/// and the sandbox is retired, so nothing the command started keeps running.
+/// ends its call early with a signal status that is not its own: a `Retired` error (the
+/// command's doing, not the engine's), never an exit code, and the sandbox is retired, so
+/// nothing the command started keeps running.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_command_that_kills_its_init_is_an_error_and_leaves_nothing_running() {
     let backend = backend(false).await;
@@ -164,7 +165,7 @@ async fn a_command_that_kills_its_init_is_an_error_and_leaves_nothing_running() 
             ),
             Err(error) => error,
         };
-        assert_eq!(error.kind(), ErrorKind::Engine, "{line}: {error}");
+        assert_eq!(error.kind(), ErrorKind::Retired, "{line}: {error}");
         assert!(error.to_string().contains("retired"), "{error}");
         // The retired container is gone, and every process in it.
         let inspect = docker(["inspect", "--format", "{{.State.Status}}", &id]).await;
@@ -212,7 +213,7 @@ printf 137 >"/tmp/maf-sbx-$n.status""#;
             ),
             Err(error) => error,
         };
-        assert_eq!(error.kind(), ErrorKind::Engine, "{image}: {error}");
+        assert_eq!(error.kind(), ErrorKind::Retired, "{image}: {error}");
         assert!(error.to_string().contains("retired"), "{error}");
         let inspect = docker(["inspect", "--format", "{{.State.Status}}", &id]).await;
         assert_ne!(
