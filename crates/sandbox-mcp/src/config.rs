@@ -27,7 +27,7 @@ pub struct Cli {
     #[arg(long = "allow-origin", value_name = "ORIGIN")]
     pub allow_origins: Vec<String>,
     /// A `Host` header `--http` accepts besides the bound address and `localhost` on its port
-    /// (repeatable).
+    /// (repeatable; `host:port`, a bare host matches any port).
     #[arg(long = "allow-host-header", value_name = "HOST")]
     pub allow_host_headers: Vec<String>,
     /// The scope of every sandbox key this server makes.
@@ -59,6 +59,25 @@ pub struct Cli {
     /// The largest file `sandbox_read_file` returns and `sandbox_write_file` accepts.
     #[arg(long, value_name = "N", default_value_t = 8 * 1024 * 1024)]
     pub max_file_bytes: u64,
+    /// The most sandboxes one principal (over stdio, the client) may hold at once; a create
+    /// past it is refused with a retryable `sandbox_limit` error.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub max_sandboxes_per_principal: usize,
+    /// The most sandboxes the server holds at once, every principal's together.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub max_sandboxes: usize,
+    /// `--http`: seconds a client has to send a request's headers once the connection is open or
+    /// the request has begun; a connection slower than that is closed.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    pub http_header_timeout: u64,
+    /// `--http`: seconds a connection may stay open with no request in progress before it is
+    /// closed.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub http_idle_timeout: u64,
+    /// `--http`: the most connections open at once that have not yet sent a request with a valid
+    /// token; a connection past it is closed at once.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_unauthenticated_connections: usize,
     /// The server's private state directory, where it keeps its lock (default:
     /// `$XDG_RUNTIME_DIR/sandbox-mcp`, else `sandbox-mcp-<uid>` under the temporary directory).
     /// It must be owned by this user with no access for others; a missing one is made so.
@@ -78,6 +97,16 @@ impl Cli {
         Duration::from_secs(self.ttl.max(1))
     }
 
+    /// The HTTP connection limits.
+    pub fn http_limits(&self) -> HttpLimits {
+        HttpLimits {
+            header_timeout: Duration::from_secs(self.http_header_timeout.max(1)),
+            idle_timeout: Duration::from_secs(self.http_idle_timeout.max(1)),
+            max_unauthenticated: self.max_unauthenticated_connections.max(1),
+            max_request_bytes: request_bytes_for(self.max_file_bytes.max(1)),
+        }
+    }
+
     /// The state directory: `--state-dir`, else the per-user default
     /// ([`sandbox_backends::default_mcp_state_dir`]).
     pub fn state_dir(&self) -> PathBuf {
@@ -86,6 +115,47 @@ impl Cli {
             .unwrap_or_else(sandbox_backends::default_mcp_state_dir)
     }
 }
+/// What `--http` allows a connection: how long it may take and stay idle, how many may be open
+/// unauthenticated, and the largest request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// The longest a request's headers may take to arrive.
+    pub header_timeout: Duration,
+    /// The longest a connection may stay open with no request in progress.
+    pub idle_timeout: Duration,
+    /// The most connections open at once that have not authenticated.
+    pub max_unauthenticated: usize,
+    /// The largest request body (and, over stdio, the longest request line).
+    pub max_request_bytes: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
+            max_unauthenticated: 64,
+            max_request_bytes: request_bytes_for(8 * 1024 * 1024),
+        }
+    }
+}
+
+/// Room for a request's JSON-RPC envelope and its other arguments beside the file content.
+pub const REQUEST_ENVELOPE_BYTES: u64 = 64 * 1024;
+
+/// The largest request that must be accepted for a `sandbox_write_file` of `max_file_bytes`
+/// bytes to reach the tool: the content in base64 (4 characters for every 3 bytes) and the
+/// envelope. The same bytes as UTF-8 text fit whenever JSON escapes them no longer than base64
+/// would (plain text does; text dense in escaped characters should be sent as base64). Never
+/// below the SDK's own default of 4 MiB.
+pub fn request_bytes_for(max_file_bytes: u64) -> usize {
+    let base64 = max_file_bytes.div_ceil(3).saturating_mul(4);
+    let bytes = base64
+        .saturating_add(REQUEST_ENVELOPE_BYTES)
+        .max(4 * 1024 * 1024);
+    usize::try_from(bytes).unwrap_or(usize::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,6 +78,19 @@ impl ToolFailure {
         )
     }
 
+    /// A create past the server's limit on sandboxes held at once: by this principal
+    /// (`per_principal`) or by the whole server. Retryable: a sandbox disposed of (or expired)
+    /// makes room.
+    #[cold]
+    pub fn sandbox_limit(limit: usize, per_principal: bool) -> Self {
+        let message = if per_principal {
+            format!("you already hold {limit} sandboxes, the most this server allows one caller; dispose of one (sandbox_dispose) or try again later")
+        } else {
+            format!("the server already holds {limit} sandboxes, the most it allows; dispose of one of yours (sandbox_dispose) or try again later")
+        };
+        Self::new("sandbox_limit", message, true)
+    }
+
     /// The call was cancelled by the client.
     #[cold]
     pub fn cancelled() -> Self {

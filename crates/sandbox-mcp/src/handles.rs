@@ -12,7 +12,10 @@
 //! ([`HandleTable::take_all`]).
 //!
 //! The table also counts the creates in flight by their keys, so the server's end can wait for
-//! them and dispose of what they made.
+//! them and dispose of what they made, and it holds the server to its limits: a create begins
+//! only while its principal, and the server as a whole, hold fewer sandboxes than the limits
+//! allow (live ones, those being made and those whose disposal has not succeeded all count, as
+//! each holds an instance on the engine).
 //!
 //! The table does no I/O: the server disposes of what it hands back.
 
@@ -66,10 +69,40 @@ pub struct HandleTable {
     undisposed: HashMap<String, Entry>,
     expired: HashMap<String, Principal>,
     expired_order: VecDeque<String>,
-    /// The keys of the sandboxes being created, not bound to a handle yet.
-    creating: Vec<SandboxKey>,
+    /// The keys of the sandboxes being created, not bound to a handle yet, and their principals.
+    creating: Vec<(SandboxKey, Principal)>,
     /// The server is ending: no create may begin.
     ending: bool,
+}
+
+/// How many sandboxes may be held at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxLimits {
+    /// By one principal.
+    pub per_principal: usize,
+    /// By the whole server.
+    pub total: usize,
+}
+
+impl Default for SandboxLimits {
+    fn default() -> Self {
+        SandboxLimits {
+            per_principal: 8,
+            total: 32,
+        }
+    }
+}
+
+/// Why a create may not begin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CreateRefusal {
+    /// The server is ending.
+    Ending,
+    /// The principal holds as many sandboxes as one principal may (the limit).
+    PrincipalLimit(usize),
+    /// The server holds as many sandboxes as it may (the limit).
+    ServerLimit(usize),
 }
 
 /// A fresh handle: `sbx_` and 32 hex digits (128 random bits).
@@ -130,19 +163,50 @@ impl HandleTable {
         handle
     }
 
-    /// Records a create of `key` in flight, until [`end_create`](Self::end_create); false (and
-    /// nothing recorded) once the server is ending.
-    pub fn begin_create(&mut self, key: SandboxKey) -> bool {
+    /// Records a create of `key` for `principal` in flight, until
+    /// [`end_create`](Self::end_create). Refused (and nothing recorded) once the server is
+    /// ending, or when the principal or the server already holds as many sandboxes as `limits`
+    /// allow.
+    pub fn begin_create(
+        &mut self,
+        key: SandboxKey,
+        principal: Principal,
+        limits: SandboxLimits,
+    ) -> Result<(), CreateRefusal> {
         if self.ending {
-            return false;
+            return Err(CreateRefusal::Ending);
         }
-        self.creating.push(key);
-        true
+        let held = self.held_by(&principal);
+        if held >= limits.per_principal {
+            return Err(CreateRefusal::PrincipalLimit(limits.per_principal));
+        }
+        if self.held() >= limits.total {
+            return Err(CreateRefusal::ServerLimit(limits.total));
+        }
+        self.creating.push((key, principal));
+        Ok(())
+    }
+
+    /// Every sandbox the server holds an instance of: live, being made, or not yet disposed of.
+    pub fn held(&self) -> usize {
+        self.live.len() + self.undisposed.len() + self.creating.len()
+    }
+
+    /// The sandboxes `principal` holds, counted as [`held`](Self::held) does.
+    pub fn held_by(&self, principal: &str) -> usize {
+        let owned = |e: &Entry| &*e.principal == principal;
+        self.live.values().filter(|e| owned(e)).count()
+            + self.undisposed.values().filter(|e| owned(e)).count()
+            + self
+                .creating
+                .iter()
+                .filter(|(_, p)| &**p == principal)
+                .count()
     }
 
     /// The create of `key` ended; whatever it made was inserted before.
     pub fn end_create(&mut self, key: &SandboxKey) {
-        if let Some(at) = self.creating.iter().position(|k| k == key) {
+        if let Some(at) = self.creating.iter().position(|(k, _)| k == key) {
             self.creating.swap_remove(at);
         }
     }
@@ -156,6 +220,9 @@ impl HandleTable {
     /// Takes the keys of the creates still in flight (the server is ending without them).
     pub fn take_creating(&mut self) -> Vec<SandboxKey> {
         std::mem::take(&mut self.creating)
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect()
     }
 
     /// The caller's sandbox behind `handle`, marked in use until [`release`](Self::release) (an
@@ -383,16 +450,52 @@ mod tests {
         let mut table = HandleTable::new(Duration::from_secs(60));
         let a = SandboxKey::conversation("s", "a", "x");
         let b = SandboxKey::conversation("s", "b", "x");
-        assert!(table.begin_create(a.clone()));
-        assert!(table.begin_create(b.clone()));
+        let limits = SandboxLimits::default();
+        assert!(table.begin_create(a.clone(), p("x"), limits).is_ok());
+        assert!(table.begin_create(b.clone(), p("x"), limits).is_ok());
         table.end_create(&a);
         assert_eq!(table.close_creates(), 1);
-        assert!(
-            !table.begin_create(a),
+        assert_eq!(
+            table.begin_create(a, p("x"), limits),
+            Err(CreateRefusal::Ending),
             "no create begins once the server ends"
         );
         assert_eq!(table.take_creating(), vec![b]);
         assert_eq!(table.close_creates(), 0);
+    }
+
+    #[tokio::test]
+    async fn creates_past_the_limits_are_refused_counting_every_instance_held() {
+        let mut table = HandleTable::new(Duration::from_secs(60));
+        let limits = SandboxLimits {
+            per_principal: 2,
+            total: 3,
+        };
+        let key = |t: &str| SandboxKey::conversation("s", t, "x");
+        // Alice: one live, one being made; a third is hers too many.
+        let h = table.insert(p("alice"), key("a1"), "k".into(), sandbox().await, vec![]);
+        assert_eq!(table.begin_create(key("a2"), p("alice"), limits), Ok(()));
+        assert_eq!(
+            table.begin_create(key("a3"), p("alice"), limits),
+            Err(CreateRefusal::PrincipalLimit(2))
+        );
+        // Bob's one brings the server to its total; his second is refused by the total.
+        assert_eq!(table.begin_create(key("b1"), p("bob"), limits), Ok(()));
+        assert_eq!(
+            table.begin_create(key("b2"), p("bob"), limits),
+            Err(CreateRefusal::ServerLimit(3))
+        );
+        // A sandbox whose disposal has not succeeded still holds its place.
+        assert!(table.begin_disposal("alice", &h).is_some());
+        assert_eq!(
+            table.begin_create(key("a3"), p("alice"), limits),
+            Err(CreateRefusal::PrincipalLimit(2))
+        );
+        table.disposed(&h);
+        table.end_create(&key("b1"));
+        assert_eq!(table.held(), 1);
+        assert_eq!(table.begin_create(key("a3"), p("alice"), limits), Ok(()));
+        assert_eq!(table.held_by("alice"), 2);
     }
 
     #[tokio::test(start_paused = true)]

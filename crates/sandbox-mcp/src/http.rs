@@ -6,6 +6,15 @@
 //! `Host` and `Origin` checks (against DNS rebinding and browser pages) are rmcp's own, given
 //! the bound address and the configured origins.
 //!
+//! Connections are bounded before any request runs ([`HttpLimits`]): a connection that has not
+//! yet sent a request with a valid token counts against a cap on unauthenticated connections,
+//! and one past the cap is closed as soon as it is accepted; a request's headers must arrive
+//! within the header timeout; a connection with no request in progress for the idle timeout is
+//! closed (a response still streaming, such as a long call's event stream, is a request in
+//! progress). So a peer without a token holds at most the cap's descriptors, for a bounded time,
+//! and the authenticated principals are still served. Request bodies are capped at the size a
+//! file of `--max-file-bytes` needs as base64 ([`crate::config::request_bytes_for`]).
+//!
 //! A session (`Mcp-Session-Id`) belongs to the principal whose `initialize` opened it. A request
 //! that names a session its principal did not open, another's or one never made, is answered 404
 //! as an unknown session before rmcp sees it: it cannot post into the session (a call, a
@@ -14,7 +23,10 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -25,8 +37,11 @@ use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::SessionManager as _;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::config::HttpLimits;
 use crate::handles::Principal;
 use crate::tools::{HttpPrincipal, SandboxServer, Shared};
 
@@ -134,6 +149,9 @@ async fn bearer(State(tokens): State<Arc<Tokens>>, mut request: Request, next: N
         .and_then(|v| v.to_str().ok());
     match tokens.principal(header) {
         Some(principal) => {
+            if let Some(ConnectionRef(connection)) = request.extensions().get::<ConnectionRef>() {
+                connection.authenticated();
+            }
             request.extensions_mut().insert(HttpPrincipal(principal));
             next.run(request).await
         }
@@ -239,32 +257,129 @@ async fn owned_session(
     response
 }
 
-/// Serves `/mcp` on `listener` until `stop` is cancelled.
+/// One accepted connection's standing.
+#[derive(Debug)]
+struct Connection {
+    /// Its place among the unauthenticated connections, held until a request on it carries a
+    /// valid token.
+    unauthenticated: Mutex<Option<OwnedSemaphorePermit>>,
+    /// Requests in progress, their responses' bodies included.
+    in_flight: AtomicUsize,
+    /// When the last request ended (or the connection opened).
+    idle_since: Mutex<Instant>,
+}
+
+impl Connection {
+    fn new(permit: OwnedSemaphorePermit) -> Self {
+        Connection {
+            unauthenticated: Mutex::new(Some(permit)),
+            in_flight: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// A request on it carried a valid token: it no longer counts against the cap.
+    fn authenticated(&self) {
+        self.unauthenticated
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+
+    /// How long it has had no request in progress; zero while one is.
+    fn idle_for(&self) -> std::time::Duration {
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return std::time::Duration::ZERO;
+        }
+        self.idle_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
+    }
+}
+
+/// The connection a request arrived on, in the request's extensions for the bearer check.
+#[derive(Debug, Clone)]
+struct ConnectionRef(Arc<Connection>);
+
+/// One request in progress on a connection, until its response body is done or dropped.
+#[derive(Debug)]
+struct InFlight(Arc<Connection>);
+
+impl InFlight {
+    fn begin(connection: &Arc<Connection>) -> Self {
+        connection.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(connection.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        *self.0.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A response body that keeps its request in progress until it ends.
+struct Tracked {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The `Host` headers a server bound to `addr` accepts: its address and `localhost`, each on
+/// the bound port only, and the operator's own.
+fn allowed_hosts(addr: SocketAddr, extra: Vec<String>) -> Vec<String> {
+    let mut hosts = vec![addr.to_string(), format!("localhost:{}", addr.port())];
+    if addr.ip().is_unspecified() {
+        // Bound to every interface: the loopback addresses name it too.
+        hosts.push(format!("127.0.0.1:{}", addr.port()));
+        hosts.push(format!("[::1]:{}", addr.port()));
+    }
+    hosts.extend(extra);
+    hosts
+}
+
+/// Serves `/mcp` on `listener` until `stop` is cancelled, within `limits`.
 ///
 /// # Errors
 /// The listener's I/O failure.
 ///
 /// # Cancel safety and drop
-/// Dropping the future stops serving; in-flight tool calls are dropped, which kills their
-/// commands.
+/// Dropping the future stops accepting; the connections already open end with `stop` (their
+/// tool calls are dropped, which kills their commands).
 pub async fn serve(
     shared: Arc<Shared>,
     tokens: Tokens,
     listener: tokio::net::TcpListener,
     allowed_origins: Vec<String>,
     extra_hosts: Vec<String>,
+    limits: HttpLimits,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
-    let mut hosts = vec![
-        addr.to_string(),
-        format!("localhost:{}", addr.port()),
-        addr.ip().to_string(),
-        "localhost".to_owned(),
-    ];
-    hosts.extend(extra_hosts);
     let mut config = StreamableHttpServerConfig::default()
-        .with_allowed_hosts(hosts)
+        .with_allowed_hosts(allowed_hosts(addr, extra_hosts))
+        .with_max_request_body_bytes(limits.max_request_bytes)
         .with_cancellation_token(stop.child_token());
     config = if allowed_origins.is_empty() {
         config.enforce_origin_validation()
@@ -286,9 +401,91 @@ pub async fn serve(
             Arc::new(tokens),
             bearer,
         ));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
+    let unauthenticated = Arc::new(Semaphore::new(limits.max_unauthenticated));
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = stop.cancelled() => return Ok(()),
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, or a connection reset before it was accepted: the
+                // listener itself is fine; pause so a full table is not spun on.
+                tracing::debug!("accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Past the cap, the connection is closed before anything of it is read.
+        let Ok(permit) = unauthenticated.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let connection = Arc::new(Connection::new(permit));
+        tokio::spawn(serve_connection(
+            stream,
+            app.clone(),
+            connection,
+            limits,
+            stop.clone(),
+        ));
+    }
+}
+
+/// Serves one connection until its client closes it, it stays idle past the limit, or `stop`.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    app: axum::Router,
+    connection: Arc<Connection>,
+    limits: HttpLimits,
+    stop: CancellationToken,
+) {
+    let service = {
+        let connection = connection.clone();
+        hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            let in_flight = InFlight::begin(&connection);
+            request
+                .extensions_mut()
+                .insert(ConnectionRef(connection.clone()));
+            let mut app = app.clone();
+            async move {
+                let response =
+                    tower_service::Service::call(&mut app, request.map(Body::new)).await?;
+                Ok::<_, std::convert::Infallible>(response.map(|body| Tracked {
+                    body,
+                    _in_flight: in_flight,
+                }))
+            }
+        })
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let served = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tokio::pin!(served);
+    let tick = (limits.idle_timeout / 4).clamp(
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_secs(1),
+    );
+    loop {
+        tokio::select! {
+            _ = served.as_mut() => return,
+            () = tokio::time::sleep(tick) => {
+                // Idle past the limit: dropping the connection closes it (nothing is in
+                // progress on it).
+                if connection.idle_for() >= limits.idle_timeout {
+                    return;
+                }
+            }
+            () = stop.cancelled() => {
+                served.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(5), served.as_mut()).await;
+                return;
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ pub mod http;
 pub mod liveness;
 pub mod output;
 pub mod state_dir;
+pub mod stdio;
 pub mod tools;
 
 pub use config::Cli;

@@ -10,6 +10,7 @@ use clap::Parser;
 use rmcp::ServiceExt;
 use sandbox_mcp::http::Tokens;
 use sandbox_mcp::liveness::Liveness;
+use sandbox_mcp::stdio::BoundedLines;
 use sandbox_mcp::{Cli, SandboxServer, Settings, Shared};
 use tokio_util::sync::CancellationToken;
 
@@ -93,6 +94,7 @@ async fn run(cli: Cli) -> ExitCode {
                 listener,
                 cli.allow_origins.clone(),
                 cli.allow_host_headers.clone(),
+                cli.http_limits(),
                 stop.clone(),
             );
             tokio::select! {
@@ -101,10 +103,14 @@ async fn run(cli: Cli) -> ExitCode {
             }
         }
         _ => {
-            let service = match SandboxServer::new(shared.clone())
-                .serve(rmcp::transport::stdio())
-                .await
-            {
+            // A request over the limit is answered with an error, not dropped unanswered.
+            let max_line = cli.http_limits().max_request_bytes;
+            let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(
+                BoundedLines::new(tokio::io::stdin(), max_line),
+                tokio::io::stdout(),
+            )
+            .with_max_line_length(max_line.saturating_add(64 * 1024));
+            let service = match SandboxServer::new(shared.clone()).serve(transport).await {
                 Ok(s) => s,
                 Err(e) => return fail("stdio", &e),
             };

@@ -3,6 +3,12 @@
 //! A guest may print without end; the server keeps at most a fixed number of bytes per stream
 //! whatever it prints: the first half of the budget as it arrives, and the last half in a ring
 //! that forgets the oldest bytes. The bytes between are counted, never held.
+//!
+//! What it hands back as text is safe to show on a terminal: a guest's output may carry
+//! terminal control sequences (a window title or clipboard write, a screen clear, a bare `\r`
+//! that hides what came before on the line), and a model's host may show the text to a person.
+//! Every control character other than `\n` and `\t` is written as a visible `\xNN` escape, and
+//! the caller is told whether any was ([`escape_controls`]).
 
 use std::collections::VecDeque;
 
@@ -62,18 +68,25 @@ impl HeadTail {
         self.total > (self.head.len() + self.tail.len()) as u64
     }
 
-    /// The kept bytes as text (invalid UTF-8 replaced). When bytes were dropped, a marker saying
-    /// how many stands between the head and the tail.
+    /// The kept bytes as text (invalid UTF-8 replaced, control characters escaped as
+    /// [`escape_controls`] does). When bytes were dropped, a marker saying how many stands
+    /// between the head and the tail.
     pub fn text(&self) -> String {
-        let head = String::from_utf8_lossy(&self.head);
+        self.escaped_text().0
+    }
+
+    /// [`text`](Self::text), and whether a control character was escaped in it.
+    pub fn escaped_text(&self) -> (String, bool) {
+        let (head, head_escaped) = escape_controls(&String::from_utf8_lossy(&self.head));
         let tail: Vec<u8> = self.tail.iter().copied().collect();
-        let tail = String::from_utf8_lossy(&tail);
-        if self.truncated() {
+        let (tail, tail_escaped) = escape_controls(&String::from_utf8_lossy(&tail));
+        let text = if self.truncated() {
             let dropped = self.total - (self.head.len() + self.tail.len()) as u64;
             format!("{head}\n[... {dropped} bytes omitted ...]\n{tail}")
         } else {
             format!("{head}{tail}")
-        }
+        };
+        (text, head_escaped || tail_escaped)
     }
 
     /// Bytes held (for the memory bound's tests).
@@ -119,8 +132,35 @@ impl LastLine {
         } else {
             &self.current
         };
-        (!line.is_empty()).then(|| String::from_utf8_lossy(line).trim_end().to_owned())
+        (!line.is_empty()).then(|| {
+            escape_controls(String::from_utf8_lossy(line).trim_end())
+                .0
+                .trim_end()
+                .to_owned()
+        })
     }
+}
+
+/// `text` with every control character (Unicode `Cc`: C0, DEL and C1) other than `\n` and `\t`
+/// written as `\xNN`, and whether there was one. A backslash already in the text is left as it
+/// is: the escape makes the text harmless to display, not reversible.
+pub fn escape_controls(text: &str) -> (String, bool) {
+    if !text.chars().any(is_escaped) {
+        return (text.to_owned(), false);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if is_escaped(c) {
+            out.push_str(&format!("\\x{:02x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    (out, true)
+}
+
+fn is_escaped(c: char) -> bool {
+    c.is_control() && c != '\n' && c != '\t'
 }
 
 #[cfg(test)]
@@ -175,6 +215,37 @@ mod tests {
             c.push(&[*b]);
         }
         assert_eq!(c.text(), "ab\n[... 6 bytes omitted ...]\nij");
+    }
+
+    #[test]
+    fn terminal_control_sequences_are_escaped_and_flagged() {
+        // An OSC title, an OSC 52 clipboard write, a screen clear, a bare carriage return, a
+        // C1 CSI and DEL; newlines and tabs stay as they are.
+        let raw = "a\x1b]0;title\x07b\x1b]52;c;aGk=\x1b\\c\x1b[2J\x1b[Hd\rover\u{9b}31me\x7f\tf\n";
+        let mut c = HeadTail::new(1024);
+        c.push(raw.as_bytes());
+        let (text, escaped) = c.escaped_text();
+        assert!(escaped);
+        assert!(!text.chars().any(is_escaped), "{text:?}");
+        assert_eq!(
+            text,
+            "a\\x1b]0;title\\x07b\\x1b]52;c;aGk=\\x1b\\c\\x1b[2J\\x1b[Hd\\x0dover\\x9b31me\\x7f\tf\n"
+        );
+        let mut plain = HeadTail::new(1024);
+        plain.push("tabs\tand\nlines, é\n".as_bytes());
+        assert_eq!(
+            plain.escaped_text(),
+            ("tabs\tand\nlines, é\n".to_owned(), false)
+        );
+        // Both halves of a truncated stream are escaped.
+        let mut cut = HeadTail::new(4);
+        cut.push(b"\x1bxxxxxxxx\x1b");
+        let (text, escaped) = cut.escaped_text();
+        assert!(escaped && !text.contains('\x1b'), "{text:?}");
+        // Progress lines too.
+        let mut l = LastLine::default();
+        l.push(b"50%\r\x1b[2K60%");
+        assert_eq!(l.latest().as_deref(), Some("50%\\x0d\\x1b[2K60%"));
     }
 
     #[test]

@@ -183,11 +183,14 @@ pub async fn run_exec(
             }
         }
     };
+    let (stdout_text, stdout_escaped) = stdout.escaped_text();
+    let (stderr_text, stderr_escaped) = stderr.escaped_text();
     Ok(ExecResult {
         exit_code,
         timed_out,
-        stdout: stdout.text(),
-        stderr: stderr.text(),
+        stdout: stdout_text,
+        stderr: stderr_text,
+        control_escaped: stdout_escaped || stderr_escaped,
         stdout_truncated: stdout.truncated(),
         stderr_truncated: stderr.truncated(),
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),

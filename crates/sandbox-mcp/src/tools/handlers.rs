@@ -6,7 +6,9 @@ use std::sync::Arc;
 use base64::Engine as _;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
-use rmcp::model::{Implementation, ServerCapabilities, ServerConfig, ToolAnnotations};
+use rmcp::model::{
+    CustomRequest, CustomResult, Implementation, ServerCapabilities, ServerConfig, ToolAnnotations,
+};
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{tool, tool_handler, tool_router, ServerHandler};
 use sandbox_core::{Egress, EntryKind, SandboxError, SandboxSpec};
@@ -58,6 +60,16 @@ fn within(server: &[String], host: &str) -> bool {
     })
 }
 
+/// `sandbox_write_file`'s description, with the server's own limits: the file size, and the
+/// request size the transport accepts (derived from it, so a file within the limit always fits
+/// as base64).
+fn write_description(settings: &super::Settings) -> String {
+    format!(
+        "Write a file in a sandbox (content as utf8 text, or base64 for any bytes); parent directories are made. The file may be at most {} bytes. The whole request may be at most {} bytes, which any file within the limit fits as base64; text that JSON must escape heavily (control characters) is safer sent as base64.",
+        settings.max_file_bytes, settings.max_request_bytes
+    )
+}
+
 fn check_kind(kind: &str) -> Result<(), ToolFailure> {
     let ok = !kind.is_empty()
         && kind.len() <= 32
@@ -86,6 +98,19 @@ impl SandboxServer {
                     .destructive(true)
                     .idempotent(false)
                     .open_world(open),
+            );
+        }
+        let settings = shared.settings();
+        if let Some(route) = tool_router.map.get_mut("sandbox_write_file") {
+            route.attr.description = Some(write_description(settings).into());
+        }
+        if let Some(route) = tool_router.map.get_mut("sandbox_read_file") {
+            route.attr.description = Some(
+                format!(
+                    "Read a file from a sandbox. Text comes back as utf8, other bytes as base64. At most {} bytes are returned (the server's limit); a larger file is cut and flagged truncated.",
+                    settings.max_file_bytes
+                )
+                .into(),
             );
         }
         SandboxServer {
@@ -426,6 +451,28 @@ impl SandboxServer {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SandboxServer {
+    /// The stand-in for a stdio request over the line limit ([`crate::stdio`]) is answered with
+    /// the error that names the limit; any other method is unknown.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, rmcp::ErrorData> {
+        if request.method == crate::stdio::TOO_LARGE_METHOD {
+            let limit = request
+                .params
+                .as_ref()
+                .and_then(|p| p.get("limit"))
+                .and_then(serde_json::Value::as_u64);
+            return Err(crate::stdio::too_large(limit));
+        }
+        Err(rmcp::ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            request.method,
+            None,
+        ))
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("sandbox-mcp", env!("CARGO_PKG_VERSION")))

@@ -72,6 +72,9 @@ pub struct ExecResult {
     pub stdout: String,
     /// Its standard error (head and tail when truncated).
     pub stderr: String,
+    /// Whether a control character other than newline and tab (a terminal escape sequence, a
+    /// bare carriage return) was written in stdout or stderr as a visible `\xNN` escape.
+    pub control_escaped: bool,
     /// Whether stdout was cut.
     pub stdout_truncated: bool,
     /// Whether stderr was cut.

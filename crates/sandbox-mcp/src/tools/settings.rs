@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::config::Cli;
+use crate::handles::SandboxLimits;
 
 /// What the server is configured with, as the tools need it.
 #[derive(Debug, Clone)]
@@ -21,6 +22,10 @@ pub struct Settings {
     pub max_output_bytes: u64,
     /// Bounds.
     pub max_file_bytes: u64,
+    /// How many sandboxes a principal, and the server, may hold at once.
+    pub limits: SandboxLimits,
+    /// The largest request the transport accepts (derived from `max_file_bytes`).
+    pub max_request_bytes: usize,
     /// Whether the server serves HTTP (principal from the request) or stdio.
     pub http: bool,
 }
@@ -36,6 +41,11 @@ impl Settings {
             max_timeout: Duration::from_secs(cli.max_timeout.max(1)),
             max_output_bytes: cli.max_output_bytes.max(1),
             max_file_bytes: cli.max_file_bytes.max(1),
+            limits: SandboxLimits {
+                per_principal: cli.max_sandboxes_per_principal.max(1),
+                total: cli.max_sandboxes.max(1),
+            },
+            max_request_bytes: cli.http_limits().max_request_bytes,
             http: cli.http.is_some(),
         }
     }

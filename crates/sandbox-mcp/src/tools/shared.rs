@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::settings::Settings;
 use crate::errors::ToolFailure;
-use crate::handles::{Entry, HandleTable, Lookup, Principal};
+use crate::handles::{CreateRefusal, Entry, HandleTable, Lookup, Principal};
 use crate::liveness::Liveness;
 
 /// The state every connection of one server shares.
@@ -90,7 +90,8 @@ impl Shared {
     ///
     /// # Errors
     /// The backend's refusal or failure, as the model may read it; `shutting_down` once the
-    /// server is ending.
+    /// server is ending; a retryable `sandbox_limit` when the principal or the server holds as
+    /// many sandboxes as it may.
     ///
     /// # Cancel safety and drop
     /// The sandbox is made in a task of its own, counted in the table from before it starts
@@ -105,8 +106,16 @@ impl Shared {
         egress: Vec<String>,
     ) -> Result<(String, Duration), ToolFailure> {
         let key = self.new_key(&principal);
-        if !self.table().begin_create(key.clone()) {
-            return Err(ToolFailure::shutting_down());
+        let began = self
+            .table()
+            .begin_create(key.clone(), principal.clone(), self.settings.limits);
+        match began {
+            Ok(()) => {}
+            Err(CreateRefusal::Ending) => return Err(ToolFailure::shutting_down()),
+            Err(CreateRefusal::PrincipalLimit(n)) => {
+                return Err(ToolFailure::sandbox_limit(n, true))
+            }
+            Err(CreateRefusal::ServerLimit(n)) => return Err(ToolFailure::sandbox_limit(n, false)),
         }
         let creating = Creating {
             shared: Arc::clone(self),

@@ -32,6 +32,10 @@ fn private_dir() -> tempfile::TempDir {
 }
 
 async fn serve() -> Served {
+    serve_with(crate::handles::SandboxLimits::default()).await
+}
+
+async fn serve_with(limits: crate::handles::SandboxLimits) -> Served {
     let fake = Arc::new(FakeBackend::new("fake", Isolation::Microvm));
     let backend: Arc<dyn SandboxBackend> = fake.clone();
     let router = Router::new(vec![backend], RouterConfig::default()).unwrap();
@@ -44,6 +48,8 @@ async fn serve() -> Served {
         max_timeout: Duration::from_secs(60),
         max_output_bytes: 1 << 20,
         max_file_bytes: 1 << 20,
+        limits,
+        max_request_bytes: crate::config::request_bytes_for(1 << 20),
         http: false,
     };
     let liveness = Liveness::start(state.path()).unwrap();
@@ -242,4 +248,88 @@ async fn the_sweep_disposes_only_of_what_ended_servers_left() {
         .collect();
     want.sort();
     assert_eq!(left, want);
+}
+
+#[tokio::test]
+async fn creates_past_the_limit_are_refused_with_a_retryable_error_until_one_is_disposed_of() {
+    let served = serve_with(crate::handles::SandboxLimits {
+        per_principal: 2,
+        total: 10,
+    })
+    .await;
+    // Three at once: two are made, the third is refused, and no third instance is asked for.
+    served
+        .fake
+        .update_faults(|f| f.acquire_delay = Some(Duration::from_millis(200)));
+    let (a, b, c) = tokio::join!(
+        call(&served.client, "sandbox_create", json!({})),
+        call(&served.client, "sandbox_create", json!({})),
+        call(&served.client, "sandbox_create", json!({})),
+    );
+    let (made, refused): (Vec<_>, Vec<_>) = [a, b, c]
+        .into_iter()
+        .partition(|r| r.is_error != Some(true));
+    assert_eq!((made.len(), refused.len()), (2, 1), "{made:?} {refused:?}");
+    let error = &refused[0].structured_content.as_ref().unwrap()["error"];
+    assert_eq!(error["kind"], "sandbox_limit", "{error}");
+    assert_eq!(error["retryable"], true, "{error}");
+    assert!(error["message"].as_str().unwrap().contains('2'), "{error}");
+    assert_eq!(served.fake.acquire_calls(), 2);
+    assert_eq!(served.fake.instances().len(), 2);
+    // A disposal makes room.
+    let handle = made[0].structured_content.as_ref().unwrap()["sandbox"].clone();
+    ok(
+        &served.client,
+        "sandbox_dispose",
+        json!({ "sandbox": handle }),
+    )
+    .await;
+    ok(&served.client, "sandbox_create", json!({})).await;
+    assert_eq!(served.fake.instances().len(), 2);
+}
+
+#[tokio::test]
+async fn terminal_control_characters_in_output_are_escaped_and_flagged() {
+    let served = serve().await;
+    let made = ok(&served.client, "sandbox_create", json!({})).await;
+    let handle = made["sandbox"].as_str().unwrap().to_owned();
+    let raw = "\u{1b}]0;owned\u{7}\u{1b}[2Jvisible\rhidden\tok\n";
+    ok(
+        &served.client,
+        "sandbox_write_file",
+        json!({ "sandbox": handle, "path": "t", "content": raw }),
+    )
+    .await;
+    let ran = ok(
+        &served.client,
+        "sandbox_exec",
+        json!({ "sandbox": handle, "command": "cat t" }),
+    )
+    .await;
+    assert_eq!(
+        ran["stdout"], "\\x1b]0;owned\\x07\\x1b[2Jvisible\\x0dhidden\tok\n",
+        "{ran}"
+    );
+    assert_eq!(ran["control_escaped"], true, "{ran}");
+    let plain = ok(
+        &served.client,
+        "sandbox_exec",
+        json!({ "sandbox": handle, "argv": ["echo", "plain"] }),
+    )
+    .await;
+    assert_eq!(plain["control_escaped"], false, "{plain}");
+}
+
+#[tokio::test]
+async fn the_write_tool_states_the_file_and_request_limits() {
+    let served = serve().await;
+    let tools = served.client.list_all_tools().await.unwrap();
+    let write = tools
+        .iter()
+        .find(|t| t.name == "sandbox_write_file")
+        .unwrap();
+    let text = write.description.as_deref().unwrap();
+    let request = crate::config::request_bytes_for(1 << 20);
+    assert!(text.contains(&(1u64 << 20).to_string()), "{text}");
+    assert!(text.contains(&request.to_string()), "{text}");
 }

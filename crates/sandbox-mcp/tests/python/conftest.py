@@ -128,14 +128,14 @@ def free_port():
 
 
 class HttpServer:
-    def __init__(self):
+    def __init__(self, extra=(), preexec_fn=None):
         self.port = free_port()
         tokens = RUN_DIR / "tokens"
         tokens.write_text(f"# test principals\n{TOKEN_A} alice\n{TOKEN_B} bob\n")
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.proc = subprocess.Popen(
-            [BIN, *server_args(["--http", f"127.0.0.1:{self.port}", "--token-file", str(tokens)])],
-            env=server_env(), stdin=subprocess.DEVNULL, stderr=sys.stderr,
+            [BIN, *server_args(["--http", f"127.0.0.1:{self.port}", "--token-file", str(tokens), *extra])],
+            env=server_env(), stdin=subprocess.DEVNULL, stderr=sys.stderr, preexec_fn=preexec_fn,
         )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -161,7 +161,9 @@ def nothing_left_at_the_end():
 
 @pytest.fixture(scope="session")
 def http_server():
-    server = HttpServer()
+    # The cases share this server and leave sandboxes to its end; the limits on sandboxes held
+    # are tested on servers of their own.
+    server = HttpServer(["--max-sandboxes-per-principal", "100", "--max-sandboxes", "200"])
     yield server
     server.stop()
     assert engine_sandboxes() == [], "the HTTP server left sandboxes at its end"

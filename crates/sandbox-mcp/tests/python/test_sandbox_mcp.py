@@ -7,9 +7,11 @@ import base64
 import json
 import os
 import re
+import resource
 import secrets
 import select
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -22,8 +24,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND
 
 from conftest import (
-    BACKEND, BIN, RUN_DIR, SCOPE, TOKEN_A, TOKEN_B, StdioLines, backend_args, connect,
-    crash_after_create, engine_sandboxes, server_args, server_env,
+    BACKEND, BIN, RUN_DIR, SCOPE, TOKEN_A, TOKEN_B, HttpServer, StdioLines, backend_args,
+    connect, crash_after_create, engine_sandboxes, server_args, server_env,
 )
 
 pytestmark = pytest.mark.anyio
@@ -593,3 +595,136 @@ if BACKEND == "docker":
                 landed = True
                 break
         assert landed, "every create finished before the signal"
+
+
+async def test_sandboxes_are_limited_per_principal_and_in_total():
+    server = HttpServer(["--max-sandboxes-per-principal", "2", "--max-sandboxes", "3"])
+    before = {s["instance_id"] for s in engine_sandboxes()}
+    try:
+        async with connect("http", server, token=TOKEN_A) as alice, \
+                connect("http", server, token=TOKEN_B) as bob:
+            # Three creates at once by one principal: two are made, the third refused.
+            results = await asyncio.gather(*(call(alice, "sandbox_create") for _ in range(3)))
+            made = [r.structured_content["sandbox"] for r in results if not r.is_error]
+            refused = [r.structured_content["error"] for r in results if r.is_error]
+            assert len(made) == 2 and len(refused) == 1, results
+            assert refused[0]["kind"] == "sandbox_limit" and refused[0]["retryable"] is True, refused
+            assert "dispose" in refused[0]["message"], refused
+            # Another principal fills the server's total; past it, the server's own refusal.
+            await create(bob)
+            err = await failed(bob, "sandbox_create", {}, "sandbox_limit")
+            assert err["retryable"] is True and "server" in err["message"], err
+            assert len({s["instance_id"] for s in engine_sandboxes()} - before) == 3
+            # A disposal makes room, as the retryable error promised.
+            await ok(alice, "sandbox_dispose", {"sandbox": made[0]})
+            box = await create(bob)
+            assert (await sh(bob, box, "echo room"))["stdout"] == "room\n"
+            assert len({s["instance_id"] for s in engine_sandboxes()} - before) == 3
+    finally:
+        server.stop()
+    assert not ({s["instance_id"] for s in engine_sandboxes()} - before), "the server left sandboxes"
+
+
+async def test_terminal_control_characters_are_escaped_and_flagged(open_client):
+    async with open_client() as client:
+        box = await create(client)
+        out = await sh(client, box, r"printf '\033]0;title\007\033]52;c;aGk=\007\033[2Jshown\rhidden\tok\n'")
+        assert out["stdout"] == "\\x1b]0;title\\x07\\x1b]52;c;aGk=\\x07\\x1b[2Jshown\\x0dhidden\tok\n", out
+        assert out["control_escaped"] is True, out
+        plain = await sh(client, box, "echo plain")
+        assert plain["control_escaped"] is False, plain
+
+
+async def test_a_stdio_request_over_the_line_limit_is_answered_with_an_error():
+    await asyncio.to_thread(oversized_stdio_request)
+
+
+def oversized_stdio_request():
+    # Past the SDK's own 16 MiB line limit, where a request used to get no answer at all.
+    server = StdioLines(server_args())
+    try:
+        server.initialize()
+        content = "x" * (17 * 1024 * 1024)
+        server.send({"id": 7, "method": "tools/call", "params": {
+            "name": "sandbox_write_file",
+            "arguments": {"sandbox": "sbx_none", "path": "big", "content": content},
+        }})
+        answer = server.answer(7)
+        assert answer["error"]["code"] == -32600, answer
+        assert "limit" in answer["error"]["message"], answer
+        # The server reads on.
+        server.send({"id": 8, "method": "ping"})
+        assert "result" in server.answer(8)
+    finally:
+        server.close()
+
+
+def flood(port, count):
+    """`count` connections without a token, every other one with headers begun and never
+    ended; returns them and how many the server closed at once."""
+    socks = []
+    for i in range(count):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if i % 2:
+            s.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        socks.append(s)
+    return socks
+
+
+def closed(sock, within):
+    sock.settimeout(within)
+    try:
+        return sock.recv(1024) == b""
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
+async def test_a_flood_of_unauthenticated_connections_is_capped_and_timed_out():
+    # The server's descriptor limit is low, so a flood it kept would leave it none to serve with.
+    def low_fd_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    cap = 32
+    server = HttpServer([
+        "--max-unauthenticated-connections", str(cap),
+        "--http-header-timeout", "2", "--http-idle-timeout", "3",
+    ], preexec_fn=low_fd_limit)
+    before = {s["instance_id"] for s in engine_sandboxes()}
+    socks = []
+    try:
+        socks = await asyncio.to_thread(flood, server.port, 400)
+        at_once = sum(await asyncio.to_thread(lambda: [closed(s, 0.02) for s in socks]))
+        assert at_once >= 400 - cap, f"only {at_once} of 400 were closed at once"
+        started = time.monotonic()
+        still = await asyncio.to_thread(lambda: [s for s in socks if not closed(s, 6)])
+        assert not still and time.monotonic() - started < 6, f"{len(still)} stayed open"
+        # The flood's sockets are still open on this side; the server serves a principal.
+        async with connect("http", server, token=TOKEN_A) as alice:
+            box = await create(alice)
+            assert (await sh(alice, box, "echo served"))["stdout"] == "served\n"
+            await ok(alice, "sandbox_dispose", {"sandbox": box})
+    finally:
+        for s in socks:
+            s.close()
+        server.stop()
+    assert not ({s["instance_id"] for s in engine_sandboxes()} - before)
+
+
+if BACKEND == "docker":
+
+    async def test_a_command_that_kills_what_runs_it_is_not_retryable():
+        # The base image's calls run under the exec init, the command's parent. Killing it ends
+        # the call with a status that is not the command's; the sandbox is retired, and trying
+        # the call again would only do the same.
+        async with connect("stdio") as client:
+            box = await create(client)
+            err = await failed(client, "sandbox_exec",
+                               {"sandbox": box, "command": "sleep 902 & kill -9 $PPID; sleep 30"},
+                               "sandbox_gone")
+            assert err["retryable"] is False, err
+            assert "create a new sandbox" in err["message"], err
+            again = await failed(client, "sandbox_exec", {"sandbox": box, "command": "true"}, "sandbox_gone")
+            assert again["retryable"] is False, again
+            await ok(client, "sandbox_dispose", {"sandbox": box})
