@@ -55,7 +55,8 @@ async fn server(limits: HttpLimits, max_file_bytes: u64) -> Server {
         max_request_bytes: limits.max_request_bytes,
         http: true,
     };
-    let liveness = Liveness::start(state.path()).unwrap();
+    // The server makes its state directory private itself; a tempdir is world-readable.
+    let liveness = Liveness::start(&state.path().join("state")).unwrap();
     let shared = Shared::new(router, settings, liveness, Duration::from_secs(600));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
