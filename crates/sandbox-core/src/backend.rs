@@ -111,6 +111,28 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
             "this backend does not declare reclaim".into(),
         ))
     }
+
+    /// Returns the sandbox to its state when it was acquired, under the same key (`snapshot`):
+    /// every file made or changed since, and every process started since, is gone; the image's
+    /// files and the storage base are as the acquire left them.
+    ///
+    /// The returned handle serves the reset sandbox. A backend may reset in place (the same
+    /// instance id) or replace the instance (a new id, as after any replacement); after a
+    /// replacement this handle names an instance that no longer exists.
+    ///
+    /// # Errors
+    /// The default refuses with [`SandboxError::CapabilityNotSupported`]: a backend declares
+    /// `snapshot` only where it implements this. An engine failure mid-reset leaves the key with
+    /// no sandbox or a reset one, never a half-reset one served as reset.
+    ///
+    /// # Cancel safety and drop
+    /// Dropping the future never leaves a half-made instance behind: its removal runs in a task
+    /// the caller cannot cancel.
+    async fn reset(&self) -> Result<Arc<dyn Sandbox>, SandboxError> {
+        Err(SandboxError::CapabilityNotSupported(
+            "this backend does not declare snapshot: it cannot reset a sandbox".into(),
+        ))
+    }
 }
 
 /// The state of a listed sandbox.
@@ -227,5 +249,34 @@ pub trait SandboxBackend: Send + Sync + std::fmt::Debug {
     /// Dropping the future drops any engine request in flight; nothing is changed.
     async fn host_state_roots(&self) -> Result<Vec<String>, SandboxError> {
         Ok(Vec::new())
+    }
+
+    /// Makes a new sandbox of `spec`'s kind under `target`, a key the caller names, whose files
+    /// are those of `source`'s sandbox of that kind at this moment (`snapshot`). `spec` is the one
+    /// the source was acquired with; the fork is acquired with it, so a later acquire of `target`
+    /// with the same spec finds the fork. What else is copied (memory, processes) is the
+    /// backend's declaration; the fork and the source change independently afterwards, and the
+    /// fork is a new instance (its own instance id).
+    ///
+    /// # Errors
+    /// The default refuses with [`SandboxError::CapabilityNotSupported`]. A backend refuses, as
+    /// [`SandboxError::InvalidArgument`], a `target` that already has a sandbox of the kind, a
+    /// `target` equal to `source`, and a `source` without one.
+    ///
+    /// # Cancel safety and drop
+    /// A fork that fails or is dropped leaves no sandbox under `target` that a later acquire
+    /// would serve as a fork; what it made is found by the next disposal of `target` or its
+    /// conversation.
+    async fn fork(
+        &self,
+        source: &SandboxKey,
+        spec: &SandboxSpec,
+        target: &SandboxKey,
+    ) -> Result<Arc<dyn Sandbox>, SandboxError> {
+        let _ = (source, spec, target);
+        Err(SandboxError::CapabilityNotSupported(format!(
+            "backend {:?} does not declare snapshot: it cannot fork a sandbox",
+            self.name()
+        )))
     }
 }

@@ -20,6 +20,10 @@ wire_enum! {
         FilesDelete => "files_delete",
         /// Remove a call's directory. Backend-only: a spec may not require it.
         Reclaim => "reclaim",
+        /// Return a sandbox to its state at acquire ([`Sandbox::reset`](crate::Sandbox::reset))
+        /// and copy one into a new sandbox under another key
+        /// ([`SandboxBackend::fork`](crate::SandboxBackend::fork)).
+        Snapshot => "snapshot",
         /// Egress rules that restrict HTTP methods.
         EgressMethods => "egress_methods",
         /// Egress rules that restrict URL paths.
@@ -28,7 +32,7 @@ wire_enum! {
 }
 
 /// Wire strings the contract knows but this version deliberately does not support.
-const OUT_OF_SCOPE: &[&str] = &["run_code", "host_tools", "snapshot", "attached_identity"];
+const OUT_OF_SCOPE: &[&str] = &["run_code", "host_tools", "attached_identity"];
 
 impl std::str::FromStr for Capability {
     type Err = ParseError;

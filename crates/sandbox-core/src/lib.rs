@@ -48,6 +48,7 @@
 mod backend;
 pub mod backend_kit;
 mod capability;
+mod cleanup;
 pub mod credential_paths;
 mod declarations;
 mod disposal;
@@ -73,6 +74,7 @@ mod wire;
 
 pub use backend::{Sandbox, SandboxBackend, SandboxState, SandboxSummary};
 pub use capability::Capability;
+pub use cleanup::CleanupRung;
 pub use declarations::BackendDeclarations;
 pub use disposal::{DisposalCode, DisposalFailure, DisposeSelector, ScopePurge};
 pub use egress::{Egress, EgressEntry, EgressRule};

@@ -3,8 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
-    Capability, Egress, EgressEntry, Isolation, IsolationScope, OsFamily, SandboxError,
-    TransferLimits,
+    Capability, CleanupRung, Egress, EgressEntry, Isolation, IsolationScope, OsFamily,
+    SandboxError, TransferLimits,
 };
 
 /// The storage base both backends use when a spec does not choose one.
@@ -30,6 +30,7 @@ pub struct SandboxSpec {
     files_out: TransferLimits,
     isolation_scope: IsolationScope,
     requires_os_family: Option<OsFamily>,
+    min_cleanup: CleanupRung,
 }
 
 impl SandboxSpec {
@@ -50,6 +51,7 @@ impl SandboxSpec {
                 files_out: TransferLimits::default(),
                 isolation_scope: IsolationScope::Conversation,
                 requires_os_family: None,
+                min_cleanup: CleanupRung::Reclaim,
             },
         }
     }
@@ -101,6 +103,13 @@ impl SandboxSpec {
     /// The spec's isolation scope; it may only raise the host's.
     pub fn isolation_scope(&self) -> IsolationScope {
         self.isolation_scope
+    }
+    /// The weakest cleanup the host may apply between two uses of the sandbox (default
+    /// `reclaim`). A host applies [`CleanupRung::at_least`] of it over the serving backend's
+    /// declarations, so a backend without the rung meets it by a stronger one (at worst
+    /// disposal); it never refuses admission.
+    pub fn min_cleanup(&self) -> CleanupRung {
+        self.min_cleanup
     }
     /// The OS family the spec needs, if any.
     pub fn requires_os_family(&self) -> Option<OsFamily> {
@@ -207,6 +216,12 @@ impl SandboxSpecBuilder {
         self
     }
 
+    /// Sets the weakest cleanup the host may apply between two uses (default `reclaim`).
+    pub fn min_cleanup(mut self, rung: CleanupRung) -> Self {
+        self.spec.min_cleanup = rung;
+        self
+    }
+
     /// Validates and returns the spec. Every refusal is [`SandboxError::InvalidArgument`].
     pub fn build(self) -> Result<SandboxSpec, SandboxError> {
         let mut spec = self.spec;
@@ -305,6 +320,16 @@ mod tests {
         assert_eq!(s.image(), None);
         assert_eq!(s.min_isolation(), None);
         assert_eq!(s.requires_os_family(), None);
+        assert_eq!(s.min_cleanup(), CleanupRung::Reclaim);
+        let reset = SandboxSpec::builder("k")
+            .min_cleanup(CleanupRung::Reset)
+            .require(Capability::Snapshot)
+            .build()
+            .unwrap();
+        assert_eq!(reset.min_cleanup(), CleanupRung::Reset);
+        assert!(reset
+            .required_capabilities()
+            .contains(&Capability::Snapshot));
     }
 
     #[test]

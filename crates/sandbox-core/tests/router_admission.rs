@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use sandbox_core::testing::FakeBackend;
 use sandbox_core::{
-    BackendDeclarations, BackendSelection, Capability, Egress, EgressEntry, EgressRule, ErrorKind,
-    Isolation, IsolationScope, OsFamily, Router, RouterConfig, SandboxBackend, SandboxError,
-    SandboxKey, SandboxLimits, SandboxSpec, SandboxSpecBuilder, TransferLimits,
+    BackendDeclarations, BackendSelection, Capability, CleanupRung, Egress, EgressEntry,
+    EgressRule, ErrorKind, Isolation, IsolationScope, OsFamily, Router, RouterConfig,
+    SandboxBackend, SandboxError, SandboxKey, SandboxLimits, SandboxSpec, SandboxSpecBuilder,
+    TransferLimits,
 };
 
 fn backend(name: &str, isolation: Isolation, decl: BackendDeclarations) -> Arc<dyn SandboxBackend> {
@@ -129,6 +130,40 @@ fn b2_every_required_capability_must_be_declared() {
     let err = refusal(&r, &s);
     assert_eq!(err.kind(), ErrorKind::CapabilityNotSupported);
     assert!(err.to_string().contains("files_out, files_list"), "{err}");
+}
+
+#[test]
+fn b2_snapshot_is_required_like_any_capability_and_min_cleanup_never_refuses() {
+    let plain = BackendDeclarations {
+        egress_modes: BTreeSet::from([Egress::Closed]),
+        ..BackendDeclarations::default()
+    };
+    let r = router(
+        backend("plain", Isolation::Microvm, plain.clone()),
+        RouterConfig::default(),
+    );
+    let needs_snapshot = spec(SandboxSpec::builder("k").require(Capability::Snapshot));
+    let err = refusal(&r, &needs_snapshot);
+    assert_eq!(err.kind(), ErrorKind::CapabilityNotSupported);
+    assert!(err.to_string().contains("snapshot"), "{err}");
+    // A cleanup floor is met by disposal where no cheaper rung is declared: never a refusal.
+    let wants_reset = spec(SandboxSpec::builder("k").min_cleanup(CleanupRung::Reset));
+    r.ensure_can_serve(&wants_reset).unwrap();
+    assert_eq!(
+        CleanupRung::at_least(wants_reset.min_cleanup(), &plain),
+        CleanupRung::Dispose
+    );
+    let mut snapshots = plain;
+    snapshots.capabilities.insert(Capability::Snapshot);
+    let r = router(
+        backend("snapshots", Isolation::Microvm, snapshots.clone()),
+        RouterConfig::default(),
+    );
+    r.ensure_can_serve(&needs_snapshot).unwrap();
+    assert_eq!(
+        CleanupRung::at_least(wants_reset.min_cleanup(), &snapshots),
+        CleanupRung::Reset
+    );
 }
 
 #[test]

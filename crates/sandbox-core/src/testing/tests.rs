@@ -222,3 +222,19 @@ async fn injected_faults() {
     assert_eq!(sb.instance_id(), id);
     assert!(!sb.freshly_created());
 }
+
+#[tokio::test]
+async fn reset_and_fork_are_refused_where_snapshot_is_not_declared() {
+    let fake = FakeBackend::new("f", Isolation::None);
+    assert!(!fake.declarations().serves(crate::Capability::Snapshot));
+    let sb = sandbox(&fake).await;
+    let err = sb.reset().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::CapabilityNotSupported, "{err}");
+    let spec = SandboxSpec::builder("k").build().unwrap();
+    let other = SandboxKey::conversation("s", "t2", "a");
+    let err = fake.fork(&key(), &spec, &other).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::CapabilityNotSupported, "{err}");
+    assert!(err.to_string().contains("\"f\""), "{err}");
+    // Nothing was made under the target key.
+    assert!(fake.find(&other, "k").await.unwrap().is_none());
+}
