@@ -13,7 +13,7 @@
 //!   per-probe capability skips, failures aggregated into one [`ConformanceError::ConformanceFailure`],
 //!   and [`refused_with`] with the reference's exception classes translated to [`Refusal`]s;
 //! - the suites: storage base, fresh acquire, instance disposal, FILES_OUT, FILES_IN, EXEC, FILES_DELETE
-//!   (and its verdict-free measurement), RECLAIM, REACH, EGRESS (and EGRESS_METHODS), CALL_SCOPE,
+//!   (and its verdict-free measurement), RECLAIM, SNAPSHOT (reset and fork), REACH, EGRESS (and EGRESS_METHODS), CALL_SCOPE,
 //!   HARDENING and CONFINEMENT (judged by an engine-side [`Fingerprint`] the backend's test module
 //!   supplies; [`docker_container_fingerprint`] builds one for a sandbox that is a Docker container,
 //!   from `docker` calls the caller runs);
@@ -93,6 +93,7 @@ mod probe_kit;
 mod reach;
 mod reclaim;
 mod report;
+mod snapshot;
 mod storage_base;
 mod subject;
 mod suite_runner;
@@ -121,6 +122,7 @@ pub use paths::ConformancePaths;
 pub use reach::assert_reach;
 pub use reclaim::assert_reclaim;
 pub use report::{ConformanceReport, ProbeOutcome, ProbeReport};
+pub use snapshot::{assert_snapshot, SnapshotHooks};
 pub use storage_base::assert_storage_base;
 pub use subject::{ConformanceSubject, PosixGuestSubject};
 pub use suite_runner::{refused_with, Refusal, RefusalMismatch};
@@ -144,6 +146,7 @@ pub mod suites {
     pub use crate::lifecycle::{FRESH_ACQUIRE, INSTANCE_DISPOSAL};
     pub use crate::reach::{REACH, REACH_PROBES};
     pub use crate::reclaim::{RECLAIM, RECLAIM_PROBES};
+    pub use crate::snapshot::{SNAPSHOT, SNAPSHOT_PROBES};
     pub use crate::storage_base::{STORAGE_BASE, STORAGE_BASE_STEPS};
 }
 
