@@ -2,14 +2,16 @@
 //! finds, verifies, revives or replaces a container, else creates one (with the image present:
 //! docs/docker-backend.md#local-images), then prepares it and its storage base.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use async_trait::async_trait;
 
 use sandbox_core::naming::docker::docker_container_name;
 use sandbox_core::storage_base::validate_base;
 use sandbox_core::{
-    BackendDeclarations, Capability, SandboxError, SandboxKey, SandboxSpec, TransferLimits,
-    DEFAULT_WORK_DIR,
+    BackendDeclarations, Capability, Sandbox, SandboxError, SandboxKey, SandboxSpec,
+    TransferLimits, DEFAULT_WORK_DIR,
 };
 use tokio::time::Instant;
 
@@ -20,8 +22,9 @@ use crate::containers::{ContainerShape, Containers, Created, Lifecycle, PauseWai
 use crate::egress::EgressCompanions;
 use crate::egress::EgressPlan;
 use crate::egress_names::{keep_alive_with_forwarder, volume_name, LABEL_EGRESS_V1};
+use crate::fork_copy::ForkCopy;
 use crate::guest_calls::GuestCalls;
-use crate::handle::{DockerSandbox, HandleParts};
+use crate::handle::{DockerSandbox, HandleParts, Origin, Remake};
 use crate::memory::{Memories, Remembered, WarmEntry};
 use crate::ownership_labels::{workload_labels, ContainerRecord, Verdict};
 use crate::retirement::Retirement;
@@ -38,6 +41,7 @@ const MAX_REPLACEMENTS: usize = 4;
 /// Everything an acquire decided before touching the engine.
 struct Plan<'a> {
     key: &'a SandboxKey,
+    spec: &'a SandboxSpec,
     kind: &'a str,
     name: String,
     image: String,
@@ -147,6 +151,10 @@ pub(crate) struct Acquirer {
     pub(crate) memory: Arc<Memories>,
     /// What each handed-out handle reaches.
     pub(crate) handle_parts: HandleParts,
+    /// This acquirer, for the handles it hands out to reset through.
+    pub(crate) me: Weak<Acquirer>,
+    /// The file copy of a fork.
+    pub(crate) fork_copy: ForkCopy,
 }
 
 impl Acquirer {
@@ -159,6 +167,11 @@ impl Acquirer {
     ) -> Result<Arc<DockerSandbox>, SandboxError> {
         let resources = self.sizing.resources().await;
         let plan = self.plan(key, spec, resources)?;
+        self.acquire_planned(&plan).await
+    }
+
+    /// The get-or-create of one plan, under the lock of its name.
+    async fn acquire_planned(&self, plan: &Plan<'_>) -> Result<Arc<DockerSandbox>, SandboxError> {
         let _serialised = self.name_locks.lock(plan.name.clone()).await;
         self.retirement.sweep_unremovable().await;
 
@@ -176,7 +189,7 @@ impl Acquirer {
         };
         loop {
             step = match step {
-                Step::Create => self.create_step(&plan, &mut progress).await?,
+                Step::Create => self.create_step(plan, &mut progress).await?,
                 Step::AfterConflict => match self.containers.inspect(&plan.name).await? {
                     Some(existing) => Step::Existing(Box::new(existing)),
                     None => {
@@ -192,8 +205,8 @@ impl Acquirer {
                     }
                 },
                 Step::Existing(existing) => {
-                    match self.existing_step(&plan, existing, &mut progress).await? {
-                        Served::Warm(id) => return Ok(self.handle(&plan, &id, false)),
+                    match self.existing_step(plan, existing, &mut progress).await? {
+                        Served::Warm(id) => return Ok(self.handle(plan, &id, false)),
                         Served::Next(next) => next,
                     }
                 }
@@ -203,7 +216,7 @@ impl Acquirer {
                     Step::Create
                 }
                 Step::Finish(id, arrival, created) => {
-                    return self.finish(&plan, &id, arrival, created).await
+                    return self.finish(plan, &id, arrival, created).await
                 }
             };
         }
@@ -382,6 +395,7 @@ impl Acquirer {
         Ok(Plan {
             resources,
             key,
+            spec,
             kind: spec.kind(),
             policy: format!(
                 "{image}|{}|{}",
@@ -416,7 +430,23 @@ impl Acquirer {
             fresh,
             plan.files_in,
             plan.files_out,
+            Origin {
+                key: plan.key.clone(),
+                kind: plan.kind.to_owned(),
+                spec: Some(plan.spec.clone()),
+            },
+            self.remake(),
         ))
+    }
+
+    /// This acquirer as what a handle resets through.
+    fn remake(&self) -> Arc<dyn Remake> {
+        match self.me.upgrade() {
+            Some(me) => me as Arc<dyn Remake>,
+            // Unreachable while `self` is borrowed from its `Arc`; a handle made without it
+            // refuses to reset rather than reaching a gone acquirer.
+            None => Arc::new(Gone),
+        }
     }
 
     /// Verifies, prepares and remembers a container this call created or found not yet verified;
@@ -733,6 +763,12 @@ impl Acquirer {
             false,
             ceiling.files_in,
             ceiling.files_out,
+            Origin {
+                key: key.clone(),
+                kind: kind.to_owned(),
+                spec: None,
+            },
+            self.remake(),
         ))))
     }
 
@@ -753,6 +789,12 @@ impl Acquirer {
     async fn refuse_other_egress(&self, plan: &Plan<'_>) -> Result<(), SandboxError> {
         for record in self.key_workloads(plan.key, plan.kind).await? {
             if record.bare_name() == plan.name {
+                continue;
+            }
+            if is_forming_name(record.bare_name()) {
+                // What a fork that ended early (a crash, a kill) left under this key: never
+                // served, removed before the key gets a sandbox of its own.
+                self.replace(&record.id).await?;
                 continue;
             }
             let theirs = if record.labels().contains_key(LABEL_EGRESS_V1) {
@@ -823,6 +865,176 @@ impl Acquirer {
         }
         Ok(found.pop())
     }
+}
+
+/// The mark in the name of a container a fork is still filling: `<target name>-forming-<8 hex>`.
+const FORMING_MARK: &str = "-forming-";
+
+/// Whether a workload's name is that of an unfinished fork.
+fn is_forming_name(name: &str) -> bool {
+    name.contains(FORMING_MARK)
+}
+
+/// A fresh name for a fork's container while it is filled: the target's name, marked.
+fn forming_name(target_name: &str) -> Result<String, SandboxError> {
+    let nonce = exec_wrapper::new_nonce().map_err(|e| SandboxError::engine(e.to_string()))?;
+    let nonce = nonce.as_str();
+    Ok(format!(
+        "{target_name}{FORMING_MARK}{}",
+        &nonce[..nonce.len().min(8)]
+    ))
+}
+
+/// What a handle resets through when its acquirer is gone: a refusal.
+#[derive(Debug)]
+struct Gone;
+
+#[async_trait]
+impl Remake for Gone {
+    async fn remake(&self, _: &Origin, id: &str) -> Result<Arc<dyn Sandbox>, SandboxError> {
+        Err(SandboxError::SandboxGone {
+            instance: id.to_owned(),
+        })
+    }
+}
+
+#[async_trait]
+impl Remake for Acquirer {
+    /// Removes the container by id, once it is found to be this key's (never a replacement
+    /// another acquire made under the name), then acquires the key afresh: the image, the
+    /// storage base, the spec's policy, and nothing a command made.
+    async fn remake(&self, origin: &Origin, id: &str) -> Result<Arc<dyn Sandbox>, SandboxError> {
+        let record = self
+            .containers
+            .inspect(id)
+            .await?
+            .filter(|record| record.owned_by(&origin.key, Some(&origin.kind)))
+            .ok_or_else(|| SandboxError::SandboxGone {
+                instance: id.to_owned(),
+            })?;
+        let spec = match &origin.spec {
+            Some(spec) => spec.clone(),
+            None => spec_of_found(&origin.kind, &record)?,
+        };
+        let resources = self.sizing.resources().await;
+        let plan = self.plan(&origin.key, &spec, resources)?;
+        self.verify_for(&plan, &record)?;
+        {
+            let _serialised = self.name_locks.lock(plan.name.clone()).await;
+            self.memory.warm.forget(id);
+            self.containers.remove(id).await.map_err(|failure| {
+                SandboxError::engine(format!(
+                    "could not remove container {id} to reset it: {failure}"
+                ))
+            })?;
+        }
+        let handle: Arc<dyn Sandbox> = self.acquire_planned(&plan).await?;
+        Ok(handle)
+    }
+}
+
+impl Acquirer {
+    /// `fork`: the target acquired under a marked name, the source's changed files copied in,
+    /// then the container renamed to the target's name: an acquire of the target never finds a
+    /// fork half made, and what one that ended early left is found by the target's disposal,
+    /// its conversation's purge, and its next acquire (which removes it).
+    pub(crate) async fn fork_sandbox(
+        &self,
+        source: &SandboxKey,
+        spec: &SandboxSpec,
+        target: &SandboxKey,
+    ) -> Result<Arc<DockerSandbox>, SandboxError> {
+        if spec.egress() != sandbox_core::Egress::Closed {
+            return Err(SandboxError::Unsupported(
+                "a fork of an allowlist sandbox is not made: its proxy and volume are named \
+                 after its container"
+                    .into(),
+            ));
+        }
+        if source == target {
+            return Err(SandboxError::invalid(
+                "a fork needs a target key other than its source",
+            ));
+        }
+        let resources = self.sizing.resources().await;
+        let source_plan = self.plan(source, spec, resources)?;
+        let target_plan = self.plan(target, spec, resources)?;
+        let source_record = self
+            .containers
+            .inspect(&source_plan.name)
+            .await?
+            .ok_or_else(|| {
+                SandboxError::invalid(format!(
+                    "the source key has no sandbox of kind {:?} to fork",
+                    spec.kind()
+                ))
+            })?;
+        self.verify_for(&source_plan, &source_record)?;
+        if self.containers.inspect(&target_plan.name).await?.is_some() {
+            return Err(SandboxError::invalid(format!(
+                "the target key already has a sandbox of kind {:?} ({}); dispose it first",
+                spec.kind(),
+                target_plan.name
+            )));
+        }
+        let mut forming = self.plan(target, spec, resources)?;
+        forming.name = forming_name(&target_plan.name)?;
+        let made = self.acquire_planned(&forming).await?;
+        let id = made.instance_id().to_owned();
+        // From here, a failure or a drop removes the unfinished fork.
+        let mut unfinished = {
+            let containers = Arc::clone(&self.containers);
+            let id = id.clone();
+            CleanupOnDrop::armed("the removal of an unfinished fork", async move {
+                let _ = containers.remove(&id).await;
+            })
+        };
+        let finished = async {
+            self.fork_copy.copy(&source_record.id, &id).await?;
+            self.containers.rename(&id, &target_plan.name).await
+        }
+        .await;
+        unfinished.disarm();
+        if let Err(error) = finished {
+            self.containers.remove_shielded(&id).await;
+            return Err(error);
+        }
+        Ok(self.handle(&target_plan, &id, true))
+    }
+}
+
+/// The spec a found container was made with, read back from its record, for a reset: its kind,
+/// image, storage base and labels. An allowlist sandbox's hosts live only in its proxy, and a
+/// label too long to keep is kept only as a digest: those are refused (acquire the key with its
+/// spec, then reset that handle).
+fn spec_of_found(kind: &str, record: &ContainerRecord) -> Result<SandboxSpec, SandboxError> {
+    use sandbox_core::naming::docker::{is_digest_label, LABEL_USER_PREFIX};
+    let refuse = |why: &str| {
+        SandboxError::Unsupported(format!(
+            "a found sandbox {} cannot be reset: {why}; acquire it with its spec and reset that",
+            record.bare_name()
+        ))
+    };
+    if record.expected_egress_volume().is_some() {
+        return Err(refuse("its egress allowlist is not recorded with it"));
+    }
+    let image = record
+        .image()
+        .ok_or_else(|| refuse("it records no image"))?;
+    let mut builder = SandboxSpec::builder(kind)
+        .image(image)
+        .work_dir(record.work_dir());
+    for (label, value) in record.labels() {
+        if let Some(name) = label.strip_prefix(LABEL_USER_PREFIX) {
+            if is_digest_label(&value) {
+                return Err(refuse(&format!(
+                    "its label {name:?} is kept only as a digest"
+                )));
+            }
+            builder = builder.label(name, value);
+        }
+    }
+    builder.build()
 }
 
 fn min_limits(a: TransferLimits, b: TransferLimits) -> TransferLimits {

@@ -19,6 +19,7 @@ use crate::disposal::Disposal;
 use crate::egress::EgressCompanions;
 use crate::endpoint::Endpoint;
 use crate::exec::Execs;
+use crate::fork_copy::ForkCopy;
 use crate::guest_calls::GuestCalls;
 use crate::handle::HandleParts;
 use crate::memory::Memories;
@@ -125,6 +126,7 @@ impl DockerBackend {
                 Capability::FilesList,
                 Capability::FilesDelete,
                 Capability::Reclaim,
+                Capability::Snapshot,
             ]),
             limits: SandboxLimits {
                 files_in: TRANSFER_CEILING,
@@ -191,6 +193,7 @@ impl DockerBackend {
             Arc::clone(&containers),
             Arc::clone(&memory),
         ));
+        let fork_copy = ForkCopy::new(engine.clone(), Arc::clone(&config), Arc::clone(&execs));
         let guest = Arc::new(GuestCalls::new(
             engine.clone(),
             Arc::clone(&config),
@@ -218,7 +221,7 @@ impl DockerBackend {
             memory: Arc::clone(&memory),
             command_timeout: config.command_timeout,
         };
-        let acquirer = Arc::new(Acquirer {
+        let acquirer = Arc::new_cyclic(|me| Acquirer {
             engine: engine.clone(),
             config: Arc::clone(&config),
             declarations: declarations.clone(),
@@ -231,6 +234,8 @@ impl DockerBackend {
             retirement,
             memory,
             handle_parts,
+            me: me.clone(),
+            fork_copy,
         });
         DockerBackend {
             engine,
@@ -387,6 +392,20 @@ impl SandboxBackend for DockerBackend {
             .filter(|root| root.starts_with('/'))
             .into_iter()
             .collect())
+    }
+
+    /// Copies the source container's files (what it changed against its image: added, changed
+    /// and deleted paths, with their modes, owners and links) into a new container of the same
+    /// spec under `target`. Processes are not copied: the fork runs only what its own acquire
+    /// started. Egress `closed` only; an allowlist sandbox is refused as Unsupported.
+    async fn fork(
+        &self,
+        source: &SandboxKey,
+        spec: &SandboxSpec,
+        target: &SandboxKey,
+    ) -> Result<Arc<dyn Sandbox>, SandboxError> {
+        let handle = self.acquirer.fork_sandbox(source, spec, target).await?;
+        Ok(handle)
     }
 }
 

@@ -10,7 +10,8 @@ use bollard::container::LogOutput;
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ListContainersOptionsBuilder,
-    LogsOptionsBuilder, RemoveContainerOptionsBuilder, WaitContainerOptionsBuilder,
+    LogsOptionsBuilder, RemoveContainerOptionsBuilder, RenameContainerOptionsBuilder,
+    WaitContainerOptionsBuilder,
 };
 use futures_util::StreamExt as _;
 use sandbox_core::{DisposalCode, DisposalFailure, SandboxError};
@@ -317,6 +318,35 @@ impl Containers {
             Err(failure) => Err(self
                 .engine
                 .failure(&format!("container {} {id}", verb.word()), failure)),
+        }
+    }
+
+    /// Gives container `id` the name `name`, in one engine call: no moment exists where both
+    /// or neither name it.
+    ///
+    /// # Errors
+    /// InvalidArgument when another container holds `name`; SandboxGone when `id` is gone.
+    pub(crate) async fn rename(&self, id: &str, name: &str) -> Result<(), SandboxError> {
+        let options = RenameContainerOptionsBuilder::new().name(name).build();
+        let answer = self
+            .engine
+            .call(
+                self.config.command_timeout,
+                self.engine.api().rename_container(id, options),
+            )
+            .await;
+        match answer {
+            Ok(()) => Ok(()),
+            Err(failure) if failure.is_conflict() => Err(SandboxError::invalid(format!(
+                "the name {name} was taken while container {id} was being made: {}",
+                quote(failure.message().as_bytes())
+            ))),
+            Err(failure) if failure.is_not_found() => Err(SandboxError::SandboxGone {
+                instance: id.to_owned(),
+            }),
+            Err(failure) => Err(self
+                .engine
+                .failure(&format!("container rename {id}"), failure)),
         }
     }
 

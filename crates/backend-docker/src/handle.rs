@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use sandbox_core::guest_path::{self, Access};
 use sandbox_core::{
     EntryKind, ExecOutput, ExecRequest, ExecStdin, ExecStream, Sandbox, SandboxEntry, SandboxError,
-    TransferLimits,
+    SandboxKey, SandboxSpec, TransferLimits,
 };
 
 use crate::archive::Archive;
@@ -44,6 +44,24 @@ pub(crate) struct HandleParts {
     pub(crate) command_timeout: Duration,
 }
 
+/// What a handle was acquired as, for a reset that makes its container again: the key, the
+/// kind, and the spec when the handle came from an acquire (a found one has none; its container's
+/// own record then says what to make).
+#[derive(Debug, Clone)]
+pub(crate) struct Origin {
+    pub(crate) key: SandboxKey,
+    pub(crate) kind: String,
+    pub(crate) spec: Option<SandboxSpec>,
+}
+
+/// Makes a handle's container again as its acquire made it: what `reset` runs through (the
+/// acquirer), named here so this module imports nothing above it.
+#[async_trait]
+pub(crate) trait Remake: Send + Sync + std::fmt::Debug {
+    /// Removes container `id` of `origin` and acquires the key again, fresh.
+    async fn remake(&self, origin: &Origin, id: &str) -> Result<Arc<dyn Sandbox>, SandboxError>;
+}
+
 /// A handle to one container, by id: a replacement under the same name is never reached.
 #[derive(Debug)]
 pub(crate) struct DockerSandbox {
@@ -56,9 +74,12 @@ pub(crate) struct DockerSandbox {
     fresh: bool,
     files_in: TransferLimits,
     files_out: TransferLimits,
+    origin: Origin,
+    remake: Arc<dyn Remake>,
 }
 
 impl DockerSandbox {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         parts: HandleParts,
         id: String,
@@ -66,8 +87,12 @@ impl DockerSandbox {
         fresh: bool,
         files_in: TransferLimits,
         files_out: TransferLimits,
+        origin: Origin,
+        remake: Arc<dyn Remake>,
     ) -> Self {
         DockerSandbox {
+            origin,
+            remake,
             archive: parts.archive,
             guest: parts.guest,
             memory: parts.memory,
@@ -204,6 +229,12 @@ impl Sandbox for DockerSandbox {
 
     fn storage_base(&self) -> &str {
         &self.base
+    }
+
+    /// Removes this container (every process in it ends with it) and acquires the key again,
+    /// fresh from the image and the storage base: a new instance under the same name and key.
+    async fn reset(&self) -> Result<Arc<dyn Sandbox>, SandboxError> {
+        self.remake.remake(&self.origin, &self.id).await
     }
 
     async fn exec(&self, request: ExecRequest) -> Result<ExecOutput, SandboxError> {

@@ -139,6 +139,7 @@ mod egress_preflight;
 mod endpoint;
 mod error;
 mod exec;
+mod fork_copy;
 mod guest_calls;
 mod guest_scripts;
 mod handle;

@@ -45,7 +45,7 @@ async fn run_on(image: &str, tag: &str, full: bool) -> (ConformanceReport, usize
     );
     let threads = threads_of(&backend, &scope).await;
     assert_nothing_left(&backend, &scope, &threads).await;
-    assert!(backend.declarations().capabilities.len() == 6);
+    assert!(backend.declarations().capabilities.len() == 7);
     (report, expected)
 }
 
