@@ -198,6 +198,33 @@ pub enum CommandLine {
         #[arg(long, value_name = "ID")]
         instance: Option<String>,
     },
+    /// Return an existing sandbox to its state when it was acquired: every file and process made
+    /// since is gone, the image and the storage base stay. On Docker the container is made again
+    /// (a new instance id under the same key); running commands end with the old one.
+    Reset {
+        /// The sandbox's key.
+        #[command(flatten)]
+        key: KeyArgs,
+        /// The sandbox kind.
+        #[arg(long, default_value = "default")]
+        kind: String,
+    },
+    /// Copy an existing sandbox's files into a new sandbox under another key (--to); processes
+    /// are not copied. Refused when the new key already has a sandbox of the kind.
+    Fork {
+        /// The source sandbox's key.
+        #[command(flatten)]
+        key: KeyArgs,
+        /// The new sandbox's key.
+        #[arg(long, value_name = "SCOPE/THREAD/AGENT")]
+        to: String,
+        /// The sandbox kind.
+        #[arg(long, default_value = "default")]
+        kind: String,
+        /// The image the source runs (default: the locally built default image).
+        #[arg(long)]
+        image: Option<String>,
+    },
     /// Dispose of every sandbox of a conversation.
     Purge {
         /// The scope.

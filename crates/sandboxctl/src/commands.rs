@@ -41,6 +41,13 @@ pub async fn dispatch(cli: Cli) -> u8 {
             instance,
         } => dispose(&global, key, kind, instance).await,
         CommandLine::Purge { scope, thread } => purge(&global, scope, thread).await,
+        CommandLine::Reset { key, kind } => reset(&global, key, kind).await,
+        CommandLine::Fork {
+            key,
+            to,
+            kind,
+            image,
+        } => fork(&global, key, to, kind, image).await,
     };
     debug_assert!(!runs);
     match result {
@@ -642,6 +649,51 @@ async fn dispose(
             ),
         }),
     }
+}
+
+/// Returns a key's sandbox of one kind to its state at acquire.
+async fn reset(global: &GlobalArgs, key: KeyArgs, kind: String) -> Done {
+    let key = key.require()?;
+    let backend = gated_backend(global, &[]).await?;
+    let sandbox = found(&backend, &key, &kind).await?;
+    let reset = sandbox.reset().await?;
+    let id = reset.instance_id().to_owned();
+    Ok((
+        json!({"reset": true, "instance_id": id}),
+        format!("reset {} as instance {id}\n", key_flags(&key)),
+    ))
+}
+
+/// Copies a key's sandbox of one kind into a new sandbox under `to`.
+async fn fork(
+    global: &GlobalArgs,
+    key: KeyArgs,
+    to: String,
+    kind: String,
+    image: Option<String>,
+) -> Done {
+    let source = key.require()?;
+    let target = KeyArgs {
+        key: Some(to),
+        ..KeyArgs::default()
+    }
+    .require()?;
+    let backend = gated_backend(global, &[]).await?;
+    let image = match image {
+        Some(image) => Some(image),
+        None => backends::ensure_default_image(global.backend, &[]).await?,
+    };
+    let spec = run_spec(&kind, image, &[])?;
+    let fork = backend.fork(&source, &spec, &target).await?;
+    let id = fork.instance_id().to_owned();
+    Ok((
+        json!({
+            "forked": true,
+            "instance_id": id,
+            "key": {"scope": target.scope, "thread": target.thread_id, "agent": target.agent_id},
+        }),
+        format!("forked into {} as instance {id}\n", key_flags(&target)),
+    ))
 }
 
 /// Disposes of every sandbox of a conversation.

@@ -1804,3 +1804,73 @@ fn run_allow_routes_through_the_proxy_and_the_purge_takes_it() {
     }
     drop(network);
 }
+
+#[test]
+fn reset_and_fork_work_on_kept_sandboxes() {
+    let scope = scope("snapshot");
+    let (source, target) = (format!("{scope}/t1/a"), format!("{scope}/t2/a"));
+    kept_with(
+        &source,
+        "printf kept >made.txt && chmod 0751 made.txt && mkdir -p /var/tmp/outside && printf o >/var/tmp/outside/o",
+    );
+    let source_id = json(&ctl(&[
+        "--json", "list", "--scope", &scope, "--thread", "t1",
+    ]))["sandboxes"][0]["instance_id"]
+        .as_str()
+        .expect("the kept sandbox is listed")
+        .to_owned();
+
+    let out = ctl(&["--json", "fork", "--key", &source, "--to", &target]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json(&out);
+    assert_eq!(v["forked"], true, "{v}");
+    assert_eq!(v["key"]["thread"], "t2", "{v}");
+    let fork_id = v["instance_id"].as_str().unwrap().to_owned();
+    assert_ne!(fork_id, source_id);
+    let out = ctl(&[
+        "exec",
+        "--key",
+        &target,
+        "--",
+        "sh",
+        "-c",
+        "stat -c %a made.txt && cat made.txt /var/tmp/outside/o",
+    ]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, b"751\nkepto");
+
+    // A second fork into a key that has a sandbox is refused and changes nothing.
+    let out = ctl(&["fork", "--key", &source, "--to", &target]);
+    assert_eq!(code(&out), 64, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already has a sandbox"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = ctl(&["--json", "reset", "--key", &source]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json(&out);
+    assert_eq!(v["reset"], true, "{v}");
+    assert_ne!(v["instance_id"].as_str().unwrap(), source_id, "{v}");
+    let out = ctl(&[
+        "exec",
+        "--key",
+        &source,
+        "--",
+        "sh",
+        "-c",
+        "test ! -e made.txt && test ! -e /var/tmp/outside && echo clean",
+    ]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, b"clean\n");
+    // The fork kept its copy.
+    let out = ctl(&["exec", "--key", &target, "--", "cat", "made.txt"]);
+    assert_eq!(out.stdout, b"kept");
+
+    // Reset of a key without a sandbox: not found.
+    let out = ctl(&["reset", "--key", &format!("{scope}/t3/a")]);
+    assert_eq!(code(&out), 66, "{}", String::from_utf8_lossy(&out.stderr));
+    purge_and_check(&scope, "t1");
+    purge_and_check(&scope, "t2");
+}
