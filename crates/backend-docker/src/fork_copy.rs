@@ -25,14 +25,20 @@ const REMOVE_BUDGET: u64 = 64 * 1024;
 const REMOVE_BATCH: usize = 256;
 
 /// Where the engine's own files of a container live, and the files it mounts into each one
-/// (its name, its hosts, its resolver): never copied, the engine makes the fork's own.
-const ENGINE_TREES: [&str; 6] = [
+/// (its name, its hosts, its resolver, its init): never copied, the engine makes the fork's own.
+/// The init's mount point is made in the container's own layer when it first starts, so the
+/// change list names it; an archive write over it would replace the file the mount sits on,
+/// and every later call (which runs under that init) would find an empty file there.
+/// An image whose `/sbin` links to `usr/sbin` (merged `/usr`) has the mount point there.
+const ENGINE_TREES: [&str; 8] = [
     "/proc",
     "/sys",
     "/dev",
     "/etc/hostname",
     "/etc/hosts",
     "/etc/resolv.conf",
+    "/sbin/docker-init",
+    "/usr/sbin/docker-init",
 ];
 
 /// One entry of the engine's change list.
@@ -317,6 +323,8 @@ mod tests {
             ("/etc", Change::Modified),
             ("/etc/hostname", Change::Added),
             ("/etc/hosts", Change::Modified),
+            ("/sbin", Change::Modified),
+            ("/sbin/docker-init", Change::Added),
             ("relative", Change::Added),
             ("/devices", Change::Added),
         ]);

@@ -217,3 +217,49 @@ async fn a_found_handle_resets_from_its_containers_record() {
     let threads = threads_of(&backend, &scope).await;
     assert_nothing_left(&backend, &scope, &threads).await;
 }
+
+/// A fork serves another process as it serves this one: a new backend (no memory of this
+/// process) finds it and runs a command in it, under the engine's init like every call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fork_serves_a_command_from_another_process() {
+    use sandbox_core::{Command, ExecRequest};
+    let backend = backend(false).await;
+    let scope = unique_scope("fork-found");
+    let key = |thread: &str| SandboxKey::conversation(scope.clone(), thread, "agent");
+    let spec = SandboxSpec::builder("snapshot")
+        .image(BASE)
+        .build()
+        .unwrap();
+    let source = backend
+        .acquire(&key("source"), &spec)
+        .await
+        .expect("acquire");
+    let ran = source
+        .exec(ExecRequest::new(Command::argv([
+            "sh",
+            "-c",
+            "echo made >made.txt",
+        ])))
+        .await
+        .unwrap();
+    assert_eq!(ran.exit_code, 0, "{}", ran.stderr_text());
+    let fork = backend
+        .fork(&key("source"), &spec, &key("fork"))
+        .await
+        .expect("fork");
+    let other = support::backend(false).await;
+    let found = other
+        .find(&key("fork"), "snapshot")
+        .await
+        .unwrap()
+        .expect("the fork is found under its key");
+    assert_eq!(found.instance_id(), fork.instance_id());
+    let out = found
+        .exec(ExecRequest::new(Command::argv(["cat", "made.txt"])))
+        .await
+        .expect("a command runs in the found fork");
+    assert_eq!(out.exit_code, 0, "{}", out.stderr_text());
+    assert_eq!(out.stdout, b"made\n");
+    let threads = threads_of(&backend, &scope).await;
+    assert_nothing_left(&backend, &scope, &threads).await;
+}
