@@ -852,6 +852,46 @@ mod tests {
         );
     }
 
+    /// An output root replaced by a FIFO after the guard took it (another host process racing
+    /// the copy): the root is opened as a directory or not at all, never waited on as a pipe
+    /// (without `O_DIRECTORY` a read-only open of a FIFO blocks until a writer comes).
+    #[test]
+    fn an_output_root_swapped_for_a_fifo_is_refused_at_once() {
+        let root = plain_tempdir();
+        let home = root.path().join("home");
+        let out = root.path().join("out");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(&out).unwrap();
+        let guard = HostPathGuard::new(CredentialGuard::for_user(home.display().to_string()))
+            .with_output_root(std::fs::canonicalize(&out).unwrap().display().to_string());
+        std::fs::remove_dir(&out).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &out,
+            rustix::fs::FileType::Fifo,
+            Mode::RUSR | Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        let local = out.join("x");
+        let (sent, received) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let opened = Destination::open(&local, &guard, false, ExistingFile::Keep).map(drop);
+            let _ = sent.send(opened);
+        });
+        let opened = match received.recv_timeout(std::time::Duration::from_secs(10)) {
+            Ok(opened) => opened,
+            Err(_) => {
+                // Release the open that waits for a writer, so the thread ends with the test.
+                let _ = std::fs::OpenOptions::new().write(true).open(&out);
+                panic!("opening the output root waited on a FIFO");
+            }
+        };
+        assert!(opened.is_err(), "a FIFO was taken for the output root");
+        let kind = std::fs::symlink_metadata(&out).unwrap().file_type();
+        assert!(std::os::unix::fs::FileTypeExt::is_fifo(&kind));
+    }
+
     #[test]
     fn an_output_root_holds_every_write_inside_it() {
         let root = plain_tempdir();
