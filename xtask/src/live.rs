@@ -7,13 +7,10 @@ use std::time::Duration;
 
 use backend_docker::{ImageRecipe, LocalImage};
 use clap::Subcommand;
+use sandbox_core::naming::docker::LABEL_SCOPE;
 
 use crate::error::XtaskError;
 use crate::process::{capture_in, cargo, tee_in, Workspace};
-
-/// The label every workload of the Docker backend carries (docs/docker-backend.md#names-and-labels): ownership is
-/// read back from the engine by it.
-pub(crate) const OWNERSHIP_LABEL: &str = "maf-sandbox.scope";
 
 /// The start of every scope the MCP suite's runs use; no other suite's scope starts with it, and
 /// the Docker suite leaves objects of these scopes out of its count.
@@ -603,11 +600,10 @@ pub(crate) struct EngineObject {
 /// test networks, `maf-egress-test-…`), so an unlabelled leftover is caught too. Objects of the
 /// MCP suite's scopes are left out: that suite runs beside this one and judges its own.
 fn engine_objects(workspace: &Workspace) -> Result<BTreeSet<EngineObject>, XtaskError> {
-    let label = format!("label={OWNERSHIP_LABEL}");
-    let container_row =
-        format!("{{{{.ID}}}}\t{{{{.Names}}}}\t{{{{.Label \"{OWNERSHIP_LABEL}\"}}}}");
-    let network_row = format!("{{{{.ID}}}}\t{{{{.Name}}}}\t{{{{.Label \"{OWNERSHIP_LABEL}\"}}}}");
-    let volume_row = format!("{{{{.Name}}}}\t{{{{.Name}}}}\t{{{{.Label \"{OWNERSHIP_LABEL}\"}}}}");
+    let label = format!("label={LABEL_SCOPE}");
+    let container_row = format!("{{{{.ID}}}}\t{{{{.Names}}}}\t{{{{.Label \"{LABEL_SCOPE}\"}}}}");
+    let network_row = format!("{{{{.ID}}}}\t{{{{.Name}}}}\t{{{{.Label \"{LABEL_SCOPE}\"}}}}");
+    let volume_row = format!("{{{{.Name}}}}\t{{{{.Name}}}}\t{{{{.Label \"{LABEL_SCOPE}\"}}}}");
     let queries: [(&'static str, Vec<&str>); 6] = [
         (
             "container",

@@ -30,11 +30,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use exec_wrapper::{BoundedCommand, ExitKind, Stream};
+use sandbox_core::naming::docker::LABEL_SCOPE;
 
 use crate::error::XtaskError;
-use crate::live::{
-    build_images, sim_containers_under, EngineObject, MCP_SCOPE_PREFIX, OWNERSHIP_LABEL,
-};
+use crate::live::{build_images, sim_containers_under, EngineObject, MCP_SCOPE_PREFIX};
 use crate::process::{bounded_runtime, capture_in, seconds, stream_bounded, Workspace};
 
 /// The suite's directory, from the workspace root.
@@ -337,9 +336,9 @@ fn leftovers(workspace: &Workspace, run: &Run) -> Result<Vec<EngineObject>, Xtas
         left.extend(vm_state_under(&run.dir));
         return Ok(left);
     }
-    let label = format!("label={OWNERSHIP_LABEL}");
-    let by_id = format!("{{{{.ID}}}}\t{{{{.Label \"{OWNERSHIP_LABEL}\"}}}}");
-    let by_name = format!("{{{{.Name}}}}\t{{{{.Label \"{OWNERSHIP_LABEL}\"}}}}");
+    let label = format!("label={LABEL_SCOPE}");
+    let by_id = format!("{{{{.ID}}}}\t{{{{.Label \"{LABEL_SCOPE}\"}}}}");
+    let by_name = format!("{{{{.Name}}}}\t{{{{.Label \"{LABEL_SCOPE}\"}}}}");
     let queries: [(&'static str, Vec<&str>); 3] = [
         (
             "container",

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use sandbox_core::naming::docker::docker_container_name;
+use sandbox_core::naming::docker::{docker_container_name, LABEL_CREATE_MARK};
 use sandbox_core::storage_base::validate_base;
 use sandbox_core::{
     BackendDeclarations, Capability, Sandbox, SandboxError, SandboxKey, SandboxSpec,
@@ -598,10 +598,7 @@ impl Acquirer {
             .to_owned();
         let mut labels: std::collections::HashMap<String, String> =
             plan.labels.iter().cloned().collect();
-        labels.insert(
-            crate::containers::CREATE_MARK_LABEL.to_owned(),
-            mark.clone(),
-        );
+        labels.insert(LABEL_CREATE_MARK.to_owned(), mark.clone());
         let keep_alive = match plan.egress {
             Some(_) => keep_alive_with_forwarder(KEEP_ALIVE),
             None => KEEP_ALIVE.to_owned(),

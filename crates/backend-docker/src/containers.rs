@@ -14,6 +14,7 @@ use bollard::query_parameters::{
     WaitContainerOptionsBuilder,
 };
 use futures_util::StreamExt as _;
+use sandbox_core::naming::docker::LABEL_CREATE_MARK;
 use sandbox_core::{DisposalCode, DisposalFailure, SandboxError};
 
 use crate::bounded::bounded_join;
@@ -542,7 +543,7 @@ impl Containers {
         loop {
             match self.inspect(name).await {
                 Ok(Some(record)) => {
-                    if record.labels().get(CREATE_MARK_LABEL).map(String::as_str) == Some(mark) {
+                    if record.labels().get(LABEL_CREATE_MARK).map(String::as_str) == Some(mark) {
                         if let Err(failure) = self.remove(&record.id).await {
                             tracing::warn!(container = %name, %failure, "an abandoned create could not be removed");
                         }
@@ -579,9 +580,6 @@ impl Containers {
             .flatten()
     }
 }
-
-/// The label carrying one create's mark (a per-call nonce). Other backends ignore it.
-pub(crate) const CREATE_MARK_LABEL: &str = "maf-sandbox.create-mark";
 
 /// How often an abandoned create is looked for.
 const ABANDONED_CREATE_POLL: Duration = Duration::from_millis(250);

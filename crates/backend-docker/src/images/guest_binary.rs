@@ -33,8 +33,8 @@ impl GuestBinary {
     /// The image label holding the sha256 of the binary the image was built around.
     pub(super) fn digest_label(self) -> &'static str {
         match self {
-            GuestBinary::EgressProxy => "maf-sandbox.egress-proxy.sha256",
-            GuestBinary::ExecInit => "maf-sandbox.exec-init.sha256",
+            GuestBinary::EgressProxy => sandbox_core::naming::docker::LABEL_EGRESS_PROXY_SHA256,
+            GuestBinary::ExecInit => sandbox_core::naming::docker::LABEL_EXEC_INIT_SHA256,
         }
     }
 

@@ -29,6 +29,13 @@ pub const LABEL_WORK_DIR_V1: &str = "maf-sandbox.work-dir.v1";
 pub const LABEL_ROLE: &str = "maf-sandbox.role";
 /// Docker label on an egress proxy container: the SHA-256 of its policy.
 pub const LABEL_EGRESS_V1: &str = "maf-sandbox.egress.v1";
+/// Docker label on a container being created: its create's mark (a per-call nonce), by which an
+/// abandoned create is found again.
+pub const LABEL_CREATE_MARK: &str = "maf-sandbox.create-mark";
+/// Docker label on a local image built around the exec init: the binary's SHA-256.
+pub const LABEL_EXEC_INIT_SHA256: &str = "maf-sandbox.exec-init.sha256";
+/// Docker label on the egress proxy's local image: the binary's SHA-256.
+pub const LABEL_EGRESS_PROXY_SHA256: &str = "maf-sandbox.egress-proxy.sha256";
 
 /// Longest docker label value kept raw.
 const LABEL_RAW_MAX: usize = 63;
