@@ -185,12 +185,15 @@ fn a_file_swapped_for_a_pipe_after_its_lstat_is_refused_without_blocking() {
     let race = Arc::new(race);
     let (done, finished) = mpsc::channel();
     let reader = race.clone();
-    std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         let _ = done.send(reader.root.read("f", 10));
     });
     let outcome = finished
         .recv_timeout(Duration::from_secs(10))
         .expect("opening a pipe with no writer must not block");
+    // The thread's share of the race holds the temporary directory: joined, so the directory
+    // goes with the test, never left behind by a process that ended first.
+    thread.join().unwrap();
     race.assert_swapped();
     assert!(
         matches!(
