@@ -359,7 +359,7 @@ impl Acquirer {
     /// network, egress volume, hardening, runtime).
     fn verify_for(&self, plan: &Plan<'_>, record: &ContainerRecord) -> Result<(), SandboxError> {
         record
-            .verify_under(
+            .verify(
                 plan.key,
                 plan.kind,
                 Some(&plan.base),
@@ -691,7 +691,7 @@ impl Acquirer {
         let name = record.bare_name().to_owned();
         let egress_volume = record.expected_egress_volume();
         record
-            .verify_under(
+            .verify(
                 key,
                 kind,
                 None,

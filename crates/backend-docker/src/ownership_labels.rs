@@ -352,7 +352,9 @@ impl ContainerRecord {
 
     /// The ownership rules in order, first failure wins. `image` is `None` for `find`, which has no
     /// spec; `network` is the configured workload network (`none`); `egress_volume` is the
-    /// allowlist sandbox's volume, `None` for egress closed.
+    /// allowlist sandbox's volume, `None` for egress closed; `runtime` is the configured OCI
+    /// runtime ([`runtime_difference`](Self::runtime_difference)).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn verify(
         &self,
         key: &SandboxKey,
@@ -361,6 +363,7 @@ impl ContainerRecord {
         image: Option<&str>,
         network: &str,
         egress_volume: Option<&str>,
+        runtime: Option<&str>,
     ) -> Result<(), Verdict> {
         if !self.owned_by(key, Some(kind)) {
             return Err(Verdict::NotOurs);
@@ -376,26 +379,10 @@ impl ContainerRecord {
                 return Err(Verdict::OtherImage(self.image().map(str::to_owned)));
             }
         }
-        match self.policy_difference(network, egress_volume) {
-            Some(difference) => Err(Verdict::OtherPolicy(difference)),
-            None => Ok(()),
-        }
-    }
-
-    /// [`verify`](Self::verify), then the runtime rule ([`runtime_difference`](Self::runtime_difference)).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn verify_under(
-        &self,
-        key: &SandboxKey,
-        kind: &str,
-        base: Option<&str>,
-        image: Option<&str>,
-        network: &str,
-        egress_volume: Option<&str>,
-        runtime: Option<&str>,
-    ) -> Result<(), Verdict> {
-        self.verify(key, kind, base, image, network, egress_volume)?;
-        match self.runtime_difference(runtime) {
+        match self
+            .policy_difference(network, egress_volume)
+            .or_else(|| self.runtime_difference(runtime))
+        {
             Some(difference) => Err(Verdict::OtherPolicy(difference)),
             None => Ok(()),
         }
@@ -505,7 +492,7 @@ mod tests {
             record(&labels, &host)
         };
         let verify = |record: &ContainerRecord, runtime: Option<&str>| {
-            record.verify_under(&key(), "python", Some("/w"), None, "none", None, runtime)
+            record.verify(&key(), "python", Some("/w"), None, "none", None, runtime)
         };
         assert_eq!(verify(&under("runsc"), Some("runsc")), Ok(()));
         // A runc container under the gVisor sandbox's name is refused, never served as gVisor.
@@ -519,7 +506,7 @@ mod tests {
         assert_eq!(verify(&under("runsc"), None), Ok(()));
         // The other rules still come first.
         assert_eq!(
-            under("runsc").verify_under(&key(), "other", None, None, "none", None, Some("runsc")),
+            under("runsc").verify(&key(), "other", None, None, "none", None, Some("runsc")),
             Err(Verdict::NotOurs)
         );
     }
@@ -564,20 +551,37 @@ mod tests {
                 Some("/maf-sandbox/work"),
                 Some("sandbox-base:local"),
                 "none",
+                None,
                 None
             ),
             Ok(())
         );
         assert_eq!(
-            ok.verify(&key(), "other", None, None, "none", None),
+            ok.verify(&key(), "other", None, None, "none", None, None),
             Err(Verdict::NotOurs)
         );
         assert_eq!(
-            ok.verify(&key().with_call("c"), "python", None, None, "none", None),
+            ok.verify(
+                &key().with_call("c"),
+                "python",
+                None,
+                None,
+                "none",
+                None,
+                None
+            ),
             Err(Verdict::NotOurs)
         );
         assert_eq!(
-            ok.verify(&key(), "python", Some("/other"), Some("x"), "none", None),
+            ok.verify(
+                &key(),
+                "python",
+                Some("/other"),
+                Some("x"),
+                "none",
+                None,
+                None
+            ),
             Err(Verdict::OtherBase(Some("/maf-sandbox/work".into())))
         );
         assert_eq!(
@@ -587,6 +591,7 @@ mod tests {
                 Some("/maf-sandbox/work"),
                 Some("x"),
                 "none",
+                None,
                 None
             ),
             Err(Verdict::OtherImage(Some("sandbox-base:local".into())))
