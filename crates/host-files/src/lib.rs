@@ -59,6 +59,46 @@ pub const MAX_ENV_FILE_BYTES: u64 = 1024 * 1024;
 /// The largest password database read to find the home directories a root caller guards.
 const MAX_PASSWD_BYTES: u64 = 4 * 1024 * 1024;
 
+// The open flags of each kind of open, named so each is read (and mutation-tested) in one
+// place (`|` on the bits: the flags' own `|` is not `const`). The flags are distinct bits, so `|`
+// and `^` build the same set (`O_RDONLY` is zero).
+
+/// A destination's root directory, opened to write below it.
+const ROOT_DIRECTORY_FLAGS: OFlags = OFlags::from_bits_retain(
+    OFlags::RDONLY.bits() | OFlags::DIRECTORY.bits() | OFlags::CLOEXEC.bits(),
+);
+/// The temporary file a copy is written to: new, never through a link.
+const TEMPORARY_FILE_FLAGS: OFlags = OFlags::from_bits_retain(
+    OFlags::WRONLY.bits()
+        | OFlags::CREATE.bits()
+        | OFlags::EXCL.bits()
+        | OFlags::NOFOLLOW.bits()
+        | OFlags::CLOEXEC.bits(),
+);
+/// A directory below a destination's root, never through a link.
+const DIRECTORY_BELOW_FLAGS: OFlags = OFlags::from_bits_retain(
+    OFlags::RDONLY.bits()
+        | OFlags::DIRECTORY.bits()
+        | OFlags::NOFOLLOW.bits()
+        | OFlags::CLOEXEC.bits(),
+);
+/// A file [`read_regular_capped`] reads: a fifo cannot block the open, a terminal never
+/// becomes ours.
+const CAPPED_READ_FLAGS: OFlags = OFlags::from_bits_retain(
+    OFlags::RDONLY.bits()
+        | OFlags::NONBLOCK.bits()
+        | OFlags::NOCTTY.bits()
+        | OFlags::CLOEXEC.bits(),
+);
+/// A file opened one link hop at a time (`open_without_following`).
+const UNFOLLOWED_READ_FLAGS: OFlags = OFlags::from_bits_retain(
+    OFlags::RDONLY.bits()
+        | OFlags::NOFOLLOW.bits()
+        | OFlags::NONBLOCK.bits()
+        | OFlags::NOCTTY.bits()
+        | OFlags::CLOEXEC.bits(),
+);
+
 /// How many links in the last component of a source are followed, one hop at a time.
 const MAX_LINK_HOPS: usize = 40;
 
@@ -282,12 +322,8 @@ impl Destination {
         if let Some(refusal) = refusal {
             return Err(refuse(refusal));
         }
-        let mut directory = rustix::fs::open(
-            root,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| io_error("open", root, e.into()))?;
+        let mut directory = rustix::fs::open(root, ROOT_DIRECTORY_FLAGS, Mode::empty())
+            .map_err(|e| io_error("open", root, e.into()))?;
         if real_path(&directory, Path::new(root))? != Path::new(root) {
             return Err(SandboxError::NotPermitted(format!(
                 "the output root {root} was moved while {shown} was opened below it"
@@ -356,7 +392,7 @@ impl Destination {
             match rustix::fs::openat(
                 &self.directory,
                 &name,
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                TEMPORARY_FILE_FLAGS,
                 Mode::from_raw_mode(0o666),
             ) {
                 Ok(fd) => return Ok((name, fd)),
@@ -401,8 +437,7 @@ fn open_directory_below(
     walked: &Path,
     shown: &str,
 ) -> Result<OwnedFd, SandboxError> {
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    match rustix::fs::openat(parent, name, flags, Mode::empty()) {
+    match rustix::fs::openat(parent, name, DIRECTORY_BELOW_FLAGS, Mode::empty()) {
         Ok(fd) => Ok(fd),
         Err(Errno::LOOP | Errno::NOTDIR) => {
             let is_link = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)
@@ -551,12 +586,8 @@ fn write_and_sync(mut file: File, content: &[u8]) -> std::io::Result<()> {
 /// Reads a regular file of at most `cap` bytes, reading at most `cap + 1`. A fifo cannot block the open,
 /// a device or a file over the cap is refused. The error is a sentence for people.
 pub fn read_regular_capped(path: &Path, cap: u64) -> Result<Vec<u8>, String> {
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| std::io::Error::from(e).to_string())?;
+    let fd = rustix::fs::open(path, CAPPED_READ_FLAGS, Mode::empty())
+        .map_err(|e| std::io::Error::from(e).to_string())?;
     let mut file = File::from(fd);
     let meta = file.metadata().map_err(|e| e.to_string())?;
     if !meta.is_file() {
@@ -585,11 +616,9 @@ fn read_at_most(file: &mut File, cap: u64) -> std::io::Result<Vec<u8>> {
 /// from blocking the open; `O_NOCTTY` keeps a terminal from becoming ours.
 fn open_without_following(path: &Path) -> Result<File, SandboxError> {
     let shown = path.display().to_string();
-    let flags =
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
     let mut current = path.to_path_buf();
     for _ in 0..=MAX_LINK_HOPS {
-        match rustix::fs::open(&current, flags, Mode::empty()) {
+        match rustix::fs::open(&current, UNFOLLOWED_READ_FLAGS, Mode::empty()) {
             Ok(fd) => return Ok(File::from(fd)),
             Err(Errno::LOOP) => {
                 let target = rustix::fs::readlinkat(CWD, &current, Vec::new())
