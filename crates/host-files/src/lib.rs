@@ -378,28 +378,32 @@ impl Destination {
         })
     }
 
+    /// A new temporary file beside the destination, under a name of 128 random bits: nobody can
+    /// plant a file or a link there ahead of it, so a name that exists is an error, not a retry.
     fn create_temp(&self) -> Result<(OsString, OwnedFd), SandboxError> {
-        let mut attempt = 0u32;
-        loop {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.subsec_nanos())
-                .unwrap_or_default();
-            let name = OsString::from(format!(
-                ".sandboxctl-cp-out.{}.{nanos:08x}.{attempt}",
-                std::process::id()
-            ));
-            match rustix::fs::openat(
-                &self.directory,
-                &name,
-                TEMPORARY_FILE_FLAGS,
-                Mode::from_raw_mode(0o666),
-            ) {
-                Ok(fd) => return Ok((name, fd)),
-                Err(Errno::EXIST) if attempt < 16 => attempt += 1,
-                Err(e) => return Err(io_error("create", &self.shown, e.into())),
-            }
-        }
+        let mut random = [0u8; 16];
+        getrandom::fill(&mut random).map_err(|e| {
+            io_error(
+                "create",
+                &self.shown,
+                std::io::Error::other(format!("the random source failed: {e}")),
+            )
+        })?;
+        let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let name = OsString::from(format!(".sandboxctl-cp-out.{hex}"));
+        let fd = self.create_temp_named(&name)?;
+        Ok((name, fd))
+    }
+
+    /// Creates `name` in the opened directory: new (never an existing file, never through a link).
+    fn create_temp_named(&self, name: &OsString) -> Result<OwnedFd, SandboxError> {
+        rustix::fs::openat(
+            &self.directory,
+            name,
+            TEMPORARY_FILE_FLAGS,
+            Mode::from_raw_mode(0o666),
+        )
+        .map_err(|e| io_error("create", &self.shown, e.into()))
     }
 }
 
@@ -586,9 +590,7 @@ fn write_and_sync(mut file: File, content: &[u8]) -> std::io::Result<()> {
 /// Reads a regular file of at most `cap` bytes, reading at most `cap + 1`. A fifo cannot block the open,
 /// a device or a file over the cap is refused. The error is a sentence for people.
 pub fn read_regular_capped(path: &Path, cap: u64) -> Result<Vec<u8>, String> {
-    let fd = rustix::fs::open(path, CAPPED_READ_FLAGS, Mode::empty())
-        .map_err(|e| std::io::Error::from(e).to_string())?;
-    let mut file = File::from(fd);
+    let mut file = open_capped_read(path).map_err(|e| e.to_string())?;
     let meta = file.metadata().map_err(|e| e.to_string())?;
     if !meta.is_file() {
         return Err("not a regular file".into());
@@ -601,6 +603,15 @@ pub fn read_regular_capped(path: &Path, cap: u64) -> Result<Vec<u8>, String> {
         return Err(format!("over the limit of {cap} bytes"));
     }
     Ok(content)
+}
+
+/// Opens the file [`read_regular_capped`] reads, as its flags say.
+fn open_capped_read(path: &Path) -> std::io::Result<File> {
+    Ok(File::from(rustix::fs::open(
+        path,
+        CAPPED_READ_FLAGS,
+        Mode::empty(),
+    )?))
 }
 
 /// At most `cap + 1` bytes of `file`: one more than allowed tells "over" from "exactly at the cap".
@@ -624,9 +635,11 @@ fn open_without_following(path: &Path) -> Result<File, SandboxError> {
                 let target = rustix::fs::readlinkat(CWD, &current, Vec::new())
                     .map_err(|e| io_error("open", &shown, e.into()))?;
                 let target = PathBuf::from(OsString::from_vec(target.into_bytes()));
+                // A relative target is read from the link's directory; `join` keeps an
+                // absolute one as it is.
                 current = match current.parent() {
-                    Some(parent) if target.is_relative() => parent.join(target),
-                    _ => target,
+                    Some(parent) => parent.join(target),
+                    None => target,
                 };
             }
             Err(e) => return Err(io_error("open", &shown, e.into())),
@@ -660,24 +673,27 @@ fn real_path(fd: &impl AsFd, shown: &Path) -> Result<PathBuf, SandboxError> {
     Ok(real)
 }
 
-#[cfg(any(target_os = "linux", target_os = "android"))]
+/// The kernel's name of the file `fd` is open on. One function with a body per system, so what
+/// runs on Linux is the whole function (and every mutant of it is one a Linux test can catch).
 fn descriptor_path(fd: &impl AsFd) -> std::io::Result<PathBuf> {
-    use std::os::fd::AsRawFd;
-    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()))
-}
-
-#[cfg(target_vendor = "apple")]
-fn descriptor_path(fd: &impl AsFd) -> std::io::Result<PathBuf> {
-    let path = rustix::fs::getpath(fd)?;
-    Ok(PathBuf::from(OsString::from_vec(path.into_bytes())))
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "android", target_vendor = "apple")))]
-fn descriptor_path(_fd: &impl AsFd) -> std::io::Result<PathBuf> {
-    Err(std::io::Error::new(
-        std::io::ErrorKind::Unsupported,
-        "this system cannot name an open file",
-    ))
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        use std::os::fd::AsRawFd;
+        std::fs::read_link(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()))
+    }
+    #[cfg(target_vendor = "apple")]
+    {
+        let path = rustix::fs::getpath(fd)?;
+        Ok(PathBuf::from(OsString::from_vec(path.into_bytes())))
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android", target_vendor = "apple")))]
+    {
+        let _ = fd;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this system cannot name an open file",
+        ))
+    }
 }
 
 /// Whether a path is judged as a source or a destination.
@@ -730,49 +746,52 @@ fn refused(shown: &str, refusal: &HostRefusal, act: &str) -> SandboxError {
     SandboxError::NotPermitted(format!("{shown} {refusal}{lift}"))
 }
 
-/// The pseudo file system the open file lies on, if any.
-#[cfg(any(target_os = "linux", target_os = "android"))]
+/// The pseudo file system the open file lies on, if any. Other systems than Linux know none by
+/// number (their devices are refused as not regular files). One function with a body per system,
+/// as [`descriptor_path`].
 fn pseudo_file_system(file: &File, meta: &std::fs::Metadata) -> Option<&'static str> {
-    /// `f_type` of file systems whose files describe the running host rather than hold data.
-    const PSEUDO: &[(u32, &str)] = &[
-        (0x0000_9fa0, "procfs"),
-        (0x6265_6572, "sysfs"),
-        (0x6462_6720, "debugfs"),
-        (0x7472_6163, "tracefs"),
-        (0x7363_6673, "securityfs"),
-        (0x0027_e0eb, "cgroup"),
-        (0x6367_7270, "cgroup2"),
-        (0xcafe_4a11, "bpf"),
-        (0x6165_676c, "pstore"),
-        (0xde5e_81e4, "efivarfs"),
-        (0x6265_6570, "configfs"),
-        (0x6573_5543, "fusectl"),
-        (0x4249_4e4d, "binfmt_misc"),
-        (0xf97c_ff8c, "selinuxfs"),
-        (0x4341_5d53, "smackfs"),
-        (0x1980_0202, "mqueue"),
-        (0x0000_1cd1, "devpts"),
-        (0x6e73_6673, "nsfs"),
-    ];
-    // Fail closed: a file system that cannot be asked is treated as one of them.
-    let Ok(stats) = rustix::fs::fstatfs(file) else {
-        return Some("a file system that could not be identified");
-    };
-    // Magic numbers are 32-bit; the field is wider on some targets.
-    let magic = stats.f_type as u32;
-    if let Some((_, name)) = PSEUDO.iter().find(|(m, _)| *m == magic) {
-        return Some(name);
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    {
+        let _ = (file, meta);
+        None
     }
-    // devtmpfs reports tmpfs's number; it is told apart as the file system mounted at /dev.
-    let dev = std::fs::metadata("/dev").ok()?;
-    let root = std::fs::metadata("/").ok()?;
-    (dev.dev() != root.dev() && meta.dev() == dev.dev()).then_some("devtmpfs (/dev)")
-}
-
-/// Other systems: devices are refused as not regular files; no pseudo file system is known by number.
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn pseudo_file_system(_file: &File, _meta: &std::fs::Metadata) -> Option<&'static str> {
-    None
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        /// `f_type` of file systems whose files describe the running host rather than hold data.
+        const PSEUDO: &[(u32, &str)] = &[
+            (0x0000_9fa0, "procfs"),
+            (0x6265_6572, "sysfs"),
+            (0x6462_6720, "debugfs"),
+            (0x7472_6163, "tracefs"),
+            (0x7363_6673, "securityfs"),
+            (0x0027_e0eb, "cgroup"),
+            (0x6367_7270, "cgroup2"),
+            (0xcafe_4a11, "bpf"),
+            (0x6165_676c, "pstore"),
+            (0xde5e_81e4, "efivarfs"),
+            (0x6265_6570, "configfs"),
+            (0x6573_5543, "fusectl"),
+            (0x4249_4e4d, "binfmt_misc"),
+            (0xf97c_ff8c, "selinuxfs"),
+            (0x4341_5d53, "smackfs"),
+            (0x1980_0202, "mqueue"),
+            (0x0000_1cd1, "devpts"),
+            (0x6e73_6673, "nsfs"),
+        ];
+        // Fail closed: a file system that cannot be asked is treated as one of them.
+        let Ok(stats) = rustix::fs::fstatfs(file) else {
+            return Some("a file system that could not be identified");
+        };
+        // Magic numbers are 32-bit; the field is wider on some targets.
+        let magic = stats.f_type as u32;
+        if let Some((_, name)) = PSEUDO.iter().find(|(m, _)| *m == magic) {
+            return Some(name);
+        }
+        // devtmpfs reports tmpfs's number; it is told apart as the file system mounted at /dev.
+        let dev = std::fs::metadata("/dev").ok()?;
+        let root = std::fs::metadata("/").ok()?;
+        (dev.dev() != root.dev() && meta.dev() == dev.dev()).then_some("devtmpfs (/dev)")
+    }
 }
 
 fn io_error(operation: &'static str, path: &str, source: std::io::Error) -> SandboxError {
@@ -1299,5 +1318,260 @@ mod tests {
                 "{local}"
             );
         }
+    }
+
+    /// Runs `open` on a thread and fails the test when it has not answered within ten seconds:
+    /// an open that waits for a FIFO's writer. `release` then opens the FIFO for writing, so the
+    /// thread ends with the test.
+    fn answers_at_once<T: Send + 'static>(
+        open: impl FnOnce() -> T + Send + 'static,
+        release: &Path,
+    ) -> T {
+        let (sent, received) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = sent.send(open());
+        });
+        match received.recv_timeout(std::time::Duration::from_secs(10)) {
+            Ok(answer) => answer,
+            Err(_) => {
+                let _ = std::fs::OpenOptions::new().write(true).open(release);
+                panic!("the open waited on a FIFO");
+            }
+        }
+    }
+
+    fn fifo_in(dir: &Path) -> PathBuf {
+        let fifo = dir.join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            Mode::RUSR | Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        fifo
+    }
+
+    fn close_on_exec(fd: impl AsFd) -> bool {
+        rustix::io::fcntl_getfd(fd)
+            .unwrap()
+            .contains(rustix::io::FdFlags::CLOEXEC)
+    }
+
+    fn non_blocking(fd: impl AsFd) -> bool {
+        rustix::fs::fcntl_getfl(fd)
+            .unwrap()
+            .contains(OFlags::NONBLOCK)
+    }
+
+    /// A FIFO as a source (for `cp-in`, or a file the host reads itself) is refused at once,
+    /// never waited on for a writer; the files opened to be read are closed on exec and opened
+    /// without blocking.
+    #[test]
+    fn a_fifo_source_is_refused_at_once_and_reads_are_opened_close_on_exec() {
+        let dir = plain_tempdir();
+        let fifo = fifo_in(dir.path());
+        let guard = guard_for(Path::new("/nonexistent-home"));
+        let source = fifo.clone();
+        let opened = answers_at_once(
+            move || Source::open(&source, &guard, false).map(drop),
+            &fifo,
+        );
+        assert_eq!(
+            opened.unwrap_err().kind(),
+            sandbox_core::ErrorKind::NotRegularFile
+        );
+        let source = fifo.clone();
+        let read = answers_at_once(move || read_regular_capped(&source, 16), &fifo);
+        assert_eq!(read.unwrap_err(), "not a regular file");
+
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, b"x").unwrap();
+        let guard = guard_for(Path::new("/nonexistent-home"));
+        let source = Source::open(&plain, &guard, false).unwrap();
+        assert!(close_on_exec(&source.file));
+        assert!(non_blocking(&source.file));
+        let capped = open_capped_read(&plain).unwrap();
+        assert!(close_on_exec(&capped));
+        assert!(non_blocking(&capped));
+    }
+
+    /// `read_regular_capped` reads a file of exactly the cap, refuses one byte more by its size,
+    /// and refuses a file whose size says nothing (procfs reports 0) once it reads past the cap.
+    #[test]
+    fn a_capped_read_holds_the_cap_exactly_even_when_the_size_lies() {
+        let dir = plain_tempdir();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"12345").unwrap();
+        assert_eq!(read_regular_capped(&path, 5).unwrap(), b"12345");
+        let over = read_regular_capped(&path, 4).unwrap_err();
+        assert!(over.contains("5 bytes, over the limit of 4"), "{over}");
+        let status = Path::new("/proc/self/status");
+        assert_eq!(std::fs::metadata(status).unwrap().len(), 0);
+        let over = read_regular_capped(status, 10).unwrap_err();
+        assert_eq!(over, "over the limit of 10 bytes");
+    }
+
+    /// A source named through links, relative and absolute, is the file they lead to; a chain
+    /// longer than the hop limit is refused; a missing source is NotFound.
+    #[test]
+    fn a_source_through_links_is_read_and_a_missing_one_is_not_found() {
+        let dir = plain_tempdir();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/data"), b"through links").unwrap();
+        std::os::unix::fs::symlink("sub/data", root.join("relative")).unwrap();
+        std::os::unix::fs::symlink(root.join("relative"), root.join("absolute")).unwrap();
+        let guard = guard_for(Path::new("/nonexistent-home"));
+        for name in ["relative", "absolute"] {
+            let content = Source::open(&root.join(name), &guard, false)
+                .unwrap()
+                .read_capped(64)
+                .unwrap();
+            assert_eq!(content, b"through links", "{name}");
+        }
+        let mut previous = root.join("sub/data");
+        for hop in 0..=MAX_LINK_HOPS {
+            let link = root.join(format!("hop{hop}"));
+            std::os::unix::fs::symlink(&previous, &link).unwrap();
+            previous = link;
+        }
+        let e = Source::open(&previous, &guard, false).unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::Io, "{e}");
+        assert!(format!("{e:?}").contains("more than 40 links"), "{e:?}");
+        let e = Source::open(&root.join("missing"), &guard, false).unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::NotFound, "{e}");
+    }
+
+    /// A magic link of procfs (`/proc/self/fd/N`, which the kernel would open as the object
+    /// itself, whatever its name says) is followed by its name only: a pipe's is NotFound,
+    /// never opened.
+    #[test]
+    fn a_magic_link_is_followed_by_its_name_never_by_the_kernel() {
+        let (reader, _writer) = std::io::pipe().unwrap();
+        let magic = PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&reader)
+        ));
+        let guard = guard_for(Path::new("/nonexistent-home"));
+        let e = Source::open(&magic, &guard, false).unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::NotFound, "{e}");
+    }
+
+    /// A descriptor whose file was removed, with another file now standing at the name the
+    /// kernel gives it (`NAME (deleted)`), on the same device: not where it is said to be.
+    #[test]
+    fn a_descriptor_whose_name_now_holds_another_file_is_refused() {
+        let dir = plain_tempdir();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let path = root.join("gone");
+        std::fs::write(&path, b"x").unwrap();
+        let file = File::open(&path).unwrap();
+        assert_eq!(real_path(&file, &path).unwrap(), path);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(root.join("gone (deleted)"), b"y").unwrap();
+        let e = real_path(&file, &path).unwrap_err();
+        assert!(e.to_string().contains("is another file now"), "{e}");
+    }
+
+    /// Files of procfs and of the device file system are recognised, a plain file is not.
+    #[test]
+    fn pseudo_file_systems_are_recognised_by_their_files() {
+        let on = |path: &str| {
+            let file = File::open(path).unwrap();
+            let meta = file.metadata().unwrap();
+            pseudo_file_system(&file, &meta)
+        };
+        assert_eq!(on("/proc/self/status"), Some("procfs"));
+        let dev_is_its_own =
+            std::fs::metadata("/dev").unwrap().dev() != std::fs::metadata("/").unwrap().dev();
+        assert!(dev_is_its_own, "this test needs /dev mounted apart from /");
+        assert_eq!(on("/dev/null"), Some("devtmpfs (/dev)"));
+        let dir = plain_tempdir();
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, b"x").unwrap();
+        assert_eq!(on(&plain.display().to_string()), None);
+        let guard = guard_for(Path::new("/nonexistent-home"));
+        let e = Source::open(Path::new("/proc/self/status"), &guard, false).unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::NotPermitted, "{e}");
+    }
+
+    /// The temporary file of a copy is new, never an existing name nor a link planted there,
+    /// closed on exec; a copy leaves no temporary file.
+    #[test]
+    fn the_temporary_file_is_new_never_a_planted_link_and_closed_on_exec() {
+        let (_dir, home, guard) = home_as_output_root();
+        let victim = home.join("victim");
+        std::fs::write(&victim, b"kept").unwrap();
+        let destination =
+            Destination::open(&home.join("out"), &guard, false, ExistingFile::Keep).unwrap();
+        std::os::unix::fs::symlink(&victim, home.join("planted")).unwrap();
+        let e = destination
+            .create_temp_named(&OsString::from("planted"))
+            .unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::Io, "{e}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"kept");
+        let (name, fd) = destination.create_temp().unwrap();
+        assert!(close_on_exec(&fd));
+        let (other, _) = destination.create_temp().unwrap();
+        assert_ne!(name, other);
+        for temp in [&name, &other] {
+            std::fs::remove_file(home.join(temp)).unwrap();
+        }
+        destination.write_atomically(b"copied").unwrap();
+        assert_eq!(std::fs::read(home.join("out")).unwrap(), b"copied");
+        assert_only(&home, &["out", "planted", "victim"]);
+    }
+
+    /// Every directory below the root is opened as a directory and never through a link.
+    #[test]
+    fn a_directory_below_is_never_a_file_nor_a_link() {
+        let dir = plain_tempdir();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir(root.join("real")).unwrap();
+        std::fs::write(root.join("file"), b"x").unwrap();
+        std::os::unix::fs::symlink(root.join("real"), root.join("link")).unwrap();
+        let parent: OwnedFd = File::open(&root).unwrap().into();
+        let below = |name: &str| {
+            open_directory_below(&parent, &OsString::from(name), &root.join(name), name)
+        };
+        assert!(below("real").is_ok());
+        let e = below("link").unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::Confinement, "{e}");
+        let e = below("file").unwrap_err();
+        assert_eq!(e.kind(), sandbox_core::ErrorKind::NotADirectory, "{e}");
+    }
+
+    /// `copy_in` and `copy_out` move the bytes and say how many.
+    #[test]
+    fn copies_move_the_bytes_and_count_them() {
+        use sandbox_core::testing::FakeBackend;
+        use sandbox_core::{Isolation, SandboxBackend as _, SandboxKey, SandboxSpec};
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let backend = FakeBackend::new("fake", Isolation::Container);
+            let key = SandboxKey::conversation("s", "t", "a");
+            let spec = SandboxSpec::builder("k").build().unwrap();
+            let sandbox = backend.acquire(&key, &spec).await.unwrap();
+            let (_dir, home, guard) = home_as_output_root();
+            std::fs::write(home.join("in"), b"seven b").unwrap();
+            let copied = copy_in(&*sandbox, &home.join("in"), "x", ".", &guard, false, 64)
+                .await
+                .unwrap();
+            assert_eq!(copied, 7);
+            assert_eq!(sandbox.read_file("x", ".", 64).await.unwrap(), b"seven b");
+            let destination =
+                Destination::open(&home.join("back"), &guard, false, ExistingFile::Keep).unwrap();
+            assert_eq!(
+                copy_out(&*sandbox, "x", ".", destination, 64)
+                    .await
+                    .unwrap(),
+                7
+            );
+            assert_eq!(std::fs::read(home.join("back")).unwrap(), b"seven b");
+        });
     }
 }
