@@ -8,7 +8,7 @@
 //!   (`sandbox-core`)
 //!   depend on nothing of ours, so each can be read and tested alone;
 //! - `wrapper-stream` joins `exec-wrapper` and `sandbox-core` and nothing else;
-//! - `sbx-cli` and `sbx-sim` depend on `exec-wrapper` only;
+//! - `sbx-cli` depends on `exec-wrapper` only, `sbx-sim` on it and the `host-state` leaf;
 //! - `conformance` depends on `sandbox-core` (and the `token-server` leaf) only, so the suites
 //!   attack the contract and never a backend's internals;
 //! - `vm-agent` (the guest agent and its protocol) depends on nothing of ours, and `qemu-vm`
@@ -17,7 +17,8 @@
 //! - `host-files` (the guarded opener of host files) depends on the core only;
 //! - `sandbox-backends` (the one place hosts name concrete backends) depends on the core, the
 //!   backends, `exec-wrapper`, `qemu-vm` (the microVM image) and `host-files`; `sandbox-mcp`
-//!   reaches backends (and the host-file guard) only through it;
+//!   reaches backends (and the host-file guard) only through it (and takes its handles from the
+//!   `host-state` leaf);
 //! - `sandbox-core`'s in-process fake backend (its `testing` feature) is enabled only from
 //!   dev-dependencies, so no binary of ours links it;
 //! - `sandbox-core` does no I/O: its normal dependencies are a short allow-list, and a new one
@@ -70,7 +71,7 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
     ("confined-fs", &[]),
     ("sandbox-core", &[]),
     ("sbx-cli", &["exec-wrapper"]),
-    ("sbx-sim", &["exec-wrapper"]),
+    ("sbx-sim", &["exec-wrapper", "host-state"]),
     ("token-server", &[]),
     ("host-state", &[]),
     ("wrapper-stream", &["sandbox-core", "exec-wrapper"]),
@@ -89,7 +90,10 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
         ],
     ),
     ("host-files", &["sandbox-core"]),
-    ("sandbox-mcp", &["sandbox-core", "sandbox-backends"]),
+    (
+        "sandbox-mcp",
+        &["sandbox-core", "sandbox-backends", "host-state"],
+    ),
     ("vm-agent", &[]),
     ("qemu-vm", &["vm-agent", "exec-wrapper"]),
 ];

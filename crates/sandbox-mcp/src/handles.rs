@@ -107,16 +107,11 @@ pub enum CreateRefusal {
 
 /// A fresh handle: `sbx_` and 32 hex digits (128 random bits).
 ///
-/// # Panics
-/// When the operating system's random generator fails, which leaves nothing safe to hand out.
-pub fn new_handle() -> String {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).expect("the OS random generator answers");
-    let mut out = String::from("sbx_");
-    for b in bytes {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
+/// # Errors
+/// The operating system's random source fails: nothing safe can be handed out, and nothing is
+/// made up instead.
+pub fn new_handle() -> std::io::Result<String> {
+    Ok(format!("sbx_{}", host_state::random_hex(32)?))
 }
 
 impl HandleTable {
@@ -138,18 +133,18 @@ impl HandleTable {
         self.ttl
     }
 
-    /// Binds a new handle to `principal` and returns it.
+    /// Binds `handle` (a [`new_handle`]) to `principal`.
     pub fn insert(
         &mut self,
+        handle: String,
         principal: Principal,
         key: SandboxKey,
         kind: String,
         sandbox: Arc<dyn Sandbox>,
         egress: Vec<String>,
-    ) -> String {
-        let handle = new_handle();
+    ) {
         self.live.insert(
-            handle.clone(),
+            handle,
             Entry {
                 principal,
                 key,
@@ -160,7 +155,6 @@ impl HandleTable {
                 in_use: 0,
             },
         );
-        handle
     }
 
     /// Records a create of `key` for `principal` in flight, until
@@ -363,10 +357,24 @@ mod tests {
         Arc::from(name)
     }
 
+    /// Binds a fresh handle, as the server's create does, and returns it.
+    fn bind(
+        table: &mut HandleTable,
+        principal: Principal,
+        key: SandboxKey,
+        kind: String,
+        sandbox: Arc<dyn Sandbox>,
+        egress: Vec<String>,
+    ) -> String {
+        let handle = new_handle().unwrap();
+        table.insert(handle.clone(), principal, key, kind, sandbox, egress);
+        handle
+    }
+
     #[tokio::test]
     async fn handles_are_random_and_long() {
-        let a = new_handle();
-        let b = new_handle();
+        let a = new_handle().unwrap();
+        let b = new_handle().unwrap();
         assert_ne!(a, b);
         assert_eq!(a.len(), 4 + 32);
         assert!(a[4..].chars().all(|c| c.is_ascii_hexdigit()));
@@ -376,7 +384,14 @@ mod tests {
     async fn another_principal_reads_a_handle_exactly_as_unknown() {
         let mut table = HandleTable::new(Duration::from_secs(60));
         let key = SandboxKey::conversation("s", "t", "a");
-        let h = table.insert(p("alice"), key, "k".into(), sandbox().await, vec![]);
+        let h = bind(
+            &mut table,
+            p("alice"),
+            key,
+            "k".into(),
+            sandbox().await,
+            vec![],
+        );
         assert!(matches!(table.acquire("alice", &h), Lookup::Found(_)));
         table.release(&h);
         assert!(matches!(table.acquire("bob", &h), Lookup::Unknown));
@@ -403,7 +418,14 @@ mod tests {
         let ttl = Duration::from_secs(30 * 60);
         let mut table = HandleTable::new(ttl);
         let key = SandboxKey::conversation("s", "t", "a");
-        let h = table.insert(p("alice"), key.clone(), "k".into(), sandbox().await, vec![]);
+        let h = bind(
+            &mut table,
+            p("alice"),
+            key.clone(),
+            "k".into(),
+            sandbox().await,
+            vec![],
+        );
         tokio::time::advance(ttl - Duration::from_secs(1)).await;
         assert!(table.take_expired().is_empty());
         // A use restarts the idle clock.
@@ -424,8 +446,22 @@ mod tests {
     async fn a_disposal_not_yet_done_is_kept_for_its_principal_and_the_end() {
         let mut table = HandleTable::new(Duration::from_secs(60));
         let key = SandboxKey::conversation("s", "t", "a");
-        let h = table.insert(p("alice"), key.clone(), "k".into(), sandbox().await, vec![]);
-        let other = table.insert(p("alice"), key, "k".into(), sandbox().await, vec![]);
+        let h = bind(
+            &mut table,
+            p("alice"),
+            key.clone(),
+            "k".into(),
+            sandbox().await,
+            vec![],
+        );
+        let other = bind(
+            &mut table,
+            p("alice"),
+            key,
+            "k".into(),
+            sandbox().await,
+            vec![],
+        );
         assert!(table.begin_disposal("alice", &h).is_some());
         assert!(table.list("alice").iter().all(|(handle, ..)| *handle != h));
         // Not done yet: its principal may try again, and the end still finds it.
@@ -439,7 +475,14 @@ mod tests {
         assert!(table.begin_disposal("alice", &other).is_none());
         let mut table = HandleTable::new(Duration::from_secs(60));
         let key = SandboxKey::conversation("s", "t", "a");
-        let h = table.insert(p("alice"), key, "k".into(), sandbox().await, vec![]);
+        let h = bind(
+            &mut table,
+            p("alice"),
+            key,
+            "k".into(),
+            sandbox().await,
+            vec![],
+        );
         assert!(table.begin_disposal("alice", &h).is_some());
         table.disposed(&h);
         assert!(table.take_all().is_empty(), "a done disposal is forgotten");
@@ -473,7 +516,14 @@ mod tests {
         };
         let key = |t: &str| SandboxKey::conversation("s", t, "x");
         // Alice: one live, one being made; a third is hers too many.
-        let h = table.insert(p("alice"), key("a1"), "k".into(), sandbox().await, vec![]);
+        let h = bind(
+            &mut table,
+            p("alice"),
+            key("a1"),
+            "k".into(),
+            sandbox().await,
+            vec![],
+        );
         assert_eq!(table.begin_create(key("a2"), p("alice"), limits), Ok(()));
         assert_eq!(
             table.begin_create(key("a3"), p("alice"), limits),
@@ -503,7 +553,14 @@ mod tests {
         let ttl = Duration::from_secs(10);
         let mut table = HandleTable::new(ttl);
         let key = SandboxKey::conversation("s", "t", "a");
-        let h = table.insert(p("alice"), key, "k".into(), sandbox().await, vec![]);
+        let h = bind(
+            &mut table,
+            p("alice"),
+            key,
+            "k".into(),
+            sandbox().await,
+            vec![],
+        );
         assert!(matches!(table.acquire("alice", &h), Lookup::Found(_)));
         tokio::time::advance(ttl * 5).await;
         assert!(table.take_expired().is_empty());

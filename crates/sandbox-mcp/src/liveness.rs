@@ -25,7 +25,6 @@ use std::io::{Read as _, Write as _};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::handles::new_handle;
 use crate::state_dir::{StateDir, StateDirError};
 
 /// The largest `/proc/<pid>/stat` read (the kernel writes well under 1 KiB).
@@ -59,6 +58,9 @@ pub enum LivenessError {
         /// The failure.
         source: std::io::Error,
     },
+    /// The operating system's random source failed, so no id could be drawn.
+    #[error("no server id could be drawn: {0}")]
+    Random(std::io::Error),
 }
 
 /// What a starting server concludes about the owner of a sandbox.
@@ -111,13 +113,14 @@ impl Liveness {
     ///
     /// # Errors
     /// [`LivenessError::StateDir`] when the directory is unfit ([`StateDir::open`]),
-    /// [`LivenessError::Lock`] when the lock cannot be made or held.
+    /// [`LivenessError::Lock`] when the lock cannot be made or held, [`LivenessError::Random`]
+    /// when the random source fails.
     pub fn start(dir: &Path) -> Result<Self, LivenessError> {
         let dir = StateDir::open(dir)?;
         let me = Owner::of(std::process::id());
         // Random bits in every id: two servers in one process (a library host) never share a
         // thread id, and a server without a process identity still has a unique one.
-        let random = &new_handle()[4..];
+        let random = host_state::random_hex(32).map_err(LivenessError::Random)?;
         let id = match &me {
             Some(me) => format!("{}.{}", me.id(), &random[..16]),
             None => random.to_owned(),

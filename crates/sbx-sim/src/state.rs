@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{ErrorKind, Read as _, Write as _};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -101,17 +101,13 @@ pub fn check_name(name: &str) -> Result<()> {
     }
 }
 
-/// `n` random bytes from the kernel, as hex.
+/// `n` random bytes from the operating system's random source, as hex (`2 * n` digits).
 ///
 /// # Errors
 ///
-/// `/dev/urandom` cannot be read.
+/// The random source fails; nothing is made up instead.
 pub fn random_hex(n: usize) -> Result<String> {
-    let mut bytes = vec![0_u8; n];
-    File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| SimError::state("/dev/urandom", e))?;
-    Ok(hex(&bytes))
+    host_state::random_hex(n * 2).map_err(|e| SimError::state("the random source", e))
 }
 
 /// Milliseconds since the Unix epoch.
@@ -624,44 +620,39 @@ fn remove_if_present(path: &Path) -> Result<()> {
 ///
 /// Unreadable or not the expected shape.
 pub fn read_json_at<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
-    let bytes = match fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(SimError::state(path, e)),
+    let Some(bytes) = host_state::read_record(path, MAX_STATE_FILE_BYTES)
+        .map_err(|e| SimError::state(path, e))?
+    else {
+        return Ok(None);
     };
     serde_json::from_slice(&bytes)
         .map(Some)
         .map_err(|e| SimError::state(path, std::io::Error::new(ErrorKind::InvalidData, e)))
 }
 
-/// Writes a JSON file (mode 0600) through a temporary sibling and a rename, so a reader never
-/// sees half a file.
+/// The most of a state file [`read_json_at`] reads: far above any the simulator writes (a
+/// sandbox list of thousands); a longer file is cut there and fails to parse, never read whole.
+const MAX_STATE_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Writes a JSON file (mode 0600) durably, through `host_state::place_record`: a reader sees
+/// the old file or the new one, never half of one.
 ///
 /// # Errors
 ///
-/// The file cannot be written or renamed.
+/// The file cannot be written or put in place.
 pub fn write_json_at<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt as _;
     let mut bytes = serde_json::to_vec_pretty(value)
         .map_err(|e| SimError::state(path, std::io::Error::other(e)))?;
     bytes.push(b'\n');
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temp = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
-    let written = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
-        .open(&temp)
-        .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()));
-    if let Err(e) = written.and_then(|()| fs::rename(&temp, path)) {
-        let _ = fs::remove_file(&temp);
-        return Err(SimError::state(path, e));
-    }
-    Ok(())
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Err(SimError::state(
+            path,
+            std::io::Error::new(ErrorKind::InvalidInput, "not a file path with a UTF-8 name"),
+        ));
+    };
+    host_state::place_record(dir, name, &bytes, host_state::Placing::Replace)
+        .map(drop)
+        .map_err(|e| SimError::state(path, e))
 }
 
 /// How long until `last + idle`, zero when past.
@@ -783,7 +774,7 @@ mod tests {
         let leftovers: Vec<_> = fs::read_dir(home.dir())
             .unwrap()
             .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".part"))
             .collect();
         assert!(leftovers.is_empty());
     }

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::settings::Settings;
 use crate::errors::ToolFailure;
-use crate::handles::{CreateRefusal, Entry, HandleTable, Lookup, Principal};
+use crate::handles::{new_handle, CreateRefusal, Entry, HandleTable, Lookup, Principal};
 use crate::liveness::Liveness;
 
 /// The state every connection of one server shares.
@@ -105,6 +105,13 @@ impl Shared {
         spec: SandboxSpec,
         egress: Vec<String>,
     ) -> Result<(String, Duration), ToolFailure> {
+        // Drawn first: a random source that fails refuses the create before anything is made.
+        let handle = new_handle().map_err(|e| {
+            ToolFailure::from_sandbox(
+                &SandboxError::engine(format!("no handle could be drawn: {e}")),
+                None,
+            )
+        })?;
         let key = self.new_key(&principal);
         let began = self
             .table()
@@ -130,7 +137,8 @@ impl Shared {
                 .map_err(|e| ToolFailure::from_sandbox(&e, None))?;
             let mut table = creating.shared.table();
             let ttl = table.ttl();
-            Ok((table.insert(principal, key, kind, sandbox, egress), ttl))
+            table.insert(handle.clone(), principal, key, kind, sandbox, egress);
+            Ok((handle, ttl))
         });
         made.await.unwrap_or_else(|_| {
             Err(ToolFailure::from_sandbox(
