@@ -119,15 +119,10 @@ impl DockerBackend {
             );
         }
         let declarations = BackendDeclarations {
-            capabilities: BTreeSet::from([
-                Capability::Exec,
-                Capability::FilesIn,
-                Capability::FilesOut,
-                Capability::FilesList,
-                Capability::FilesDelete,
-                Capability::Reclaim,
-                Capability::Snapshot,
-            ]),
+            capabilities: Capability::exec_and_files()
+                .into_iter()
+                .chain([Capability::Snapshot])
+                .collect(),
             limits: SandboxLimits {
                 files_in: TRANSFER_CEILING,
                 files_out: TRANSFER_CEILING,

@@ -68,14 +68,7 @@ pub const TRANSFER_CEILING: TransferLimits = TransferLimits {
 /// ceilings above.
 fn declarations() -> BackendDeclarations {
     BackendDeclarations {
-        capabilities: BTreeSet::from([
-            Capability::Exec,
-            Capability::FilesIn,
-            Capability::FilesOut,
-            Capability::FilesList,
-            Capability::FilesDelete,
-            Capability::Reclaim,
-        ]),
+        capabilities: Capability::exec_and_files(),
         limits: SandboxLimits {
             files_in: TRANSFER_CEILING,
             files_out: TRANSFER_CEILING,

@@ -34,14 +34,7 @@ pub struct SbxBackend {
 /// the default transfer ceilings.
 fn declarations() -> BackendDeclarations {
     BackendDeclarations {
-        capabilities: BTreeSet::from([
-            Capability::Exec,
-            Capability::FilesIn,
-            Capability::FilesOut,
-            Capability::FilesList,
-            Capability::FilesDelete,
-            Capability::Reclaim,
-        ]),
+        capabilities: Capability::exec_and_files(),
         limits: SandboxLimits::default(),
         egress_modes: BTreeSet::from([Egress::Closed]),
         os_families: BTreeSet::from([OsFamily::Posix]),

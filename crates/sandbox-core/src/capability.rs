@@ -68,6 +68,20 @@ impl Capability {
         BTreeSet::from([Capability::Exec, Capability::FilesIn])
     }
 
+    /// Exec, every file capability and reclaim: what a backend that runs commands and moves
+    /// files through the full contract declares before anything of its own
+    /// ([`Snapshot`](Capability::Snapshot), the egress rules).
+    pub fn exec_and_files() -> BTreeSet<Capability> {
+        BTreeSet::from([
+            Capability::Exec,
+            Capability::FilesIn,
+            Capability::FilesOut,
+            Capability::FilesList,
+            Capability::FilesDelete,
+            Capability::Reclaim,
+        ])
+    }
+
     /// Whether a set of required capabilities needs the storage base prepared.
     pub fn needs_storage_base(required: &BTreeSet<Capability>) -> bool {
         STORAGE_CAPABILITIES.iter().any(|c| required.contains(c))
@@ -101,6 +115,21 @@ mod tests {
             "EXEC".parse::<Capability>(),
             Err(ParseError::Unknown { .. })
         ));
+    }
+
+    #[test]
+    fn exec_and_files_is_everything_but_the_optional_extras() {
+        let extras = BTreeSet::from([
+            Capability::Snapshot,
+            Capability::EgressMethods,
+            Capability::EgressPaths,
+        ]);
+        let everything: BTreeSet<Capability> = Capability::ALL.iter().copied().collect();
+        assert_eq!(
+            Capability::exec_and_files(),
+            everything.difference(&extras).copied().collect()
+        );
+        assert!(Capability::defaults().is_subset(&Capability::exec_and_files()));
     }
 
     #[test]
