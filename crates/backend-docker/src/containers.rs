@@ -78,8 +78,8 @@ pub(crate) struct Hardening<'a> {
     pub(crate) runtime: Option<&'a str>,
 }
 
-/// The one hardened host configuration of every container this backend makes, workload and
-/// egress proxy alike: the engine's init, every capability dropped, no privilege gain, a pids
+/// The one hardened host configuration of every container this backend makes, workload, egress
+/// proxy and host address listing alike: the engine's init, every capability dropped, no privilege gain, a pids
 /// limit, memory (swap included) and CPUs bounded, one network, no mount but the egress volume,
 /// and the configured runtime. A container that needs more (the proxy's read-only root and bounded logs) adds to it,
 /// never takes from it.

@@ -6,8 +6,8 @@
 //! internal name) would reach that service through the proxy, and no address range names
 //! them. So they are read where the engine runs, not where this process runs (a remote engine,
 //! `DOCKER_HOST=ssh://…`, has other addresses): a short-lived container from the proxy image in
-//! the host's network namespace (`network_mode: host`, every capability dropped,
-//! `no-new-privileges`, read-only root) runs `egress-proxy host-addresses`, which lists the
+//! the host's network namespace (`network_mode: host`, with every container's hardening and a
+//! read-only root) runs `egress-proxy host-addresses`, which lists the
 //! addresses of every interface, up or down. The answer is kept per engine (per backend) for
 //! [`HOST_ADDRESSES_TTL`]; a proxy keeps the list it was started with.
 //!
@@ -28,12 +28,20 @@ use sandbox_core::SandboxError;
 use crate::egress_names::LABEL_ROLE;
 use std::sync::Arc;
 
-use crate::containers::Containers;
+use crate::config::Resources;
+use crate::containers::{hardened_host_config, Containers, Hardening};
 
 /// How long one reading of the host's addresses is used for new proxies.
 pub(crate) const HOST_ADDRESSES_TTL: Duration = Duration::from_secs(300);
 /// The most output the listing may have.
 const LISTING_BUDGET: usize = 64 * 1024;
+/// The listing's processes: a shell and the lister, with room to spare.
+const LISTING_PIDS_LIMIT: i64 = 16;
+/// The listing's CPU and memory: it reads a few interfaces and prints a line each.
+const LISTING_RESOURCES: Resources = Resources {
+    nano_cpus: 1_000_000_000,
+    memory_bytes: 64 * 1024 * 1024,
+};
 /// The prefix of the listing container's name (a random suffix follows).
 const LISTING_NAME: &str = "maf-sandbox-host-addresses-";
 
@@ -119,13 +127,15 @@ impl HostAddresses {
                 "host-addresses".to_owned(),
             )])),
             host_config: Some(HostConfig {
-                network_mode: Some("host".to_owned()),
-                cap_drop: Some(vec!["ALL".to_owned()]),
-                security_opt: Some(vec!["no-new-privileges".to_owned()]),
                 readonly_rootfs: Some(true),
-                pids_limit: Some(16),
-                memory: Some(64 * 1024 * 1024),
-                ..HostConfig::default()
+                ..hardened_host_config(Hardening {
+                    pids_limit: LISTING_PIDS_LIMIT,
+                    resources: LISTING_RESOURCES,
+                    network: "host",
+                    egress_volume: None,
+                    // This crate's own listing, never the guest's: the engine's default runtime.
+                    runtime: None,
+                })
             }),
             ..ContainerCreateBody::default()
         };
