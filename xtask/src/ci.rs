@@ -142,13 +142,6 @@ pub const STEPS: &[CiStep] = &[
         "tools",
         Run::Xtask(&["tools", "nextest"]),
     ),
-    // The same for cargo-mutants; nothing needs it before the unit tests have ended.
-    step(
-        "mutants install",
-        "tools",
-        Run::Xtask(&["tools", "mutants"]),
-    )
-    .background(),
     step(
         "clippy",
         WORKSPACE_LANE,
@@ -181,11 +174,12 @@ pub const STEPS: &[CiStep] = &[
     step("e2e docker", WORKSPACE_LANE, Run::Xtask(&["e2e", "docker"])).after(&["images"]),
     // Mutation testing of the lines of the security leaves changed since the last tag (else
     // main's merge base, else the last commit): a survivor not explained on the allow-list
-    // fails the run (`mutants.rs`). Nothing to do, and no build, when none changed; else only
-    // the changed lines' mutants, in a target directory of its own, at the lowest priority
-    // beside the suites.
+    // fails the run (`mutants.rs`). Nothing to do, no build and no install when none changed
+    // (cargo-mutants, a 20-minute compile on a fresh two-core machine, is installed only then);
+    // else only the changed lines' mutants, in a target directory of its own, at the lowest
+    // priority beside the suites.
     step("mutants", "mutants", Run::Xtask(&["mutants", "--changed"]))
-        .after(&["nextest", "mutants install"])
+        .after(&["nextest"])
         .background(),
     // Off the workspace lane, so the Docker suite (the longest step) starts right after the
     // unit tests: the doc builds wait for its compile on cargo's lock at most, then build

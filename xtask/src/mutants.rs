@@ -22,8 +22,10 @@
 //!
 //! Every build shares one target directory, `target/mutants/cargo-target`, so dependencies are
 //! compiled once across runs; each crate's report is kept in `target/mutants/<crate>/mutants.out`.
-//! cargo-mutants is installed with `cargo install` when `cargo mutants --version` does not
-//! answer the major version this module reads the output of ([`TOOL_MAJOR`]). Every command has
+//! cargo-mutants is installed with `cargo install` into the tools cache
+//! ([`crate::tools::tools_root`]) when `cargo mutants --version` does not answer the major
+//! version this module reads the output of ([`TOOL_MAJOR`]), and only when there is a crate to
+//! mutate. Every command has
 //! a deadline, past which its process group is killed.
 
 use std::ffi::OsString;
@@ -37,7 +39,7 @@ use serde::Deserialize;
 
 use crate::error::XtaskError;
 use crate::process::{bounded_runtime, capture_in, cargo, seconds, stream_bounded, Workspace};
-use crate::tools::{is_supported_version, TOOL_MAJOR};
+use crate::tools::{is_supported_version, Tool, TOOL_MAJOR};
 
 /// The crates mutated when none is named: the ones a security reviewer reads alone.
 pub const DEFAULT_CRATES: &[&str] = &["confined-fs", "exec-wrapper", "sbx-cli"];
@@ -275,12 +277,15 @@ fn ensure_cargo_mutants(
     } else {
         eprintln!("==> mutants: cargo-mutants is not installed; installing it");
     }
+    // Into the tools cache, where every later run (and `cargo xtask tools`) finds it.
     let args = [
         "install".to_owned(),
         "cargo-mutants".to_owned(),
         "--locked".to_owned(),
         "--version".to_owned(),
         format!("^{TOOL_MAJOR}"),
+        "--root".to_owned(),
+        Tool::Mutants.install_root().display().to_string(),
     ];
     let command = cargo_command(workspace, INSTALL_TIMEOUT).args(&args);
     expect_success(

@@ -95,7 +95,7 @@ impl Tool {
 
     /// A root of its own per tool: the `ci` lanes install two tools at once on a fresh machine,
     /// and two `cargo install`s never share one root's metadata.
-    fn install_root(self) -> PathBuf {
+    pub(crate) fn install_root(self) -> PathBuf {
         tools_root().join(self.krate())
     }
 }
