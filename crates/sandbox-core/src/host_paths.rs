@@ -559,6 +559,62 @@ mod tests {
         HostPathGuard::new(CredentialGuard::for_user(HOME))
     }
 
+    /// Each refusal says why in its own words (the sentence a host prints after the path), and
+    /// only a credential path's may be lifted.
+    #[test]
+    fn each_refusal_says_why_and_only_a_credential_may_be_lifted() {
+        let unfit = HostRefusal::UnfitOutputRoot {
+            root: "/r".into(),
+            why: Box::new(HostRefusal::Hidden("/r/.x".into())),
+        };
+        let cases: [(HostRefusal, &str, bool); 8] = [
+            (HostRefusal::NotAbsolute, "is not an absolute path", false),
+            (
+                HostRefusal::Credential("/h/.ssh".into()),
+                "is, contains or lies under the credential path /h/.ssh",
+                true,
+            ),
+            (
+                HostRefusal::Executed("/h/.bashrc".into()),
+                "is, contains or lies under /h/.bashrc, which a host executes or loads on its own",
+                false,
+            ),
+            (
+                HostRefusal::SandboxState("/s".into()),
+                "is, contains or lies under /s, where a backend keeps sandboxes' workspaces and \
+                 records",
+                false,
+            ),
+            (
+                HostRefusal::OutsideOutputRoot("/o".into()),
+                "lies outside the output root /o",
+                false,
+            ),
+            (
+                HostRefusal::NoOutputRoot,
+                "has no output root to lie below, and nothing is written without one",
+                false,
+            ),
+            (
+                HostRefusal::Hidden("/o/.x".into()),
+                "has the hidden name /o/.x on its path; a hidden file or directory is never \
+                 written or written through (programs load start-up code from many)",
+                false,
+            ),
+            (
+                unfit,
+                "lies below the output root /r, which has the hidden name /r/.x on its path; a \
+                 hidden file or directory is never written or written through (programs load \
+                 start-up code from many); choose a directory of its own",
+                false,
+            ),
+        ];
+        for (refusal, text, liftable) in cases {
+            assert_eq!(refusal.to_string(), text);
+            assert_eq!(refusal.is_credential(), liftable, "{refusal:?}");
+        }
+    }
+
     #[test]
     fn the_data_file_parses() {
         let all = executed_paths();
