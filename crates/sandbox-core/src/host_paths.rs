@@ -523,10 +523,9 @@ fn within(inner: &str, outer: &str) -> bool {
 /// assert!(!touches("/etc/cron.dx", "/etc/cron.d"));
 /// ```
 pub fn touches(path: &str, listed: &str) -> bool {
-    if !path.starts_with('/') || !listed.starts_with('/') {
-        return false;
-    }
-    within(path, listed) || within(listed, path)
+    // A relative `path` touches nothing. A relative `listed` is touched by no absolute path
+    // either way (neither can lie under the other), so it needs no check of its own.
+    path.starts_with('/') && (within(path, listed) || within(listed, path))
 }
 
 /// [`touches`] for a listed path that may end in a `*` matching any rest of its last component.
@@ -561,6 +560,21 @@ mod tests {
 
     /// Each refusal says why in its own words (the sentence a host prints after the path), and
     /// only a credential path's may be lifted.
+    /// A path touches a listed one when it is it, lies under it or contains it, whatever the
+    /// case; a sibling sharing a prefix does not, nor a relative path.
+    #[test]
+    fn touching_goes_both_ways_and_ignores_case() {
+        assert!(touches("/home/u/.BASHRC", "/home/u/.bashrc"));
+        assert!(touches("/etc/cron.d/x", "/etc/cron.d"));
+        assert!(touches("/home/u", "/home/u/.bashrc"));
+        assert!(!touches("/etc/cron.dx", "/etc/cron.d"));
+        assert!(!touches("/etc/cron.d", "/etc/cron.dx"));
+        assert!(!touches("home/u/.bashrc", "/home/u/.bashrc"));
+        assert!(!touches("/home/u/.bashrc", "home/u/.bashrc"));
+        assert!(!touches("home/u/.bashrc", "home/u/.bashrc"));
+        assert!(!touches("/", "."));
+    }
+
     #[test]
     fn each_refusal_says_why_and_only_a_credential_may_be_lifted() {
         let unfit = HostRefusal::UnfitOutputRoot {
