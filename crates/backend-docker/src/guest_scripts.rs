@@ -4,12 +4,14 @@
 //! Checked in dash, BusyBox `sh` and bash.
 
 /// `list_dir`: one level, NUL-terminated records `<kind> <size> <name>`.
-/// `$1` is the directory; exit 3 when it cannot be entered.
+/// `$1` is the directory; exit 3 when it cannot be entered. A file's size comes from `stat`, else
+/// from GNU `find`: under gVisor's release 2022-12-19, Debian 12's coreutils `stat` fails (its
+/// `statx` call is refused with EINVAL), which skipped every file of a listing.
 pub(crate) const LIST_SCRIPT: &str = r#"cd -- "$1" || exit 3
 for f in * .[!.]* ..?*; do
   if [ -L "$f" ]; then k=l; s=-
   elif [ -d "$f" ]; then k=d; s=-
-  elif [ -f "$f" ]; then k=f; s=$(stat -c %s -- "$f") || continue
+  elif [ -f "$f" ]; then k=f; s=$(stat -c %s -- "$f" 2>/dev/null || find "./$f" -maxdepth 0 -printf %s) || continue
   elif [ -e "$f" ]; then k=o; s=-
   else continue
   fi
@@ -360,6 +362,60 @@ mod tests {
                 parse_prepare(bad).is_err(),
                 "{:?}",
                 String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn the_listing_sizes_files_when_stat_fails() {
+        // gVisor's release 2022-12-19 refuses coreutils' `statx`: a `stat` that fails must not
+        // drop a file from the listing. (A BusyBox shell built to prefer its applets would run
+        // its own `stat`, which works there.)
+        for shell in shells().into_iter().filter(|shell| shell[0] != "busybox") {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().to_str().unwrap();
+            let bin = format!("{root}/bin");
+            std::fs::create_dir(&bin).unwrap();
+            let fake = format!("{bin}/stat");
+            std::fs::write(
+                &fake,
+                "#!/bin/sh\necho 'stat: cannot statx: Invalid argument' >&2\nexit 1\n",
+            )
+            .unwrap();
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let listed = format!("{root}/listed");
+            std::fs::create_dir(&listed).unwrap();
+            for (name, bytes) in [("value", &b"second"[..]), ("-lead", b"12"), ("empty", b"")] {
+                std::fs::write(format!("{listed}/{name}"), bytes).unwrap();
+            }
+            std::fs::create_dir(format!("{listed}/dir")).unwrap();
+            let path = format!("{bin}:{}", std::env::var("PATH").unwrap_or_default());
+            let out = Command::new(shell[0])
+                .args(&shell[1..])
+                .arg("-c")
+                .arg(LIST_SCRIPT)
+                .arg("list")
+                .arg(&listed)
+                .env("PATH", path)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(0), "{shell:?}");
+            let mut records: Vec<(u8, Option<u64>, Vec<u8>)> = parse_list_records(&out.stdout)
+                .unwrap()
+                .into_iter()
+                .map(|r| (r.kind, r.size, r.name.to_vec()))
+                .collect();
+            records.sort();
+            assert_eq!(
+                records,
+                [
+                    (b'd', None, b"dir".to_vec()),
+                    (b'f', Some(0), b"empty".to_vec()),
+                    (b'f', Some(2), b"-lead".to_vec()),
+                    (b'f', Some(6), b"value".to_vec()),
+                ],
+                "{shell:?}"
             );
         }
     }
