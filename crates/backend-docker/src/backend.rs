@@ -118,11 +118,16 @@ impl DockerBackend {
                 "the runtime's kernel makes no subreaper: a timeout kills the command's process group only"
             );
         }
+        let subreaper = runtime.as_ref().is_none_or(|r| r.subreaper);
+        let mut capabilities = Capability::exec_and_files();
+        capabilities.insert(Capability::Snapshot);
+        // Exact kills need the call's init to be its subreaper; without one (gVisor) a timeout
+        // kills the command's process group only, and the backend says so.
+        if subreaper {
+            capabilities.insert(Capability::ExactKill);
+        }
         let declarations = BackendDeclarations {
-            capabilities: Capability::exec_and_files()
-                .into_iter()
-                .chain([Capability::Snapshot])
-                .collect(),
+            capabilities,
             limits: SandboxLimits {
                 files_in: TRANSFER_CEILING,
                 files_out: TRANSFER_CEILING,
@@ -148,12 +153,7 @@ impl DockerBackend {
         } else {
             Isolation::Container
         };
-        let mut backend = DockerBackend::assemble(
-            config,
-            engine,
-            declarations,
-            runtime.as_ref().is_none_or(|r| r.subreaper),
-        );
+        let mut backend = DockerBackend::assemble(config, engine, declarations, subreaper);
         backend.isolation = isolation;
         backend.runtime = runtime;
         Ok(backend)

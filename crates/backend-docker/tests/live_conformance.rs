@@ -45,7 +45,18 @@ async fn run_on(image: &str, tag: &str, full: bool) -> (ConformanceReport, usize
     );
     let threads = threads_of(&backend, &scope).await;
     assert_nothing_left(&backend, &scope, &threads).await;
-    assert!(backend.declarations().capabilities.len() == 7);
+    // Exact kills everywhere but under gVisor, whose kernel makes no subreaper.
+    let exact = support::runtime_under_test().is_none();
+    assert_eq!(
+        backend
+            .declarations()
+            .serves(sandbox_core::Capability::ExactKill),
+        exact
+    );
+    assert_eq!(
+        backend.declarations().capabilities.len(),
+        7 + usize::from(exact)
+    );
     (report, expected)
 }
 

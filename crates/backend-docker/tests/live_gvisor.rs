@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use backend_docker::{DockerBackend, DockerConfig};
 use sandbox_core::{
-    Command, Egress, ErrorKind, ExecRequest, GuestCleanup, Isolation, Router, RouterConfig,
-    Sandbox, SandboxBackend, SandboxKey, SandboxSpec,
+    Capability, Command, Egress, ErrorKind, ExecRequest, GuestCleanup, Isolation, Router,
+    RouterConfig, Sandbox, SandboxBackend, SandboxKey, SandboxSpec,
 };
 use support::{assert_nothing_left, docker, unique_scope, BASE, BUSYBOX};
 
@@ -84,7 +84,25 @@ async fn runsc_is_verified_and_the_guest_runs_on_gvisors_kernel() {
     let floor = |rung| RouterConfig::default().min_isolation(rung);
     let shared: std::sync::Arc<dyn SandboxBackend> = std::sync::Arc::new(backend.clone());
     assert!(Router::new(vec![shared.clone()], floor(Isolation::HardenedContainer)).is_ok());
-    assert!(Router::new(vec![shared], floor(Isolation::Microvm)).is_err());
+    assert!(Router::new(vec![shared.clone()], floor(Isolation::Microvm)).is_err());
+    // gVisor's kernel makes no subreaper: exact kills are not declared, and a spec that
+    // requires them is refused, never served with the group kill.
+    assert!(!verified.subreaper, "{verified:?}");
+    assert!(!backend.declarations().serves(Capability::ExactKill));
+    let router = Router::new(vec![shared], floor(Isolation::HardenedContainer)).unwrap();
+    let exact = SandboxSpec::builder("gvisor")
+        .image(BASE)
+        .require(Capability::ExactKill)
+        .build()
+        .unwrap();
+    let scope = unique_scope("gvisor-exact");
+    let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
+    let refused = router.acquire(&key, &exact).await.unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        ErrorKind::CapabilityNotSupported,
+        "{refused}"
+    );
 
     let scope = unique_scope("gvisor-kernel");
     let key = SandboxKey::conversation(scope.as_str(), "t", "agent");
@@ -110,6 +128,9 @@ async fn a_runtime_named_like_gvisor_that_is_runc_stays_rung_container() {
     let verified = backend.runtime_verification().expect("a runtime probed");
     assert!(!verified.gvisor, "{verified:?}");
     assert_eq!(verified.path, "runc");
+    // runc makes a subreaper: exact kills are declared, as without a runtime.
+    assert!(verified.subreaper, "{verified:?}");
+    assert!(backend.declarations().serves(Capability::ExactKill));
     let shared: std::sync::Arc<dyn SandboxBackend> = std::sync::Arc::new(backend.clone());
     let refused = Router::new(
         vec![shared],
@@ -190,7 +211,12 @@ async fn a_timed_out_group_is_killed_under_gvisor_and_the_sandbox_kept() {
     )
     .await;
     // The group is gone; the member in a session of its own is gone too only where the
-    // runtime's kernel makes a subreaper (docs/docker-backend.md#gvisor).
+    // runtime's kernel makes a subreaper, and the backend declares exact kills only there
+    // (docs/docker-backend.md#gvisor).
+    assert_eq!(
+        backend.declarations().serves(Capability::ExactKill),
+        subreaper
+    );
     let expected = if subreaper { "1\n0\n0\n" } else { "1\n0\n1\n" };
     assert_eq!(survivors.stdout_text(), expected, "{survivors:?}");
     let again = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();

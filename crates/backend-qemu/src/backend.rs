@@ -68,7 +68,10 @@ pub const TRANSFER_CEILING: TransferLimits = TransferLimits {
 /// ceilings above.
 fn declarations() -> BackendDeclarations {
     BackendDeclarations {
-        capabilities: Capability::exec_and_files(),
+        capabilities: Capability::exec_and_files()
+            .into_iter()
+            .chain([Capability::ExactKill])
+            .collect(),
         limits: SandboxLimits {
             files_in: TRANSFER_CEILING,
             files_out: TRANSFER_CEILING,

@@ -34,7 +34,10 @@ pub struct SbxBackend {
 /// the default transfer ceilings.
 fn declarations() -> BackendDeclarations {
     BackendDeclarations {
-        capabilities: Capability::exec_and_files(),
+        capabilities: Capability::exec_and_files()
+            .into_iter()
+            .chain([Capability::ExactKill])
+            .collect(),
         limits: SandboxLimits::default(),
         egress_modes: BTreeSet::from([Egress::Closed]),
         os_families: BTreeSet::from([OsFamily::Posix]),
@@ -278,7 +281,8 @@ mod tests {
     #[test]
     fn declarations_are_the_documented_ones() {
         let d = declarations();
-        assert_eq!(d.capabilities.len(), 6);
+        assert_eq!(d.capabilities.len(), 7);
+        assert!(d.serves(Capability::ExactKill));
         assert_eq!(d.egress_modes, BTreeSet::from([Egress::Closed]));
         assert_eq!(d.os_families, BTreeSet::from([OsFamily::Posix]));
         assert!(d.serves_scope(IsolationScope::Conversation));

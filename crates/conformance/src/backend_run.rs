@@ -19,9 +19,10 @@ use crate::files_in::{assert_files_in, FILES_IN, FILES_IN_PROBES};
 use crate::files_out::{assert_files_out, FILES_OUT, FILES_OUT_PROBES};
 use crate::fixtures::EXPLICIT_STORAGE_BASE;
 use crate::hardening::{
-    assert_concurrent_acquires_yield_one, assert_engine_failure_is_not_an_exit_code,
-    assert_hardening, assert_network_closed_by_content, require_closed_egress, HardeningHooks,
-    HARDENING, HARDENING_OWN_SANDBOX_PROBES, HARDENING_SHARED_PROBES,
+    assert_a_lost_record_retires, assert_concurrent_acquires_yield_one,
+    assert_engine_failure_is_not_an_exit_code, assert_hardening, assert_network_closed_by_content,
+    require_closed_egress, HardeningHooks, HARDENING, HARDENING_OWN_SANDBOX_PROBES,
+    HARDENING_SHARED_PROBES, RECORD_REMOVING_CASES,
 };
 use crate::lifecycle::{
     assert_fresh_acquire, assert_instance_disposal, instance_is_listed, FRESH_ACQUIRE,
@@ -196,8 +197,9 @@ fn build(builder: SandboxSpecBuilder) -> Result<SandboxSpec, ConformanceError> {
 /// Order: storage base on two fresh sandboxes (`work_dir` None, then [`EXPLICIT_STORAGE_BASE`]) with
 /// fresh acquire on the first; instance disposal; on one shared sandbox FILES_OUT, FILES_IN,
 /// FILES_DELETE, RECLAIM, REACH, EXEC and the shared HARDENING probes; then CALL_SCOPE (when the
-/// backend serves call scope), the HARDENING probes that need sandboxes of their own, and CONFINEMENT
-/// on a conversation sandbox of its own (both only with hooks).
+/// backend serves call scope), the HARDENING probes that need sandboxes of their own (without
+/// `exact_kill`, the record-removing hostile cases first), and CONFINEMENT on a conversation
+/// sandbox of its own (both only with hooks).
 ///
 /// A suite that cannot run is recorded as a failure, never skipped silently. `Err` only for a spec the
 /// run cannot build. Cancel safety: dropping the future stops the run and leaves its sandboxes for the
@@ -383,6 +385,25 @@ async fn hardening_on_own_sandboxes(
     hooks: &dyn HardeningHooks,
     confinement: bool,
 ) {
+    // Without exact kills, the hostile commands that remove their group's record retire their
+    // sandbox: each gets one of its own.
+    if !run.capabilities.contains(&Capability::ExactKill) {
+        for index in 0..RECORD_REMOVING_CASES.len() {
+            let purpose = format!("lost-record-{index}");
+            let key = keys(&purpose);
+            match run.acquire(&purpose, &key, base_spec).await {
+                Ok(sandbox) => match run.subject(sandbox) {
+                    Ok(subject) => {
+                        run.suite(HARDENING, assert_a_lost_record_retires(&subject, index))
+                            .await
+                    }
+                    Err(e) => fold_into(&mut run.report, HARDENING, Err(e)),
+                },
+                Err(e) => fold_into(&mut run.report, HARDENING, Err(e)),
+            }
+            run.release().await;
+        }
+    }
     let network = async {
         require_closed_egress(base_spec)?;
         let address = hooks.routable_host_address().await?;

@@ -5,6 +5,11 @@
 //! own ([`assert_engine_failure_is_not_an_exit_code`], [`assert_concurrent_acquires_yield_one`],
 //! [`assert_network_closed_by_content`]). The engine-side facts come from a [`HardeningHooks`] the
 //! backend's test module provides.
+//!
+//! A backend that does not declare `exact_kill` promises a kill of the command's process group
+//! only, and a retired sandbox where the kill cannot show it landed: the hostile cases then test
+//! that ([`GROUP_TIMEOUT_CASES`] on the shared sandbox, [`RECORD_REMOVING_CASES`] on sandboxes of
+//! their own, through [`assert_a_lost_record_retires`]), in the same number of probes.
 
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeSet;
@@ -31,8 +36,10 @@ use crate::suite_runner::{ensure, refused_with, ProbeError, Refusal, SuiteRun, V
 /// The suite label.
 pub const HARDENING: &str = "HARDENING";
 
-/// How many probes [`assert_hardening`] runs on the shared sandbox: those of its table, then one
-/// per [`HOSTILE_TIMEOUT_CASES`] entry.
+/// How many probes [`assert_hardening`] runs on the shared sandbox of a backend declaring
+/// `exact_kill`: those of its table, then one per [`HOSTILE_TIMEOUT_CASES`] entry. Without
+/// `exact_kill`, [`RECORD_REMOVING_CASES`] run on sandboxes of their own instead of two of them:
+/// the total is the same.
 pub const HARDENING_SHARED_PROBES: usize =
     HARDENING_SHARED_PROBE_TABLE.len() + HOSTILE_TIMEOUT_CASES.len();
 
@@ -88,6 +95,45 @@ pub const HOSTILE_TIMEOUT_CASES: [(&str, &str); 6] = [
         r#"while :; do rm -f /tmp/* /tmp/.[!.]* 2>/dev/null; sleep 0.05; done"#,
     ),
 ];
+
+/// Without `exact_kill`, on the shared sandbox: the hostile commands whose group a kill of the
+/// command's process group must end, (probe name, `sh -c` script). Each runs as `sh -c <script>
+/// sleep <marker> <other>`: every process of the command's group carries `sleep<marker>` in its
+/// command line, and a process that leaves the group `sleep<other>`. The group must be gone after
+/// the timeout; a process that left it is not the kill's to end (the backend declares so), and the
+/// probe ends it itself, so the sandbox serves on clean.
+pub const GROUP_TIMEOUT_CASES: [(&str, &str); 4] = [
+    (
+        "a-timeout-kills-the-group-a-child-left",
+        r#"if command -v perl >/dev/null; then exec perl -e 'if(fork){exec "sleep",$ARGV[0]}else{setpgrp(0,0);exec "sleep",$ARGV[1]}' "$1" "$2"; fi; (setsid sleep "$2" &); exec sleep "$1""#,
+    ),
+    (
+        "a-timeout-kills-the-group-a-daemon-left",
+        r#"(setsid sh -c 'sleep "$1" & exit 0' sleep "$2" &); exec sleep "$1""#,
+    ),
+    HOSTILE_TIMEOUT_CASES[3],
+    HOSTILE_TIMEOUT_CASES[4],
+];
+
+/// Without `exact_kill`, each on a sandbox of its own: the hostile commands that remove the
+/// record of their process group, (probe name, `sh -c` script, run as `sh -c <script> sleep
+/// <marker>`). The group kill then cannot show it landed, so the timeout must report the sandbox
+/// retired, and the handle must refuse every later call; a kill that did land must have left
+/// nothing of the command, as with `exact_kill`.
+pub const RECORD_REMOVING_CASES: [(&str, &str); 2] = [
+    (
+        "a-timeout-retires-a-sandbox-whose-records-a-command-deleted",
+        HOSTILE_TIMEOUT_CASES[1].1,
+    ),
+    (
+        "a-timeout-retires-a-sandbox-whose-tmp-a-command-emptied",
+        HOSTILE_TIMEOUT_CASES[5].1,
+    ),
+];
+
+/// Ends, from a second exec, every process whose command line carries `sleep<$1$2>` (the marker in
+/// two pieces, so its own command line never matches); `kill` is a builtin, the reads too.
+const LEFT_GROUP_KILL: &str = r#"for d in /proc/[0-9]*; do c=; IFS= read -r c 2>/dev/null <"$d/cmdline"; case $c in *"sleep$1$2"*) kill -KILL "${d#/proc/}" 2>/dev/null ;; esac; done; exit 0"#;
 
 /// Lists, from a second exec, every process whose command line carries `sleep<$1$2>` (the marker
 /// in two pieces, so the checker's own command line never matches). Reads `/proc` with shell
@@ -250,16 +296,23 @@ pub(crate) async fn expect_handle_works(
 
 /// Runs the shared-sandbox probes, in the order the spec gives: argv-round-trips-bytes,
 /// argv-refuses-nul, a-timed-out-group-is-dead, a-flood-is-refused-and-bounded, then one per
-/// [`HOSTILE_TIMEOUT_CASES`] entry. Gate `exec`. Run after
+/// [`HOSTILE_TIMEOUT_CASES`] entry, or, when the backend does not declare `exact_kill`, one per
+/// [`GROUP_TIMEOUT_CASES`] entry. Gate `exec`. Run after
 /// EXEC; needs `sh`, a `sleep` accepting fractions and `head -c` in the image.
 pub async fn assert_hardening(
     subject: &dyn ConformanceSubject,
     hooks: &dyn HardeningHooks,
 ) -> Result<ConformanceReport, ConformanceError> {
+    let exact = subject.capabilities().contains(&Capability::ExactKill);
+    let hostile: &[(&str, &str)] = if exact {
+        &HOSTILE_TIMEOUT_CASES
+    } else {
+        &GROUP_TIMEOUT_CASES
+    };
     let table: Vec<&'static str> = HARDENING_SHARED_PROBE_TABLE
         .iter()
         .copied()
-        .chain(HOSTILE_TIMEOUT_CASES.iter().map(|(name, _)| *name))
+        .chain(hostile.iter().map(|(name, _)| *name))
         .collect();
     let mut suite = SuiteRun::start(
         HARDENING,
@@ -438,10 +491,17 @@ pub async fn assert_hardening(
         })
         .await;
 
-    for (index, (name, script)) in HOSTILE_TIMEOUT_CASES.iter().enumerate() {
+    for (index, (name, script)) in hostile.iter().enumerate() {
         suite
             .probe(name, &[], async {
-                a_timeout_leaves_nothing(subject, work, script, 31411 + index).await
+                if exact {
+                    a_timeout_leaves_nothing(subject, work, script, 31411 + index, None).await
+                } else {
+                    // Markers of their own: a group case's escapee is never taken for another
+                    // case's survivor.
+                    let left = 31521 + index;
+                    a_timeout_leaves_nothing(subject, work, script, 31421 + index, Some(left)).await
+                }
             })
             .await;
     }
@@ -449,21 +509,118 @@ pub async fn assert_hardening(
     suite.finish()
 }
 
+/// Without `exact_kill`: one of [`RECORD_REMOVING_CASES`] on `subject`, a sandbox of its own
+/// (`index` into that table), as one HARDENING probe. Gate `exec`.
+pub async fn assert_a_lost_record_retires(
+    subject: &dyn ConformanceSubject,
+    index: usize,
+) -> Result<ConformanceReport, ConformanceError> {
+    let (name, script) = RECORD_REMOVING_CASES.get(index).copied().ok_or_else(|| {
+        ConformanceError::InvalidArgument(format!("no record-removing case {index}"))
+    })?;
+    let mut suite = SuiteRun::start(
+        HARDENING,
+        &[name],
+        Some(Capability::Exec),
+        subject.capabilities(),
+        Verdict::Aggregate,
+    )?;
+    let paths = ConformancePaths::under(subject.working_directory());
+    plant_nothing(subject, &paths).await?;
+    let work = paths.work.as_str();
+    suite
+        .probe(name, &[], async {
+            let instance_id = subject.sandbox().instance_id().to_owned();
+            let marker = (31431 + index).to_string();
+            let request = ExecRequest::new(Command::argv(["sh", "-c", script, "sleep", &marker]))
+                .working_directory(work)
+                .timeout(Duration::from_secs(2));
+            let refused = refused_with(Refusal::Timeout, subject.sandbox().exec(request)).await?;
+            match refused.guest_cleanup() {
+                Some(sandbox_core::GuestCleanup::Retired) => {
+                    // Retired: the sandbox is gone with every process in it, and the handle
+                    // says so rather than serve.
+                    let after = ExecRequest::new(Command::argv(["true"]))
+                        .working_directory(work)
+                        .timeout(subject.exec_timeout());
+                    let refusal = refused_with(
+                        Refusal::Exactly(ErrorKind::Retired),
+                        subject.sandbox().exec(after),
+                    )
+                    .await;
+                    match refusal {
+                        Ok(_) => Ok(()),
+                        Err(crate::suite_runner::RefusalMismatch::WrongKind { error, .. })
+                            if error.kind() == ErrorKind::SandboxGone =>
+                        {
+                            Ok(())
+                        }
+                        Err(mismatch) => Err(ProbeError::Assertion(format!(
+                            "after a retiring kill the handle still served: {mismatch}"
+                        ))),
+                    }
+                }
+                Some(sandbox_core::GuestCleanup::Killed) => {
+                    let (head, tail) = marker.split_at(marker.len() - 1);
+                    expect_no_survivor(subject, head, tail, work).await?;
+                    expect_handle_works(subject, work, &instance_id).await
+                }
+                other => Err(ProbeError::Assertion(format!(
+                    "the timeout's kill reported {other:?}, neither Retired nor Killed ({refused})"
+                ))),
+            }
+        })
+        .await;
+    suite.finish()
+}
+
+/// From a second exec, that no process carrying `head + tail` in its command line is running.
+async fn expect_no_survivor(
+    subject: &dyn ConformanceSubject,
+    head: &str,
+    tail: &str,
+    work: &str,
+) -> Result<(), ProbeError> {
+    let check = run_argv(
+        subject,
+        &["sh", "-c", SURVIVOR_CHECK, "check", head, tail],
+        work,
+    )
+    .await?;
+    ensure!(
+        check.exit_code == 0,
+        "the survivor check exited {}",
+        check.exit_code
+    );
+    ensure!(
+        check.stdout.is_empty(),
+        "processes the timed-out command started are still running: {}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    Ok(())
+}
+
 /// Starts a sibling, then `script` with a 2 s timeout; checks the timeout killed the command
 /// (the sandbox kept), that no process carrying its marker remains, that the sibling completes,
-/// and that the sandbox keeps serving.
+/// and that the sandbox keeps serving. With `left` (the group cases), the script gets that
+/// marker too, for the processes that leave the command's group: they are not the kill's to end,
+/// and the probe ends them itself once the group is judged.
 async fn a_timeout_leaves_nothing(
     subject: &dyn ConformanceSubject,
     work: &str,
     script: &str,
     marker: usize,
+    left: Option<usize>,
 ) -> Result<(), ProbeError> {
     let instance_id = subject.sandbox().instance_id().to_owned();
     let sibling = run_argv(subject, &["sh", "-c", "sleep 4; echo sibling-done"], work);
     let hostile = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let marker = marker.to_string();
-        let request = ExecRequest::new(Command::argv(["sh", "-c", script, "sleep", &marker]))
+        let left = left.map(|left| left.to_string());
+        let mut argv = vec!["sh", "-c", script, "sleep", &marker];
+        argv.extend(left.as_deref());
+        let request = ExecRequest::new(Command::argv(argv))
             .working_directory(work)
             .timeout(Duration::from_secs(2));
         let refused = refused_with(Refusal::Timeout, subject.sandbox().exec(request)).await?;
@@ -473,23 +630,18 @@ async fn a_timeout_leaves_nothing(
             refused.guest_cleanup()
         );
         let (head, tail) = marker.split_at(marker.len() - 1);
-        let check = run_argv(
-            subject,
-            &["sh", "-c", SURVIVOR_CHECK, "check", head, tail],
-            work,
-        )
-        .await?;
-        ensure!(
-            check.exit_code == 0,
-            "the survivor check exited {}",
-            check.exit_code
-        );
-        ensure!(
-            check.stdout.is_empty(),
-            "processes the timed-out command started are still running: {}",
-            String::from_utf8_lossy(&check.stdout)
-        );
-        Ok::<(), ProbeError>(())
+        let judged = expect_no_survivor(subject, head, tail, work).await;
+        if let Some(left) = left {
+            let (head, tail) = left.split_at(left.len() - 1);
+            run_argv(
+                subject,
+                &["sh", "-c", LEFT_GROUP_KILL, "kill", head, tail],
+                work,
+            )
+            .await?;
+            expect_none_left(subject, &format!("sleep{head}"), tail, work).await?;
+        }
+        judged
     };
     let (sibling, hostile) = tokio::join!(sibling, hostile);
     hostile?;

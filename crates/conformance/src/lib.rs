@@ -113,7 +113,7 @@ pub use files_in::assert_files_in;
 pub use files_out::assert_files_out;
 pub use fingerprint::{docker_container_fingerprint, DockerAnswer, Fingerprint};
 pub use hardening::{
-    acquire_retrying_busy, assert_concurrent_acquires_yield_one,
+    acquire_retrying_busy, assert_a_lost_record_retires, assert_concurrent_acquires_yield_one,
     assert_engine_failure_is_not_an_exit_code, assert_hardening, assert_network_closed_by_content,
     AcquireOutcome, HardeningHooks,
 };
@@ -141,7 +141,8 @@ pub mod suites {
     pub use crate::files_in::{FILES_IN, FILES_IN_PROBES};
     pub use crate::files_out::{FILES_OUT, FILES_OUT_PROBES};
     pub use crate::hardening::{
-        HARDENING, HARDENING_OWN_SANDBOX_PROBES, HARDENING_SHARED_PROBES, HOSTILE_TIMEOUT_CASES,
+        GROUP_TIMEOUT_CASES, HARDENING, HARDENING_OWN_SANDBOX_PROBES, HARDENING_SHARED_PROBES,
+        HOSTILE_TIMEOUT_CASES, RECORD_REMOVING_CASES,
     };
     pub use crate::lifecycle::{FRESH_ACQUIRE, INSTANCE_DISPOSAL};
     pub use crate::reach::{REACH, REACH_PROBES};

@@ -482,7 +482,7 @@ async fn a_timeout_probe_fails_on_a_survivor_or_a_retired_sandbox() {
         },
         |_, _, _| Ok(()),
     );
-    let s = subject(sandbox, &[Exec, FilesIn]);
+    let s = subject(sandbox, &[Exec, FilesIn, Capability::ExactKill]);
     let report = conformance::assert_hardening(&s, &NoEngine)
         .await
         .expect_err("two of the timeout probes fail on this double")
@@ -510,4 +510,133 @@ async fn a_timeout_probe_fails_on_a_survivor_or_a_retired_sandbox() {
             (name, other) => panic!("{name}: {other:?}"),
         }
     }
+}
+
+#[tokio::test]
+async fn without_exact_kills_the_group_cases_judge_the_group_and_end_what_left_it() {
+    use conformance::suites::{GROUP_TIMEOUT_CASES, HOSTILE_TIMEOUT_CASES};
+    // Every hostile command times out and its kill lands. The survivor check finds a process
+    // of the daemon case's group (marker 31422); the escapees are ended by the probe, whose
+    // poll then finds none, except the child case's (31521), which survives its own end.
+    let sandbox = ScriptedSandbox::new(
+        |argv, _| {
+            let script = argv.get(2).map(String::as_str).unwrap_or("");
+            match argv.get(3).map(String::as_str) {
+                Some("sleep") => Err(SandboxError::Timeout {
+                    operation: "command".into(),
+                    bound: Duration::from_secs(2),
+                    cleanup: Some(sandbox_core::GuestCleanup::Killed),
+                }),
+                Some("check") if argv[4] == "3142" && argv[5] == "2" => {
+                    exited(0, b"77 sleep31422\n")
+                }
+                Some("poll") if argv[5] == "sleep3152" && argv[4] == "1" => exited(1, b""),
+                _ if script.contains("sibling-done") => exited(0, b"sibling-done\n"),
+                _ => exited(0, b""),
+            }
+        },
+        |_, _, _| Ok(()),
+    );
+    let s = subject(sandbox.clone(), &[Exec, FilesIn]);
+    let report = conformance::assert_hardening(&s, &NoEngine)
+        .await
+        .expect_err("two group probes fail on this double")
+        .report()
+        .cloned()
+        .unwrap();
+    // The exact cases are not run: the group cases take their place, as many probes less the
+    // two that need sandboxes of their own.
+    for (name, _) in HOSTILE_TIMEOUT_CASES {
+        let replaced = GROUP_TIMEOUT_CASES.iter().any(|(group, _)| *group == name);
+        assert_eq!(report.get("HARDENING", name).is_some(), replaced, "{name}");
+    }
+    let outcome = |probe: &str| report.get("HARDENING", probe).unwrap().outcome.clone();
+    for (name, _) in GROUP_TIMEOUT_CASES {
+        match (name, outcome(name)) {
+            ("a-timeout-kills-the-group-a-daemon-left", ProbeOutcome::Failed { why }) => {
+                assert!(why.contains("sleep31422"), "{why}")
+            }
+            ("a-timeout-kills-the-group-a-child-left", ProbeOutcome::Failed { why }) => {
+                assert!(why.contains("still alive"), "{why}")
+            }
+            (_, ProbeOutcome::Passed) => {}
+            (name, other) => panic!("{name}: {other:?}"),
+        }
+    }
+    // Each group case got its escapee's marker after its own.
+    let calls = sandbox.calls();
+    assert!(calls
+        .iter()
+        .any(|call| call.contains(" sleep 31421 31521 ")));
+    assert!(calls.iter().any(|call| call.contains(" kill 3152 1 ")));
+}
+
+#[tokio::test]
+async fn a_lost_record_passes_retired_with_a_refusing_handle_and_fails_otherwise() {
+    use conformance::suites::RECORD_REMOVING_CASES;
+    let timeout = |cleanup| {
+        Err(SandboxError::Timeout {
+            operation: "command".into(),
+            bound: Duration::from_secs(2),
+            cleanup: Some(cleanup),
+        })
+    };
+    let retired = || SandboxError::Retired {
+        instance: "i".into(),
+        reason: "the kill did not land".into(),
+    };
+    // Retired, and the handle refuses afterwards: a pass.
+    let refusing = ScriptedSandbox::new(
+        move |argv, _| match argv.get(3).map(String::as_str) {
+            Some("sleep") => timeout(sandbox_core::GuestCleanup::Retired),
+            _ if argv.first().map(String::as_str) == Some("true") => Err(retired()),
+            _ => exited(0, b""),
+        },
+        |_, _, _| Ok(()),
+    );
+    for index in 0..RECORD_REMOVING_CASES.len() {
+        let s = subject(refusing.clone(), &[Exec, FilesIn]);
+        let report = conformance::assert_a_lost_record_retires(&s, index)
+            .await
+            .expect("a retired sandbox whose handle refuses passes");
+        assert_eq!(report.passed(), 1);
+    }
+    // Retired, but the handle still serves: a failure.
+    let serving = ScriptedSandbox::new(
+        move |argv, _| match argv.get(3).map(String::as_str) {
+            Some("sleep") => timeout(sandbox_core::GuestCleanup::Retired),
+            _ => exited(0, b""),
+        },
+        |_, _, _| Ok(()),
+    );
+    let s = subject(serving, &[Exec, FilesIn]);
+    let report = conformance::assert_a_lost_record_retires(&s, 0)
+        .await
+        .expect_err("a retired sandbox that still serves fails")
+        .report()
+        .cloned()
+        .unwrap();
+    match &report
+        .get("HARDENING", RECORD_REMOVING_CASES[0].0)
+        .unwrap()
+        .outcome
+    {
+        ProbeOutcome::Failed { why } => assert!(why.contains("still served"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // Killed, with a survivor: a failure.
+    let survivor = ScriptedSandbox::new(
+        move |argv, _| match argv.get(3).map(String::as_str) {
+            Some("sleep") => timeout(sandbox_core::GuestCleanup::Killed),
+            Some("check") => exited(0, b"9 sleep31432\n"),
+            _ => exited(0, b""),
+        },
+        |_, _, _| Ok(()),
+    );
+    let s = subject(survivor, &[Exec, FilesIn]);
+    let failed = conformance::assert_a_lost_record_retires(&s, 1).await;
+    assert!(failed.is_err(), "a survivor after a landed kill passed");
+    assert!(conformance::assert_a_lost_record_retires(&s, 2)
+        .await
+        .is_err());
 }

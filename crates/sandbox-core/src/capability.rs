@@ -28,6 +28,13 @@ wire_enum! {
         EgressMethods => "egress_methods",
         /// Egress rules that restrict URL paths.
         EgressPaths => "egress_paths",
+        /// A call's kill (its timeout, its output over budget, its stream dropped) ends every
+        /// process the call started, in whatever process group or session it moved to; a kill
+        /// that cannot show it did retires the sandbox. Without it the kill reaches the
+        /// command's process group only: a process that left it (`setsid`, a daemon) runs on
+        /// until the sandbox is disposed of, and a command that removes the group's record
+        /// retires its sandbox.
+        ExactKill => "exact_kill",
     }
 }
 
@@ -70,7 +77,8 @@ impl Capability {
 
     /// Exec, every file capability and reclaim: what a backend that runs commands and moves
     /// files through the full contract declares before anything of its own
-    /// ([`Snapshot`](Capability::Snapshot), the egress rules).
+    /// ([`Snapshot`](Capability::Snapshot), [`ExactKill`](Capability::ExactKill), the egress
+    /// rules).
     pub fn exec_and_files() -> BTreeSet<Capability> {
         BTreeSet::from([
             Capability::Exec,
@@ -123,6 +131,7 @@ mod tests {
             Capability::Snapshot,
             Capability::EgressMethods,
             Capability::EgressPaths,
+            Capability::ExactKill,
         ]);
         let everything: BTreeSet<Capability> = Capability::ALL.iter().copied().collect();
         assert_eq!(
