@@ -172,6 +172,11 @@ pub const STEPS: &[CiStep] = &[
     )
     .after(&["nextest install"]),
     step("e2e docker", WORKSPACE_LANE, Run::Xtask(&["e2e", "docker"])).after(&["images"]),
+    // The Docker backend again, every sandbox under gVisor (`runsc`, which `.ci/run` installs
+    // and registers): after the Docker suite on its lane, since both judge the engine's
+    // workloads by difference and those carry the same labels; the MCP suite beside it judges
+    // its own scopes, which both Docker suites leave out.
+    step("e2e gvisor", WORKSPACE_LANE, Run::Xtask(&["e2e", "gvisor"])).after(&["images"]),
     // Mutation testing of the lines of the security leaves changed since the last tag (else
     // main's merge base, else the last commit): a survivor not explained on the allow-list
     // fails the run (`mutants.rs`). Nothing to do, no build and no install when none changed
@@ -865,6 +870,18 @@ mod tests {
         assert_eq!(args[..2], ["publish", "--workspace"]);
         assert!(args.contains(&"--dry-run"), "{args:?}");
         assert!(!args.contains(&"--allow-dirty"), "{args:?}");
+    }
+
+    #[test]
+    fn the_gvisor_suite_never_runs_beside_the_docker_suite() {
+        // Both judge the engine's workloads by difference: one lane, the Docker suite first.
+        let position = |name: &str| STEPS.iter().position(|step| step.name == name).unwrap();
+        let (docker, gvisor) = (
+            &STEPS[position("e2e docker")],
+            &STEPS[position("e2e gvisor")],
+        );
+        assert_eq!(docker.lane, gvisor.lane);
+        assert!(position("e2e docker") < position("e2e gvisor"));
     }
 
     #[test]

@@ -389,6 +389,10 @@ pub(crate) fn gvisor(workspace: &Workspace) -> Result<(), XtaskError> {
     build_images(workspace, &[])?;
     shared_binaries(workspace)?;
     let before = engine_objects(workspace)?;
+    // The Docker suite's record, so a `ci` that stops or sees this suite fail removes what it
+    // made (the two never run at once).
+    let snapshot = docker_snapshot_path(workspace);
+    write_snapshot(&snapshot, &before)?;
     let started = std::time::Instant::now();
     let mut command = shared_nextest(
         // Not live_confinement: its observer cannot see a gVisor sandbox's root
@@ -405,12 +409,17 @@ pub(crate) fn gvisor(workspace: &Workspace) -> Result<(), XtaskError> {
     );
     let after = engine_objects(workspace)?;
     let left: Vec<&EngineObject> = after.difference(&before).collect();
-    judge_suite("gvisor", teed, &left, Ok(()))
+    let verdict = judge_suite("gvisor", teed, &left, Ok(()));
+    if verdict.is_ok() {
+        let _ = std::fs::remove_file(&snapshot);
+    }
+    verdict
 }
 
-/// Where the Docker suite records the engine's objects as they were when it started: a run of
-/// `cargo xtask ci` that stops the suite (another step failed) or sees it fail removes what the
-/// suite made since ([`docker_suite_leftovers`]). A suite that passed removes the record.
+/// Where the Docker suite (and the gVisor suite, after it on its lane) records the engine's
+/// objects as they were when it started: a run of `cargo xtask ci` that stops the suite (another
+/// step failed) or sees it fail removes what the suite made since ([`docker_suite_leftovers`]). A
+/// suite that passed removes the record.
 fn docker_snapshot_path(workspace: &Workspace) -> PathBuf {
     workspace
         .target_dir()
