@@ -29,7 +29,9 @@
 //! machine, the load average before and after, the date and the number of runs; the section of
 //! `BENCHMARKS.md` between its generated-section markers is rewritten from it, and everything
 //! outside the markers (the hand-written account of what moved each row) is kept as it is.
-//! `--report-only` rewrites that section from the last report without running anything.
+//! `--report-only` rewrites that section from the last report without running anything. A run
+//! of some benches (`--only`) writes its report but leaves `BENCHMARKS.md` alone: the section is
+//! one run of every bench.
 //!
 //! The command fails when a row's median misses its target, or when a bench failed in any run
 //! other than by missing a target in that run (it panicked, or exited non-zero with every row
@@ -282,7 +284,18 @@ pub fn run(workspace: &Workspace, args: &BenchArgs) -> Result<(), XtaskError> {
         Ok(()) => eprintln!("rows written to {}", report_path.display()),
         Err(error) => eprintln!("could not write {}: {error}", report_path.display()),
     }
-    write_benchmarks_md(workspace, &report)?;
+    // The generated section is one run of every bench: a run of some of them (`--only`) would
+    // replace every other row with nothing.
+    if args.only.is_empty() {
+        write_benchmarks_md(workspace, &report)?;
+    } else {
+        eprintln!(
+            "BENCHMARKS.md left as it is: `--only` ran {} of the {} benches (their rows are in {})",
+            selected.len(),
+            BENCHES.len(),
+            report_path.display()
+        );
+    }
     verdict(&steps, &aggregated)
 }
 
