@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use sandbox_core::naming::docker::{docker_container_name, LABEL_CREATE_MARK};
+use sandbox_core::naming::docker::{docker_container_name, LABEL_CREATE_MARK, POOL_SCOPE};
 use sandbox_core::storage_base::validate_base;
 use sandbox_core::{
     BackendDeclarations, Capability, Sandbox, SandboxError, SandboxKey, SandboxSpec,
@@ -27,6 +27,8 @@ use crate::guest_calls::GuestCalls;
 use crate::handle::{DockerSandbox, HandleParts, Origin, Remake};
 use crate::memory::{Memories, Remembered, WarmEntry};
 use crate::ownership_labels::{workload_labels, ContainerRecord, Verdict};
+use crate::pool::{Claim, MakeMember, Pool, Shape};
+use crate::pool_names::{pool_key, POOL_KIND};
 use crate::retirement::Retirement;
 use crate::sizing::Sizing;
 use crate::storage_base::{numeric_owner, still_missing, StorageBase, ADOPT_POLL};
@@ -56,6 +58,9 @@ struct Plan<'a> {
     egress: Option<EgressPlan>,
     /// Its egress volume's name.
     egress_volume: Option<String>,
+    /// A warm pool member being filled: never claimed from the pool, and the pool's other
+    /// members are no other egress of its key.
+    member: bool,
 }
 
 /// How an existing container came to be served.
@@ -71,10 +76,12 @@ enum Arrival {
     Adopted,
 }
 
-/// What [`Step::Existing`] decided.
+/// What [`Step::Existing`] or [`Step::Claim`] decided.
 enum Served {
     /// The container is running and verified for this plan already: hand it out as it is.
     Warm(String),
+    /// A pool member this call claimed and verified: hand it out, fresh for the key.
+    Claimed(String),
     /// The next step.
     Next(Step),
 }
@@ -107,6 +114,8 @@ impl Progress {
 /// and names the next; a step that goes back to the top (a new look at the name, a create) passes
 /// the adopt deadline first.
 enum Step {
+    /// Nothing holds the name and the plan has a pool shape: claim a ready member, else create.
+    Claim(Box<Shape>),
     /// Nothing holds the name: check the egress companions, make the proxy, create the workload.
     Create,
     /// The create lost the name to another process: find what holds it now.
@@ -155,6 +164,8 @@ pub(crate) struct Acquirer {
     pub(crate) me: Weak<Acquirer>,
     /// The file copy of a fork.
     pub(crate) fork_copy: ForkCopy,
+    /// The warm pool fresh acquires claim from, and which this acquirer fills.
+    pub(crate) pool: Arc<Pool>,
 }
 
 impl Acquirer {
@@ -165,6 +176,7 @@ impl Acquirer {
         key: &SandboxKey,
         spec: &SandboxSpec,
     ) -> Result<Arc<DockerSandbox>, SandboxError> {
+        refuse_pool_scope(key)?;
         let resources = self.sizing.resources().await;
         let plan = self.plan(key, spec, resources)?;
         self.acquire_planned(&plan).await
@@ -180,15 +192,23 @@ impl Acquirer {
             last_conflict: String::new(),
             replacements: 0,
             adopted: false,
-            egress_checked: false,
+            egress_checked: plan.member,
             proxy_ready: plan.egress.is_none(),
         };
         let mut step = match self.containers.inspect(&plan.name).await? {
             Some(existing) => Step::Existing(Box::new(existing)),
-            None => Step::Create,
+            None => match self.pool_shape(plan) {
+                Some(shape) => Step::Claim(Box::new(shape)),
+                None => Step::Create,
+            },
         };
         loop {
             step = match step {
+                Step::Claim(shape) => match self.claim_step(plan, &shape, &mut progress).await? {
+                    Served::Claimed(id) => return Ok(self.claimed(plan, &id)),
+                    Served::Warm(id) => return Ok(self.handle(plan, &id, false)),
+                    Served::Next(next) => next,
+                },
                 Step::Create => self.create_step(plan, &mut progress).await?,
                 Step::AfterConflict => match self.containers.inspect(&plan.name).await? {
                     Some(existing) => Step::Existing(Box::new(existing)),
@@ -207,6 +227,7 @@ impl Acquirer {
                 Step::Existing(existing) => {
                     match self.existing_step(plan, existing, &mut progress).await? {
                         Served::Warm(id) => return Ok(self.handle(plan, &id, false)),
+                        Served::Claimed(id) => return Ok(self.claimed(plan, &id)),
                         Served::Next(next) => next,
                     }
                 }
@@ -220,6 +241,86 @@ impl Acquirer {
                 }
             };
         }
+    }
+
+    /// The pool shape of a plan, when fresh acquires of it claim from the pool: a pool is
+    /// configured, egress is closed (an allowlist sandbox's companions are named after its
+    /// container), and the plan does not fill the pool itself.
+    fn pool_shape(&self, plan: &Plan<'_>) -> Option<Shape> {
+        if !self.pool.enabled() || plan.member || plan.egress.is_some() {
+            return None;
+        }
+        Some(Shape::new(
+            &plan.image,
+            &plan.base,
+            plan.needs_base,
+            &plan.policy,
+            self.config.workload_network(),
+        ))
+    }
+
+    /// The pool shape acquires of `spec` claim from; `None` when they do not.
+    pub(crate) async fn pool_shape_of(
+        &self,
+        spec: &SandboxSpec,
+    ) -> Result<Option<Shape>, SandboxError> {
+        let key = SandboxKey::conversation("pool-shape", "pool-shape", "pool-shape");
+        let resources = self.sizing.resources().await;
+        let plan = self.plan(&key, spec, resources)?;
+        Ok(self.pool_shape(&plan))
+    }
+
+    /// [`Step::Claim`]: the egress check and the claim at once; a member claimed for a key whose
+    /// egress check fails is removed, never handed out. A claimed member was made and prepared
+    /// for exactly this shape, so it is verified from its inspect and served as it is.
+    async fn claim_step(
+        &self,
+        plan: &Plan<'_>,
+        shape: &Shape,
+        progress: &mut Progress,
+    ) -> Result<Served, SandboxError> {
+        let (egress, claim) = tokio::join!(
+            self.refuse_other_egress(plan),
+            self.pool.claim(shape, &plan.name, &plan.labels)
+        );
+        if let Err(error) = egress {
+            if let Ok(Claim::Claimed(id, _)) = &claim {
+                self.pool.discard(id).await;
+            }
+            return Err(error);
+        }
+        progress.egress_checked = true;
+        Ok(match claim? {
+            Claim::Claimed(id, record) => {
+                if let Err(error) = self.verify_for(plan, &record) {
+                    self.pool.discard(&id).await;
+                    return Err(error);
+                }
+                Served::Claimed(id)
+            }
+            Claim::NameTaken(text) => {
+                progress.last_conflict = text;
+                progress.adopted = true;
+                Served::Next(Step::AfterConflict)
+            }
+            Claim::Empty => Served::Next(Step::Create),
+        })
+    }
+
+    /// A handle to a claimed member: its calls run under the engine's init (every member has
+    /// `--init`) unless this process's own probe found the exec init; its base was made and
+    /// walked when it was filled, and nothing has run in it since.
+    fn claimed(&self, plan: &Plan<'_>, id: &str) -> Arc<DockerSandbox> {
+        self.memory.probes.mark_subreaper(id);
+        self.memory.warm.insert(
+            id,
+            WarmEntry {
+                base: plan.base.clone(),
+                policy: plan.policy.clone(),
+                base_ready: plan.needs_base,
+            },
+        );
+        self.handle(plan, id, true)
     }
 
     /// [`Step::Create`]: the egress check once, the OS re-check and the image presence check, all
@@ -411,6 +512,7 @@ impl Acquirer {
             base,
             files_in: min_limits(spec.files_in(), ceiling.files_in),
             files_out: min_limits(spec.files_out(), ceiling.files_out),
+            member: false,
         })
     }
 
@@ -864,6 +966,36 @@ impl Acquirer {
     }
 }
 
+#[async_trait]
+impl MakeMember for Acquirer {
+    /// A cold acquire of the pool's key for `shape` under `name`: created, verified, probed, its
+    /// base made and walked, its egress checked when configured; removed on any failure.
+    async fn make_member(&self, shape: &Shape, name: &str) -> Result<String, SandboxError> {
+        let key = pool_key(&shape.digest);
+        let spec = SandboxSpec::builder(POOL_KIND)
+            .image(shape.image.clone())
+            .work_dir(Some(shape.base.clone()))
+            .build()?;
+        let resources = self.sizing.resources().await;
+        let mut plan = self.plan(&key, &spec, resources)?;
+        plan.name = name.to_owned();
+        plan.needs_base = shape.needs_base;
+        plan.member = true;
+        let made = self.acquire_planned(&plan).await?;
+        Ok(made.instance_id().to_owned())
+    }
+}
+
+/// Refuses a key in the pool's own scope: its sandboxes are the pool's members.
+fn refuse_pool_scope(key: &SandboxKey) -> Result<(), SandboxError> {
+    if key.scope == POOL_SCOPE {
+        return Err(SandboxError::invalid(format!(
+            "the scope {POOL_SCOPE} is the warm pool's own; choose another"
+        )));
+    }
+    Ok(())
+}
+
 /// The mark in the name of a container a fork is still filling: `<target name>-forming-<8 hex>`.
 const FORMING_MARK: &str = "-forming-";
 
@@ -953,6 +1085,7 @@ impl Acquirer {
                 "a fork needs a target key other than its source",
             ));
         }
+        refuse_pool_scope(target)?;
         let resources = self.sizing.resources().await;
         let source_plan = self.plan(source, spec, resources)?;
         let target_plan = self.plan(target, spec, resources)?;

@@ -12,6 +12,7 @@ use sandbox_core::{
 
 use crate::acquire::Acquirer;
 use crate::archive::Archive;
+use crate::claims::ClaimRecords;
 use crate::config::DockerConfig;
 use crate::connection::EngineConnection;
 use crate::containers::Containers;
@@ -23,6 +24,7 @@ use crate::fork_copy::ForkCopy;
 use crate::guest_calls::GuestCalls;
 use crate::handle::HandleParts;
 use crate::memory::Memories;
+use crate::pool::{MakeMember, Pool};
 use crate::retirement::Retirement;
 use crate::runtime_probe::RuntimeVerification;
 use crate::sizing::Sizing;
@@ -51,6 +53,8 @@ pub struct DockerBackend {
     sizing: Arc<Sizing>,
     acquirer: Arc<Acquirer>,
     disposal: Arc<Disposal>,
+    /// The warm pool (empty and idle unless [`DockerConfig::pool`] is set).
+    pool: Arc<Pool>,
     /// `hardened_container` only when a probe showed the configured runtime to be gVisor.
     isolation: Isolation,
     /// What connect found out about the configured runtime; `None` without one.
@@ -173,11 +177,23 @@ impl DockerBackend {
             memory.probes.runtime_lacks_subreaper();
         }
         let sizing = Arc::new(Sizing::new(engine.clone(), Arc::clone(&config)));
-        let containers = Arc::new(Containers::new(
+        let claims = Arc::new(ClaimRecords::new(
             engine.clone(),
             Arc::clone(&config),
             Arc::clone(&memory),
         ));
+        let containers = Arc::new(Containers::new(
+            engine.clone(),
+            Arc::clone(&config),
+            Arc::clone(&memory),
+            Arc::clone(&claims),
+        ));
+        let pool = Pool::new(
+            engine.clone(),
+            Arc::clone(&config),
+            Arc::clone(&containers),
+            Arc::clone(&claims),
+        );
         let archive = Arc::new(Archive::new(
             engine.clone(),
             Arc::clone(&config),
@@ -207,6 +223,7 @@ impl DockerBackend {
         ));
         let disposal = Arc::new(Disposal::new(
             Arc::clone(&containers),
+            claims,
             Arc::clone(&egress),
             Arc::clone(&memory),
         ));
@@ -231,7 +248,10 @@ impl DockerBackend {
             handle_parts,
             me: me.clone(),
             fork_copy,
+            pool: Arc::clone(&pool),
         });
+        let maker: std::sync::Weak<dyn MakeMember> = Arc::downgrade(&acquirer) as _;
+        pool.set_maker(maker);
         DockerBackend {
             engine,
             config,
@@ -239,6 +259,7 @@ impl DockerBackend {
             sizing,
             acquirer,
             disposal,
+            pool,
             isolation: Isolation::Container,
             runtime: None,
         }
@@ -305,6 +326,48 @@ impl DockerBackend {
     /// The configuration this backend runs with.
     pub fn config(&self) -> &DockerConfig {
         &self.config
+    }
+
+    /// The ready warm pool members on the engine, of every shape and any process, by container
+    /// id (docs/docker-backend.md#warm-pool). Claimed members are their keys' sandboxes, not
+    /// listed here.
+    ///
+    /// # Errors
+    /// What the engine's listing answers.
+    pub async fn pool_members(&self) -> Result<Vec<String>, SandboxError> {
+        self.pool.ready_members().await
+    }
+
+    /// Keeps the warm pool of `spec`'s shape filled from now on, and waits until it holds
+    /// [`DockerConfig::pool`] ready members (a host that wants its first acquire warm; the
+    /// benches). Nothing when no pool is configured or `spec` is not pooled (allowlist egress).
+    ///
+    /// # Errors
+    /// InvalidArgument for a spec acquire would refuse; an engine error when the pool is not
+    /// full within `deadline` (the refill's own failures are logged).
+    pub async fn fill_pool(
+        &self,
+        spec: &SandboxSpec,
+        deadline: std::time::Duration,
+    ) -> Result<(), SandboxError> {
+        if let Some(shape) = self.acquirer.pool_shape_of(spec).await? {
+            self.pool.want(&shape);
+            self.pool.wait_full(deadline).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes every warm pool member on the engine, ready, being filled or mid-claim, of every
+    /// shape and any process (the pool's scope, [`POOL_SCOPE`](sandbox_core::naming::docker::POOL_SCOPE),
+    /// as `dispose_scope` removes a conversation); a claimed member is its key's and is never
+    /// touched. A backend with a pool fills it again on its next fresh acquire. Never raises.
+    pub async fn purge_pool(&self) -> ScopePurge {
+        self.disposal
+            .dispose_selection(&crate::ownership_labels::ContainerSelector {
+                scope: sandbox_core::naming::docker::POOL_SCOPE.to_owned(),
+                ..Default::default()
+            })
+            .await
     }
 
     /// The container name of (key, kind) (egress closed).

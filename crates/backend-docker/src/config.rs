@@ -33,6 +33,9 @@ pub const DEFAULT_CPUS: f64 = 2.0;
 /// Memory per sandbox unless configured otherwise, 2 GiB (clamped to the engine host's memory).
 pub const DEFAULT_MEMORY_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 
+/// The largest warm pool per shape.
+pub const MAX_POOL: usize = 64;
+
 /// The smallest memory limit the engine accepts (6 MiB).
 const MIN_MEMORY_BYTES: u64 = 6 * 1024 * 1024;
 
@@ -157,6 +160,11 @@ pub struct DockerConfig {
     /// to rung `hardened_container` (docs/docker-backend.md#gvisor); any other stays `container`,
     /// whatever its name.
     pub runtime: Option<String>,
+    /// The warm pool's size (docs/docker-backend.md#warm-pool): how many ready containers this
+    /// backend keeps for each shape (image, storage base, hardening, runtime; egress closed) a
+    /// fresh acquire asked for, so the next fresh acquire of that shape claims one instead of
+    /// creating it. 0 (the default) = no pool. At most [`MAX_POOL`].
+    pub pool: usize,
     /// **Unsafe; the live tests' seam only** (present with the `live` feature, hidden from the
     /// docs, and set by no `sandboxctl` flag): the engine network every workload is created on
     /// instead of `none`, and the one its ownership check then expects. It exists so the live
@@ -186,6 +194,7 @@ impl Default for DockerConfig {
             outbound_network: DEFAULT_OUTBOUND_NETWORK.to_owned(),
             allow_private_destinations: false,
             runtime: None,
+            pool: 0,
             #[cfg(feature = "live")]
             unsafe_open_network: None,
         }
@@ -208,6 +217,12 @@ impl DockerConfig {
         }
         if self.pids_limit == 0 {
             return Err(SandboxError::invalid("pids_limit must be at least 1"));
+        }
+        if self.pool > MAX_POOL {
+            return Err(SandboxError::invalid(format!(
+                "pool must be at most {MAX_POOL}, not {}",
+                self.pool
+            )));
         }
         if let Some(context) = &self.context {
             check_cli_word("context", context)?;

@@ -18,6 +18,7 @@ use sandbox_core::naming::docker::LABEL_CREATE_MARK;
 use sandbox_core::{DisposalCode, DisposalFailure, SandboxError};
 
 use crate::bounded::bounded_join;
+use crate::claims::ClaimRecords;
 use crate::config::DockerConfig;
 use crate::connection::EngineConnection;
 use crate::connection::{quote, ApiFailure};
@@ -34,6 +35,21 @@ pub(crate) enum Removal {
     Removed,
     /// It was not there.
     Absent,
+}
+
+/// One container as the engine's listing shows it.
+#[derive(Debug, Clone)]
+pub(crate) struct ListedContainer {
+    pub(crate) id: String,
+    /// Without the leading `/`.
+    pub(crate) name: String,
+    /// Its own labels (a claimed pool member's owner is not among them).
+    pub(crate) labels: std::collections::BTreeMap<String, String>,
+    /// The id of the image it was made from.
+    pub(crate) image_id: String,
+    pub(crate) running: bool,
+    /// When it was created, in seconds since the epoch (0 when the engine did not say).
+    pub(crate) created: i64,
 }
 
 /// What a create said.
@@ -114,6 +130,8 @@ pub(crate) struct Containers {
     engine: EngineConnection,
     config: Arc<DockerConfig>,
     memory: Arc<Memories>,
+    /// A claimed pool member's owner is its claim record: inspects and listings read it.
+    claims: Arc<ClaimRecords>,
 }
 
 impl Containers {
@@ -121,11 +139,13 @@ impl Containers {
         engine: EngineConnection,
         config: Arc<DockerConfig>,
         memory: Arc<Memories>,
+        claims: Arc<ClaimRecords>,
     ) -> Self {
         Containers {
             engine,
             config,
             memory,
+            claims,
         }
     }
 
@@ -141,13 +161,16 @@ impl Containers {
                 self.engine.api().inspect_container(target, None),
             )
             .await;
-        match answer {
-            Ok(response) => ContainerRecord::from_api(&response)
-                .map(Some)
-                .map_err(SandboxError::engine),
-            Err(failure) if failure.is_not_found() => Ok(None),
-            Err(failure) => Err(self.engine.failure("container inspect", failure)),
+        let mut record = match answer {
+            Ok(response) => ContainerRecord::from_api(&response).map_err(SandboxError::engine)?,
+            Err(failure) if failure.is_not_found() => return Ok(None),
+            Err(failure) => return Err(self.engine.failure("container inspect", failure)),
+        };
+        if record.is_claimed_member() {
+            // Owned by its claim record; without one, by no key at all (never by the pool).
+            record.claim = Some(self.claims.labels_of(&record.id).await?.unwrap_or_default());
         }
+        Ok(Some(record))
     }
 
     /// Several containers; ids gone in between are skipped.
@@ -169,12 +192,48 @@ impl Containers {
         Ok(records)
     }
 
-    /// `(id, name)` of every container, running or not, carrying all the selection's labels.
+    /// `(id, name)` of every container, running or not, the selection owns: those carrying all
+    /// its labels, and the claimed pool members whose claim record carries them. A claimed member
+    /// is never the pool's, whatever its own labels say.
     pub(crate) async fn listing(
         &self,
         selection: &ContainerSelector,
     ) -> Result<Vec<(String, String)>, SandboxError> {
-        let filters = HashMap::from([("label".to_owned(), selection.label_filters())]);
+        let labelled = self.listed(HashMap::from([(
+            "label".to_owned(),
+            selection.label_filters(),
+        )]));
+        let (labelled, claimed) = tokio::join!(labelled, self.claims.listing(selection));
+        let mut owned: Vec<(String, String)> = labelled?
+            .into_iter()
+            .filter(|c| {
+                !(crate::pool_names::made_for_pool(&c.labels)
+                    && !crate::pool_names::is_pool_name(&c.name))
+            })
+            .map(|c| (c.id, c.name))
+            .collect();
+        let claimed = claimed?;
+        if !claimed.is_empty() {
+            let by_id = HashMap::from([("id".to_owned(), claimed)]);
+            // A member still under its pool name is the pool's until its claimer renames it.
+            owned.extend(
+                self.listed(by_id)
+                    .await?
+                    .into_iter()
+                    .filter(|c| !crate::pool_names::is_pool_name(&c.name))
+                    .map(|c| (c.id, c.name)),
+            );
+        }
+        owned.sort();
+        owned.dedup();
+        Ok(owned)
+    }
+
+    /// Every container, running or not, matching the engine's listing `filters`.
+    pub(crate) async fn listed(
+        &self,
+        filters: HashMap<String, Vec<String>>,
+    ) -> Result<Vec<ListedContainer>, SandboxError> {
         let options = ListContainersOptionsBuilder::new()
             .all(true)
             .filters(&filters)
@@ -202,7 +261,15 @@ impl Containers {
                         "the container list named a container without an id",
                     ));
                 }
-                Ok((id, name.trim_start_matches('/').to_owned()))
+                Ok(ListedContainer {
+                    id,
+                    name: name.trim_start_matches('/').to_owned(),
+                    labels: summary.labels.unwrap_or_default().into_iter().collect(),
+                    image_id: summary.image_id.unwrap_or_default(),
+                    running: summary.state
+                        == Some(bollard::models::ContainerSummaryStateEnum::RUNNING),
+                    created: summary.created.unwrap_or(0),
+                })
             })
             .collect()
     }
@@ -419,6 +486,13 @@ impl Containers {
                 ))
             }
         };
+        // A claimed pool member's record goes with it, never before it: a container left
+        // without its record belongs to no key. (Disposal also removes the records it lists.)
+        if self.memory.claims.get(id).is_some() {
+            if let Err(failure) = self.claims.remove(id).await {
+                tracing::warn!(container = %id, %failure, "could not remove a claim record");
+            }
+        }
         self.memory.forget_instance(id);
         Ok(removal)
     }

@@ -17,6 +17,7 @@ use crate::ownership_labels::{ContainerRecord, ContainerSelector};
 use std::sync::Arc;
 
 use crate::bounded::bounded_join;
+use crate::claims::ClaimRecords;
 use crate::containers::Containers;
 use crate::egress::EgressCompanions;
 use crate::memory::Memories;
@@ -28,6 +29,8 @@ const REMOVAL_CONCURRENCY: usize = 4;
 #[derive(Debug)]
 pub(crate) struct Disposal {
     containers: Arc<Containers>,
+    /// A claimed pool member's record goes after it.
+    claims: Arc<ClaimRecords>,
     /// An allowlist sandbox's proxy and volume go with it.
     egress: Arc<EgressCompanions>,
     /// What this process made, swept when the engine's listing fails; and what it retired.
@@ -37,11 +40,13 @@ pub(crate) struct Disposal {
 impl Disposal {
     pub(crate) fn new(
         containers: Arc<Containers>,
+        claims: Arc<ClaimRecords>,
         egress: Arc<EgressCompanions>,
         memory: Arc<Memories>,
     ) -> Self {
         Disposal {
             containers,
+            claims,
             egress,
             memory,
         }
@@ -118,8 +123,8 @@ impl Disposal {
     }
 
     /// Removes each id, a few at a time; returns how many the engine removed in this call, and
-    /// the failures.
-    async fn remove_all(&self, ids: Vec<String>) -> (u32, Vec<DisposalFailure>) {
+    /// the failures with their ids.
+    async fn remove_all(&self, ids: Vec<String>) -> (u32, Vec<(String, DisposalFailure)>) {
         let mut removed = 0u32;
         let mut failures = Vec::new();
         let results = bounded_join(
@@ -127,11 +132,11 @@ impl Disposal {
             REMOVAL_CONCURRENCY,
         )
         .await;
-        for result in results {
+        for (id, result) in ids.into_iter().zip(results) {
             match result {
                 Ok(Removal::Removed) => removed += 1,
                 Ok(Removal::Absent) => {}
-                Err(failure) => failures.push(failure),
+                Err(failure) => failures.push((id, failure)),
             }
         }
         (removed, failures)
@@ -169,11 +174,22 @@ impl Disposal {
                 ));
             }
         }
-        match self.egress.volume_listing(selection).await {
+        let (volumes, claims) = tokio::join!(
+            self.egress.volume_listing(selection),
+            self.claims.listing(selection)
+        );
+        match volumes {
             Ok(volumes) => sweep.volumes.extend(volumes),
             Err(error) => failures.push(DisposalFailure::new(
                 DisposalCode::Unlisted,
                 format!("the engine's volume listing failed: {error}"),
+            )),
+        }
+        match claims {
+            Ok(claims) => sweep.claims = claims,
+            Err(error) => failures.push(DisposalFailure::new(
+                DisposalCode::Unlisted,
+                format!("the engine's claim record listing failed: {error}"),
             )),
         }
         sweep.volumes.sort();
@@ -185,9 +201,25 @@ impl Disposal {
     /// returns how many workloads the engine removed, and the failures (a companion's is
     /// `unknown`).
     async fn remove_sweep(&self, sweep: Sweep) -> (u32, Vec<DisposalFailure>) {
-        let (removed, mut failures) = self.remove_all(sweep.workloads).await;
+        let (removed, failed) = self.remove_all(sweep.workloads).await;
+        // A claim record goes only after its container: one whose removal failed keeps it, so a
+        // later disposal still finds the container by its owner.
+        let kept: std::collections::HashSet<&str> =
+            failed.iter().map(|(id, _)| id.as_str()).collect();
+        let records = bounded_join(
+            sweep
+                .claims
+                .iter()
+                .filter(|id| !kept.contains(id.as_str()))
+                .map(|id| self.claims.remove(id))
+                .collect(),
+            REMOVAL_CONCURRENCY,
+        )
+        .await;
+        let mut failures: Vec<DisposalFailure> = failed.into_iter().map(|(_, f)| f).collect();
+        failures.extend(records.into_iter().filter_map(Result::err));
         let (_, proxy_failures) = self.remove_all(sweep.proxies).await;
-        failures.extend(proxy_failures.into_iter().map(|failure| {
+        failures.extend(proxy_failures.into_iter().map(|(_, failure)| {
             DisposalFailure::new(
                 DisposalCode::Unknown,
                 format!("egress proxy {}", failure.detail),
@@ -255,12 +287,18 @@ impl Disposal {
 
     /// `dispose_scope`. Never raises.
     pub(crate) async fn dispose_conversation(&self, scope: &str, thread: &str) -> ScopePurge {
-        let selection = ContainerSelector {
+        self.dispose_selection(&ContainerSelector {
             scope: scope.to_owned(),
             thread: Some(thread.to_owned()),
             ..ContainerSelector::default()
-        };
-        let (sweep, unlisted) = self.sweep_targets(&selection).await;
+        })
+        .await
+    }
+
+    /// Every sandbox the selection owns (a claimed pool member by its record, never by the
+    /// pool's labels it was made with). Never raises.
+    pub(crate) async fn dispose_selection(&self, selection: &ContainerSelector) -> ScopePurge {
+        let (sweep, unlisted) = self.sweep_targets(selection).await;
         let (disposed, mut failures) = self.remove_sweep(sweep).await;
         failures.extend(unlisted);
         ScopePurge {
@@ -274,6 +312,8 @@ impl Disposal {
 #[derive(Debug, Default)]
 struct Sweep {
     workloads: Vec<String>,
+    /// The ids whose claim records the selection owns.
+    claims: Vec<String>,
     proxies: Vec<String>,
     volumes: Vec<String>,
 }

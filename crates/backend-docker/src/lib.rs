@@ -28,6 +28,12 @@
 //!   killed by a second exec in a task the caller cannot cancel; the container is kept when that
 //!   lands and retired (removed by id) when it does not. The guest environment travels only in the
 //!   exec request's `Env`, never in any process's argv or environment.
+//! - With [`DockerConfig::pool`], a warm pool keeps that many ready containers per shape (image,
+//!   storage base, limits, runtime; egress closed) a fresh acquire asked for; the next fresh
+//!   acquire of the shape claims one (a claim record per member, which exactly one caller of any
+//!   process wins, then a rename to the key's name) instead of creating it, and the pool refills
+//!   in the background. Members outlive the process; [`DockerBackend::purge_pool`] removes them
+//!   (docs/docker-backend.md#warm-pool).
 //! - [`ImageRecipe`] builds the local images ([`LocalImage`]) from packages this machine can
 //!   install; `cargo xtask images` and `sandboxctl images build` both call it.
 //!
@@ -128,6 +134,7 @@ mod acquire;
 mod archive;
 mod backend;
 mod bounded;
+mod claims;
 mod config;
 mod connection;
 mod containers;
@@ -147,6 +154,8 @@ mod health;
 mod images;
 mod memory;
 mod ownership_labels;
+mod pool;
+mod pool_names;
 mod retirement;
 mod runtime_probe;
 mod sizing;
@@ -169,7 +178,7 @@ pub mod defaults {
     pub use crate::config::{
         DEFAULT_COMMAND_TIMEOUT, DEFAULT_CPUS, DEFAULT_EGRESS_PROXY_IMAGE,
         DEFAULT_EXEC_CLEANUP_TIMEOUT, DEFAULT_IMAGE, DEFAULT_MEMORY_BYTES,
-        DEFAULT_OUTBOUND_NETWORK, DEFAULT_PIDS_LIMIT, DEFAULT_PULL_TIMEOUT,
+        DEFAULT_OUTBOUND_NETWORK, DEFAULT_PIDS_LIMIT, DEFAULT_PULL_TIMEOUT, MAX_POOL,
     };
     pub use crate::endpoint::DEFAULT_DOCKER_HOST;
 }

@@ -266,6 +266,25 @@ impl ImageOwners {
 }
 
 /// The memories one backend's components share; each keeps its own lock.
+/// The ownership labels of claimed pool members, read from their claim records: a record is
+/// bound to one container id and never changes, so it is read once per process.
+#[derive(Debug, Default)]
+pub(crate) struct ClaimLabels(Mutex<HashMap<String, std::collections::BTreeMap<String, String>>>);
+
+impl ClaimLabels {
+    pub(crate) fn get(&self, id: &str) -> Option<std::collections::BTreeMap<String, String>> {
+        held(&self.0).get(id).cloned()
+    }
+
+    pub(crate) fn remember(&self, id: &str, labels: std::collections::BTreeMap<String, String>) {
+        held(&self.0).insert(id.to_owned(), labels);
+    }
+
+    fn forget(&self, id: &str) {
+        held(&self.0).remove(id);
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Memories {
     pub(crate) retired: Retired,
@@ -275,6 +294,7 @@ pub(crate) struct Memories {
     pub(crate) guest_ids: GuestIds,
     pub(crate) ready_proxies: ReadyProxies,
     pub(crate) image_owners: ImageOwners,
+    pub(crate) claims: ClaimLabels,
 }
 
 impl Memories {
@@ -293,6 +313,7 @@ impl Memories {
         self.ready_proxies.forget(id);
         self.adoptions.forget(id);
         self.retired.forget(id);
+        self.claims.forget(id);
     }
 }
 

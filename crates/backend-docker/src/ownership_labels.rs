@@ -112,6 +112,11 @@ pub(crate) struct ContainerRecord {
     pub(crate) host_config: Option<HostConfigRecord>,
     #[serde(rename = "Mounts", default)]
     pub(crate) mounts: Option<Vec<serde_json::Value>>,
+    /// A claimed pool member's ownership labels, from its claim record (labels cannot change on
+    /// a container, so a member made for the pool carries the key it was claimed for there):
+    /// they stand for its own labels in every rule. `None` for any other container.
+    #[serde(skip)]
+    pub(crate) claim: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -184,12 +189,26 @@ impl ContainerRecord {
         self.state.as_ref().map_or("", |s| s.status.as_str())
     }
 
-    /// The container's labels.
+    /// The container's ownership labels: a claimed pool member's claim record, else its own.
     pub(crate) fn labels(&self) -> BTreeMap<String, String> {
+        match &self.claim {
+            Some(claim) => claim.clone(),
+            None => self.own_labels(),
+        }
+    }
+
+    /// The labels the container was created with.
+    pub(crate) fn own_labels(&self) -> BTreeMap<String, String> {
         self.config
             .as_ref()
             .and_then(|c| c.labels.clone())
             .unwrap_or_default()
+    }
+
+    /// Whether it is a pool member no longer under a pool name: its owner is its claim record.
+    pub(crate) fn is_claimed_member(&self) -> bool {
+        crate::pool_names::made_for_pool(&self.own_labels())
+            && !crate::pool_names::is_pool_name(self.bare_name())
     }
 
     /// Its `Config.Image`.
@@ -509,6 +528,45 @@ mod tests {
             under("runsc").verify(&key(), "other", None, None, "none", None, Some("runsc")),
             Err(Verdict::NotOurs)
         );
+    }
+
+    #[test]
+    fn a_claimed_pool_member_is_judged_by_its_claim_record_only() {
+        let pool = crate::pool_names::pool_key("0123456789abcdef");
+        let own = workload_labels(&pool, crate::pool_names::POOL_KIND, &BTreeMap::new(), "/w");
+        let mut member = record(&own, HARDENED);
+        member.name = "/maf-sandbox-pool-0123456789abcdef-deadbeef".to_owned();
+        // Under a pool name it is the pool's, whatever else it is.
+        assert!(!member.is_claimed_member());
+        assert!(member.owned_by(&pool, Some(crate::pool_names::POOL_KIND)));
+        assert!(!member.owned_by(&key(), Some("python")));
+        // Renamed away from it, its own labels no longer count: the record's do.
+        member.name = "/maf-sandbox-docker-aef172d1c789".to_owned();
+        assert!(member.is_claimed_member());
+        member.claim = Some(
+            workload_labels(&key(), "python", &BTreeMap::new(), "/w")
+                .into_iter()
+                .collect(),
+        );
+        assert_eq!(
+            member.verify(&key(), "python", Some("/w"), None, "none", None, None),
+            Ok(())
+        );
+        assert!(!member.owned_by(&pool, None));
+        assert_eq!(member.work_dir().as_deref(), Some("/w"));
+        // With no record it belongs to no key.
+        member.claim = Some(BTreeMap::new());
+        assert_eq!(
+            member.verify(&key(), "python", None, None, "none", None, None),
+            Err(Verdict::NotOurs)
+        );
+        assert!(!member.owned_by(&pool, None));
+        // A container never made for the pool is never judged by a record.
+        let plain = record(
+            &workload_labels(&key(), "python", &BTreeMap::new(), "/w"),
+            HARDENED,
+        );
+        assert!(!plain.is_claimed_member());
     }
 
     #[test]

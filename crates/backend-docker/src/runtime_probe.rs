@@ -145,10 +145,17 @@ pub(crate) async fn verify(
     };
     let path = listed.path.clone().unwrap_or_default();
     let args = listed.runtime_args.clone().unwrap_or_default();
+    let memory: Arc<crate::memory::Memories> = Arc::default();
+    let claims = Arc::new(crate::claims::ClaimRecords::new(
+        engine.clone(),
+        Arc::clone(config),
+        Arc::clone(&memory),
+    ));
     let containers = Arc::new(Containers::new(
         engine.clone(),
         Arc::clone(config),
-        Arc::default(),
+        memory,
+        claims,
     ));
     let output = probe(&containers, config, runtime).await?;
     let verification = RuntimeVerification::from_probe(runtime, &path, &args, &output);

@@ -32,6 +32,15 @@ pub const LABEL_EGRESS_V1: &str = "maf-sandbox.egress.v1";
 /// Docker label on a container being created: its create's mark (a per-call nonce), by which an
 /// abandoned create is found again.
 pub const LABEL_CREATE_MARK: &str = "maf-sandbox.create-mark";
+/// Docker label on a warm pool member's claim record (a volume): the id of the container it
+/// gives to a key (docs/docker-backend.md#warm-pool).
+pub const LABEL_INSTANCE: &str = "maf-sandbox.instance";
+/// Docker label on a claim record: the claiming call's nonce, by which the claimer tells its own
+/// record from another's.
+pub const LABEL_CLAIM_MARK: &str = "maf-sandbox.claim-mark";
+/// The scope of the key every warm pool member is made under (its thread is the pool's shape
+/// digest): the pool is listed and purged like any scope.
+pub const POOL_SCOPE: &str = "maf-sandbox-pool";
 /// Docker label on a local image built around the exec init: the binary's SHA-256.
 pub const LABEL_EXEC_INIT_SHA256: &str = "maf-sandbox.exec-init.sha256";
 /// Docker label on the egress proxy's local image: the binary's SHA-256.
