@@ -13,7 +13,8 @@
 //!   per-probe capability skips, failures aggregated into one [`ConformanceError::ConformanceFailure`],
 //!   and [`refused_with`] with the reference's exception classes translated to [`Refusal`]s;
 //! - the suites: storage base, fresh acquire, instance disposal, FILES_OUT, FILES_IN, EXEC, FILES_DELETE
-//!   (and its verdict-free measurement), RECLAIM, SNAPSHOT (reset and fork), REACH, EGRESS (and EGRESS_METHODS), CALL_SCOPE,
+//!   (and its verdict-free measurement), RECLAIM, SNAPSHOT (reset and fork), POOL (a warm pool, through
+//!   the backend's [`PoolHooks`]), REACH, EGRESS (and EGRESS_METHODS), CALL_SCOPE,
 //!   HARDENING and CONFINEMENT (judged by an engine-side [`Fingerprint`] the backend's test module
 //!   supplies; [`docker_container_fingerprint`] builds one for a sandbox that is a Docker container,
 //!   from `docker` calls the caller runs);
@@ -89,6 +90,7 @@ pub mod fixtures;
 mod hardening;
 mod lifecycle;
 mod paths;
+mod pool;
 mod probe_kit;
 mod reach;
 mod reclaim;
@@ -119,6 +121,7 @@ pub use hardening::{
 };
 pub use lifecycle::{assert_fresh_acquire, assert_instance_disposal, instance_is_listed};
 pub use paths::ConformancePaths;
+pub use pool::{assert_pool, PoolHooks, POOL_CONCURRENT_ACQUIRES, POOL_PROCESSES};
 pub use reach::assert_reach;
 pub use reclaim::assert_reclaim;
 pub use report::{ConformanceReport, ProbeOutcome, ProbeReport};
@@ -145,6 +148,7 @@ pub mod suites {
         HOSTILE_TIMEOUT_CASES, RECORD_REMOVING_CASES,
     };
     pub use crate::lifecycle::{FRESH_ACQUIRE, INSTANCE_DISPOSAL};
+    pub use crate::pool::{POOL, POOL_PROBES};
     pub use crate::reach::{REACH, REACH_PROBES};
     pub use crate::reclaim::{RECLAIM, RECLAIM_PROBES};
     pub use crate::snapshot::{SNAPSHOT, SNAPSHOT_PROBES};
