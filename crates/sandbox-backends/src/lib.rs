@@ -79,6 +79,18 @@ pub struct BackendArgs {
     pub allow_emulation: bool,
 }
 
+/// The warm pool flag of a server-like host (`sandbox-mcp`): a one-shot host such as `sandboxctl`
+/// ends before a pool could refill, so it takes none.
+#[derive(Debug, Clone, Args)]
+pub struct PoolArgs {
+    /// Keep N ready docker containers per sandbox shape (image, storage base, limits; egress
+    /// closed) that this host has acquired, so a fresh sandbox of that shape is claimed from them
+    /// instead of created (docs/docker-backend.md#warm-pool). Members outlive the host;
+    /// `sandboxctl pool-purge` removes them. 0 = no pool. Docker only.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub pool: usize,
+}
+
 fn parse_rung(s: &str) -> Result<Isolation, String> {
     s.parse::<Isolation>().map_err(|e| e.to_string())
 }
@@ -154,6 +166,47 @@ pub async fn connect(
         BackendChoice::Sbx => Ok(Arc::new(connect_sbx(args, guest_names).await?)),
         BackendChoice::Qemu => connect_qemu(args).await,
     }
+}
+
+/// [`connect`] for a server-like host with a warm pool of `pool` members per shape.
+///
+/// # Errors
+/// As [`connect`]; [`SandboxError::InvalidArgument`] for a pool with a backend other than docker.
+///
+/// # Cancel safety and drop
+/// As [`connect`]. The backend's refill runs in a task that ends with the backend.
+pub async fn connect_serving(
+    args: &BackendArgs,
+    guest_names: &[String],
+    pool: &PoolArgs,
+) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+    match args.backend {
+        BackendChoice::Docker => {
+            let mut config = docker_config(args, guest_names);
+            config.pool = pool.pool;
+            Ok(Arc::new(DockerBackend::connect(config).await?))
+        }
+        _ if pool.pool > 0 => Err(SandboxError::invalid(
+            "--pool keeps docker containers: it needs --backend docker",
+        )),
+        _ => connect(args, guest_names).await,
+    }
+}
+
+/// Removes every warm pool member of the docker engine the flags name (`sandboxctl pool-purge`):
+/// ready, being filled or mid-claim, of every shape; a sandbox claimed from the pool is its key's
+/// and stays.
+///
+/// # Errors
+/// [`SandboxError::InvalidArgument`] for a backend other than docker; what connect refuses.
+pub async fn purge_pool(args: &BackendArgs) -> Result<sandbox_core::ScopePurge, SandboxError> {
+    if args.backend != BackendChoice::Docker {
+        return Err(SandboxError::invalid(
+            "the warm pool is the docker backend's: use --backend docker",
+        ));
+    }
+    let backend = DockerBackend::connect(docker_config(args, &[])).await?;
+    Ok(backend.purge_pool().await)
 }
 
 /// The qemu backend's configuration from the flags.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use sandbox_backends::BackendArgs;
+use sandbox_backends::{BackendArgs, PoolArgs};
 
 /// Serve sandboxes as MCP tools to one agent host (stdio, the default) or to several principals
 /// over Streamable HTTP (`--http`).
@@ -15,6 +15,9 @@ pub struct Cli {
     /// The backend and its configuration (shared with sandboxctl).
     #[command(flatten)]
     pub backends: BackendArgs,
+    /// The warm pool.
+    #[command(flatten)]
+    pub pool: PoolArgs,
     /// Serve Streamable HTTP on this address instead of stdio (`127.0.0.1:PORT`; another
     /// interface only when named).
     #[arg(long, value_name = "ADDR")]
@@ -176,6 +179,8 @@ mod tests {
             sandbox_core::Isolation::HardenedContainer
         );
         let plain = Cli::parse_from(["sandbox-mcp"]);
+        assert_eq!(plain.pool.pool, 0);
+        assert_eq!(Cli::parse_from(["sandbox-mcp", "--pool", "4"]).pool.pool, 4);
         assert_eq!(
             sandbox_backends::docker_config(&plain.backends, &[]).runtime,
             None

@@ -46,7 +46,7 @@ async fn run(cli: Cli) -> ExitCode {
         (None, Some(_)) => return fail("--token-file", &"only --http takes tokens"),
         (None, None) => None,
     };
-    let backend = match sandbox_backends::connect(&cli.backends, &[]).await {
+    let backend = match sandbox_backends::connect_serving(&cli.backends, &[], &cli.pool).await {
         Ok(b) => b,
         Err(e) => return fail("backend", &e),
     };

@@ -234,6 +234,10 @@ pub enum CommandLine {
         #[arg(long)]
         thread: String,
     },
+    /// Remove every warm pool member the docker backend's servers keep (`sandbox-mcp --pool`):
+    /// ready, being filled or mid-claim, of every shape; a sandbox claimed from the pool is its
+    /// key's and stays.
+    PoolPurge,
     /// Check this host: engine, context, images, kernel features, and a throwaway sandbox whose
     /// egress is proven closed from inside. Reads, never writes, host settings.
     Doctor {

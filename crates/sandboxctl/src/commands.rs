@@ -41,6 +41,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
             instance,
         } => dispose(&global, key, kind, instance).await,
         CommandLine::Purge { scope, thread } => purge(&global, scope, thread).await,
+        CommandLine::PoolPurge => pool_purge(&global).await,
         CommandLine::Reset { key, kind } => reset(&global, key, kind).await,
         CommandLine::Fork {
             key,
@@ -701,7 +702,11 @@ async fn purge(global: &GlobalArgs, scope: String, thread: String) -> Done {
     check_field("scope", &scope)?;
     check_field("thread", &thread)?;
     let backend = backends::connect(global, &[]).await?;
-    let purge = backend.dispose_scope(&scope, &thread).await;
+    purged(backend.dispose_scope(&scope, &thread).await)
+}
+
+/// A purge's report: how many were disposed of, and what was left.
+fn purged(purge: sandbox_core::ScopePurge) -> Done {
     let value = json!({
         "disposed": purge.disposed,
         "undisposed": purge.undisposed.as_ref().map(|f| json!({"code": f.code.as_str(), "detail": f.detail})),
@@ -717,6 +722,11 @@ async fn purge(global: &GlobalArgs, scope: String, thread: String) -> Done {
             extra: Some(value),
         }),
     }
+}
+
+/// Removes every warm pool member of the docker backend.
+async fn pool_purge(global: &GlobalArgs) -> Done {
+    purged(sandbox_backends::purge_pool(global).await?)
 }
 
 /// One entry as JSON: the exact path, or for a name no guest path can address (not UTF-8, holding a
