@@ -224,6 +224,8 @@ pub enum Target {
     /// Reported, never failed, against a reference ratio the spec gives; the line says by how
     /// much a miss exceeds it.
     Reference(f64),
+    /// The median paired ratio must be at most `ratio` and the backend's p50 at most `ms`.
+    AtMostWithin { ratio: f64, ms: f64 },
 }
 
 /// The samples of one metric.
@@ -318,6 +320,16 @@ impl Metric {
                 (format!("(target ≤ {limit:.2}) PASS"), true)
             }
             Target::AtMost(limit) => (format!("(target ≤ {limit:.2}) FAIL"), false),
+            Target::AtMostWithin { ratio: limit, ms } => {
+                let pass = ratio <= limit && backend <= ms;
+                (
+                    format!(
+                        "(target ≤ {limit:.2} and ≤ {ms:.0} ms) {}",
+                        if pass { "PASS" } else { "FAIL" }
+                    ),
+                    pass,
+                )
+            }
             Target::ReportedOnly => ("(reported only)".to_owned(), true),
             Target::Reference(reference) if ratio <= reference => (
                 format!("(reported only; within the reference ≤ {reference:.2})"),
@@ -337,6 +349,7 @@ impl Metric {
         );
         let target = match self.target {
             Target::AtMost(limit) => format!("<= {limit:.2}"),
+            Target::AtMostWithin { ratio, ms } => format!("<= {ratio:.2} and <= {ms:.0} ms at p50"),
             Target::ReportedOnly => "reported only".to_owned(),
             Target::Reference(reference) => format!("reference <= {reference:.2}"),
         };
