@@ -206,9 +206,11 @@ impl Containers {
         let (labelled, claimed) = tokio::join!(labelled, self.claims.listing(selection));
         let mut owned: Vec<(String, String)> = labelled?
             .into_iter()
+            // A member made for the pool counts only under a pool name: once claimed, it is its
+            // record's.
             .filter(|c| {
-                !(crate::pool_names::made_for_pool(&c.labels)
-                    && !crate::pool_names::is_pool_name(&c.name))
+                !crate::pool_names::made_for_pool(&c.labels)
+                    || crate::pool_names::is_pool_name(&c.name)
             })
             .map(|c| (c.id, c.name))
             .collect();
