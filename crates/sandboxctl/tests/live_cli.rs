@@ -1535,9 +1535,12 @@ fn a_cold_acquire_makes_the_fewest_engine_requests() {
         // Connect; the host's size, the first acquire in this process.
         "GET /_ping",
         "GET /info",
-        // The name's inspect; the other-egress listing, the OS re-check, the image inspect.
+        // The name's inspect; the other-egress listing with, beside it, the listing of pool
+        // claim records (a warm pool member claimed for this key by any process is found by its
+        // record, its own labels being the pool's); the OS re-check, the image inspect.
         "GET /containers/ID/json",
         "GET /containers/json?all",
+        "GET /volumes?filters",
         "GET /_ping",
         "GET /images/ID/json",
         // Create, then start and inspect at once.
