@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use bollard::query_parameters::{ListVolumesOptionsBuilder, RemoveVolumeOptionsBuilder};
+use bollard::query_parameters::RemoveVolumeOptionsBuilder;
 use sandbox_core::naming::docker::{LABEL_CLAIM_MARK, LABEL_INSTANCE, LABEL_ROLE};
 use sandbox_core::{DisposalCode, DisposalFailure, SandboxError};
 
@@ -140,21 +140,13 @@ impl ClaimRecords {
         &self,
         selection: &ContainerSelector,
     ) -> Result<Vec<String>, SandboxError> {
-        let mut filters = selection.label_filters();
-        filters.push(format!("{LABEL_ROLE}={CLAIM_ROLE}"));
-        let filters = HashMap::from([("label".to_owned(), filters)]);
-        let options = ListVolumesOptionsBuilder::new().filters(&filters).build();
+        let mut labels = selection.label_filters();
+        labels.push(format!("{LABEL_ROLE}={CLAIM_ROLE}"));
         let listed = self
             .engine
-            .call(
-                self.config.command_timeout,
-                self.engine.api().list_volumes(Some(options)),
-            )
-            .await
-            .map_err(|f| self.engine.failure("claim record list", f))?;
+            .volumes_labelled(self.config.command_timeout, labels, "claim record list")
+            .await?;
         Ok(listed
-            .volumes
-            .unwrap_or_default()
             .into_iter()
             .filter_map(|volume| {
                 let id = volume.labels.get(LABEL_INSTANCE)?.clone();

@@ -220,6 +220,25 @@ impl EngineConnection {
         }
     }
 
+    /// The volumes carrying every one of `labels` (`key=value`), within `deadline`; a failure is
+    /// named `operation`.
+    pub(crate) async fn volumes_labelled(
+        &self,
+        deadline: Duration,
+        labels: Vec<String>,
+        operation: &str,
+    ) -> Result<Vec<bollard::models::Volume>, SandboxError> {
+        let filters = std::collections::HashMap::from([("label".to_owned(), labels)]);
+        let options = bollard::query_parameters::ListVolumesOptionsBuilder::new()
+            .filters(&filters)
+            .build();
+        let listed = self
+            .call(deadline, self.api().list_volumes(Some(options)))
+            .await
+            .map_err(|f| self.failure(operation, f))?;
+        Ok(listed.volumes.unwrap_or_default())
+    }
+
     /// Names a failure for the caller: an unreachable engine is BackendUnavailable naming the
     /// pinned endpoint, an expired deadline EngineTimeout, anything else Engine.
     #[cold]

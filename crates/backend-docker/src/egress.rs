@@ -13,9 +13,7 @@ use std::time::Duration;
 
 use bollard::container::LogOutput;
 use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters::{
-    ListVolumesOptionsBuilder, LogsOptionsBuilder, RemoveVolumeOptionsBuilder,
-};
+use bollard::query_parameters::{LogsOptionsBuilder, RemoveVolumeOptionsBuilder};
 use futures_util::StreamExt as _;
 use sandbox_core::backend_kit::run_detached;
 use sandbox_core::{DisposalCode, DisposalFailure, Egress, EgressEntry, SandboxError, SandboxSpec};
@@ -619,24 +617,13 @@ impl EgressCompanions {
         &self,
         selection: &ContainerSelector,
     ) -> Result<Vec<String>, SandboxError> {
-        let mut filters = selection.label_filters();
-        filters.push(format!("{LABEL_ROLE}=egress-volume"));
-        let filters = HashMap::from([("label".to_owned(), filters)]);
-        let options = ListVolumesOptionsBuilder::new().filters(&filters).build();
+        let mut labels = selection.label_filters();
+        labels.push(format!("{LABEL_ROLE}=egress-volume"));
         let listed = self
             .engine
-            .call(
-                self.config.command_timeout,
-                self.engine.api().list_volumes(Some(options)),
-            )
-            .await
-            .map_err(|f| self.engine.failure("volume list", f))?;
-        Ok(listed
-            .volumes
-            .unwrap_or_default()
-            .into_iter()
-            .map(|volume| volume.name)
-            .collect())
+            .volumes_labelled(self.config.command_timeout, labels, "volume list")
+            .await?;
+        Ok(listed.into_iter().map(|volume| volume.name).collect())
     }
 }
 
