@@ -18,8 +18,8 @@ mod support;
 
 use sandbox_core::{DisposeSelector, SandboxBackend, SandboxKey, SandboxSpec};
 use support::{
-    backend, docker, paired, remove_raw, run_raw_container, unique_scope, Metric, Sweep, Target,
-    BASE,
+    backend, docker, paired, remove_raw, reset_against_cold, run_raw_container, unique_scope,
+    Metric, Sweep, Target, BASE,
 };
 
 const WARM_WARMUP: usize = 3;
@@ -94,40 +94,18 @@ async fn main() {
     // against disposing of it and acquiring a new key cold. Reported against the 0.5x the design
     // asks for; reset makes the container again, so it costs about what a cold acquire costs.
     let reset_key = SandboxKey::conversation(scope.as_str(), "reset", "bench");
-    let mut current = backend.acquire(&reset_key, &spec).await.expect("acquire");
+    let current = backend.acquire(&reset_key, &spec).await.expect("acquire");
     let mut reset = Metric::new("docker reset", Target::Reference(0.5));
-    for round in 0..COLD_WARMUP + COLD_ROUNDS {
-        let base = current.storage_base().to_owned();
-        current
-            .write_file("made.txt", b"after acquire\n", &base)
-            .await
-            .expect("write");
-        let key = SandboxKey::conversation(scope.as_str(), "reset", format!("cold-{round}"));
-        let old = backend.acquire(&key, &spec).await.expect("acquire");
-        old.write_file("made.txt", b"after acquire\n", &base)
-            .await
-            .expect("write");
-        drop(old);
-        let pair = paired(
-            round,
-            async {
-                current = current.reset().await.expect("reset");
-            },
-            async {
-                let failure = backend.dispose(&key, DisposeSelector::all()).await;
-                assert!(failure.is_none(), "disposal: {failure:?}");
-                let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
-                assert!(sandbox.freshly_created());
-            },
-        )
-        .await;
-        let failure = backend.dispose(&key, DisposeSelector::all()).await;
-        assert!(failure.is_none(), "disposal of the cold key: {failure:?}");
-        if round >= COLD_WARMUP {
-            reset.push(pair);
-        }
-    }
-    drop(current);
+    reset_against_cold(
+        &mut reset,
+        current,
+        &backend,
+        &spec,
+        |round| SandboxKey::conversation(scope.as_str(), "reset", format!("cold-{round}")),
+        (COLD_WARMUP, COLD_ROUNDS),
+        || async {},
+    )
+    .await;
 
     let passed = warm.report() & cold.report() & reset.report();
     sweep.finish(&backend, &["warm", "cold", "reset"]).await;

@@ -22,8 +22,8 @@ use sandbox_core::{
     Command, DisposeSelector, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec,
 };
 use support::{
-    docker, paired, record_row, remove_raw, run_raw_container, timed, unique_scope, Metric, Sweep,
-    Target, BASE,
+    docker, paired, record_row, remove_raw, reset_against_cold, run_raw_container, timed,
+    unique_scope, Metric, Sweep, Target, BASE,
 };
 
 const POOL: usize = 8;
@@ -97,44 +97,23 @@ async fn main() {
         .await
         .expect("the docker backend connects to the local engine");
     let reset_key = SandboxKey::conversation(scope.as_str(), "pool", "reset");
-    let mut current = backend.acquire(&reset_key, &spec).await.expect("acquire");
+    let current = backend.acquire(&reset_key, &spec).await.expect("acquire");
     let mut reset = Metric::new("docker reset from the pool", Target::Reference(0.5));
-    for round in 0..ACQUIRE_WARMUP + ACQUIRE_ROUNDS {
-        backend
-            .fill_pool(&spec, FILL_DEADLINE)
-            .await
-            .expect("the pool refills");
-        let base = current.storage_base().to_owned();
-        current
-            .write_file("made.txt", b"after acquire\n", &base)
-            .await
-            .expect("write");
-        let key = SandboxKey::conversation(scope.as_str(), "pool", format!("cold-{round}"));
-        let old = cold.acquire(&key, &spec).await.expect("acquire");
-        old.write_file("made.txt", b"after acquire\n", &base)
-            .await
-            .expect("write");
-        drop(old);
-        let pair = paired(
-            round,
-            async {
-                current = current.reset().await.expect("reset");
-            },
-            async {
-                let failure = cold.dispose(&key, DisposeSelector::all()).await;
-                assert!(failure.is_none(), "disposal: {failure:?}");
-                let sandbox = cold.acquire(&key, &spec).await.expect("acquire");
-                assert!(sandbox.freshly_created());
-            },
-        )
-        .await;
-        let failure = cold.dispose(&key, DisposeSelector::all()).await;
-        assert!(failure.is_none(), "disposal of the cold key: {failure:?}");
-        if round >= ACQUIRE_WARMUP {
-            reset.push(pair);
-        }
-    }
-    drop(current);
+    reset_against_cold(
+        &mut reset,
+        current,
+        &cold,
+        &spec,
+        |round| SandboxKey::conversation(scope.as_str(), "pool", format!("cold-{round}")),
+        (ACQUIRE_WARMUP, ACQUIRE_ROUNDS),
+        || async {
+            backend
+                .fill_pool(&spec, FILL_DEADLINE)
+                .await
+                .expect("the pool refills");
+        },
+    )
+    .await;
     passed &= reset.report();
 
     backend

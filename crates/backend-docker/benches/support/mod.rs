@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use backend_docker::{DockerBackend, DockerConfig};
 use std::sync::Arc;
 
-use sandbox_core::{Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
+use sandbox_core::{DisposeSelector, Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
 use tokio::io::AsyncWriteExt as _;
 
 #[path = "../../../../xtask/bench_row.rs"]
@@ -196,6 +196,55 @@ pub async fn paired(
 ) -> (Duration, Duration) {
     let times = round_robin(round, vec![Box::pin(backend), Box::pin(raw)]).await;
     (times[0], times[1])
+}
+
+/// Rounds of `current.reset()` against disposal plus a cold acquire on `cold` of the key
+/// `key_of(round)` gives, each side holding a file written since its acquire; `prepare` runs,
+/// untimed, before each round. The rounds past `warmup` go into `metric`.
+pub async fn reset_against_cold<F, Fut>(
+    metric: &mut Metric,
+    mut current: Arc<dyn Sandbox>,
+    cold: &DockerBackend,
+    spec: &SandboxSpec,
+    key_of: impl Fn(usize) -> SandboxKey,
+    (warmup, rounds): (usize, usize),
+    mut prepare: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    for round in 0..warmup + rounds {
+        prepare().await;
+        let base = current.storage_base().to_owned();
+        current
+            .write_file("made.txt", b"after acquire\n", &base)
+            .await
+            .expect("write");
+        let key = key_of(round);
+        let old = cold.acquire(&key, spec).await.expect("acquire");
+        old.write_file("made.txt", b"after acquire\n", &base)
+            .await
+            .expect("write");
+        drop(old);
+        let pair = paired(
+            round,
+            async {
+                current = current.reset().await.expect("reset");
+            },
+            async {
+                let failure = cold.dispose(&key, DisposeSelector::all()).await;
+                assert!(failure.is_none(), "disposal: {failure:?}");
+                let sandbox = cold.acquire(&key, spec).await.expect("acquire");
+                assert!(sandbox.freshly_created());
+            },
+        )
+        .await;
+        let failure = cold.dispose(&key, DisposeSelector::all()).await;
+        assert!(failure.is_none(), "disposal of the cold key: {failure:?}");
+        if round >= warmup {
+            metric.push(pair);
+        }
+    }
 }
 
 /// Times each piece of work of one round in turn, starting with piece `round % n`, and returns
