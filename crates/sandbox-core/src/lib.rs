@@ -24,6 +24,8 @@
 //!   (credentials, paths a host executes, backends' host state, an output root).
 //! - [`hygiene`]: the secret-looking environment-name denylist.
 //! - [`egress`]: the egress modes (also at the root) and the allowlist grammar's validators.
+//! - [`credential`]: credential grants a host attaches at acquire (their tokens never printed), and
+//!   the egress decisions a backend reports to an observer.
 //! - [`backend_kit`]: what only a backend author needs: the producer end of an exec stream, the
 //!   per-name lock table, and cleanups that finish when the caller's future is dropped.
 //! - `testing` (feature `testing`): an in-memory fake backend for tests of hosts and of the router.
@@ -49,6 +51,7 @@ mod backend;
 pub mod backend_kit;
 mod capability;
 mod cleanup;
+pub mod credential;
 pub mod credential_paths;
 mod declarations;
 mod disposal;
@@ -93,7 +96,7 @@ pub use limits::{SandboxLimits, TransferLimits, DEFAULT_TRANSFER_LIMITS};
 pub use router::{
     BackendSelection, FailedCleanup, Router, RouterConfig, UncleanTarget, DEFAULT_CLEANUP_TIMEOUT,
 };
-pub use spec::{SandboxSpec, SandboxSpecBuilder, DEFAULT_WORK_DIR};
+pub use spec::{SandboxSpec, SandboxSpecBuilder, DEFAULT_WORK_DIR, MAX_CREDENTIALS};
 
 /// The README's examples, run as doctests so that they stay true to this API.
 #[cfg(doctest)]

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::credential::CredentialGrant;
 use crate::{
     Capability, CleanupRung, Egress, EgressEntry, Isolation, IsolationScope, OsFamily,
     SandboxError, TransferLimits,
@@ -22,6 +23,7 @@ pub struct SandboxSpec {
     image_id: Option<String>,
     egress: Egress,
     egress_allow: Vec<EgressEntry>,
+    credentials: Vec<CredentialGrant>,
     work_dir: Option<String>,
     labels: BTreeMap<String, String>,
     requires: BTreeSet<Capability>,
@@ -43,6 +45,7 @@ impl SandboxSpec {
                 image_id: None,
                 egress: Egress::Closed,
                 egress_allow: Vec::new(),
+                credentials: Vec::new(),
                 work_dir: Some(DEFAULT_WORK_DIR.to_owned()),
                 labels: BTreeMap::new(),
                 requires: Capability::defaults(),
@@ -116,8 +119,15 @@ impl SandboxSpec {
         self.requires_os_family
     }
 
-    /// `requires` plus what the allowlist rules add (`egress_methods`, `egress_paths`). The router matches on
-    /// this set.
+    /// The credential grants attached to this acquire
+    /// ([`SandboxSpecBuilder::credential`]).
+    pub fn credentials(&self) -> &[CredentialGrant] {
+        &self.credentials
+    }
+
+    /// `requires` plus what the allowlist rules add (`egress_methods`, `egress_paths`) and what
+    /// credential grants add (`egress_paths` always: a grant names paths; `egress_methods` when it
+    /// names methods). The router matches on this set.
     pub fn required_capabilities(&self) -> BTreeSet<Capability> {
         let mut set = self.requires.clone();
         set.extend(
@@ -125,6 +135,12 @@ impl SandboxSpec {
                 .iter()
                 .flat_map(|e| e.derived_requirements()),
         );
+        for grant in &self.credentials {
+            set.insert(Capability::EgressPaths);
+            if grant.methods().is_some() {
+                set.insert(Capability::EgressMethods);
+            }
+        }
         set
     }
 
@@ -168,6 +184,13 @@ impl SandboxSpecBuilder {
     /// Adds an allowlist entry (a host string or a rule).
     pub fn allow(mut self, entry: impl Into<EgressEntry>) -> Self {
         self.spec.egress_allow.push(entry.into());
+        self
+    }
+    /// Attaches a credential grant to this acquire: the sandbox's requests to the grant's origin,
+    /// methods and paths carry its token, which never enters the guest. The grant's host must be
+    /// allowed by the allowlist; at most [`MAX_CREDENTIALS`] grants.
+    pub fn credential(mut self, grant: CredentialGrant) -> Self {
+        self.spec.credentials.push(grant);
         self
     }
     /// Sets the storage base; `None` lets the backend choose.
@@ -244,6 +267,7 @@ impl SandboxSpecBuilder {
             }
         }
         spec.egress_allow = dedupe_allowlist(std::mem::take(&mut spec.egress_allow))?;
+        check_credentials(&spec)?;
         if spec.requires.contains(&Capability::Reclaim) {
             return Err(SandboxError::invalid(
                 "reclaim is a backend-only capability; a spec cannot require it",
@@ -285,6 +309,61 @@ fn dedupe_allowlist(entries: Vec<EgressEntry>) -> Result<Vec<EgressEntry>, Sandb
         }
     }
     Ok(kept)
+}
+
+/// The most credential grants one spec carries.
+pub const MAX_CREDENTIALS: usize = 64;
+
+/// Grants need allowlist egress, a host the allowlist allows, and no exact repeat.
+fn check_credentials(spec: &SandboxSpec) -> Result<(), SandboxError> {
+    if spec.credentials.is_empty() {
+        return Ok(());
+    }
+    if spec.egress != Egress::Allowlist {
+        return Err(SandboxError::invalid(format!(
+            "credential grants need egress allowlist, not {}",
+            spec.egress
+        )));
+    }
+    if spec.credentials.len() > MAX_CREDENTIALS {
+        return Err(SandboxError::invalid(format!(
+            "{} credential grants; at most {MAX_CREDENTIALS}",
+            spec.credentials.len()
+        )));
+    }
+    for (at, grant) in spec.credentials.iter().enumerate() {
+        if !spec
+            .egress_allow
+            .iter()
+            .any(|entry| host_allows(entry.host(), grant.host()))
+        {
+            return Err(SandboxError::invalid(format!(
+                "the credential grant for {} is for a host the allowlist does not allow",
+                grant.host()
+            )));
+        }
+        if spec.credentials[..at].contains(grant) {
+            return Err(SandboxError::invalid(format!(
+                "the credential grant for {}:{} is given twice",
+                grant.host(),
+                grant.port()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether allowlist entry host `pattern` (`name` or `*.d`, any case) allows exact `host`: `*.d`
+/// allows the names under `d`, never `d` itself.
+fn host_allows(pattern: &str, host: &str) -> bool {
+    let host = host.to_ascii_lowercase();
+    let pattern = pattern.to_ascii_lowercase();
+    match pattern.strip_prefix("*.") {
+        Some(domain) => host
+            .strip_suffix(domain)
+            .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+        None => host == pattern,
+    }
 }
 
 fn is_label_key(key: &str) -> bool {
@@ -442,5 +521,74 @@ mod tests {
             s.egress_methods_named().into_iter().collect::<Vec<_>>(),
             vec!["GET"]
         );
+    }
+
+    fn grant(host: &str, methods: Option<Vec<String>>) -> crate::credential::CredentialGrant {
+        crate::credential::CredentialGrant::new(
+            host,
+            443,
+            methods,
+            vec!["/v1/*".into()],
+            crate::credential::BearerToken::new("tok").unwrap(),
+            std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(2_000_000_000),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn credentials_need_an_allowed_host_and_add_their_capabilities() {
+        let allow = |b: SandboxSpecBuilder| {
+            b.egress(Egress::Allowlist)
+                .allow("api.example.com")
+                .allow("*.svc.test")
+        };
+        let s = allow(SandboxSpec::builder("k"))
+            .credential(grant("api.example.com", None))
+            .build()
+            .unwrap();
+        assert_eq!(s.credentials().len(), 1);
+        let req = s.required_capabilities();
+        assert!(req.contains(&Capability::EgressPaths));
+        assert!(!req.contains(&Capability::EgressMethods));
+        let s = allow(SandboxSpec::builder("k"))
+            .credential(grant("API.example.com", Some(vec!["GET".into()])))
+            .credential(grant("a.svc.test", None))
+            .build()
+            .unwrap();
+        assert!(s
+            .required_capabilities()
+            .contains(&Capability::EgressMethods));
+        assert!(SandboxSpec::builder("k")
+            .build()
+            .unwrap()
+            .credentials()
+            .is_empty());
+
+        let msg = invalid(SandboxSpec::builder("k").credential(grant("api.example.com", None)));
+        assert!(msg.contains("need egress allowlist"), "{msg}");
+        for host in [
+            "other.com",
+            "svc.test",
+            "example.com",
+            "xsvc.test",
+            "a.api.example.com",
+        ] {
+            let msg = invalid(allow(SandboxSpec::builder("k")).credential(grant(host, None)));
+            assert!(msg.contains("does not allow"), "{host}: {msg}");
+        }
+        let msg = invalid(
+            allow(SandboxSpec::builder("k"))
+                .credential(grant("api.example.com", None))
+                .credential(grant("api.example.com", None)),
+        );
+        assert!(msg.contains("twice"), "{msg}");
+        let mut many = allow(SandboxSpec::builder("k"));
+        for n in 0..=MAX_CREDENTIALS {
+            many = many.credential(grant(&format!("h{n}.svc.test"), None));
+        }
+        let msg = invalid(many);
+        assert!(msg.contains("at most 64"), "{msg}");
+        let shown = format!("{:?}", s);
+        assert!(!shown.contains("tok\""), "{shown}");
     }
 }
