@@ -94,7 +94,8 @@ pub use isolation::{Isolation, IsolationScope, OsFamily};
 pub use key::SandboxKey;
 pub use limits::{SandboxLimits, TransferLimits, DEFAULT_TRANSFER_LIMITS};
 pub use router::{
-    BackendSelection, FailedCleanup, Router, RouterConfig, UncleanTarget, DEFAULT_CLEANUP_TIMEOUT,
+    BackendSelection, Cleaned, FailedCleanup, Router, RouterConfig, UncleanTarget,
+    DEFAULT_CLEANUP_TIMEOUT,
 };
 pub use spec::{SandboxSpec, SandboxSpecBuilder, DEFAULT_WORK_DIR, MAX_CREDENTIALS};
 

@@ -47,34 +47,9 @@ impl Router {
         if inner.candidates.is_empty() {
             return Err(no_backend("no backend is registered".to_owned()));
         }
-        // Checked and watched under one lock, so nothing that makes the key unclean can slip in between.
-        let watch = {
-            let mut state = inner.state();
-            if let Some(code) = state.unclean(key) {
-                return Err(SandboxError::Unclean { code });
-            }
-            Watch {
-                token: state.watch(key),
-                inner: Arc::clone(inner),
-            }
-        };
+        let watch = Watch::start(inner, key)?;
         let index = inner.route(spec)?;
-        let scope =
-            IsolationScope::effective(inner.config.min_isolation_scope, spec.isolation_scope());
-        match (scope, key.is_call()) {
-            (IsolationScope::Call, false) => {
-                return Err(SandboxError::invalid(
-                    "the effective isolation scope is call, but the key has no call_id",
-                ));
-            }
-            (IsolationScope::Conversation, true) => {
-                return Err(SandboxError::invalid(format!(
-                    "the effective isolation scope is conversation, but the key names call {:?}",
-                    key.call_id
-                )));
-            }
-            _ => {}
-        }
+        let scope = inner.scope_for(spec, key)?;
         let backend = Arc::clone(&inner.backends[index]);
         let sandbox = backend.acquire(key, spec).await?;
         let sandbox = self
@@ -150,7 +125,7 @@ impl Router {
     /// An instance acquired while the key turned unclean is disposed of, and so is one with an empty
     /// id. "Turned unclean" includes a disposal that started and landed while the backend
     /// was still acquiring: it may have missed an instance being created, which must not outlive it.
-    async fn settle_acquired(
+    pub(super) async fn settle_acquired(
         &self,
         key: &SandboxKey,
         kind: &str,
@@ -197,9 +172,24 @@ impl Router {
 
 /// Watches a key for the length of one acquire, and stops however the acquire ends (a dropped future
 /// included).
-struct Watch {
+pub(super) struct Watch {
     inner: Arc<Inner>,
     token: u64,
+}
+
+impl Watch {
+    /// Refuses an unclean key, else starts watching it. Checked and watched under one lock, so
+    /// nothing that makes the key unclean can slip in between.
+    pub(super) fn start(inner: &Arc<Inner>, key: &SandboxKey) -> Result<Watch, SandboxError> {
+        let mut state = inner.state();
+        if let Some(code) = state.unclean(key) {
+            return Err(SandboxError::Unclean { code });
+        }
+        Ok(Watch {
+            token: state.watch(key),
+            inner: Arc::clone(inner),
+        })
+    }
 }
 
 impl Drop for Watch {

@@ -242,6 +242,14 @@ impl State {
             .map(String::as_str)
     }
 
+    /// The kind and backend under which `key`'s instance `id` was last served.
+    pub(crate) fn served_instance(&self, key: &SandboxKey, id: &str) -> Option<(String, usize)> {
+        self.remembered
+            .iter()
+            .find(|((k, _, _), served)| k == key && served.as_str() == id)
+            .map(|((_, kind, backend), _)| (kind.clone(), *backend))
+    }
+
     /// The backends that served `key` (for one kind, or any).
     pub(crate) fn served_by(&self, key: &SandboxKey, kind: Option<&str>) -> BTreeSet<usize> {
         self.remembered

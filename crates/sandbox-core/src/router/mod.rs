@@ -10,7 +10,9 @@
 //!
 //! # Layout
 //! This module holds the router, its construction and the admission entry points; `acquire` the acquire
-//! path (gates, adoption); `disposal` every disposal and the cleanups the router runs itself.
+//! path (gates, adoption); `disposal` every disposal and the cleanups the router runs itself;
+//! `snapshot` reset, fork and the cleanup between two uses, through the backend that served the
+//! sandbox.
 //! `admission` (the refusal rules), `config` and `ledger` (remembered instances and the unclean ledger)
 //! are their building blocks; the per-key locks and the detached tasks are the ones every backend uses
 //! ([`crate::backend_kit`]).
@@ -20,6 +22,7 @@ mod admission;
 mod config;
 mod disposal;
 mod ledger;
+mod snapshot;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,6 +32,7 @@ use tracing::warn;
 
 pub use config::{BackendSelection, FailedCleanup, RouterConfig, DEFAULT_CLEANUP_TIMEOUT};
 pub use disposal::UncleanTarget;
+pub use snapshot::Cleaned;
 
 use crate::backend_kit::{LockGuard, LockTable};
 use admission::{backend_refusal, compose, spec_level, HostPolicy, Offer};
@@ -37,7 +41,9 @@ use ledger::State;
 /// The acquire gate of one (key, kind).
 type Gate = LockGuard<(SandboxKey, String)>;
 
-use crate::{DisposalFailure, SandboxBackend, SandboxError, SandboxKey, SandboxSpec};
+use crate::{
+    DisposalFailure, IsolationScope, SandboxBackend, SandboxError, SandboxKey, SandboxSpec,
+};
 
 /// One seam to many backends, under the host's policy.
 ///
@@ -275,6 +281,53 @@ impl Inner {
     fn state(&self) -> MutexGuard<'_, State> {
         // No update leaves the state half-written across a panic point, so a poisoned lock is still sound.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The effective isolation scope of `spec`, which `key` must match: `call` needs a call id,
+    /// `conversation` must not have one.
+    fn scope_for(
+        &self,
+        spec: &SandboxSpec,
+        key: &SandboxKey,
+    ) -> Result<IsolationScope, SandboxError> {
+        let scope =
+            IsolationScope::effective(self.config.min_isolation_scope, spec.isolation_scope());
+        match (scope, key.is_call()) {
+            (IsolationScope::Call, false) => Err(SandboxError::invalid(
+                "the effective isolation scope is call, but the key has no call_id",
+            )),
+            (IsolationScope::Conversation, true) => Err(SandboxError::invalid(format!(
+                "the effective isolation scope is conversation, but the key names call {:?}",
+                key.call_id
+            ))),
+            _ => Ok(scope),
+        }
+    }
+
+    /// Admission of `spec` by one backend, as [`route`](Self::route) would judge it.
+    fn admits(&self, index: usize, spec: &SandboxSpec) -> Result<(), SandboxError> {
+        if let Some(refusal) = spec_level(
+            spec.egress(),
+            spec.egress_allow().is_empty(),
+            &spec.required_capabilities(),
+            &self.config.denied_capabilities,
+        ) {
+            return Err(refusal.into_error());
+        }
+        let host = HostPolicy {
+            min_isolation: self.config.min_isolation,
+            min_isolation_scope: self.config.min_isolation_scope,
+        };
+        let backend = &self.backends[index];
+        let offer = Offer {
+            name: backend.name(),
+            isolation: backend.isolation(),
+            declarations: backend.declarations(),
+        };
+        match backend_refusal(&offer, &host, spec) {
+            None => Ok(()),
+            Some(refusal) => Err(refusal.into_error()),
+        }
     }
 
     /// Admission and selection: the index of the backend that serves `spec`.

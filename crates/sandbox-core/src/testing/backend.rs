@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::faults::Faults;
 use super::lock;
-use super::sandbox::{FakeSandbox, Instance, SpecPins};
+use super::sandbox::{FakeSandbox, Instance, Replace, SpecPins};
 use crate::{
     BackendDeclarations, Capability, DisposalFailure, DisposeSelector, Egress, Isolation,
     IsolationScope, OsFamily, Sandbox, SandboxBackend, SandboxError, SandboxKey, SandboxSpec,
@@ -22,6 +22,37 @@ pub struct FakeBackend {
     isolation: Isolation,
     declarations: BackendDeclarations,
     shared: Arc<Shared>,
+    /// What every handle this fake makes resets itself through.
+    owner: Arc<Owner>,
+}
+
+/// The backend's side of a reset: it replaces an instance in the map under the lock that guards
+/// the map, so that a reset and a disposal never both win.
+#[derive(Debug)]
+struct Owner {
+    name: String,
+    declarations: BackendDeclarations,
+    shared: Arc<Shared>,
+}
+
+impl Replace for Owner {
+    fn replace(&self, old: &Arc<Instance>) -> Result<Arc<Instance>, SandboxError> {
+        let mut state = lock(&self.shared.state);
+        let slot = state
+            .instances
+            .iter()
+            .find(|(_, i)| Arc::ptr_eq(i, old))
+            .map(|(slot, _)| slot.clone())
+            .ok_or_else(|| SandboxError::SandboxGone {
+                instance: old.id.clone(),
+            })?;
+        state.next_id += 1;
+        let id = format!("{}-{}", self.name, state.next_id);
+        let new = Arc::new(old.fresh_copy(id, &self.declarations, Arc::clone(&self.shared.faults)));
+        old.alive.store(false, Ordering::SeqCst);
+        state.instances.insert(slot, Arc::clone(&new));
+        Ok(new)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -46,16 +77,26 @@ struct BackendState {
 impl FakeBackend {
     /// A fake named `name` that claims the `isolation` rung, with [`default_declarations`](Self::default_declarations).
     pub fn new(name: impl Into<String>, isolation: Isolation) -> Self {
+        let name = name.into();
+        let shared: Arc<Shared> = Arc::default();
+        let declarations = Self::default_declarations();
         FakeBackend {
-            name: name.into(),
+            owner: Arc::new(Owner {
+                name: name.clone(),
+                declarations: declarations.clone(),
+                shared: Arc::clone(&shared),
+            }),
+            name,
             isolation,
-            declarations: Self::default_declarations(),
-            shared: Arc::default(),
+            declarations,
+            shared,
         }
     }
 
     /// What a fake declares unless told otherwise: exec and every file capability except `reclaim`,
     /// egress `{closed}`, OS family `{posix}`, scopes `{conversation, call}`, the default limits.
+    /// Declared `reclaim` removes a directory; declared `snapshot` resets a handle to a new
+    /// instance (a new id) holding only its storage base, and forks a copy of the files.
     pub fn default_declarations() -> BackendDeclarations {
         BackendDeclarations {
             capabilities: BTreeSet::from([
@@ -75,8 +116,26 @@ impl FakeBackend {
     /// Replaces the declarations.
     #[must_use]
     pub fn with_declarations(mut self, declarations: BackendDeclarations) -> Self {
+        self.owner = Arc::new(Owner {
+            name: self.name.clone(),
+            declarations: declarations.clone(),
+            shared: Arc::clone(&self.shared),
+        });
         self.declarations = declarations;
         self
+    }
+
+    /// These declarations with `extra` capabilities added ([`default_declarations`](Self::default_declarations) when
+    /// `with_declarations` was not called).
+    #[must_use]
+    pub fn declaring(self, extra: &[Capability]) -> Self {
+        let mut declarations = self.declarations.clone();
+        declarations.capabilities.extend(extra.iter().copied());
+        self.with_declarations(declarations)
+    }
+
+    fn handle(&self, instance: Arc<Instance>, fresh: bool) -> FakeSandbox {
+        FakeSandbox::new(instance, fresh, Arc::clone(&self.owner) as Arc<dyn Replace>)
     }
 
     /// Changes the injected faults; they apply to every later call.
@@ -216,7 +275,7 @@ impl SandboxBackend for FakeBackend {
                     "the live instance has another {what}; dispose it before changing {what}"
                 )));
             }
-            return Ok(Arc::new(FakeSandbox::new(Arc::clone(existing), false)));
+            return Ok(Arc::new(self.handle(Arc::clone(existing), false)));
         }
         state.next_id += 1;
         let id = if faults.empty_instance_ids {
@@ -232,7 +291,7 @@ impl SandboxBackend for FakeBackend {
             Arc::clone(&self.shared.faults),
         ));
         state.instances.insert(slot, Arc::clone(&instance));
-        Ok(Arc::new(FakeSandbox::new(instance, !faults.never_fresh)))
+        Ok(Arc::new(self.handle(instance, !faults.never_fresh)))
     }
 
     async fn find(
@@ -244,7 +303,7 @@ impl SandboxBackend for FakeBackend {
         Ok(state
             .instances
             .get(&(key.clone(), kind.to_owned()))
-            .map(|i| Arc::new(FakeSandbox::new(Arc::clone(i), false)) as Arc<dyn Sandbox>))
+            .map(|i| Arc::new(self.handle(Arc::clone(i), false)) as Arc<dyn Sandbox>))
     }
 
     async fn dispose(
@@ -321,5 +380,59 @@ impl SandboxBackend for FakeBackend {
             .collect();
         out.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
         Ok(out)
+    }
+
+    async fn fork(
+        &self,
+        source: &SandboxKey,
+        spec: &SandboxSpec,
+        target: &SandboxKey,
+    ) -> Result<Arc<dyn Sandbox>, SandboxError> {
+        if !self.declarations.serves(Capability::Snapshot) {
+            return Err(SandboxError::CapabilityNotSupported(format!(
+                "backend {:?} does not declare snapshot: it cannot fork a sandbox",
+                self.name
+            )));
+        }
+        if let Some(detail) = self.faults().snapshot_failure {
+            return Err(SandboxError::engine(detail));
+        }
+        if source == target {
+            return Err(SandboxError::invalid(
+                "a sandbox cannot be forked onto its own key",
+            ));
+        }
+        let kind = spec.kind().to_owned();
+        let mut state = lock(&self.shared.state);
+        let Some(origin) = state
+            .instances
+            .get(&(source.clone(), kind.clone()))
+            .cloned()
+        else {
+            return Err(SandboxError::invalid(format!(
+                "{source} has no sandbox of kind {kind:?} to fork"
+            )));
+        };
+        if state
+            .instances
+            .contains_key(&(target.clone(), kind.clone()))
+        {
+            return Err(SandboxError::invalid(format!(
+                "{target} already has a sandbox of kind {kind:?}"
+            )));
+        }
+        let base = spec.work_dir().unwrap_or(DEFAULT_WORK_DIR);
+        if let Some(what) = origin.pins.changed(&SpecPins::of(spec, base)) {
+            return Err(SandboxError::SpecMismatch(format!(
+                "the source has another {what} than the spec"
+            )));
+        }
+        state.next_id += 1;
+        let id = format!("{}-{}", self.name, state.next_id);
+        let copy = Arc::new(origin.copy(id, &self.declarations, Arc::clone(&self.shared.faults)));
+        state
+            .instances
+            .insert((target.clone(), kind), Arc::clone(&copy));
+        Ok(Arc::new(self.handle(copy, true)))
     }
 }

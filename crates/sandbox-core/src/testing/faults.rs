@@ -25,4 +25,8 @@ pub struct Faults {
     pub dispose_hang: bool,
     /// Every `exec` returns this output instead of interpreting the command.
     pub exec_output: Option<ExecOutput>,
+    /// Every `reset` and `fork` of a fake that declares `snapshot` fails with
+    /// [`SandboxError::Engine`](crate::SandboxError::Engine) carrying this detail, and changes
+    /// nothing.
+    pub snapshot_failure: Option<String>,
 }

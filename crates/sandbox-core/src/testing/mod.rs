@@ -5,7 +5,10 @@
 //! and applies the contract's guest-path rules (the core's [`Access`](crate::guest_path::Access) checks) to it; it has no links, so
 //! link refusals never arise. `exec` runs no process: it understands a handful of words (`true`, `false`,
 //! `echo`, `pwd`, `cat FILE`, and `exit N` in a shell line) or returns an output set through [`Faults`].
-//! Timeouts are not simulated. Faults are injected with [`FakeBackend::update_faults`].
+//! Timeouts are not simulated. Faults are injected with [`FakeBackend::update_faults`]. Where it
+//! declares them ([`FakeBackend::declaring`]), `reclaim` removes a directory, `reset` replaces the
+//! instance with a new one (a new id) holding only its storage base, and `fork` copies the files
+//! into a new instance under the target key.
 //!
 //! ```
 //! use std::sync::Arc;

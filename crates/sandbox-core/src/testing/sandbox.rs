@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
@@ -84,7 +84,16 @@ pub(super) struct Instance {
     files: Mutex<BTreeMap<String, Node>>,
     lists: bool,
     deletes: bool,
+    reclaims: bool,
+    snapshots: bool,
     faults: Arc<Mutex<Faults>>,
+}
+
+/// What an instance asks of the backend that owns it to be reset: the backend keeps the map of
+/// instances, so a handle replaces its instance through this, never by reaching into the map.
+pub(super) trait Replace: Send + Sync + std::fmt::Debug {
+    /// A new instance in `old`'s place, as `old` was when acquired; `old` is dead afterwards.
+    fn replace(&self, old: &Arc<Instance>) -> Result<Arc<Instance>, SandboxError>;
 }
 
 impl Instance {
@@ -111,8 +120,44 @@ impl Instance {
             files: Mutex::new(files),
             lists: declarations.serves(Capability::FilesList),
             deletes: declarations.serves(Capability::FilesDelete),
+            reclaims: declarations.serves(Capability::Reclaim),
+            snapshots: declarations.serves(Capability::Snapshot),
             faults,
         }
+    }
+
+    /// A new instance `id` whose files are a copy of this one's now (a fork).
+    pub(super) fn copy(
+        &self,
+        id: String,
+        declarations: &BackendDeclarations,
+        faults: Arc<Mutex<Faults>>,
+    ) -> Self {
+        let copy = Instance::new(
+            id,
+            self.base.clone(),
+            self.pins.clone(),
+            declarations,
+            faults,
+        );
+        *lock(&copy.files) = lock(&self.files).clone();
+        copy
+    }
+
+    /// A new instance `id` as this one was when acquired: its storage base and nothing else.
+    pub(super) fn fresh_copy(
+        &self,
+        id: String,
+        declarations: &BackendDeclarations,
+        faults: Arc<Mutex<Faults>>,
+    ) -> Self {
+        Instance::new(
+            id,
+            self.base.clone(),
+            self.pins.clone(),
+            declarations,
+            faults,
+        )
     }
 }
 
@@ -122,6 +167,7 @@ impl Instance {
 pub struct FakeSandbox {
     instance: Arc<Instance>,
     fresh: bool,
+    owner: Arc<dyn Replace>,
 }
 
 fn stat_in(
@@ -147,8 +193,12 @@ fn entry_of(resolved: &str, wd: &str, node: &Node) -> SandboxEntry {
 }
 
 impl FakeSandbox {
-    pub(super) fn new(instance: Arc<Instance>, fresh: bool) -> Self {
-        FakeSandbox { instance, fresh }
+    pub(super) fn new(instance: Arc<Instance>, fresh: bool, owner: Arc<dyn Replace>) -> Self {
+        FakeSandbox {
+            instance,
+            fresh,
+            owner,
+        }
     }
 
     fn live(&self) -> Result<(), SandboxError> {
@@ -326,5 +376,48 @@ impl Sandbox for FakeSandbox {
                 Ok(())
             }
         }
+    }
+
+    async fn reclaim(
+        &self,
+        directory: &str,
+        wd: &str,
+        _timeout: Duration,
+    ) -> Result<(), SandboxError> {
+        if !self.instance.reclaims {
+            return Err(SandboxError::Unsupported(
+                "this fake does not declare reclaim".into(),
+            ));
+        }
+        self.live()?;
+        let wd = self.wd(wd)?;
+        let mut files = self.files();
+        let resolved = Access::Delete.check(stat_in(&files), directory, &wd)?;
+        if let Some(Node::File(_)) = files.get(&resolved) {
+            return Err(SandboxError::NotADirectory {
+                path: directory.into(),
+            });
+        }
+        let prefix = format!("{resolved}/");
+        files.retain(|p, _| *p != resolved && !p.starts_with(&prefix));
+        Ok(())
+    }
+
+    async fn reset(&self) -> Result<Arc<dyn Sandbox>, SandboxError> {
+        if !self.instance.snapshots {
+            return Err(SandboxError::CapabilityNotSupported(
+                "this fake does not declare snapshot: it cannot reset a sandbox".into(),
+            ));
+        }
+        self.live()?;
+        if let Some(detail) = lock(&self.instance.faults).snapshot_failure.clone() {
+            return Err(SandboxError::engine(detail));
+        }
+        let instance = self.owner.replace(&self.instance)?;
+        Ok(Arc::new(FakeSandbox::new(
+            instance,
+            false,
+            Arc::clone(&self.owner),
+        )))
     }
 }
