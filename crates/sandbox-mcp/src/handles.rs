@@ -23,7 +23,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbox_core::{Sandbox, SandboxKey};
+use sandbox_core::{Sandbox, SandboxKey, SandboxSpec};
 use tokio::time::Instant;
 
 /// Who is calling: the stdio client, or an HTTP principal from the token file.
@@ -39,8 +39,8 @@ pub struct Entry {
     pub principal: Principal,
     /// Its key (scope and agent from the server, thread unique to it).
     pub key: SandboxKey,
-    /// Its kind.
-    pub kind: String,
+    /// The spec it was made with (its kind; a fork is made with it too).
+    pub spec: Arc<SandboxSpec>,
     /// The live sandbox.
     pub sandbox: Arc<dyn Sandbox>,
     /// The egress it was created with, for `sandbox_list`.
@@ -133,13 +133,14 @@ impl HandleTable {
         self.ttl
     }
 
-    /// Binds `handle` (a [`new_handle`]) to `principal`.
+    /// Binds `handle` (a [`new_handle`]) to `principal`: the sandbox of `spec`'s kind under
+    /// `key`.
     pub fn insert(
         &mut self,
         handle: String,
         principal: Principal,
         key: SandboxKey,
-        kind: String,
+        spec: SandboxSpec,
         sandbox: Arc<dyn Sandbox>,
         egress: Vec<String>,
     ) {
@@ -148,7 +149,7 @@ impl HandleTable {
             Entry {
                 principal,
                 key,
-                kind,
+                spec: Arc::new(spec),
                 sandbox,
                 egress,
                 last_used: Instant::now(),
@@ -233,6 +234,19 @@ impl HandleTable {
                 Some(owner) if &**owner == principal => Lookup::Expired,
                 _ => Lookup::Unknown,
             },
+        }
+    }
+
+    /// The live `handle` now names `sandbox` (a reset's handle to the same key); `false` when
+    /// the handle is no longer live (disposed of or expired meanwhile: its key's disposal
+    /// reaches the new instance too).
+    pub fn replace(&mut self, handle: &str, sandbox: Arc<dyn Sandbox>) -> bool {
+        match self.live.get_mut(handle) {
+            Some(entry) => {
+                entry.sandbox = sandbox;
+                true
+            }
+            None => false,
         }
     }
 
@@ -367,7 +381,8 @@ mod tests {
         egress: Vec<String>,
     ) -> String {
         let handle = new_handle().unwrap();
-        table.insert(handle.clone(), principal, key, kind, sandbox, egress);
+        let spec = SandboxSpec::builder(kind).build().unwrap();
+        table.insert(handle.clone(), principal, key, spec, sandbox, egress);
         handle
     }
 

@@ -1,5 +1,6 @@
-//! The tools: `sandbox_create`, `sandbox_exec`, the file tools, `sandbox_list` and
-//! `sandbox_dispose`, over one [`sandbox_core::Router`].
+//! The tools: `sandbox_create`, `sandbox_exec`, the file tools, `sandbox_list`,
+//! `sandbox_dispose`, and `sandbox_reset` and `sandbox_fork` where the backend declares
+//! `snapshot`, over one [`sandbox_core::Router`].
 //!
 //! Who chooses what (the trust model is in `docs/mcp.md`): the server chooses the backend, the
 //! image, the egress allowlist, the key's scope and agent, and every bound (timeout, output,
@@ -22,8 +23,9 @@ pub use exec::run_exec;
 pub use handlers::{HttpPrincipal, SandboxServer};
 pub use messages::{
     CreateArgs, CreateResult, DeleteArgs, DeleteResult, DisposeArgs, DisposeResult, EgressView,
-    Encoding, ExecArgs, ExecResult, FileEntry, ListArgs, ListFilesArgs, ListFilesResult,
-    ListResult, ReadArgs, ReadResult, SandboxView, WriteArgs, WriteResult,
+    Encoding, ExecArgs, ExecResult, FileEntry, ForkArgs, ForkResult, ListArgs, ListFilesArgs,
+    ListFilesResult, ListResult, ReadArgs, ReadResult, ResetArgs, ResetResult, SandboxView,
+    WriteArgs, WriteResult,
 };
 pub use settings::Settings;
 pub use shared::Shared;

@@ -16,8 +16,9 @@ use sandbox_core::{Egress, EntryKind, SandboxError, SandboxSpec};
 use super::exec::{read_head, run_exec, ExecCall};
 use super::messages::{
     CreateArgs, CreateResult, DeleteArgs, DeleteResult, DisposeArgs, DisposeResult, EgressView,
-    Encoding, ExecArgs, ExecResult, FileEntry, ListArgs, ListFilesArgs, ListFilesResult,
-    ListResult, ReadArgs, ReadResult, SandboxView, WriteArgs, WriteResult,
+    Encoding, ExecArgs, ExecResult, FileEntry, ForkArgs, ForkResult, ListArgs, ListFilesArgs,
+    ListFilesResult, ListResult, ReadArgs, ReadResult, ResetArgs, ResetResult, SandboxView,
+    WriteArgs, WriteResult,
 };
 use super::shared::Shared;
 use crate::errors::ToolFailure;
@@ -113,6 +114,11 @@ impl SandboxServer {
                 .into(),
             );
         }
+        // Listed only where they work: a backend without snapshots offers neither.
+        if !shared.snapshots() {
+            tool_router.remove_route("sandbox_reset");
+            tool_router.remove_route("sandbox_fork");
+        }
         SandboxServer {
             shared,
             tool_router,
@@ -180,10 +186,7 @@ impl SandboxServer {
         let spec = spec
             .build()
             .map_err(|e| ToolFailure::from_sandbox(&e, None))?;
-        let (handle, ttl) = self
-            .shared
-            .create(principal, kind, spec, hosts.clone())
-            .await?;
+        let (handle, ttl) = self.shared.create(principal, spec, hosts.clone()).await?;
         Ok(Json(CreateResult {
             sandbox: handle,
             isolation: self.shared.isolation().to_string(),
@@ -420,7 +423,7 @@ impl SandboxServer {
                 .into_iter()
                 .map(|(handle, entry, left)| SandboxView {
                     sandbox: handle,
-                    kind: entry.kind,
+                    kind: entry.spec.kind().to_owned(),
                     egress: egress_view(&entry.egress),
                     expires_in_s: left.as_secs(),
                 })
@@ -446,6 +449,59 @@ impl SandboxServer {
         let principal = self.principal(&ctx)?;
         let disposed = self.shared.dispose(&principal, &args.sandbox).await?;
         Ok(Json(DisposeResult { disposed }))
+    }
+
+    /// Return a sandbox to its state when it was created: every file and process made since is gone. The handle stays the same.
+    #[tool(
+        name = "sandbox_reset",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn sandbox_reset(
+        &self,
+        Parameters(args): Parameters<ResetArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ResetResult>, ToolFailure> {
+        let principal = self.principal(&ctx)?;
+        self.shared.reset(&principal, &args.sandbox).await?;
+        Ok(Json(ResetResult {
+            sandbox: args.sandbox,
+            reset: true,
+        }))
+    }
+
+    /// Copy a sandbox's files into a new sandbox and return the new handle (running processes are not copied). The two change independently afterwards; the new one counts against your limit on sandboxes.
+    #[tool(
+        name = "sandbox_fork",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn sandbox_fork(
+        &self,
+        Parameters(args): Parameters<ForkArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ForkResult>, ToolFailure> {
+        let principal = self.principal(&ctx)?;
+        let egress = {
+            let (entry, _in_use) = self.shared.open(&principal, &args.sandbox)?;
+            entry.egress
+        };
+        let (handle, ttl) = self.shared.fork(principal, &args.sandbox).await?;
+        Ok(Json(ForkResult {
+            sandbox: handle,
+            forked_from: args.sandbox,
+            isolation: self.shared.isolation().to_string(),
+            egress: egress_view(&egress),
+            expires_in_s: ttl.as_secs(),
+        }))
     }
 }
 

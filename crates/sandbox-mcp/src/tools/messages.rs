@@ -228,3 +228,43 @@ pub struct DisposeResult {
     /// is already gone).
     pub disposed: bool,
 }
+
+/// `sandbox_reset`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResetArgs {
+    /// The handle.
+    pub sandbox: String,
+}
+
+/// `sandbox_reset`'s result.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ResetResult {
+    /// The handle, unchanged: it names the reset sandbox now.
+    pub sandbox: String,
+    /// Always true: every file and process made since the sandbox was created is gone.
+    pub reset: bool,
+}
+
+/// `sandbox_fork`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkArgs {
+    /// The handle of the sandbox to copy.
+    pub sandbox: String,
+}
+
+/// `sandbox_fork`'s result.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ForkResult {
+    /// The new sandbox's handle.
+    pub sandbox: String,
+    /// The handle it was forked from.
+    pub forked_from: String,
+    /// The isolation rung of the backend.
+    pub isolation: String,
+    /// What the new sandbox can reach (as the source).
+    pub egress: EgressView,
+    /// Seconds of idleness before it is disposed of.
+    pub expires_in_s: u64,
+}

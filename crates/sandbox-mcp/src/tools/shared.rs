@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sandbox_core::{Isolation, Router, SandboxError, SandboxKey, SandboxSpec};
+use std::future::Future;
+use std::pin::Pin;
+
+use sandbox_core::{Capability, Isolation, Router, Sandbox, SandboxError, SandboxKey, SandboxSpec};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -14,6 +17,9 @@ use super::settings::Settings;
 use crate::errors::ToolFailure;
 use crate::handles::{new_handle, CreateRefusal, Entry, HandleTable, Lookup, Principal};
 use crate::liveness::Liveness;
+
+/// A sandbox being made under a key: an acquire or a fork through the router.
+type Made = Pin<Box<dyn Future<Output = Result<Arc<dyn Sandbox>, SandboxError>> + Send>>;
 
 /// The state every connection of one server shares.
 #[derive(Debug)]
@@ -85,6 +91,21 @@ impl Shared {
         )
     }
 
+    /// Whether the backend resets and forks sandboxes: it declares `snapshot` and the host
+    /// does not deny it. The reset and fork tools are listed only then.
+    pub(super) fn snapshots(&self) -> bool {
+        !self
+            .router
+            .config()
+            .denied_capabilities
+            .contains(&Capability::Snapshot)
+            && self
+                .router
+                .backends()
+                .first()
+                .is_some_and(|b| b.declarations().serves(Capability::Snapshot))
+    }
+
     /// Creates a sandbox of `spec` for `principal` and binds a new handle to it; returns the
     /// handle and its idle time to live.
     ///
@@ -101,9 +122,95 @@ impl Shared {
     pub(super) async fn create(
         self: &Arc<Self>,
         principal: Principal,
-        kind: String,
         spec: SandboxSpec,
         egress: Vec<String>,
+    ) -> Result<(String, Duration), ToolFailure> {
+        let made = spec.clone();
+        self.bind_new(principal, spec, egress, move |shared, key| {
+            Box::pin(async move { shared.router.acquire(&key, &made).await })
+        })
+        .await
+    }
+
+    /// Forks the caller's sandbox behind `handle` into a new sandbox (its files as they are
+    /// now) bound to a new handle of the same principal, with the same kind, spec and egress;
+    /// returns the new handle and its idle time to live. The fork counts against the limits on
+    /// sandboxes held exactly as a create does.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open) for the handle; as [`create`](Self::create) for the limits and the
+    /// server's end; the router's refusal (a backend without `snapshot`) or the backend's
+    /// failure.
+    ///
+    /// # Cancel safety and drop
+    /// As [`create`](Self::create): the fork runs in a task of its own, counted until its
+    /// sandbox is in the table. The source stays in use (it never expires) until the fork ends.
+    pub(super) async fn fork(
+        self: &Arc<Self>,
+        principal: Principal,
+        handle: &str,
+    ) -> Result<(String, Duration), ToolFailure> {
+        let (source, _in_use) = self.open(&principal, handle)?;
+        let spec = SandboxSpec::clone(&source.spec);
+        let from = source.key.clone();
+        self.bind_new(
+            principal,
+            spec.clone(),
+            source.egress.clone(),
+            move |shared, key| {
+                Box::pin(async move { shared.router.fork(&from, &spec, &key).await })
+            },
+        )
+        .await
+    }
+
+    /// Returns the caller's sandbox behind `handle` to its state when it was made; the handle
+    /// names the reset sandbox afterwards.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open) for the handle; the router's refusal (a backend without
+    /// `snapshot`, an unclean key) or the backend's failure.
+    ///
+    /// # Cancel safety and drop
+    /// The reset runs in a task of its own, so a dropped call never leaves the handle naming an
+    /// instance the reset replaced; the handle stays in use (it never expires) while the call
+    /// waits.
+    pub(super) async fn reset(
+        self: &Arc<Self>,
+        principal: &str,
+        handle: &str,
+    ) -> Result<(), ToolFailure> {
+        let (entry, in_use) = self.open(principal, handle)?;
+        let shared = Arc::clone(self);
+        let handle = handle.to_owned();
+        let done = tokio::spawn(async move {
+            let reset = shared
+                .router
+                .reset(&entry.key, &*entry.sandbox)
+                .await
+                .map_err(|e| ToolFailure::from_sandbox(&e, None))?;
+            shared.table().replace(&handle, reset);
+            Ok(())
+        });
+        let outcome = done.await.unwrap_or_else(|_| {
+            Err(ToolFailure::from_sandbox(
+                &SandboxError::engine("the reset ended abnormally"),
+                None,
+            ))
+        });
+        drop(in_use);
+        outcome
+    }
+
+    /// Makes a sandbox with `make` under a fresh key for `principal` and binds a new handle to
+    /// it: the handle drawn first, the limits checked and the make counted in the table before
+    /// it starts, the make in a task of its own (see [`create`](Self::create)).
+    async fn bind_new(
+        self: &Arc<Self>,
+        principal: Principal,
+        spec: SandboxSpec,
+        egress: Vec<String>,
+        make: impl FnOnce(Arc<Self>, SandboxKey) -> Made + Send + 'static,
     ) -> Result<(String, Duration), ToolFailure> {
         // Drawn first: a random source that fails refuses the create before anything is made.
         let handle = new_handle().map_err(|e| {
@@ -129,15 +236,12 @@ impl Shared {
             key: key.clone(),
         };
         let made = tokio::spawn(async move {
-            let sandbox = creating
-                .shared
-                .router
-                .acquire(&key, &spec)
+            let sandbox = make(Arc::clone(&creating.shared), key.clone())
                 .await
                 .map_err(|e| ToolFailure::from_sandbox(&e, None))?;
             let mut table = creating.shared.table();
             let ttl = table.ttl();
-            table.insert(handle.clone(), principal, key, kind, sandbox, egress);
+            table.insert(handle.clone(), principal, key, spec, sandbox, egress);
             Ok((handle, ttl))
         });
         made.await.unwrap_or_else(|_| {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::ServiceExt as _;
 use sandbox_core::testing::FakeBackend;
-use sandbox_core::{DisposalCode, Isolation, Router, RouterConfig, SandboxBackend};
+use sandbox_core::{Capability, DisposalCode, Isolation, Router, RouterConfig, SandboxBackend};
 use serde_json::{json, Value};
 
 use super::{SandboxServer, Settings, Shared};
@@ -36,7 +36,17 @@ async fn serve() -> Served {
 }
 
 async fn serve_with(limits: crate::handles::SandboxLimits) -> Served {
-    let fake = Arc::new(FakeBackend::new("fake", Isolation::Microvm));
+    serve_on(FakeBackend::new("fake", Isolation::Microvm), limits).await
+}
+
+/// A server over a fake that declares `snapshot`.
+async fn serve_snapshots(limits: crate::handles::SandboxLimits) -> Served {
+    let fake = FakeBackend::new("fake", Isolation::Microvm).declaring(&[Capability::Snapshot]);
+    serve_on(fake, limits).await
+}
+
+async fn serve_on(fake: FakeBackend, limits: crate::handles::SandboxLimits) -> Served {
+    let fake = Arc::new(fake);
     let backend: Arc<dyn SandboxBackend> = fake.clone();
     let router = Router::new(vec![backend], RouterConfig::default()).unwrap();
     let state = private_dir();
@@ -332,4 +342,216 @@ async fn the_write_tool_states_the_file_and_request_limits() {
     let request = crate::config::request_bytes_for(1 << 20);
     assert!(text.contains(&(1u64 << 20).to_string()), "{text}");
     assert!(text.contains(&request.to_string()), "{text}");
+}
+
+/// The names of the tools a server lists.
+async fn tool_names(served: &Served) -> Vec<String> {
+    let mut names: Vec<String> = served
+        .client
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A failed call's error object, checked for its kind.
+async fn failed(client: &Client, name: &'static str, arguments: Value, kind: &str) -> Value {
+    let result = call(client, name, arguments).await;
+    assert_eq!(result.is_error, Some(true), "{name}: {result:?}");
+    let error = result.structured_content.expect("a structured error")["error"].clone();
+    assert_eq!(error["kind"], kind, "{name}: {error}");
+    error
+}
+
+#[tokio::test]
+async fn reset_and_fork_are_listed_only_where_the_backend_declares_snapshot() {
+    let plain = serve().await;
+    let names = tool_names(&plain).await;
+    assert!(
+        !names
+            .iter()
+            .any(|n| n == "sandbox_reset" || n == "sandbox_fork"),
+        "{names:?}"
+    );
+    // Not listed, and not served either.
+    let params = CallToolRequestParams::new("sandbox_reset").with_arguments(
+        json!({ "sandbox": "sbx_00000000000000000000000000000000" })
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    assert!(plain.client.call_tool(params).await.is_err());
+
+    let snapshots = serve_snapshots(crate::handles::SandboxLimits::default()).await;
+    let names = tool_names(&snapshots).await;
+    for tool in ["sandbox_reset", "sandbox_fork"] {
+        assert!(names.iter().any(|n| n == tool), "{tool} in {names:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_reset_keeps_the_handle_and_removes_what_was_made_since() {
+    let served = serve_snapshots(crate::handles::SandboxLimits::default()).await;
+    let made = ok(&served.client, "sandbox_create", json!({})).await;
+    let handle = made["sandbox"].as_str().unwrap().to_owned();
+    ok(
+        &served.client,
+        "sandbox_write_file",
+        json!({ "sandbox": handle, "path": "made", "content": "x" }),
+    )
+    .await;
+    let before = served.fake.instances();
+    let reset = ok(
+        &served.client,
+        "sandbox_reset",
+        json!({ "sandbox": handle }),
+    )
+    .await;
+    assert_eq!(reset, json!({ "sandbox": handle, "reset": true }));
+    let after = served.fake.instances();
+    assert_eq!(after.len(), 1);
+    assert_ne!(after[0].2, before[0].2, "the fake replaces the instance");
+    failed(
+        &served.client,
+        "sandbox_read_file",
+        json!({ "sandbox": handle, "path": "made" }),
+        "not_found",
+    )
+    .await;
+    // The same handle serves the reset sandbox.
+    let ran = ok(
+        &served.client,
+        "sandbox_exec",
+        json!({ "sandbox": handle, "argv": ["echo", "again"] }),
+    )
+    .await;
+    assert_eq!(ran["stdout"], "again\n");
+
+    // Typed failures: another handle, the engine's failure (retryable, nothing changed).
+    failed(
+        &served.client,
+        "sandbox_reset",
+        json!({ "sandbox": "sbx_00000000000000000000000000000000" }),
+        "unknown_sandbox",
+    )
+    .await;
+    served
+        .fake
+        .update_faults(|f| f.snapshot_failure = Some("/var/run/engine.sock refused".into()));
+    let error = failed(
+        &served.client,
+        "sandbox_reset",
+        json!({ "sandbox": handle }),
+        "engine",
+    )
+    .await;
+    assert_eq!(error["retryable"], true, "{error}");
+    assert!(!error.to_string().contains("/var/run"), "{error}");
+    assert_eq!(served.fake.instances(), after);
+}
+
+#[tokio::test]
+async fn a_fork_is_a_new_handle_of_the_same_principal_counted_against_the_limits() {
+    let served = serve_snapshots(crate::handles::SandboxLimits {
+        per_principal: 2,
+        total: 10,
+    })
+    .await;
+    let made = ok(&served.client, "sandbox_create", json!({ "kind": "py" })).await;
+    let source = made["sandbox"].as_str().unwrap().to_owned();
+    ok(
+        &served.client,
+        "sandbox_write_file",
+        json!({ "sandbox": source, "path": "data/a", "content": "from the source" }),
+    )
+    .await;
+    let fork = ok(&served.client, "sandbox_fork", json!({ "sandbox": source })).await;
+    let copy = fork["sandbox"].as_str().unwrap().to_owned();
+    assert_ne!(copy, source);
+    assert!(copy.starts_with("sbx_") && copy.len() == 36, "{fork}");
+    assert_eq!(fork["forked_from"], source.as_str());
+    assert_eq!(fork["egress"]["mode"], "closed");
+    let read = ok(
+        &served.client,
+        "sandbox_read_file",
+        json!({ "sandbox": copy, "path": "data/a" }),
+    )
+    .await;
+    assert_eq!(read["content"], "from the source");
+
+    // Listed with the source's kind; independent afterwards.
+    let listed = ok(&served.client, "sandbox_list", json!({})).await;
+    let kinds: Vec<&str> = listed["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["py", "py"], "{listed}");
+    ok(
+        &served.client,
+        "sandbox_write_file",
+        json!({ "sandbox": copy, "path": "only-in-fork", "content": "f" }),
+    )
+    .await;
+    failed(
+        &served.client,
+        "sandbox_read_file",
+        json!({ "sandbox": source, "path": "only-in-fork" }),
+        "not_found",
+    )
+    .await;
+
+    // Two held: a third, fork or create, is refused before anything is made.
+    let error = failed(
+        &served.client,
+        "sandbox_fork",
+        json!({ "sandbox": source }),
+        "sandbox_limit",
+    )
+    .await;
+    assert_eq!(error["retryable"], true, "{error}");
+    assert_eq!(served.fake.instances().len(), 2);
+
+    // Disposing of the fork leaves the source, and makes room.
+    ok(
+        &served.client,
+        "sandbox_dispose",
+        json!({ "sandbox": copy }),
+    )
+    .await;
+    assert_eq!(served.fake.instances().len(), 1);
+    served
+        .fake
+        .update_faults(|f| f.snapshot_failure = Some("engine down".into()));
+    failed(
+        &served.client,
+        "sandbox_fork",
+        json!({ "sandbox": source }),
+        "engine",
+    )
+    .await;
+    assert_eq!(
+        served.fake.instances().len(),
+        1,
+        "a failed fork leaves nothing"
+    );
+    served.fake.update_faults(|f| f.snapshot_failure = None);
+    ok(&served.client, "sandbox_fork", json!({ "sandbox": source })).await;
+    assert_eq!(served.fake.instances().len(), 2);
+    failed(
+        &served.client,
+        "sandbox_fork",
+        json!({ "sandbox": "sbx_00000000000000000000000000000000" }),
+        "unknown_sandbox",
+    )
+    .await;
+
+    // The server's end disposes of forks as of anything it made.
+    served.shared.dispose_all().await;
+    assert!(served.fake.instances().is_empty());
 }

@@ -30,10 +30,13 @@ from conftest import (
 
 pytestmark = pytest.mark.anyio
 
+# Reset and fork are listed only where the backend declares snapshot: Docker does, sbx does not.
+SNAPSHOTS = BACKEND == "docker"
+SNAPSHOT_TOOLS = {"sandbox_reset", "sandbox_fork"}
 TOOLS = {
     "sandbox_create", "sandbox_exec", "sandbox_read_file", "sandbox_write_file",
     "sandbox_list_files", "sandbox_delete", "sandbox_list", "sandbox_dispose",
-}
+} | (SNAPSHOT_TOOLS if SNAPSHOTS else set())
 
 
 async def call(client, name, args=None, **kwargs):
@@ -728,3 +731,69 @@ if BACKEND == "docker":
             again = await failed(client, "sandbox_exec", {"sandbox": box, "command": "true"}, "sandbox_gone")
             assert again["retryable"] is False, again
             await ok(client, "sandbox_dispose", {"sandbox": box})
+
+
+async def test_reset_and_fork_where_the_backend_declares_snapshot(open_client):
+    async with open_client() as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        box = await create(client)
+        if not SNAPSHOTS:
+            # Not listed, and not served: the SDK's unknown-tool error.
+            assert not SNAPSHOT_TOOLS & set(tools), set(tools)
+            for name in sorted(SNAPSHOT_TOOLS):
+                with pytest.raises(MCPError) as raised:
+                    await client.call_tool(name, {"sandbox": box})
+                assert raised.value.code in (INVALID_PARAMS, METHOD_NOT_FOUND), raised.value
+            return
+        assert tools["sandbox_reset"].annotations.destructive_hint is True
+        assert set(tools["sandbox_fork"].output_schema["properties"]) >= {"sandbox", "forked_from", "egress", "expires_in_s"}
+
+        every = bytes(range(256)) * 4
+        await ok(client, "sandbox_write_file", {"sandbox": box, "path": "data/bytes.bin", "content": base64.b64encode(every).decode(), "encoding": "base64"})
+        await sh(client, box, "chmod 751 data/bytes.bin && mkdir -p /tmp/made && echo x > /tmp/made/f")
+
+        # A fork: a new handle, the files exact (bytes and mode), independent afterwards.
+        fork = await ok(client, "sandbox_fork", {"sandbox": box})
+        copy = fork["sandbox"]
+        assert copy != box and copy.startswith("sbx_") and len(copy) == 36, fork
+        assert fork["forked_from"] == box and fork["egress"]["mode"] == "closed", fork
+        raw = await ok(client, "sandbox_read_file", {"sandbox": copy, "path": "data/bytes.bin"})
+        assert base64.b64decode(raw["content"]) == every
+        assert (await sh(client, copy, "stat -c %a data/bytes.bin"))["stdout"] == "751\n"
+        await ok(client, "sandbox_write_file", {"sandbox": copy, "path": "only-in-fork", "content": "f"})
+        await ok(client, "sandbox_write_file", {"sandbox": box, "path": "only-in-source", "content": "s"})
+        await failed(client, "sandbox_read_file", {"sandbox": box, "path": "only-in-fork"}, "not_found")
+        await failed(client, "sandbox_read_file", {"sandbox": copy, "path": "only-in-source"}, "not_found")
+        listed = {s["sandbox"] for s in (await ok(client, "sandbox_list"))["sandboxes"]}
+        assert {box, copy} <= listed
+
+        # A reset: the same handle, everything made since the create gone, the fork untouched.
+        reset = await ok(client, "sandbox_reset", {"sandbox": box})
+        assert reset == {"sandbox": box, "reset": True}, reset
+        await failed(client, "sandbox_read_file", {"sandbox": box, "path": "data/bytes.bin"}, "not_found")
+        assert (await sh(client, box, "test -e /tmp/made/f"))["exit_code"] == 1
+        assert (await sh(client, box, "echo after reset"))["stdout"] == "after reset\n"
+        raw = await ok(client, "sandbox_read_file", {"sandbox": copy, "path": "data/bytes.bin"})
+        assert base64.b64decode(raw["content"]) == every
+
+        # Typed failures: an unknown handle, a disposed one.
+        await failed(client, "sandbox_fork", {"sandbox": "sbx_" + "0" * 32}, "unknown_sandbox")
+        await ok(client, "sandbox_dispose", {"sandbox": copy})
+        await failed(client, "sandbox_reset", {"sandbox": copy}, "unknown_sandbox")
+        await failed(client, "sandbox_fork", {"sandbox": copy}, "unknown_sandbox")
+        await ok(client, "sandbox_dispose", {"sandbox": box})
+
+
+async def test_a_fork_counts_against_the_limit_on_sandboxes():
+    async with connect("stdio", extra=["--max-sandboxes-per-principal", "2"]) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert (SNAPSHOT_TOOLS <= names) == SNAPSHOTS, names
+        box = await create(client)
+        if not SNAPSHOTS:
+            await create(client)
+            await failed(client, "sandbox_create", {}, "sandbox_limit")
+            return
+        await ok(client, "sandbox_fork", {"sandbox": box})
+        err = await failed(client, "sandbox_fork", {"sandbox": box}, "sandbox_limit")
+        assert err["retryable"] is True, err
+        await failed(client, "sandbox_create", {}, "sandbox_limit")
