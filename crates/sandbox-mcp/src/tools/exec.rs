@@ -88,6 +88,7 @@ impl ExecCall {
 pub(super) async fn read_head(
     sandbox: &dyn Sandbox,
     path: &str,
+    wd: &str,
     max: u64,
 ) -> Result<Vec<u8>, ToolFailure> {
     let request = ExecRequest::new(Command::argv([
@@ -97,6 +98,7 @@ pub(super) async fn read_head(
         "--".to_owned(),
         path.to_owned(),
     ]))
+    .working_directory(wd)
     .timeout(Duration::from_secs(60))
     .max_output_bytes(max + 64 * 1024);
     let out = sandbox

@@ -71,6 +71,12 @@ fn write_description(settings: &super::Settings) -> String {
     )
 }
 
+/// A file tool's working directory: the one given, or the sandbox's work directory. The
+/// backend resolves and confines it exactly as it does `sandbox_exec`'s.
+fn workdir(given: Option<&str>) -> &str {
+    given.unwrap_or(".")
+}
+
 fn check_kind(kind: &str) -> Result<(), ToolFailure> {
     let ok = !kind.is_empty()
         && kind.len() <= 32
@@ -239,11 +245,12 @@ impl SandboxServer {
             Some(n) => n.min(self.shared.settings().max_file_bytes),
             None => self.shared.settings().max_file_bytes,
         };
+        let wd = workdir(args.workdir.as_deref());
         let (entry, _in_use) = self.shared.open(&principal, &args.sandbox)?;
         let fail = |e: SandboxError| ToolFailure::from_sandbox(&e, Some(&args.path));
         let stat = entry
             .sandbox
-            .stat_file(&args.path, ".")
+            .stat_file(&args.path, wd)
             .await
             .map_err(fail)?
             .ok_or_else(|| {
@@ -274,13 +281,13 @@ impl SandboxServer {
             (
                 entry
                     .sandbox
-                    .read_file(&args.path, ".", max)
+                    .read_file(&args.path, wd, max)
                     .await
                     .map_err(fail)?,
                 false,
             )
         } else {
-            (read_head(&*entry.sandbox, &args.path, max).await?, true)
+            (read_head(&*entry.sandbox, &args.path, wd, max).await?, true)
         };
         let (content, encoding) = match String::from_utf8(bytes) {
             Ok(text) => (text, Encoding::Utf8),
@@ -329,10 +336,11 @@ impl SandboxServer {
                 false,
             ));
         }
+        let wd = workdir(args.workdir.as_deref());
         let (entry, _in_use) = self.shared.open(&principal, &args.sandbox)?;
         entry
             .sandbox
-            .write_file(&args.path, &bytes, ".")
+            .write_file(&args.path, &bytes, wd)
             .await
             .map_err(|e| ToolFailure::from_sandbox(&e, Some(&args.path)))?;
         Ok(Json(WriteResult {
@@ -358,10 +366,11 @@ impl SandboxServer {
     ) -> Result<Json<ListFilesResult>, ToolFailure> {
         let principal = self.principal(&ctx)?;
         let path = args.path.unwrap_or_else(|| ".".to_owned());
+        let wd = workdir(args.workdir.as_deref());
         let (entry, _in_use) = self.shared.open(&principal, &args.sandbox)?;
         let entries = entry
             .sandbox
-            .list_dir(&path, ".")
+            .list_dir(&path, wd)
             .await
             .map_err(|e| ToolFailure::from_sandbox(&e, Some(&path)))?;
         Ok(Json(ListFilesResult {
@@ -392,10 +401,11 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<DeleteResult>, ToolFailure> {
         let principal = self.principal(&ctx)?;
+        let wd = workdir(args.workdir.as_deref());
         let (entry, _in_use) = self.shared.open(&principal, &args.sandbox)?;
         entry
             .sandbox
-            .remove(&args.path, ".", args.recursive.unwrap_or(false))
+            .remove(&args.path, wd, args.recursive.unwrap_or(false))
             .await
             .map_err(|e| ToolFailure::from_sandbox(&e, Some(&args.path)))?;
         Ok(Json(DeleteResult { deleted: args.path }))

@@ -93,6 +93,9 @@ pub struct ReadArgs {
     pub path: String,
     /// Return at most this many bytes (capped by the server).
     pub max_bytes: Option<u64>,
+    /// The working directory that a relative `path` resolves against (relative to the
+    /// sandbox's work directory, or absolute; default: the work directory), as `sandbox_exec`'s.
+    pub workdir: Option<String>,
 }
 
 /// How file content is written in a message.
@@ -130,6 +133,9 @@ pub struct WriteArgs {
     pub content: String,
     /// How `content` is written (default `utf8`).
     pub encoding: Option<Encoding>,
+    /// The working directory that a relative `path` resolves against (relative to the
+    /// sandbox's work directory, or absolute; default: the work directory), as `sandbox_exec`'s.
+    pub workdir: Option<String>,
 }
 
 /// `sandbox_write_file`'s result.
@@ -147,8 +153,11 @@ pub struct WriteResult {
 pub struct ListFilesArgs {
     /// The handle.
     pub sandbox: String,
-    /// The guest directory (default: the work directory).
+    /// The guest directory (default: the working directory).
     pub path: Option<String>,
+    /// The working directory that a relative `path` resolves against (relative to the
+    /// sandbox's work directory, or absolute; default: the work directory), as `sandbox_exec`'s.
+    pub workdir: Option<String>,
 }
 
 /// One directory entry.
@@ -179,6 +188,9 @@ pub struct DeleteArgs {
     pub path: String,
     /// Remove a directory and everything under it.
     pub recursive: Option<bool>,
+    /// The working directory that a relative `path` resolves against (relative to the
+    /// sandbox's work directory, or absolute; default: the work directory), as `sandbox_exec`'s.
+    pub workdir: Option<String>,
 }
 
 /// `sandbox_delete`'s result.

@@ -555,3 +555,70 @@ async fn a_fork_is_a_new_handle_of_the_same_principal_counted_against_the_limits
     served.shared.dispose_all().await;
     assert!(served.fake.instances().is_empty());
 }
+
+#[tokio::test]
+async fn the_file_tools_resolve_paths_against_their_workdir() {
+    let served = serve().await;
+    let made = ok(&served.client, "sandbox_create", json!({})).await;
+    let handle = made["sandbox"].as_str().unwrap().to_owned();
+    let wrote = ok(
+        &served.client,
+        "sandbox_write_file",
+        json!({ "sandbox": handle, "workdir": "sub/dir", "path": "f", "content": "in sub" }),
+    )
+    .await;
+    assert_eq!(wrote["path"], "f");
+    // The same file, named from the work directory.
+    let read = ok(
+        &served.client,
+        "sandbox_read_file",
+        json!({ "sandbox": handle, "path": "sub/dir/f" }),
+    )
+    .await;
+    assert_eq!(read["content"], "in sub");
+    let read = ok(
+        &served.client,
+        "sandbox_read_file",
+        json!({ "sandbox": handle, "workdir": "sub", "path": "dir/f" }),
+    )
+    .await;
+    assert_eq!(read["content"], "in sub");
+    let listed = ok(
+        &served.client,
+        "sandbox_list_files",
+        json!({ "sandbox": handle, "workdir": "sub/dir" }),
+    )
+    .await;
+    assert_eq!(
+        listed["entries"],
+        json!([{ "path": "f", "kind": "file", "size": 6 }])
+    );
+    // Confined as exec's is: a workdir never lets a path leave the storage base.
+    failed(
+        &served.client,
+        "sandbox_read_file",
+        json!({ "sandbox": handle, "workdir": "sub", "path": "../../../etc/passwd" }),
+        "confinement",
+    )
+    .await;
+    failed(
+        &served.client,
+        "sandbox_write_file",
+        json!({ "sandbox": handle, "workdir": "../..", "path": "x", "content": "" }),
+        "confinement",
+    )
+    .await;
+    ok(
+        &served.client,
+        "sandbox_delete",
+        json!({ "sandbox": handle, "workdir": "sub/dir", "path": "f" }),
+    )
+    .await;
+    failed(
+        &served.client,
+        "sandbox_read_file",
+        json!({ "sandbox": handle, "path": "sub/dir/f" }),
+        "not_found",
+    )
+    .await;
+}

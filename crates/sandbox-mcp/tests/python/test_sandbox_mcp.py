@@ -182,6 +182,25 @@ async def test_files_round_trip_list_and_delete(open_client):
         await failed(client, "sandbox_list_files", {"sandbox": box, "path": "dir"}, "not_found")
 
 
+async def test_file_tools_take_a_workdir_as_exec_does(open_client):
+    async with open_client() as client:
+        box = await create(client)
+        wd = {"sandbox": box, "workdir": "w/x"}
+        text = "0123456789" * 10
+        await ok(client, "sandbox_write_file", {**wd, "path": "f.txt", "content": text})
+        assert (await sh(client, box, "cat f.txt", workdir="w/x"))["stdout"] == text
+        back = await ok(client, "sandbox_read_file", {"sandbox": box, "path": "w/x/f.txt"})
+        assert back["content"] == text
+        head = await ok(client, "sandbox_read_file", {**wd, "path": "f.txt", "max_bytes": 7})
+        assert head == {"content": "0123456", "encoding": "utf8", "size": 100, "truncated": True}, head
+        listed = await ok(client, "sandbox_list_files", wd)
+        assert [(e["path"], e["kind"], e["size"]) for e in listed["entries"]] == [("f.txt", "file", 100)], listed
+        await failed(client, "sandbox_read_file", {**wd, "path": "../../../../etc/passwd"}, "confinement")
+        await failed(client, "sandbox_write_file", {"sandbox": box, "workdir": "../../..", "path": "x", "content": ""}, "confinement")
+        await ok(client, "sandbox_delete", {**wd, "path": "f.txt"})
+        await failed(client, "sandbox_read_file", {"sandbox": box, "path": "w/x/f.txt"}, "not_found")
+
+
 async def test_files_persist_in_one_sandbox_and_not_across(open_client):
     async with open_client() as client:
         a, b = await create(client), await create(client)
