@@ -336,6 +336,8 @@ fn kind_name(frame: &Frame) -> &'static str {
 /// the protocol (`Err`). `pending` holds frames already
 /// decoded (those [`await_ready`] read past the `Ready`).
 ///
+/// The counts go to `report` as calls end, so they survive the future being dropped.
+///
 /// # Errors
 /// [`ChannelError`] when the guest side sends what is not a call or the channel fails.
 ///
@@ -349,12 +351,12 @@ pub async fn serve_run<R, W>(
     pending: Vec<Frame>,
     mut from_guest: R,
     mut to_guest: W,
-) -> Result<RunReport, ChannelError>
+    report: &mut RunReport,
+) -> Result<(), ChannelError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut report = RunReport::default();
     let mut in_flight = FuturesUnordered::new();
     let mut ids: HashSet<u64> = HashSet::new();
     let mut calls = 0u64;
@@ -403,13 +405,13 @@ where
                 if read == 0 {
                     // Nothing can reach the guest any more: the pending handlers are dropped
                     // with this future.
-                    return Ok(report);
+                    return Ok(());
                 }
                 frames.extend(decoder.feed_all(&buffer[..read])?);
             }
             Some((id, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
                 ids.remove(&id);
-                let frame = answer(bounds, id, outcome, &mut report);
+                let frame = answer(bounds, id, outcome, report);
                 write_frame(&mut to_guest, &frame).await?;
             }
         }
@@ -591,6 +593,7 @@ mod tests {
         let (host_writes, from_host) = duplex(1 << 20);
         let server = tokio::spawn(async move {
             let decoder = Decoder::new(bounds.max_frame_payload());
+            let mut report = RunReport::default();
             serve_run(
                 &tools,
                 &bounds,
@@ -598,8 +601,10 @@ mod tests {
                 Vec::new(),
                 host_reads,
                 host_writes,
+                &mut report,
             )
             .await
+            .map(|()| report)
         });
         let guest = Guest {
             to_host,

@@ -8,6 +8,7 @@
 //! - [`schema`]: the JSON Schema subset a tool's arguments are checked against; a keyword it
 //!   cannot enforce is refused when the tool is registered.
 //! - The host side ([`Registry`], [`HostTool`], [`serve_run`]): every gate of a call.
+//! - [`run_directory`]: the guest paths of a run, and the check the host applies to them.
 //! - [`relay`] (feature `relay`, on by default; Unix only): the guest side, the relay a run
 //!   starts in the guest (`host-tool relay`) and the client (`host-tool NAME JSON`).
 //!
@@ -52,6 +53,7 @@ mod dispatch;
 pub mod frame;
 #[cfg(all(unix, feature = "relay"))]
 pub mod relay;
+pub mod run_directory;
 pub mod schema;
 
 pub use dispatch::{

@@ -88,17 +88,29 @@ async fn start(registry: &Registry) -> Run {
     let tools = registry.all_for_run();
     let (drain, drained) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        {
-            let served = serve_run(&tools, &bounds, decoder, rest, &mut stdout, &mut stdin);
+        let mut report = RunReport::default();
+        let ended = {
+            let served = serve_run(
+                &tools,
+                &bounds,
+                decoder,
+                rest,
+                &mut stdout,
+                &mut stdin,
+                &mut report,
+            );
             tokio::pin!(served);
             tokio::select! {
-                outcome = &mut served => return outcome,
-                _ = drained => {}
+                outcome = &mut served => Some(outcome),
+                _ = drained => None,
             }
             // The run is over: the server (and every pending handler) is dropped first.
+        };
+        if let Some(outcome) = ended {
+            return outcome.map(|()| report);
         }
         write_frame(&mut stdin, &Frame::Drain).await?;
-        Ok(RunReport::default())
+        Ok(report)
     });
     Run {
         relay,

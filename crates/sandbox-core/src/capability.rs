@@ -35,11 +35,15 @@ wire_enum! {
         /// until the sandbox is disposed of, and a command that removes the group's record
         /// retires its sandbox.
         ExactKill => "exact_kill",
+        /// A command may call the host's tools while it runs
+        /// ([`run_with_host_tools`](crate::host_tool_run::run_with_host_tools)): the guest
+        /// carries the `host-tool` relay and the backend streams exec with stdin.
+        HostTools => "host_tools",
     }
 }
 
 /// Wire strings the contract knows but this version deliberately does not support.
-const OUT_OF_SCOPE: &[&str] = &["run_code", "host_tools", "attached_identity"];
+const OUT_OF_SCOPE: &[&str] = &["run_code", "attached_identity"];
 
 impl std::str::FromStr for Capability {
     type Err = ParseError;
@@ -77,8 +81,8 @@ impl Capability {
 
     /// Exec, every file capability and reclaim: what a backend that runs commands and moves
     /// files through the full contract declares before anything of its own
-    /// ([`Snapshot`](Capability::Snapshot), [`ExactKill`](Capability::ExactKill), the egress
-    /// rules).
+    /// ([`Snapshot`](Capability::Snapshot), [`ExactKill`](Capability::ExactKill),
+    /// [`HostTools`](Capability::HostTools), the egress rules).
     pub fn exec_and_files() -> BTreeSet<Capability> {
         BTreeSet::from([
             Capability::Exec,
@@ -132,6 +136,7 @@ mod tests {
             Capability::EgressMethods,
             Capability::EgressPaths,
             Capability::ExactKill,
+            Capability::HostTools,
         ]);
         let everything: BTreeSet<Capability> = Capability::ALL.iter().copied().collect();
         assert_eq!(

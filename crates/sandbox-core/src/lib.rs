@@ -22,6 +22,8 @@
 //! - [`credential_paths`]: the credential paths a host never exposes, and the matchers over them.
 //! - [`host_paths`]: the one policy over host paths a host reads for a sandbox or writes with its bytes
 //!   (credentials, paths a host executes, backends' host state, an output root).
+//! - [`host_tool_run`]: a command run with host tools over any backend's streamed exec (the
+//!   relay in the guest, the calls served by `host-tools`).
 //! - [`hygiene`]: the secret-looking environment-name denylist.
 //! - [`egress`]: the egress modes (also at the root) and the allowlist grammar's validators.
 //! - [`credential`]: credential grants a host attaches at acquire (their tokens never printed), and
@@ -63,6 +65,7 @@ mod exec_stream;
 pub mod guest_path;
 mod health;
 pub mod host_paths;
+pub mod host_tool_run;
 pub mod hygiene;
 mod isolation;
 mod key;

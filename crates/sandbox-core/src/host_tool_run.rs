@@ -1,0 +1,222 @@
+//! A command run with host tools: the relay and the command as two execs of one sandbox.
+//!
+//! The run starts `host-tool relay` in the guest over a streamed exec whose stdin and stdout
+//! carry the channel's frames, waits for the relay's `Ready` (the socket of a fresh per-run
+//! directory), runs the command with [`SOCKET_ENV`] naming that socket, and serves the calls
+//! until the command ends. Then the server is dropped (every pending handler with it), the relay
+//! is told to drain and exits, removing its directory; a relay that does not is killed and its
+//! directory removed by the host. Any backend with a streamed exec that feeds stdin serves it.
+
+use std::time::Duration;
+
+use host_tools::{
+    await_ready, serve_run, write_frame, ChannelError, Frame, RunBounds, RunReport, RunTools,
+};
+
+use crate::{
+    Command, ExecChunk, ExecEvent, ExecExit, ExecOutput, ExecRequest, ExecStdin, Sandbox,
+    SandboxError,
+};
+
+/// Where the images that carry it hold the guest's `host-tool` program.
+pub const HOST_TOOL_PROGRAM: &str = "/usr/local/bin/host-tool";
+pub use host_tools::run_directory::SOCKET_ENV;
+/// How long the relay may take to report ready.
+const READY_DEADLINE: Duration = Duration::from_secs(15);
+/// How long the relay may take to exit once drained.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+/// The relay's stderr kept for a diagnosis.
+const STDERR_TAIL: usize = 4096;
+/// The relay's deadline beyond the command's: room for the start and the drain.
+const RELAY_GRACE: Duration = Duration::from_secs(30);
+
+/// What a run with host tools produced.
+#[derive(Debug)]
+pub struct HostToolRun {
+    /// The command's output, exactly as a plain exec would give it.
+    pub output: ExecOutput,
+    /// The calls the run served.
+    pub report: RunReport,
+    /// Why the channel ended before the command did (the guest broke the protocol or killed
+    /// the relay), if it did; the command still ran to its end, its calls failing.
+    pub channel_error: Option<String>,
+}
+
+/// How the relay's exec ended.
+#[derive(Debug)]
+struct RelayEnd {
+    exit: Option<Result<ExecExit, SandboxError>>,
+    stderr: Vec<u8>,
+}
+
+/// Runs `request` in `sandbox` while serving its calls to `tools`.
+///
+/// # Errors
+/// [`SandboxError::CapabilityNotSupported`] when the guest has no `host-tool` program;
+/// [`SandboxError::GuestRefused`] when the relay does not start; the command's own errors
+/// (a timeout, an engine failure) as [`Sandbox::exec`] returns them.
+///
+/// # Cancel safety and drop
+/// Dropping the future drops every pending host-tool handler at once (no tool runs after it)
+/// and closes the relay's stdin, so the relay removes its directory and exits; a relay that
+/// does not within its deadline is killed by its exec's own deadline.
+pub async fn run_with_host_tools<S: Sandbox + ?Sized>(
+    sandbox: &S,
+    request: ExecRequest,
+    tools: &RunTools,
+    bounds: &RunBounds,
+) -> Result<HostToolRun, SandboxError> {
+    request.validate()?;
+    let max_frame = bounds.max_frame_payload().to_string();
+    let relay_request = ExecRequest::new(Command::argv([
+        HOST_TOOL_PROGRAM,
+        "relay",
+        "--max-frame",
+        &max_frame,
+    ]))
+    .working_directory(request.working_dir())
+    .timeout(request.timeout_bound() + RELAY_GRACE);
+    let (stdin_reader, mut to_relay) = tokio::io::duplex(64 * 1024);
+    let stream = sandbox
+        .exec_stream(relay_request, ExecStdin::reader(stdin_reader))
+        .await?;
+    let (mut from_relay, relay_stdout) = tokio::io::duplex(64 * 1024);
+    // The relay's output is pumped by a task of its own: dropping this future closes the
+    // relay's stdin, and the task sees the relay out instead of killing it mid-clean-up.
+    let mut pump = tokio::spawn(pump(stream, relay_stdout));
+
+    let (socket, decoder, pending) =
+        match await_ready(&mut from_relay, bounds, READY_DEADLINE).await {
+            Ok(ready) => ready,
+            Err(error) => {
+                drop(to_relay);
+                let end = tokio::time::timeout(DRAIN_DEADLINE, &mut pump).await;
+                pump.abort();
+                return Err(not_started(error, end.ok().and_then(Result::ok)));
+            }
+        };
+    if !host_tools::run_directory::is_run_socket(&socket) {
+        drop(to_relay);
+        pump.abort();
+        return Err(SandboxError::GuestRefused {
+            path: socket,
+            detail: "the relay reported a socket outside a run directory".to_owned(),
+        });
+    }
+
+    let env = request.guest_env().clone().set(SOCKET_ENV, &socket);
+    let command = request.env(env);
+    let mut channel_error = None;
+    let mut report = RunReport::default();
+    let output = {
+        let exec = sandbox.exec(command);
+        tokio::pin!(exec);
+        let served = serve_run(
+            tools,
+            bounds,
+            decoder,
+            pending,
+            &mut from_relay,
+            &mut to_relay,
+            &mut report,
+        );
+        tokio::pin!(served);
+        tokio::select! {
+            output = &mut exec => output,
+            ended = &mut served => {
+                if let Err(error) = ended {
+                    channel_error = Some(error.to_string());
+                }
+                exec.await
+            }
+        }
+        // Leaving this block drops the server: every pending handler with it.
+    };
+    let _ = write_frame(&mut to_relay, &Frame::Drain).await;
+    drop(to_relay);
+    let end = match tokio::time::timeout(DRAIN_DEADLINE, &mut pump).await {
+        Ok(Ok(end)) => Some(end),
+        _ => {
+            pump.abort();
+            None
+        }
+    };
+    let clean = end
+        .as_ref()
+        .is_some_and(|end| matches!(&end.exit, Some(Ok(exit)) if exit.exit_code == 0));
+    if !clean {
+        remove_run_directory(sandbox, &socket).await;
+    }
+    Ok(HostToolRun {
+        output: output?,
+        report,
+        channel_error,
+    })
+}
+
+/// Removes a run directory a relay left (killed, or not drained in time).
+async fn remove_run_directory<S: Sandbox + ?Sized>(sandbox: &S, socket: &str) {
+    let Some(directory) = socket.strip_suffix("/socket") else {
+        return;
+    };
+    let removal =
+        ExecRequest::new(Command::argv(["rm", "-rf", "--", directory])).timeout(DRAIN_DEADLINE);
+    if let Err(error) = sandbox.exec(removal).await {
+        tracing::warn!(%error, directory, "a host-tool run directory was not removed");
+    }
+}
+
+async fn pump(mut stream: crate::ExecStream, mut stdout: tokio::io::DuplexStream) -> RelayEnd {
+    use tokio::io::AsyncWriteExt as _;
+    let mut stderr = Vec::new();
+    let mut forwarding = true;
+    loop {
+        match stream.next().await {
+            Some(Ok(ExecEvent::Output(ExecChunk::Stdout(bytes)))) => {
+                // Once the run stops reading, the rest is drained and dropped.
+                if forwarding && stdout.write_all(&bytes).await.is_err() {
+                    forwarding = false;
+                }
+            }
+            Some(Ok(ExecEvent::Output(ExecChunk::Stderr(bytes)))) => {
+                let room = STDERR_TAIL.saturating_sub(stderr.len());
+                stderr.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            }
+            Some(Ok(ExecEvent::Exit(exit))) => {
+                return RelayEnd {
+                    exit: Some(Ok(exit)),
+                    stderr,
+                }
+            }
+            Some(Err(error)) => {
+                return RelayEnd {
+                    exit: Some(Err(error)),
+                    stderr,
+                }
+            }
+            None => return RelayEnd { exit: None, stderr },
+        }
+    }
+}
+
+#[cold]
+fn not_started(error: ChannelError, end: Option<RelayEnd>) -> SandboxError {
+    let stderr = end
+        .as_ref()
+        .map(|end| String::from_utf8_lossy(&end.stderr).trim().to_owned())
+        .unwrap_or_default();
+    match end.and_then(|end| end.exit) {
+        Some(Ok(exit)) if exit.exit_code == 126 || exit.exit_code == 127 => {
+            SandboxError::CapabilityNotSupported(format!(
+                "this sandbox has no {HOST_TOOL_PROGRAM} (exit {}): its image does not carry \
+                 host tools",
+                exit.exit_code
+            ))
+        }
+        Some(Err(error)) => error,
+        _ => SandboxError::GuestRefused {
+            path: HOST_TOOL_PROGRAM.to_owned(),
+            detail: format!("the host-tool relay did not start: {error}; {stderr}"),
+        },
+    }
+}
