@@ -95,13 +95,14 @@ pub(crate) fn shared_binaries(workspace: &Workspace) -> Result<PathBuf, XtaskErr
 /// lookups): the VM agent's, so `sandboxctl images build vm` finds the agent built here.
 pub(crate) const STATIC_TARGET: &str = qemu_vm::AGENT_TARGET;
 
-/// The binaries (package, binary) the images are built around: the egress proxy and the exec
-/// init. They are always built together, whichever images are wanted: features unify per cargo
+/// The binaries (package, binary) the images are built around: the egress proxy, the exec
+/// init and the guest's `host-tool`. They are always built together, whichever images are wanted: features unify per cargo
 /// invocation and symbol names carry their hash, so another selection would make another,
 /// equally good binary, and rebuild the images around it for nothing.
-const IMAGE_BINARIES: [(&str, &str); 2] = [
+const IMAGE_BINARIES: [(&str, &str); 3] = [
     ("egress-proxy", "egress-proxy"),
     ("exec-wrapper", "sandbox-exec-init"),
+    ("host-tools", "host-tool"),
 ];
 
 /// Builds the images (every engine image, or the given tags) with progress on stderr, caching
@@ -179,7 +180,8 @@ pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskE
         let mut reports = others_built?;
         let recipe = recipe
             .egress_proxy_binary(dir.join("egress-proxy"))
-            .exec_init_binary(dir.join("sandbox-exec-init"));
+            .exec_init_binary(dir.join("sandbox-exec-init"))
+            .host_tool_binary(dir.join("host-tool"));
         reports.extend(runtime.block_on(recipe.build(&around_binaries))?);
         reports
     };

@@ -125,6 +125,10 @@ impl DockerBackend {
         let subreaper = runtime.as_ref().is_none_or(|r| r.subreaper);
         let mut capabilities = Capability::exec_and_files();
         capabilities.insert(Capability::Snapshot);
+        // A streamed exec with stdin is all a run with host tools needs of the backend; the
+        // program is the image's (the Debian images carry it, a run in another image is
+        // refused as unsupported when it starts).
+        capabilities.insert(Capability::HostTools);
         // Exact kills need the call's init to be its subreaper; without one (gVisor) a timeout
         // kills the command's process group only, and the backend says so.
         if subreaper {

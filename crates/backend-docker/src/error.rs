@@ -119,6 +119,14 @@ pub enum DockerError {
         reason: String,
     },
 
+    /// The Debian images that carry host tools need a static `host-tool` binary and the one
+    /// named was not usable.
+    #[error("no usable static `host-tool` binary for the Debian images that carry host tools ({reason}); `cargo xtask images` builds one, or point the recipe at one with `ImageRecipe::host_tool_binary`")]
+    HostToolBinary {
+        /// Why the binary looked for (or given) cannot serve.
+        reason: String,
+    },
+
     /// A scratch directory still had file systems mounted inside it, so it was left in place
     /// rather than deleting through a mount.
     #[error("scratch directory {} still has mounts inside it ({mounts}); left in place, unmount and remove it by hand", path.display())]

@@ -13,7 +13,8 @@
 //!   per-probe capability skips, failures aggregated into one [`ConformanceError::ConformanceFailure`],
 //!   and [`refused_with`] with the reference's exception classes translated to [`Refusal`]s;
 //! - the suites: storage base, fresh acquire, instance disposal, FILES_OUT, FILES_IN, EXEC, FILES_DELETE
-//!   (and its verdict-free measurement), RECLAIM, SNAPSHOT (reset and fork), POOL (a warm pool, through
+//!   (and its verdict-free measurement), RECLAIM, SNAPSHOT (reset and fork), HOST_TOOLS (a run
+//!   whose command calls the host's tools), POOL (a warm pool, through
 //!   the backend's [`PoolHooks`]), REACH, EGRESS (and EGRESS_METHODS), CALL_SCOPE,
 //!   HARDENING and CONFINEMENT (judged by an engine-side [`Fingerprint`] the backend's test module
 //!   supplies; [`docker_container_fingerprint`] builds one for a sandbox that is a Docker container,
@@ -88,6 +89,7 @@ mod files_out;
 mod fingerprint;
 pub mod fixtures;
 mod hardening;
+mod host_tools;
 mod lifecycle;
 mod paths;
 mod pool;
@@ -119,6 +121,7 @@ pub use hardening::{
     assert_engine_failure_is_not_an_exit_code, assert_hardening, assert_network_closed_by_content,
     AcquireOutcome, HardeningHooks,
 };
+pub use host_tools::assert_host_tools;
 pub use lifecycle::{assert_fresh_acquire, assert_instance_disposal, instance_is_listed};
 pub use paths::ConformancePaths;
 pub use pool::{assert_pool, PoolHooks, POOL_CONCURRENT_ACQUIRES, POOL_PROCESSES};
@@ -147,6 +150,7 @@ pub mod suites {
         GROUP_TIMEOUT_CASES, HARDENING, HARDENING_OWN_SANDBOX_PROBES, HARDENING_SHARED_PROBES,
         HOSTILE_TIMEOUT_CASES, RECORD_REMOVING_CASES,
     };
+    pub use crate::host_tools::{HOST_TOOLS, HOST_TOOLS_PROBES};
     pub use crate::lifecycle::{FRESH_ACQUIRE, INSTANCE_DISPOSAL};
     pub use crate::pool::{POOL, POOL_PROBES};
     pub use crate::reach::{REACH, REACH_PROBES};

@@ -29,6 +29,42 @@ const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
 const STDERR_TAIL: usize = 4096;
 /// The relay's deadline beyond the command's: room for the start and the drain.
 const RELAY_GRACE: Duration = Duration::from_secs(30);
+/// How long a cancelled run's relay stays up before it is drained: the cancelled command is
+/// being killed meanwhile, and a relay drained at once would answer its pending call, letting
+/// the command end by itself under the kill (which a backend may take for a command that hid
+/// from it).
+const CANCELLED_DRAIN_DELAY: Duration = Duration::from_secs(3);
+
+/// The relay's stdin. Dropped with a run that did not finish, it drains the relay after
+/// [`CANCELLED_DRAIN_DELAY`], in a task of its own.
+struct RelayStdin(Option<tokio::io::DuplexStream>);
+
+impl RelayStdin {
+    fn writer(&mut self) -> &mut tokio::io::DuplexStream {
+        // Present until `drain` takes it, and `drain` consumes the guard.
+        self.0.get_or_insert_with(|| tokio::io::duplex(1).0)
+    }
+
+    async fn drain(mut self) {
+        if let Some(mut writer) = self.0.take() {
+            let _ = write_frame(&mut writer, &Frame::Drain).await;
+        }
+    }
+}
+
+impl Drop for RelayStdin {
+    fn drop(&mut self) {
+        let Some(mut writer) = self.0.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                tokio::time::sleep(CANCELLED_DRAIN_DELAY).await;
+                let _ = write_frame(&mut writer, &Frame::Drain).await;
+            });
+        }
+    }
+}
 
 /// What a run with host tools produced.
 #[derive(Debug)]
@@ -58,8 +94,9 @@ struct RelayEnd {
 ///
 /// # Cancel safety and drop
 /// Dropping the future drops every pending host-tool handler at once (no tool runs after it)
-/// and closes the relay's stdin, so the relay removes its directory and exits; a relay that
-/// does not within its deadline is killed by its exec's own deadline.
+/// and the command's exec (which the backend kills); a task drains the relay a few seconds
+/// later, so it removes its directory and exits; a relay that does not is killed by its exec's
+/// own deadline.
 pub async fn run_with_host_tools<S: Sandbox + ?Sized>(
     sandbox: &S,
     request: ExecRequest,
@@ -76,7 +113,8 @@ pub async fn run_with_host_tools<S: Sandbox + ?Sized>(
     ]))
     .working_directory(request.working_dir())
     .timeout(request.timeout_bound() + RELAY_GRACE);
-    let (stdin_reader, mut to_relay) = tokio::io::duplex(64 * 1024);
+    let (stdin_reader, to_relay) = tokio::io::duplex(64 * 1024);
+    let mut to_relay = RelayStdin(Some(to_relay));
     let stream = sandbox
         .exec_stream(relay_request, ExecStdin::reader(stdin_reader))
         .await?;
@@ -89,14 +127,14 @@ pub async fn run_with_host_tools<S: Sandbox + ?Sized>(
         match await_ready(&mut from_relay, bounds, READY_DEADLINE).await {
             Ok(ready) => ready,
             Err(error) => {
-                drop(to_relay);
+                to_relay.drain().await;
                 let end = tokio::time::timeout(DRAIN_DEADLINE, &mut pump).await;
                 pump.abort();
                 return Err(not_started(error, end.ok().and_then(Result::ok)));
             }
         };
     if !host_tools::run_directory::is_run_socket(&socket) {
-        drop(to_relay);
+        to_relay.drain().await;
         pump.abort();
         return Err(SandboxError::GuestRefused {
             path: socket,
@@ -111,29 +149,39 @@ pub async fn run_with_host_tools<S: Sandbox + ?Sized>(
     let output = {
         let exec = sandbox.exec(command);
         tokio::pin!(exec);
-        let served = serve_run(
-            tools,
-            bounds,
-            decoder,
-            pending,
-            &mut from_relay,
-            &mut to_relay,
-            &mut report,
-        );
-        tokio::pin!(served);
-        tokio::select! {
-            output = &mut exec => output,
-            ended = &mut served => {
-                if let Err(error) = ended {
-                    channel_error = Some(error.to_string());
+        let finished = {
+            let served = serve_run(
+                tools,
+                bounds,
+                decoder,
+                pending,
+                &mut from_relay,
+                to_relay.writer(),
+                &mut report,
+            );
+            tokio::pin!(served);
+            tokio::select! {
+                output = &mut exec => Some(output),
+                ended = &mut served => {
+                    if let Err(error) = ended {
+                        channel_error = Some(error.to_string());
+                    }
+                    None
                 }
+            }
+            // Leaving this block drops the server: every pending handler with it.
+        };
+        match finished {
+            Some(output) => output,
+            None => {
+                // The channel ended first (the relay died, or the guest broke the protocol):
+                // the relay is drained now, so the command's calls fail instead of waiting.
+                let _ = write_frame(to_relay.writer(), &Frame::Drain).await;
                 exec.await
             }
         }
-        // Leaving this block drops the server: every pending handler with it.
     };
-    let _ = write_frame(&mut to_relay, &Frame::Drain).await;
-    drop(to_relay);
+    to_relay.drain().await;
     let end = match tokio::time::timeout(DRAIN_DEADLINE, &mut pump).await {
         Ok(Ok(end)) => Some(end),
         _ => {

@@ -1,64 +1,89 @@
-//! The exec init in the Debian images that carry it: the static `sandbox-exec-init` at
-//! [`exec_wrapper::EXEC_INIT_PATH`], added at import as tar entries after the root archive's
-//! own, so the debootstrapped root and its cached archive stay the same whatever the binary.
+//! The workspace programs the Debian images carry beside their root: the static
+//! `sandbox-exec-init` at [`exec_wrapper::EXEC_INIT_PATH`] and the static `host-tool` at
+//! [`HOST_TOOL_PROGRAM`], added at import as tar entries after the root archive's own, so the
+//! debootstrapped root and its cached archive stay the same whatever the binaries.
+
+use sandbox_core::host_tool_run::HOST_TOOL_PROGRAM;
 
 use super::busybox::tar_header;
 use super::guest_binary::{binary_digest, GuestBinary};
 use super::{HostTools, ImageRecipe};
 use crate::error::DockerError;
 
-/// The init's entries and the binary's digest (the image's [`GuestBinary::digest_label`]).
+/// The carried programs' entries and their digests (each with its image label).
 #[derive(Debug)]
 pub(super) struct ExecInitEntries {
     /// The tar entries, the end-of-archive marker included.
     pub(super) tar: Vec<u8>,
-    /// The lower-case hex sha256 of the binary.
-    pub(super) digest: String,
+    /// Each carried binary's [`GuestBinary::digest_label`] and lower-case hex sha256.
+    pub(super) digests: Vec<(&'static str, String)>,
 }
 
 impl ImageRecipe {
-    /// Reads the init preflight found and writes its entries.
+    /// Reads the binaries preflight found (the init, the host-tool program, or both) and
+    /// writes their entries.
     pub(super) fn exec_init_entries(
         &self,
         tools: &HostTools,
     ) -> Result<ExecInitEntries, DockerError> {
-        let tool = tools
-            .exec_init
-            .as_ref()
-            .ok_or_else(|| GuestBinary::ExecInit.refused("preflight found none".to_owned()))?;
-        let binary = GuestBinary::ExecInit.read(&tool.program)?;
-        let tar = exec_init_tar(&binary).map_err(|source| DockerError::Io {
-            action: "assembling the exec init's entries for",
-            path: tool.program.clone(),
+        let mut carried = Vec::new();
+        for (binary, tool, guest_path) in [
+            (
+                GuestBinary::ExecInit,
+                &tools.exec_init,
+                exec_wrapper::EXEC_INIT_PATH,
+            ),
+            (GuestBinary::HostTool, &tools.host_tool, HOST_TOOL_PROGRAM),
+        ] {
+            let Some(tool) = tool else { continue };
+            let bytes = binary.read(&tool.program)?;
+            self.say(&format!(
+                "  {} {} ({} bytes) at {guest_path}",
+                binary.file_name(),
+                tool.program.display(),
+                bytes.len(),
+            ));
+            carried.push((binary, guest_path, bytes));
+        }
+        if carried.is_empty() {
+            return Err(GuestBinary::ExecInit.refused("preflight found none".to_owned()));
+        }
+        let entries: Vec<(&str, &[u8])> = carried
+            .iter()
+            .map(|(_, path, bytes)| (*path, &bytes[..]))
+            .collect();
+        let tar = carried_tar(&entries).map_err(|source| DockerError::Io {
+            action: "assembling the carried programs' entries for",
+            path: std::path::PathBuf::from("the Debian images"),
             source,
         })?;
-        self.say(&format!(
-            "  exec init {} ({} bytes) at {}",
-            tool.program.display(),
-            binary.len(),
-            exec_wrapper::EXEC_INIT_PATH
-        ));
         Ok(ExecInitEntries {
             tar,
-            digest: binary_digest(&binary),
+            digests: carried
+                .iter()
+                .map(|(binary, _, bytes)| (binary.digest_label(), binary_digest(bytes)))
+                .collect(),
         })
     }
 }
 
-/// The init's directory (0755) and the binary at [`exec_wrapper::EXEC_INIT_PATH`] (0755), both
-/// owned by root, then the end-of-archive marker. The directory entry comes first because
-/// minbase has no `/usr/local/libexec`; where a root has it, the entry only restates it.
-fn exec_init_tar(binary: &[u8]) -> std::io::Result<Vec<u8>> {
-    let path = exec_wrapper::EXEC_INIT_PATH.trim_start_matches('/');
-    let (dir, _) = path
+/// Each binary at its guest path (0755, owned by root) after the init's directory (0755), then
+/// the end-of-archive marker. The directory entry comes first because minbase has no
+/// `/usr/local/libexec`; where a root has it, the entry only restates it. `/usr/local/bin` is in
+/// every Debian root and gets no entry (which would restate its mode).
+fn carried_tar(binaries: &[(&str, &[u8])]) -> std::io::Result<Vec<u8>> {
+    let init = exec_wrapper::EXEC_INIT_PATH.trim_start_matches('/');
+    let (dir, _) = init
         .rsplit_once('/')
         .ok_or_else(|| std::io::Error::other("the init's guest path has no directory"))?;
     let mut builder = tar::Builder::new(Vec::new());
     let mut header = tar_header(tar::EntryType::Directory, 0o755, 0);
     builder.append_data(&mut header, dir, std::io::empty())?;
-    let mut header = tar_header(tar::EntryType::Regular, 0o755, 0);
-    header.set_size(binary.len() as u64);
-    builder.append_data(&mut header, path, binary)?;
+    for (path, binary) in binaries {
+        let mut header = tar_header(tar::EntryType::Regular, 0o755, 0);
+        header.set_size(binary.len() as u64);
+        builder.append_data(&mut header, path.trim_start_matches('/'), *binary)?;
+    }
     builder.into_inner()
 }
 
@@ -70,7 +95,11 @@ mod tests {
 
     #[test]
     fn the_init_is_at_its_guest_path_root_owned_and_executable() {
-        let bytes = exec_init_tar(b"\x7fELF-not-really").unwrap();
+        let bytes = carried_tar(&[
+            (exec_wrapper::EXEC_INIT_PATH, b"\x7fELF-not-really"),
+            (HOST_TOOL_PROGRAM, b"\x7fELF-host-tool"),
+        ])
+        .unwrap();
         let mut archive = tar::Archive::new(&bytes[..]);
         let mut seen = Vec::new();
         for entry in archive.entries().unwrap() {
@@ -105,6 +134,14 @@ mod tests {
                     0,
                     0,
                     b"\x7fELF-not-really".to_vec()
+                ),
+                (
+                    "usr/local/bin/host-tool".to_owned(),
+                    tar::EntryType::Regular,
+                    0o755,
+                    0,
+                    0,
+                    b"\x7fELF-host-tool".to_vec()
                 ),
             ]
         );

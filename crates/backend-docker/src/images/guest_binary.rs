@@ -18,6 +18,9 @@ pub(super) enum GuestBinary {
     EgressProxy,
     /// `sandbox-exec-init`, at [`exec_wrapper::EXEC_INIT_PATH`] in the Debian images that carry it.
     ExecInit,
+    /// `host-tool`, at [`sandbox_core::host_tool_run::HOST_TOOL_PROGRAM`] in the Debian images
+    /// that carry the exec init.
+    HostTool,
 }
 
 impl GuestBinary {
@@ -27,6 +30,7 @@ impl GuestBinary {
         match self {
             GuestBinary::EgressProxy => "egress-proxy",
             GuestBinary::ExecInit => "sandbox-exec-init",
+            GuestBinary::HostTool => "host-tool",
         }
     }
 
@@ -35,6 +39,7 @@ impl GuestBinary {
         match self {
             GuestBinary::EgressProxy => sandbox_core::naming::docker::LABEL_EGRESS_PROXY_SHA256,
             GuestBinary::ExecInit => sandbox_core::naming::docker::LABEL_EXEC_INIT_SHA256,
+            GuestBinary::HostTool => sandbox_core::naming::docker::LABEL_HOST_TOOL_SHA256,
         }
     }
 
@@ -44,6 +49,7 @@ impl GuestBinary {
         match self {
             GuestBinary::EgressProxy => DockerError::EgressProxyBinary { reason },
             GuestBinary::ExecInit => DockerError::ExecInitBinary { reason },
+            GuestBinary::HostTool => DockerError::HostToolBinary { reason },
         }
     }
 
@@ -132,9 +138,18 @@ mod tests {
     fn the_init_is_looked_for_under_the_name_of_its_guest_path() {
         let guest_name = exec_wrapper::EXEC_INIT_PATH.rsplit('/').next();
         assert_eq!(guest_name, Some(GuestBinary::ExecInit.file_name()));
-        assert_ne!(
-            GuestBinary::ExecInit.digest_label(),
-            GuestBinary::EgressProxy.digest_label()
-        );
+        let host_tool_name = sandbox_core::host_tool_run::HOST_TOOL_PROGRAM
+            .rsplit('/')
+            .next();
+        assert_eq!(host_tool_name, Some(GuestBinary::HostTool.file_name()));
+        let labels: std::collections::BTreeSet<&str> = [
+            GuestBinary::ExecInit,
+            GuestBinary::EgressProxy,
+            GuestBinary::HostTool,
+        ]
+        .into_iter()
+        .map(GuestBinary::digest_label)
+        .collect();
+        assert_eq!(labels.len(), 3, "one label per binary");
     }
 }

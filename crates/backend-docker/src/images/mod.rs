@@ -168,15 +168,24 @@ impl LocalImage {
     /// Whether the image carries the static exec init at [`exec_wrapper::EXEC_INIT_PATH`]
     /// (built around the binary [`ImageRecipe::exec_init_binary`] names).
     pub fn carries_exec_init(self) -> bool {
-        self.guest_binary() == Some(GuestBinary::ExecInit)
+        self.guest_binaries().contains(&GuestBinary::ExecInit)
     }
 
-    /// The workspace binary the image is built around, whose digest it is labelled with.
-    fn guest_binary(self) -> Option<GuestBinary> {
+    /// Whether the image carries the static `host-tool` program at
+    /// [`sandbox_core::host_tool_run::HOST_TOOL_PROGRAM`] (built around the binary
+    /// [`ImageRecipe::host_tool_binary`] names): sandboxes of it serve host tools.
+    pub fn carries_host_tool(self) -> bool {
+        self.guest_binaries().contains(&GuestBinary::HostTool)
+    }
+
+    /// The workspace binaries the image is built around, whose digests it is labelled with.
+    fn guest_binaries(self) -> &'static [GuestBinary] {
         match self {
-            LocalImage::Base | LocalImage::BaseRoot => Some(GuestBinary::ExecInit),
-            LocalImage::EgressProxy => Some(GuestBinary::EgressProxy),
-            LocalImage::Busybox | LocalImage::NoTools | LocalImage::SbxSimShell => None,
+            LocalImage::Base | LocalImage::BaseRoot => {
+                &[GuestBinary::ExecInit, GuestBinary::HostTool]
+            }
+            LocalImage::EgressProxy => &[GuestBinary::EgressProxy],
+            LocalImage::Busybox | LocalImage::NoTools | LocalImage::SbxSimShell => &[],
         }
     }
 
@@ -260,6 +269,7 @@ pub struct ImageRecipe {
     mirror: Option<String>,
     egress_proxy_binary: Option<PathBuf>,
     exec_init_binary: Option<PathBuf>,
+    host_tool_binary: Option<PathBuf>,
     command_timeout: Duration,
     import_timeout: Duration,
     bootstrap_timeout: Duration,
@@ -275,6 +285,7 @@ impl fmt::Debug for ImageRecipe {
             .field("mirror", &self.mirror)
             .field("egress_proxy_binary", &self.egress_proxy_binary)
             .field("exec_init_binary", &self.exec_init_binary)
+            .field("host_tool_binary", &self.host_tool_binary)
             .field("command_timeout", &self.command_timeout)
             .field("import_timeout", &self.import_timeout)
             .field("bootstrap_timeout", &self.bootstrap_timeout)
@@ -301,6 +312,7 @@ impl ImageRecipe {
             mirror: None,
             egress_proxy_binary: None,
             exec_init_binary: None,
+            host_tool_binary: None,
             command_timeout: Duration::from_secs(60),
             import_timeout: Duration::from_secs(600),
             bootstrap_timeout: Duration::from_secs(1800),
@@ -362,11 +374,20 @@ impl ImageRecipe {
         self
     }
 
+    /// The static `host-tool` binary the images that carry host tools are built around
+    /// ([`LocalImage::carries_host_tool`]); by default a `host-tool` beside this process's
+    /// executable, and without one the images carry none.
+    pub fn host_tool_binary(mut self, path: impl Into<PathBuf>) -> ImageRecipe {
+        self.host_tool_binary = Some(path.into());
+        self
+    }
+
     /// The binary configured for `binary`, if any.
     fn configured(&self, binary: GuestBinary) -> Option<&Path> {
         match binary {
             GuestBinary::EgressProxy => self.egress_proxy_binary.as_deref(),
             GuestBinary::ExecInit => self.exec_init_binary.as_deref(),
+            GuestBinary::HostTool => self.host_tool_binary.as_deref(),
         }
     }
 
@@ -423,9 +444,8 @@ impl ImageRecipe {
         for image in &wanted {
             match self.image_id(image.tag()).await? {
                 Some(id) if self.is_stale(*image).await? => {
-                    let binary = image.guest_binary().map_or("", GuestBinary::file_name);
                     self.say(&format!(
-                        "{image}: present ({}) but built around another {binary} binary, rebuilding",
+                        "{image}: present ({}) but built around other workspace binaries, rebuilding",
                         short_id(&id)
                     ));
                     missing.push(*image);
@@ -452,10 +472,8 @@ impl ImageRecipe {
         let needed = debian_roots(&missing);
         // Read once for every image that carries it.
         let exec_init = if missing.iter().any(|image| image.carries_exec_init()) {
-            tools
-                .exec_init
-                .as_ref()
-                .map(|_| self.exec_init_entries(&tools))
+            (tools.exec_init.is_some() || tools.host_tool.is_some())
+                .then(|| self.exec_init_entries(&tools))
                 .transpose()?
         } else {
             None
@@ -497,7 +515,7 @@ impl ImageRecipe {
             };
             let appended = match &exec_init {
                 Some(init) if image.carries_exec_init() => {
-                    labels.push((GuestBinary::ExecInit.digest_label(), init.digest.clone()));
+                    labels.extend(init.digests.iter().cloned());
                     &init.tar[..]
                 }
                 _ => &[],
@@ -622,21 +640,23 @@ impl ImageRecipe {
     /// this recipe would use now. An image built around no binary, or with no binary to compare
     /// (none found), stands.
     async fn is_stale(&self, image: LocalImage) -> Result<bool, DockerError> {
-        let Some(binary) = image.guest_binary() else {
-            return Ok(false);
-        };
-        let Ok(path) = binary.find(self.configured(binary)) else {
-            return Ok(false);
-        };
-        let digest = binary_digest(&binary.read(&path)?);
-        let engine = self.engine().await?;
-        let label = engine
-            .image_label(self.command_timeout, image.tag(), binary.digest_label())
-            .await
-            .map_err(|failure| {
-                unreachable_engine("image inspect", engine.failure("image inspect", failure))
-            })?;
-        Ok(label.flatten().as_deref() != Some(digest.as_str()))
+        for &binary in image.guest_binaries() {
+            let Ok(path) = binary.find(self.configured(binary)) else {
+                continue;
+            };
+            let digest = binary_digest(&binary.read(&path)?);
+            let engine = self.engine().await?;
+            let label = engine
+                .image_label(self.command_timeout, image.tag(), binary.digest_label())
+                .await
+                .map_err(|failure| {
+                    unreachable_engine("image inspect", engine.failure("image inspect", failure))
+                })?;
+            if label.flatten().as_deref() != Some(digest.as_str()) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// The engine this recipe talks to, resolved and connected now.
@@ -657,10 +677,14 @@ impl ImageRecipe {
     /// workspace's binaries first (a local check that needs no host tool), then the host's tools.
     fn preflight(&self, missing: &[LocalImage]) -> Result<HostTools, DockerError> {
         let mut tools = HostTools::default();
-        for binary in [GuestBinary::EgressProxy, GuestBinary::ExecInit] {
+        for binary in [
+            GuestBinary::EgressProxy,
+            GuestBinary::ExecInit,
+            GuestBinary::HostTool,
+        ] {
             if missing
                 .iter()
-                .any(|image| image.guest_binary() == Some(binary))
+                .any(|image| image.guest_binaries().contains(&binary))
             {
                 let found = binary.find(self.configured(binary));
                 let tool = match found {
@@ -676,6 +700,16 @@ impl ImageRecipe {
                         ));
                         None
                     }
+                    // Likewise host tools: without the program the images serve none.
+                    Err(why)
+                        if binary == GuestBinary::HostTool && self.configured(binary).is_none() =>
+                    {
+                        self.say(&format!(
+                            "no usable host-tool beside this executable ({why}): the base images \
+                             are built without it, and serve no host tools"
+                        ));
+                        None
+                    }
                     found => Some(Tool {
                         program: found?,
                         package: binary.file_name(),
@@ -684,6 +718,7 @@ impl ImageRecipe {
                 match binary {
                     GuestBinary::EgressProxy => tools.egress_proxy = tool,
                     GuestBinary::ExecInit => tools.exec_init = tool,
+                    GuestBinary::HostTool => tools.host_tool = tool,
                 }
             }
         }
@@ -754,6 +789,7 @@ struct HostTools {
     busybox: Option<Tool>,
     egress_proxy: Option<Tool>,
     exec_init: Option<Tool>,
+    host_tool: Option<Tool>,
 }
 
 #[derive(Debug)]

@@ -43,6 +43,8 @@ pub const LABEL_CLAIM_MARK: &str = "maf-sandbox.claim-mark";
 pub const POOL_SCOPE: &str = "maf-sandbox-pool";
 /// Docker label on a local image built around the exec init: the binary's SHA-256.
 pub const LABEL_EXEC_INIT_SHA256: &str = "maf-sandbox.exec-init.sha256";
+/// Docker label on a local image that carries the `host-tool` program: the binary's SHA-256.
+pub const LABEL_HOST_TOOL_SHA256: &str = "maf-sandbox.host-tool.sha256";
 /// Docker label on the egress proxy's local image: the binary's SHA-256.
 pub const LABEL_EGRESS_PROXY_SHA256: &str = "maf-sandbox.egress-proxy.sha256";
 
