@@ -53,11 +53,13 @@ const CORE: &str = "sandbox-core";
 const TESTING_FEATURE: &str = "testing";
 
 /// The normal dependencies [`CORE`] may have. None of them does I/O on the core's behalf:
-/// tokio is there for its sync primitives and timers. Adding a crate here is a design decision
+/// tokio is there for its sync primitives and timers; `host-tools` without its `relay`
+/// feature is frames, schemas and a dispatcher over the reader and writer the core hands it. Adding a crate here is a design decision
 /// (see `docs/architecture.md#layering-rules`), not a formality.
 const CORE_ALLOWED_DEPENDENCIES: &[&str] = &[
     "async-trait",
     "base64",
+    "host-tools",
     "sha2",
     "thiserror",
     "tokio",
@@ -69,13 +71,14 @@ const CORE_ALLOWED_DEPENDENCIES: &[&str] = &[
 const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
     ("exec-wrapper", &[]),
     ("confined-fs", &[]),
-    ("sandbox-core", &[]),
+    ("sandbox-core", &["host-tools"]),
+    ("host-tools", &[]),
     ("sbx-cli", &["exec-wrapper"]),
     ("sbx-sim", &["exec-wrapper", "host-state"]),
     ("token-server", &[]),
     ("host-state", &[]),
     ("wrapper-stream", &["sandbox-core", "exec-wrapper"]),
-    ("conformance", &["sandbox-core", "token-server"]),
+    ("conformance", &["sandbox-core", "token-server", "host-tools"]),
     ("egress-proxy", &["sandbox-core"]),
     (
         "sandbox-backends",
