@@ -78,7 +78,10 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
     ("token-server", &[]),
     ("host-state", &[]),
     ("wrapper-stream", &["sandbox-core", "exec-wrapper"]),
-    ("conformance", &["sandbox-core", "token-server", "host-tools"]),
+    (
+        "conformance",
+        &["sandbox-core", "token-server", "host-tools"],
+    ),
     ("egress-proxy", &["sandbox-core"]),
     (
         "sandbox-backends",
@@ -713,7 +716,7 @@ mod tests {
             found,
             vec![
                 "`conformance` has a dev dependency on `backend-docker`, but may depend only on \
-                 `sandbox-core`, `token-server`"
+                 `sandbox-core`, `token-server`, `host-tools`"
             ]
         );
     }

@@ -53,6 +53,7 @@ pub const CHANGED_CRATES: &[&str] = &[
     "host-files",
     "egress-proxy",
     "sandbox-core",
+    "host-tools",
 ];
 
 /// The branch whose merge base `--changed` diffs from when no tag is reachable.
