@@ -19,6 +19,7 @@
 mod accel;
 mod client;
 mod cpio;
+mod disk;
 mod error;
 mod image;
 mod machine;
@@ -30,6 +31,7 @@ pub use client::{
     AgentClient, Exec, ExecEvent, ExecOutput, RunLimits, StdinWriter, WeakAgentClient,
     HANDSHAKE_SCAN_CAP, LIST_ENTRY_OVERHEAD, MAX_LIST_BYTES, MAX_LIST_ENTRIES,
 };
+pub use disk::{QEMU_IMG_PROGRAM, ROOT_OVERLAY};
 pub use error::VmError;
 pub use image::{
     default_image_dir, given_image_dir, is_static_elf, module_load_order, user_cache_dir,

@@ -6,9 +6,9 @@
 //! bind and QEMU's start), the ports' lock files (see `crate::ports`), `vm.json` (QEMU's pid,
 //! the accelerator, the limits, the port count) and, when asked, `console.log`. QEMU
 //! runs in its own session, so the VM outlives the process that made it; any process can
-//! [`Vm::attach`] to the directory later. The root image is attached with `snapshot=on`: QEMU
-//! keeps the guest's writes in an already-unlinked temporary file in the VM's directory and
-//! never writes the base.
+//! [`Vm::attach`] to the directory later. The root disk is `root.qcow2` in the VM's directory, a
+//! qcow2 overlay over the image's raw root that the driver makes before QEMU starts: the guest's
+//! writes land there, the base is never written, and the overlay goes with the directory.
 //!
 //! Not here: the agent's protocol (see [`crate::AgentClient`]).
 
@@ -21,6 +21,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
 use crate::client::AgentClient;
+use crate::disk::{create_overlay, option_value, QEMU_IMG_PROGRAM, ROOT_OVERLAY};
 use crate::error::VmError;
 use crate::image::VmImage;
 use crate::ports::{self, DEFAULT_AGENT_PORTS};
@@ -96,13 +97,15 @@ pub struct VmConfig {
     pub agent_ports: u32,
     /// The user QEMU runs as once its set-up is done (see [`RunAs`]).
     pub run_as: RunAs,
+    /// The `qemu-img` program that makes the root overlay.
+    pub qemu_img: PathBuf,
 }
 
 /// The QEMU program a [`VmConfig`] runs unless told otherwise, looked up on `PATH`.
 pub const QEMU_PROGRAM: &str = "qemu-system-x86_64";
 
 impl VmConfig {
-    /// A config with 512 MiB, one CPU, TCG, [`QEMU_PROGRAM`] from `PATH`,
+    /// A config with 512 MiB, one CPU, TCG, [`QEMU_PROGRAM`] and [`QEMU_IMG_PROGRAM`] from `PATH`,
     /// [`DEFAULT_AGENT_PORTS`] agent ports, and QEMU dropping to ids of its own when this
     /// process is root ([`RunAs::OwnIdsUnderRoot`]).
     pub fn new(image: VmImage, parent_dir: impl Into<PathBuf>, name: impl Into<String>) -> Self {
@@ -118,6 +121,7 @@ impl VmConfig {
             console_log: false,
             agent_ports: DEFAULT_AGENT_PORTS,
             run_as: RunAs::OwnIdsUnderRoot,
+            qemu_img: PathBuf::from(QEMU_IMG_PROGRAM),
         }
     }
 
@@ -185,8 +189,8 @@ impl VmConfig {
             append.join(" "),
             "-drive".into(),
             format!(
-                "id=root,file={},format=raw,if=none,snapshot=on",
-                self.image.rootfs.display()
+                "id=root,file={},format=qcow2,if=none",
+                option_value(&dir.join(ROOT_OVERLAY))
             ),
             "-device".into(),
             "virtio-blk-device,drive=root".into(),
@@ -246,12 +250,14 @@ impl Vm {
     /// booting; [`Vm::agent`] waits for it).
     ///
     /// # Errors
-    /// Io when the directory exists or cannot be made; Spawn when QEMU cannot start;
-    /// QemuExited when it exits at once (its log's tail says why); Qmp or Deadline when its
-    /// monitor does not answer.
+    /// Io when the directory exists or cannot be made; Spawn or ToolFailed when `qemu-img`
+    /// cannot make the root overlay; Spawn when QEMU cannot start; QemuExited when it exits at
+    /// once (its log's tail says why); Qmp or Deadline when its monitor does not answer.
     ///
     /// # Cancel safety and drop
-    /// A future dropped after QEMU started leaves that VM running (it is detached by
+    /// A future dropped while the overlay is made leaves the directory without a QEMU (a
+    /// caller's discard of the directory removes it);
+    /// one dropped after QEMU started leaves that VM running (it is detached by
     /// design); [`Vm::attach`] finds it by its directory.
     pub async fn start(config: &VmConfig) -> Result<Vm, VmError> {
         if config.name.is_empty()
@@ -281,7 +287,13 @@ impl Vm {
             _ => Spelling::RunWith,
         };
         std::fs::create_dir(&dir).map_err(|e| VmError::io("creating", &dir, e))?;
-        let started = Vm::spawn(&resolved, &dir, spelling);
+        let overlay = create_overlay(
+            &config.qemu_img,
+            &config.image.rootfs,
+            &dir.join(ROOT_OVERLAY),
+        )
+        .await;
+        let started = overlay.and_then(|()| Vm::spawn(&resolved, &dir, spelling));
         if started.is_err() {
             // Nothing runs there: the directory goes with the failure.
             let _ = std::fs::remove_dir_all(&dir);
@@ -1031,6 +1043,19 @@ mod tests {
                 assert_eq!(at.map(|at| args[at + 1].as_str()), drop);
             }
         }
+    }
+
+    #[test]
+    fn the_root_is_the_overlay_in_the_vms_directory_and_never_the_base() {
+        let args = config(Accel::Tcg).qemu_args(None, Spelling::RunWith);
+        let at = args.iter().position(|a| a == "-drive").expect("-drive");
+        assert_eq!(
+            args[at + 1],
+            "id=root,file=/run/vms/t/root.qcow2,format=qcow2,if=none"
+        );
+        assert!(!args
+            .iter()
+            .any(|a| a.contains("rootfs.ext4") || a.contains("snapshot=")));
     }
 
     #[test]

@@ -102,8 +102,8 @@ async fn sbx_checks(args: &BackendArgs, key: &SandboxKey) -> Vec<HealthCheck> {
     checks
 }
 
-/// The QEMU program and the image (the backend's own checks); then the accelerator and the rung
-/// it gives, which connecting probes; then a throwaway VM.
+/// The QEMU program, `qemu-img` and the image (the backend's own checks); then the accelerator
+/// and the rung it gives, which connecting probes; then a throwaway VM.
 #[cfg(target_os = "linux")]
 async fn qemu_checks(args: &BackendArgs, key: &SandboxKey) -> Vec<HealthCheck> {
     let config = match crate::qemu_config(args) {
