@@ -52,6 +52,9 @@ async fn within<T>(
         })
 }
 
+/// How many bytes of host entropy a renewal gives the guest: twice the generator's key.
+pub const RENEW_ENTROPY: usize = 64;
+
 /// The most entries [`AgentClient::list`] collects.
 pub const MAX_LIST_ENTRIES: usize = 100_000;
 
@@ -655,6 +658,39 @@ impl AgentClient {
                 _ => None,
             },
             CALL_TIMEOUT,
+        )
+        .await
+    }
+
+    /// Makes a guest restored from a saved state a machine of its own (`HostMsg::Renew`): fresh
+    /// entropy from this host's generator ([`RENEW_ENTROPY`] bytes) credited and the guest's
+    /// generator reseeded, its clock set to this host's, `identity` its host name.
+    ///
+    /// # Errors
+    /// Invalid for an identity the protocol refuses or no host entropy; Agent when the guest
+    /// cannot do one of the three; Deadline past `deadline`; a channel error.
+    pub(crate) async fn renew(&self, identity: &str, deadline: Duration) -> Result<(), VmError> {
+        if !vm_agent::proto::valid_identity(identity.as_bytes()) {
+            return Err(VmError::Invalid(format!(
+                "the identity {identity:?} is not a host name of at most {} characters",
+                vm_agent::proto::MAX_IDENTITY
+            )));
+        }
+        let mut entropy = vec![0u8; RENEW_ENTROPY];
+        getrandom::fill(&mut entropy)
+            .map_err(|e| VmError::Invalid(format!("no host entropy for the guest: {e}")))?;
+        let unix_nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        self.small(
+            "renew",
+            HostMsg::Renew {
+                entropy,
+                unix_nanos,
+                identity: identity.as_bytes().to_vec(),
+            },
+            |m| matches!(m, GuestMsg::Done).then_some(()),
+            deadline,
         )
         .await
     }

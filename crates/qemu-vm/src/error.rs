@@ -135,6 +135,15 @@ pub enum VmError {
         /// Its message.
         message: String,
     },
+    /// A snapshot may not be restored: its manifest is missing or malformed, it was saved from
+    /// another machine, or a file does not match its digest. Nothing of it was loaded.
+    #[error("the snapshot in {} is refused: {reason}", dir.display())]
+    SnapshotRefused {
+        /// The snapshot's directory.
+        dir: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// The request was invalid before anything was sent.
     #[error("invalid request: {0}")]
     Invalid(String),
@@ -154,6 +163,14 @@ impl VmError {
             action,
             path: path.into(),
             source,
+        }
+    }
+
+    #[cold]
+    pub(crate) fn snapshot_refused(dir: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        VmError::SnapshotRefused {
+            dir: dir.into(),
+            reason: reason.into(),
         }
     }
 

@@ -24,12 +24,14 @@ mod error;
 mod image;
 mod machine;
 mod ports;
+mod qmp;
 mod run_as;
+mod snapshot;
 
 pub use accel::{probe_accel, AccelReport};
 pub use client::{
     AgentClient, Exec, ExecEvent, ExecOutput, RunLimits, StdinWriter, WeakAgentClient,
-    HANDSHAKE_SCAN_CAP, LIST_ENTRY_OVERHEAD, MAX_LIST_BYTES, MAX_LIST_ENTRIES,
+    HANDSHAKE_SCAN_CAP, LIST_ENTRY_OVERHEAD, MAX_LIST_BYTES, MAX_LIST_ENTRIES, RENEW_ENTROPY,
 };
 pub use disk::{QEMU_IMG_PROGRAM, ROOT_OVERLAY};
 pub use error::VmError;
@@ -42,6 +44,7 @@ pub use machine::{
 };
 pub use ports::DEFAULT_AGENT_PORTS;
 pub use run_as::{RunAs, Spelling, FIRST_VM_ID, VM_IDS};
+pub use snapshot::{Snapshot, SNAPSHOT_DISK, SNAPSHOT_MANIFEST, SNAPSHOT_MEMORY};
 pub use vm_agent::proto::MAX_PORTS as MAX_AGENT_PORTS;
 pub use vm_agent::proto::{Entry, ErrorCode, ExecRequest, ExitStatus, FileKind, Stat};
 

@@ -17,15 +17,14 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::UnixStream;
-
 use crate::client::AgentClient;
 use crate::disk::{create_overlay, option_value, QEMU_IMG_PROGRAM, ROOT_OVERLAY};
 use crate::error::VmError;
 use crate::image::VmImage;
 use crate::ports::{self, DEFAULT_AGENT_PORTS};
+use crate::qmp::QmpSession;
 use crate::run_as::{RunAs, Spelling};
+use crate::snapshot::INCOMING_FD;
 
 /// How a VM's CPU is run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,9 +53,6 @@ impl Accel {
         }
     }
 }
-
-/// The most QMP may send in one line.
-const QMP_LINE_CAP: usize = 1024 * 1024;
 
 /// The deadline of each QMP exchange.
 const QMP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -225,6 +221,16 @@ impl VmConfig {
     }
 }
 
+/// A VM's directory made and its config resolved, before QEMU starts.
+pub(crate) struct Prepared {
+    /// The config, QEMU's user resolved.
+    pub(crate) config: VmConfig,
+    /// The VM's directory, made.
+    pub(crate) dir: PathBuf,
+    /// How QEMU spells the drop to its user.
+    pub(crate) spelling: Spelling,
+}
+
 /// QEMU's run state, from QMP `query-status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmStatus {
@@ -260,6 +266,22 @@ impl Vm {
     /// one dropped after QEMU started leaves that VM running (it is detached by
     /// design); [`Vm::attach`] finds it by its directory.
     pub async fn start(config: &VmConfig) -> Result<Vm, VmError> {
+        let prepared = Vm::prepare(config).await?;
+        let overlay = create_overlay(
+            &config.qemu_img,
+            &config.image.rootfs,
+            &prepared.dir.join(ROOT_OVERLAY),
+        )
+        .await;
+        if let Err(error) = overlay {
+            let _ = std::fs::remove_dir_all(&prepared.dir);
+            return Err(error);
+        }
+        Vm::launch(&prepared, None).await
+    }
+
+    /// Checks `config`, resolves QEMU's user and makes the VM's directory.
+    pub(crate) async fn prepare(config: &VmConfig) -> Result<Prepared, VmError> {
         if config.name.is_empty()
             || !config
                 .name
@@ -287,13 +309,23 @@ impl Vm {
             _ => Spelling::RunWith,
         };
         std::fs::create_dir(&dir).map_err(|e| VmError::io("creating", &dir, e))?;
-        let overlay = create_overlay(
-            &config.qemu_img,
-            &config.image.rootfs,
-            &dir.join(ROOT_OVERLAY),
-        )
-        .await;
-        let started = overlay.and_then(|()| Vm::spawn(&resolved, &dir, spelling));
+        Ok(Prepared {
+            config: resolved,
+            dir,
+            spelling,
+        })
+    }
+
+    /// Starts QEMU in a prepared directory whose root overlay is in place, restoring from
+    /// `incoming` when given, and returns once its monitor answers; on failure nothing runs
+    /// and the directory is gone.
+    pub(crate) async fn launch(
+        prepared: &Prepared,
+        incoming: Option<&std::fs::File>,
+    ) -> Result<Vm, VmError> {
+        let dir = &prepared.dir;
+        let started = give_overlay(&prepared.config, dir)
+            .and_then(|()| Vm::spawn(&prepared.config, dir, prepared.spelling, incoming));
         if started.is_err() {
             // Nothing runs there: the directory goes with the failure.
             let _ = std::fs::remove_dir_all(&dir);
@@ -314,7 +346,12 @@ impl Vm {
         }
     }
 
-    fn spawn(config: &VmConfig, dir: &Path, spelling: Spelling) -> Result<Vm, VmError> {
+    fn spawn(
+        config: &VmConfig,
+        dir: &Path,
+        spelling: Spelling,
+        incoming: Option<&std::fs::File>,
+    ) -> Result<Vm, VmError> {
         let dir = dir.to_owned();
         let qmp = std::os::unix::net::UnixListener::bind(dir.join("qmp.sock"))
             .map_err(|e| VmError::io("binding", dir.join("qmp.sock"), e))?;
@@ -344,9 +381,20 @@ impl Vm {
             );
         }
         let log_path = dir.join("qemu.log");
+        let incoming_fd = incoming
+            .map(|file| {
+                rustix::io::fcntl_dupfd_cloexec(file.as_fd(), first_free as i32).map_err(|e| {
+                    VmError::io("duplicating", dir.join("(snapshot memory)"), e.into())
+                })
+            })
+            .transpose()?;
+        let mut args = config.qemu_args(host_tsc_khz(), spelling);
+        if incoming_fd.is_some() {
+            args.extend(["-incoming".into(), format!("fd:{INCOMING_FD}")]);
+        }
         let mut command = std::process::Command::new(&config.qemu);
         command
-            .args(config.qemu_args(host_tsc_khz(), spelling))
+            .args(args)
             .env("TMPDIR", &dir)
             .stdin(std::process::Stdio::null())
             .stdout(
@@ -365,6 +413,7 @@ impl Vm {
             );
         let qmp_raw = raw(&qmp_fd);
         let agent_raws: Vec<i32> = agent_fds.iter().map(raw).collect();
+        let incoming_raw = incoming_fd.as_ref().map(raw);
         // SAFETY: as above: only dup2 (through the raw-descriptor helper) and setsid run in the
         // child between fork and exec; the descriptor list was made before the fork and is
         // only read.
@@ -375,6 +424,9 @@ impl Vm {
                 for (index, agent_raw) in agent_raws.iter().enumerate() {
                     place_fd(*agent_raw, 4 + index as i32)?;
                 }
+                if let Some(incoming_raw) = incoming_raw {
+                    place_fd(incoming_raw, INCOMING_FD)?;
+                }
                 rustix::process::setsid()?;
                 Ok(())
             });
@@ -383,7 +435,7 @@ impl Vm {
             program: config.qemu.display().to_string(),
             source,
         })?;
-        drop((qmp_fd, agent_fds, qmp, agents));
+        drop((qmp_fd, agent_fds, qmp, agents, incoming_fd));
         let pid = child.id() as i32;
         let state = serde_json::json!({
             "pid": pid,
@@ -691,44 +743,19 @@ impl Vm {
     /// One QMP command on a fresh connection (greeting, capabilities, the command), every
     /// line capped and the whole exchange under a deadline.
     async fn qmp(&self, command: &str) -> Result<serde_json::Value, VmError> {
+        self.qmp_value(serde_json::json!({ "execute": command }))
+            .await
+    }
+
+    /// As [`Vm::qmp`], for a command with arguments.
+    pub(crate) async fn qmp_value(
+        &self,
+        command: serde_json::Value,
+    ) -> Result<serde_json::Value, VmError> {
         let path = self.dir.join("qmp.sock");
         let exchange = async {
-            let stream = UnixStream::connect(&path)
-                .await
-                .map_err(|e| VmError::io("connecting to", &path, e))?;
-            let (read, mut write) = stream.into_split();
-            let mut lines = BufReader::new(read);
-            let greeting = qmp_line(&mut lines).await?;
-            if greeting.get("QMP").is_none() {
-                return Err(VmError::Qmp {
-                    message: format!("no greeting: {greeting}"),
-                });
-            }
-            for cmd in ["qmp_capabilities", command] {
-                let line = format!("{{\"execute\":\"{cmd}\"}}\n");
-                write
-                    .write_all(line.as_bytes())
-                    .await
-                    .map_err(|e| VmError::io("writing to", &path, e))?;
-                loop {
-                    let answer = qmp_line(&mut lines).await?;
-                    if answer.get("event").is_some() {
-                        continue;
-                    }
-                    if let Some(error) = answer.get("error") {
-                        return Err(VmError::Qmp {
-                            message: format!("{cmd}: {error}"),
-                        });
-                    }
-                    if cmd == command {
-                        return Ok(answer);
-                    }
-                    break;
-                }
-            }
-            Err(VmError::Qmp {
-                message: "no answer".to_owned(),
-            })
+            let mut session = QmpSession::open(&path).await?;
+            session.execute(command, None).await
         };
         tokio::time::timeout(QMP_TIMEOUT, exchange)
             .await
@@ -746,30 +773,6 @@ impl Drop for Vm {
         drop(self.reaper.take());
     }
 }
-
-async fn qmp_line(
-    lines: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
-) -> Result<serde_json::Value, VmError> {
-    let mut line = Vec::new();
-    let mut limited = (&mut *lines).take(QMP_LINE_CAP as u64);
-    let n = limited
-        .read_until(b'\n', &mut line)
-        .await
-        .map_err(|e| VmError::closed(format!("QMP: {e}")))?;
-    if n == 0 {
-        return Err(VmError::closed("QMP closed"));
-    }
-    if !line.ends_with(b"\n") {
-        return Err(VmError::Qmp {
-            message: format!("a line over {QMP_LINE_CAP} bytes"),
-        });
-    }
-    serde_json::from_slice(&line).map_err(|e| VmError::Qmp {
-        message: format!("not JSON: {e}"),
-    })
-}
-
-use tokio::io::AsyncReadExt as _;
 
 fn raw(fd: &std::os::fd::OwnedFd) -> i32 {
     use std::os::fd::AsRawFd;
@@ -790,6 +793,22 @@ fn place_fd(source: i32, target: i32) -> std::io::Result<()> {
     let result = rustix::io::dup2(source, &mut target);
     std::mem::forget(target);
     result.map_err(std::io::Error::from)
+}
+
+/// Makes the root overlay QEMU's own when QEMU drops to ids of its own: it opens the overlay
+/// before the drop, but opens it again after (a save inactivates the disk, and the next `cont`
+/// reopens it for writing), which fails on a file it cannot write.
+fn give_overlay(config: &VmConfig, dir: &Path) -> Result<(), VmError> {
+    if let RunAs::Ids { uid, gid } = config.run_as {
+        let overlay = dir.join(ROOT_OVERLAY);
+        rustix::fs::chown(
+            &overlay,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        )
+        .map_err(|e| VmError::io("giving QEMU's user", &overlay, e.into()))?;
+    }
+    Ok(())
 }
 
 /// A QEMU of this driver's that runs: every QEMU is started with `TMPDIR` set to its VM's
@@ -996,6 +1015,7 @@ mod tests {
     }
 
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn config(accel: Accel) -> VmConfig {
         let image = VmImage {

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use qemu_vm::{
-    probe_accel, AgentClient, ErrorCode, ExecEvent, ExecRequest, FileKind, RunLimits, Vm, VmConfig,
-    VmError, VmImage, FIRST_VM_ID, VM_IDS,
+    probe_accel, AgentClient, ErrorCode, ExecEvent, ExecRequest, FileKind, RunLimits, Snapshot, Vm,
+    VmConfig, VmError, VmImage, FIRST_VM_ID, VM_IDS,
 };
 
 /// A TCG boot takes about 4 s alone; two at once on two shared cores take longer.
@@ -608,4 +608,156 @@ async fn two_vms_run_at_once_and_share_nothing() {
         std::fs::metadata(&base).unwrap().modified().unwrap(),
         before
     );
+}
+
+/// Kills whatever VM a failed assertion would leave running in `dir`.
+struct KillOnDrop(Option<Vm>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(vm) = self.0.take() {
+            if let Some(pid) = rustix::process::Pid::from_raw(vm.pid()) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+            let _ = std::fs::remove_dir_all(vm.dir());
+        }
+    }
+}
+
+/// A saved VM restores as the saved guest (its disk and its memory: a tmpfs file) and as a machine of its
+/// own each time: two restores read different random bytes, carry their own host names and the
+/// host's time; the saved VM runs on after its save; a snapshot whose memory is corrupted, or
+/// that was saved from another machine, is refused and no QEMU is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_vm_restores_as_a_new_machine_and_a_corrupted_one_is_refused() {
+    let config = config("saved").await;
+    let machine = config.machine_digest();
+    let source = KillOnDrop(Some(Vm::start(&config).await.unwrap()));
+    let vm = source.0.as_ref().unwrap();
+    let agent = step("boot", vm.agent(BOOT_TIMEOUT)).await.unwrap();
+    let out = step(
+        "plant",
+        agent.run(
+            sh("echo kept >/var/tmp/saved.txt; echo in-memory >/tmp/saved.txt"),
+            None,
+            limits(),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.status.code, Some(0));
+    // Saved with no host connection open, as every restored copy starts.
+    drop(agent);
+    let snapshot_dir = run_dir().join(unique("snapshot"));
+    let started = Instant::now();
+    let snapshot = step("save", vm.save(&machine, &snapshot_dir))
+        .await
+        .unwrap();
+    eprintln!("saved in {:.2} s", started.elapsed().as_secs_f64());
+    for file in [
+        qemu_vm::SNAPSHOT_MEMORY,
+        qemu_vm::SNAPSHOT_DISK,
+        qemu_vm::SNAPSHOT_MANIFEST,
+    ] {
+        assert!(snapshot_dir.join(file).exists(), "{file}");
+    }
+    step("resume", vm.resume()).await.unwrap();
+    let again = step("the source runs on", vm.agent(BOOT_TIMEOUT))
+        .await
+        .unwrap();
+    let out = again
+        .run(sh("cat /var/tmp/saved.txt"), None, limits())
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"kept\n");
+    drop(again);
+    let vm = { source }.0.take().unwrap();
+    vm.kill().await.unwrap();
+
+    let random = "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; hostname; date +%s; \
+                  cat /tmp/saved.txt";
+    let mut seen = Vec::new();
+    for name in ["restored-a", "restored-b"] {
+        let mut restored = VmConfig {
+            name: unique(name),
+            ..config.clone()
+        };
+        restored.console_log = config.console_log;
+        let started = Instant::now();
+        let (vm, agent) = step("restore", Vm::restore(&restored, &snapshot, BOOT_TIMEOUT))
+            .await
+            .unwrap();
+        let guard = KillOnDrop(Some(vm));
+        eprintln!(
+            "restored {} to a renewed agent in {:.2} s",
+            restored.name,
+            started.elapsed().as_secs_f64()
+        );
+        let out = agent
+            .run(
+                sh(&format!("cat /var/tmp/saved.txt; {random}")),
+                None,
+                limits(),
+            )
+            .await
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "kept", "{text}");
+        assert_eq!(lines[1].len(), 64, "{text}");
+        assert_eq!(lines[2], restored.name, "its own host name: {text}");
+        let guest_now: u64 = lines[3].parse().unwrap();
+        let host_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(
+            guest_now.abs_diff(host_now) <= 5,
+            "the guest's clock {guest_now} is the host's {host_now}"
+        );
+        assert_eq!(lines[4], "in-memory", "the saved tmpfs, in memory: {text}");
+        seen.push(lines[1].to_owned());
+        drop(agent);
+        let vm = { guard }.0.take().unwrap();
+        vm.kill().await.unwrap();
+    }
+    assert_ne!(seen[0], seen[1], "two restores drew the same random bytes");
+
+    // Another machine's config is refused.
+    let mut other = VmConfig {
+        name: unique("restored-other"),
+        ..config.clone()
+    };
+    other.memory_mib += 64;
+    let refused = Vm::restore(&other, &snapshot, BOOT_TIMEOUT)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, VmError::SnapshotRefused { .. }),
+        "{refused}"
+    );
+    // One flipped byte of memory is refused before QEMU starts.
+    let memory = snapshot_dir.join(qemu_vm::SNAPSHOT_MEMORY);
+    let mut bytes = std::fs::read(&memory).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&memory, &bytes).unwrap();
+    let corrupted = VmConfig {
+        name: unique("restored-corrupted"),
+        ..config.clone()
+    };
+    let refused = Vm::restore(
+        &corrupted,
+        &Snapshot::load(&snapshot_dir).unwrap(),
+        BOOT_TIMEOUT,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(refused, VmError::SnapshotRefused { .. }),
+        "{refused}"
+    );
+    assert!(!corrupted.dir().exists());
+    assert!(qemu_vm::qemus_under(&corrupted.dir()).is_empty());
+    std::fs::remove_dir_all(&snapshot_dir).unwrap();
 }

@@ -725,6 +725,16 @@ impl Job {
                     after_kib: mem_available_kib(),
                 });
             }
+            HostMsg::Renew {
+                entropy,
+                unix_nanos,
+                identity,
+            } => match renew(&entropy, unix_nanos, &identity) {
+                Ok(()) => {
+                    self.send(&GuestMsg::Done);
+                }
+                Err(message) => self.fail(ErrorCode::Io, message),
+            },
             HostMsg::Shutdown => {
                 self.send(&GuestMsg::Done);
                 self.session.end();
@@ -1112,6 +1122,65 @@ fn stat_of(meta: &std::fs::Metadata) -> Stat {
         mode: meta.permissions().mode() & 0o7777,
         mtime: meta.mtime(),
     }
+}
+
+/// `struct rand_pool_info` with room for the most entropy a renewal carries.
+#[repr(C)]
+struct RandPoolInfo {
+    entropy_count: i32,
+    buf_size: i32,
+    buf: [u8; proto::MAX_RENEW_ENTROPY],
+}
+
+/// `RNDADDENTROPY`, `_IOW('R', 0x03, int[2])`: adds bytes to the input pool and credits them.
+const RNDADDENTROPY: rustix::ioctl::Opcode = rustix::ioctl::opcode::write::<[i32; 2]>(b'R', 0x03);
+
+/// `RNDRESEEDCRNG`, `_IO('R', 0x07)`: reseeds the generator from the input pool now.
+const RNDRESEEDCRNG: rustix::ioctl::Opcode = rustix::ioctl::opcode::none(b'R', 0x07);
+
+/// Makes this guest, restored from a saved state, a machine of its own (`HostMsg::Renew`).
+///
+/// The generator's state was saved with the rest of memory, so every guest restored from one
+/// state would draw the same bytes: a write to `/dev/urandom` only mixes into the pool, and the
+/// generator keeps its key until its next scheduled reseed (up to a minute away). So the host's
+/// bytes are added and credited (`RNDADDENTROPY`) and the generator is reseeded from the pool at
+/// once (`RNDRESEEDCRNG`): every reader after this draws from a key that depends on them.
+fn renew(entropy: &[u8], unix_nanos: u64, identity: &[u8]) -> Result<(), String> {
+    if entropy.len() > proto::MAX_RENEW_ENTROPY || !proto::valid_identity(identity) {
+        return Err("a renewal outside the protocol's bounds".to_owned());
+    }
+    let random = OpenOptions::new()
+        .write(true)
+        .open("/dev/urandom")
+        .map_err(|error| format!("open /dev/urandom: {error}"))?;
+    let mut info = RandPoolInfo {
+        entropy_count: (entropy.len() * 8) as i32,
+        buf_size: entropy.len() as i32,
+        buf: [0; proto::MAX_RENEW_ENTROPY],
+    };
+    info.buf[..entropy.len()].copy_from_slice(entropy);
+    // SAFETY: RNDADDENTROPY reads a `struct rand_pool_info`, two ints then `buf_size` bytes;
+    // `RandPoolInfo` is that layout with room for MAX_RENEW_ENTROPY bytes, at least `buf_size`.
+    #[allow(unsafe_code)]
+    unsafe {
+        rustix::ioctl::ioctl(
+            &random,
+            rustix::ioctl::Setter::<RNDADDENTROPY, RandPoolInfo>::new(info),
+        )
+    }
+    .map_err(|error| format!("RNDADDENTROPY: {error}"))?;
+    // SAFETY: RNDRESEEDCRNG takes no argument.
+    #[allow(unsafe_code)]
+    unsafe { rustix::ioctl::ioctl(&random, rustix::ioctl::NoArg::<RNDRESEEDCRNG>::new()) }
+        .map_err(|error| format!("RNDRESEEDCRNG: {error}"))?;
+    let now = rustix::time::Timespec {
+        tv_sec: (unix_nanos / 1_000_000_000) as i64,
+        tv_nsec: (unix_nanos % 1_000_000_000) as i64,
+    };
+    rustix::time::clock_settime(rustix::time::ClockId::Realtime, now)
+        .map_err(|error| format!("set the clock: {error}"))?;
+    rustix::system::sethostname(identity).map_err(|error| format!("set the host name: {error}"))?;
+    Ok(())
 }
 
 fn mem_available_kib() -> u64 {

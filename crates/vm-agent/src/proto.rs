@@ -50,6 +50,25 @@ pub const MAGIC: [u8; 8] = *b"SBXVMAG1";
 /// console).
 pub const MAX_PORTS: u32 = 30;
 
+/// The fewest bytes of host entropy a [`HostMsg::Renew`] carries: a full reseed of the guest's
+/// generator (256 bits).
+pub const MIN_RENEW_ENTROPY: usize = 32;
+
+/// The most bytes of host entropy a [`HostMsg::Renew`] carries.
+pub const MAX_RENEW_ENTROPY: usize = 256;
+
+/// The longest identity a [`HostMsg::Renew`] names (a host name's longest label).
+pub const MAX_IDENTITY: usize = 63;
+
+/// Whether `identity` may name a renewed guest: 1 to [`MAX_IDENTITY`] ASCII letters, digits and
+/// `-`, so it is a valid host name as it is.
+pub fn valid_identity(identity: &[u8]) -> bool {
+    (1..=MAX_IDENTITY).contains(&identity.len())
+        && identity
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || *b == b'-')
+}
+
 /// The kernel command-line word that tells the agent how many ports to serve
 /// (`vm_agent.ports=<n>`); without it, one.
 pub const PORTS_ARG: &str = "vm_agent.ports=";
@@ -347,6 +366,19 @@ pub enum HostMsg {
     Reclaim,
     /// Powers the guest off after answering `Done`.
     Shutdown,
+    /// Makes a guest restored from a saved state a machine of its own, before any command runs
+    /// in it: mixes `entropy` into the kernel's pool and reseeds its generator (two guests
+    /// restored from one state must never share random bytes), sets the real-time clock (which
+    /// stood still while the state was saved) and takes `identity` as the host name. `Done`
+    /// once all three hold, else `Error`.
+    Renew {
+        /// Host randomness, [`MIN_RENEW_ENTROPY`] to [`MAX_RENEW_ENTROPY`] bytes.
+        entropy: Vec<u8>,
+        /// The host's real time, nanoseconds since the epoch.
+        unix_nanos: u64,
+        /// The new instance's name (see [`valid_identity`]).
+        identity: Vec<u8>,
+    },
 }
 
 /// A message from the agent to the host.
@@ -629,6 +661,7 @@ mod kind {
     pub const REMOVE: u8 = 11;
     pub const RECLAIM: u8 = 12;
     pub const SHUTDOWN: u8 = 13;
+    pub const RENEW: u8 = 14;
 
     pub const HELLO_ACK: u8 = 64;
     pub const STARTED: u8 = 65;
@@ -702,6 +735,22 @@ impl Message for HostMsg {
             },
             kind::RECLAIM => HostMsg::Reclaim,
             kind::SHUTDOWN => HostMsg::Shutdown,
+            kind::RENEW => {
+                let entropy = r.bytes()?;
+                if !(MIN_RENEW_ENTROPY..=MAX_RENEW_ENTROPY).contains(&entropy.len()) {
+                    return Err(ProtoError::invalid(k, "entropy length"));
+                }
+                let unix_nanos = r.u64()?;
+                let identity = r.bytes()?;
+                if !valid_identity(&identity) {
+                    return Err(ProtoError::invalid(k, "identity"));
+                }
+                HostMsg::Renew {
+                    entropy,
+                    unix_nanos,
+                    identity,
+                }
+            }
             _ => return Err(ProtoError::UnknownKind { kind: k }),
         };
         r.finish(message)
@@ -771,6 +820,16 @@ impl Message for HostMsg {
             }
             HostMsg::Reclaim => kind::RECLAIM,
             HostMsg::Shutdown => kind::SHUTDOWN,
+            HostMsg::Renew {
+                entropy,
+                unix_nanos,
+                identity,
+            } => {
+                put_bytes(out, entropy);
+                out.extend_from_slice(&unix_nanos.to_be_bytes());
+                put_bytes(out, identity);
+                kind::RENEW
+            }
         }
     }
 }
@@ -960,6 +1019,57 @@ mod tests {
                 max: MAX_PAYLOAD
             })
         );
+    }
+
+    fn renew(entropy: usize, identity: &[u8]) -> Vec<u8> {
+        encode(
+            3,
+            &HostMsg::Renew {
+                entropy: vec![9; entropy],
+                unix_nanos: 1_700_000_000_000_000_000,
+                identity: identity.to_vec(),
+            },
+        )
+    }
+
+    #[test]
+    fn a_renewal_round_trips_within_its_bounds_and_is_refused_outside_them() {
+        for (entropy, identity) in [
+            (MIN_RENEW_ENTROPY, &b"vm-0123abcd"[..]),
+            (MAX_RENEW_ENTROPY, &[b'a'; MAX_IDENTITY][..]),
+        ] {
+            let mut decoder = FrameDecoder::<HostMsg>::new();
+            decoder.push(&renew(entropy, identity));
+            assert_eq!(
+                decoder.next_message().unwrap(),
+                Some((
+                    3,
+                    HostMsg::Renew {
+                        entropy: vec![9; entropy],
+                        unix_nanos: 1_700_000_000_000_000_000,
+                        identity: identity.to_vec(),
+                    }
+                ))
+            );
+        }
+        for (entropy, identity, field) in [
+            (MIN_RENEW_ENTROPY - 1, &b"vm-1"[..], "entropy length"),
+            (MAX_RENEW_ENTROPY + 1, &b"vm-1"[..], "entropy length"),
+            (MIN_RENEW_ENTROPY, &b""[..], "identity"),
+            (MIN_RENEW_ENTROPY, &b"vm/1"[..], "identity"),
+            (MIN_RENEW_ENTROPY, &[b'a'; MAX_IDENTITY + 1][..], "identity"),
+        ] {
+            let mut decoder = FrameDecoder::<HostMsg>::new();
+            decoder.push(&renew(entropy, identity));
+            assert_eq!(
+                decoder.next_message(),
+                Err(ProtoError::Invalid {
+                    kind: kind::RENEW,
+                    field
+                }),
+                "{entropy} bytes, identity {identity:?}"
+            );
+        }
     }
 
     #[test]

@@ -5,7 +5,8 @@
 use proptest::prelude::*;
 use vm_agent::proto::{
     encode, Entry, ErrorCode, ExecRequest, ExitStatus, FileKind, FrameDecoder, GuestMsg, HostMsg,
-    Message, ProtoError, Stat, HEADER_LEN, MAX_PAYLOAD,
+    Message, ProtoError, Stat, HEADER_LEN, MAX_IDENTITY, MAX_PAYLOAD, MAX_RENEW_ENTROPY,
+    MIN_RENEW_ENTROPY,
 };
 
 fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
@@ -45,6 +46,19 @@ fn host_msg() -> impl Strategy<Value = HostMsg> {
             .prop_map(|(path, recursive)| HostMsg::Remove { path, recursive }),
         Just(HostMsg::Reclaim),
         Just(HostMsg::Shutdown),
+        (
+            proptest::collection::vec(any::<u8>(), MIN_RENEW_ENTROPY..=MAX_RENEW_ENTROPY),
+            any::<u64>(),
+            proptest::collection::vec(
+                proptest::sample::select(b"abcXYZ019-".to_vec()),
+                1..=MAX_IDENTITY
+            ),
+        )
+            .prop_map(|(entropy, unix_nanos, identity)| HostMsg::Renew {
+                entropy,
+                unix_nanos,
+                identity
+            }),
     ]
 }
 
