@@ -328,7 +328,7 @@ impl Vm {
             .and_then(|()| Vm::spawn(&prepared.config, dir, prepared.spelling, incoming));
         if started.is_err() {
             // Nothing runs there: the directory goes with the failure.
-            let _ = std::fs::remove_dir_all(&dir);
+            let _ = std::fs::remove_dir_all(dir);
         }
         let vm = started?;
         match vm.status().await {
