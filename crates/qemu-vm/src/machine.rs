@@ -636,6 +636,16 @@ impl Vm {
         })
     }
 
+    /// Runs a paused VM on (after [`crate::Snapshot::save`]).
+    ///
+    /// # Errors
+    /// Qmp, Deadline, or Io/ChannelClosed when the monitor is gone.
+    pub async fn resume(&self) -> Result<(), VmError> {
+        self.qmp_value(serde_json::json!({"execute": "cont"}))
+            .await
+            .map(drop)
+    }
+
     /// Asks QEMU to quit at once (QMP `quit`), then waits for it to go.
     ///
     /// # Errors

@@ -66,7 +66,7 @@ pub(crate) const INCOMING_FD: i32 = 4 + vm_agent::proto::MAX_PORTS as i32;
 pub struct Snapshot {
     /// The directory holding the files.
     pub dir: PathBuf,
-    /// The machine it was saved from ([`VmConfig::machine_digest`]).
+    /// The machine it was saved from ([`Snapshot::machine_of`]).
     pub machine: String,
     /// The SHA-256 of `memory`, hex.
     pub memory_sha256: String,
@@ -131,20 +131,20 @@ impl Snapshot {
     }
 }
 
-impl VmConfig {
-    /// What a VM of this config is to a restore: the SHA-256 of the image's digest and of the
+impl Snapshot {
+    /// What a VM of `config` is to a restore: the SHA-256 of the image's digest and of the
     /// command line every VM of it gets (devices, memory, CPUs, accelerator, kernel command
     /// line, the host's TSC rate), without what differs between two VMs of it (name, directory,
     /// QEMU's user). A snapshot restores only into a config of the same digest.
-    pub fn machine_digest(&self) -> String {
+    pub fn machine_of(config: &VmConfig) -> String {
         let normalised = VmConfig {
             name: "machine".to_owned(),
             parent_dir: PathBuf::from("/"),
             run_as: RunAs::Invoker,
-            ..self.clone()
+            ..config.clone()
         };
         let mut hasher = Sha256::new();
-        hasher.update(self.image.digest.as_bytes());
+        hasher.update(config.image.digest.as_bytes());
         for arg in normalised.qemu_args(host_tsc_khz(), Spelling::RunWith) {
             hasher.update([0]);
             hasher.update(arg.as_bytes());
@@ -209,19 +209,20 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| VmError::Invalid(format!("a file task failed: {e}")))?
 }
 
-impl Vm {
-    /// Saves this VM into `dir` (made here; it must not exist): pauses it, streams its devices
+impl Snapshot {
+    /// Saves `vm` into `dir` (made here; it must not exist): pauses it, streams its devices
     /// and memory into `memory`, copies its root overlay to `disk.qcow2`, and writes the
-    /// manifest with `machine` (the [`VmConfig::machine_digest`] it was started with) and both
-    /// files' digests. The VM stays paused: [`Vm::resume`] runs it on, or it is killed.
+    /// manifest with `machine` (the [`Snapshot::machine_of`] its config) and both files'
+    /// digests. The VM stays paused: [`Vm::resume`] runs it on, or it is killed.
     ///
     /// Save a VM while no host connection is open on its agent ports (each restored copy
     /// starts with none), or its agent ends those sessions when it is restored.
     ///
     /// # Errors
     /// Io for a file step; Qmp when QEMU refuses or fails the migration; Deadline past
-    /// [`SAVE_DEADLINE`]. `dir` may then hold part of a snapshot, never a manifest: remove it.
-    pub async fn save(&self, machine: &str, dir: &Path) -> Result<Snapshot, VmError> {
+    /// its deadline (two minutes). `dir` may then hold part of a snapshot, never a manifest:
+    /// remove it.
+    pub async fn save(vm: &Vm, machine: &str, dir: &Path) -> Result<Snapshot, VmError> {
         std::fs::create_dir(dir).map_err(|e| VmError::io("creating", dir, e))?;
         let memory_path = dir.join(SNAPSHOT_MEMORY);
         let memory = std::fs::OpenOptions::new()
@@ -231,7 +232,7 @@ impl Vm {
             .mode(0o600)
             .open(&memory_path)
             .map_err(|e| VmError::io("creating", &memory_path, e))?;
-        let qmp = self.dir().join("qmp.sock");
+        let qmp = vm.dir().join("qmp.sock");
         let migrate = async {
             let mut session = QmpSession::open(&qmp).await?;
             session
@@ -275,7 +276,7 @@ impl Vm {
                 what: "a VM's save",
                 after: SAVE_DEADLINE,
             })??;
-        let overlay = self.dir().join(ROOT_OVERLAY);
+        let overlay = vm.dir().join(ROOT_OVERLAY);
         let disk = dir.join(SNAPSHOT_DISK);
         let (memory_sha256, disk_sha256) = blocking(move || {
             let memory_sha256 = digest_at_start(&memory, &memory_path)?;
@@ -295,17 +296,7 @@ impl Vm {
         Ok(snapshot)
     }
 
-    /// Runs a paused VM on (after [`Vm::save`]).
-    ///
-    /// # Errors
-    /// Qmp, Deadline, or Io/ChannelClosed when the monitor is gone.
-    pub async fn resume(&self) -> Result<(), VmError> {
-        self.qmp_value(serde_json::json!({"execute": "cont"}))
-            .await
-            .map(drop)
-    }
-
-    /// Starts a VM for `config` from `snapshot` instead of booting: refuses a snapshot of
+    /// Starts a VM for `config` from this snapshot instead of booting: refuses a snapshot of
     /// another machine or whose files do not match their digests (nothing is loaded then),
     /// copies its disk into the VM's directory, starts QEMU reading its memory, waits for the
     /// guest to run and its agent to answer, and renews the guest (fresh entropy, the clock,
@@ -322,12 +313,13 @@ impl Vm {
     /// A future dropped mid-restore may leave the VM's directory (and a QEMU in it): a caller
     /// discards the directory, as after a dropped [`Vm::start`].
     pub async fn restore(
+        &self,
         config: &VmConfig,
-        snapshot: &Snapshot,
         timeout: Duration,
     ) -> Result<(Vm, AgentClient), VmError> {
+        let snapshot = self;
         let started = Instant::now();
-        let expected = config.machine_digest();
+        let expected = Snapshot::machine_of(config);
         if snapshot.machine != expected {
             return Err(VmError::snapshot_refused(
                 &snapshot.dir,
@@ -376,7 +368,7 @@ impl Vm {
         };
         let vm = Vm::launch(&prepared, Some(&memory)).await?;
         drop(memory);
-        match vm.finish_restore(config, started, timeout).await {
+        match finish_restore(&vm, config, started, timeout).await {
             Ok(agent) => Ok((vm, agent)),
             Err(error) => {
                 let error = match error {
@@ -392,54 +384,54 @@ impl Vm {
             }
         }
     }
+}
 
-    /// Waits for a restored VM to run, connects to its agent and renews the guest.
-    async fn finish_restore(
-        &self,
-        config: &VmConfig,
-        started: Instant,
-        timeout: Duration,
-    ) -> Result<AgentClient, VmError> {
-        let past = || VmError::BootTimeout { after: timeout };
-        loop {
-            if !self.is_alive() {
-                return Err(VmError::QemuExited {
-                    detail: self.log_tail(),
-                });
-            }
-            let status = self.status().await?;
-            if status.running {
-                break;
-            }
-            if status.status == "paused" {
-                // Loaded: the guest was paused for its save, and is paused again now.
-                self.resume().await?;
-                continue;
-            }
-            if !matches!(status.status.as_str(), "inmigrate" | "prelaunch") {
-                return Err(VmError::Qmp {
-                    message: format!("the restored VM is {}", status.status),
-                });
-            }
-            if started.elapsed() > timeout {
-                return Err(past());
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+/// Waits for a restored VM to run, connects to its agent and renews the guest.
+async fn finish_restore(
+    vm: &Vm,
+    config: &VmConfig,
+    started: Instant,
+    timeout: Duration,
+) -> Result<AgentClient, VmError> {
+    let past = || VmError::BootTimeout { after: timeout };
+    loop {
+        if !vm.is_alive() {
+            return Err(VmError::QemuExited {
+                detail: vm.log_tail(),
+            });
         }
-        let left = timeout.saturating_sub(started.elapsed());
-        let agent = self.agent(left).await?;
-        let identity: String = config
-            .name
-            .chars()
-            .map(|c| if c == '_' { '-' } else { c })
-            .take(vm_agent::proto::MAX_IDENTITY)
-            .collect();
-        let left = timeout
-            .saturating_sub(started.elapsed())
-            .max(Duration::from_secs(2));
-        agent.renew(&identity, left).await?;
-        Ok(agent)
+        let status = vm.status().await?;
+        if status.running {
+            break;
+        }
+        if status.status == "paused" {
+            // Loaded: the guest was paused for its save, and is paused again now.
+            vm.resume().await?;
+            continue;
+        }
+        if !matches!(status.status.as_str(), "inmigrate" | "prelaunch") {
+            return Err(VmError::Qmp {
+                message: format!("the restored VM is {}", status.status),
+            });
+        }
+        if started.elapsed() > timeout {
+            return Err(past());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let left = timeout.saturating_sub(started.elapsed());
+    let agent = vm.agent(left).await?;
+    let identity: String = config
+        .name
+        .chars()
+        .map(|c| if c == '_' { '-' } else { c })
+        .take(vm_agent::proto::MAX_IDENTITY)
+        .collect();
+    let left = timeout
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_secs(2));
+    agent.renew(&identity, left).await?;
+    Ok(agent)
 }
 
 #[cfg(test)]
@@ -459,7 +451,7 @@ mod tests {
     }
 
     #[test]
-    fn the_machine_digest_ignores_the_vm_and_follows_the_machine() {
+    fn the_machine_ignores_the_vm_and_follows_its_config() {
         let a = config("a");
         let b = VmConfig {
             parent_dir: "/elsewhere".into(),
@@ -469,8 +461,8 @@ mod tests {
             },
             ..config("b")
         };
-        assert_eq!(a.machine_digest(), b.machine_digest());
-        assert_eq!(a.machine_digest().len(), 64);
+        assert_eq!(Snapshot::machine_of(&a), Snapshot::machine_of(&b));
+        assert_eq!(Snapshot::machine_of(&a).len(), 64);
         let mut bigger = config("a");
         bigger.memory_mib *= 2;
         let mut ports = config("a");
@@ -480,7 +472,7 @@ mod tests {
         let mut args = config("a");
         args.kernel_args.push("debug".into());
         for other in [bigger, ports, image, args] {
-            assert_ne!(a.machine_digest(), other.machine_digest());
+            assert_ne!(Snapshot::machine_of(&a), Snapshot::machine_of(&other));
         }
     }
 
@@ -490,7 +482,7 @@ mod tests {
         std::fs::write(dir.join(SNAPSHOT_DISK), disk).unwrap();
         let snapshot = Snapshot {
             dir: dir.to_owned(),
-            machine: config("x").machine_digest(),
+            machine: Snapshot::machine_of(&config("x")),
             memory_sha256: hex(&Sha256::digest(memory)),
             disk_sha256: hex(&Sha256::digest(disk)),
         };
@@ -551,7 +543,8 @@ mod tests {
 
         let mut foreign = good.clone();
         foreign.machine = "f".repeat(64);
-        let refused = Vm::restore(&config, &foreign, Duration::from_secs(5))
+        let refused = foreign
+            .restore(&config, Duration::from_secs(5))
             .await
             .unwrap_err();
         assert!(
@@ -560,7 +553,8 @@ mod tests {
         );
 
         std::fs::write(dir.join(SNAPSHOT_DISK), b"disk bytez").unwrap();
-        let refused = Vm::restore(&config, &good, Duration::from_secs(5))
+        let refused = good
+            .restore(&config, Duration::from_secs(5))
             .await
             .unwrap_err();
         assert!(
@@ -571,7 +565,8 @@ mod tests {
 
         std::fs::write(dir.join(SNAPSHOT_DISK), b"disk bytes").unwrap();
         std::fs::write(dir.join(SNAPSHOT_MEMORY), b"memory bytes, and more").unwrap();
-        let refused = Vm::restore(&config, &good, Duration::from_secs(5))
+        let refused = good
+            .restore(&config, Duration::from_secs(5))
             .await
             .unwrap_err();
         assert!(
@@ -582,7 +577,8 @@ mod tests {
 
         // Intact, it passes the checks and reaches the QEMU start.
         std::fs::write(dir.join(SNAPSHOT_MEMORY), b"memory bytes").unwrap();
-        let started = Vm::restore(&config, &good, Duration::from_secs(5))
+        let started = good
+            .restore(&config, Duration::from_secs(5))
             .await
             .unwrap_err();
         assert!(matches!(started, VmError::Spawn { .. }), "{started}");

@@ -631,7 +631,7 @@ impl Drop for KillOnDrop {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saved_vm_restores_as_a_new_machine_and_a_corrupted_one_is_refused() {
     let config = config("saved").await;
-    let machine = config.machine_digest();
+    let machine = Snapshot::machine_of(&config);
     let source = KillOnDrop(Some(Vm::start(&config).await.unwrap()));
     let vm = source.0.as_ref().unwrap();
     let agent = step("boot", vm.agent(BOOT_TIMEOUT)).await.unwrap();
@@ -650,7 +650,7 @@ async fn a_saved_vm_restores_as_a_new_machine_and_a_corrupted_one_is_refused() {
     drop(agent);
     let snapshot_dir = run_dir().join(unique("snapshot"));
     let started = Instant::now();
-    let snapshot = step("save", vm.save(&machine, &snapshot_dir))
+    let snapshot = step("save", Snapshot::save(vm, &machine, &snapshot_dir))
         .await
         .unwrap();
     eprintln!("saved in {:.2} s", started.elapsed().as_secs_f64());
@@ -684,7 +684,7 @@ async fn a_saved_vm_restores_as_a_new_machine_and_a_corrupted_one_is_refused() {
         };
         restored.console_log = config.console_log;
         let started = Instant::now();
-        let (vm, agent) = step("restore", Vm::restore(&restored, &snapshot, BOOT_TIMEOUT))
+        let (vm, agent) = step("restore", snapshot.restore(&restored, BOOT_TIMEOUT))
             .await
             .unwrap();
         let guard = KillOnDrop(Some(vm));
@@ -729,9 +729,7 @@ async fn a_saved_vm_restores_as_a_new_machine_and_a_corrupted_one_is_refused() {
         ..config.clone()
     };
     other.memory_mib += 64;
-    let refused = Vm::restore(&other, &snapshot, BOOT_TIMEOUT)
-        .await
-        .unwrap_err();
+    let refused = snapshot.restore(&other, BOOT_TIMEOUT).await.unwrap_err();
     assert!(
         matches!(refused, VmError::SnapshotRefused { .. }),
         "{refused}"
@@ -746,13 +744,11 @@ async fn a_saved_vm_restores_as_a_new_machine_and_a_corrupted_one_is_refused() {
         name: unique("restored-corrupted"),
         ..config.clone()
     };
-    let refused = Vm::restore(
-        &corrupted,
-        &Snapshot::load(&snapshot_dir).unwrap(),
-        BOOT_TIMEOUT,
-    )
-    .await
-    .unwrap_err();
+    let refused = Snapshot::load(&snapshot_dir)
+        .unwrap()
+        .restore(&corrupted, BOOT_TIMEOUT)
+        .await
+        .unwrap_err();
     assert!(
         matches!(refused, VmError::SnapshotRefused { .. }),
         "{refused}"
