@@ -78,10 +78,11 @@ pub struct ProxyArgs {
     /// rules are terminated and each request judged.
     #[arg(long = "rule")]
     pub rules: Vec<String>,
-    /// Read credential grants from standard input, one JSON object a line, until it ends
+    /// Read configuration from standard input, one JSON object a line, until it ends: credential
+    /// grants, `{"rule": "HOST METHODS PATHS"}` lines and `{"upstream_ca_pem": "PEM"}` bundles
     /// (never give a token in an argument or the environment).
-    #[arg(long)]
-    pub grants_stdin: bool,
+    #[arg(long = "stdin-config", alias = "grants-stdin")]
+    pub stdin_config: bool,
     /// Where to write the proxy's CA certificate (PEM, mode 0644) for the workload to trust;
     /// required with rules or grants. The CA's key is never written.
     #[arg(long)]
@@ -123,29 +124,30 @@ pub struct ServeArgs {
 }
 
 impl ProxyArgs {
-    /// The policy these arguments describe, without credential grants.
+    /// The policy these arguments describe, without standard input's configuration.
     ///
     /// # Errors
     /// As [`ProxyArgs::policy_with`].
     pub fn policy(&self) -> Result<Policy, ProxyError> {
-        self.policy_with(Vec::new())
+        self.policy_with(StdinConfig::default())
     }
 
-    /// The policy these arguments describe, with `grants`; it terminates TLS (a fresh CA) when
-    /// there is any rule or grant.
+    /// The policy these arguments describe, with what standard input gave (grants, further rules
+    /// and upstream bundles); it terminates TLS (a fresh CA) when there is any rule or grant.
     ///
     /// # Errors
     /// An allowlist entry the grammar refuses, port 0, a bad rule, a grant for a host off the
     /// allowlist, rules or grants without `--ca-cert-out`, an unreadable `--upstream-ca`, or a CA
     /// that cannot be made.
-    pub fn policy_with(&self, grants: Vec<Grant>) -> Result<Policy, ProxyError> {
+    pub fn policy_with(&self, input: StdinConfig) -> Result<Policy, ProxyError> {
         let allow = Allowlist::new(&self.allow)?;
         let rules = self
             .rules
             .iter()
+            .chain(&input.rules)
             .map(|rule| HttpRule::parse(rule))
             .collect::<Result<Vec<_>, _>>()?;
-        let http = HttpRules::new(rules, grants);
+        let http = HttpRules::new(rules, input.grants);
         if let Some(host) = http.granted_hosts().find(|host| !allow.allows_name(host)) {
             return Err(invalid_config(format!(
                 "a credential grant names {host}, which is not on the allowlist"
@@ -165,6 +167,9 @@ impl ProxyArgs {
             };
             for bundle in &self.upstream_cas {
                 roots.add_pem_file(bundle)?;
+            }
+            for pem in &input.upstream_pems {
+                roots.add_pem(pem.as_bytes(), "an upstream_ca_pem line")?;
             }
             Some(Arc::new(Terminator::new(&roots)?))
         };
@@ -194,11 +199,64 @@ pub const MAX_GRANTS_INPUT: u64 = 1024 * 1024;
 /// How long the proxy waits for its grants' input to end.
 pub const GRANTS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// What the proxy's standard input configures (`--stdin-config`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StdinConfig {
+    /// Credential grants.
+    pub grants: Vec<Grant>,
+    /// Method and path rules, `HOST METHODS PATHS` as `--rule`.
+    pub rules: Vec<String>,
+    /// PEM bundles of further upstream roots, as `--upstream-ca`.
+    pub upstream_pems: Vec<String>,
+}
+
+/// Parses the configuration lines of at most [`MAX_GRANTS_INPUT`] bytes of `input` (blank lines
+/// skipped): a JSON object with the one key `rule` (a rule's text), or the one key
+/// `upstream_ca_pem` (a PEM bundle), or a grant ([`Grant::parse`]).
+///
+/// # Errors
+/// Input past the cap, input that is not UTF-8, or a line refused (named by its number, never
+/// quoting a value).
+pub fn read_stdin_config(input: impl std::io::Read) -> Result<StdinConfig, ProxyError> {
+    let mut config = StdinConfig::default();
+    for (at, line) in read_lines(input)?.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let value: Option<serde_json::Value> = serde_json::from_str(line).ok();
+        let single = value
+            .as_ref()
+            .and_then(|v| v.as_object())
+            .filter(|o| o.len() == 1)
+            .and_then(|o| o.iter().next());
+        match single {
+            Some((key, serde_json::Value::String(text))) if key == "rule" => {
+                config.rules.push(text.clone());
+            }
+            Some((key, serde_json::Value::String(pem))) if key == "upstream_ca_pem" => {
+                config.upstream_pems.push(pem.clone());
+            }
+            _ => config.grants.push(Grant::parse(line, at + 1)?),
+        }
+    }
+    Ok(config)
+}
+
 /// Parses grant lines (blank lines skipped) from at most [`MAX_GRANTS_INPUT`] bytes of `input`.
 ///
 /// # Errors
 /// Input past the cap, input that is not UTF-8, or a line [`Grant::parse`] refuses.
 pub fn read_grants(input: impl std::io::Read) -> Result<Vec<Grant>, ProxyError> {
+    read_lines(input)?
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(at, line)| Grant::parse(line, at + 1))
+        .collect()
+}
+
+/// At most [`MAX_GRANTS_INPUT`] bytes of UTF-8 from `input`.
+fn read_lines(input: impl std::io::Read) -> Result<String, ProxyError> {
     use std::io::Read as _;
     let mut bytes = Vec::new();
     input
@@ -208,21 +266,16 @@ pub fn read_grants(input: impl std::io::Read) -> Result<Vec<Grant>, ProxyError> 
     if bytes.len() as u64 > MAX_GRANTS_INPUT {
         return Err(invalid_config("the grants' input is larger than 1 MiB"));
     }
-    let text = String::from_utf8(bytes).map_err(|_| invalid_config("the grants are not UTF-8"))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty())
-        .map(|(at, line)| Grant::parse(line, at + 1))
-        .collect()
+    String::from_utf8(bytes).map_err(|_| invalid_config("the grants are not UTF-8"))
 }
 
-/// Reads the grants from this process's standard input, waiting at most [`GRANTS_DEADLINE`]
-/// for it to end.
-fn read_grants_from_stdin() -> Result<Vec<Grant>, ProxyError> {
+/// Reads the configuration from this process's standard input, waiting at most
+/// [`GRANTS_DEADLINE`] for it to end.
+fn read_config_from_stdin() -> Result<StdinConfig, ProxyError> {
     let (sender, receiver) = std::sync::mpsc::channel();
     // A reader blocked on an input that never ends stays behind; the process then fails.
     std::thread::spawn(move || {
-        let _ = sender.send(read_grants(std::io::stdin().lock()));
+        let _ = sender.send(read_stdin_config(std::io::stdin().lock()));
     });
     receiver
         .recv_timeout(GRANTS_DEADLINE)
@@ -353,12 +406,12 @@ fn runtime() -> Result<tokio::runtime::Runtime, ProxyError> {
 pub fn run(cli: Cli) -> Result<(), ProxyError> {
     match cli.role {
         Role::Proxy(args) => {
-            let grants = if args.grants_stdin {
-                read_grants_from_stdin()?
+            let input = if args.stdin_config {
+                read_config_from_stdin()?
             } else {
-                Vec::new()
+                StdinConfig::default()
             };
-            let policy = Arc::new(args.policy_with(grants)?);
+            let policy = Arc::new(args.policy_with(input)?);
             if let (Some(terminator), Some(dest)) = (&policy.terminator, &args.ca_cert_out) {
                 write_ca_cert(dest, &terminator.authority_pem())?;
             }
@@ -590,5 +643,73 @@ mod tests {
         std::fs::write(&file, b"keep").unwrap();
         assert!(bind_socket(&file).is_err());
         assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn standard_input_carries_grants_rules_and_upstream_bundles() {
+        let ca = crate::tls::Terminator::new(&crate::tls::UpstreamRoots {
+            public: true,
+            extra: Vec::new(),
+        })
+        .unwrap()
+        .authority_pem();
+        let grant = r#"{"host":"api.test","port":443,"methods":"*","paths":["/v1/*"],"token":"tok","expires_unix":4102444800}"#;
+        let input = format!(
+            "{}\n\n{}\n{grant}\n",
+            serde_json::json!({ "rule": "api.test GET /v1/*" }),
+            serde_json::json!({ "upstream_ca_pem": ca }),
+        );
+        let config = read_stdin_config(input.as_bytes()).unwrap();
+        assert_eq!(config.rules, vec!["api.test GET /v1/*".to_owned()]);
+        assert_eq!(config.upstream_pems, vec![ca.clone()]);
+        assert_eq!(config.grants.len(), 1);
+        let args = proxy_args(&[
+            "--allow",
+            "api.test",
+            "--stdin-config",
+            "--ca-cert-out",
+            "/c",
+        ])
+        .unwrap();
+        assert!(args.stdin_config);
+        let policy = args.policy_with(config).unwrap();
+        assert!(policy.terminator.is_some());
+        assert!(policy.http.terminates("api.test"));
+        assert!(
+            proxy_args(&["--allow", "a.test", "--grants-stdin"])
+                .unwrap()
+                .stdin_config
+        );
+
+        // A rule that does not parse, a bundle without a certificate, and a line that is
+        // neither (a grant with an extra key, or a rule beside another key) are refused.
+        for bad in [
+            serde_json::json!({ "rule": "api.test GET" }).to_string(),
+            format!(
+                "{}\n{}",
+                serde_json::json!({ "rule": "api.test GET /v1/*" }),
+                serde_json::json!({ "upstream_ca_pem": "nothing" })
+            ),
+        ] {
+            let config = read_stdin_config(bad.as_bytes()).unwrap();
+            assert!(args.policy_with(config).is_err(), "{bad}");
+        }
+        for bad in [
+            serde_json::json!({ "rule": "api.test GET /v1/*", "x": 1 }).to_string(),
+            serde_json::json!({ "rule": 3 }).to_string(),
+            "\n{\"upstream_ca_pem\": []}".to_owned(),
+        ] {
+            let error = read_stdin_config(bad.as_bytes()).unwrap_err();
+            let line = if bad.starts_with('\n') {
+                "line 2"
+            } else {
+                "line 1"
+            };
+            assert!(error.to_string().contains(line), "{bad}: {error}");
+        }
+        let huge = vec![b' '; usize::try_from(MAX_GRANTS_INPUT).unwrap() + 1];
+        assert!(read_stdin_config(&huge[..]).is_err());
+        assert!(read_stdin_config(&b"\xff"[..]).is_err());
+        assert_eq!(read_stdin_config(&b""[..]).unwrap(), StdinConfig::default());
     }
 }

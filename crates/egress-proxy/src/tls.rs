@@ -45,11 +45,29 @@ impl UpstreamRoots {
         let found: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
             .and_then(|certs| certs.collect::<Result<_, _>>())
             .map_err(|e| tls_error(format!("reading {}: {e}", path.display())))?;
+        self.add_found(found, &path.display().to_string())
+    }
+
+    /// Reads every certificate of the PEM bundle `pem` (named `what` in errors) into
+    /// [`UpstreamRoots::extra`].
+    ///
+    /// # Errors
+    /// A bundle that does not parse, or holds no certificate.
+    pub fn add_pem(&mut self, pem: &[u8], what: &str) -> Result<(), ProxyError> {
+        use rustls::pki_types::pem::PemObject as _;
+        let found: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| tls_error(format!("reading {what}: {e}")))?;
+        self.add_found(found, what)
+    }
+
+    fn add_found(
+        &mut self,
+        found: Vec<CertificateDer<'static>>,
+        what: &str,
+    ) -> Result<(), ProxyError> {
         if found.is_empty() {
-            return Err(tls_error(format!(
-                "{} holds no PEM certificate",
-                path.display()
-            )));
+            return Err(tls_error(format!("{what} holds no PEM certificate")));
         }
         self.extra.extend(found);
         Ok(())
@@ -243,6 +261,20 @@ mod tests {
         std::fs::write(&bundle, terminator().authority_pem()).unwrap();
         roots.add_pem_file(&bundle).unwrap();
         assert_eq!(roots.extra.len(), 1);
+        Terminator::new(&roots).unwrap();
+
+        let mut roots = UpstreamRoots::default();
+        let error = roots.add_pem(b"nothing here\n", "a line").unwrap_err();
+        assert!(error.to_string().contains("a line holds no PEM"), "{error}");
+        assert!(roots.extra.is_empty());
+        let two = format!(
+            "{}{}",
+            terminator().authority_pem(),
+            terminator().authority_pem()
+        );
+        roots.add_pem(two.as_bytes(), "two").unwrap();
+        assert_eq!(roots.extra.len(), 2);
+        assert_ne!(roots.extra[0], roots.extra[1]);
         Terminator::new(&roots).unwrap();
     }
 }

@@ -145,7 +145,7 @@ fn grants_arrive_on_stdin_and_the_token_shows_nowhere_the_guest_could_look() {
         .args(["--allow", "api.test", "--rule", "api.test GET /v1/*"])
         .arg("--ca-cert-out")
         .arg(&ca)
-        .arg("--grants-stdin")
+        .arg("--stdin-config")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -262,12 +262,12 @@ fn bad_grants_and_rules_fail_without_echoing_the_token() {
     };
     let ca = dir.path().join("ca.pem");
     let ca = ca.to_str().unwrap();
-    let grants = ["--grants-stdin", "--ca-cert-out", ca];
+    let grants = ["--stdin-config", "--ca-cert-out", ca];
     assert!(run(&grants, &grant_line("other.test")).contains("not on the allowlist"));
     let broken = grant_line("api.test").replace("443", &format!("\"{TOKEN}\""));
     assert!(run(&grants, &broken).contains("line 1"));
     assert!(run(&grants, &format!("\n{}x", grant_line("api.test"))).contains("line 2"));
-    assert!(run(&["--grants-stdin"], &grant_line("api.test")).contains("--ca-cert-out"));
+    assert!(run(&["--stdin-config"], &grant_line("api.test")).contains("--ca-cert-out"));
     assert!(run(&["--rule", "api.test GET"], "").contains("rule"));
     assert!(!dir.path().join("egress-forward").exists());
     assert!(!dir.path().join("ca.pem").exists());
