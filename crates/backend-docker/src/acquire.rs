@@ -408,7 +408,10 @@ impl Acquirer {
         };
         let next = match existing.status() {
             "running" => {
-                if let Some(entry) = self.memory.warm.get(&existing.id) {
+                // A terminating proxy may have been made again just now, with a new CA: the
+                // workload's trust is written again, in `finish`, on every acquire.
+                let terminated = plan.egress.as_ref().is_some_and(EgressPlan::terminates);
+                if let Some(entry) = self.memory.warm.get(&existing.id).filter(|_| !terminated) {
                     let warm = entry.base == plan.base
                         && entry.policy == plan.policy
                         && (entry.base_ready || !plan.needs_base);
@@ -574,7 +577,12 @@ impl Acquirer {
                 }
             })
         });
-        let result = self.prepare(plan, id, arrival, created.as_deref()).await;
+        let mut result = self.prepare(plan, id, arrival, created.as_deref()).await;
+        if result.is_ok() && plan.egress.as_ref().is_some_and(EgressPlan::terminates) {
+            if let Err(error) = crate::egress_trust::install(&self.handle_parts.archive, id).await {
+                result = Err(error);
+            }
+        }
         match result {
             Ok(base_ready) => {
                 if let Some(guard) = discard.as_mut() {
@@ -712,6 +720,7 @@ impl Acquirer {
             keep_alive: &keep_alive,
             resources: plan.resources,
             egress_volume: plan.egress_volume.as_deref(),
+            egress_terminated: plan.egress.as_ref().is_some_and(EgressPlan::terminates),
         };
         // Between the create request and its answer: when the call gives up, a task the caller
         // cannot cancel removes what the engine may still make under this name and this mark. It

@@ -134,6 +134,13 @@ impl DockerBackend {
         if subreaper {
             capabilities.insert(Capability::ExactKill);
         }
+        // Where allowlist egress is offered its proxy terminates TLS for hosts with rules or
+        // grants and judges each request's method and normalised path.
+        let allowlist = config.proxy_image().is_some() && !gvisor;
+        if allowlist {
+            capabilities.insert(Capability::EgressMethods);
+            capabilities.insert(Capability::EgressPaths);
+        }
         let declarations = BackendDeclarations {
             capabilities,
             limits: SandboxLimits {
@@ -142,7 +149,7 @@ impl DockerBackend {
             },
             // Under gVisor the workload could not connect to the proxy's socket on the shared
             // volume without runsc's host-socket flag: allowlist egress is not offered there.
-            egress_modes: if config.proxy_image().is_some() && !gvisor {
+            egress_modes: if allowlist {
                 BTreeSet::from([Egress::Closed, Egress::Allowlist])
             } else {
                 BTreeSet::from([Egress::Closed])

@@ -150,6 +150,13 @@ pub struct DockerConfig {
     /// The network each egress proxy's outbound leg joins (default `bridge`). Its gateways are
     /// refused as destinations.
     pub outbound_network: String,
+    /// A PEM bundle of further roots every egress proxy verifies terminated upstreams against,
+    /// beside the public roots (an operator's own CA); given to each proxy over its standard
+    /// input. `None` or `""` = the public roots only.
+    pub egress_upstream_ca_pem: Option<String>,
+    /// Told of every egress decision of this backend's allowlist sandboxes (read from their
+    /// proxies' logs after each command); `None` = nobody is told.
+    pub egress_observer: Option<sandbox_core::credential::EgressObserver>,
     /// Let proxies dial private addresses (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7);
     /// for offline tests on a network of their own, never for operators.
     pub allow_private_destinations: bool,
@@ -191,6 +198,8 @@ impl Default for DockerConfig {
             egress_probe: EgressProbe::default(),
             management_env: None,
             egress_proxy_image: None,
+            egress_upstream_ca_pem: None,
+            egress_observer: None,
             outbound_network: DEFAULT_OUTBOUND_NETWORK.to_owned(),
             allow_private_destinations: false,
             runtime: None,

@@ -70,6 +70,8 @@ pub(crate) struct ContainerShape<'a> {
     /// The allowlist sandbox's egress volume, mounted read-only at `/run/maf-egress`, with the
     /// proxy variables in the environment; `None` for egress closed.
     pub(crate) egress_volume: Option<&'a str>,
+    /// Whether the egress proxy terminates TLS: the workload's trust variables then name its CA.
+    pub(crate) egress_terminated: bool,
 }
 
 /// How a container mounts its egress volume.
@@ -296,7 +298,7 @@ impl Containers {
             image: Some(shape.image.to_owned()),
             env: shape
                 .egress_volume
-                .map(|_| crate::egress_names::workload_env()),
+                .map(|_| crate::egress_names::workload_env(shape.egress_terminated)),
             entrypoint: Some(vec!["sh".to_owned()]),
             cmd: Some(vec!["-c".to_owned(), shape.keep_alive.to_owned()]),
             labels: Some(shape.labels.clone()),

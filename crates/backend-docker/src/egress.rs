@@ -4,8 +4,12 @@
 //!
 //! The workload keeps network `none`; the volume, mounted read-only in it, is its only way out,
 //! and the proxy on the other end of the socket decides. What is enforced is the proxy's: hosts
-//! (exact or `*.d`), ports, refused address ranges. TLS is tunnelled, never decrypted, so methods
-//! and paths are not enforced and rules naming them are refused. Not defended here: what an
+//! (exact or `*.d`), ports, refused address ranges, and for hosts with method and path rules or
+//! credential grants, each request's method and normalised path (the proxy terminates their TLS
+//! under a CA of its own, which the workload is made to trust: [`crate::egress_trust`]). Rules go
+//! in the proxy's arguments, so a proxy that ever started again without its input would still
+//! enforce them; grants and the operator's upstream CA bundle go over its standard input only,
+//! never an argument, the environment or a file the workload mounts. Not defended here: what an
 //! allowed host does with what it is sent.
 
 use std::collections::HashMap;
@@ -16,14 +20,18 @@ use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{LogsOptionsBuilder, RemoveVolumeOptionsBuilder};
 use futures_util::StreamExt as _;
 use sandbox_core::backend_kit::run_detached;
-use sandbox_core::{DisposalCode, DisposalFailure, Egress, EgressEntry, SandboxError, SandboxSpec};
+use sandbox_core::credential::CredentialGrant;
+use sandbox_core::{
+    DisposalCode, DisposalFailure, Egress, EgressEntry, EgressRule, SandboxError, SandboxSpec,
+};
 use sha2::{Digest as _, Sha256};
 
 use crate::config::DockerConfig;
 use crate::connection::{quote, ApiFailure};
 use crate::containers::{hardened_host_config, Hardening, Lifecycle, Removal, VolumeAccess};
 use crate::egress_names::{
-    proxy_name, volume_name, FORWARDER, HANDOFF_SOCKET, LABEL_EGRESS_V1, LABEL_ROLE, PROXY_SOCKET,
+    proxy_name, volume_name, FORWARDER, HANDOFF_SOCKET, LABEL_EGRESS_V1, LABEL_ROLE, PROXY_CA_CERT,
+    PROXY_SOCKET,
 };
 use crate::ownership_labels::{ContainerRecord, ContainerSelector};
 use std::sync::Arc;
@@ -69,13 +77,64 @@ pub(crate) struct EgressPlan {
     pub(crate) image: String,
     /// The proxy's outbound network.
     pub(crate) network: String,
+    /// The method and path rules, as the proxy's `--rule` takes them, in the spec's order.
+    pub(crate) rules: Vec<String>,
+    /// The credential grants, given to the proxy over its standard input.
+    pub(crate) grants: Vec<CredentialGrant>,
+    /// The operator's upstream CA bundle (PEM), given to the proxy over its standard input.
+    pub(crate) upstream_ca: Option<String>,
+}
+
+impl EgressPlan {
+    /// Whether the proxy terminates TLS for some host (it has rules or grants): the workload
+    /// then trusts the proxy's CA.
+    pub(crate) fn terminates(&self) -> bool {
+        !self.rules.is_empty() || !self.grants.is_empty()
+    }
+
+    /// What the proxy reads on its standard input: one JSON line per grant, then the upstream
+    /// bundle; empty when the proxy terminates nothing (its input is then never opened).
+    pub(crate) fn stdin_config(&self) -> String {
+        if !self.terminates() {
+            return String::new();
+        }
+        let mut text = String::new();
+        for grant in &self.grants {
+            let methods = match grant.methods() {
+                Some(methods) => serde_json::json!(methods),
+                None => serde_json::json!("*"),
+            };
+            let line = serde_json::json!({
+                "host": grant.host(),
+                "port": grant.port(),
+                "methods": methods,
+                "paths": grant.paths(),
+                "token": grant.token().reveal(),
+                "expires_unix": grant.expires_unix(),
+            });
+            text.push_str(&line.to_string());
+            text.push('\n');
+        }
+        if let Some(pem) = &self.upstream_ca {
+            text.push_str(&serde_json::json!({ "upstream_ca_pem": pem }).to_string());
+            text.push('\n');
+        }
+        text
+    }
+}
+
+/// A rule as the proxy's `--rule` takes it: `HOST METHODS PATHS`, `*` for every method and `/*`
+/// for every path.
+pub(crate) fn rule_text(rule: &EgressRule) -> String {
+    let methods = rule.methods().map_or("*".to_owned(), |m| m.join(","));
+    let paths = rule.paths().map_or("/*".to_owned(), |p| p.join(","));
+    format!("{} {methods} {paths}", rule.host())
 }
 
 /// The egress part of an acquire: `None` for `closed`.
 ///
 /// # Errors
-/// EgressNotEnforced for `unrestricted`, or for `allowlist` without a configured proxy image;
-/// CapabilityNotSupported for a rule narrowing methods or paths (TLS is tunnelled, never decrypted).
+/// EgressNotEnforced for `unrestricted`, or for `allowlist` without a configured proxy image.
 pub(crate) fn plan(
     spec: &SandboxSpec,
     config: &DockerConfig,
@@ -91,15 +150,13 @@ pub(crate) fn plan(
                 ));
             };
             let mut hosts = Vec::new();
+            let mut shown = Vec::new();
+            let mut rules = Vec::new();
             for entry in spec.egress_allow() {
-                match entry {
-                    EgressEntry::Host(host) => hosts.push(host.clone()),
-                    EgressEntry::Rule(rule) => {
-                        return Err(SandboxError::CapabilityNotSupported(format!(
-                            "the docker egress proxy tunnels TLS and cannot enforce methods or \
-                             paths; the rule {rule} needs them"
-                        )))
-                    }
+                hosts.push(entry.host().to_owned());
+                shown.push(entry.to_string());
+                if let EgressEntry::Rule(rule) = entry {
+                    rules.push(rule_text(rule));
                 }
             }
             if hosts.is_empty() {
@@ -108,18 +165,37 @@ pub(crate) fn plan(
                 ));
             }
             hosts.sort();
+            shown.sort();
             let private = config.allow_private_destinations;
-            let egress_id = egress_id(&hosts, private);
+            let mut egress_id = egress_id(&shown, private);
+            let grants = spec.credentials().to_vec();
+            if !grants.is_empty() {
+                let mut origins: Vec<String> = grants
+                    .iter()
+                    .map(|g| format!("{}:{}", g.host(), g.port()))
+                    .collect();
+                origins.sort();
+                origins.dedup();
+                egress_id.push_str(&format!(":credentials={}", origins.join(",")));
+            }
             let network = config.outbound_network.clone();
-            let digest = policy_digest(&egress_id, image, &network);
-            Ok(Some(EgressPlan {
+            let upstream_ca = config
+                .egress_upstream_ca_pem
+                .clone()
+                .filter(|pem| !pem.is_empty());
+            let mut plan = EgressPlan {
                 hosts,
                 private,
                 egress_id,
-                digest,
+                digest: String::new(),
                 image: image.to_owned(),
                 network,
-            }))
+                rules,
+                grants,
+                upstream_ca,
+            };
+            plan.digest = policy_digest(&plan);
+            Ok(Some(plan))
         }
         other => Err(SandboxError::EgressNotEnforced(format!(
             "the docker backend enforces egress closed and allowlist only; the spec asks for {other}"
@@ -140,15 +216,55 @@ pub(crate) fn egress_id(sorted_hosts: &[String], private: bool) -> String {
 /// SHA-256 (lowercase hex) of the policy a proxy runs: what it allows, with which image, from which
 /// network, denying what. A proxy carrying another digest is replaced (so a proxy started before
 /// the engine host's addresses were denied is replaced on its next acquire).
-pub(crate) fn policy_digest(egress_id: &str, image: &str, network: &str) -> String {
-    let text = format!(
+///
+/// A plan with rules, grants or an upstream bundle adds them: the rules as written, the bundle's
+/// SHA-256, and the grants' input digested with this process's random salt, so the label (which
+/// anyone who can inspect the container reads) never lets a token be guessed offline. Another
+/// process's salt differs: a proxy with grants is replaced by the first acquire of each process,
+/// and then kept while its grants stay the same.
+pub(crate) fn policy_digest(plan: &EgressPlan) -> String {
+    let EgressPlan {
+        egress_id,
+        image,
+        network,
+        ..
+    } = plan;
+    let mut text = format!(
         "maf-egress-policy-v1\n{egress_id}\nimage={image}\nnetwork={network}\nports=80,443\n\
          deny=gateways,engine-host-addresses\n"
     );
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    if plan.terminates() || plan.upstream_ca.is_some() {
+        text.push_str("terminate-v1\n");
+        for rule in &plan.rules {
+            text.push_str(&format!("rule={rule}\n"));
+        }
+        if let Some(pem) = &plan.upstream_ca {
+            text.push_str(&format!("upstream-ca={}\n", hex(&Sha256::digest(pem))));
+        }
+        if !plan.grants.is_empty() {
+            let mut salted = Sha256::new();
+            salted.update(process_salt().as_bytes());
+            salted.update(plan.stdin_config().as_bytes());
+            text.push_str(&format!("grants={}\n", hex(&salted.finalize())));
+        }
+    }
+    hex(&Sha256::digest(text.as_bytes()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// This process's random salt for the grants' digest.
+fn process_salt() -> &'static str {
+    static SALT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SALT.get_or_init(|| {
+        exec_wrapper::new_nonce()
+            .map(|nonce| nonce.as_str().to_owned())
+            // Without randomness the salt is this process's identity and start: never a value
+            // an outsider can precompute a table of tokens for.
+            .unwrap_or_else(|_| format!("{}-{:?}", std::process::id(), std::time::Instant::now()))
+    })
 }
 
 /// The proxy's arguments (its image's entrypoint is the binary); `denied` are the addresses it
@@ -167,6 +283,12 @@ pub(crate) fn proxy_command(plan: &EgressPlan, denied: &[String]) -> Vec<String>
     .to_vec();
     for host in &plan.hosts {
         args.extend(["--allow".to_owned(), host.clone()]);
+    }
+    for rule in &plan.rules {
+        args.extend(["--rule".to_owned(), rule.clone()]);
+    }
+    if plan.terminates() {
+        args.extend(["--stdin-config", "--ca-cert-out", PROXY_CA_CERT].map(str::to_owned));
     }
     if plan.private {
         args.push("--allow-private".to_owned());
@@ -336,11 +458,17 @@ impl EgressCompanions {
                 runtime: None,
             })
         };
+        // A proxy that terminates reads its grants and bundle on a standard input that closes
+        // once the one attached writer (this process) has written them.
+        let input = plan.terminates();
         let body = ContainerCreateBody {
             image: Some(plan.image.clone()),
             cmd: Some(proxy_command(plan, &denied)),
             labels: Some(proxy_labels),
             host_config: Some(host_config),
+            open_stdin: Some(input),
+            stdin_once: Some(input),
+            attach_stdin: Some(input),
             ..ContainerCreateBody::default()
         };
         let id = match self
@@ -373,15 +501,21 @@ impl EgressCompanions {
                 return self.await_ready(&name, &existing.id).await.map(|()| true);
             }
         };
-        let result = self.start_proxy(&name, &id).await;
+        let result = self.start_proxy(&name, &id, plan).await;
         if result.is_err() {
             let _ = self.containers.remove(&id).await;
         }
         result.map(|()| true)
     }
 
-    /// Starts a created proxy, checks it is not root, and waits for its ready line.
-    async fn start_proxy(&self, name: &str, id: &str) -> Result<(), SandboxError> {
+    /// Starts a created proxy, checks it is not root, gives a terminating proxy its standard
+    /// input, and waits for its ready line.
+    async fn start_proxy(
+        &self,
+        name: &str,
+        id: &str,
+        plan: &EgressPlan,
+    ) -> Result<(), SandboxError> {
         let record = self.containers.inspect(id).await?.ok_or_else(|| {
             SandboxError::engine(format!("the egress proxy {name} vanished after its create"))
         })?;
@@ -391,8 +525,58 @@ impl EgressCompanions {
                 record.image().unwrap_or("(unknown)")
             )));
         }
-        self.containers.lifecycle(Lifecycle::Start, id).await?;
+        if plan.terminates() {
+            self.start_with_input(name, id, plan.stdin_config()).await?;
+        } else {
+            self.containers.lifecycle(Lifecycle::Start, id).await?;
+        }
         self.await_ready(name, id).await
+    }
+
+    /// Attaches to the proxy's standard input, starts it, writes `input` and closes it: the
+    /// grants travel on the engine's attach stream only, never in the container's
+    /// configuration, its logs or a file.
+    async fn start_with_input(
+        &self,
+        name: &str,
+        id: &str,
+        input: String,
+    ) -> Result<(), SandboxError> {
+        use tokio::io::AsyncWriteExt as _;
+        let options = bollard::query_parameters::AttachContainerOptionsBuilder::new()
+            .stdin(true)
+            .stream(true)
+            .build();
+        let attached = self
+            .engine
+            .call(
+                self.config.command_timeout,
+                self.engine.api().attach_container(id, Some(options)),
+            )
+            .await
+            .map_err(|f| self.engine.failure("egress proxy attach", f))?;
+        self.containers.lifecycle(Lifecycle::Start, id).await?;
+        let mut writer = attached.input;
+        let written = tokio::time::timeout(self.config.command_timeout, async {
+            writer.write_all(input.as_bytes()).await?;
+            writer.flush().await?;
+            writer.shutdown().await
+        })
+        .await;
+        drop(writer);
+        drop(attached.output);
+        match written {
+            Ok(Ok(())) => Ok(()),
+            // Never the input itself: it carries tokens.
+            Ok(Err(error)) => Err(SandboxError::engine(format!(
+                "could not give the egress proxy {name} its grants: {}",
+                error.kind()
+            ))),
+            Err(_) => Err(SandboxError::engine(format!(
+                "giving the egress proxy {name} its grants took longer than {} s",
+                self.config.command_timeout.as_secs()
+            ))),
+        }
     }
 
     /// Reads the proxy's log for its ready line, 60 times 0.25 s apart, giving up early when it
@@ -769,16 +953,6 @@ mod tests {
             plan(&spec(&["a.test"]), &empty_image).unwrap_err().kind(),
             ErrorKind::EgressNotEnforced
         );
-        let rule = sandbox_core::EgressRule::new("a.test", Some(vec!["GET".into()]), None).unwrap();
-        let ruled = SandboxSpec::builder("k")
-            .egress(Egress::Allowlist)
-            .allow(EgressEntry::Rule(rule))
-            .build()
-            .unwrap();
-        assert_eq!(
-            plan(&ruled, &offering()).unwrap_err().kind(),
-            ErrorKind::CapabilityNotSupported
-        );
         let open = SandboxSpec::builder("k")
             .egress(Egress::Unrestricted)
             .build()
@@ -852,5 +1026,165 @@ mod tests {
         let mut other = found.clone();
         other.insert("maf-sandbox.kind".into(), "x".into());
         assert!(!owned_like(&other, &labels));
+    }
+
+    fn grant(host: &str, token: &str, expires: u64) -> CredentialGrant {
+        CredentialGrant::new(
+            host,
+            443,
+            Some(vec!["GET".into()]),
+            vec!["/v1/*".into()],
+            sandbox_core::credential::BearerToken::new(token).unwrap(),
+            std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(expires),
+        )
+        .unwrap()
+    }
+
+    fn ruled(grants: &[CredentialGrant]) -> SandboxSpec {
+        let rule = EgressRule::new(
+            "api.test",
+            Some(vec!["GET".into(), "HEAD".into()]),
+            Some(vec!["/v1/*".into(), "/health".into()]),
+        )
+        .unwrap();
+        let mut builder = SandboxSpec::builder("k")
+            .egress(Egress::Allowlist)
+            .allow("b.test")
+            .allow(EgressEntry::Rule(rule));
+        for g in grants {
+            builder = builder.credential(g.clone());
+        }
+        builder.build().unwrap()
+    }
+
+    #[test]
+    fn rules_reach_the_proxy_as_arguments_and_terminate_it() {
+        let only_paths = EgressRule::new("a.test", None, Some(vec!["/x".into()])).unwrap();
+        assert_eq!(rule_text(&only_paths), "a.test * /x");
+        let only_methods = EgressRule::new("*.a.test", Some(vec!["POST".into()]), None).unwrap();
+        assert_eq!(rule_text(&only_methods), "*.a.test POST /*");
+
+        let plan = plan(&ruled(&[]), &offering()).unwrap().unwrap();
+        assert!(plan.terminates());
+        assert_eq!(plan.hosts, ["api.test", "b.test"]);
+        assert_eq!(plan.rules, ["api.test GET,HEAD /v1/*,/health"]);
+        assert_eq!(
+            plan.egress_id,
+            "allow-uds-v1:api.test (GET, HEAD; /v1/*, /health),b.test:private=false"
+        );
+        let args = proxy_command(&plan, &[]).join(" ");
+        assert!(
+            args.ends_with(
+                "--allow api.test --allow b.test --rule api.test GET,HEAD /v1/*,/health \
+                 --stdin-config --ca-cert-out /run/maf-egress/ca.pem"
+            ),
+            "{args}"
+        );
+        assert_eq!(plan.stdin_config(), "");
+        // Hosts alone: today's proxy, no input, no CA, and the same digest as before rules.
+        let bare = super::plan(&spec(&["api.test", "b.test"]), &offering())
+            .unwrap()
+            .unwrap();
+        assert!(!bare.terminates());
+        assert!(!proxy_command(&bare, &[]).contains(&"--stdin-config".to_owned()));
+        assert_ne!(bare.digest, plan.digest);
+        assert_ne!(bare.egress_id, plan.egress_id);
+    }
+
+    #[test]
+    fn grants_go_to_standard_input_only_and_their_digest_is_salted() {
+        let token = "grant-token-SECRET";
+        let g = grant("api.test", token, 4_102_444_800);
+        let plan = plan(&ruled(std::slice::from_ref(&g)), &offering())
+            .unwrap()
+            .unwrap();
+        assert!(
+            plan.egress_id.ends_with(":credentials=api.test:443"),
+            "{}",
+            plan.egress_id
+        );
+        let args = proxy_command(&plan, &[]).join(" ");
+        assert!(!args.contains(token), "{args}");
+        assert!(!plan.digest.contains(token));
+        assert!(!format!("{plan:?}").contains(token));
+        let input = plan.stdin_config();
+        let line: serde_json::Value = serde_json::from_str(input.trim_end()).unwrap();
+        assert_eq!(
+            line,
+            serde_json::json!({
+                "host": "api.test", "port": 443, "methods": ["GET"], "paths": ["/v1/*"],
+                "token": token, "expires_unix": 4_102_444_800u64,
+            })
+        );
+        // Another token or expiry is another policy: the proxy is made again with it.
+        let other = super::plan(
+            &ruled(&[grant("api.test", "another", 4_102_444_800)]),
+            &offering(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_ne!(other.digest, plan.digest);
+        assert_eq!(other.egress_id, plan.egress_id);
+        let later = super::plan(
+            &ruled(&[grant("api.test", token, 4_102_444_801)]),
+            &offering(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_ne!(later.digest, plan.digest);
+        let again = super::plan(&ruled(&[g]), &offering()).unwrap().unwrap();
+        assert_eq!(again.digest, plan.digest);
+        // The digest is not the unsalted hash of the input.
+        assert_ne!(plan.digest, hex(&Sha256::digest(input.as_bytes())));
+
+        // A grant alone (no rule) terminates too; a method-free grant says "*".
+        let any = CredentialGrant::new(
+            "b.test",
+            8443,
+            None,
+            vec!["/".into()],
+            sandbox_core::credential::BearerToken::new("t").unwrap(),
+            std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(9),
+        )
+        .unwrap();
+        let spec = SandboxSpec::builder("k")
+            .egress(Egress::Allowlist)
+            .allow("b.test")
+            .credential(any)
+            .build()
+            .unwrap();
+        let alone = super::plan(&spec, &offering()).unwrap().unwrap();
+        assert!(alone.terminates());
+        assert!(alone.rules.is_empty());
+        assert!(
+            alone.stdin_config().contains(r#""methods":"*""#),
+            "{}",
+            alone.stdin_config()
+        );
+        assert!(alone.stdin_config().contains(r#""port":8443"#));
+    }
+
+    #[test]
+    fn the_operators_upstream_bundle_goes_to_standard_input_when_the_proxy_terminates() {
+        let pem = "-----BEGIN CERTIFICATE-----\nX\n-----END CERTIFICATE-----\n";
+        let config = DockerConfig {
+            egress_upstream_ca_pem: Some(pem.into()),
+            ..offering()
+        };
+        let with = plan(&ruled(&[]), &config).unwrap().unwrap();
+        let without = plan(&ruled(&[]), &offering()).unwrap().unwrap();
+        assert_ne!(with.digest, without.digest);
+        assert_eq!(
+            with.stdin_config(),
+            format!("{}\n", serde_json::json!({ "upstream_ca_pem": pem }))
+        );
+        // Hosts alone never read it; an empty bundle is none.
+        let bare = plan(&spec(&["a.test"]), &config).unwrap().unwrap();
+        assert_eq!(bare.stdin_config(), "");
+        let empty = DockerConfig {
+            egress_upstream_ca_pem: Some(String::new()),
+            ..offering()
+        };
+        assert_eq!(plan(&ruled(&[]), &empty).unwrap().unwrap(), without);
     }
 }

@@ -13,6 +13,11 @@ pub(crate) const PROXY_SOCKET: &str = "/run/maf-egress/proxy.sock";
 /// The proxy's handoff socket, in the volume: the forwarder passes each connection there, and
 /// relays it to [`PROXY_SOCKET`] only when that fails.
 pub(crate) const HANDOFF_SOCKET: &str = "/run/maf-egress/handoff.sock";
+/// The proxy's CA certificate, written by a proxy that terminates TLS, in the volume.
+pub(crate) const PROXY_CA_CERT: &str = "/run/maf-egress/ca.pem";
+/// The bundle the workload's TLS variables name when its proxy terminates TLS: the image's own
+/// bundle (when it has one) and the proxy's CA, written by the backend, owned by root.
+pub(crate) const WORKLOAD_CA_BUNDLE: &str = "/etc/maf-egress/ca-bundle.pem";
 /// The forwarder binary the proxy installs in the volume.
 pub(crate) const FORWARDER: &str = "/run/maf-egress/egress-proxy";
 /// Where the forwarder listens inside the workload's own network namespace.
@@ -43,14 +48,21 @@ pub(crate) fn volume_name(workload: &str) -> String {
 }
 
 /// The workload's environment: every client that honours the proxy variables goes through the
-/// forwarder.
-pub(crate) fn workload_env() -> Vec<String> {
+/// forwarder; when the proxy terminates TLS, the usual trust variables name the bundle with its
+/// CA (Node's adds the CA alone to its own roots).
+pub(crate) fn workload_env(terminated: bool) -> Vec<String> {
     let mut env: Vec<String> = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]
         .iter()
         .map(|name| format!("{name}={PROXY_URL}"))
         .collect();
     env.push("NO_PROXY=localhost,127.0.0.1".to_owned());
     env.push("no_proxy=localhost,127.0.0.1".to_owned());
+    if terminated {
+        for name in ["SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE"] {
+            env.push(format!("{name}={WORKLOAD_CA_BUNDLE}"));
+        }
+        env.push(format!("NODE_EXTRA_CA_CERTS={PROXY_CA_CERT}"));
+    }
     env
 }
 
@@ -71,7 +83,19 @@ mod tests {
 
     #[test]
     fn the_workload_routes_through_the_forwarder() {
-        let env = workload_env();
+        let env = workload_env(false);
+        assert_eq!(env.len(), 6, "{env:?}");
+        let terminated = workload_env(true);
+        assert_eq!(&terminated[..6], &env[..]);
+        assert_eq!(
+            &terminated[6..],
+            [
+                "SSL_CERT_FILE=/etc/maf-egress/ca-bundle.pem",
+                "CURL_CA_BUNDLE=/etc/maf-egress/ca-bundle.pem",
+                "REQUESTS_CA_BUNDLE=/etc/maf-egress/ca-bundle.pem",
+                "NODE_EXTRA_CA_CERTS=/run/maf-egress/ca.pem",
+            ]
+        );
         for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
             assert!(
                 env.contains(&format!("{name}=http://127.0.0.1:3128")),

@@ -379,6 +379,9 @@ mod tests {
             digest: String::new(),
             image: String::new(),
             network: String::new(),
+            rules: Vec::new(),
+            grants: Vec::new(),
+            upstream_ca: None,
         };
         assert_eq!(allowed_url(&plan(&["a.test", "b.test"])), "http://a.test/");
         assert_eq!(

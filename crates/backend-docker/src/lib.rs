@@ -143,6 +143,7 @@ mod egress;
 mod egress_host;
 mod egress_names;
 mod egress_preflight;
+mod egress_trust;
 mod endpoint;
 mod error;
 mod exec;
