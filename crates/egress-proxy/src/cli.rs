@@ -121,6 +121,15 @@ pub struct ServeArgs {
     /// Answer with this many bytes of filler instead.
     #[arg(long)]
     pub size: Option<u64>,
+    /// Speak TLS under this PEM certificate chain (a test origin's; needs `--tls-key-pem`).
+    #[arg(long, requires = "tls_key_pem")]
+    pub tls_cert_pem: Option<String>,
+    /// The PEM private key of `--tls-cert-pem` (a test origin's, never a secret worth keeping).
+    #[arg(long, requires = "tls_cert_pem")]
+    pub tls_key_pem: Option<String>,
+    /// Print one JSON line per request on stdout: its request line and its `Authorization`.
+    #[arg(long)]
+    pub log_requests: bool,
 }
 
 impl ProxyArgs {
@@ -461,11 +470,19 @@ pub fn run(cli: Cli) -> Result<(), ProxyError> {
                 (None, Some(size)) => Reply::Filler(size),
                 (None, None) => return Err(invalid_config("give --body or --size")),
             };
+            let tls = match (&args.tls_cert_pem, &args.tls_key_pem) {
+                (Some(cert), Some(key)) => Some(crate::serve::tls_config(cert, key)?),
+                _ => None,
+            };
+            let options = crate::serve::Options {
+                tls,
+                log_requests: args.log_requests,
+            };
             runtime()?.block_on(async {
                 let listener = tokio::net::TcpListener::bind(args.listen)
                     .await
                     .map_err(|e| io_error("binding", args.listen.to_string(), e))?;
-                until_terminated(crate::serve::serve(listener, reply))
+                until_terminated(crate::serve::serve_with(listener, reply, options))
                     .await
                     .map_err(|e| io_error("accepting on", args.listen.to_string(), e))
             })
