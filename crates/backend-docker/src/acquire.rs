@@ -141,6 +141,8 @@ struct Progress {
     adopted: bool,
     egress_checked: bool,
     proxy_ready: bool,
+    /// The ready proxy's container id, once this acquire has seen it ready.
+    proxy_id: Option<String>,
 }
 
 /// Get-or-create per (key, kind) and `find`: the explicit [`Step`] machine over the
@@ -194,7 +196,22 @@ impl Acquirer {
             adopted: false,
             egress_checked: plan.member,
             proxy_ready: plan.egress.is_none(),
+            proxy_id: None,
         };
+        let served = self.acquire_steps(plan, &mut progress).await?;
+        // With an observer configured, the proxy's decisions are this sandbox's events.
+        if let Some(proxy) = &progress.proxy_id {
+            self.egress.follow(proxy, served.instance_id());
+        }
+        Ok(served)
+    }
+
+    /// The steps of [`acquire_planned`](Self::acquire_planned), from the first inspect.
+    async fn acquire_steps(
+        &self,
+        plan: &Plan<'_>,
+        progress: &mut Progress,
+    ) -> Result<Arc<DockerSandbox>, SandboxError> {
         let mut step = match self.containers.inspect(&plan.name).await? {
             Some(existing) => Step::Existing(Box::new(existing)),
             None => match self.pool_shape(plan) {
@@ -204,12 +221,12 @@ impl Acquirer {
         };
         loop {
             step = match step {
-                Step::Claim(shape) => match self.claim_step(plan, &shape, &mut progress).await? {
+                Step::Claim(shape) => match self.claim_step(plan, &shape, progress).await? {
                     Served::Claimed(id) => return Ok(self.claimed(plan, &id)),
                     Served::Warm(id) => return Ok(self.handle(plan, &id, false)),
                     Served::Next(next) => next,
                 },
-                Step::Create => self.create_step(plan, &mut progress).await?,
+                Step::Create => self.create_step(plan, progress).await?,
                 Step::AfterConflict => match self.containers.inspect(&plan.name).await? {
                     Some(existing) => Step::Existing(Box::new(existing)),
                     None => {
@@ -225,7 +242,7 @@ impl Acquirer {
                     }
                 },
                 Step::Existing(existing) => {
-                    match self.existing_step(plan, existing, &mut progress).await? {
+                    match self.existing_step(plan, existing, progress).await? {
                         Served::Warm(id) => return Ok(self.handle(plan, &id, false)),
                         Served::Claimed(id) => return Ok(self.claimed(plan, &id)),
                         Served::Next(next) => next,
@@ -353,10 +370,13 @@ impl Acquirer {
         os?;
         image?;
         if !progress.proxy_ready {
-            if let Err(error) = self.ensure_plan_proxy(plan).await {
-                // No workload: nothing is served by what the attempt made.
-                self.egress.remove_companions_shielded(&plan.name).await;
-                return Err(error);
+            match self.ensure_plan_proxy(plan).await {
+                Ok(proxy) => progress.proxy_id = proxy,
+                Err(error) => {
+                    // No workload: nothing is served by what the attempt made.
+                    self.egress.remove_companions_shielded(&plan.name).await;
+                    return Err(error);
+                }
             }
             progress.proxy_ready = true;
         }
@@ -395,7 +415,7 @@ impl Acquirer {
         }
         // A workload is never served, nor started, without a ready proxy.
         if !progress.proxy_ready {
-            self.ensure_plan_proxy(plan).await?;
+            progress.proxy_id = self.ensure_plan_proxy(plan).await?;
             progress.proxy_ready = true;
         }
         // A container made moments ago by another process is adopted as from a lost create
@@ -881,14 +901,14 @@ impl Acquirer {
     }
 
     /// The proxy of an allowlist plan, ready.
-    async fn ensure_plan_proxy(&self, plan: &Plan<'_>) -> Result<(), SandboxError> {
+    async fn ensure_plan_proxy(&self, plan: &Plan<'_>) -> Result<Option<String>, SandboxError> {
         match &plan.egress {
-            Some(egress) => {
-                self.egress
-                    .ensure_proxy(&plan.name, egress, &plan.labels)
-                    .await
-            }
-            None => Ok(()),
+            Some(egress) => self
+                .egress
+                .ensure_proxy(&plan.name, egress, &plan.labels)
+                .await
+                .map(Some),
+            None => Ok(None),
         }
     }
 

@@ -332,6 +332,8 @@ pub(crate) struct EgressCompanions {
     /// The proxy's resources, as a workload's.
     sizing: Arc<Sizing>,
     memory: Arc<Memories>,
+    /// Who hands the proxies' decisions to the configured observer.
+    followers: crate::egress_events::EgressFollowers,
 }
 
 impl EgressCompanions {
@@ -344,6 +346,10 @@ impl EgressCompanions {
     ) -> Self {
         EgressCompanions {
             host_addresses: HostAddresses::new(Arc::clone(&containers)),
+            followers: crate::egress_events::EgressFollowers::new(
+                engine.clone(),
+                config.egress_observer.clone(),
+            ),
             engine,
             config,
             containers,
@@ -355,6 +361,7 @@ impl EgressCompanions {
     /// Makes sure the sandbox `workload` has a ready proxy running `plan`: an owned proxy that is
     /// running with this policy's digest and has said it is ready is kept; anything else is
     /// replaced (the volume is created when missing). Never returns before the ready line.
+    /// Returns the proxy's container id.
     ///
     /// # Errors
     /// Engine when a container or volume under the companion names belongs to another key, when
@@ -364,10 +371,10 @@ impl EgressCompanions {
         workload: &str,
         plan: &EgressPlan,
         labels: &[(String, String)],
-    ) -> Result<(), SandboxError> {
+    ) -> Result<String, SandboxError> {
         for _ in 0..PROXY_ATTEMPTS {
-            if self.ensure_proxy_once(workload, plan, labels).await? {
-                return Ok(());
+            if let Some(id) = self.ensure_proxy_once(workload, plan, labels).await? {
+                return Ok(id);
             }
         }
         Err(SandboxError::engine(format!(
@@ -376,15 +383,15 @@ impl EgressCompanions {
         )))
     }
 
-    /// One pass of [`ensure_proxy`](Self::ensure_proxy): `false` when the name was taken by a
-    /// proxy that vanished before it could be read (another process replacing it), so the pass
-    /// is worth repeating.
+    /// One pass of [`ensure_proxy`](Self::ensure_proxy): the ready proxy's id, or `None` when
+    /// the name was taken by a proxy that vanished before it could be read (another process
+    /// replacing it), so the pass is worth repeating.
     async fn ensure_proxy_once(
         &self,
         workload: &str,
         plan: &EgressPlan,
         labels: &[(String, String)],
-    ) -> Result<bool, SandboxError> {
+    ) -> Result<Option<String>, SandboxError> {
         let name = proxy_name(workload);
         if let Some(existing) = self.containers.inspect(&name).await? {
             let owned = owned_like(&existing.labels(), labels);
@@ -403,10 +410,10 @@ impl EgressCompanions {
                 && existing.status() == "running"
                 && self.memory.ready_proxies.contains(&existing.id)
             {
-                return Ok(true);
+                return Ok(Some(existing.id));
             }
             if current && self.await_ready(&name, &existing.id).await.is_ok() {
-                return Ok(true);
+                return Ok(Some(existing.id));
             }
             tracing::info!(proxy = %name, "replacing an egress proxy that is stopped, not ready or on another policy");
             self.containers
@@ -488,7 +495,7 @@ impl EgressCompanions {
                         None if tokio::time::Instant::now() < until => {
                             tokio::time::sleep(READY_POLL).await;
                         }
-                        None => return Ok(false),
+                        None => return Ok(None),
                     }
                 };
                 if !owned_like(&existing.labels(), labels)
@@ -498,14 +505,17 @@ impl EgressCompanions {
                         "another egress proxy took the name {name} meanwhile; acquire again"
                     )));
                 }
-                return self.await_ready(&name, &existing.id).await.map(|()| true);
+                return self
+                    .await_ready(&name, &existing.id)
+                    .await
+                    .map(|()| Some(existing.id));
             }
         };
         let result = self.start_proxy(&name, &id, plan).await;
         if result.is_err() {
             let _ = self.containers.remove(&id).await;
         }
-        result.map(|()| true)
+        result.map(|()| Some(id))
     }
 
     /// Starts a created proxy, checks it is not root, gives a terminating proxy its standard
@@ -715,6 +725,12 @@ impl EgressCompanions {
         gateways.sort();
         gateways.dedup();
         Ok(gateways)
+    }
+
+    /// Hands the decisions of proxy `proxy` (a container id) to the configured observer as
+    /// events of sandbox `sandbox` (its workload's id), from now on.
+    pub(crate) fn follow(&self, proxy: &str, sandbox: &str) {
+        self.followers.follow(proxy, sandbox);
     }
 
     /// Whether a running workload's proxy is up and ready (for `find`, which has no policy to

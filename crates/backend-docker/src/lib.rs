@@ -140,6 +140,7 @@ mod connection;
 mod containers;
 mod disposal;
 mod egress;
+mod egress_events;
 mod egress_host;
 mod egress_names;
 mod egress_preflight;
