@@ -745,3 +745,453 @@ async fn a_proxy_that_cannot_be_made_leaves_nothing_behind() {
     }
     drop(guard);
 }
+
+/// The test's own certificate authority and a leaf for `name` signed by it (PEM: CA, leaf, key).
+fn test_origin_certificates(name: &str) -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().expect("a CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "egress live test origin CA");
+    let ca = ca_params.self_signed(&ca_key).expect("the CA");
+    let leaf_key = KeyPair::generate().expect("a leaf key");
+    let leaf = CertificateParams::new(vec![name.to_owned()])
+        .expect("leaf params")
+        .signed_by(&leaf_key, &ca, &ca_key)
+        .expect("the leaf");
+    (ca.pem(), leaf.pem(), leaf_key.serialize_pem())
+}
+
+/// An HTTPS `serve` container on the test network under `alias`, logging each request's line and
+/// `Authorization` on stdout.
+async fn tls_origin(
+    docker: &Docker,
+    network: &mut TestNetwork,
+    alias: &str,
+    cert: &str,
+    key: &str,
+) {
+    let container = format!("{}-{}", network.name, alias.replace('.', "-"));
+    network.containers.push(container.clone());
+    let body = ContainerCreateBody {
+        image: Some(DEFAULT_EGRESS_PROXY_IMAGE.into()),
+        cmd: Some(
+            [
+                "serve",
+                "--listen",
+                "0.0.0.0:443",
+                "--body",
+                alias,
+                "--log-requests",
+                "--tls-cert-pem",
+                cert,
+                "--tls-key-pem",
+                key,
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        ),
+        host_config: Some(HostConfig {
+            network_mode: Some(network.name.clone()),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            ..Default::default()
+        }),
+        networking_config: Some(NetworkingConfig {
+            endpoints_config: Some(HashMap::from([(
+                network.name.clone(),
+                EndpointSettings {
+                    aliases: Some(vec![alias.to_owned()]),
+                    ..Default::default()
+                },
+            )])),
+        }),
+        ..Default::default()
+    };
+    let options = CreateContainerOptionsBuilder::new()
+        .name(&container)
+        .build();
+    bounded(
+        "origin create",
+        docker.create_container(Some(options), body),
+    )
+    .await;
+    bounded("origin start", docker.start_container(&container, None)).await;
+}
+
+/// The origin's request log: `(request line, Authorization)` per request, in order.
+async fn origin_requests(
+    docker: &Docker,
+    network: &TestNetwork,
+    alias: &str,
+) -> Vec<(String, Option<String>)> {
+    let container = format!("{}-{}", network.name, alias.replace('.', "-"));
+    let text = docker_logs(docker, &container, true, false).await;
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .map(|v| {
+            (
+                v["request"].as_str().unwrap_or_default().to_owned(),
+                v["authorization"].as_str().map(str::to_owned),
+            )
+        })
+        .collect()
+}
+
+/// A container's whole log, stdout and/or stderr.
+async fn docker_logs(docker: &Docker, container: &str, stdout: bool, stderr: bool) -> String {
+    use futures_util::StreamExt as _;
+    let options = bollard::query_parameters::LogsOptionsBuilder::new()
+        .stdout(stdout)
+        .stderr(stderr)
+        .tail("all")
+        .build();
+    let chunks = tokio::time::timeout(
+        BOUND,
+        docker.logs(container, Some(options)).collect::<Vec<_>>(),
+    )
+    .await
+    .expect("logs within the bound");
+    let mut text = String::new();
+    for chunk in chunks {
+        text.push_str(&String::from_utf8_lossy(
+            chunk.expect("a log chunk").as_ref(),
+        ));
+    }
+    text
+}
+
+/// Method and path rules and a credential grant, enforced by the proxy on a terminated origin of
+/// the test's own (its CA trusted by the proxy through the operator's bundle, never by the
+/// guest), with curl in the guest; the token reaches the origin on matching requests only and
+/// nowhere the guest can look; an expired grant adds nothing; every decision is an event; and the
+/// conformance EGRESS_METHODS suite passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
+    use sandbox_core::credential::{BearerToken, CredentialGrant, EgressEvent, EgressObserver};
+    use sandbox_core::{Capability, EgressEntry, EgressRule};
+    let docker = Docker::connect_with_local_defaults().expect("the local engine");
+    let scope = unique_scope("egress-http");
+    let (mut network, _, _, _) = test_network(&docker, &scope).await;
+    let (ca, leaf, leaf_key) = test_origin_certificates("api.test");
+    tls_origin(&docker, &mut network, "api.test", &leaf, &leaf_key).await;
+
+    let events: Arc<std::sync::Mutex<Vec<EgressEvent>>> = Arc::default();
+    let sink = Arc::clone(&events);
+    let mut config = DockerConfig::default();
+    config.egress_proxy_image = Some(DEFAULT_EGRESS_PROXY_IMAGE.into());
+    config.outbound_network = network.name.clone();
+    config.allow_private_destinations = true;
+    config.egress_upstream_ca_pem = Some(ca.clone());
+    config.egress_observer = Some(EgressObserver::new(move |event: &EgressEvent| {
+        sink.lock().unwrap().push(event.clone());
+    }));
+    let backend = DockerBackend::connect(config).await.expect("connect");
+    let declared = &backend.declarations().capabilities;
+    assert!(
+        declared.contains(&Capability::EgressMethods),
+        "{declared:?}"
+    );
+    assert!(declared.contains(&Capability::EgressPaths), "{declared:?}");
+
+    // A token the guest must never see; the guest's searches name it only through a bracket
+    // expression, so no search's own command line holds it.
+    let token = format!("live-grant-{}", hex8());
+    let (head, tail) = token.split_at(5);
+    let pattern = format!("{head}[{}]{}", &tail[..1], &tail[1..]);
+    let grant = |expires: std::time::SystemTime| {
+        CredentialGrant::new(
+            "api.test",
+            443,
+            Some(vec!["GET".into()]),
+            vec!["/v1/secret/*".into()],
+            BearerToken::new(token.clone()).unwrap(),
+            expires,
+        )
+        .unwrap()
+    };
+    let rules = |allowed: EgressEntry| {
+        SandboxSpec::builder("egress")
+            .image(BASE)
+            .egress(Egress::Allowlist)
+            .allow(EgressEntry::Rule(
+                EgressRule::new(
+                    "api.test",
+                    Some(vec!["GET".into(), "HEAD".into()]),
+                    Some(vec!["/v1/*".into()]),
+                )
+                .unwrap(),
+            ))
+            .allow(allowed)
+    };
+    let get_only =
+        EgressEntry::Rule(EgressRule::new("allowed.test", Some(vec!["GET".into()]), None).unwrap());
+    let spec = rules(get_only)
+        .credential(grant(
+            std::time::SystemTime::now() + Duration::from_secs(3600),
+        ))
+        .build()
+        .unwrap();
+    let key = SandboxKey::conversation(scope.clone(), "thread", "agent");
+    let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
+
+    // The guest trusts the proxy's CA through its variables and its image's bundle.
+    let trust = run(
+        &*sandbox,
+        "echo \"$SSL_CERT_FILE $CURL_CA_BUNDLE $REQUESTS_CA_BUNDLE $NODE_EXTRA_CA_CERTS\"; \
+         stat -c '%u %a' /etc/maf-egress/ca-bundle.pem; \
+         b=/etc/ssl/certs/ca-certificates.crt; \
+         if [ -f $b ]; then grep -c 'maf-egress-proxy CA: begin' $b; else echo 1; fi; \
+         grep -c 'BEGIN CERTIFICATE' /etc/maf-egress/ca-bundle.pem",
+    )
+    .await;
+    let text = trust.stdout_text();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[..3],
+        [
+            "/etc/maf-egress/ca-bundle.pem /etc/maf-egress/ca-bundle.pem /etc/maf-egress/ca-bundle.pem \
+             /run/maf-egress/ca.pem",
+            "0 644",
+            "1"
+        ],
+        "{text} {}",
+        trust.stderr_text()
+    );
+    assert!(lines[3].parse::<u32>().is_ok_and(|n| n >= 1), "{text}");
+    let status = |extra: &str, url: &str| {
+        format!("curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 {extra} '{url}'")
+    };
+    let code = |line: String| {
+        let sandbox = Arc::clone(&sandbox);
+        async move {
+            let out = run(&*sandbox, &line).await;
+            format!("{}{}", out.stdout_text(), out.stderr_text())
+        }
+    };
+    // Method and path: allowed, refused; normalisation bypasses refused.
+    assert_eq!(code(status("", "https://api.test/v1/open")).await, "200");
+    assert_eq!(
+        code(status("-X POST", "https://api.test/v1/open")).await,
+        "403"
+    );
+    assert_eq!(code(status("", "https://api.test/admin")).await, "403");
+    for bypass in [
+        "/v1/../admin",
+        "/v1/%2e%2e/admin",
+        "/v1/..;/admin",
+        "/v1//../admin",
+    ] {
+        let url = format!("https://api.test{bypass}");
+        assert_eq!(code(status("--path-as-is", &url)).await, "403", "{bypass}");
+    }
+    let reason = run(&*sandbox, "curl -s --max-time 10 https://api.test/admin").await;
+    assert!(
+        reason.stdout_text().contains("matches no rule"),
+        "{}",
+        reason.stdout_text()
+    );
+    // The grant: added on its method and paths only, replacing what the guest sent; never on
+    // plain HTTP.
+    assert_eq!(
+        code(status("", "https://api.test/v1/secret/a")).await,
+        "200"
+    );
+    assert_eq!(
+        code(status(
+            "-H 'Authorization: Bearer guest'",
+            "https://api.test/v1/secret/b"
+        ))
+        .await,
+        "200"
+    );
+    assert_eq!(
+        code(status(
+            "-H 'Authorization: Bearer guest'",
+            "https://api.test/v1/open2"
+        ))
+        .await,
+        "200"
+    );
+    assert_eq!(
+        code(status("-I", "https://api.test/v1/secret/c")).await,
+        "200"
+    );
+    assert_eq!(code(status("", "http://api.test/v1/secret/d")).await, "403");
+    let seen = origin_requests(&docker, &network, "api.test").await;
+    let bearer = format!("Bearer {token}");
+    let auth_of = |request: &str| {
+        seen.iter()
+            .find(|(line, _)| line == request)
+            .unwrap_or_else(|| panic!("{request} never reached the origin: {seen:?}"))
+            .1
+            .clone()
+    };
+    assert_eq!(auth_of("GET /v1/secret/a HTTP/1.1"), Some(bearer.clone()));
+    assert_eq!(auth_of("GET /v1/secret/b HTTP/1.1"), Some(bearer.clone()));
+    assert_eq!(auth_of("GET /v1/open HTTP/1.1"), None);
+    assert_eq!(
+        auth_of("GET /v1/open2 HTTP/1.1"),
+        None,
+        "the guest's Authorization is dropped"
+    );
+    assert_eq!(
+        auth_of("HEAD /v1/secret/c HTTP/1.1"),
+        None,
+        "HEAD is not granted"
+    );
+    assert!(
+        !seen
+            .iter()
+            .any(|(line, _)| line.contains("admin") || line.starts_with("POST")),
+        "a refused request reached the origin: {seen:?}"
+    );
+    assert_eq!(
+        seen.iter()
+            .filter(|(_, auth)| auth.as_deref() == Some(bearer.as_str()))
+            .count(),
+        2,
+        "{seen:?}"
+    );
+
+    // The token is nowhere the guest can look: environment, files, any process's environ or
+    // argv; nor in the proxy's configuration or log.
+    let search = run_within(
+        &*sandbox,
+        &format!(
+            "env | grep -c '{pattern}'; \
+             grep -ls '{pattern}' /proc/[0-9]*/environ /proc/[0-9]*/cmdline | wc -l; \
+             grep -rls '{pattern}' /etc /home /root /tmp /run /var /maf-sandbox /usr/local 2>/dev/null | wc -l"
+        ),
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_eq!(
+        search.stdout_text(),
+        "0\n0\n0\n",
+        "{}",
+        search.stderr_text()
+    );
+    let workload = bounded(
+        "workload inspect",
+        docker.inspect_container(sandbox.instance_id(), None),
+    )
+    .await;
+    let workload_name = workload.name.clone().unwrap();
+    let proxy_name = format!("{}-proxy", workload_name.trim_start_matches('/'));
+    let proxy = bounded("proxy inspect", docker.inspect_container(&proxy_name, None)).await;
+    let proxy_json = serde_json::to_string(&proxy).unwrap();
+    assert!(
+        !proxy_json.contains(&token),
+        "the proxy's configuration holds the token"
+    );
+    assert!(!serde_json::to_string(&workload).unwrap().contains(&token));
+    let proxy_log = docker_logs(&docker, &proxy_name, true, true).await;
+    assert!(
+        !proxy_log.contains(&token),
+        "the proxy's log holds the token"
+    );
+    let command = proxy
+        .config
+        .and_then(|c| c.cmd)
+        .unwrap_or_default()
+        .join(" ");
+    assert!(
+        command.contains("--rule api.test GET,HEAD /v1/*") && command.contains("--stdin-config"),
+        "{command}"
+    );
+
+    // Events: each decision above, the credential's use named, never its value.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen_events: Vec<EgressEvent> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.sandbox == sandbox.instance_id())
+        .cloned()
+        .collect();
+    let find = |method: &str, path: &str| {
+        seen_events
+            .iter()
+            .find(|e| e.method.as_deref() == Some(method) && e.path.as_deref() == Some(path))
+            .unwrap_or_else(|| panic!("no event for {method} {path}: {seen_events:#?}"))
+            .clone()
+    };
+    let granted = find("GET", "/v1/secret/a");
+    assert!(granted.allowed && granted.credential_applied, "{granted:?}");
+    assert_eq!(granted.host.as_deref(), Some("api.test"));
+    assert_eq!(granted.port, Some(443));
+    assert!(granted.bytes_down.is_some_and(|n| n > 0), "{granted:?}");
+    assert!(granted.duration.is_some(), "{granted:?}");
+    let open = find("GET", "/v1/open");
+    assert!(open.allowed && !open.credential_applied, "{open:?}");
+    assert_eq!(open.rule.as_deref(), Some("api.test GET,HEAD /v1/*"));
+    let admin = find("GET", "/admin");
+    assert!(
+        !admin.allowed && admin.reason.contains("matches no rule"),
+        "{admin:?}"
+    );
+    assert!(seen_events
+        .iter()
+        .any(|e| !e.allowed && e.method.as_deref() == Some("POST")));
+    assert!(!format!("{seen_events:?}").contains(&token));
+
+    // An expired grant adds nothing; this sandbox, with allowed.test unscoped, is also the
+    // EGRESS_METHODS control.
+    let expired_spec = rules(EgressEntry::Host("allowed.test".into()))
+        .credential(grant(std::time::SystemTime::now() - Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    let expired_key = SandboxKey::conversation(scope.clone(), "expired", "agent");
+    let expired = backend
+        .acquire(&expired_key, &expired_spec)
+        .await
+        .expect("acquire");
+    let out = run(&*expired, &status("", "https://api.test/v1/secret/expired")).await;
+    assert_eq!(out.stdout_text(), "200", "{}", out.stderr_text());
+    let seen = origin_requests(&docker, &network, "api.test").await;
+    assert!(
+        seen.contains(&("GET /v1/secret/expired HTTP/1.1".to_owned(), None)),
+        "{seen:?}"
+    );
+
+    // Conformance: EGRESS_METHODS, a GET-only rule against an unscoped control.
+    let subject = |s: &Arc<dyn Sandbox>| {
+        PosixGuestSubject::in_storage_base(
+            Arc::clone(s),
+            backend.declarations().capabilities.clone(),
+        )
+        .expect("subject")
+    };
+    let (scoped, control) = (subject(&sandbox), subject(&expired));
+    let report = conformance::assert_egress_methods(
+        &scoped,
+        &control,
+        "http://allowed.test/",
+        conformance::fixtures::EGRESS_EXEC_TIMEOUT,
+    )
+    .await
+    .expect("the EGRESS_METHODS suite runs");
+    assert_eq!(report.skipped(), 0, "{report}");
+    report
+        .assert_all_passed()
+        .unwrap_or_else(|e| panic!("{e}\n{report}"));
+    assert_eq!(report.passed(), 3, "{report}");
+
+    // A warm acquire writes the trust again and serves the same instance.
+    let again = backend.acquire(&key, &spec).await.expect("warm acquire");
+    assert_eq!(again.instance_id(), sandbox.instance_id());
+    assert_eq!(
+        code(status("", "https://api.test/v1/secret/again")).await,
+        "200"
+    );
+
+    let purge = backend.dispose_scope(&scope, "thread").await;
+    assert!(purge.undisposed.is_none(), "{purge:?}");
+    let purge = backend.dispose_scope(&scope, "expired").await;
+    assert!(purge.undisposed.is_none(), "{purge:?}");
+    assert!(engine_leftovers(&docker, &scope).await.is_empty());
+    drop(network);
+}

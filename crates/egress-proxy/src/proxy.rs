@@ -494,7 +494,10 @@ async fn serve_one<S: Socket>(
                     false,
                     SystemTime::now(),
                 )
-                .map_err(|refusal| Answer::forbidden(refusal.0))?;
+                .map_err(|refusal| {
+                    decision.path = crate::pathrule::normalize(path).ok().map(|n| n.path);
+                    Answer::forbidden(refusal.0)
+                })?;
             decision.path = verdict.path.clone();
             decision.rule = verdict.rule.map(str::to_owned);
             Some(verdict)

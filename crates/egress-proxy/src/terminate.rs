@@ -188,7 +188,11 @@ where
             true,
             SystemTime::now(),
         )
-        .map_err(|refusal| Answer::status(403, refusal.0))?;
+        .map_err(|refusal| {
+            // A refusal's decision names the path it judged, where it could be normalised.
+            decision.path = crate::pathrule::normalize(path).ok().map(|n| n.path);
+            Answer::status(403, refusal.0)
+        })?;
     decision.path = verdict.path.clone();
     decision.rule = verdict.rule.map(str::to_owned);
     decision.credential = verdict.credential.is_some();

@@ -420,8 +420,18 @@ async fn rules_grants_and_refusals_through_a_terminated_tunnel() {
     assert!(allowed[0].bytes_down.unwrap() > 0 && allowed[0].duration_ms.is_some());
     assert!(allowed[1..].iter().all(|d| !d.credential));
     assert_eq!(allowed[3].bytes_up, Some(2));
-    let denied = decisions.iter().filter(|d| !d.allowed).count();
-    assert_eq!(denied, 21, "{lines:#?}");
+    let denied: Vec<&Decision> = decisions.iter().filter(|d| !d.allowed).collect();
+    assert_eq!(denied.len(), 21, "{lines:#?}");
+    // A refusal names the normalised path it judged, where there was one; an unnormalisable
+    // path names none.
+    let refused_paths: Vec<Option<&str>> = denied.iter().map(|d| d.path.as_deref()).collect();
+    assert_eq!(refused_paths[0], Some("/admin"), "{lines:#?}");
+    assert_eq!(refused_paths[1], Some("/v1/a"), "DELETE: {lines:#?}");
+    for at in 3..=6 {
+        assert_eq!(refused_paths[at], Some("/admin"), "{at}: {lines:#?}");
+    }
+    assert_eq!(refused_paths[7], None, "..%2f: {lines:#?}");
+    assert!(denied[0].method.as_deref() == Some("GET") && denied[0].rule.is_none());
 }
 
 #[tokio::test]
