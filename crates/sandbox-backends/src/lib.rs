@@ -61,6 +61,11 @@ pub struct BackendArgs {
     /// `sandboxctl images build`).
     #[arg(long, global = true, value_name = "IMAGE", default_value = backend_docker::defaults::DEFAULT_EGRESS_PROXY_IMAGE)]
     pub egress_proxy_image: String,
+    /// A PEM bundle of further roots the docker backend's egress proxies verify terminated
+    /// upstreams against, beside the public roots (an operator's own CA; at most 1 MiB). The
+    /// proxies get it over their standard input.
+    #[arg(long, global = true, value_name = "PEM")]
+    pub egress_upstream_ca: Option<PathBuf>,
     /// The docker network the egress proxy's outbound leg joins.
     #[arg(long, global = true, value_name = "NETWORK", default_value = backend_docker::defaults::DEFAULT_OUTBOUND_NETWORK)]
     pub outbound_network: String,
@@ -116,6 +121,31 @@ pub fn docker_config(args: &BackendArgs, guest_names: &[String]) -> DockerConfig
     config
 }
 
+/// The most of an `--egress-upstream-ca` bundle read.
+pub const MAX_UPSTREAM_CA_BYTES: u64 = 1024 * 1024;
+
+/// The `--egress-upstream-ca` bundle's text, read once (a regular file of at most
+/// [`MAX_UPSTREAM_CA_BYTES`]); `None` without the flag.
+///
+/// # Errors
+/// [`SandboxError::InvalidArgument`] naming the file when it cannot be read, is not UTF-8 or holds
+/// no PEM certificate.
+pub fn upstream_ca(args: &BackendArgs) -> Result<Option<String>, SandboxError> {
+    let Some(path) = &args.egress_upstream_ca else {
+        return Ok(None);
+    };
+    let refuse = |why: &str| {
+        SandboxError::invalid(format!("--egress-upstream-ca {}: {why}", path.display()))
+    };
+    let bytes =
+        host_files::read_regular_capped(path, MAX_UPSTREAM_CA_BYTES).map_err(|why| refuse(&why))?;
+    let text = String::from_utf8(bytes).map_err(|_| refuse("not UTF-8 text"))?;
+    if !text.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(refuse("holds no PEM certificate"));
+    }
+    Ok(Some(text))
+}
+
 /// The sbx backend's configuration from the flags. `guest_names` as for [`connect`].
 pub fn sbx_config(args: &BackendArgs, guest_names: &[String]) -> SbxConfig {
     let mut config = SbxConfig::default();
@@ -159,10 +189,26 @@ pub async fn connect(
     args: &BackendArgs,
     guest_names: &[String],
 ) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+    connect_observed(args, guest_names, None).await
+}
+
+/// [`connect`], with `observer` told of every egress decision of the docker backend's allowlist
+/// sandboxes (other backends report none).
+///
+/// # Errors
+/// As [`connect`]; an `--egress-upstream-ca` that cannot be read or holds no PEM certificate.
+pub async fn connect_observed(
+    args: &BackendArgs,
+    guest_names: &[String],
+    observer: Option<sandbox_core::credential::EgressObserver>,
+) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
     match args.backend {
-        BackendChoice::Docker => Ok(Arc::new(
-            DockerBackend::connect(docker_config(args, guest_names)).await?,
-        )),
+        BackendChoice::Docker => {
+            let mut config = docker_config(args, guest_names);
+            config.egress_upstream_ca_pem = upstream_ca(args)?;
+            config.egress_observer = observer;
+            Ok(Arc::new(DockerBackend::connect(config).await?))
+        }
         BackendChoice::Sbx => Ok(Arc::new(connect_sbx(args, guest_names).await?)),
         BackendChoice::Qemu => connect_qemu(args).await,
     }
@@ -183,6 +229,7 @@ pub async fn connect_serving(
     match args.backend {
         BackendChoice::Docker => {
             let mut config = docker_config(args, guest_names);
+            config.egress_upstream_ca_pem = upstream_ca(args)?;
             config.pool = pool.pool;
             Ok(Arc::new(DockerBackend::connect(config).await?))
         }
@@ -654,6 +701,35 @@ mod tests {
                 guard.write_refusal(&path, true)
             );
             assert!(guard.read_refusal(&path, true).is_some(), "{path}");
+        }
+    }
+
+    #[test]
+    fn the_upstream_bundle_is_read_once_and_must_hold_a_certificate() {
+        assert_eq!(upstream_ca(&parse(&[])).unwrap(), None);
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("ca.pem");
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        std::fs::write(&good, pem).unwrap();
+        let args = parse(&["--egress-upstream-ca", good.to_str().unwrap()]);
+        assert_eq!(upstream_ca(&args).unwrap().as_deref(), Some(pem));
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "no certificate here").unwrap();
+        let missing = dir.path().join("missing.pem");
+        let large = dir.path().join("large.pem");
+        std::fs::write(&large, vec![b'x'; MAX_UPSTREAM_CA_BYTES as usize + 1]).unwrap();
+        let binary = dir.path().join("binary.pem");
+        std::fs::write(&binary, b"\xff-----BEGIN CERTIFICATE-----").unwrap();
+        for (path, needle) in [
+            (&empty, "no PEM certificate"),
+            (&missing, "missing.pem"),
+            (&large, "over the limit"),
+            (&binary, "UTF-8"),
+        ] {
+            let args = parse(&["--egress-upstream-ca", path.to_str().unwrap()]);
+            let error = upstream_ca(&args).unwrap_err();
+            assert_eq!(error.kind(), sandbox_core::ErrorKind::InvalidArgument);
+            assert!(error.to_string().contains(needle), "{error}");
         }
     }
 }

@@ -157,6 +157,17 @@ pub enum CommandLine {
         /// allowlist cannot change: dispose it first.
         #[arg(long = "allow", value_name = "HOST")]
         allow: Vec<String>,
+        /// Let the sandbox reach HOST with these methods and paths only: 'HOST METHODS PATHS',
+        /// comma-separated lists, `*` for all (repeatable; e.g. 'api.example.com GET,HEAD /v1/*').
+        /// The proxy terminates that host's TLS to judge each request; needs a backend declaring
+        /// egress_methods/egress_paths.
+        #[arg(long = "rule", value_name = "RULE")]
+        rules: Vec<String>,
+        /// A credential grant for this sandbox, as a JSON file: {"host", "port" (443), "methods"
+        /// ("*"), "paths", "token", "expires_in_secs" or "expires_unix"} (repeatable). The proxy adds
+        /// the token to matching HTTPS requests; it never enters the sandbox.
+        #[arg(long = "credential-file", value_name = "PATH")]
+        credential_files: Vec<std::path::PathBuf>,
         /// The command and its arguments.
         #[arg(last = true, required = true, value_name = "CMD")]
         argv: Vec<std::ffi::OsString>,

@@ -26,8 +26,17 @@ pub async fn dispatch(cli: Cli) -> u8 {
             target,
             keep,
             allow,
+            rules,
+            credential_files,
             argv,
-        } => return run(&global, image, &key, &target, keep, &allow, argv).await,
+        } => {
+            let egress = RunEgress {
+                allow,
+                rules,
+                credential_files,
+            };
+            return run(&global, image, &key, &target, keep, &egress, argv).await;
+        }
         CommandLine::Exec { key, target, argv } => return exec(&global, &key, &target, argv).await,
         CommandLine::Images { action } => images(&global, action).await,
         CommandLine::Doctor { egress_probe } => {
@@ -135,10 +144,22 @@ async fn gated_backend(
     global: &GlobalArgs,
     guest_names: &[String],
 ) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
-    let backend = backends::connect(global, guest_names).await?;
+    gated_backend_observed(global, guest_names, None).await
+}
+
+/// [`gated_backend`] with an egress observer.
+async fn gated_backend_observed(
+    global: &GlobalArgs,
+    guest_names: &[String],
+    observer: Option<sandbox_core::credential::EgressObserver>,
+) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+    let backend = backends::connect_observed(global, guest_names, observer).await?;
     gate(global, &backend)?;
     Ok(backend)
 }
+
+/// The most egress events `run --json` reports.
+const MAX_REPORTED_EVENTS: usize = 10_000;
 
 /// The request of `run` and `exec`. Without a `guard` an `--env-file` is not read yet: that first
 /// check refuses a bad request before any engine call, and [`with_env_file`] completes it.
@@ -287,6 +308,8 @@ async fn run_in(
 struct RunFacts<'a> {
     key: Option<&'a SandboxKey>,
     fresh: Option<bool>,
+    /// The egress decisions of an allowlist sandbox's proxy during the run (`--json`).
+    egress_events: Option<Vec<Value>>,
 }
 
 /// Writes the command's result and picks the exit code of `run`/`exec`.
@@ -301,6 +324,9 @@ fn finish_run(
         }
         if let Some(fresh) = facts.fresh {
             v["fresh"] = json!(fresh);
+        }
+        if let Some(events) = &facts.egress_events {
+            v["egress_events"] = json!(events);
         }
     };
     match result {
@@ -349,13 +375,25 @@ fn finish_run(
     }
 }
 
+/// `run`'s egress flags.
+#[derive(Debug, Default)]
+struct RunEgress {
+    allow: Vec<String>,
+    rules: Vec<String>,
+    credential_files: Vec<std::path::PathBuf>,
+}
+
+/// How long `run --json` waits after the command for the last egress decisions to arrive from
+/// the proxy's log.
+const EVENTS_SETTLE: Duration = Duration::from_millis(500);
+
 async fn run(
     global: &GlobalArgs,
     image: Option<String>,
     key: &KeyArgs,
     target: &RunTarget,
     keep: bool,
-    allow: &[String],
+    egress: &RunEgress,
     argv: Vec<std::ffi::OsString>,
 ) -> u8 {
     let refused = |e: SandboxError| finish_run(global, Err(e), RunFacts::default());
@@ -367,13 +405,52 @@ async fn run(
         Ok(r) => r,
         Err(e) => return refused(e),
     };
-    let backend = match gated_backend(global, &target.env.names).await {
+    let rules = match egress
+        .rules
+        .iter()
+        .map(|rule| crate::egress_args::parse_rule(rule))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(rules) => rules,
+        Err(e) => return refused(e),
+    };
+    // `run --json` reports the egress decisions its sandbox's proxy made.
+    let events: Arc<std::sync::Mutex<Vec<sandbox_core::credential::EgressEvent>>> = Arc::default();
+    let observer = global.json.then(|| {
+        let sink = Arc::clone(&events);
+        sandbox_core::credential::EgressObserver::new(move |event| {
+            if let Ok(mut seen) = sink.lock() {
+                // Bounded: a command that makes a million requests reports the first 10000.
+                if seen.len() < MAX_REPORTED_EVENTS {
+                    seen.push(event.clone());
+                }
+            }
+        })
+    });
+    let backend = match gated_backend_observed(global, &target.env.names, observer).await {
         Ok(b) => b,
         Err(e) => return refused(e),
     };
     let request = match with_env_file(global, &*backend, target, argv, request).await {
         Ok(r) => r,
         Err(e) => return refused(e),
+    };
+    let grants = if egress.credential_files.is_empty() {
+        Vec::new()
+    } else {
+        let guard = match backends::host_guard(global, &*backend, None).await {
+            Ok(guard) => guard,
+            Err(e) => return refused(e),
+        };
+        match egress
+            .credential_files
+            .iter()
+            .map(|path| crate::egress_args::read_credential(path, &guard))
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(grants) => grants,
+            Err(e) => return refused(e),
+        }
     };
     let image = match image {
         Some(image) => Some(image),
@@ -382,7 +459,7 @@ async fn run(
             Err(e) => return refused(e),
         },
     };
-    let spec = match run_spec(&target.kind, image, allow) {
+    let spec = match run_spec(&target.kind, image, &egress.allow, rules, grants) {
         Ok(s) => s,
         Err(e) => return refused(e),
     };
@@ -395,15 +472,31 @@ async fn run(
         eprintln!("sandboxctl: kept sandbox key {}", key_flags(&key));
     }
     let mut fresh = None;
+    let mut instance = None;
     let result = until_interrupted(async {
         let sandbox = backend.acquire(&key, &spec).await?;
         fresh = Some(sandbox.freshly_created());
+        instance = Some(sandbox.instance_id().to_owned());
         run_in(global, &*sandbox, request, target).await
     })
     .await;
+    let egress_events = match (&instance, global.json, spec.egress()) {
+        (Some(instance), true, sandbox_core::Egress::Allowlist) => {
+            tokio::time::sleep(EVENTS_SETTLE).await;
+            let seen = events.lock().map(|e| e.clone()).unwrap_or_default();
+            Some(
+                seen.iter()
+                    .filter(|e| e.sandbox == *instance)
+                    .map(crate::egress_args::event_json)
+                    .collect(),
+            )
+        }
+        _ => None,
+    };
     let facts = RunFacts {
         key: (keep || !dispose_after).then_some(&key),
         fresh,
+        egress_events,
     };
     let code = finish_run(global, result, facts);
     if dispose_after {
@@ -414,22 +507,30 @@ async fn run(
     code
 }
 
-/// The spec of `run`: the kind, the image, and egress allowlist when hosts are allowed (closed
-/// otherwise).
+/// The spec of `run`: the kind, the image, and egress allowlist when hosts are allowed or rules
+/// given (closed otherwise), with the credential grants.
 fn run_spec(
     kind: &str,
     image: Option<String>,
     allow: &[String],
+    rules: Vec<sandbox_core::EgressRule>,
+    grants: Vec<sandbox_core::credential::CredentialGrant>,
 ) -> Result<SandboxSpec, SandboxError> {
     let mut builder = SandboxSpec::builder(kind);
     if let Some(image) = image {
         builder = builder.image(image);
     }
-    if !allow.is_empty() {
+    if !allow.is_empty() || !rules.is_empty() {
         builder = builder.egress(sandbox_core::Egress::Allowlist);
         for host in allow {
             builder = builder.allow(host.as_str());
         }
+        for rule in rules {
+            builder = builder.allow(sandbox_core::EgressEntry::Rule(rule));
+        }
+    }
+    for grant in grants {
+        builder = builder.credential(grant);
     }
     builder.build()
 }
@@ -684,7 +785,7 @@ async fn fork(
         Some(image) => Some(image),
         None => backends::ensure_default_image(global.backend, &[]).await?,
     };
-    let spec = run_spec(&kind, image, &[])?;
+    let spec = run_spec(&kind, image, &[], Vec::new(), Vec::new())?;
     let fork = backend.fork(&source, &spec, &target).await?;
     let id = fork.instance_id().to_owned();
     Ok((
@@ -811,12 +912,14 @@ mod tests {
 
     #[test]
     fn run_allows_hosts_as_an_allowlist_and_refuses_bad_ones() {
-        let closed = run_spec("default", None, &[]).unwrap();
+        let closed = run_spec("default", None, &[], Vec::new(), Vec::new()).unwrap();
         assert_eq!(closed.egress(), sandbox_core::Egress::Closed);
         let allow = run_spec(
             "default",
             Some("img:1".into()),
             &["b.test".into(), "a.test".into()],
+            Vec::new(),
+            Vec::new(),
         )
         .unwrap();
         assert_eq!(allow.egress(), sandbox_core::Egress::Allowlist);
@@ -824,13 +927,48 @@ mod tests {
         assert_eq!(hosts, ["b.test", "a.test"]);
         assert_eq!(allow.image(), Some("img:1"));
         for bad in ["10.0.0.1", "*", "a b"] {
-            let error = run_spec("default", None, &[bad.to_owned()]).unwrap_err();
+            let error =
+                run_spec("default", None, &[bad.to_owned()], Vec::new(), Vec::new()).unwrap_err();
             assert_eq!(
                 error.kind(),
                 sandbox_core::ErrorKind::InvalidArgument,
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn run_turns_rules_and_grants_into_an_allowlist_spec() {
+        let rule = crate::egress_args::parse_rule("api.test GET /v1/*").unwrap();
+        let grant = crate::egress_args::parse_credential(
+            br#"{"host":"api.test","paths":["/v1/*"],"token":"tok","expires_in_secs":60}"#,
+            "f",
+            std::time::SystemTime::now(),
+        )
+        .unwrap();
+        let spec = run_spec(
+            "default",
+            None,
+            &["b.test".into()],
+            vec![rule.clone()],
+            vec![grant.clone()],
+        )
+        .unwrap();
+        assert_eq!(spec.egress(), sandbox_core::Egress::Allowlist);
+        assert_eq!(
+            spec.egress_allow(),
+            &[
+                sandbox_core::EgressEntry::Host("b.test".into()),
+                sandbox_core::EgressEntry::Rule(rule.clone())
+            ]
+        );
+        assert_eq!(spec.credentials(), &[grant.clone()]);
+        // A rule alone is an allowlist; a grant for a host nothing allows is refused.
+        let alone = run_spec("default", None, &[], vec![rule], Vec::new()).unwrap();
+        assert_eq!(alone.egress(), sandbox_core::Egress::Allowlist);
+        let error =
+            run_spec("default", None, &["b.test".into()], Vec::new(), vec![grant]).unwrap_err();
+        assert!(error.to_string().contains("does not allow"), "{error}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod backends;
 mod cli;
 mod commands;
 mod doctor;
+mod egress_args;
 mod exit_codes;
 mod guest_env;
 mod keys;
