@@ -214,7 +214,8 @@ pub async fn connect_observed(
     }
 }
 
-/// [`connect`] for a server-like host with a warm pool of `pool` members per shape.
+/// [`connect`] for a server-like host with a warm pool of `pool` members per shape, and
+/// `observer` told of every egress decision (docker).
 ///
 /// # Errors
 /// As [`connect`]; [`SandboxError::InvalidArgument`] for a pool with a backend other than docker.
@@ -225,18 +226,20 @@ pub async fn connect_serving(
     args: &BackendArgs,
     guest_names: &[String],
     pool: &PoolArgs,
+    observer: Option<sandbox_core::credential::EgressObserver>,
 ) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
     match args.backend {
         BackendChoice::Docker => {
             let mut config = docker_config(args, guest_names);
             config.egress_upstream_ca_pem = upstream_ca(args)?;
+            config.egress_observer = observer;
             config.pool = pool.pool;
             Ok(Arc::new(DockerBackend::connect(config).await?))
         }
         _ if pool.pool > 0 => Err(SandboxError::invalid(
             "--pool keeps docker containers: it needs --backend docker",
         )),
-        _ => connect(args, guest_names).await,
+        _ => connect_observed(args, guest_names, observer).await,
     }
 }
 

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod egress_log;
 pub mod errors;
 pub mod handles;
 pub mod http;

@@ -46,7 +46,16 @@ async fn run(cli: Cli) -> ExitCode {
         (None, Some(_)) => return fail("--token-file", &"only --http takes tokens"),
         (None, None) => None,
     };
-    let backend = match sandbox_backends::connect_serving(&cli.backends, &[], &cli.pool).await {
+    let egress_log = Arc::new(sandbox_mcp::egress_log::EgressLog::default());
+    let observer = sandbox_mcp::egress_log::EgressLog::observer(&egress_log);
+    let backend = match sandbox_backends::connect_serving(
+        &cli.backends,
+        &[],
+        &cli.pool,
+        Some(observer),
+    )
+    .await
+    {
         Ok(b) => b,
         Err(e) => return fail("backend", &e),
     };
@@ -71,7 +80,13 @@ async fn run(cli: Cli) -> ExitCode {
              ended, and what this one leaves if killed stays for `sandboxctl purge`"
         );
     }
-    let shared = Shared::new(router, Settings::from_cli(&cli, image), liveness, cli.ttl());
+    let shared = Shared::with_egress_log(
+        router,
+        Settings::from_cli(&cli, image),
+        liveness,
+        cli.ttl(),
+        egress_log,
+    );
     match shared.sweep_orphans().await {
         Ok(0) => {}
         Ok(n) => eprintln!("sandbox-mcp: disposed of the sandboxes of {n} ended server(s)"),

@@ -196,5 +196,6 @@ pub async fn run_exec(
         stdout_truncated: stdout.truncated(),
         stderr_truncated: stderr.truncated(),
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        egress_denied: Vec::new(),
     })
 }

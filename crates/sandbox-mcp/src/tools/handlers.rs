@@ -212,7 +212,8 @@ impl SandboxServer {
         let call = ExecCall::new(args, self.shared.settings())?;
         let (entry, _in_use) = self.shared.open(&principal, &call.sandbox)?;
         let progress = ctx.meta.get_progress_token();
-        run_exec(
+        let started = tokio::time::Instant::now();
+        let mut result = run_exec(
             &*entry.sandbox,
             call.request,
             call.stdin,
@@ -220,8 +221,16 @@ impl SandboxServer {
             progress.map(|token| (token, ctx.peer.clone())),
             ctx.ct.clone(),
         )
-        .await
-        .map(Json)
+        .await?;
+        // An allowlist sandbox's refusals arrive from its proxy's log moments after the command.
+        if !entry.egress.is_empty() {
+            tokio::time::sleep(crate::egress_log::SETTLE).await;
+            result.egress_denied = self
+                .shared
+                .egress_log()
+                .denied_since(entry.sandbox.instance_id(), started);
+        }
+        Ok(Json(result))
     }
 
     /// Read a file from a sandbox. Text comes back as utf8, other bytes as base64.

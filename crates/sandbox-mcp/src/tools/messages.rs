@@ -81,6 +81,10 @@ pub struct ExecResult {
     pub stderr_truncated: bool,
     /// Wall time of the call.
     pub duration_ms: u64,
+    /// The requests the sandbox's egress proxy refused while the command ran, one line each
+    /// (method, destination, path, and why); absent when none was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_denied: Vec<String>,
 }
 
 /// `sandbox_read_file`'s arguments.

@@ -31,11 +31,25 @@ pub struct Shared {
     table: Mutex<HandleTable>,
     /// Woken each time a create in flight ends.
     create_ended: Notify,
+    /// The sandboxes' egress refusals, for exec results.
+    egress: Arc<crate::egress_log::EgressLog>,
 }
 
 impl Shared {
     /// Shared state over `router`, handles expiring after `ttl`.
     pub fn new(router: Router, settings: Settings, liveness: Liveness, ttl: Duration) -> Arc<Self> {
+        Shared::with_egress_log(router, settings, liveness, ttl, Arc::default())
+    }
+
+    /// [`Shared::new`], with `egress` the log the backend's egress observer records into
+    /// ([`EgressLog::observer`](crate::egress_log::EgressLog::observer)).
+    pub fn with_egress_log(
+        router: Router,
+        settings: Settings,
+        liveness: Liveness,
+        ttl: Duration,
+        egress: Arc<crate::egress_log::EgressLog>,
+    ) -> Arc<Self> {
         Arc::new(Shared {
             router,
             settings,
@@ -43,7 +57,13 @@ impl Shared {
             seq: AtomicU64::new(0),
             table: Mutex::new(HandleTable::new(ttl)),
             create_ended: Notify::new(),
+            egress,
         })
+    }
+
+    /// The sandboxes' egress refusals.
+    pub(super) fn egress_log(&self) -> &crate::egress_log::EgressLog {
+        &self.egress
     }
 
     /// The handle table, locked.
