@@ -819,6 +819,15 @@ async fn tls_origin(
     )
     .await;
     bounded("origin start", docker.start_container(&container, None)).await;
+    // The origin must still run a moment later (a refused flag or certificate ends it at once).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let state = bounded("origin inspect", docker.inspect_container(&container, None)).await;
+    let running = state.state.as_ref().and_then(|s| s.running) == Some(true);
+    assert!(
+        running,
+        "the HTTPS origin {container} stopped: {}",
+        docker_logs(docker, &container, true, true).await
+    );
 }
 
 /// The origin's request log: `(request line, Authorization)` per request, in order.
@@ -962,7 +971,7 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
     );
     assert!(lines[3].parse::<u32>().is_ok_and(|n| n >= 1), "{text}");
     let status = |extra: &str, url: &str| {
-        format!("curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 {extra} '{url}'")
+        format!("curl -sS -o /dev/null -w '%{{http_code}}' --max-time 10 {extra} '{url}'")
     };
     let code = |line: String| {
         let sandbox = Arc::clone(&sandbox);
@@ -972,6 +981,25 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
         }
     };
     // Method and path: allowed, refused; normalisation bypasses refused.
+    let first = run(
+        &*sandbox,
+        "curl -sS -v --max-time 10 https://api.test/v1/open",
+    )
+    .await;
+    if first.exit_code != 0 {
+        let workload = bounded(
+            "inspect",
+            docker.inspect_container(sandbox.instance_id(), None),
+        )
+        .await;
+        let proxy = format!("{}-proxy", workload.name.unwrap().trim_start_matches('/'));
+        panic!(
+            "the first terminated GET failed: {}{}\nproxy log:\n{}",
+            first.stdout_text(),
+            first.stderr_text(),
+            docker_logs(&docker, &proxy, true, true).await
+        );
+    }
     assert_eq!(code(status("", "https://api.test/v1/open")).await, "200");
     assert_eq!(
         code(status("-X POST", "https://api.test/v1/open")).await,
