@@ -122,10 +122,10 @@ pub struct ServeArgs {
     #[arg(long)]
     pub size: Option<u64>,
     /// Speak TLS under this PEM certificate chain (a test origin's; needs `--tls-key-pem`).
-    #[arg(long, requires = "tls_key_pem")]
+    #[arg(long, requires = "tls_key_pem", allow_hyphen_values = true)]
     pub tls_cert_pem: Option<String>,
     /// The PEM private key of `--tls-cert-pem` (a test origin's, never a secret worth keeping).
-    #[arg(long, requires = "tls_cert_pem")]
+    #[arg(long, requires = "tls_cert_pem", allow_hyphen_values = true)]
     pub tls_key_pem: Option<String>,
     /// Print one JSON line per request on stdout: its request line and its `Authorization`.
     #[arg(long)]
@@ -660,6 +660,43 @@ mod tests {
         std::fs::write(&file, b"keep").unwrap();
         assert!(bind_socket(&file).is_err());
         assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn the_test_server_takes_pem_values_that_start_with_dashes() {
+        let pem = "-----BEGIN CERTIFICATE-----\nX\n-----END CERTIFICATE-----\n";
+        let cli = Cli::try_parse_from([
+            "egress-proxy",
+            "serve",
+            "--listen",
+            "127.0.0.1:1",
+            "--body",
+            "x",
+            "--tls-cert-pem",
+            pem,
+            "--tls-key-pem",
+            pem,
+            "--log-requests",
+        ])
+        .unwrap();
+        let Role::Serve(args) = cli.role else {
+            panic!("not serve")
+        };
+        assert_eq!(args.tls_cert_pem.as_deref(), Some(pem));
+        assert_eq!(args.tls_key_pem.as_deref(), Some(pem));
+        assert!(args.log_requests);
+        // One without the other is refused.
+        assert!(Cli::try_parse_from([
+            "egress-proxy",
+            "serve",
+            "--listen",
+            "127.0.0.1:1",
+            "--body",
+            "x",
+            "--tls-cert-pem",
+            pem
+        ])
+        .is_err());
     }
 
     #[test]
