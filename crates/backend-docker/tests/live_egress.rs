@@ -876,7 +876,7 @@ async fn docker_logs(docker: &Docker, container: &str, stdout: bool, stderr: boo
 /// the test's own (its CA trusted by the proxy through the operator's bundle, never by the
 /// guest), with curl in the guest; the token reaches the origin on matching requests only and
 /// nowhere the guest can look; an expired grant adds nothing; every decision is an event; and the
-/// conformance EGRESS_METHODS suite passes.
+/// conformance EGRESS_METHODS and EGRESS_PATHS suites pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
     use sandbox_core::credential::{BearerToken, CredentialGrant, EgressEvent, EgressObserver};
@@ -935,8 +935,14 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
             ))
             .allow(allowed)
     };
-    let get_only =
-        EgressEntry::Rule(EgressRule::new("allowed.test", Some(vec!["GET".into()]), None).unwrap());
+    let get_only = EgressEntry::Rule(
+        EgressRule::new(
+            "allowed.test",
+            Some(vec!["GET".into()]),
+            Some(vec!["/v1/*".into()]),
+        )
+        .unwrap(),
+    );
     let spec = rules(get_only)
         .credential(grant(
             std::time::SystemTime::now() + Duration::from_secs(3600),
@@ -1197,7 +1203,7 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
     let report = conformance::assert_egress_methods(
         &scoped,
         &control,
-        "http://allowed.test/",
+        "http://allowed.test/v1/x",
         conformance::fixtures::EGRESS_EXEC_TIMEOUT,
     )
     .await
@@ -1207,6 +1213,20 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
         .assert_all_passed()
         .unwrap_or_else(|e| panic!("{e}\n{report}"));
     assert_eq!(report.passed(), 3, "{report}");
+    // EGRESS_PATHS: a GET /v1/* rule against the same control, bypasses included.
+    let report = conformance::assert_egress_paths(
+        &scoped,
+        &control,
+        "http://allowed.test",
+        conformance::fixtures::EGRESS_EXEC_TIMEOUT,
+    )
+    .await
+    .expect("the EGRESS_PATHS suite runs");
+    assert_eq!(report.skipped(), 0, "{report}");
+    report
+        .assert_all_passed()
+        .unwrap_or_else(|e| panic!("{e}\n{report}"));
+    assert_eq!(report.passed(), 6, "{report}");
 
     // A warm acquire writes the trust again and serves the same instance.
     let again = backend.acquire(&key, &spec).await.expect("warm acquire");

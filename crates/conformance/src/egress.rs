@@ -18,6 +18,19 @@ pub const EGRESS_METHODS: &str = "EGRESS_METHODS";
 /// The EGRESS probes, in the order they run.
 const EGRESS_PROBE_TABLE: &[&str] = &["an-allowed-host-is-reachable", "a-denied-host-is-refused"];
 
+/// The EGRESS_PATHS suite label.
+pub const EGRESS_PATHS: &str = "EGRESS_PATHS";
+
+/// The EGRESS_PATHS probes, in the order they run.
+const EGRESS_PATHS_PROBE_TABLE: &[&str] = &[
+    "an-unscoped-path-is-reachable",
+    "a-scoped-path-is-reachable",
+    "a-path-outside-the-rule-is-refused",
+    "a-dot-segment-bypass-is-refused",
+    "an-encoded-dot-segment-bypass-is-refused",
+    "a-parameter-dot-segment-bypass-is-refused",
+];
+
 /// The EGRESS_METHODS probes, in the order they run.
 const EGRESS_METHODS_PROBE_TABLE: &[&str] = &[
     "an-unscoped-post-is-reachable",
@@ -54,7 +67,7 @@ async fn curl(
         .map(|m| format!("-X {} ", shell_quote(m)))
         .unwrap_or_default();
     let line = format!(
-        "curl -s -o /dev/null -w '%{{http_code}}' {method}--max-time {} {}",
+        "curl -s -o /dev/null -w '%{{http_code}}' --path-as-is {method}--max-time {} {}",
         curl_bound(exec_timeout),
         shell_quote(url)
     );
@@ -186,6 +199,72 @@ pub async fn assert_egress_methods(
             Ok(())
         })
         .await;
+    suite.finish()
+}
+
+/// The optional EGRESS_PATHS suite: `scoped` allows GET on the paths `/v1/*` only of `origin`'s
+/// host (`origin` is `scheme://host[:port]`, no path), `control` allows the host unscoped; the
+/// origin answers 2xx on every path. Requests are sent with their paths as written (`curl
+/// --path-as-is`), so the dot-segment bypasses reach the egress enforcement unnormalised. Both
+/// subjects must declare `egress_paths`.
+pub async fn assert_egress_paths(
+    scoped: &dyn ConformanceSubject,
+    control: &dyn ConformanceSubject,
+    origin: &str,
+    exec_timeout: Duration,
+) -> Result<ConformanceReport, ConformanceError> {
+    validate_timeout(exec_timeout)?;
+    if !control.capabilities().contains(&Capability::EgressPaths) {
+        return Err(ConformanceError::gate_not_declared(
+            EGRESS_PATHS,
+            Capability::EgressPaths,
+        ));
+    }
+    let mut suite = SuiteRun::start(
+        EGRESS_PATHS,
+        EGRESS_PATHS_PROBE_TABLE,
+        Some(Capability::EgressPaths),
+        scoped.capabilities(),
+        Verdict::Aggregate,
+    )?;
+    let url = |path: &str| format!("{origin}{path}");
+    suite
+        .probe("an-unscoped-path-is-reachable", &[], async {
+            ensure!(
+                method_reached(control, "GET", &url("/admin"), exec_timeout).await?,
+                "the control's GET /admin was not reached"
+            );
+            Ok(())
+        })
+        .await;
+    suite
+        .probe("a-scoped-path-is-reachable", &[], async {
+            ensure!(
+                method_reached(scoped, "GET", &url("/v1/x"), exec_timeout).await?,
+                "the /v1/* rule refused GET /v1/x"
+            );
+            Ok(())
+        })
+        .await;
+    for (probe, path) in [
+        ("a-path-outside-the-rule-is-refused", "/admin"),
+        ("a-dot-segment-bypass-is-refused", "/v1/../admin"),
+        (
+            "an-encoded-dot-segment-bypass-is-refused",
+            "/v1/%2e%2e/admin",
+        ),
+        ("a-parameter-dot-segment-bypass-is-refused", "/v1/..;/admin"),
+    ] {
+        suite
+            .probe(probe, &[], async {
+                ensure!(
+                    !method_reached(scoped, "GET", &url(path), exec_timeout).await?,
+                    "the /v1/* rule let GET {path} through"
+                );
+                Ok(())
+            })
+            .await;
+    }
     suite.finish()
 }
 

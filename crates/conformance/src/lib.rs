@@ -15,7 +15,7 @@
 //! - the suites: storage base, fresh acquire, instance disposal, FILES_OUT, FILES_IN, EXEC, FILES_DELETE
 //!   (and its verdict-free measurement), RECLAIM, SNAPSHOT (reset and fork), HOST_TOOLS (a run
 //!   whose command calls the host's tools), POOL (a warm pool, through
-//!   the backend's [`PoolHooks`]), REACH, EGRESS (and EGRESS_METHODS), CALL_SCOPE,
+//!   the backend's [`PoolHooks`]), REACH, EGRESS (and EGRESS_METHODS, EGRESS_PATHS), CALL_SCOPE,
 //!   HARDENING and CONFINEMENT (judged by an engine-side [`Fingerprint`] the backend's test module
 //!   supplies; [`docker_container_fingerprint`] builds one for a sandbox that is a Docker container,
 //!   from `docker` calls the caller runs);
@@ -109,7 +109,7 @@ pub use confinement::{
     assert_call_leaves_nothing, assert_confinement, confinement_call, expect_residue_caught,
     CallFuture,
 };
-pub use egress::{assert_egress, assert_egress_methods};
+pub use egress::{assert_egress, assert_egress_methods, assert_egress_paths};
 pub use error::ConformanceError;
 pub use exec::assert_exec;
 pub use files_delete::{assert_files_delete, measure_files_delete};
@@ -141,7 +141,7 @@ pub mod suites {
     pub use crate::backend_run::CLEANUP_SUITE;
     pub use crate::call_scope::{CALL_SCOPE, CALL_SCOPE_PROBES};
     pub use crate::confinement::{CONFINEMENT, CONFINEMENT_CALL_SCRIPT, CONFINEMENT_PROBES};
-    pub use crate::egress::{EGRESS, EGRESS_METHODS};
+    pub use crate::egress::{EGRESS, EGRESS_METHODS, EGRESS_PATHS};
     pub use crate::exec::{EXEC, EXEC_PROBES};
     pub use crate::files_delete::{FILES_DELETE, FILES_DELETE_PROBES};
     pub use crate::files_in::{FILES_IN, FILES_IN_PROBES};
