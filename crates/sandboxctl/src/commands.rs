@@ -962,7 +962,7 @@ mod tests {
                 sandbox_core::EgressEntry::Rule(rule.clone())
             ]
         );
-        assert_eq!(spec.credentials(), &[grant.clone()]);
+        assert_eq!(spec.credentials(), std::slice::from_ref(&grant));
         // A rule alone is an allowlist; a grant for a host nothing allows is refused.
         let alone = run_spec("default", None, &[], vec![rule], Vec::new()).unwrap();
         assert_eq!(alone.egress(), sandbox_core::Egress::Allowlist);

@@ -427,9 +427,7 @@ async fn rules_grants_and_refusals_through_a_terminated_tunnel() {
     let refused_paths: Vec<Option<&str>> = denied.iter().map(|d| d.path.as_deref()).collect();
     assert_eq!(refused_paths[0], Some("/admin"), "{lines:#?}");
     assert_eq!(refused_paths[1], Some("/v1/a"), "DELETE: {lines:#?}");
-    for at in 3..=6 {
-        assert_eq!(refused_paths[at], Some("/admin"), "{at}: {lines:#?}");
-    }
+    assert_eq!(refused_paths[3..=6], [Some("/admin"); 4], "{lines:#?}");
     assert_eq!(refused_paths[7], None, "..%2f: {lines:#?}");
     assert!(denied[0].method.as_deref() == Some("GET") && denied[0].rule.is_none());
 }
