@@ -132,12 +132,15 @@ impl Archive {
     /// Reads one regular file through the archive `GET`, streamed through the strict tar parser:
     /// the first entry must be a regular file of at most `cap` bytes (judged from its header,
     /// before any of its data is kept), and the host never holds more than the header prefix and
-    /// `cap` bytes. Dropping the future closes the stream.
+    /// `cap` bytes. With `head`, a larger file is not refused: its first `cap` bytes are kept
+    /// and the stream is closed there, so no more of it crosses the engine connection than the
+    /// chunk in flight. Dropping the future closes the stream.
     pub(crate) async fn read_archive_file(
         &self,
         id: &str,
         path: &str,
         cap: u64,
+        head: bool,
     ) -> Result<Vec<u8>, SandboxError> {
         check_bounds(path)?;
         let options = DownloadFromContainerOptionsBuilder::new()
@@ -170,10 +173,11 @@ impl Archive {
                 } => return Ok(ArchiveRead::Directory),
                 _ => return Ok(ArchiveRead::NotRegular),
             };
-            if size > cap {
+            if size > cap && !head {
                 return Ok(ArchiveRead::OverCap);
             }
-            let wanted = usize::try_from(size).map_err(|_| malformed("an entry too large"))?;
+            let wanted =
+                usize::try_from(size.min(cap)).map_err(|_| malformed("an entry too large"))?;
             // One allocation of the header's size (at most `cap`): growing by doubling would
             // copy and fault the data in again at every step.
             let mut data = Vec::with_capacity(wanted);

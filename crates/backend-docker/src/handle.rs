@@ -79,6 +79,47 @@ pub(crate) struct DockerSandbox {
 }
 
 impl DockerSandbox {
+    /// `read_file` (`head` false: a file over the cap is refused whole) and `read_head` (`head`
+    /// true: its first `cap` bytes). Checked before reading: a refused path (absent, a
+    /// directory, a link, a FIFO, over the cap when not `head`) moves no data. The archive read
+    /// judges the entry's header again, so a file swapped or grown after the check is judged
+    /// from its header, before its data is kept.
+    async fn read_checked(
+        &self,
+        path: &str,
+        wd: &str,
+        max_bytes: u64,
+        head: bool,
+    ) -> Result<Vec<u8>, SandboxError> {
+        self.memory.retired.refuse(&self.id)?;
+        let wd = self.wd(wd)?;
+        let cap = max_bytes.min(self.files_out.max_bytes_per_file);
+        let (resolved, stat) = self.checked_leaf(path, &wd).await?;
+        match stat {
+            None => Err(SandboxError::NotFound { path: resolved }),
+            Some(TarStat {
+                kind: EntryKind::Directory,
+                ..
+            }) => Err(SandboxError::IsADirectory { path: resolved }),
+            Some(TarStat {
+                kind: EntryKind::File,
+                size: Some(size),
+            }) if size > cap && !head => Err(SandboxError::TransferCapExceeded {
+                path: resolved,
+                limit: cap,
+            }),
+            Some(TarStat {
+                kind: EntryKind::File,
+                ..
+            }) => {
+                self.archive
+                    .read_archive_file(&self.id, &resolved, cap, head)
+                    .await
+            }
+            Some(_) => Err(SandboxError::NotRegularFile { path: resolved }),
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         parts: HandleParts,
@@ -373,36 +414,16 @@ impl Sandbox for DockerSandbox {
         wd: &str,
         max_bytes: u64,
     ) -> Result<Vec<u8>, SandboxError> {
-        self.memory.retired.refuse(&self.id)?;
-        let wd = self.wd(wd)?;
-        let cap = max_bytes.min(self.files_out.max_bytes_per_file);
-        // Check before reading: a refused path (absent, a directory, a link, a FIFO, over the
-        // cap) moves no data. The archive read judges the entry's header again, so a file
-        // swapped or grown after the check is refused from its header, before its data is kept.
-        let (resolved, stat) = self.checked_leaf(path, &wd).await?;
-        match stat {
-            None => Err(SandboxError::NotFound { path: resolved }),
-            Some(TarStat {
-                kind: EntryKind::Directory,
-                ..
-            }) => Err(SandboxError::IsADirectory { path: resolved }),
-            Some(TarStat {
-                kind: EntryKind::File,
-                size: Some(size),
-            }) if size > cap => Err(SandboxError::TransferCapExceeded {
-                path: resolved,
-                limit: cap,
-            }),
-            Some(TarStat {
-                kind: EntryKind::File,
-                ..
-            }) => {
-                self.archive
-                    .read_archive_file(&self.id, &resolved, cap)
-                    .await
-            }
-            Some(_) => Err(SandboxError::NotRegularFile { path: resolved }),
-        }
+        self.read_checked(path, wd, max_bytes, false).await
+    }
+
+    async fn read_head(
+        &self,
+        path: &str,
+        wd: &str,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, SandboxError> {
+        self.read_checked(path, wd, max_bytes, true).await
     }
 
     async fn list_dir(&self, path: &str, wd: &str) -> Result<Vec<SandboxEntry>, SandboxError> {

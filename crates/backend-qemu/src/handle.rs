@@ -48,6 +48,58 @@ pub struct QemuSandbox {
 }
 
 impl QemuSandbox {
+    /// `read_file` (`head` false: a file over `max_bytes` is refused whole) and `read_head`
+    /// (`head` true: its first `max_bytes`), after the same path checks.
+    async fn read_checked(
+        &self,
+        path: &str,
+        wd: &str,
+        max_bytes: u64,
+        head: bool,
+    ) -> Result<Vec<u8>, SandboxError> {
+        let wd = resolve_wd(wd, &self.storage_base)?;
+        let resolved = Access::Read
+            .check_async(|p| self.stat_kind(p), path, &wd)
+            .await?;
+        match self.stat_kind(resolved.clone()).await? {
+            None => {
+                return Err(SandboxError::NotFound {
+                    path: path.to_owned(),
+                })
+            }
+            Some(EntryKind::Directory) => {
+                return Err(SandboxError::IsADirectory {
+                    path: path.to_owned(),
+                })
+            }
+            Some(EntryKind::File) => {}
+            Some(_) => {
+                return Err(SandboxError::NotRegularFile {
+                    path: path.to_owned(),
+                })
+            }
+        }
+        let read = async {
+            if head {
+                self.agent
+                    .read_head(resolved.as_bytes(), max_bytes, self.call_timeout)
+                    .await
+            } else {
+                self.agent
+                    .read_file(resolved.as_bytes(), max_bytes, self.call_timeout)
+                    .await
+            }
+        };
+        match self.watch(read).await {
+            Ok(bytes) => Ok(bytes),
+            Err(VmError::OutputLimit { limit }) => Err(SandboxError::TransferCapExceeded {
+                path: path.to_owned(),
+                limit,
+            }),
+            Err(error) => Err(self.failed(path, error).await),
+        }
+    }
+
     /// The handle with a sandbox's own per-file write limit: its spec's, within the ceiling the
     /// backend declared (which the router already checked the spec against).
     pub(crate) fn with_files_in(mut self, limits: TransferLimits) -> Self {
@@ -410,39 +462,16 @@ impl Sandbox for QemuSandbox {
         wd: &str,
         max_bytes: u64,
     ) -> Result<Vec<u8>, SandboxError> {
-        let wd = resolve_wd(wd, &self.storage_base)?;
-        let resolved = Access::Read
-            .check_async(|p| self.stat_kind(p), path, &wd)
-            .await?;
-        match self.stat_kind(resolved.clone()).await? {
-            None => {
-                return Err(SandboxError::NotFound {
-                    path: path.to_owned(),
-                })
-            }
-            Some(EntryKind::Directory) => {
-                return Err(SandboxError::IsADirectory {
-                    path: path.to_owned(),
-                })
-            }
-            Some(EntryKind::File) => {}
-            Some(_) => {
-                return Err(SandboxError::NotRegularFile {
-                    path: path.to_owned(),
-                })
-            }
-        }
-        let read = self
-            .agent
-            .read_file(resolved.as_bytes(), max_bytes, self.call_timeout);
-        match self.watch(read).await {
-            Ok(bytes) => Ok(bytes),
-            Err(VmError::OutputLimit { limit }) => Err(SandboxError::TransferCapExceeded {
-                path: path.to_owned(),
-                limit,
-            }),
-            Err(error) => Err(self.failed(path, error).await),
-        }
+        self.read_checked(path, wd, max_bytes, false).await
+    }
+
+    async fn read_head(
+        &self,
+        path: &str,
+        wd: &str,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, SandboxError> {
+        self.read_checked(path, wd, max_bytes, true).await
     }
 
     async fn list_dir(&self, path: &str, wd: &str) -> Result<Vec<SandboxEntry>, SandboxError> {

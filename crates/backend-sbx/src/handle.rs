@@ -557,6 +557,24 @@ impl Sandbox for SbxSandbox {
         .await
     }
 
+    async fn read_head(
+        &self,
+        path: &str,
+        wd: &str,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, SandboxError> {
+        self.refuse_retired()?;
+        let wd = self.wd(wd)?;
+        let cap = max_bytes.min(self.files_out.max_bytes_per_file);
+        let plane = self.plane.clone();
+        let path = path.to_owned();
+        blocking(move || {
+            let resolved = Access::Read.resolve(&path, &wd)?;
+            plane.read_head(&resolved, cap)
+        })
+        .await
+    }
+
     async fn list_dir(&self, path: &str, wd: &str) -> Result<Vec<SandboxEntry>, SandboxError> {
         self.refuse_retired()?;
         let wd = self.wd(wd)?;

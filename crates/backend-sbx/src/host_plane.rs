@@ -183,6 +183,19 @@ mod confined {
             }
         }
 
+        /// Reads at most the first `max` bytes of a regular file.
+        pub(crate) fn read_head(&self, guest: &str, max: u64) -> Result<Vec<u8>, SandboxError> {
+            match self.inside(guest)? {
+                Placement::Inside(relative) if !relative.is_empty() => self
+                    .root
+                    .read_head(&relative, max)
+                    .map_err(|e| mapped(guest, "read", e)),
+                Placement::Inside(_) | Placement::Above => Err(SandboxError::IsADirectory {
+                    path: guest.to_owned(),
+                }),
+            }
+        }
+
         /// Writes exact bytes (temp file + rename), creating missing parents 0700. A link at the
         /// target is refused (`Confinement`), never written through or replaced.
         pub(crate) fn write(&self, guest: &str, bytes: &[u8]) -> Result<(), SandboxError> {

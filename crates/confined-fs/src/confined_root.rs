@@ -163,7 +163,18 @@ impl ConfinedRoot {
     /// Over `max` is [`Error::TooLarge`] with no prefix returned; reading stops as soon as the
     /// cap is passed.
     pub fn read(&self, path: impl AsRef<Path>, max: u64) -> Result<Vec<u8>, Error> {
-        let path = self.parse(path.as_ref())?;
+        self.read_leaf(path.as_ref(), max, Over::Refuse)
+    }
+
+    /// Reads at most the first `max` bytes of the regular file at `path`: the whole file when
+    /// it is no larger, never an error for its size. Refuses what [`ConfinedRoot::read`] refuses
+    /// but the size, and never reads past `max`.
+    pub fn read_head(&self, path: impl AsRef<Path>, max: u64) -> Result<Vec<u8>, Error> {
+        self.read_leaf(path.as_ref(), max, Over::Cut)
+    }
+
+    fn read_leaf(&self, path: &Path, max: u64, over: Over) -> Result<Vec<u8>, Error> {
+        let path = self.parse(path)?;
         let Some(leaf) = path.parts().len().checked_sub(1) else {
             return Err(is_a_directory(path.shown()));
         };
@@ -186,6 +197,15 @@ impl ConfinedRoot {
         };
         let metadata = file.metadata().map_err(|error| walk.io(leaf, error))?;
         refuse_unreadable(&path, &metadata)?;
+        if over == Over::Cut {
+            let mut head = Vec::with_capacity(
+                usize::try_from(file_size(&metadata).min(max).min(READ_CHUNK)).unwrap_or(0),
+            );
+            file.take(max)
+                .read_to_end(&mut head)
+                .map_err(|source| io_error(Operation::Read, path.shown(), source))?;
+            return Ok(head);
+        }
         if file_size(&metadata) > max {
             return Err(too_large(path.shown(), max));
         }
@@ -419,6 +439,15 @@ enum ReadFailure {
 }
 
 /// Reads `file` to its end, failing as soon as more than `max` bytes arrive.
+/// What a read does with a file larger than its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Over {
+    /// Refuses it whole.
+    Refuse,
+    /// Returns its first `max` bytes.
+    Cut,
+}
+
 fn read_capped(mut file: File, size_hint: u64, max: u64) -> Result<Vec<u8>, ReadFailure> {
     let capacity = usize::try_from(size_hint.min(max).min(READ_CHUNK)).unwrap_or(0);
     let mut contents = Vec::with_capacity(capacity);

@@ -298,6 +298,55 @@ fn read_refuses_over_the_cap_whole() {
 }
 
 #[test]
+fn read_head_cuts_a_larger_file_and_refuses_all_else_read_refuses() {
+    let layout = Layout::new();
+    let root = &layout.root;
+    let contents: Vec<u8> = (0..=255u8).cycle().take(3 * 1024 * 1024 + 7).collect();
+    root.write("big", &contents).unwrap();
+    let size = contents.len() as u64;
+    assert_eq!(root.read_head("big", 10).unwrap(), &contents[..10]);
+    assert_eq!(
+        root.read_head("big", size - 1).unwrap(),
+        &contents[..contents.len() - 1]
+    );
+    assert_eq!(root.read_head("big", size).unwrap(), contents);
+    assert_eq!(root.read_head("big", u64::MAX).unwrap(), contents);
+    assert_eq!(root.read_head("big", 0).unwrap(), b"");
+
+    symlink(layout.outside.join("canary"), layout.host("to-canary")).unwrap();
+    fs::create_dir(layout.host("dir")).unwrap();
+    fs::write(layout.host("one"), b"1").unwrap();
+    fs::hard_link(layout.host("one"), layout.host("two")).unwrap();
+    assert!(matches!(
+        root.read_head("to-canary", 4),
+        Err(Error::NotRegularFile {
+            found: Irregular::Symlink,
+            ..
+        })
+    ));
+    assert!(matches!(
+        root.read_head("dir", 4),
+        Err(Error::IsADirectory { .. })
+    ));
+    assert!(matches!(
+        root.read_head("two", 4),
+        Err(Error::NotRegularFile {
+            found: Irregular::HardLinked { links: 2 },
+            ..
+        })
+    ));
+    assert!(matches!(
+        root.read_head("missing", 4),
+        Err(Error::NotFound { .. })
+    ));
+    assert!(matches!(
+        root.read_head("../outside/canary", 4),
+        Err(Error::Confinement { .. })
+    ));
+    layout.assert_outside_untouched();
+}
+
+#[test]
 fn write_creates_private_directories_and_replaces_what_stood_there() {
     let layout = Layout::new();
     let root = &layout.root;

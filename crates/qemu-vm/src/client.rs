@@ -783,6 +783,32 @@ impl AgentClient {
         cap: u64,
         deadline: Duration,
     ) -> Result<Vec<u8>, VmError> {
+        self.read(path, cap, false, deadline).await
+    }
+
+    /// The first `cap` bytes of a regular file (all of it when it is no larger), never an
+    /// error for its size. The agent's read has no bound of its own: the rest of the file is
+    /// received and dropped, so the host keeps at most `cap` bytes and the call ends as the
+    /// protocol expects (ending it early would leave the agent's read waiting for credit).
+    ///
+    /// # Errors
+    /// As [`read_file`](Self::read_file), less the cap.
+    pub async fn read_head(
+        &self,
+        path: &[u8],
+        cap: u64,
+        deadline: Duration,
+    ) -> Result<Vec<u8>, VmError> {
+        self.read(path, cap, true, deadline).await
+    }
+
+    async fn read(
+        &self,
+        path: &[u8],
+        cap: u64,
+        head: bool,
+        deadline: Duration,
+    ) -> Result<Vec<u8>, VmError> {
         let work = async {
             let mut call = self
                 .call(&HostMsg::Read {
@@ -794,9 +820,16 @@ impl AgentClient {
                 match call.next().await? {
                     GuestMsg::Data(bytes) => {
                         if (data.len() + bytes.len()) as u64 > cap {
-                            return Err(VmError::OutputLimit { limit: cap });
+                            if !head {
+                                return Err(VmError::OutputLimit { limit: cap });
+                            }
+                            let room = usize::try_from(cap)
+                                .unwrap_or(usize::MAX)
+                                .saturating_sub(data.len());
+                            data.extend_from_slice(&bytes[..room.min(bytes.len())]);
+                        } else {
+                            data.extend_from_slice(&bytes);
                         }
-                        data.extend_from_slice(&bytes);
                     }
                     GuestMsg::Done => return Ok(data),
                     GuestMsg::Error { code, message } => {

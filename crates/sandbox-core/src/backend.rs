@@ -83,6 +83,25 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
         max_bytes: u64,
     ) -> Result<Vec<u8>, SandboxError>;
 
+    /// Reads at most the first `max_bytes` bytes of a regular file (`files_out`): the whole
+    /// file when it is no larger, its first `max_bytes` otherwise, never an error for its size
+    /// and never more than `max_bytes` moved. Every other refusal is [`read_file`](Self::read_file)'s.
+    ///
+    /// # Errors
+    /// As [`read_file`](Self::read_file), less the size. The default refuses with
+    /// [`SandboxError::Unsupported`]: a backend reads a head natively or not at all.
+    async fn read_head(
+        &self,
+        path: &str,
+        wd: &str,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, SandboxError> {
+        let _ = (path, wd, max_bytes);
+        Err(SandboxError::Unsupported(
+            "this backend does not read a file's head".into(),
+        ))
+    }
+
     /// Lists one directory level, sorted by path; links are listed as links (`files_list`).
     async fn list_dir(&self, path: &str, wd: &str) -> Result<Vec<SandboxEntry>, SandboxError> {
         let _ = (path, wd);

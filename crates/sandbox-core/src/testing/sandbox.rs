@@ -323,6 +323,28 @@ impl Sandbox for FakeSandbox {
         }
     }
 
+    async fn read_head(
+        &self,
+        path: &str,
+        wd: &str,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, SandboxError> {
+        self.live()?;
+        let wd = self.wd(wd)?;
+        let files = self.files();
+        let resolved = Access::Read.check(stat_in(&files), path, &wd)?;
+        match files.get(&resolved) {
+            None => Err(SandboxError::NotFound { path: path.into() }),
+            Some(Node::Dir) => Err(SandboxError::IsADirectory { path: path.into() }),
+            Some(Node::File(bytes)) => {
+                let end = usize::try_from(max_bytes)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
+                Ok(bytes[..end].to_vec())
+            }
+        }
+    }
+
     async fn list_dir(&self, path: &str, wd: &str) -> Result<Vec<SandboxEntry>, SandboxError> {
         if !self.instance.lists {
             return Err(SandboxError::Unsupported(

@@ -1,5 +1,5 @@
-//! The exec path: a `sandbox_exec` call's arguments checked against the server's bounds, the
-//! command run to its end with its output bounded, and the guest-side read of a file's head.
+//! The exec path: a `sandbox_exec` call's arguments checked against the server's bounds, and the
+//! command run to its end with its output bounded.
 
 use std::time::Duration;
 
@@ -82,39 +82,6 @@ impl ExecCall {
             keep: usize::try_from(keep).unwrap_or(usize::MAX),
         })
     }
-}
-
-/// The first `max` bytes of a file larger than that, read in the guest (`head -c`).
-pub(super) async fn read_head(
-    sandbox: &dyn Sandbox,
-    path: &str,
-    wd: &str,
-    max: u64,
-) -> Result<Vec<u8>, ToolFailure> {
-    let request = ExecRequest::new(Command::argv([
-        "head".to_owned(),
-        "-c".to_owned(),
-        max.to_string(),
-        "--".to_owned(),
-        path.to_owned(),
-    ]))
-    .working_directory(wd)
-    .timeout(Duration::from_secs(60))
-    .max_output_bytes(max + 64 * 1024);
-    let out = sandbox
-        .exec(request)
-        .await
-        .map_err(|e| ToolFailure::from_sandbox(&e, Some(path)))?;
-    if out.exit_code != 0 {
-        return Err(ToolFailure::new(
-            "guest_refused",
-            "the file could not be read",
-            false,
-        ));
-    }
-    let mut bytes = out.stdout;
-    bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
-    Ok(bytes)
 }
 
 /// Runs one exec to its end, a timeout, or cancellation, keeping a bounded head and tail of each

@@ -13,7 +13,7 @@ use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{tool, tool_handler, tool_router, ServerHandler};
 use sandbox_core::{Egress, EntryKind, SandboxError, SandboxSpec};
 
-use super::exec::{read_head, run_exec, ExecCall};
+use super::exec::{run_exec, ExecCall};
 use super::messages::{
     CreateArgs, CreateResult, DeleteArgs, DeleteResult, DisposeArgs, DisposeResult, EgressView,
     Encoding, ExecArgs, ExecResult, FileEntry, ForkArgs, ForkResult, ListArgs, ListFilesArgs,
@@ -296,7 +296,14 @@ impl SandboxServer {
                 false,
             )
         } else {
-            (read_head(&*entry.sandbox, &args.path, wd, max).await?, true)
+            (
+                entry
+                    .sandbox
+                    .read_head(&args.path, wd, max)
+                    .await
+                    .map_err(fail)?,
+                true,
+            )
         };
         let (content, encoding) = match String::from_utf8(bytes) {
             Ok(text) => (text, Encoding::Utf8),

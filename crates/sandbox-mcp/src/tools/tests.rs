@@ -622,3 +622,35 @@ async fn the_file_tools_resolve_paths_against_their_workdir() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_larger_file_is_read_by_its_head_through_the_contract() {
+    let served = serve().await;
+    let made = ok(&served.client, "sandbox_create", json!({})).await;
+    let handle = made["sandbox"].as_str().unwrap().to_owned();
+    ok(
+        &served.client,
+        "sandbox_write_file",
+        json!({ "sandbox": handle, "workdir": "d", "path": "f", "content": "0123456789" }),
+    )
+    .await;
+    // The fake runs no `head`: the head comes from the sandbox's own bounded read.
+    let head = ok(
+        &served.client,
+        "sandbox_read_file",
+        json!({ "sandbox": handle, "workdir": "d", "path": "f", "max_bytes": 4 }),
+    )
+    .await;
+    assert_eq!(
+        head,
+        json!({ "content": "0123", "encoding": "utf8", "size": 10, "truncated": true })
+    );
+    let whole = ok(
+        &served.client,
+        "sandbox_read_file",
+        json!({ "sandbox": handle, "path": "d/f", "max_bytes": 10 }),
+    )
+    .await;
+    assert_eq!(whole["truncated"], false);
+    assert_eq!(whole["content"], "0123456789");
+}

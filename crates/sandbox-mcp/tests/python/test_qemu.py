@@ -90,6 +90,10 @@ async def test_a_vm_serves_commands_and_files_and_goes_without_a_trace():
         # The file is the guest's: a command in the VM reads the same bytes.
         cat = await ok(client, "sandbox_exec", {"sandbox": box, "command": "cat notes/hello.txt"})
         assert cat["exit_code"] == 0 and cat["stdout"] == text, cat
+        # A read past max_bytes comes back as the file's head, through the agent's read (no
+        # command in the guest), under a workdir as an exec's.
+        head = await ok(client, "sandbox_read_file", {"sandbox": box, "workdir": "notes", "path": "hello.txt", "max_bytes": 4})
+        assert head == {"content": "grü", "encoding": "utf8", "size": len(text.encode()), "truncated": True}, head
 
         assert (await ok(client, "sandbox_dispose", {"sandbox": box}))["disposed"] is True
         assert (await ok(client, "sandbox_list", {}))["sandboxes"] == []
