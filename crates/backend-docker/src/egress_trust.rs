@@ -94,7 +94,7 @@ pub(crate) fn trust_archive(files: &[(&str, &str)]) -> Result<Vec<u8>, SandboxEr
 /// The CA certificate missing or unreadable (the proxy did not write it), or an engine failure.
 pub(crate) async fn install(archive: &Archive, id: &str) -> Result<(), SandboxError> {
     let ca = archive
-        .read_archive_file(id, PROXY_CA_CERT, CA_CAP)
+        .read_archive_file(id, PROXY_CA_CERT, CA_CAP, false)
         .await
         .map_err(|e| {
             SandboxError::engine(format!(
@@ -110,7 +110,7 @@ pub(crate) async fn install(archive: &Archive, id: &str) -> Result<(), SandboxEr
     }
     let mut image = None;
     for path in IMAGE_BUNDLES {
-        match archive.read_archive_file(id, path, BUNDLE_CAP).await {
+        match archive.read_archive_file(id, path, BUNDLE_CAP, false).await {
             Ok(bytes) => {
                 image = Some((path, String::from_utf8_lossy(&bytes).into_owned()));
                 break;
