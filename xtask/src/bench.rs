@@ -98,6 +98,7 @@ const BENCHES: &[Bench] = &[
     Bench::new("backend-docker exec", "backend-docker", "exec"),
     Bench::new("backend-docker acquire", "backend-docker", "acquire"),
     Bench::new("backend-docker pool", "backend-docker", "pool"),
+    Bench::new("backend-docker host tools", "backend-docker", "host_tools"),
     Bench::new("backend-docker transfer", "backend-docker", "transfer"),
     Bench::new("sandboxctl per call", "sandboxctl", "cli"),
     Bench::new("backend-docker stream", "backend-docker", "stream"),
