@@ -342,9 +342,11 @@ pub(crate) fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
     })?;
     // The runnable examples are part of the suite: a README that shows them must not rot.
     let examples = if teed.success {
-        ["quickstart", "router"].iter().try_for_each(|example| {
-            workspace.run(&mut Command::new(binaries.join("examples").join(example)))
-        })
+        ["quickstart", "router", "host_tools"]
+            .iter()
+            .try_for_each(|example| {
+                workspace.run(&mut Command::new(binaries.join("examples").join(example)))
+            })
     } else {
         Ok(())
     };

@@ -26,7 +26,7 @@ pub struct SchemaError {
 
 /// Why arguments fail a schema.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("arguments at {path}: {reason}")]
+#[error("arguments at {}: {reason}", shown(.path))]
 pub struct Violation {
     /// Where in the arguments (a JSON pointer; empty for the whole).
     pub path: String,
@@ -43,6 +43,15 @@ fn schema_error(path: &str, reason: impl Into<String>) -> SchemaError {
             path.to_owned()
         },
         reason: reason.into(),
+    }
+}
+
+/// A pointer as a person reads it: the whole document is `/`.
+fn shown(path: &str) -> &str {
+    if path.is_empty() {
+        "/"
+    } else {
+        path
     }
 }
 
@@ -428,6 +437,8 @@ mod tests {
             let error = schema.check(&arguments).unwrap_err();
             assert_eq!(error.path, path, "{arguments}");
             assert!(error.reason.contains(reason), "{arguments}: {error}");
+            let shown = if path.is_empty() { "/" } else { path };
+            assert!(error.to_string().starts_with(&format!("arguments at {shown}: ")));
         }
     }
 

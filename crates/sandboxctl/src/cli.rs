@@ -117,6 +117,13 @@ pub struct RunTarget {
     /// command's end of file). Without it the command's stdin is closed.
     #[arg(short = 'i', long)]
     pub interactive: bool,
+    /// Serve a host tool to the command (repeatable): `host-tool NAME '<json>'` in the guest
+    /// runs COMMAND with `/bin/sh -c` on this host, the JSON on its stdin, its stdout the result
+    /// (JSON, or text); a non-zero exit is the call's failure. Bounded like any external call
+    /// (30 s, 1 MiB, only PATH in its environment). The command's output is then printed when
+    /// it ends, not as it arrives; not with -i.
+    #[arg(long = "host-tool", value_name = "NAME=COMMAND")]
+    pub host_tools: Vec<String>,
     /// Guest environment.
     #[command(flatten)]
     pub env: EnvArgs,

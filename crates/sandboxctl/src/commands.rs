@@ -259,6 +259,9 @@ async fn run_in(
     target: &RunTarget,
 ) -> Result<ExecOutput, SandboxError> {
     use tokio::io::AsyncWriteExt as _;
+    if !target.host_tools.is_empty() {
+        return run_with_host_tools(global, sandbox, request, target).await;
+    }
     let stdin = if target.interactive {
         ExecStdin::reader(tokio::io::stdin())
     } else {
@@ -300,6 +303,41 @@ async fn run_in(
     Err(SandboxError::engine(
         "the command's output ended without its exit",
     ))
+}
+
+/// Runs the request while serving the `--host-tool` flags' tools; prints the collected output
+/// unless `--json` (which prints it in its object).
+async fn run_with_host_tools(
+    global: &GlobalArgs,
+    sandbox: &dyn Sandbox,
+    request: ExecRequest,
+    target: &RunTarget,
+) -> Result<ExecOutput, SandboxError> {
+    use std::io::Write as _;
+    if target.interactive {
+        return Err(SandboxError::invalid(
+            "--host-tool and -i cannot be combined: the run's stdin is not the command's",
+        ));
+    }
+    let bounds = host_tools::RunBounds::default();
+    let registry = crate::host_tool_commands::registry(&target.host_tools, &bounds)?;
+    let run = sandbox_core::host_tool_run::run_with_host_tools(
+        sandbox,
+        request,
+        &registry.all_for_run(),
+        &bounds,
+    )
+    .await?;
+    if let Some(reason) = &run.channel_error {
+        eprintln!("sandboxctl: the host-tool channel ended early: {reason}");
+    }
+    let mut output = run.output;
+    if !global.json {
+        let _ = std::io::stdout().write_all(&std::mem::take(&mut output.stdout));
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().write_all(&std::mem::take(&mut output.stderr));
+    }
+    Ok(output)
 }
 
 /// What `run` adds to its `--json` object: the key it kept, and whether the acquire created the

@@ -14,6 +14,7 @@ mod doctor;
 mod egress_args;
 mod exit_codes;
 mod guest_env;
+mod host_tool_commands;
 mod keys;
 mod report;
 

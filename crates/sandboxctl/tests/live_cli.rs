@@ -94,6 +94,36 @@ fn run_passes_exit_codes_and_bytes_through() {
     assert!(listed["sandboxes"].is_array());
 }
 
+/// `--host-tool NAME=COMMAND`: the guest's `host-tool` runs the host command with the JSON on
+/// its stdin, and prints its answer; a failing host command is the call's failure.
+#[test]
+fn host_tools_scripted_as_host_commands_answer_the_guest() {
+    let out = ctl(&[
+        "run",
+        "--host-tool",
+        "upper=tr a-z A-Z",
+        "--host-tool",
+        "refuse=echo no such thing >&2; exit 4",
+        "--",
+        "sh",
+        "-c",
+        "host-tool upper '{\"text\":\"hi\"}'; host-tool refuse '{}'; echo refused=$?",
+    ]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "{\"TEXT\":\"HI\"}\nrefused=1\n"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("tool_failed: the host command ended with exit 4: no such thing"),
+        "{stderr}"
+    );
+    let bad = ctl(&["run", "--host-tool", "no-equals", "--", "true"]);
+    assert_eq!(code(&bad), 125);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("NAME=COMMAND"));
+}
+
 #[test]
 fn timeout_exits_124_and_reports_the_guest_cleanup() {
     let started = Instant::now();
