@@ -438,7 +438,9 @@ mod tests {
             assert_eq!(error.path, path, "{arguments}");
             assert!(error.reason.contains(reason), "{arguments}: {error}");
             let shown = if path.is_empty() { "/" } else { path };
-            assert!(error.to_string().starts_with(&format!("arguments at {shown}: ")));
+            assert!(error
+                .to_string()
+                .starts_with(&format!("arguments at {shown}: ")));
         }
     }
 
