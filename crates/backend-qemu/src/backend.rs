@@ -20,6 +20,7 @@ use sandbox_core::{
 };
 use tokio::sync::Semaphore;
 
+use crate::baseline::Baselines;
 use crate::config::{host_cpus, host_memory_mib, isolation_for, CheckedConfig, QemuConfig};
 use crate::handle::{agent_error, shared, QemuSandbox};
 use crate::layout::{self, Record, Slot};
@@ -48,6 +49,8 @@ struct QemuHost {
     /// run at once over it) and so one of the VM's agent ports; the port goes back to other
     /// processes with the last handle.
     agents: Mutex<HashMap<String, WeakAgentClient>>,
+    /// The saved VMs new sandboxes restore instead of booting.
+    baselines: Baselines,
 }
 
 /// How long an attach waits for a free agent port of a running VM (every port may be held by
@@ -117,6 +120,8 @@ impl QemuBackend {
             .await
             .map_err(|error| SandboxError::engine(format!("accelerator probe: {error}")))?;
         let isolation = isolation_for(accel.accel, &accel.reason, config.allow_emulation)?;
+        let baselines = Baselines::new(&config.state_dir, &image.digest);
+        baselines.remove_others();
         Ok(QemuBackend {
             host: Arc::new(QemuHost {
                 booting: Semaphore::new(config.max_booting),
@@ -127,6 +132,7 @@ impl QemuBackend {
                 declarations: declarations(),
                 locks: LockTable::default(),
                 agents: Mutex::new(HashMap::new()),
+                baselines,
             }),
         })
     }
@@ -294,12 +300,7 @@ impl QemuBackend {
                 .acquire()
                 .await
                 .map_err(|_| SandboxError::engine("the boot gate is closed"))?;
-            let vm = Vm::start(&config)
-                .await
-                .map_err(|error| agent_error(&record.instance, error))?;
-            vm.agent(self.host.config.boot_timeout)
-                .await
-                .map_err(|error| agent_error(&record.instance, error))?
+            self.start_vm(&config).await?
         };
         // The first command gets a bound of its own, not one call's: a call timeout is sized for
         // the user's slowest file call, and a guest that does not start its first command at all
@@ -343,6 +344,39 @@ impl QemuBackend {
         cleanup.disarm();
         self.cache_agent(&record.instance, &agent);
         Ok(FirstExec::Served(self.handle(slot, &record, agent, true)))
+    }
+
+    /// A new VM for `config`, restored from its machine's baseline snapshot (made first when
+    /// there is none); booted when the baseline cannot be made or restored, which is logged
+    /// and the baseline removed (the next acquire makes it anew). Either way its agent answers.
+    async fn start_vm(&self, config: &VmConfig) -> Result<AgentClient, SandboxError> {
+        let boot_timeout = self.host.config.boot_timeout;
+        let name = format!("bl{}", &layout::new_instance_id()?[2..]);
+        match self.host.baselines.get(config, name, boot_timeout).await {
+            Ok(snapshot) => match snapshot.restore(config, boot_timeout).await {
+                Ok((_vm, agent)) => return Ok(agent),
+                Err(error) => {
+                    tracing::warn!(
+                        instance = %config.name,
+                        snapshot = %snapshot.dir.display(),
+                        %error,
+                        "a restore from the baseline snapshot failed; the baseline is removed and this VM boots"
+                    );
+                    self.host.baselines.discard(&snapshot).await;
+                }
+            },
+            Err(error) => tracing::warn!(
+                instance = %config.name,
+                %error,
+                "no baseline snapshot could be made; this VM boots"
+            ),
+        }
+        let vm = Vm::start(config)
+            .await
+            .map_err(|error| agent_error(&config.name, error))?;
+        vm.agent(boot_timeout)
+            .await
+            .map_err(|error| agent_error(&config.name, error))
     }
 
     /// Kills the VM of `slot` (whatever its state) and removes its record and directory.

@@ -37,6 +37,7 @@
 #![cfg(target_os = "linux")]
 
 mod backend;
+mod baseline;
 mod config;
 mod fault;
 mod handle;

@@ -164,3 +164,80 @@ async fn checks(backend: QemuBackend, state: PathBuf) {
         .collect();
     assert!(left.is_empty(), "left in the state directory: {left:?}");
 }
+
+/// A new sandbox restores its machine's baseline snapshot instead of booting: the first acquire
+/// makes the baseline (`.snapshots/<image>/<machine>/`), later ones restore it, each renewed as
+/// a machine of its own (its instance id as host name, its own random bytes); a baseline whose
+/// memory file is corrupted is refused and removed, and that acquire serves a booted VM; the
+/// next one makes a good baseline again and restores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_sandboxes_restore_the_baseline_and_a_corrupted_one_is_replaced() {
+    let parent = std::env::var_os("QEMU_VM_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let state = tempfile::tempdir_in(parent).unwrap();
+    let mut config = QemuConfig::default();
+    config.image_dir = image_dir();
+    config.state_dir = state.path().join("state");
+    config.allow_emulation = true;
+    config.cpus = 1;
+    config.memory_mib = 384;
+    let backend = QemuBackend::connect(config).await.expect("connect");
+    let checks = tokio::spawn(baseline_checks(backend.clone(), state.path().join("state")));
+    let outcome = checks.await;
+    let purge = backend.dispose_scope("live-qemu", "baseline").await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic.into_panic());
+    }
+    assert!(purge.undisposed.is_none());
+}
+
+async fn baseline_checks(backend: QemuBackend, state: PathBuf) {
+    let spec = SandboxSpec::builder("shell").build().unwrap();
+    let probe = "hostname; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'";
+    let mut seen = Vec::new();
+    for agent in ["a", "b", "c"] {
+        let key = SandboxKey::conversation("live-qemu", "baseline", agent);
+        let started = std::time::Instant::now();
+        let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
+        eprintln!("acquire {agent}: {:.2} s", started.elapsed().as_secs_f64());
+        let out = sandbox
+            .exec(ExecRequest::new(Command::argv(["sh", "-c", probe])))
+            .await
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let (host, random) = text.split_once('\n').unwrap();
+        if agent == "b" {
+            // The corrupted baseline was refused and removed: this VM booted, unrenewed.
+            assert_ne!(host, sandbox.instance_id(), "b booted");
+        } else {
+            assert_eq!(host, sandbox.instance_id(), "restored and renewed: {agent}");
+        }
+        seen.push(random.to_owned());
+        if agent == "a" {
+            // Corrupt the baseline the first acquire made.
+            let images: Vec<_> = std::fs::read_dir(state.join(".snapshots"))
+                .unwrap()
+                .flatten()
+                .collect();
+            assert_eq!(images.len(), 1);
+            let machines: Vec<_> = std::fs::read_dir(images[0].path())
+                .unwrap()
+                .flatten()
+                .filter(|e| e.path().join("snapshot.json").exists())
+                .collect();
+            assert_eq!(machines.len(), 1, "one baseline");
+            let memory = machines[0].path().join("memory");
+            let mut bytes = std::fs::read(&memory).unwrap();
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 1;
+            std::fs::write(&memory, bytes).unwrap();
+        }
+    }
+    let distinct: std::collections::BTreeSet<&String> = seen.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        3,
+        "three sandboxes, three random draws: {seen:?}"
+    );
+}
