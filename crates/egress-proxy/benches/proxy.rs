@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use bench_row::{median, record_row};
 use topology::{
-    docker, internal_network, private_but_not_gateway, random_suffix, serve, start_direct,
-    start_proxy, start_workload, Cleanup,
+    docker, docker_ok, internal_network, private_but_not_gateway, random_suffix, serve,
+    start_direct, start_proxy, start_workload, Cleanup,
 };
 
 /// The body `serve` answers with.
@@ -53,10 +53,11 @@ struct Sample {
     total_ms: f64,
 }
 
-/// How one side reaches `allowed.test`.
+/// How one side reaches its origin.
 struct Side<'a> {
     container: &'a str,
     curl_flags: &'a str,
+    url: &'a str,
 }
 
 impl Side<'_> {
@@ -67,8 +68,8 @@ impl Side<'_> {
             "i=0; while [ $i -lt {n} ]; do i=$((i+1)); \
              curl -sS -m 30 {} -o /dev/null \
              -w '%{{http_code}} %{{size_download}} %{{time_starttransfer}} %{{time_total}}\\n' \
-             http://allowed.test/ || exit 1; done",
-            self.curl_flags
+             {} || exit 1; done",
+            self.curl_flags, self.url
         );
         let (code, out, err) = docker(
             &["exec", self.container, "sh", "-c", &script],
@@ -130,10 +131,12 @@ async fn main() {
     let proxied = Side {
         container: &workload,
         curl_flags: "-x http://127.0.0.1:3128",
+        url: "http://allowed.test/",
     };
-    let direct = Side {
+    let direct_side = Side {
         container: &direct,
         curl_flags: "--noproxy '*'",
+        url: "http://allowed.test/",
     };
     // The forwarder starts with the workload; wait until it answers.
     let (code, out, err) = docker(
@@ -150,19 +153,7 @@ async fn main() {
     )
     .await;
     assert_eq!(code, 0, "the forwarder never answered: {out} {err}");
-    proxied.batch(WARMUP).await;
-    direct.batch(WARMUP).await;
-
-    let (mut ours, mut raw) = (Vec::new(), Vec::new());
-    for batch in 0..BATCHES {
-        if batch % 2 == 0 {
-            ours.extend(proxied.batch(PER_BATCH).await);
-            raw.extend(direct.batch(PER_BATCH).await);
-        } else {
-            raw.extend(direct.batch(PER_BATCH).await);
-            ours.extend(proxied.batch(PER_BATCH).await);
-        }
-    }
+    let (ours, raw) = alternate(&proxied, &direct_side).await;
     let rounds = ours.len();
 
     let ours_total = median(ours.iter().map(|s| s.total_ms).collect());
@@ -201,6 +192,188 @@ async fn main() {
         setup_pass,
     );
 
+    let tls_pass = tls_rows(&mut cleanup, &suffix, &network, &private, &direct).await;
+
     drop(cleanup);
-    std::process::exit(if wall_pass && setup_pass { 0 } else { 1 });
+    std::process::exit(if wall_pass && setup_pass && tls_pass {
+        0
+    } else {
+        1
+    });
+}
+
+/// Warms both sides up, then downloads in alternating batches; the samples of each.
+async fn alternate(ours_side: &Side<'_>, raw_side: &Side<'_>) -> (Vec<Sample>, Vec<Sample>) {
+    ours_side.batch(WARMUP).await;
+    raw_side.batch(WARMUP).await;
+    let (mut ours, mut raw) = (Vec::new(), Vec::new());
+    for batch in 0..BATCHES {
+        if batch % 2 == 0 {
+            ours.extend(ours_side.batch(PER_BATCH).await);
+            raw.extend(raw_side.batch(PER_BATCH).await);
+        } else {
+            raw.extend(raw_side.batch(PER_BATCH).await);
+            ours.extend(ours_side.batch(PER_BATCH).await);
+        }
+    }
+    (ours, raw)
+}
+
+/// The terminated wall target: through the proxy (two TLS sessions, the request judged) at most
+/// this many times the direct TLS download.
+const TLS_WALL_TARGET: f64 = 1.30;
+/// The terminated setup target, a cached leaf: at most this much added to the time to first byte.
+const TLS_SETUP_TARGET_MS: f64 = 10.0;
+
+/// A CA of the bench's own and a leaf for `secure.test` (PEM: CA, leaf, key).
+fn origin_certificates() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().expect("a CA key");
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    // A name of its own: a leaf whose issuer's name equals its subject's reads as self-signed
+    // to OpenSSL (rcgen gives both the same default name).
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "egress bench origin CA");
+    let ca = params.self_signed(&ca_key).expect("the CA");
+    let leaf_key = KeyPair::generate().expect("a leaf key");
+    let leaf = CertificateParams::new(vec!["secure.test".to_owned()])
+        .expect("leaf params")
+        .signed_by(&leaf_key, &ca, &ca_key)
+        .expect("the leaf");
+    (ca.pem(), leaf.pem(), leaf_key.serialize_pem())
+}
+
+/// `proxy TLS GET 1 MiB wall` and `proxy TLS setup`: an HTTPS origin of the bench's own
+/// (`secure.test`, its CA given to the proxy as an upstream bundle), a proxy that terminates it
+/// (a rule for it), the workload trusting the proxy's CA, against the same GET made directly
+/// over TLS. Whether both targets were met.
+async fn tls_rows(
+    cleanup: &mut Cleanup,
+    suffix: &str,
+    network: &str,
+    private: &[&str],
+    direct: &str,
+) -> bool {
+    let (ca, cert, key) = origin_certificates();
+    let size = SIZE.to_string();
+    // TLS on port 80: `serve` listens there, and 80 is a port the proxy serves.
+    serve(
+        cleanup,
+        suffix,
+        network,
+        "secure.test",
+        &[
+            "--size",
+            &size,
+            "--tls-cert-pem",
+            &cert,
+            "--tls-key-pem",
+            &key,
+        ],
+    )
+    .await;
+    // The origin's CA reaches the proxy in its volume, written before the proxy starts (the
+    // volume then owned by the proxy's user, as a fresh one would be).
+    let volume = format!("maf-egress-test-{suffix}-tls");
+    cleanup.volumes.push(volume.clone());
+    docker_ok(&["volume", "create", &volume]).await;
+    let mount = format!("{volume}:/v");
+    let write = format!(
+        "printf '%s' '{ca}' > /v/origin-ca.pem && chown -R 65532:65532 /v && chmod 0755 /v"
+    );
+    docker_ok(&[
+        "run",
+        "--rm",
+        "--pull=never",
+        "--user",
+        "0",
+        "--network",
+        "none",
+        "-v",
+        &mount,
+        topology::WORKLOAD_IMAGE,
+        "sh",
+        "-c",
+        &write,
+    ])
+    .await;
+    let mut extra: Vec<&str> = private.to_vec();
+    extra.extend([
+        "--allow",
+        "secure.test",
+        "--rule",
+        "secure.test GET /*",
+        "--ca-cert-out",
+        "/run/maf-egress/ca.pem",
+        "--upstream-ca",
+        "/run/maf-egress/origin-ca.pem",
+    ]);
+    let volume = start_proxy(cleanup, suffix, "tls", network, &extra).await;
+    let workload = start_workload(cleanup, suffix, &volume).await;
+    let direct_ca = format!("printf '%s' '{ca}' > /tmp/origin-ca.pem");
+    docker_ok(&["exec", direct, "sh", "-c", &direct_ca]).await;
+    let terminated = Side {
+        container: &workload,
+        curl_flags: "-x http://127.0.0.1:3128 --cacert /run/maf-egress/ca.pem",
+        url: "https://secure.test:80/",
+    };
+    let straight = Side {
+        container: direct,
+        curl_flags: "--noproxy '*' --cacert /tmp/origin-ca.pem",
+        url: "https://secure.test:80/",
+    };
+    let (code, out, err) = docker(
+        &[
+            "exec",
+            terminated.container,
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 100 ]; do i=$((i+1)); \
+             curl -s -m 5 -x http://127.0.0.1:3128 --cacert /run/maf-egress/ca.pem \
+             -o /dev/null https://secure.test:80/ && exit 0; sleep 0.1; done; exit 1",
+        ],
+        BATCH_DEADLINE,
+    )
+    .await;
+    assert_eq!(code, 0, "the terminated origin never answered: {out} {err}");
+    let (ours, raw) = alternate(&terminated, &straight).await;
+    let rounds = ours.len();
+
+    let ours_total = median(ours.iter().map(|s| s.total_ms).collect());
+    let raw_total = median(raw.iter().map(|s| s.total_ms).collect());
+    let ratio = ours_total / raw_total;
+    let wall_pass = ratio <= TLS_WALL_TARGET;
+    let wall_name = "proxy TLS GET 1 MiB wall";
+    println!(
+        "{wall_name}: backend {ours_total:.1} ms, raw {raw_total:.1} ms, ratio {ratio:.2} (target ≤ {TLS_WALL_TARGET:.2}) {} [{rounds} rounds]",
+        verdict(wall_pass)
+    );
+    record_row(
+        wall_name,
+        ours_total,
+        raw_total,
+        ratio,
+        &format!("<= {TLS_WALL_TARGET:.2}"),
+        wall_pass,
+    );
+    let ours_first = median(ours.iter().map(|s| s.first_byte_ms).collect());
+    let raw_first = median(raw.iter().map(|s| s.first_byte_ms).collect());
+    let added = ours_first - raw_first;
+    let setup_pass = added <= TLS_SETUP_TARGET_MS;
+    let setup_name = "proxy TLS setup";
+    println!(
+        "{setup_name}: ours {ours_first:.1} ms, raw {raw_first:.1} ms, added {added:.1} ms at p50 (target ≤ +{TLS_SETUP_TARGET_MS:.0} ms) {} [{rounds} rounds]",
+        verdict(setup_pass)
+    );
+    record_row(
+        setup_name,
+        ours_first,
+        raw_first,
+        added / TLS_SETUP_TARGET_MS,
+        &format!("added <= {TLS_SETUP_TARGET_MS:.0} ms at p50"),
+        setup_pass,
+    );
+    wall_pass && setup_pass
 }
