@@ -124,6 +124,7 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
             .map(|package| (package.name.as_str(), &package.manifest)),
     )?;
     eprintln!("layering: every publishable crate has its readme, keywords and categories");
+    crate::msrv::run(workspace)?;
     let circles = module_circles(&packages)?;
     report_module_circles(&circles)?;
     report_split_impls(&split_impls(&packages)?)?;

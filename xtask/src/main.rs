@@ -59,6 +59,7 @@ mod layering;
 mod live;
 mod mcp_suite;
 mod module_circles;
+mod msrv;
 mod mutants;
 mod packaging;
 mod process;
