@@ -123,6 +123,20 @@ impl EgressPlan {
     }
 }
 
+/// Refuses, before any engine call, a method the proxy does not take: it enforces methods
+/// spelled in upper-case letters only (`GET`, `POST`), a narrower grammar than the contract's.
+fn letters_only(methods: &[String]) -> Result<(), SandboxError> {
+    match methods
+        .iter()
+        .find(|m| !m.bytes().all(|b| b.is_ascii_uppercase()))
+    {
+        Some(method) => Err(SandboxError::CapabilityNotSupported(format!(
+            "the docker egress proxy enforces methods of upper-case letters only; {method:?} is not one"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// A rule as the proxy's `--rule` takes it: `HOST METHODS PATHS`, `*` for every method and `/*`
 /// for every path.
 pub(crate) fn rule_text(rule: &EgressRule) -> String {
@@ -156,6 +170,7 @@ pub(crate) fn plan(
                 hosts.push(entry.host().to_owned());
                 shown.push(entry.to_string());
                 if let EgressEntry::Rule(rule) = entry {
+                    letters_only(rule.methods().unwrap_or_default())?;
                     rules.push(rule_text(rule));
                 }
             }
@@ -169,6 +184,9 @@ pub(crate) fn plan(
             let private = config.allow_private_destinations;
             let mut egress_id = egress_id(&shown, private);
             let grants = spec.credentials().to_vec();
+            for grant in &grants {
+                letters_only(grant.methods().unwrap_or_default())?;
+            }
             if !grants.is_empty() {
                 let mut origins: Vec<String> = grants
                     .iter()
@@ -1202,5 +1220,38 @@ mod tests {
             ..offering()
         };
         assert_eq!(plan(&ruled(&[]), &empty).unwrap().unwrap(), without);
+    }
+
+    #[test]
+    fn methods_the_proxy_cannot_enforce_are_refused_before_the_engine() {
+        let rule = EgressRule::new("a.test", Some(vec!["M-SEARCH".into()]), None).unwrap();
+        let spec = SandboxSpec::builder("k")
+            .egress(Egress::Allowlist)
+            .allow(EgressEntry::Rule(rule))
+            .build()
+            .unwrap();
+        let error = plan(&spec, &offering()).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::CapabilityNotSupported);
+        assert!(error.to_string().contains("\"M-SEARCH\""), "{error}");
+        let grant = CredentialGrant::new(
+            "a.test",
+            443,
+            Some(vec!["GET".into(), "PATCH2".into()]),
+            vec!["/".into()],
+            sandbox_core::credential::BearerToken::new("t").unwrap(),
+            std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(9),
+        )
+        .unwrap();
+        let spec = SandboxSpec::builder("k")
+            .egress(Egress::Allowlist)
+            .allow("a.test")
+            .credential(grant)
+            .build()
+            .unwrap();
+        let error = plan(&spec, &offering()).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::CapabilityNotSupported);
+        assert!(error.to_string().contains("PATCH2"), "{error}");
+        assert!(letters_only(&["GET".into(), "DELETE".into()]).is_ok());
+        assert!(letters_only(&[]).is_ok());
     }
 }
