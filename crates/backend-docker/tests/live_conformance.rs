@@ -53,9 +53,10 @@ async fn run_on(image: &str, tag: &str, full: bool) -> (ConformanceReport, usize
             .serves(sandbox_core::Capability::ExactKill),
         exact
     );
+    // Exec, the four file capabilities, reclaim, snapshot and host tools; exact kills as above.
     assert_eq!(
         backend.declarations().capabilities.len(),
-        7 + usize::from(exact)
+        8 + usize::from(exact)
     );
     (report, expected)
 }
