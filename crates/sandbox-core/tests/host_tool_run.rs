@@ -1,0 +1,285 @@
+//! `run_with_host_tools` over a sandbox whose "guest" is this process: the relay of the
+//! `host-tools` crate runs in a task on the run's stdin and stdout, and the command is a call
+//! through the relay's socket. Pins the run's own ends: a drained relay removes its directory, a
+//! dropped run cancels its pending call at once and drains the relay later, a relay that never
+//! reports ready and a guest without the program are typed errors.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use host_tools::relay::{call, run_relay, CallOutcome};
+use host_tools::{HostTool, Registry, RunBounds};
+use sandbox_core::backend_kit::ExecStreamSender;
+use sandbox_core::host_tool_run::{run_with_host_tools, HOST_TOOL_PROGRAM, SOCKET_ENV};
+use sandbox_core::{
+    ErrorKind, ExecChunk, ExecExit, ExecOutput, ExecRequest, ExecStdin, ExecStream, Sandbox,
+    SandboxEntry, SandboxError,
+};
+use serde_json::json;
+use tokio::io::AsyncReadExt as _;
+
+/// How the in-process guest answers the relay's exec.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Relay {
+    /// The relay of `host-tools`, in a task.
+    Real,
+    /// No such program: exit 127 at once.
+    Missing,
+}
+
+#[derive(Debug)]
+struct InProcess {
+    temp: PathBuf,
+    relay: Relay,
+}
+
+async fn pump(mut from: tokio::io::DuplexStream, mut sender: ExecStreamSender) {
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => {
+                if sender
+                    .send(ExecChunk::Stdout(buffer[..read].to_vec()))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+    }
+    sender.finish(Ok(ExecExit::exited(0))).await;
+}
+
+#[async_trait]
+impl Sandbox for InProcess {
+    fn instance_id(&self) -> &str {
+        "in-process"
+    }
+
+    fn freshly_created(&self) -> bool {
+        true
+    }
+
+    fn storage_base(&self) -> &str {
+        "/"
+    }
+
+    /// The command: `call TOOL JSON` through the run's socket, or `rm -rf -- DIR`.
+    async fn exec(&self, request: ExecRequest) -> Result<ExecOutput, SandboxError> {
+        let argv: Vec<String> = request
+            .command()
+            .to_argv()
+            .iter()
+            .map(|arg| String::from_utf8_lossy(arg).into_owned())
+            .collect();
+        match argv
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .as_slice()
+        {
+            ["call", tool, arguments] => {
+                let socket = request
+                    .guest_env()
+                    .entries()
+                    .iter()
+                    .find(|(name, _)| name == SOCKET_ENV)
+                    .map(|(_, value)| String::from_utf8_lossy(value).into_owned())
+                    .expect("the run names its socket");
+                let arguments = serde_json::from_str(arguments).expect("JSON arguments");
+                let outcome = call(Path::new(&socket), tool, arguments, 1 << 20)
+                    .await
+                    .map_err(|error| SandboxError::engine(error.to_string()))?;
+                Ok(match outcome {
+                    CallOutcome::Result(value) => {
+                        ExecOutput::exited(value.to_string().into_bytes(), Vec::new(), 0)
+                    }
+                    CallOutcome::Failure(code, message) => {
+                        ExecOutput::exited(Vec::new(), format!("{code}: {message}").into_bytes(), 1)
+                    }
+                })
+            }
+            ["rm", "-rf", "--", directory] => {
+                let _ = std::fs::remove_dir_all(directory);
+                Ok(ExecOutput::exited(Vec::new(), Vec::new(), 0))
+            }
+            other => panic!("unexpected command {other:?}"),
+        }
+    }
+
+    /// The relay, over the run's stdin and a stream of its stdout.
+    async fn exec_stream(
+        &self,
+        request: ExecRequest,
+        stdin: ExecStdin,
+    ) -> Result<ExecStream, SandboxError> {
+        let argv = request.command().to_argv();
+        assert_eq!(argv[0], HOST_TOOL_PROGRAM.as_bytes());
+        let (mut sender, stream) = ExecStream::channel(None);
+        if self.relay == Relay::Missing {
+            tokio::spawn(async move {
+                let _ = sender
+                    .send(ExecChunk::Stderr(b"sh: host-tool: not found\n".to_vec()))
+                    .await;
+                sender.finish(Ok(ExecExit::exited(127))).await;
+            });
+            return Ok(stream);
+        }
+        let ExecStdin::Reader(reader) = stdin else {
+            panic!("the relay's stdin is a reader");
+        };
+        let (stdout, from_stdout) = tokio::io::duplex(64 * 1024);
+        let parent = self.temp.clone();
+        tokio::spawn(async move {
+            let _ = run_relay(&parent, 1 << 20, reader, stdout).await;
+        });
+        tokio::spawn(pump(from_stdout, sender));
+        Ok(stream)
+    }
+
+    async fn write_file(&self, _: &str, _: &[u8], _: &str) -> Result<(), SandboxError> {
+        Err(SandboxError::Unsupported("not here".into()))
+    }
+
+    async fn stat_file(&self, _: &str, _: &str) -> Result<Option<SandboxEntry>, SandboxError> {
+        Err(SandboxError::Unsupported("not here".into()))
+    }
+
+    async fn read_file(&self, _: &str, _: &str, _: u64) -> Result<Vec<u8>, SandboxError> {
+        Err(SandboxError::Unsupported("not here".into()))
+    }
+}
+
+fn run_directories(temp: &Path) -> usize {
+    std::fs::read_dir(temp).map_or(0, Iterator::count)
+}
+
+fn registry(dropped: Arc<AtomicUsize>, started: Arc<tokio::sync::Notify>) -> Registry {
+    struct Counted(Arc<AtomicUsize>);
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let mut registry = Registry::new();
+    registry
+        .register(
+            HostTool::new(
+                "echo",
+                "returns its arguments",
+                json!({}),
+                |arguments| async move { Ok(arguments) },
+            )
+            .unwrap(),
+        )
+        .unwrap();
+    registry
+        .register(
+            HostTool::new("hang", "never answers", json!({}), move |_| {
+                let guard = Counted(dropped.clone());
+                let started = started.clone();
+                async move {
+                    let _guard = guard;
+                    started.notify_one();
+                    std::future::pending::<()>().await;
+                    Ok(json!(null))
+                }
+            })
+            .unwrap(),
+        )
+        .unwrap();
+    registry
+}
+
+fn request(argv: &[&str]) -> ExecRequest {
+    ExecRequest::new(sandbox_core::Command::argv(argv)).timeout(Duration::from_secs(30))
+}
+
+#[tokio::test]
+async fn a_call_is_answered_and_the_drained_relay_leaves_nothing() {
+    let temp = tempfile::tempdir().unwrap();
+    let sandbox = InProcess {
+        temp: temp.path().to_owned(),
+        relay: Relay::Real,
+    };
+    let registry = registry(Arc::default(), Arc::default());
+    let run = run_with_host_tools(
+        &sandbox,
+        request(&["call", "echo", r#"{"a":[1,"é"]}"#]),
+        &registry.all_for_run(),
+        &RunBounds::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(run.output.stdout_text(), r#"{"a":[1,"é"]}"#);
+    assert_eq!(run.report.answered, 1);
+    assert!(run.channel_error.is_none());
+    assert_eq!(
+        run_directories(temp.path()),
+        0,
+        "the relay removed its directory"
+    );
+}
+
+#[tokio::test]
+async fn a_dropped_run_cancels_its_pending_call_at_once_and_drains_the_relay_later() {
+    let temp = tempfile::tempdir().unwrap();
+    let sandbox = InProcess {
+        temp: temp.path().to_owned(),
+        relay: Relay::Real,
+    };
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let registry = registry(dropped.clone(), started.clone());
+    let tools = registry.all_for_run();
+    let bounds = RunBounds::default();
+    {
+        let run = run_with_host_tools(&sandbox, request(&["call", "hang", "{}"]), &tools, &bounds);
+        tokio::pin!(run);
+        tokio::select! {
+            () = started.notified() => {}
+            outcome = &mut run => panic!("the run ended first: {outcome:?}"),
+        }
+        assert_eq!(dropped.load(Ordering::SeqCst), 0);
+    }
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        1,
+        "the handler was dropped with the run"
+    );
+    // The relay stays up while a backend kills the cancelled command, then drains.
+    assert_eq!(run_directories(temp.path()), 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while run_directories(temp.path()) > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cancelled run's relay was never drained"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_guest_without_the_program_is_refused_as_unsupported() {
+    let temp = tempfile::tempdir().unwrap();
+    let sandbox = InProcess {
+        temp: temp.path().to_owned(),
+        relay: Relay::Missing,
+    };
+    let registry = registry(Arc::default(), Arc::default());
+    let error = run_with_host_tools(
+        &sandbox,
+        request(&["call", "echo", "{}"]),
+        &registry.all_for_run(),
+        &RunBounds::default(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::CapabilityNotSupported, "{error}");
+    assert!(error.to_string().contains("exit 127"), "{error}");
+}
