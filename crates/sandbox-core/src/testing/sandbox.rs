@@ -219,6 +219,19 @@ impl FakeSandbox {
     fn wd(&self, wd: &str) -> Result<String, SandboxError> {
         resolve_wd(wd, &self.instance.base)
     }
+
+    /// A regular file's bytes, under the read rules; the caller applies its size rule.
+    fn read_whole(&self, path: &str, wd: &str) -> Result<Vec<u8>, SandboxError> {
+        self.live()?;
+        let wd = self.wd(wd)?;
+        let files = self.files();
+        let resolved = Access::Read.check(stat_in(&files), path, &wd)?;
+        match files.get(&resolved) {
+            None => Err(SandboxError::NotFound { path: path.into() }),
+            Some(Node::Dir) => Err(SandboxError::IsADirectory { path: path.into() }),
+            Some(Node::File(bytes)) => Ok(bytes.clone()),
+        }
+    }
 }
 
 #[async_trait]
@@ -306,21 +319,14 @@ impl Sandbox for FakeSandbox {
         wd: &str,
         max_bytes: u64,
     ) -> Result<Vec<u8>, SandboxError> {
-        self.live()?;
-        let wd = self.wd(wd)?;
-        let files = self.files();
-        let resolved = Access::Read.check(stat_in(&files), path, &wd)?;
-        match files.get(&resolved) {
-            None => Err(SandboxError::NotFound { path: path.into() }),
-            Some(Node::Dir) => Err(SandboxError::IsADirectory { path: path.into() }),
-            Some(Node::File(bytes)) if bytes.len() as u64 > max_bytes => {
-                Err(SandboxError::TransferCapExceeded {
-                    path: path.into(),
-                    limit: max_bytes,
-                })
-            }
-            Some(Node::File(bytes)) => Ok(bytes.clone()),
+        let bytes = self.read_whole(path, wd)?;
+        if bytes.len() as u64 > max_bytes {
+            return Err(SandboxError::TransferCapExceeded {
+                path: path.into(),
+                limit: max_bytes,
+            });
         }
+        Ok(bytes)
     }
 
     async fn read_head(
@@ -329,20 +335,9 @@ impl Sandbox for FakeSandbox {
         wd: &str,
         max_bytes: u64,
     ) -> Result<Vec<u8>, SandboxError> {
-        self.live()?;
-        let wd = self.wd(wd)?;
-        let files = self.files();
-        let resolved = Access::Read.check(stat_in(&files), path, &wd)?;
-        match files.get(&resolved) {
-            None => Err(SandboxError::NotFound { path: path.into() }),
-            Some(Node::Dir) => Err(SandboxError::IsADirectory { path: path.into() }),
-            Some(Node::File(bytes)) => {
-                let end = usize::try_from(max_bytes)
-                    .unwrap_or(usize::MAX)
-                    .min(bytes.len());
-                Ok(bytes[..end].to_vec())
-            }
-        }
+        let mut bytes = self.read_whole(path, wd)?;
+        bytes.truncate(usize::try_from(max_bytes).unwrap_or(usize::MAX));
+        Ok(bytes)
     }
 
     async fn list_dir(&self, path: &str, wd: &str) -> Result<Vec<SandboxEntry>, SandboxError> {
