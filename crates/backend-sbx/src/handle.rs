@@ -294,6 +294,31 @@ impl SbxSandbox {
         }
     }
 
+    /// A whole file (`head` false: larger than the cap is refused) or its first bytes (`head`
+    /// true), through the host plane's confined read, capped by the sandbox's per-file ceiling.
+    async fn read_checked(
+        &self,
+        path: &str,
+        wd: &str,
+        max_bytes: u64,
+        head: bool,
+    ) -> Result<Vec<u8>, SandboxError> {
+        self.refuse_retired()?;
+        let wd = self.wd(wd)?;
+        let cap = max_bytes.min(self.files_out.max_bytes_per_file);
+        let plane = self.plane.clone();
+        let path = path.to_owned();
+        blocking(move || {
+            let resolved = Access::Read.resolve(&path, &wd)?;
+            if head {
+                plane.read_head(&resolved, cap)
+            } else {
+                plane.read(&resolved, cap)
+            }
+        })
+        .await
+    }
+
     /// One command through the wrapper, its output collected (the collector over
     /// [`Self::stream_wrapped`]).
     pub(crate) async fn run_wrapped(
@@ -545,16 +570,7 @@ impl Sandbox for SbxSandbox {
         wd: &str,
         max_bytes: u64,
     ) -> Result<Vec<u8>, SandboxError> {
-        self.refuse_retired()?;
-        let wd = self.wd(wd)?;
-        let cap = max_bytes.min(self.files_out.max_bytes_per_file);
-        let plane = self.plane.clone();
-        let path = path.to_owned();
-        blocking(move || {
-            let resolved = Access::Read.resolve(&path, &wd)?;
-            plane.read(&resolved, cap)
-        })
-        .await
+        self.read_checked(path, wd, max_bytes, false).await
     }
 
     async fn read_head(
@@ -563,16 +579,7 @@ impl Sandbox for SbxSandbox {
         wd: &str,
         max_bytes: u64,
     ) -> Result<Vec<u8>, SandboxError> {
-        self.refuse_retired()?;
-        let wd = self.wd(wd)?;
-        let cap = max_bytes.min(self.files_out.max_bytes_per_file);
-        let plane = self.plane.clone();
-        let path = path.to_owned();
-        blocking(move || {
-            let resolved = Access::Read.resolve(&path, &wd)?;
-            plane.read_head(&resolved, cap)
-        })
-        .await
+        self.read_checked(path, wd, max_bytes, true).await
     }
 
     async fn list_dir(&self, path: &str, wd: &str) -> Result<Vec<SandboxEntry>, SandboxError> {
