@@ -16,7 +16,9 @@ use serde::Deserialize;
 use crate::error::XtaskError;
 use crate::process::{capture_in, cargo, Workspace};
 
-/// The deadline of the resolved `cargo metadata` (offline: the lock file and the local index).
+/// The deadline of the resolved `cargo metadata`. It needs every dependency's manifest, so on a
+/// machine that has not built the workspace yet it downloads them first (`--locked`: the lock
+/// file as committed, never updated).
 const METADATA_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Deserialize)]
@@ -158,7 +160,7 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         "metadata",
         "--format-version",
         "1",
-        "--offline",
+        "--locked",
         "--filter-platform",
         "x86_64-unknown-linux-gnu",
     ]);
