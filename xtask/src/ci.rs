@@ -473,7 +473,8 @@ impl Children {
         }
     }
 
-    /// Sends SIGTERM to every running step's child; each step's thread reaps its own.
+    /// Sends SIGTERM to every running step's child and to everything below it; each step's
+    /// thread reaps its own child.
     fn stop_all(&self) {
         self.stopping
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -483,14 +484,68 @@ impl Children {
             .map(|running| running.iter().map(|(_, pid)| *pid).collect())
             .unwrap_or_default();
         for pid in pids {
-            let _ = Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            terminate_tree(pid);
         }
     }
+}
+
+/// SIGTERM to `root` and every process below it. A step is mostly a shell or `cargo` whose work
+/// runs in grandchildren (`apt-get` under `timeout` under the host-tools script): signalling the
+/// child alone leaves them running on after the run has ended. The steps stay in xtask's own
+/// process group, so a terminal's Ctrl-C still reaches all of them; the tree is read from
+/// `/proc` instead, whole, before any member is signalled (a parent that dies first would
+/// hand its children to init, out of sight).
+fn terminate_tree(root: u32) {
+    let tree = tree_below(root, &parent_links());
+    let members: Vec<String> = std::iter::once(root)
+        .chain(tree)
+        .map(|pid| pid.to_string())
+        .collect();
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .args(&members)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Every live process's `(pid, parent pid)`, from `/proc/PID/stat` (empty where there is no
+/// procfs: then only the child itself is signalled).
+fn parent_links() -> Vec<(u32, u32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            Some((pid, parent_in_stat(&stat)?))
+        })
+        .collect()
+}
+
+/// The parent pid in a `/proc/PID/stat` line: the second field after the command name, which
+/// is in parentheses and may itself hold spaces and parentheses.
+fn parent_in_stat(stat: &str) -> Option<u32> {
+    let (_, after_name) = stat.rsplit_once(')')?;
+    after_name.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The descendants of `root` in `links`, parents before their children.
+fn tree_below(root: u32, links: &[(u32, u32)]) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for &(pid, ppid) in links {
+            if ppid == parent && pid != root && !found.contains(&pid) {
+                found.push(pid);
+                frontier.push(pid);
+            }
+        }
+    }
+    found
 }
 
 /// Runs one step's command: streamed when `log` is `None`, else into the log file, whose tail
@@ -743,6 +798,56 @@ fn print_summary(steps: &[CiStep], states: &[State], wall: Duration) {
 
 #[cfg(test)]
 mod tests {
+    /// A stopped step's grandchildren end with it: the shell's background `sleep` is signalled
+    /// too, not left running once the shell is gone.
+    #[test]
+    fn stopping_a_step_ends_its_grandchildren() {
+        let mut step = Command::new("sh")
+            .args(["-c", "sleep 300 & echo $!; wait"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(step.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let grandchild: u32 = line.trim().parse().unwrap();
+        let children = Children::default();
+        children.add(0, step.id());
+        children.stop_all();
+        step.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // The grandchild was reparented when the shell died; once TERM lands it is a zombie of
+        // init or gone: either way its stat says so.
+        while std::fs::read_to_string(format!("/proc/{grandchild}/stat")).is_ok_and(|stat| {
+            !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        }) {
+            if Instant::now() >= deadline {
+                let _ = Command::new("kill").arg(grandchild.to_string()).status();
+                panic!("the grandchild sleep runs on");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    #[test]
+    fn the_parent_is_read_past_a_name_with_spaces_and_parentheses() {
+        assert_eq!(parent_in_stat("42 (a) b (c)) S 7 42 42 0"), Some(7));
+        assert_eq!(parent_in_stat("42 (sh) S 1 42"), Some(1));
+        assert_eq!(parent_in_stat("garbage"), None);
+    }
+
+    #[test]
+    fn the_tree_below_a_pid_is_every_descendant_and_nothing_else() {
+        let links = [(2, 1), (3, 2), (4, 3), (5, 1), (6, 5), (7, 3)];
+        let mut below = tree_below(2, &links);
+        below.sort_unstable();
+        assert_eq!(below, [3, 4, 7]);
+        assert!(tree_below(4, &links).is_empty());
+    }
+
     /// A guest a stopped suite left is killed; a process of another name with the same
     /// directory in its environment is not.
     #[test]
