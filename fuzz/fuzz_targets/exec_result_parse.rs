@@ -8,9 +8,8 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use exec_wrapper::{
-    parse_result, ExitKind, Nonce, WrapperOutcome, NO_CWD_REASON_BYTES, STDERR_TAIL_BYTES,
-};
+use bounded_process::ExitKind;
+use exec_wrapper::{parse_result, Nonce, WrapperOutcome, NO_CWD_REASON_BYTES, STDERR_TAIL_BYTES};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, Arbitrary)]

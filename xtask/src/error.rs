@@ -191,7 +191,7 @@ pub enum XtaskError {
         command: String,
         /// What the runner reported.
         #[source]
-        source: exec_wrapper::Error,
+        source: bounded_process::Error,
     },
 
     /// A Python suite failed, skipped a case, printed no result, or left objects on the engine.

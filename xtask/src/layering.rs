@@ -4,19 +4,21 @@
 //! with one line per broken rule. The rules, and why each exists, are in
 //! `docs/architecture.md#layering-rules`; in short:
 //!
-//! - the leaves (`exec-wrapper`, `confined-fs`, `token-server`, `host-state`) and the contract
-//!   (`sandbox-core`)
-//!   depend on nothing of ours, so each can be read and tested alone;
-//! - `wrapper-stream` joins `exec-wrapper` and `sandbox-core` and nothing else;
-//! - `sbx-cli` depends on `exec-wrapper` only, `sbx-sim` on it and the `host-state` leaf;
+//! - the leaves (`bounded-process`, `confined-fs`, `token-server`, `host-state`) and the
+//!   contract (`sandbox-core`) depend on nothing of ours, so each can be read and tested alone;
+//!   `exec-wrapper` (the guest protocol) depends on the `bounded-process` leaf only, whose
+//!   outcome it reads;
+//! - `wrapper-stream` joins `exec-wrapper` (and the runner's sink shape) and `sandbox-core` and
+//!   nothing else;
+//! - `sbx-cli` depends on `bounded-process` only, `sbx-sim` on it and the `host-state` leaf;
 //! - `conformance` depends on `sandbox-core` (and the `token-server` leaf) only, so the suites
 //!   attack the contract and never a backend's internals;
 //! - `vm-agent` (the guest agent and its protocol) depends on nothing of ours, and `qemu-vm`
-//!   on `vm-agent` and `exec-wrapper` only;
+//!   on `vm-agent` and `bounded-process` only;
 //! - no backend (`backend-*`) depends on another backend;
 //! - `host-files` (the guarded opener of host files) depends on the core only;
 //! - `sandbox-backends` (the one place hosts name concrete backends) depends on the core, the
-//!   backends, `exec-wrapper`, `qemu-vm` (the microVM image) and `host-files`; `sandbox-mcp`
+//!   backends, `bounded-process`, `qemu-vm` (the microVM image) and `host-files`; `sandbox-mcp`
 //!   reaches backends (and the host-file guard) only through it (and takes its handles from the
 //!   `host-state` leaf);
 //! - `sandbox-core`'s in-process fake backend (its `testing` feature) is enabled only from
@@ -69,15 +71,19 @@ const CORE_ALLOWED_DEPENDENCIES: &[&str] = &[
 /// Which crates of ours a crate may depend on, for the crates whose position in the stack is
 /// fixed. A crate not named here is constrained only by the backend rule.
 const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
-    ("exec-wrapper", &[]),
+    ("bounded-process", &[]),
+    ("exec-wrapper", &["bounded-process"]),
     ("confined-fs", &[]),
     ("sandbox-core", &["host-tools"]),
     ("host-tools", &[]),
-    ("sbx-cli", &["exec-wrapper"]),
-    ("sbx-sim", &["exec-wrapper", "host-state"]),
+    ("sbx-cli", &["bounded-process"]),
+    ("sbx-sim", &["bounded-process", "host-state"]),
     ("token-server", &[]),
     ("host-state", &[]),
-    ("wrapper-stream", &["sandbox-core", "exec-wrapper"]),
+    (
+        "wrapper-stream",
+        &["sandbox-core", "exec-wrapper", "bounded-process"],
+    ),
     (
         "conformance",
         &["sandbox-core", "token-server", "host-tools"],
@@ -89,7 +95,7 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
             "sandbox-core",
             "backend-docker",
             "backend-sbx",
-            "exec-wrapper",
+            "bounded-process",
             "qemu-vm",
             "backend-qemu",
             "host-files",
@@ -101,7 +107,7 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
         &["sandbox-core", "sandbox-backends", "host-state"],
     ),
     ("vm-agent", &[]),
-    ("qemu-vm", &["vm-agent", "exec-wrapper"]),
+    ("qemu-vm", &["vm-agent", "bounded-process"]),
 ];
 
 /// Crates whose name starts with this are backends; no backend depends on another.
@@ -539,8 +545,12 @@ mod tests {
     fn sound_workspace() -> Vec<serde_json::Value> {
         vec![
             package(
-                "exec-wrapper",
+                "bounded-process",
                 &[("tokio", None, &[]), ("rustix", None, &[])],
+            ),
+            package(
+                "exec-wrapper",
+                &[("bounded-process", None, &[]), ("rustix", None, &[])],
             ),
             package("confined-fs", &[("rustix", None, &[])]),
             package(
@@ -552,8 +562,8 @@ mod tests {
                     ("sandbox-core", Some("dev"), &["testing"]),
                 ],
             ),
-            package("sbx-cli", &[("exec-wrapper", None, &[])]),
-            package("sbx-sim", &[("exec-wrapper", None, &[])]),
+            package("sbx-cli", &[("bounded-process", None, &[])]),
+            package("sbx-sim", &[("bounded-process", None, &[])]),
             package(
                 "conformance",
                 &[
@@ -566,6 +576,7 @@ mod tests {
                 &[
                     ("sandbox-core", None, &[]),
                     ("exec-wrapper", None, &[]),
+                    ("bounded-process", None, &[]),
                     ("conformance", Some("dev"), &[]),
                 ],
             ),
@@ -636,13 +647,13 @@ mod tests {
     #[test]
     fn a_leaf_depending_on_the_core_fails_naming_both() {
         let found = violations_of(with(
-            "exec-wrapper",
-            package("exec-wrapper", &[("sandbox-core", None, &[])]),
+            "bounded-process",
+            package("bounded-process", &[("sandbox-core", None, &[])]),
         ));
         assert_eq!(
             found,
             vec![
-                "`exec-wrapper` has a normal dependency on `sandbox-core`, but may depend on \
+                "`bounded-process` has a normal dependency on `sandbox-core`, but may depend on \
                  nothing of ours"
             ]
         );
@@ -659,16 +670,16 @@ mod tests {
     }
 
     #[test]
-    fn the_cli_wrappers_may_use_only_the_wrapper_crate() {
+    fn the_cli_wrappers_may_use_only_the_runner_crate() {
         for (name, allowed) in [
-            ("sbx-cli", "`exec-wrapper`"),
-            ("sbx-sim", "`exec-wrapper`, `host-state`"),
+            ("sbx-cli", "`bounded-process`"),
+            ("sbx-sim", "`bounded-process`, `host-state`"),
         ] {
             let found = violations_of(with(
                 name,
                 package(
                     name,
-                    &[("exec-wrapper", None, &[]), ("sandbox-core", None, &[])],
+                    &[("bounded-process", None, &[]), ("sandbox-core", None, &[])],
                 ),
             ));
             assert_eq!(
@@ -859,7 +870,13 @@ mod tests {
             .iter()
             .map(|package| package.name.as_str())
             .collect();
-        for name in ["exec-wrapper", "confined-fs", "sandbox-core", "conformance"] {
+        for name in [
+            "bounded-process",
+            "exec-wrapper",
+            "confined-fs",
+            "sandbox-core",
+            "conformance",
+        ] {
             assert!(names.contains(name), "{name} missing from {names:?}");
         }
         assert!(internal_edge_count(&packages) >= 5);

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use exec_wrapper::{BoundedCommand, ExitKind, Stream};
+use bounded_process::{BoundedCommand, ExitKind, Stream};
 use sandbox_core::naming::docker::LABEL_SCOPE;
 
 use crate::error::XtaskError;

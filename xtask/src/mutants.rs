@@ -33,8 +33,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use bounded_process::{BoundedCommand, ExitKind};
 use clap::Args;
-use exec_wrapper::{BoundedCommand, ExitKind};
 use serde::Deserialize;
 
 use crate::error::XtaskError;
@@ -42,12 +42,13 @@ use crate::process::{bounded_runtime, capture_in, cargo, seconds, stream_bounded
 use crate::tools::{is_supported_version, Tool, TOOL_MAJOR};
 
 /// The crates mutated when none is named: the ones a security reviewer reads alone.
-pub const DEFAULT_CRATES: &[&str] = &["confined-fs", "exec-wrapper", "sbx-cli"];
+pub const DEFAULT_CRATES: &[&str] = &["confined-fs", "bounded-process", "exec-wrapper", "sbx-cli"];
 
 /// The security leaves whose changed lines `--changed` mutates (CI's step): the default crates,
 /// the one guarded opener of host files, the filtering proxy, and the core's host-path guard.
 pub const CHANGED_CRATES: &[&str] = &[
     "confined-fs",
+    "bounded-process",
     "exec-wrapper",
     "sbx-cli",
     "host-files",
@@ -77,7 +78,7 @@ const COMPLETE_RUN_EXITS: &[i32] = &[0, 2, 3];
 /// Arguments of `cargo xtask mutants`.
 #[derive(Debug, Args)]
 pub struct MutantsArgs {
-    /// Crates to mutate; none means confined-fs, exec-wrapper and sbx-cli.
+    /// Crates to mutate; none means confined-fs, bounded-process, exec-wrapper and sbx-cli.
     crates: Vec<String>,
     /// Mutate only this file (a path from the workspace root; repeatable).
     #[arg(long = "file", value_name = "PATH")]

@@ -166,7 +166,7 @@ pub fn capture_in(
     }
 }
 
-/// A single-threaded tokio runtime to drive [`exec_wrapper::BoundedCommand`]s on; `purpose`
+/// A single-threaded tokio runtime to drive [`bounded_process::BoundedCommand`]s on; `purpose`
 /// names it in the error.
 pub fn bounded_runtime(purpose: &str) -> Result<tokio::runtime::Runtime, XtaskError> {
     tokio::runtime::Builder::new_current_thread()
@@ -184,8 +184,8 @@ pub fn bounded_runtime(purpose: &str) -> Result<tokio::runtime::Runtime, XtaskEr
 pub fn stream_bounded(
     runtime: &tokio::runtime::Runtime,
     line: &str,
-    command: exec_wrapper::BoundedCommand,
-) -> Result<exec_wrapper::ExitKind, XtaskError> {
+    command: bounded_process::BoundedCommand,
+) -> Result<bounded_process::ExitKind, XtaskError> {
     eprintln!("$ {line}");
     let command = command.on_line(|_, text| eprint!("{}", String::from_utf8_lossy(text)));
     runtime

@@ -28,13 +28,14 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use exec_wrapper::{BoundedCommand, ExitKind};
+use bounded_process::{BoundedCommand, ExitKind};
 
 use crate::error::XtaskError;
 use crate::process::{bounded_runtime, capture_in, cargo, seconds, stream_bounded, Workspace};
 
 /// The crates a Windows or macOS host builds. Each must exist in the workspace.
 pub const HOST_CRATES: &[&str] = &[
+    "bounded-process",
     "exec-wrapper",
     "confined-fs",
     "sandbox-core",

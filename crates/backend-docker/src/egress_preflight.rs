@@ -318,7 +318,7 @@ mod tests {
             std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
             std::fs::set_permissions(&stand_in, permissions).unwrap();
         }
-        let output = exec_wrapper::BoundedCommand::new("/bin/sh", Duration::from_secs(10))
+        let output = bounded_process::BoundedCommand::new("/bin/sh", Duration::from_secs(10))
             .args(["-c", PROBE_SCRIPT, "maf-egress"])
             .args(targets)
             .env("PATH", dir.path())
@@ -329,7 +329,7 @@ mod tests {
             .await
             .unwrap();
         let code = match output.status {
-            exec_wrapper::ExitKind::Exited(code) => code,
+            bounded_process::ExitKind::Exited(code) => code,
             other => panic!("the probe script ended by {other:?}"),
         };
         (

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use exec_wrapper::{OutputSink, Stream};
+use bounded_process::{OutputSink, Stream};
 use futures_util::StreamExt as _;
 use sandbox_core::{ExecStdin, SandboxError};
 use tokio::io::AsyncWriteExt as _;
@@ -42,9 +42,9 @@ pub(crate) struct CollectSink {
 }
 
 impl OutputSink for CollectSink {
-    async fn accept(&mut self, stream: Stream, bytes: &[u8]) -> Result<(), exec_wrapper::Error> {
+    async fn accept(&mut self, stream: Stream, bytes: &[u8]) -> Result<(), bounded_process::Error> {
         if (self.stdout.len() + self.stderr.len() + bytes.len()) as u64 > self.budget {
-            return Err(exec_wrapper::Error::OutputLimit {
+            return Err(bounded_process::Error::OutputLimit {
                 program: "docker".to_owned(),
                 budget: usize::try_from(self.budget).unwrap_or(usize::MAX),
             });
@@ -247,7 +247,7 @@ impl Execs {
             sink.accept(stream, &message)
                 .await
                 .map_err(|refused| match refused {
-                    exec_wrapper::Error::Abandoned { .. } => ExecFailure::Dropped,
+                    bounded_process::Error::Abandoned { .. } => ExecFailure::Dropped,
                     // The output cap; no other refusal comes from a sink.
                     _ => ExecFailure::OverBudget,
                 })?;

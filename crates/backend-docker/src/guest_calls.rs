@@ -7,12 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bounded_process::{ExitKind, OutputSink, Stream};
 use exec_wrapper::{
     docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, exec_init_argv,
     init_status_argv, new_nonce, raw_invocation, read_tool_probe, recorded_status, tool_probe_argv,
-    tree_kill_argv, ExitKind, KillFailure, KillOutcome, KillReport, Nonce, OutputSink, Stream,
-    ToolProbeOutcome, WrapperOutcome, DOCKER_INIT_PATH, DOCKER_TOOLS, EXEC_INIT_PATH,
-    KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET, RECORDED_STATUS, SIGNAL_STATUSES,
+    tree_kill_argv, KillFailure, KillOutcome, KillReport, Nonce, ToolProbeOutcome, WrapperOutcome,
+    DOCKER_INIT_PATH, DOCKER_TOOLS, EXEC_INIT_PATH, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
+    RECORDED_STATUS, SIGNAL_STATUSES,
 };
 use futures_util::StreamExt as _;
 use sandbox_core::backend_kit::ExecStreamSender;
@@ -70,7 +71,7 @@ struct PrepareSink {
 }
 
 impl OutputSink for PrepareSink {
-    async fn accept(&mut self, stream: Stream, bytes: &[u8]) -> Result<(), exec_wrapper::Error> {
+    async fn accept(&mut self, stream: Stream, bytes: &[u8]) -> Result<(), bounded_process::Error> {
         self.collected.accept(stream, bytes).await?;
         let stdout = &self.collected.stdout;
         if stream == Stream::Stdout

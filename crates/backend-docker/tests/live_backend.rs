@@ -37,7 +37,7 @@ async fn a_sandbox_removed_behind_the_handle_is_gone_never_an_exit_code() {
     let sandbox = backend.acquire(&key, &spec(BUSYBOX)).await.unwrap();
     let old = sandbox.instance_id().to_owned();
     let removed = docker(["rm", "-f", &old]).await;
-    assert_eq!(removed.status, exec_wrapper::ExitKind::Exited(0));
+    assert_eq!(removed.status, bounded_process::ExitKind::Exited(0));
     for argv in [&["true"][..], &["sh", "-c", "exit 1"]] {
         let error = sandbox
             .exec(ExecRequest::new(Command::argv(argv)))
@@ -73,7 +73,7 @@ async fn a_sandbox_removed_while_a_command_runs_is_an_error_never_an_exit_code()
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let removed = docker(["rm", "-f", &id]).await;
-    assert_eq!(removed.status, exec_wrapper::ExitKind::Exited(0));
+    assert_eq!(removed.status, bounded_process::ExitKind::Exited(0));
     let error = running
         .await
         .unwrap()
@@ -171,7 +171,7 @@ async fn a_command_that_kills_its_init_is_an_error_and_leaves_nothing_running() 
         let inspect = docker(["inspect", "--format", "{{.State.Status}}", &id]).await;
         assert_ne!(
             inspect.status,
-            exec_wrapper::ExitKind::Exited(0),
+            bounded_process::ExitKind::Exited(0),
             "{line}: the container remains: {}",
             String::from_utf8_lossy(&inspect.stdout)
         );
@@ -218,7 +218,7 @@ printf 137 >"/tmp/maf-sbx-$n.status""#;
         let inspect = docker(["inspect", "--format", "{{.State.Status}}", &id]).await;
         assert_ne!(
             inspect.status,
-            exec_wrapper::ExitKind::Exited(0),
+            bounded_process::ExitKind::Exited(0),
             "{image}: the container remains: {}",
             String::from_utf8_lossy(&inspect.stdout)
         );
@@ -627,7 +627,7 @@ async fn a_kill_that_does_not_land_retires_the_sandbox() {
         .unwrap_err();
     assert_eq!(refused.kind(), ErrorKind::Retired, "{refused}");
     let inspect = docker(["container", "inspect", &old]).await;
-    assert_ne!(inspect.status, exec_wrapper::ExitKind::Exited(0));
+    assert_ne!(inspect.status, bounded_process::ExitKind::Exited(0));
     let replacement = backend.acquire(&key, &spec(BASE_ROOT)).await.unwrap();
     assert_ne!(replacement.instance_id(), old);
     assert!(replacement.freshly_created());
@@ -930,7 +930,7 @@ async fn docker_ok(args: &[&str]) -> String {
     let output = docker(args).await;
     assert_eq!(
         output.status,
-        exec_wrapper::ExitKind::Exited(0),
+        bounded_process::ExitKind::Exited(0),
         "docker {args:?}: {output:?}"
     );
     String::from_utf8_lossy(&output.stdout).trim().to_owned()

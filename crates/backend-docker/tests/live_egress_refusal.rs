@@ -50,7 +50,7 @@ async fn containers_of(scope: &str) -> Vec<String> {
     .await;
     assert_eq!(
         output.status,
-        exec_wrapper::ExitKind::Exited(0),
+        bounded_process::ExitKind::Exited(0),
         "docker ps: {}",
         String::from_utf8_lossy(&output.stderr)
     );

@@ -9,9 +9,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bounded_process::ExitKind;
 use conformance::suites::POOL_PROBES;
 use conformance::{assert_pool, AcquireOutcome, ConformanceError, PoolHooks};
-use exec_wrapper::ExitKind;
 use sandbox_core::naming::docker::{LABEL_CLAIM_MARK, LABEL_ROLE, LABEL_SCOPE};
 use sandbox_core::{ErrorKind, SandboxBackend, SandboxKey, SandboxSpec};
 use support::{assert_nothing_left, config, docker, threads_of, unique_scope, BASE};

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use exec_wrapper::{BoundedCommand, ExitKind};
+use bounded_process::{BoundedCommand, ExitKind};
 use qemu_vm::{VmImage, QEMU_IMG_PROGRAM, QEMU_PROGRAM};
 use sandbox_core::HealthCheck;
 

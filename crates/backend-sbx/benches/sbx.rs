@@ -24,7 +24,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use exec_wrapper::{BoundedCommand, ExitKind};
+use bounded_process::{BoundedCommand, ExitKind};
 use sandbox_core::{
     Command, DisposeSelector, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec,
 };

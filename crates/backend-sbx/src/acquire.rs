@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bounded_process::ExitKind;
 use exec_wrapper::{
-    read_tool_probe, tool_probe_argv, ExitKind, SbxMount, ToolProbeOutcome, SBX_TOOLS,
-    WORKSPACE_MARKER,
+    read_tool_probe, tool_probe_argv, SbxMount, ToolProbeOutcome, SBX_TOOLS, WORKSPACE_MARKER,
 };
 use sandbox_core::naming::sbx::sbx_sandbox_name;
 use sandbox_core::storage_base::{plan_storage_base, storage_base_directories, validate_base};

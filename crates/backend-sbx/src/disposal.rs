@@ -139,7 +139,7 @@ impl SbxHost {
                 ))
             }
             Err(error) => return Err(failure(DisposalCode::Unknown, name, error)),
-            Ok(output) if output.status == exec_wrapper::ExitKind::Exited(0) => {
+            Ok(output) if output.status == bounded_process::ExitKind::Exited(0) => {
                 return Err(failure(
                     DisposalCode::Unreachable,
                     name,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use exec_wrapper::{ExitKind, RunOutput};
+use bounded_process::{ExitKind, RunOutput};
 use sandbox_core::SandboxError;
 use sbx_cli::{Call, Error as CliError, ExecRequest as CliExec, Instant, SbxCli, SbxName};
 

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bounded_process::ExitKind;
 use exec_wrapper::{
     encode_env_file, namespace_kill_argv, new_nonce, pid_namespace_probe_argv, plain_invocation,
     read_kill_mode_probe, sbx_env_file_name, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv,
-    ExitKind, KillFailure, KillOutcome, KillReport, Nonce, SbxMount, WrapperOutcome,
-    KILL_OUTPUT_BUDGET,
+    KillFailure, KillOutcome, KillReport, Nonce, SbxMount, WrapperOutcome, KILL_OUTPUT_BUDGET,
 };
 use sandbox_core::backend_kit::{CleanupOnDrop, ExecStreamSender};
 use sandbox_core::guest_path::{self, Access};

@@ -449,7 +449,7 @@ async fn an_idle_stopped_sandbox_restarts_and_still_sees_its_workspace() {
         .await;
     assert_eq!(
         set.status,
-        exec_wrapper::ExitKind::Exited(0),
+        bounded_process::ExitKind::Exited(0),
         "{}",
         text(&set.stderr)
     );

@@ -1,8 +1,7 @@
 //! How the host reads a kill script: did the kill land (keep the sandbox) or not (retire it),
 //! and which kill was it?
 
-use crate::bounded_runner::{ExitKind, RunOutput};
-use crate::error::Result;
+use bounded_process::{ExitKind, Result, RunOutput};
 
 /// Kill script exit: the recorded group was killed and no member is left.
 pub(crate) const KILL_EXIT_KILLED: i32 = 0;
@@ -74,7 +73,7 @@ impl KillOutcome {
         }
     }
 
-    /// Reads a kill call made through [`crate::run_bounded`]: an exit status maps through
+    /// Reads a kill call made through [`bounded_process::run_bounded`]: an exit status maps through
     /// [`KillOutcome::from_exit`]; a signalled client or any runner error is
     /// [`KillFailure::CallFailed`].
     pub fn from_run(result: &Result<RunOutput>) -> KillOutcome {
@@ -138,7 +137,7 @@ impl KillReport {
         }
     }
 
-    /// Reads a kill call made through [`crate::run_bounded`], as [`KillOutcome::from_run`].
+    /// Reads a kill call made through [`bounded_process::run_bounded`], as [`KillOutcome::from_run`].
     pub fn from_run(result: &Result<RunOutput>) -> KillReport {
         match result {
             Ok(RunOutput {
@@ -171,7 +170,7 @@ impl KillReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
+    use bounded_process::Error;
 
     #[test]
     fn exit_mapping() {

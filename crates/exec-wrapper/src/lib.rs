@@ -1,7 +1,8 @@
 //! # exec-wrapper
 //!
-//! The guest-side `sh` wrapper protocol both sandbox backends run every command through, and the
-//! host-side bounded process runner every `docker` and `sbx` invocation goes through.
+//! The guest-side `sh` wrapper protocol both sandbox backends run every command through. The
+//! host runs the wrapper's argv with `bounded-process` (or the engine's exec API) and reads what
+//! came back with this crate.
 //!
 //! ## The protocol
 //!
@@ -37,28 +38,14 @@
 //!    the same protocol, statuses and kill, two program starts fewer per call.
 //! 7. **The tool probe** ([`tool_probe_argv`], [`read_tool_probe`]) names every tool the wrapper
 //!    needs that a guest lacks, before the first wrapper call.
-//! 8. **The runner** ([`run_bounded`]): explicit environment, stdin closed unless it carries
-//!    bytes, both pipes read concurrently against one budget, a deadline, the child's process
-//!    tree killed and reaped on every early exit, an optional line callback.
 //!
 //! ## Platforms
 //!
-//! The host side builds for Linux, macOS and Windows hosts. What differs is how the runner holds
-//! the child's process tree:
-//!
-//! - **Unix** (Linux, macOS): the child starts in a process group of its own; an early exit sends
-//!   SIGKILL to the group. [`ExitKind::Signaled`] reports a death by signal.
-//! - **Windows**: right after the spawn the child is assigned to a new Job object, which its
-//!   descendants join as they start; an early exit terminates the job. The job also kills its
-//!   members when its last handle closes, so a host that dies mid-call takes the tree with it;
-//!   once the child has exited normally that limit is lifted, so what it left running keeps
-//!   running, as on Unix. Every end is an exit code ([`ExitKind::Exited`]). A process the child
-//!   starts in the instant between its spawn and its assignment is outside the job. This is the
-//!   crate's `unsafe` code, in one module, beside one empty `pre_exec` hook of the exec init (it
-//!   makes std fork and exec rather than `posix_spawn`).
-//!
-//! The guest side (the wrapper, kill and probe scripts) is POSIX `sh` run inside the guest
-//! whatever the host is; the example below runs it with the host's own `sh`, so it is Unix-only.
+//! The host side (building argv, reading results and kill statuses) builds for Linux, macOS and
+//! Windows hosts. The guest side (the wrapper, kill and probe scripts) is POSIX `sh` run inside
+//! the guest whatever the host is; the example below runs it with the host's own `sh`, so it is
+//! Unix-only. The exec init is Unix-only, Linux to run; its one `unsafe` block is an empty
+//! `pre_exec` hook (it makes std fork and exec rather than `posix_spawn`).
 //!
 //! ## Limits
 //!
@@ -82,7 +69,10 @@
 //!
 //! It starts no container or VM, chooses no image, knows no sandbox type, writes no env file
 //! and validates no environment names: the backends do, and convert this crate's types into the
-//! core contract's. It has no dependency on any other crate of the project.
+//! core contract's. It runs no host process either: the host-side runner, its deadline, budget
+//! and process-tree kill are `bounded-process`, whose outcome ([`bounded_process::ExitKind`],
+//! [`bounded_process::RunOutput`]) this crate reads. That is its only dependency on another
+//! crate of the project.
 //!
 //! ## Example
 //!
@@ -90,9 +80,9 @@
 //!
 //! ```
 //! use std::time::Duration;
+//! use bounded_process::BoundedCommand;
 //! use exec_wrapper::{
-//!     docker_wrapper_argv, encode_invocation, new_nonce, parse_run_output, BoundedCommand,
-//!     WrapperOutcome,
+//!     docker_wrapper_argv, encode_invocation, new_nonce, parse_run_output, WrapperOutcome,
 //! };
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -119,11 +109,7 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
-#[cfg(not(any(unix, windows)))]
-compile_error!("exec-wrapper supports Unix and Windows hosts: it ends process trees with process groups or Job objects");
-
 mod argv_encoding;
-mod bounded_runner;
 mod call_identity;
 mod error;
 #[cfg(unix)]
@@ -131,17 +117,12 @@ mod exec_init;
 mod group_kill;
 mod nonce_result;
 mod nonce_splitter;
-mod process_tree;
 mod tool_probe;
 mod wrapper_scripts;
 
 pub use argv_encoding::{
     decode_arg, encode_arg, encode_arg_plain, encode_env_file, encode_invocation, plain_invocation,
     raw_invocation, EncodedInvocation, RawInvocation,
-};
-pub use bounded_runner::{
-    run_bounded, run_streaming, BoundedCommand, ExitKind, OutputSink, RunOutput, Stream,
-    DEFAULT_OUTPUT_BUDGET, READ_CHUNK,
 };
 pub use call_identity::{cancel_file, new_nonce, pid_file, sbx_env_file_name, Nonce};
 pub use error::{Error, Result};

@@ -1,10 +1,10 @@
 //! Reading a wrapper call's result on the host: the nonce line separates transport noise from
 //! the command's own stderr.
 
-use crate::bounded_runner::{ExitKind, RunOutput};
 use crate::call_identity::Nonce;
 use crate::nonce_splitter::{CallEnd, NonceSplitter};
 use crate::wrapper_scripts::WRAPPER_FAILURE_EXIT;
+use bounded_process::{ExitKind, RunOutput};
 
 /// The word of the sbx `bind` stage's marker line `<nonce>-unmounted`.
 pub(crate) const UNMOUNTED_WORD: &str = "unmounted";
@@ -147,7 +147,7 @@ pub fn parse_run_output(output: RunOutput, nonce: &Nonce) -> WrapperOutcome {
 /// Whether a wrapper call's stderr, complete or as far as it has arrived, holds the nonce line:
 /// the command was about to start. Feed it to [`crate::KillReport::after_start`] after a kill, so
 /// a call whose record is gone is never read as "never started". With
-/// [`crate::BoundedCommand::on_line`], compare each stderr line with [`Nonce::line`] instead.
+/// [`bounded_process::BoundedCommand::on_line`], compare each stderr line with [`Nonce::line`] instead.
 pub fn nonce_line_seen(stderr: &[u8], nonce: &Nonce) -> bool {
     find(stderr, &nonce.line()).is_some()
 }

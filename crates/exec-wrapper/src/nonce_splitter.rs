@@ -6,9 +6,9 @@
 //! command writes: before its verdict, an unclassified remainder of at most one marker line; at
 //! every point, the last [`STDERR_TAIL_BYTES`] bytes for a failure's classification.
 
-use crate::bounded_runner::ExitKind;
 use crate::call_identity::{Nonce, NONCE_HEX_LEN};
 use crate::nonce_result::{outcome_of, WrapperOutcome, NO_CWD_REASON_BYTES, STDERR_TAIL_BYTES};
+use bounded_process::ExitKind;
 
 /// The longest word of a marker line `<nonce>-<word>\n` (lowercase ASCII letters).
 pub(crate) const MAX_MARKER_WORD: usize = 32;

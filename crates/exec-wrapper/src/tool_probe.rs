@@ -5,8 +5,8 @@
 //! nonce (at the first encoded value), without `setsid` the command fails with 127 after it, and
 //! without `unshare` an sbx call cannot even start its first process.
 
-use crate::bounded_runner::ExitKind;
 use crate::error::{Error, Result};
+use bounded_process::ExitKind;
 
 /// Tools an sbx template must have besides `sh` (docs/wrapper-protocol.md#the-tool-probe).
 pub const SBX_TOOLS: &[&str] = &[

@@ -18,9 +18,9 @@
 //! | 10… | argv, each `r<value>` or `x<base64>` |
 
 use crate::argv_encoding::{EncodedInvocation, RawInvocation};
-use crate::bounded_runner::ExitKind;
 use crate::call_identity::{pid_file, sbx_env_file_name, Nonce};
 use crate::error::{Error, Result};
+use bounded_process::ExitKind;
 
 /// `$0` of every script this crate runs in a guest.
 pub const SCRIPT_NAME: &str = "maf-sbx";
@@ -1014,7 +1014,7 @@ mod probe_runs {
 
     use super::*;
     use crate::argv_encoding::encode_invocation;
-    use crate::bounded_runner::BoundedCommand;
+    use bounded_process::BoundedCommand;
 
     const SYSTEM_PATH: &str = "/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 

@@ -9,12 +9,13 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use bounded_process::ExitKind;
 use common::{read_pids, shells, wait_dead, Shell};
 use exec_wrapper::{
     cancel_file, docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation,
     namespace_kill_argv, nonce_line_seen, parse_run_output, pid_file, raw_invocation,
-    tree_kill_argv, ExitKind, KillMode, KillOutcome, KillReport, Nonce, RawInvocation,
-    WrapperOutcome, WrapperOutput, DOCKER_INIT_PATH,
+    tree_kill_argv, KillMode, KillOutcome, KillReport, Nonce, RawInvocation, WrapperOutcome,
+    WrapperOutput, DOCKER_INIT_PATH,
 };
 use proptest::prelude::*;
 

@@ -10,11 +10,12 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use bounded_process::{BoundedCommand, ExitKind, RunOutput};
 use common::{shells, Shell};
 use exec_wrapper::{
     cancel_file, docker_init_wrapper_argv, exec_init_argv, init_status_argv, nonce_line_seen,
-    parse_run_output, raw_invocation, BoundedCommand, ExitKind, Nonce, RawInvocation, RunOutput,
-    WrapperOutcome, WrapperOutput, EXEC_INIT_PATH,
+    parse_run_output, raw_invocation, Nonce, RawInvocation, WrapperOutcome, WrapperOutput,
+    EXEC_INIT_PATH,
 };
 use proptest::prelude::*;
 

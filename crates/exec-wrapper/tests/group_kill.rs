@@ -10,10 +10,11 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use bounded_process::Error;
 use common::{alive, become_subreaper, read_pids, reap_adopted, shells, wait_dead, Shell};
 use exec_wrapper::{
-    docker_wrapper_argv, encode_invocation, kill_argv, parse_run_output, pid_file, Error,
-    KillFailure, KillOutcome, Nonce, WrapperOutcome,
+    docker_wrapper_argv, encode_invocation, kill_argv, parse_run_output, pid_file, KillFailure,
+    KillOutcome, Nonce, WrapperOutcome,
 };
 
 fn wrapper_argv(nonce: &Nonce, argv: &[&[u8]]) -> Vec<String> {

@@ -13,12 +13,12 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bounded_process::{BoundedCommand, Error, RunOutput};
 use exec_wrapper::{
     docker_init_probe_argv, docker_init_wrapper_argv, exec_init_argv, namespace_kill_argv,
     new_nonce, nonce_line_seen, parse_run_output, pid_namespace_probe_argv, plain_invocation,
-    raw_invocation, read_kill_mode_probe, sbx_pid_namespace_wrapper_argv, tree_kill_argv,
-    BoundedCommand, Error, KillMode, KillOutcome, KillReport, Nonce, RunOutput, SbxMount,
-    WrapperOutcome,
+    raw_invocation, read_kill_mode_probe, sbx_pid_namespace_wrapper_argv, tree_kill_argv, KillMode,
+    KillOutcome, KillReport, Nonce, SbxMount, WrapperOutcome,
 };
 
 const HOSTILE_TIMEOUT: Duration = Duration::from_millis(1500);
@@ -37,7 +37,7 @@ async fn docker_ok(args: &[&str]) -> RunOutput {
         .expect("the docker CLI runs");
     assert_eq!(
         output.status,
-        exec_wrapper::ExitKind::Exited(0),
+        bounded_process::ExitKind::Exited(0),
         "docker {args:?}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
@@ -208,7 +208,7 @@ async fn the_hostile_cases_leave_nothing_behind(
         let hostile = container
             .exec(&argv, HOSTILE_TIMEOUT)
             .on_line(move |stream, bytes| {
-                if stream == exec_wrapper::Stream::Stderr && bytes == line.as_slice() {
+                if stream == bounded_process::Stream::Stderr && bytes == line.as_slice() {
                     flag.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
             })
@@ -245,7 +245,7 @@ async fn the_hostile_cases_leave_nothing_behind(
             let gone = container.exec(&argv, BOUND).run().await.unwrap();
             assert_eq!(
                 gone.status,
-                exec_wrapper::ExitKind::Exited(0),
+                bounded_process::ExitKind::Exited(0),
                 "{label}: {record} left behind"
             );
         }
@@ -391,7 +391,7 @@ async fn sbx_shape_namespace_kill_in_an_sbx_sim_like_container() {
         .run()
         .await
         .unwrap();
-    assert_eq!(output.status, exec_wrapper::ExitKind::Exited(0));
+    assert_eq!(output.status, bounded_process::ExitKind::Exited(0));
     assert!(
         probe(&container, pid_namespace_probe_argv()).await,
         "PID namespaces work here"

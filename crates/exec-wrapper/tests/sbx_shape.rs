@@ -21,10 +21,11 @@ use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bounded_process::{BoundedCommand, ExitKind};
 use exec_wrapper::{
     cancel_file, encode_env_file, encode_invocation, parse_run_output, pid_file, plain_invocation,
-    sbx_env_file_name, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, BoundedCommand,
-    EncodedInvocation, ExitKind, Nonce, SbxMount, WrapperOutcome, WrapperOutput, WORKSPACE_MARKER,
+    sbx_env_file_name, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, EncodedInvocation, Nonce,
+    SbxMount, WrapperOutcome, WrapperOutput, WORKSPACE_MARKER,
 };
 
 const BOUND: Duration = Duration::from_secs(20);
@@ -389,7 +390,7 @@ fn names(dir: &Path) -> BTreeSet<String> {
         .collect()
 }
 
-fn describe(result: &Result<exec_wrapper::RunOutput, exec_wrapper::Error>) -> String {
+fn describe(result: &Result<bounded_process::RunOutput, bounded_process::Error>) -> String {
     match result {
         Ok(output) => format!(
             "{:?}, stderr {:?}",
@@ -989,7 +990,7 @@ fn the_namespace_kill_ends_every_process_of_a_pid_namespace_call() {
                 .run(),
         );
         assert!(
-            matches!(call, Err(exec_wrapper::Error::Deadline { .. })),
+            matches!(call, Err(bounded_process::Error::Deadline { .. })),
             "{}: {}",
             shell.name,
             describe(&call)

@@ -6,11 +6,12 @@ mod common;
 
 use std::time::Duration;
 
+use bounded_process::ExitKind;
 use common::{shells, Shell};
 use exec_wrapper::{
     cancel_file, docker_wrapper_argv, encode_arg, encode_env_file, encode_invocation, kill_argv,
     parse_run_output, pid_file, plain_invocation, read_tool_probe, sbx_env_file_name,
-    sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, tool_probe_argv, EncodedInvocation, ExitKind,
+    sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, tool_probe_argv, EncodedInvocation,
     KillFailure, KillOutcome, Nonce, SbxMount, ToolProbeOutcome, WrapperOutcome, WrapperOutput,
     DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
 };

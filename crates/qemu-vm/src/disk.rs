@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use exec_wrapper::{BoundedCommand, ExitKind};
+use bounded_process::{BoundedCommand, ExitKind};
 
 use crate::error::VmError;
 

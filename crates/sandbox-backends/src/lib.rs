@@ -34,8 +34,8 @@ use std::time::Duration;
 
 use backend_docker::{DockerBackend, DockerConfig, ImageOutcome, ImageRecipe, LocalImage};
 use backend_sbx::{SbxBackend, SbxConfig};
+use bounded_process::{BoundedCommand, ExitKind};
 use clap::{Args, ValueEnum};
-use exec_wrapper::{BoundedCommand, ExitKind};
 use sandbox_core::{Isolation, Router, RouterConfig, SandboxBackend, SandboxError};
 
 /// The flags that choose and configure a backend. Every flag is `global`, so a host with

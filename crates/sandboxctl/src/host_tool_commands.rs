@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use exec_wrapper::{BoundedCommand, ExitKind};
+use bounded_process::{BoundedCommand, ExitKind};
 use host_tools::{valid_name, HostTool, Registry, RunBounds, ToolError};
 use sandbox_core::SandboxError;
 use serde_json::Value;

@@ -14,7 +14,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use exec_wrapper::{BoundedCommand, ExitKind, RunOutput};
+use bounded_process::{BoundedCommand, ExitKind, RunOutput};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandboxctl");
 

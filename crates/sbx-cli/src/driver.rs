@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use exec_wrapper::{BoundedCommand, ExitKind, OutputSink, RunOutput};
+use bounded_process::{BoundedCommand, ExitKind, OutputSink, RunOutput};
 use tokio::io::AsyncRead;
 use tokio::time::Instant;
 
@@ -29,7 +29,7 @@ pub const LISTING_OUTPUT_BUDGET: usize = 8 * 1024 * 1024;
 /// Output budget of `create`: 1 MiB.
 pub const CREATE_OUTPUT_BUDGET: usize = 1024 * 1024;
 /// Default output budget of `exec`: 8 MiB.
-pub const DEFAULT_EXEC_OUTPUT_BUDGET: usize = exec_wrapper::DEFAULT_OUTPUT_BUDGET;
+pub const DEFAULT_EXEC_OUTPUT_BUDGET: usize = bounded_process::DEFAULT_OUTPUT_BUDGET;
 
 /// The variable that turns `sbx` telemetry off; set to `1` in every `sbx` child when configured.
 pub const NO_TELEMETRY_VAR: &str = "SBX_NO_TELEMETRY";
@@ -44,7 +44,7 @@ type EnvList = Vec<(OsString, OsString)>;
 /// A typed, bounded driver for one `sbx` program.
 ///
 /// Cheap to clone (the configuration is shared). Every method runs exactly one `sbx` process
-/// through [`exec_wrapper::run_bounded`]: explicit environment, stdin closed unless the call
+/// through [`bounded_process::run_bounded`]: explicit environment, stdin closed unless the call
 /// carries bytes, a deadline and an output budget, the process killed and reaped on every early
 /// exit.
 #[derive(Clone)]

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use exec_wrapper::ExitKind;
+use bounded_process::ExitKind;
 
 /// How many characters of a failed call's stderr an error quotes: the last 2000.
 pub const STDERR_TAIL_CHARS: usize = 2000;
@@ -158,7 +158,7 @@ pub enum Error {
         call: Call,
         /// The runner's error.
         #[source]
-        source: exec_wrapper::Error,
+        source: bounded_process::Error,
     },
 
     /// The call failed for a reason none of the other variants describes.
@@ -208,15 +208,17 @@ impl Error {
     pub(crate) fn from_runner(
         call: Call,
         sbx_path: &std::path::Path,
-        err: exec_wrapper::Error,
+        err: bounded_process::Error,
     ) -> Self {
         match err {
-            exec_wrapper::Error::Spawn { source, .. } => Error::SpawnFailed {
+            bounded_process::Error::Spawn { source, .. } => Error::SpawnFailed {
                 sbx_path: sbx_path.to_path_buf(),
                 source,
             },
-            exec_wrapper::Error::Deadline { bound, .. } => Error::Timeout { call, bound },
-            exec_wrapper::Error::OutputLimit { budget, .. } => Error::OutputLimit { call, budget },
+            bounded_process::Error::Deadline { bound, .. } => Error::Timeout { call, bound },
+            bounded_process::Error::OutputLimit { budget, .. } => {
+                Error::OutputLimit { call, budget }
+            }
             other => Error::Io {
                 call,
                 source: other,
@@ -431,7 +433,7 @@ mod tests {
         let spawn = Error::from_runner(
             Call::Ls,
             path,
-            exec_wrapper::Error::Spawn {
+            bounded_process::Error::Spawn {
                 program: "sbx".into(),
                 source: std::io::Error::from(std::io::ErrorKind::NotFound),
             },
@@ -443,7 +445,7 @@ mod tests {
         let deadline = Error::from_runner(
             Call::Exec,
             path,
-            exec_wrapper::Error::Deadline {
+            bounded_process::Error::Deadline {
                 program: "sbx".into(),
                 bound: Duration::from_secs(7),
             },
@@ -456,7 +458,7 @@ mod tests {
         let flood = Error::from_runner(
             Call::Ls,
             path,
-            exec_wrapper::Error::OutputLimit {
+            bounded_process::Error::OutputLimit {
                 program: "sbx".into(),
                 budget: 99,
             },

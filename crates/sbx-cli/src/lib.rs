@@ -7,7 +7,7 @@
 //! - **One method per command** on [`SbxCli`], with typed arguments ([`SbxName`] holds only names
 //!   `sbx` accepts, [`MemorySize`], [`CreateRequest`], [`ExecRequest`]) and typed, parsed output
 //!   ([`LsRow`], [`McpServer`], [`PolicyList`], [`PolicyCheck`], [`SecretList`]).
-//! - **Every call is bounded**: it goes through [`exec_wrapper::run_bounded`] with a deadline
+//! - **Every call is bounded**: it goes through [`bounded_process::run_bounded`] with a deadline
 //!   (60 s by default, `create` 600 s, `exec` the caller's), an output budget (64 KiB for small
 //!   calls, 8 MiB for listings, 1 MiB for `create`, the caller's for `exec`), stdin closed unless
 //!   `exec -i` carries bytes, and the process killed and reaped on every early exit. There is no
@@ -102,13 +102,13 @@ mod error;
 mod name;
 mod shapes;
 
+pub use bounded_process::{ExitKind, OutputSink, RunOutput, Stream};
 pub use driver::{
     CreateRequest, ExecRequest, ExecUser, Removal, SbxCli, SbxCliBuilder, CREATE_OUTPUT_BUDGET,
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CREATE_TIMEOUT, DEFAULT_EXEC_OUTPUT_BUDGET,
     LISTING_OUTPUT_BUDGET, NO_TELEMETRY_VAR, SMALL_OUTPUT_BUDGET,
 };
 pub use error::{classify, classify_output, failure_detail, Call, Error, STDERR_TAIL_CHARS};
-pub use exec_wrapper::{ExitKind, OutputSink, RunOutput, Stream};
 pub use name::{MemorySize, SbxName, MAX_NAME_LEN};
 pub use shapes::{
     parse_ls, parse_mcp_ls, parse_policy_check, parse_policy_ls, parse_secret_ls, CustomSecret,

@@ -371,7 +371,7 @@ async fn exec_builds_each_form_and_returns_the_raw_output() {
 struct KeptStdout(Vec<u8>);
 
 impl OutputSink for KeptStdout {
-    async fn accept(&mut self, stream: Stream, bytes: &[u8]) -> exec_wrapper::Result<()> {
+    async fn accept(&mut self, stream: Stream, bytes: &[u8]) -> bounded_process::Result<()> {
         if stream == Stream::Stdout {
             self.0.extend_from_slice(bytes);
         }

@@ -12,7 +12,7 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use exec_wrapper::BoundedCommand;
+use bounded_process::BoundedCommand;
 use sbx_cli::{
     Call, CreateRequest, Error, ExecRequest, ExitKind, Instant, MemorySize, Removal, SbxCli,
     SbxName,
@@ -111,7 +111,7 @@ impl Sim {
     }
 
     /// Runs the stand-in directly (for its own `settings set` and `sim …` commands).
-    async fn run(&self, args: &[&str]) -> exec_wrapper::RunOutput {
+    async fn run(&self, args: &[&str]) -> bounded_process::RunOutput {
         BoundedCommand::new(&self.bin, Duration::from_secs(120))
             .args(args)
             .envs(self.env(None))
@@ -512,7 +512,7 @@ impl sbx_cli::OutputSink for Kept {
         &mut self,
         stream: sbx_cli::Stream,
         bytes: &[u8],
-    ) -> Result<(), exec_wrapper::Error> {
+    ) -> Result<(), bounded_process::Error> {
         match stream {
             sbx_cli::Stream::Stdout => {
                 self.first_stdout.get_or_insert(self.started.elapsed());

@@ -328,7 +328,7 @@ async fn run_create(home: &StateHome, docker: &Docker, request: &CreateRequest) 
             run_argv(home, request, &id, &created, &exec_user),
         )
         .await?;
-    if out.status != exec_wrapper::ExitKind::Exited(0) {
+    if out.status != bounded_process::ExitKind::Exited(0) {
         let detail = failure_detail(&out);
         let lower = detail.to_ascii_lowercase();
         if lower.contains("is already in use") {
@@ -385,7 +385,7 @@ async fn prepare(
             ["exec", "-u", "0:0", container, "/bin/sh", "-c", KIT_CHECK],
         )
         .await?;
-    if kit.status != exec_wrapper::ExitKind::Exited(0) {
+    if kit.status != bounded_process::ExitKind::Exited(0) {
         return Err(SimError::TemplateCannotStart);
     }
     let userns = docker
@@ -395,7 +395,7 @@ async fn prepare(
             ["exec", "-u", exec_user, container, "sh", "-c", USERNS_CHECK],
         )
         .await?;
-    if userns.status != exec_wrapper::ExitKind::Exited(0) {
+    if userns.status != bounded_process::ExitKind::Exited(0) {
         return Err(SimError::NoUserNamespaces {
             detail: failure_detail(&userns),
         });
@@ -485,7 +485,7 @@ pub async fn idle_watch(home: &StateHome, docker: &Docker, name: &str) -> Result
                 let out = docker
                     .call("kill", CALL_TIMEOUT, ["kill", container.id.as_str()])
                     .await?;
-                if out.status != exec_wrapper::ExitKind::Exited(0) {
+                if out.status != bounded_process::ExitKind::Exited(0) {
                     eprintln!("idle stop of {name}: {}", failure_detail(&out));
                 }
             }

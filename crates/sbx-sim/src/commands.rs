@@ -475,7 +475,7 @@ async fn relay_exec(
         .map_err(|source| {
             SimError::runner(
                 "exec",
-                exec_wrapper::Error::Spawn {
+                bounded_process::Error::Spawn {
                     program: docker.program().to_string_lossy().into_owned(),
                     source,
                 },

@@ -5,7 +5,7 @@
 use std::ffi::{OsStr, OsString};
 use std::time::Duration;
 
-use exec_wrapper::{BoundedCommand, ExitKind, RunOutput};
+use bounded_process::{BoundedCommand, ExitKind, RunOutput};
 use serde_json::Value;
 
 use crate::error::{Result, SimError};

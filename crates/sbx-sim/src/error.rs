@@ -61,7 +61,7 @@ pub enum SimError {
         what: &'static str,
         /// The bounded runner's error.
         #[source]
-        source: exec_wrapper::Error,
+        source: bounded_process::Error,
     },
     /// Docker answered with something this program cannot read.
     #[error("docker {what} answered something unreadable: {detail}")]
@@ -115,7 +115,7 @@ impl SimError {
     /// A docker call the runner could not complete. Cold: never the common path.
     #[cold]
     #[inline(never)]
-    pub fn runner(what: &'static str, source: exec_wrapper::Error) -> Self {
+    pub fn runner(what: &'static str, source: bounded_process::Error) -> Self {
         SimError::Runner { what, source }
     }
 

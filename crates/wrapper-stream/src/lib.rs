@@ -4,8 +4,8 @@
 //!
 //! Every backend that runs commands through the exec wrapper and streams their output needs
 //! exactly this sink, so it exists once, here. It joins two crates that must not know each other:
-//! `exec-wrapper` (the splitter and the [`OutputSink`] shape its runner drives) depends on nothing
-//! of ours, and `sandbox-core` (the [`ExecStreamSender`]) depends on nothing of ours and does no
+//! `exec-wrapper` (the splitter) depends on nothing of ours but `bounded-process` (the
+//! [`OutputSink`] shape its runner drives), and `sandbox-core` (the [`ExecStreamSender`]) depends on nothing of ours and does no
 //! I/O. Neither can hold a type that names the other's, and no backend may import another, so the
 //! sink sits in this small crate above both and below every backend
 //! (docs/architecture.md#layering-rules).
@@ -16,7 +16,8 @@
 //! (the backend's), and reading the call's end ([`NonceSplitter::finish`]).
 //!
 //! ```
-//! use exec_wrapper::{ExitKind, Nonce, OutputSink, Stream, WrapperOutcome};
+//! use bounded_process::{ExitKind, OutputSink, Stream};
+//! use exec_wrapper::{Nonce, WrapperOutcome};
 //! use sandbox_core::{ExecEvent, ExecStream};
 //! use wrapper_stream::WrapperStreamSink;
 //!
@@ -41,7 +42,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use exec_wrapper::{Error, KillOutcome, Nonce, NonceSplitter, OutputSink, Stream};
+use bounded_process::{Error, OutputSink, Stream};
+use exec_wrapper::{KillOutcome, Nonce, NonceSplitter};
 use sandbox_core::backend_kit::{ExecStreamSender, SendRefused};
 use sandbox_core::{ExecChunk, ExecOutput, ExecStream, GuestCleanup, SandboxError};
 
@@ -172,7 +174,8 @@ pub fn guest_cleanup(outcome: KillOutcome) -> GuestCleanup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use exec_wrapper::{ExitKind, WrapperOutcome};
+    use bounded_process::ExitKind;
+    use exec_wrapper::WrapperOutcome;
     use sandbox_core::{ExecEvent, ExecStream};
 
     const NONCE: &str = "0123456789abcdef01234567";

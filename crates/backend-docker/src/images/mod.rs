@@ -32,7 +32,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use exec_wrapper::{BoundedCommand, ExitKind, RunOutput};
+use bounded_process::{BoundedCommand, ExitKind, RunOutput};
 
 use crate::connection::EngineConnection;
 use crate::endpoint::Endpoint;
@@ -877,7 +877,7 @@ async fn run_checked(
     match command.run().await {
         Ok(out) if out.status == ExitKind::Exited(0) => Ok(out),
         Ok(out) => Err(command_failed(&out, tool.program.as_os_str(), args)),
-        Err(exec_wrapper::Error::Spawn { source, .. })
+        Err(bounded_process::Error::Spawn { source, .. })
             if source.kind() == std::io::ErrorKind::NotFound =>
         {
             Err(DockerError::HostToolMissing {
@@ -885,11 +885,11 @@ async fn run_checked(
                 package: tool.package.to_owned(),
             })
         }
-        Err(exec_wrapper::Error::Spawn { source, .. }) => Err(DockerError::Spawn {
+        Err(bounded_process::Error::Spawn { source, .. }) => Err(DockerError::Spawn {
             program: tool.program.display().to_string(),
             source,
         }),
-        Err(exec_wrapper::Error::Deadline { bound, .. }) => Err(DockerError::CommandTimedOut {
+        Err(bounded_process::Error::Deadline { bound, .. }) => Err(DockerError::CommandTimedOut {
             command: command_line(tool.program.as_os_str(), args),
             timeout: bound,
         }),

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use backend_docker::{DockerBackend, DockerConfig, EgressProbe};
+use bounded_process::{BoundedCommand, ExitKind, RunOutput};
 use conformance::{AcquireOutcome, ConformanceError, DockerAnswer, Fingerprint, HardeningHooks};
-use exec_wrapper::{BoundedCommand, ExitKind, RunOutput};
 use sandbox_core::{ErrorKind, Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
 
 /// The local images (docs/docker-backend.md#local-images).

@@ -10,8 +10,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bounded_process::{BoundedCommand, ExitKind};
 use conformance::{AcquireOutcome, ConformanceError, Fingerprint, HardeningHooks};
-use exec_wrapper::{BoundedCommand, ExitKind};
 use sandbox_core::{ErrorKind, Sandbox, SandboxKey, SandboxSpec};
 
 use super::observer;

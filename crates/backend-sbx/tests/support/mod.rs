@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use backend_sbx::{SbxBackend, SbxConfig};
+use bounded_process::{BoundedCommand, ExitKind, RunOutput};
 use conformance::{AcquireOutcome, ConformanceError, DockerAnswer, Fingerprint, HardeningHooks};
-use exec_wrapper::{BoundedCommand, ExitKind, RunOutput};
 use sandbox_core::{ErrorKind, Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
 
 /// The simulator: `SBX_PATH` (set by `cargo xtask e2e sbx`), else the workspace's debug build.

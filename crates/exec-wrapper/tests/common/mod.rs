@@ -8,7 +8,8 @@ use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use exec_wrapper::{cancel_file, new_nonce, pid_file, BoundedCommand, Error, Nonce, RunOutput};
+use bounded_process::{BoundedCommand, Error, RunOutput};
+use exec_wrapper::{cancel_file, new_nonce, pid_file, Nonce};
 
 /// A call's nonce, owning the files named after it that the scripts write under `/tmp` (the
 /// group record, the cancel file, the status record). In a guest they live and die with the

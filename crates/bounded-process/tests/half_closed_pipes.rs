@@ -6,8 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use bounded_process::{BoundedCommand, Error, ExitKind};
 use common::{read_pids, wait_dead};
-use exec_wrapper::{BoundedCommand, Error, ExitKind};
 
 const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 

@@ -1,4 +1,4 @@
-//! The host-side bounded runner: every `docker` and `sbx` invocation goes through it.
+//! The bounded run itself: one child, its pipes, its deadline and budget, and its end.
 //!
 //! One call = one child with an explicit environment, stdin `/dev/null` unless bytes are given,
 //! both pipes read concurrently against one combined output budget, a deadline, and a kill of the
@@ -518,7 +518,7 @@ use self::windows::exit_kind;
 mod windows {
     use std::process::ExitStatus;
 
-    use crate::bounded_runner::ExitKind;
+    use crate::runner::ExitKind;
 
     pub(super) fn exit_kind(status: ExitStatus) -> ExitKind {
         // Windows has no signals: every end, a job termination included, sets an exit code,

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use exec_wrapper::{BoundedCommand, Error, DEFAULT_OUTPUT_BUDGET};
+use bounded_process::{BoundedCommand, Error, DEFAULT_OUTPUT_BUDGET};
 
 fn status_kib(field: &str) -> usize {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use exec_wrapper::BoundedCommand;
+use bounded_process::BoundedCommand;
 
 #[test]
 fn debug_output_names_the_call_but_no_secret() {

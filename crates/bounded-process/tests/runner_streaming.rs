@@ -5,8 +5,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use bounded_process::{BoundedCommand, Error, ExitKind, OutputSink, Stream};
 use common::{read_pids, wait_dead};
-use exec_wrapper::{BoundedCommand, Error, ExitKind, OutputSink, Stream};
 
 const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 

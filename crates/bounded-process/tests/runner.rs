@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bounded_process::{BoundedCommand, Error, ExitKind, Stream, READ_CHUNK};
 use common::{alive, read_pids, wait_dead};
-use exec_wrapper::{BoundedCommand, Error, ExitKind, Stream, READ_CHUNK};
 
 const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
