@@ -9,7 +9,8 @@
 
 use arbitrary::Arbitrary;
 use bounded_process::ExitKind;
-use exec_wrapper::{parse_result, Nonce, WrapperOutcome, NO_CWD_REASON_BYTES, STDERR_TAIL_BYTES};
+use exec_wrapper::outcome::{parse_result, NO_CWD_REASON_BYTES, STDERR_TAIL_BYTES};
+use exec_wrapper::{Nonce, WrapperOutcome};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, Arbitrary)]

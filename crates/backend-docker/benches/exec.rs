@@ -53,7 +53,12 @@ async fn bare_api_exec(docker: &bollard::Docker, id: &str) {
 
 /// The same exec through the exec init, as the backend sends it to this image.
 async fn wrapped_api_exec(docker: &bollard::Docker, id: &str) {
-    api_exec(docker, id, echo_hi_through(exec_wrapper::exec_init_argv)).await;
+    api_exec(
+        docker,
+        id,
+        echo_hi_through(exec_wrapper::wrapper::exec_init_argv),
+    )
+    .await;
 }
 
 /// The same exec through the wrapper under the engine's init (an image without the exec init).
@@ -61,18 +66,18 @@ async fn engine_init_api_exec(docker: &bollard::Docker, id: &str) {
     api_exec(
         docker,
         id,
-        echo_hi_through(exec_wrapper::docker_init_wrapper_argv),
+        echo_hi_through(exec_wrapper::wrapper::docker_init_wrapper_argv),
     )
     .await;
 }
 
 /// `echo hi` in `/` as one init shape writes it, argv raw, with a fresh nonce.
 fn echo_hi_through(
-    shape: fn(&exec_wrapper::Nonce, &exec_wrapper::RawInvocation) -> Vec<String>,
+    shape: fn(&exec_wrapper::Nonce, &exec_wrapper::encoding::RawInvocation) -> Vec<String>,
 ) -> Vec<String> {
     let nonce = exec_wrapper::new_nonce().expect("a nonce");
-    let invocation =
-        exec_wrapper::raw_invocation(b"/", &[b"echo".as_slice(), b"hi"]).expect("an argv");
+    let invocation = exec_wrapper::encoding::raw_invocation(b"/", &[b"echo".as_slice(), b"hi"])
+        .expect("an argv");
     shape(&nonce, &invocation)
 }
 

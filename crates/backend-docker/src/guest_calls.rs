@@ -8,13 +8,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bounded_process::{ExitKind, OutputSink, Stream};
-use exec_wrapper::{
-    docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation, exec_init_argv,
-    init_status_argv, new_nonce, raw_invocation, read_tool_probe, recorded_status, tool_probe_argv,
-    tree_kill_argv, KillFailure, KillOutcome, KillReport, Nonce, ToolProbeOutcome, WrapperOutcome,
-    DOCKER_INIT_PATH, DOCKER_TOOLS, EXEC_INIT_PATH, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
-    RECORDED_STATUS, SIGNAL_STATUSES,
+use exec_wrapper::encoding::{encode_invocation, raw_invocation};
+use exec_wrapper::kill::{
+    tree_kill_argv, KillFailure, KillOutcome, KillReport, KILL_OUTPUT_BUDGET,
 };
+use exec_wrapper::tool_probe::{
+    read_tool_probe, tool_probe_argv, ToolProbeOutcome, DOCKER_TOOLS, PROBE_OUTPUT_BUDGET,
+};
+use exec_wrapper::wrapper::{
+    docker_init_wrapper_argv, docker_wrapper_argv, exec_init_argv, init_status_argv,
+    recorded_status, DOCKER_INIT_PATH, EXEC_INIT_PATH, RECORDED_STATUS, SIGNAL_STATUSES,
+};
+use exec_wrapper::{new_nonce, Nonce, WrapperOutcome};
 use futures_util::StreamExt as _;
 use sandbox_core::backend_kit::ExecStreamSender;
 use sandbox_core::{ExecEnv, ExecExit, ExecStdin, ExecStream, GuestCleanup, SandboxError};

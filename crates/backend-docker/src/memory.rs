@@ -34,7 +34,7 @@ pub(crate) struct Remembered {
 pub(crate) enum CallInit {
     /// The engine's init starting the wrapper's `sh`.
     EngineInit,
-    /// The image's exec init (`exec_wrapper::EXEC_INIT_PATH`), the wrapper itself.
+    /// The image's exec init (`exec_wrapper::wrapper::EXEC_INIT_PATH`), the wrapper itself.
     ExecInit,
 }
 

@@ -267,7 +267,11 @@ async fn calls_run_as_the_exec_init_where_the_image_carries_it() {
     let report =
         "tr '\\0' ' ' </proc/$PPID/cmdline; echo; grep -E '^Sig(Ign|Blk):' /proc/self/status";
     for (thread, image, parent) in [
-        ("t", BASE, format!("{} ", exec_wrapper::EXEC_INIT_PATH)),
+        (
+            "t",
+            BASE,
+            format!("{} ", exec_wrapper::wrapper::EXEC_INIT_PATH),
+        ),
         ("u", BUSYBOX, "sh -c ".to_owned()),
     ] {
         let key = SandboxKey::conversation(scope.as_str(), thread, "agent");

@@ -7,9 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bounded_process::ExitKind;
-use exec_wrapper::{
-    read_tool_probe, tool_probe_argv, SbxMount, ToolProbeOutcome, SBX_TOOLS, WORKSPACE_MARKER,
-};
+use exec_wrapper::tool_probe::{read_tool_probe, tool_probe_argv, ToolProbeOutcome, SBX_TOOLS};
+use exec_wrapper::wrapper::{SbxMount, WORKSPACE_MARKER};
 use sandbox_core::naming::sbx::sbx_sandbox_name;
 use sandbox_core::storage_base::{plan_storage_base, storage_base_directories, validate_base};
 use sandbox_core::{

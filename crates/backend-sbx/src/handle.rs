@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bounded_process::ExitKind;
-use exec_wrapper::{
-    encode_env_file, namespace_kill_argv, new_nonce, pid_namespace_probe_argv, plain_invocation,
-    read_kill_mode_probe, sbx_env_file_name, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv,
-    KillFailure, KillOutcome, KillReport, Nonce, SbxMount, WrapperOutcome, KILL_OUTPUT_BUDGET,
+use exec_wrapper::call::sbx_env_file_name;
+use exec_wrapper::encoding::{encode_env_file, plain_invocation};
+use exec_wrapper::kill::{
+    namespace_kill_argv, pid_namespace_probe_argv, read_kill_mode_probe, KillFailure, KillOutcome,
+    KillReport, KILL_OUTPUT_BUDGET,
 };
+use exec_wrapper::wrapper::{sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, SbxMount};
+use exec_wrapper::{new_nonce, Nonce, WrapperOutcome};
 use sandbox_core::backend_kit::{CleanupOnDrop, ExecStreamSender};
 use sandbox_core::guest_path::{self, Access};
 use sandbox_core::{

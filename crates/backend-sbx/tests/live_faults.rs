@@ -277,7 +277,7 @@ async fn a_hung_exec_times_out_and_a_kill_that_cannot_land_retires_the_instance_
 
     // Only this command hangs (matched by its argument as the wrapper carries it): the kill
     // finds no pid file, so the command never started and the sandbox is kept.
-    let marker = exec_wrapper::encode_arg_plain(b"hung-marker", "marker").unwrap();
+    let marker = exec_wrapper::encoding::encode_arg_plain(b"hung-marker", "marker").unwrap();
     host.fault_set(&format!("hung-exec={marker}")).await;
     let started = Instant::now();
     let error = assert_kind(

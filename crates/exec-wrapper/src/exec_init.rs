@@ -9,8 +9,9 @@
 //! values (in process: no `base64`); enters the working directory (failure: the `-nocwd` line, a
 //! reason, 125); prints the nonce line; starts exactly the argv (a `PATH` search as `execvp` does,
 //! in a process group of its own); reaps every orphan it adopts while it waits; records a
-//! signal-shaped status ([`crate::SIGNAL_STATUSES`]) for [`crate::init_status_argv`] and exits
-//! [`crate::RECORDED_STATUS`] then, else exits with the command's status.
+//! signal-shaped status ([`crate::wrapper::SIGNAL_STATUSES`]) for
+//! [`crate::wrapper::init_status_argv`] and exits [`crate::wrapper::RECORDED_STATUS`] then, else
+//! exits with the command's status.
 //!
 //! What it saves is two program starts per call, the init's and a dynamically linked shell's.
 //! The parsing ([`parse_init_args`]) is portable and pure, so it is tested on every host; the
@@ -65,7 +66,7 @@ pub fn parse_init_args(args: &[OsString]) -> Option<InitCall> {
     Some(InitCall { nonce, cwd, argv })
 }
 
-/// The record of a signal-shaped status, read by [`crate::init_status_argv`]'s script.
+/// The record of a signal-shaped status, read by [`crate::wrapper::init_status_argv`]'s script.
 pub fn status_file(nonce: &Nonce) -> String {
     format!("/tmp/maf-sbx-{nonce}.status")
 }
@@ -159,9 +160,9 @@ mod linux {
         };
         // No exit of the init's own is ever signal-shaped: such an exec status can only be the
         // init's death.
-        if crate::SIGNAL_STATUSES.contains(&status) {
+        if crate::wrapper_scripts::SIGNAL_STATUSES.contains(&status) {
             record_status(&status_file(&nonce), status);
-            return crate::RECORDED_STATUS as u8;
+            return crate::wrapper_scripts::RECORDED_STATUS as u8;
         }
         u8::try_from(status).unwrap_or(u8::MAX)
     }
@@ -312,8 +313,8 @@ mod tests {
             argv in proptest::collection::vec(proptest::collection::vec(1u8..=255, 0..20), 1..6),
         ) {
             let nonce = crate::new_nonce().unwrap();
-            let invocation = crate::raw_invocation(&cwd, &argv).unwrap();
-            let sent: Vec<OsString> = crate::exec_init_argv(&nonce, &invocation)[1..]
+            let invocation = crate::argv_encoding::raw_invocation(&cwd, &argv).unwrap();
+            let sent: Vec<OsString> = crate::wrapper_scripts::exec_init_argv(&nonce, &invocation)[1..]
                 .iter()
                 .map(OsString::from)
                 .collect();

@@ -145,9 +145,10 @@ pub fn parse_run_output(output: RunOutput, nonce: &Nonce) -> WrapperOutcome {
 }
 
 /// Whether a wrapper call's stderr, complete or as far as it has arrived, holds the nonce line:
-/// the command was about to start. Feed it to [`crate::KillReport::after_start`] after a kill, so
-/// a call whose record is gone is never read as "never started". With
-/// [`bounded_process::BoundedCommand::on_line`], compare each stderr line with [`Nonce::line`] instead.
+/// the command was about to start. Feed it to [`crate::kill::KillReport::after_start`] after a
+/// kill, so a call whose record is gone is never read as "never started". With
+/// [`bounded_process::BoundedCommand::on_line`], compare each stderr line with [`Nonce::line`]
+/// instead.
 pub fn nonce_line_seen(stderr: &[u8], nonce: &Nonce) -> bool {
     find(stderr, &nonce.line()).is_some()
 }

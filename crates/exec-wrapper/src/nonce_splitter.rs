@@ -1,10 +1,11 @@
 //! The one reader of a wrapper call's stderr, fed as it arrives: it finds the first line the
 //! wrapper marks with the call's nonce and splits transport noise from the command's stderr.
 //!
-//! [`crate::parse_result`] feeds it a whole stderr at once; a streaming backend feeds it chunk by
-//! chunk, however the chunks cut the nonce line. It holds a bounded amount of stderr whatever the
-//! command writes: before its verdict, an unclassified remainder of at most one marker line; at
-//! every point, the last [`STDERR_TAIL_BYTES`] bytes for a failure's classification.
+//! [`crate::outcome::parse_result`] feeds it a whole stderr at once; a streaming backend feeds it
+//! chunk by chunk, however the chunks cut the nonce line. It holds a bounded amount of stderr
+//! whatever the command writes: before its verdict, an unclassified remainder of at most one
+//! marker line; at every point, the last [`STDERR_TAIL_BYTES`] bytes for a failure's
+//! classification.
 
 use crate::call_identity::{Nonce, NONCE_HEX_LEN};
 use crate::nonce_result::{outcome_of, WrapperOutcome, NO_CWD_REASON_BYTES, STDERR_TAIL_BYTES};

@@ -356,7 +356,7 @@ macro_rules! exact_kill_fallback {
 /// empty after 200 rounds (a process the kill may not signal). No
 /// such init: the group kill of the same call runs instead (a wrapper without the init), so a
 /// call whose init is gone reads as "never started" (exit 4), which the host turns into a kill
-/// that did not land once it has seen the nonce line ([`crate::KillReport::after_start`]).
+/// that did not land once it has seen the nonce line ([`crate::kill::KillReport::after_start`]).
 pub const TREE_KILL_SCRIPT: &str = concat!(
     exact_kill_start!(),
     r#"f=/sys/fs/cgroup
@@ -531,13 +531,13 @@ pub struct SbxMount {
 
 /// The argv after `sbx exec <name>`: `unshare --user --mount --map-root-user -- sh -c <wrapper>
 /// maf-sbx <wrapper> bind <nonce> <pid file> <parent> <guest mount> .maf-sbx-workspace <env
-/// file|-> <cwd> <arg>…`, each value as [`crate::plain_invocation`] or
-/// [`crate::encode_invocation`] carries it.
+/// file|-> <cwd> <arg>…`, each value as [`crate::encoding::plain_invocation`] or
+/// [`crate::encoding::encode_invocation`] carries it.
 ///
 /// `unshare` is the call's first process: it makes the namespaces and starts the wrapper's
 /// `bind` stage in them. With `with_env_file`, the env file is `<parent>/.maf-sbx-env-<nonce>`,
-/// which the host must have written (see [`crate::encode_env_file`] and [`sbx_env_file_name`])
-/// before the call.
+/// which the host must have written (see [`crate::encoding::encode_env_file`] and
+/// [`sbx_env_file_name`]) before the call.
 ///
 /// # Errors
 ///
@@ -785,7 +785,10 @@ mod tests {
             .args(argv)
             .output()
             .unwrap();
-        assert!(crate::nonce_line_seen(&ran.stderr, &nonce), "{ran:?}");
+        assert!(
+            crate::nonce_result::nonce_line_seen(&ran.stderr, &nonce),
+            "{ran:?}"
+        );
         let status = ran.status.code().unwrap_or_else(|| {
             128 + std::os::unix::process::ExitStatusExt::signal(&ran.status).unwrap()
         });
@@ -886,7 +889,7 @@ mod tests {
     #[test]
     fn sbx_argv_names_the_env_file_under_the_parent() {
         let nonce = Nonce::parse("00112233445566778899aabb").unwrap();
-        let inv = crate::plain_invocation(b"/", &[b"true"]).unwrap();
+        let inv = crate::argv_encoding::plain_invocation(b"/", &[b"true"]).unwrap();
         let mount = SbxMount {
             parent: "/maf-sandbox/".into(),
             guest_mount: "/home/agent/ws".into(),
@@ -924,7 +927,7 @@ mod tests {
     #[test]
     fn the_pid_namespace_argv_puts_the_nonce_before_the_first_newline() {
         let nonce = Nonce::parse("00112233445566778899aabb").unwrap();
-        let inv = crate::plain_invocation(b"/", &[b"true"]).unwrap();
+        let inv = crate::argv_encoding::plain_invocation(b"/", &[b"true"]).unwrap();
         let mount = SbxMount {
             parent: "/maf-sandbox".into(),
             guest_mount: "/home/agent/ws".into(),

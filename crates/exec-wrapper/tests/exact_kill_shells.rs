@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use bounded_process::ExitKind;
 use common::{read_pids, shells, wait_dead, Shell};
-use exec_wrapper::{
-    cancel_file, docker_init_wrapper_argv, docker_wrapper_argv, encode_invocation,
-    namespace_kill_argv, nonce_line_seen, parse_run_output, pid_file, raw_invocation,
-    tree_kill_argv, KillMode, KillOutcome, KillReport, Nonce, RawInvocation, WrapperOutcome,
-    WrapperOutput, DOCKER_INIT_PATH,
-};
+use exec_wrapper::call::{cancel_file, pid_file};
+use exec_wrapper::encoding::{encode_invocation, raw_invocation, RawInvocation};
+use exec_wrapper::kill::{namespace_kill_argv, tree_kill_argv, KillMode, KillOutcome, KillReport};
+use exec_wrapper::outcome::{nonce_line_seen, parse_run_output};
+use exec_wrapper::wrapper::{docker_init_wrapper_argv, docker_wrapper_argv, DOCKER_INIT_PATH};
+use exec_wrapper::{Nonce, WrapperOutcome, WrapperOutput};
 use proptest::prelude::*;
 
 const BOUND: Duration = Duration::from_secs(20);

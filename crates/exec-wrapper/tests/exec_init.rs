@@ -12,11 +12,13 @@ use std::time::Duration;
 
 use bounded_process::{BoundedCommand, ExitKind, RunOutput};
 use common::{shells, Shell};
-use exec_wrapper::{
-    cancel_file, docker_init_wrapper_argv, exec_init_argv, init_status_argv, nonce_line_seen,
-    parse_run_output, raw_invocation, Nonce, RawInvocation, WrapperOutcome, WrapperOutput,
-    EXEC_INIT_PATH,
+use exec_wrapper::call::cancel_file;
+use exec_wrapper::encoding::{raw_invocation, RawInvocation};
+use exec_wrapper::outcome::{nonce_line_seen, parse_run_output};
+use exec_wrapper::wrapper::{
+    docker_init_wrapper_argv, exec_init_argv, init_status_argv, EXEC_INIT_PATH,
 };
+use exec_wrapper::{Nonce, WrapperOutcome, WrapperOutput};
 use proptest::prelude::*;
 
 const BOUND: Duration = Duration::from_secs(20);
@@ -310,7 +312,11 @@ kill -KILL 0
         .unwrap();
     // `kill 0` ended the command's group (the sleeper's too), never the init: it recorded the
     // signal's status and answered that it did.
-    assert_eq!(output.status, exec_wrapper::RECORDED_STATUS, "{text}");
+    assert_eq!(
+        output.status,
+        exec_wrapper::wrapper::RECORDED_STATUS,
+        "{text}"
+    );
     let init_group = word_after(&text, "init-group ", 0);
     let init_pid = word_after(&text, "init ", 0);
     let self_pid = word_after(&text, "init ", 2);
@@ -343,7 +349,7 @@ async fn a_status_over_128_is_recorded_and_one_below_is_not_and_a_planted_link_i
         &[b"sh".to_vec(), b"-c".to_vec(), b"kill -TERM $$".to_vec()],
     )
     .await;
-    assert_eq!(ran(outcome).status, exec_wrapper::RECORDED_STATUS);
+    assert_eq!(ran(outcome).status, exec_wrapper::wrapper::RECORDED_STATUS);
     assert_eq!(init_status_check(&nonce).await.trim(), "143");
     let (nonce, outcome) = init_outcome(b"/", &[b"true".to_vec()]).await;
     assert_eq!(ran(outcome).status, 0);
@@ -362,7 +368,7 @@ async fn a_status_over_128_is_recorded_and_one_below_is_not_and_a_planted_link_i
     .await;
     assert_eq!(
         ran(parse_run_output(output, &nonce)).status,
-        exec_wrapper::RECORDED_STATUS
+        exec_wrapper::wrapper::RECORDED_STATUS
     );
     assert!(!target.exists(), "the record was written through a link");
     assert_eq!(init_status_check(&nonce).await.trim(), "none");

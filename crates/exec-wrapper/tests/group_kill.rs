@@ -12,10 +12,12 @@ use std::time::Duration;
 
 use bounded_process::Error;
 use common::{alive, become_subreaper, read_pids, reap_adopted, shells, wait_dead, Shell};
-use exec_wrapper::{
-    docker_wrapper_argv, encode_invocation, kill_argv, parse_run_output, pid_file, KillFailure,
-    KillOutcome, Nonce, WrapperOutcome,
-};
+use exec_wrapper::call::pid_file;
+use exec_wrapper::encoding::encode_invocation;
+use exec_wrapper::kill::{kill_argv, KillFailure, KillOutcome};
+use exec_wrapper::outcome::parse_run_output;
+use exec_wrapper::wrapper::docker_wrapper_argv;
+use exec_wrapper::{Nonce, WrapperOutcome};
 
 fn wrapper_argv(nonce: &Nonce, argv: &[&[u8]]) -> Vec<String> {
     docker_wrapper_argv(nonce, &encode_invocation(b"/", argv).unwrap())

@@ -14,12 +14,16 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bounded_process::{BoundedCommand, Error, RunOutput};
-use exec_wrapper::{
-    docker_init_probe_argv, docker_init_wrapper_argv, exec_init_argv, namespace_kill_argv,
-    new_nonce, nonce_line_seen, parse_run_output, pid_namespace_probe_argv, plain_invocation,
-    raw_invocation, read_kill_mode_probe, sbx_pid_namespace_wrapper_argv, tree_kill_argv, KillMode,
-    KillOutcome, KillReport, Nonce, SbxMount, WrapperOutcome,
+use exec_wrapper::encoding::{plain_invocation, raw_invocation};
+use exec_wrapper::kill::{
+    docker_init_probe_argv, namespace_kill_argv, pid_namespace_probe_argv, read_kill_mode_probe,
+    tree_kill_argv, KillMode, KillOutcome, KillReport,
 };
+use exec_wrapper::outcome::{nonce_line_seen, parse_run_output};
+use exec_wrapper::wrapper::{
+    docker_init_wrapper_argv, exec_init_argv, sbx_pid_namespace_wrapper_argv, SbxMount,
+};
+use exec_wrapper::{new_nonce, Nonce, WrapperOutcome};
 
 const HOSTILE_TIMEOUT: Duration = Duration::from_millis(1500);
 const BOUND: Duration = Duration::from_secs(60);
@@ -238,8 +242,8 @@ async fn the_hostile_cases_leave_nothing_behind(
         // removes them (the pid file of the namespace shape, and the cancel file it wrote
         // itself), so a kill leaves nothing behind in a reused sandbox.
         for record in [
-            exec_wrapper::pid_file(&nonce),
-            exec_wrapper::cancel_file(&nonce),
+            exec_wrapper::call::pid_file(&nonce),
+            exec_wrapper::call::cancel_file(&nonce),
         ] {
             let argv = ["sh", "-c", r#"[ ! -e "$1" ]"#, "x", &record].map(str::to_owned);
             let gone = container.exec(&argv, BOUND).run().await.unwrap();
@@ -384,7 +388,7 @@ async fn sbx_shape_namespace_kill_in_an_sbx_sim_like_container() {
     .await;
     let setup = format!(
         "mkdir -p {SBX_PARENT} {SBX_WORKSPACE} && : >{SBX_WORKSPACE}/{}",
-        exec_wrapper::WORKSPACE_MARKER
+        exec_wrapper::wrapper::WORKSPACE_MARKER
     );
     let output = container
         .exec(&["sh".into(), "-c".into(), setup], BOUND)

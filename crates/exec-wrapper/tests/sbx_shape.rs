@@ -22,11 +22,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bounded_process::{BoundedCommand, ExitKind};
-use exec_wrapper::{
-    cancel_file, encode_env_file, encode_invocation, parse_run_output, pid_file, plain_invocation,
-    sbx_env_file_name, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, EncodedInvocation, Nonce,
-    SbxMount, WrapperOutcome, WrapperOutput, WORKSPACE_MARKER,
+use exec_wrapper::call::{cancel_file, pid_file, sbx_env_file_name};
+use exec_wrapper::encoding::{
+    encode_env_file, encode_invocation, plain_invocation, EncodedInvocation,
 };
+use exec_wrapper::outcome::parse_run_output;
+use exec_wrapper::wrapper::{
+    sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, SbxMount, WORKSPACE_MARKER,
+};
+use exec_wrapper::{Nonce, WrapperOutcome, WrapperOutput};
 
 const BOUND: Duration = Duration::from_secs(20);
 
@@ -975,8 +979,13 @@ fn the_namespace_kill_ends_every_process_of_a_pid_namespace_call() {
             parent: site.parent_str().to_owned(),
             guest_mount: site.workspace.to_str().unwrap().to_owned(),
         };
-        let argv = exec_wrapper::sbx_pid_namespace_wrapper_argv(&nonce, &mount, false, &invocation)
-            .unwrap();
+        let argv = exec_wrapper::wrapper::sbx_pid_namespace_wrapper_argv(
+            &nonce,
+            &mount,
+            false,
+            &invocation,
+        )
+        .unwrap();
         assert_eq!(argv[..4], ["unshare", "--user", "--mount", "--pid"]);
         // By name, as `sbx exec` starts it: the kill knows the `unshare` by its command line.
         required("unshare");
@@ -1006,17 +1015,17 @@ fn the_namespace_kill_ends_every_process_of_a_pid_namespace_call() {
             site.caller
                 .command(
                     &shell.program,
-                    exec_wrapper::namespace_kill_argv(&nonce)[1..]
+                    exec_wrapper::kill::namespace_kill_argv(&nonce)[1..]
                         .iter()
                         .map(OsString::from),
                 )
                 .env("PATH", &shell.path)
                 .run(),
         );
-        let report = exec_wrapper::KillReport::from_run(&kill);
+        let report = exec_wrapper::kill::KillReport::from_run(&kill);
         assert_eq!(
             report.mode,
-            Some(exec_wrapper::KillMode::PidNamespace),
+            Some(exec_wrapper::kill::KillMode::PidNamespace),
             "{}: {}",
             shell.name,
             describe(&kill)
@@ -1028,7 +1037,7 @@ fn the_namespace_kill_ends_every_process_of_a_pid_namespace_call() {
                 shell.name
             );
         }
-        let _ = std::fs::remove_file(exec_wrapper::cancel_file(&nonce));
+        let _ = std::fs::remove_file(exec_wrapper::call::cancel_file(&nonce));
         let _ = std::fs::remove_file(pid_file(&nonce));
         site.assert_nothing_mounted();
     }
@@ -1040,7 +1049,7 @@ fn the_namespace_kill_ends_every_process_of_a_pid_namespace_call() {
 fn the_namespace_probe_passes_where_the_pid_namespace_call_runs() {
     let site = Site::new();
     for shell in site.shells.iter().filter(|s| s.pid_namespace) {
-        let argv = exec_wrapper::pid_namespace_probe_argv();
+        let argv = exec_wrapper::kill::pid_namespace_probe_argv();
         assert_eq!(argv[0], "sh");
         let output = runtime().block_on(
             site.caller
@@ -1049,7 +1058,7 @@ fn the_namespace_probe_passes_where_the_pid_namespace_call_runs() {
                 .run(),
         );
         assert!(
-            matches!(&output, Ok(probe) if exec_wrapper::read_kill_mode_probe(probe.status)),
+            matches!(&output, Ok(probe) if exec_wrapper::kill::read_kill_mode_probe(probe.status)),
             "{}: {}",
             shell.name,
             describe(&output)

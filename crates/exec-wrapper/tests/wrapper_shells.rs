@@ -8,13 +8,19 @@ use std::time::Duration;
 
 use bounded_process::ExitKind;
 use common::{shells, Shell};
-use exec_wrapper::{
-    cancel_file, docker_wrapper_argv, encode_arg, encode_env_file, encode_invocation, kill_argv,
-    parse_run_output, pid_file, plain_invocation, read_tool_probe, sbx_env_file_name,
-    sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, tool_probe_argv, EncodedInvocation,
-    KillFailure, KillOutcome, Nonce, SbxMount, ToolProbeOutcome, WrapperOutcome, WrapperOutput,
-    DOCKER_TOOLS, KILL_OUTPUT_BUDGET, PROBE_OUTPUT_BUDGET,
+use exec_wrapper::call::{cancel_file, pid_file, sbx_env_file_name};
+use exec_wrapper::encoding::{
+    encode_arg, encode_env_file, encode_invocation, plain_invocation, EncodedInvocation,
 };
+use exec_wrapper::kill::{kill_argv, KillFailure, KillOutcome, KILL_OUTPUT_BUDGET};
+use exec_wrapper::outcome::parse_run_output;
+use exec_wrapper::tool_probe::{
+    read_tool_probe, tool_probe_argv, ToolProbeOutcome, DOCKER_TOOLS, PROBE_OUTPUT_BUDGET,
+};
+use exec_wrapper::wrapper::{
+    docker_wrapper_argv, sbx_pid_namespace_wrapper_argv, sbx_wrapper_argv, SbxMount,
+};
+use exec_wrapper::{Nonce, WrapperOutcome, WrapperOutput};
 use proptest::prelude::*;
 
 const BOUND: Duration = Duration::from_secs(20);

@@ -43,7 +43,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bounded_process::{Error, OutputSink, Stream};
-use exec_wrapper::{KillOutcome, Nonce, NonceSplitter};
+use exec_wrapper::kill::KillOutcome;
+use exec_wrapper::outcome::NonceSplitter;
+use exec_wrapper::Nonce;
 use sandbox_core::backend_kit::{ExecStreamSender, SendRefused};
 use sandbox_core::{ExecChunk, ExecOutput, ExecStream, GuestCleanup, SandboxError};
 
@@ -70,7 +72,7 @@ impl WrapperStreamSink {
 
     /// A flag raised once the nonce line has come (the command was about to start). It outlives
     /// the sink, so the kill of an abandoned call can still tell "never started" from "gone"
-    /// ([`exec_wrapper::KillReport::after_start`]).
+    /// ([`exec_wrapper::kill::KillReport::after_start`]).
     pub fn started_flag(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.started)
     }
@@ -182,7 +184,7 @@ mod tests {
 
     #[test]
     fn a_kill_outcome_reads_as_the_guest_cleanup() {
-        use exec_wrapper::{KillFailure, KillReport};
+        use exec_wrapper::kill::{KillFailure, KillReport};
         assert_eq!(guest_cleanup(KillOutcome::Killed), GuestCleanup::Killed);
         assert_eq!(
             guest_cleanup(KillOutcome::NeverStarted),

@@ -1,5 +1,5 @@
 //! The workspace programs the Debian images carry beside their root: the static
-//! `sandbox-exec-init` at [`exec_wrapper::EXEC_INIT_PATH`] and the static `host-tool` at
+//! `sandbox-exec-init` at [`exec_wrapper::wrapper::EXEC_INIT_PATH`] and the static `host-tool` at
 //! [`HOST_TOOL_PROGRAM`], added at import as tar entries after the root archive's own, so the
 //! debootstrapped root and its cached archive stay the same whatever the binaries.
 
@@ -31,7 +31,7 @@ impl ImageRecipe {
             (
                 GuestBinary::ExecInit,
                 &tools.exec_init,
-                exec_wrapper::EXEC_INIT_PATH,
+                exec_wrapper::wrapper::EXEC_INIT_PATH,
             ),
             (GuestBinary::HostTool, &tools.host_tool, HOST_TOOL_PROGRAM),
         ] {
@@ -72,7 +72,7 @@ impl ImageRecipe {
 /// `/usr/local/libexec`; where a root has it, the entry only restates it. `/usr/local/bin` is in
 /// every Debian root and gets no entry (which would restate its mode).
 fn carried_tar(binaries: &[(&str, &[u8])]) -> std::io::Result<Vec<u8>> {
-    let init = exec_wrapper::EXEC_INIT_PATH.trim_start_matches('/');
+    let init = exec_wrapper::wrapper::EXEC_INIT_PATH.trim_start_matches('/');
     let (dir, _) = init
         .rsplit_once('/')
         .ok_or_else(|| std::io::Error::other("the init's guest path has no directory"))?;
@@ -96,7 +96,7 @@ mod tests {
     #[test]
     fn the_init_is_at_its_guest_path_root_owned_and_executable() {
         let bytes = carried_tar(&[
-            (exec_wrapper::EXEC_INIT_PATH, b"\x7fELF-not-really"),
+            (exec_wrapper::wrapper::EXEC_INIT_PATH, b"\x7fELF-not-really"),
             (HOST_TOOL_PROGRAM, b"\x7fELF-host-tool"),
         ])
         .unwrap();
@@ -147,7 +147,7 @@ mod tests {
         );
         assert_eq!(
             format!("/{}", seen[1].0),
-            exec_wrapper::EXEC_INIT_PATH,
+            exec_wrapper::wrapper::EXEC_INIT_PATH,
             "the entry is the guest path"
         );
         // The entries end with the end-of-archive marker, which the import relies on.

@@ -16,7 +16,7 @@ const MAX_BINARY: u64 = 256 * 1024 * 1024;
 pub(super) enum GuestBinary {
     /// `egress-proxy`, the proxy image's entrypoint.
     EgressProxy,
-    /// `sandbox-exec-init`, at [`exec_wrapper::EXEC_INIT_PATH`] in the Debian images that carry it.
+    /// `sandbox-exec-init`, at [`exec_wrapper::wrapper::EXEC_INIT_PATH`] in the Debian images that carry it.
     ExecInit,
     /// `host-tool`, at [`sandbox_core::host_tool_run::HOST_TOOL_PROGRAM`] in the Debian images
     /// that carry the exec init.
@@ -136,7 +136,7 @@ mod tests {
 
     #[test]
     fn the_init_is_looked_for_under_the_name_of_its_guest_path() {
-        let guest_name = exec_wrapper::EXEC_INIT_PATH.rsplit('/').next();
+        let guest_name = exec_wrapper::wrapper::EXEC_INIT_PATH.rsplit('/').next();
         assert_eq!(guest_name, Some(GuestBinary::ExecInit.file_name()));
         let host_tool_name = sandbox_core::host_tool_run::HOST_TOOL_PROGRAM
             .rsplit('/')

@@ -86,7 +86,7 @@ const NOTOOLS_REMOVED: [&str; 2] = ["./usr/bin/base64", "./usr/bin/setsid"];
 #[non_exhaustive]
 pub enum LocalImage {
     /// `sandbox-base:local`, the default image: Debian minbase with util-linux, coreutils and
-    /// curl and the static exec init at [`exec_wrapper::EXEC_INIT_PATH`], running as user
+    /// curl and the static exec init at [`exec_wrapper::wrapper::EXEC_INIT_PATH`], running as user
     /// `agent` (1000:1000).
     Base,
     /// `sandbox-base-root:local`: the same root and init, running as root.
@@ -165,7 +165,7 @@ impl LocalImage {
         }
     }
 
-    /// Whether the image carries the static exec init at [`exec_wrapper::EXEC_INIT_PATH`]
+    /// Whether the image carries the static exec init at [`exec_wrapper::wrapper::EXEC_INIT_PATH`]
     /// (built around the binary [`ImageRecipe::exec_init_binary`] names).
     pub fn carries_exec_init(self) -> bool {
         self.guest_binaries().contains(&GuestBinary::ExecInit)

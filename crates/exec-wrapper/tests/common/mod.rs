@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bounded_process::{BoundedCommand, Error, RunOutput};
-use exec_wrapper::{cancel_file, new_nonce, pid_file, Nonce};
+use exec_wrapper::call::{cancel_file, pid_file};
+use exec_wrapper::{new_nonce, Nonce};
 
 /// A call's nonce, owning the files named after it that the scripts write under `/tmp` (the
 /// group record, the cancel file, the status record). In a guest they live and die with the
