@@ -23,7 +23,8 @@ fn assert_passed(report: &ConformanceReport, expected: usize) {
 /// is judged to leave exactly that behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confinement_passes_a_clean_call_and_fails_each_residue() {
-    use conformance::{assert_confinement, PosixGuestSubject};
+    use conformance::isolation::assert_confinement;
+    use conformance::PosixGuestSubject;
     use sandbox_core::{Command, ExecRequest};
     let backend = backend(false).await;
     let scope = unique_scope("confine");
@@ -81,7 +82,7 @@ async fn confinement_passes_a_clean_call_and_fails_each_residue() {
             "printf a >/tmp/confinement-same",
         ]));
         assert_eq!(leaky.sandbox.exec(before).await.unwrap().exit_code, 0);
-        conformance::expect_residue_caught(&leaky, &hooks, script, residue)
+        conformance::isolation::expect_residue_caught(&leaky, &hooks, script, residue)
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
     }

@@ -21,7 +21,7 @@ async fn run_on(image: &str, tag: &str, full: bool) -> (ConformanceReport, usize
     };
     let options = RunOptions {
         exec_cleanup_allowance: backend.config().exec_cleanup_timeout,
-        hardening: full.then_some(&hooks as &dyn conformance::HardeningHooks),
+        hardening: full.then_some(&hooks as &dyn conformance::isolation::HardeningHooks),
         reduced: !full,
         // Under gVisor no container beside the sandbox sees its root
         // (docs/docker-backend.md#gvisor).
@@ -102,10 +102,11 @@ async fn concurrent_acquires_across_processes_stay_one_instance_round_after_roun
     let spec = SandboxSpec::builder("race").image(BASE).build().unwrap();
     for round in 0..8 {
         let key = SandboxKey::conversation(scope.clone(), format!("round-{round}"), "agent");
-        let report =
-            conformance::assert_concurrent_acquires_yield_one(&backend, &key, &spec, &hooks)
-                .await
-                .expect("the probe runs");
+        let report = conformance::isolation::assert_concurrent_acquires_yield_one(
+            &backend, &key, &spec, &hooks,
+        )
+        .await
+        .expect("the probe runs");
         assert!(backend
             .dispose(&key, DisposeSelector::all())
             .await

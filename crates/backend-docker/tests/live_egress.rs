@@ -20,7 +20,9 @@ use bollard::models::{
 };
 use bollard::query_parameters::{CreateContainerOptionsBuilder, ListVolumesOptionsBuilder};
 use bollard::Docker;
-use conformance::{assert_egress, assert_network_closed_by_content, PosixGuestSubject};
+use conformance::isolation::assert_network_closed_by_content;
+use conformance::network::assert_egress;
+use conformance::PosixGuestSubject;
 use sandbox_core::{
     Command, DisposeSelector, Egress, ErrorKind, ExecRequest, Sandbox, SandboxBackend, SandboxKey,
     SandboxSpec,
@@ -1200,7 +1202,7 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
         .expect("subject")
     };
     let (scoped, control) = (subject(&sandbox), subject(&expired));
-    let report = conformance::assert_egress_methods(
+    let report = conformance::network::assert_egress_methods(
         &scoped,
         &control,
         "http://allowed.test/v1/x",
@@ -1214,7 +1216,7 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
         .unwrap_or_else(|e| panic!("{e}\n{report}"));
     assert_eq!(report.passed(), 3, "{report}");
     // EGRESS_PATHS: a GET /v1/* rule against the same control, bypasses included.
-    let report = conformance::assert_egress_paths(
+    let report = conformance::network::assert_egress_paths(
         &scoped,
         &control,
         "http://allowed.test",

@@ -4,7 +4,7 @@
 
 mod support;
 
-use conformance::assert_host_tools;
+use conformance::commands::assert_host_tools;
 use conformance::suites::HOST_TOOLS_PROBES;
 use host_tools::{Registry, RunBounds};
 use sandbox_core::host_tool_run::run_with_host_tools;

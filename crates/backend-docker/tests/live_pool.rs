@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bounded_process::ExitKind;
+use conformance::isolation::AcquireOutcome;
+use conformance::sandboxes::{assert_pool, PoolHooks};
 use conformance::suites::POOL_PROBES;
-use conformance::{assert_pool, AcquireOutcome, ConformanceError, PoolHooks};
+use conformance::ConformanceError;
 use sandbox_core::naming::docker::{LABEL_CLAIM_MARK, LABEL_ROLE, LABEL_SCOPE};
 use sandbox_core::{ErrorKind, SandboxBackend, SandboxKey, SandboxSpec};
 use support::{assert_nothing_left, config, docker, threads_of, unique_scope, BASE};
@@ -93,7 +95,7 @@ impl PoolHooks for DockerPoolHooks {
                     String::from_utf8_lossy(&output.stderr)
                 )));
             }
-            let lines = conformance::parse_child_acquires(&output.stdout)?;
+            let lines = conformance::child_process::parse_child_acquires(&output.stdout)?;
             if lines.len() != mine.len() {
                 return Err(harness(format!(
                     "a pool child printed {} outcomes for {} keys",

@@ -7,8 +7,9 @@ mod support;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use conformance::sandboxes::{assert_snapshot, SnapshotHooks};
 use conformance::suites::SNAPSHOT_PROBES;
-use conformance::{assert_snapshot, ConformanceError, SnapshotHooks};
+use conformance::ConformanceError;
 use sandbox_core::{Capability, ErrorKind, SandboxBackend, SandboxKey, SandboxSpec};
 use support::{assert_nothing_left, backend, docker, threads_of, unique_scope, BASE};
 

@@ -114,12 +114,12 @@ async fn confinement_passes_a_clean_call_and_fails_each_residue() {
             )
             .expect("subject")
             .with_exec_cleanup_allowance(CLEANUP_ALLOWANCE);
-            let report = conformance::assert_confinement(&subject, &hooks)
+            let report = conformance::isolation::assert_confinement(&subject, &hooks)
                 .await
                 .unwrap_or_else(|e| panic!("the standard call leaves nothing behind: {e}"));
             assert_passed(&report, conformance::suites::CONFINEMENT_PROBES);
 
-            let report = conformance::assert_call_leaves_nothing(
+            let report = conformance::isolation::assert_call_leaves_nothing(
                 &subject,
                 &hooks,
                 "a-daemon-ends-with-its-call",
@@ -179,7 +179,7 @@ async fn confinement_passes_a_clean_call_and_fails_each_residue() {
                 ),
             ];
             for (name, script, residue) in cases {
-                conformance::expect_residue_caught(&subject, &hooks, script, residue)
+                conformance::isolation::expect_residue_caught(&subject, &hooks, script, residue)
                     .await
                     .unwrap_or_else(|e| panic!("{name}: {e}"));
             }

@@ -28,7 +28,7 @@ const STATE: &str = "QEMU_PROCESSES_STATE";
 /// The most a child run may take: the accelerator probe's KVM boot (15 s here), a TCG boot
 /// under load, the other's commands, the exits.
 const CHILD_DEADLINE: Duration = Duration::from_secs(240);
-/// What precedes a child's acquire line (`conformance::child_acquire_line`) on its stdout.
+/// What precedes a child's acquire line (`conformance::child_process::child_acquire_line`) on its stdout.
 const ACQUIRED: &str = "acquired: ";
 /// The most the sleeper's command waits for the echoer's mark, in tenths of a second (it exits
 /// 3 past it, so a lost mark fails the run instead of hanging it).
@@ -178,7 +178,10 @@ async fn child(role: &str, state: &Path) {
     let started = Instant::now();
     let acquired = backend.acquire(&key(), &spec()).await;
     let took = started.elapsed();
-    println!("{ACQUIRED}{}", conformance::child_acquire_line(&acquired));
+    println!(
+        "{ACQUIRED}{}",
+        conformance::child_process::child_acquire_line(&acquired)
+    );
     println!("acquire took {} ms", took.as_millis());
     let sandbox = acquired.expect("acquire");
     match role {

@@ -25,7 +25,7 @@ async fn every_declared_suite_passes_on_the_simulator() {
     };
     let options = RunOptions {
         exec_cleanup_allowance: backend.exec_cleanup_timeout(),
-        hardening: Some(&hooks as &dyn conformance::HardeningHooks),
+        hardening: Some(&hooks as &dyn conformance::isolation::HardeningHooks),
         ..RunOptions::default()
     };
     // Every suite but CALL_SCOPE (the backend serves the conversation scope only), counted from
@@ -60,7 +60,8 @@ async fn every_declared_suite_passes_on_the_simulator() {
 /// leaves running ends with the call's PID namespace here, so it is no residue to show.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confinement_passes_a_clean_call_and_fails_a_residue_on_the_simulator() {
-    use conformance::{assert_confinement, PosixGuestSubject};
+    use conformance::isolation::assert_confinement;
+    use conformance::PosixGuestSubject;
     let host = SimHost::new();
     let backend = host.backend().await;
     let scope = unique_scope("confine");
@@ -103,7 +104,7 @@ async fn confinement_passes_a_clean_call_and_fails_a_residue_on_the_simulator() 
     ];
     for (name, script, residue) in cases {
         let leaky = subject(name).await;
-        conformance::expect_residue_caught(&leaky, &hooks, script, residue)
+        conformance::isolation::expect_residue_caught(&leaky, &hooks, script, residue)
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
@@ -129,7 +130,7 @@ async fn the_exec_suite_passes_on_the_simulator() {
     )
     .expect("an absolute base");
     subject.exec_cleanup_allowance = backend.exec_cleanup_timeout();
-    let result = conformance::assert_exec(&subject).await;
+    let result = conformance::commands::assert_exec(&subject).await;
     drop(subject);
     dispose_all(&backend, &scope).await;
     host.assert_nothing_left().await;

@@ -1,5 +1,5 @@
 //! The acquire-in-child-process protocol of `concurrent-acquires-yield-one`: the child process a
-//! backend's [`HardeningHooks::acquire_in_child_process`](crate::HardeningHooks::acquire_in_child_process)
+//! backend's [`HardeningHooks::acquire_in_child_process`](crate::isolation::HardeningHooks::acquire_in_child_process)
 //! starts prints one line per acquire with [`child_acquire_line`]; the hook reads them back with
 //! [`parse_child_acquires`]. One definition, so both sides always speak the same lines:
 //! `ok <instance id> <true|false>` or `err <ErrorKind>`.
@@ -58,7 +58,7 @@ pub fn child_acquire_line(result: &Result<Arc<dyn Sandbox>, SandboxError>) -> St
 }
 
 /// The child's side, whole: `n` acquires of `key` with `spec` at once on `backend`, each retrying
-/// `Busy` as the probe's own do ([`crate::acquire_retrying_busy`]), then one
+/// `Busy` as the probe's own do ([`crate::isolation::acquire_retrying_busy`]), then one
 /// [`child_acquire_line`] per acquire on standard output, in order.
 ///
 /// # Panics
@@ -75,7 +75,9 @@ pub async fn print_concurrent_acquires<B>(
     let acquires: Vec<_> = (0..n)
         .map(|_| {
             let (backend, key, spec) = (backend.clone(), key.clone(), spec.clone());
-            tokio::spawn(async move { crate::acquire_retrying_busy(&backend, &key, &spec).await })
+            tokio::spawn(async move {
+                crate::hardening::acquire_retrying_busy(&backend, &key, &spec).await
+            })
         })
         .collect();
     for acquire in acquires {

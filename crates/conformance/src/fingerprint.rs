@@ -2,7 +2,7 @@
 //! from its image and the programs running in it, seen by something the guest cannot answer for.
 //!
 //! [`Fingerprint`] is what the CONFINEMENT suite compares; a backend's live test supplies it through
-//! [`HardeningHooks::fingerprint`](crate::HardeningHooks::fingerprint). For a sandbox that is one
+//! [`HardeningHooks::fingerprint`](crate::isolation::HardeningHooks::fingerprint). For a sandbox that is one
 //! container of a Docker engine (the Docker backend, and `sbx-sim`, which backs each sandbox with one),
 //! [`docker_container_fingerprint`] builds it from three engine calls the caller runs: the engine's
 //! change list (`docker container diff`), its process table (`docker container top`), and a trusted

@@ -8,11 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use conformance::isolation::{assert_confinement, AcquireOutcome, Fingerprint, HardeningHooks};
+use conformance::run::ProbeOutcome;
 use conformance::suites::{CONFINEMENT, CONFINEMENT_CALL_SCRIPT};
-use conformance::{
-    assert_confinement, AcquireOutcome, ConformanceError, ConformanceReport, Fingerprint,
-    HardeningHooks, PosixGuestSubject, ProbeOutcome,
-};
+use conformance::{ConformanceError, ConformanceReport, PosixGuestSubject};
 use sandbox_core::{
     Capability, ErrorKind, ExecOutput, ExecRequest, GuestCleanup, Sandbox, SandboxError,
     SandboxKey, SandboxSpec,

@@ -7,12 +7,16 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::suites::{FILES_OUT_PROBES, STORAGE_BASE_STEPS};
-use conformance::{
-    assert_egress, assert_exec, assert_files_delete, assert_files_out, assert_reach,
-    assert_reclaim, assert_storage_base, measure_files_delete, refused_with, ConformanceError,
-    ConformanceSubject, PosixGuestSubject, ProbeOutcome, Refusal, RefusalMismatch,
+use conformance::commands::assert_exec;
+use conformance::files::{
+    assert_files_delete, assert_files_out, assert_reach, assert_storage_base, measure_files_delete,
 };
+use conformance::harness::{refused_with, Refusal, RefusalMismatch};
+use conformance::network::assert_egress;
+use conformance::run::ProbeOutcome;
+use conformance::sandboxes::assert_reclaim;
+use conformance::suites::{FILES_OUT_PROBES, STORAGE_BASE_STEPS};
+use conformance::{ConformanceError, ConformanceSubject, PosixGuestSubject};
 use sandbox_core::{Capability, ErrorKind, SandboxError};
 use support::{exited, ScriptedSandbox};
 
@@ -369,7 +373,7 @@ async fn egress_reads_reach_from_the_status_code() {
 struct NoEngine;
 
 #[async_trait::async_trait]
-impl conformance::HardeningHooks for NoEngine {
+impl conformance::isolation::HardeningHooks for NoEngine {
     async fn remove_behind_the_handle(
         &self,
         _: &dyn sandbox_core::Sandbox,
@@ -388,7 +392,8 @@ impl conformance::HardeningHooks for NoEngine {
         _: &sandbox_core::SandboxKey,
         _: &sandbox_core::SandboxSpec,
         _: usize,
-    ) -> Result<Vec<Result<conformance::AcquireOutcome, ErrorKind>>, ConformanceError> {
+    ) -> Result<Vec<Result<conformance::isolation::AcquireOutcome, ErrorKind>>, ConformanceError>
+    {
         Ok(Vec::new())
     }
     async fn routable_host_address(&self) -> Result<std::net::IpAddr, ConformanceError> {
@@ -427,7 +432,7 @@ async fn an_unreadable_group_poll_is_a_harness_error_never_a_pass() {
         |_, _, _| Ok(()),
     );
     let s = subject(sandbox, &[Exec, FilesIn]);
-    let report = conformance::assert_hardening(&s, &NoEngine)
+    let report = conformance::isolation::assert_hardening(&s, &NoEngine)
         .await
         .expect_err("nothing passes on this double")
         .report()
@@ -483,7 +488,7 @@ async fn a_timeout_probe_fails_on_a_survivor_or_a_retired_sandbox() {
         |_, _, _| Ok(()),
     );
     let s = subject(sandbox, &[Exec, FilesIn, Capability::ExactKill]);
-    let report = conformance::assert_hardening(&s, &NoEngine)
+    let report = conformance::isolation::assert_hardening(&s, &NoEngine)
         .await
         .expect_err("two of the timeout probes fail on this double")
         .report()
@@ -538,7 +543,7 @@ async fn without_exact_kills_the_group_cases_judge_the_group_and_end_what_left_i
         |_, _, _| Ok(()),
     );
     let s = subject(sandbox.clone(), &[Exec, FilesIn]);
-    let report = conformance::assert_hardening(&s, &NoEngine)
+    let report = conformance::isolation::assert_hardening(&s, &NoEngine)
         .await
         .expect_err("two group probes fail on this double")
         .report()
@@ -596,7 +601,7 @@ async fn a_lost_record_passes_retired_with_a_refusing_handle_and_fails_otherwise
     );
     for index in 0..RECORD_REMOVING_CASES.len() {
         let s = subject(refusing.clone(), &[Exec, FilesIn]);
-        let report = conformance::assert_a_lost_record_retires(&s, index)
+        let report = conformance::isolation::assert_a_lost_record_retires(&s, index)
             .await
             .expect("a retired sandbox whose handle refuses passes");
         assert_eq!(report.passed(), 1);
@@ -610,7 +615,7 @@ async fn a_lost_record_passes_retired_with_a_refusing_handle_and_fails_otherwise
         |_, _, _| Ok(()),
     );
     let s = subject(serving, &[Exec, FilesIn]);
-    let report = conformance::assert_a_lost_record_retires(&s, 0)
+    let report = conformance::isolation::assert_a_lost_record_retires(&s, 0)
         .await
         .expect_err("a retired sandbox that still serves fails")
         .report()
@@ -634,9 +639,9 @@ async fn a_lost_record_passes_retired_with_a_refusing_handle_and_fails_otherwise
         |_, _, _| Ok(()),
     );
     let s = subject(survivor, &[Exec, FilesIn]);
-    let failed = conformance::assert_a_lost_record_retires(&s, 1).await;
+    let failed = conformance::isolation::assert_a_lost_record_retires(&s, 1).await;
     assert!(failed.is_err(), "a survivor after a landed kill passed");
-    assert!(conformance::assert_a_lost_record_retires(&s, 2)
+    assert!(conformance::isolation::assert_a_lost_record_retires(&s, 2)
         .await
         .is_err());
 }

@@ -6,11 +6,10 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use conformance::run::ProbeOutcome;
+use conformance::sandboxes::{assert_fresh_acquire, assert_instance_disposal, instance_is_listed};
 use conformance::suites::CLEANUP_SUITE;
-use conformance::{
-    assert_fresh_acquire, assert_instance_disposal, instance_is_listed, run_backend_suites,
-    ConformanceError, ProbeOutcome, RunOptions,
-};
+use conformance::{run_backend_suites, ConformanceError, RunOptions};
 use sandbox_core::testing::FakeBackend;
 use sandbox_core::{Isolation, SandboxBackend, SandboxKey, SandboxSpec};
 

@@ -4,7 +4,7 @@
 //! acquire retries `Busy` as the probe's own do.
 //!
 //! Usage: `docker-acquire-child <context> <scope> <thread> <agent> <call> <kind> <image> <work-dir|-> <n>`.
-//! Prints one line per acquire in the conformance crate's protocol (`conformance::child_acquire_line`).
+//! Prints one line per acquire in the conformance crate's protocol (`conformance::child_process::child_acquire_line`).
 
 use backend_docker::{DockerBackend, DockerConfig};
 use sandbox_core::{SandboxKey, SandboxSpec};
@@ -32,5 +32,5 @@ async fn main() {
         .work_dir(work_dir)
         .build()
         .expect("spec");
-    conformance::print_concurrent_acquires(&backend, &key, &spec, n).await;
+    conformance::child_process::print_concurrent_acquires(&backend, &key, &spec, n).await;
 }

@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use backend_docker::{DockerBackend, DockerConfig, EgressProbe};
 use bounded_process::{BoundedCommand, ExitKind, RunOutput};
-use conformance::{AcquireOutcome, ConformanceError, DockerAnswer, Fingerprint, HardeningHooks};
+use conformance::isolation::{AcquireOutcome, DockerAnswer, Fingerprint, HardeningHooks};
+use conformance::ConformanceError;
 use sandbox_core::{ErrorKind, Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
 
 /// The local images (docs/docker-backend.md#local-images).
@@ -214,7 +215,7 @@ impl HardeningHooks for DockerHooks {
                 ),
             ));
         }
-        conformance::parse_child_acquires(&output.stdout)
+        conformance::child_process::parse_child_acquires(&output.stdout)
     }
 
     async fn routable_host_address(&self) -> Result<IpAddr, ConformanceError> {
@@ -231,7 +232,7 @@ impl HardeningHooks for DockerHooks {
 
 /// The engine-side fingerprint of a container, observed from a container of its own image.
 pub async fn container_fingerprint(container: &str) -> Result<Fingerprint, ConformanceError> {
-    conformance::docker_container_fingerprint(container, |args| async move {
+    conformance::isolation::docker_container_fingerprint(container, |args| async move {
         let output = docker(args).await;
         Ok(DockerAnswer {
             succeeded: output.status == ExitKind::Exited(0),

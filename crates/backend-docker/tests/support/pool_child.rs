@@ -5,7 +5,7 @@
 //!
 //! Usage: `docker-pool-child <context> <pool size> <scope> <agent> <kind> <image> <thread>...`.
 //! Prints one line per key, in order, in the conformance crate's protocol
-//! (`conformance::child_acquire_line`).
+//! (`conformance::child_process::child_acquire_line`).
 
 use std::time::Duration;
 
@@ -36,14 +36,17 @@ async fn main() {
         .map(|thread| {
             let key = SandboxKey::conversation(scope.as_str(), thread.as_str(), agent.as_str());
             let (backend, spec) = (backend.clone(), spec.clone());
-            tokio::spawn(
-                async move { conformance::acquire_retrying_busy(&backend, &key, &spec).await },
-            )
+            tokio::spawn(async move {
+                conformance::isolation::acquire_retrying_busy(&backend, &key, &spec).await
+            })
         })
         .collect();
     for acquire in acquires {
         let result = acquire.await.expect("acquire task");
-        println!("{}", conformance::child_acquire_line(&result));
+        println!(
+            "{}",
+            conformance::child_process::child_acquire_line(&result)
+        );
     }
     if let Err(error) = backend.fill_pool(&spec, Duration::from_secs(180)).await {
         eprintln!("the pool did not settle: {error}");

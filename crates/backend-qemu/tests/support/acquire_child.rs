@@ -4,7 +4,7 @@
 //! runs, not only the in-process lock. Each acquire retries `Busy` as the probe's own do.
 //!
 //! Usage: `qemu-acquire-child <image-dir> <state-dir> <scope> <thread> <agent> <call> <kind> <work-dir|-> <n>`.
-//! Prints one line per acquire in the conformance crate's protocol (`conformance::child_acquire_line`).
+//! Prints one line per acquire in the conformance crate's protocol (`conformance::child_process::child_acquire_line`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -39,5 +39,5 @@ async fn main() {
         .work_dir(work_dir)
         .build()
         .expect("spec");
-    conformance::print_concurrent_acquires(&backend, &key, &spec, n).await;
+    conformance::child_process::print_concurrent_acquires(&backend, &key, &spec, n).await;
 }

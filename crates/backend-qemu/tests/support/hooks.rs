@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bounded_process::{BoundedCommand, ExitKind};
-use conformance::{AcquireOutcome, ConformanceError, Fingerprint, HardeningHooks};
+use conformance::isolation::{AcquireOutcome, Fingerprint, HardeningHooks};
+use conformance::ConformanceError;
 use sandbox_core::{ErrorKind, Sandbox, SandboxKey, SandboxSpec};
 
 use super::observer;
@@ -140,7 +141,7 @@ impl HardeningHooks for QemuHooks {
                 String::from_utf8_lossy(&output.stderr)
             )));
         }
-        conformance::parse_child_acquires(&output.stdout)
+        conformance::child_process::parse_child_acquires(&output.stdout)
     }
 
     /// A VM has no network device, so no address of this host is reachable from it; the probe

@@ -24,7 +24,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use conformance::{ConformanceError, Fingerprint};
+use conformance::isolation::Fingerprint;
+use conformance::ConformanceError;
 use qemu_vm::{AgentClient, ExecRequest, RunLimits};
 
 /// The suite the errors name.

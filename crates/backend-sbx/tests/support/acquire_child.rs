@@ -5,7 +5,7 @@
 //!
 //! Usage: `sbx-acquire-child <sbx path> <workspace root> <scope> <thread> <agent> <call> <kind>
 //! <image|-> <work-dir|-> <n>`; `SBX_SIM_HOME` comes from the environment. Prints one line per
-//! acquire in the conformance crate's protocol (`conformance::child_acquire_line`).
+//! acquire in the conformance crate's protocol (`conformance::child_process::child_acquire_line`).
 #![forbid(unsafe_code)]
 
 use backend_sbx::{SbxBackend, SbxConfig};
@@ -32,5 +32,5 @@ async fn main() {
         builder = builder.image(image.as_str());
     }
     let spec = builder.build().expect("spec");
-    conformance::print_concurrent_acquires(&backend, &key, &spec, n).await;
+    conformance::child_process::print_concurrent_acquires(&backend, &key, &spec, n).await;
 }

@@ -11,7 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use backend_sbx::{SbxBackend, SbxConfig};
 use bounded_process::{BoundedCommand, ExitKind, RunOutput};
-use conformance::{AcquireOutcome, ConformanceError, DockerAnswer, Fingerprint, HardeningHooks};
+use conformance::isolation::{AcquireOutcome, DockerAnswer, Fingerprint, HardeningHooks};
+use conformance::ConformanceError;
 use sandbox_core::{ErrorKind, Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
 
 /// The simulator: `SBX_PATH` (set by `cargo xtask e2e sbx`), else the workspace's debug build.
@@ -334,7 +335,7 @@ impl HardeningHooks for SimHooks<'_> {
                 format!("the child process failed: {}", text(&output.stderr)),
             ));
         }
-        conformance::parse_child_acquires(&output.stdout)
+        conformance::child_process::parse_child_acquires(&output.stdout)
     }
 
     async fn routable_host_address(&self) -> Result<IpAddr, ConformanceError> {
@@ -381,7 +382,7 @@ impl SimHost {
                 ),
             ));
         };
-        conformance::docker_container_fingerprint(container, |args| async move {
+        conformance::isolation::docker_container_fingerprint(container, |args| async move {
             let output = docker(args).await;
             Ok(DockerAnswer {
                 succeeded: output.status == ExitKind::Exited(0),
