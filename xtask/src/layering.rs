@@ -24,7 +24,9 @@
 //! - `sandbox-core`'s in-process fake backend (its `testing` feature) is enabled only from
 //!   dev-dependencies, so no binary of ours links it;
 //! - `sandbox-core` does no I/O: its normal dependencies are a short allow-list, and a new one
-//!   fails the check until someone decides it belongs there.
+//!   fails the check until someone decides it belongs there;
+//! - `paired-bench` (the benches' measurement) depends on nothing of ours and is any crate's
+//!   dev-dependency, never a normal or build one, so no library or binary of ours links it.
 //!
 //! The same command runs two checks inside each crate: no three modules import each other in a
 //! circle ([`crate::module_circles`]), and a type's inherent impls live in the module defining it
@@ -108,7 +110,12 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
     ),
     ("vm-agent", &[]),
     ("qemu-vm", &["vm-agent", "bounded-process"]),
+    (BENCH_MEASUREMENT, &[]),
 ];
+
+/// The benches' measurement: any crate may take it as a dev-dependency (its benches are dev
+/// targets), none as a normal or build dependency.
+const BENCH_MEASUREMENT: &str = "paired-bench";
 
 /// Crates whose name starts with this are backends; no backend depends on another.
 const BACKEND_PREFIX: &str = "backend-";
@@ -387,6 +394,17 @@ fn violations(packages: &[Package]) -> Vec<String> {
             .find(|(name, _)| *name == package.name)
             .map(|(_, allowed)| *allowed);
         for dependency in internal_dependencies(package, &members) {
+            if dependency.name == BENCH_MEASUREMENT {
+                if !dependency.is_dev() {
+                    found.push(format!(
+                        "`{}` has a {} dependency on `{BENCH_MEASUREMENT}`, which is for \
+                         benches only (a dev-dependency)",
+                        package.name,
+                        dependency.kind_label(),
+                    ));
+                }
+                continue;
+            }
             if let Some(allowed) = allowed {
                 if !allowed.contains(&dependency.name.as_str()) {
                     found.push(format!(
@@ -656,6 +674,38 @@ mod tests {
                 "`bounded-process` has a normal dependency on `sandbox-core`, but may depend on \
                  nothing of ours"
             ]
+        );
+    }
+
+    #[test]
+    fn any_crate_benches_with_the_measurement_but_never_links_it() {
+        let mut packages = with(
+            "confined-fs",
+            package("confined-fs", &[("paired-bench", Some("dev"), &[])]),
+        );
+        packages.push(package("paired-bench", &[("serde_json", None, &[])]));
+        assert_eq!(violations_of(packages.clone()), Vec::<String>::new());
+
+        let slot = packages
+            .iter_mut()
+            .find(|package| package["name"] == "confined-fs")
+            .unwrap();
+        *slot = package("confined-fs", &[("paired-bench", None, &[])]);
+        assert_eq!(
+            violations_of(packages.clone()),
+            vec![
+                "`confined-fs` has a normal dependency on `paired-bench`, which is for benches \
+                 only (a dev-dependency)"
+            ]
+        );
+
+        // The measurement itself stays below every layer.
+        packages.push(package("paired-bench", &[("sandbox-core", None, &[])]));
+        let found = violations_of(packages);
+        assert!(
+            found.iter().any(|line| line
+                .contains("`paired-bench` has a normal dependency on `sandbox-core`, but may depend on nothing of ours")),
+            "{found:?}"
         );
     }
 

@@ -16,10 +16,10 @@
 
 mod support;
 
+use paired_bench::{exit_with, paired, Metric, Target};
 use sandbox_core::{DisposeSelector, SandboxBackend, SandboxKey, SandboxSpec};
 use support::{
-    backend, docker, paired, remove_raw, reset_against_cold, run_raw_container, unique_scope,
-    Metric, Sweep, Target, BASE,
+    backend, docker, remove_raw, reset_against_cold, run_raw_container, unique_scope, Sweep, BASE,
 };
 
 const WARM_WARMUP: usize = 3;
@@ -109,5 +109,5 @@ async fn main() {
 
     let passed = warm.report() & cold.report() & reset.report();
     sweep.finish(&backend, &["warm", "cold", "reset"]).await;
-    support::exit_with(passed);
+    exit_with(passed);
 }

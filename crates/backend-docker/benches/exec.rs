@@ -29,11 +29,9 @@ use std::time::{Duration, Instant};
 
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use futures_util::StreamExt as _;
+use paired_bench::{exit_with, record_row, round_robin, Metric, Target};
 use sandbox_core::{Command, ErrorKind, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec};
-use support::{
-    backend, bench_spec, docker, record_row, round_robin, run_raw_container, Metric, SideBySide,
-    Target,
-};
+use support::{backend, bench_spec, docker, run_raw_container, SideBySide};
 
 const WARMUP: usize = 3;
 // Each round runs every side once (about 0.4 s); the rows' margins are a few hundredths, which a
@@ -227,7 +225,7 @@ async fn main() {
     drop(sandbox);
     passed &= concurrent_exec(&backend, &scope).await;
     sweep.finish(&backend, &["t", "concurrent"]).await;
-    support::exit_with(passed);
+    exit_with(passed);
 }
 
 /// Runs `exec` for every (sandbox, repeat) pair at once under the in-flight bound; returns the

@@ -13,11 +13,9 @@ mod support;
 use std::time::Duration;
 
 use backend_docker::{DockerBackend, DockerConfig};
+use paired_bench::{exit_with, paired, Metric, Target};
 use sandbox_core::{Command, DisposeSelector, ExecRequest, Isolation, SandboxBackend, SandboxKey};
-use support::{
-    bench_spec, docker, paired, remove_raw, run_raw_container_under, unique_scope, Metric, Sweep,
-    Target, BASE,
-};
+use support::{bench_spec, docker, remove_raw, run_raw_container_under, unique_scope, Sweep, BASE};
 
 /// The engine's name for gVisor.
 const RUNSC: &str = "runsc";
@@ -110,5 +108,5 @@ async fn main() {
 
     let passed = exec.report() & cold.report() & cost.report();
     sweep.finish(&gvisor, &["t", "runc", "cold"]).await;
-    support::exit_with(passed);
+    exit_with(passed);
 }

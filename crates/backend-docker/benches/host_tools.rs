@@ -13,10 +13,11 @@ mod support;
 use std::time::Duration;
 
 use host_tools::{HostTool, Registry, RunBounds};
+use paired_bench::{timed, Metric, Target};
 use sandbox_core::host_tool_run::run_with_host_tools;
 use sandbox_core::{Command, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec};
 use serde_json::json;
-use support::{backend, timed, unique_scope, Metric, Sweep, Target};
+use support::{backend, unique_scope, Sweep};
 
 const WARMUP: usize = 5;
 const ROUNDS: usize = 30;

@@ -18,12 +18,12 @@ mod support;
 use std::time::Duration;
 
 use backend_docker::{DockerBackend, DockerConfig};
+use paired_bench::{exit_with, paired, record_row, timed, Metric, Target};
 use sandbox_core::{
     Command, DisposeSelector, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec,
 };
 use support::{
-    docker, paired, record_row, remove_raw, reset_against_cold, run_raw_container, timed,
-    unique_scope, Metric, Sweep, Target, BASE,
+    docker, remove_raw, reset_against_cold, run_raw_container, unique_scope, Sweep, BASE,
 };
 
 const POOL: usize = 8;
@@ -171,7 +171,7 @@ async fn main() {
         .expect("connect");
     let purge = after.purge_pool().await;
     assert!(purge.undisposed.is_none(), "the pool's purge: {purge:?}");
-    support::exit_with(passed);
+    exit_with(passed);
 }
 
 fn percentile(values: &[f64], p: f64) -> f64 {

@@ -14,8 +14,9 @@ mod support;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use paired_bench::{exit_with, round_robin, Metric, Target};
 use sandbox_core::{Command, ExecChunk, ExecEvent, ExecRequest, ExecStdin};
-use support::{backend, bench_spec, Metric, SideBySide, Target};
+use support::{backend, bench_spec, SideBySide};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const FIRST_BYTE_WARMUP: usize = 2;
@@ -137,7 +138,7 @@ async fn main() {
 
     let mut throughput = Metric::new("stream stdin 1 GiB through cat", Target::AtMost(1.25));
     for round in 0..THROUGHPUT_ROUNDS {
-        let times = support::round_robin(
+        let times = round_robin(
             round,
             vec![
                 Box::pin(async {
@@ -170,5 +171,5 @@ async fn main() {
 
     drop(sandbox);
     sweep.finish(&backend, &["t"]).await;
-    support::exit_with(passed);
+    exit_with(passed);
 }

@@ -15,10 +15,9 @@ use std::path::Path;
 
 use backend_docker::defaults::TRANSFER_CEILING;
 use futures_util::StreamExt as _;
+use paired_bench::{exit_with, paired, round_robin, Metric, Target};
 use sandbox_core::{Command, ExecRequest, Sandbox, SandboxSpec};
-use support::{
-    backend, docker, docker_with_stdin, paired, round_robin, Metric, SideBySide, Target,
-};
+use support::{backend, docker, docker_with_stdin, SideBySide};
 
 const MIB: usize = 1024 * 1024;
 const BIG: usize = 64 * MIB;
@@ -54,7 +53,7 @@ async fn main() {
 
     drop(sandbox);
     sweep.finish(&backend, &["t"]).await;
-    support::exit_with(passed);
+    exit_with(passed);
 }
 
 /// 64 MiB in and out; returns whether both targets are met. Each round also times the raw

@@ -17,11 +17,9 @@
 
 mod support;
 
+use paired_bench::{exit_with, measured, paired, timed, Metric, Target};
 use sandbox_core::{SandboxBackend, SandboxKey, SandboxSpec};
-use support::{
-    accel_name, backend, dispose_thread, exit_with, paired, raw_boot, raw_config, Metric, Run,
-    Target, SCOPE,
-};
+use support::{accel_name, backend, dispose_thread, raw_boot, raw_config, Run, SCOPE};
 
 const COLD_WARMUP: usize = 1;
 const COLD_ROUNDS: usize = 5;
@@ -35,16 +33,13 @@ async fn main() {
     let accel = accel_name(&backend);
     let spec = SandboxSpec::builder("bench").build().expect("a valid spec");
 
-    let mut cold = Metric::new(
-        format!("qemu cold acquire [{accel}]"),
-        "the bare boot of the qemu-vm driver (Vm::start to the agent's handshake)",
-        Target::AtMost(1.3),
-    );
+    let mut cold = Metric::new(format!("qemu cold acquire [{accel}]"), Target::AtMost(1.3))
+        .against("the bare boot of the qemu-vm driver (Vm::start to the agent's handshake)");
     let mut snapshot = Metric::new(
         format!("qemu snapshot acquire [{accel}]"),
-        "the bare boot of the qemu-vm driver (Vm::start to the agent's handshake)",
         Target::AtMost(0.25),
-    );
+    )
+    .against("the bare boot of the qemu-vm driver (Vm::start to the agent's handshake)");
     for round in 0..COLD_WARMUP + COLD_ROUNDS {
         let key = SandboxKey::conversation(SCOPE, "cold", format!("bench-{round}"));
         let config = raw_config(&run, &backend, &format!("raw-{round}"));
@@ -67,7 +62,7 @@ async fn main() {
         if let Some((vm, agent)) = raw_vm {
             // Not timed: what the backend's one guest command of a cold acquire (making the
             // storage base) costs as the first command of a fresh guest.
-            let (_, first) = support::timed(support::raw_run(
+            let (_, first) = timed(support::raw_run(
                 &agent,
                 &["/bin/mkdir", "-p", "--", "/maf-sandbox/work"],
             ))
@@ -98,30 +93,31 @@ async fn main() {
     let vm_dir = run.state().join("vms").join(&instance);
     let mut warm = Metric::new(
         format!("qemu warm acquire [{accel}]"),
-        "Vm::attach of the same VM's directory through the driver",
         Target::AbsoluteMs(5.0),
+    )
+    .against("Vm::attach of the same VM's directory through the driver");
+    let (backend_ref, warm_key, spec, instance, vm_dir) =
+        (&backend, &warm_key, &spec, &instance, &vm_dir);
+    warm.extend(
+        measured(WARM_WARMUP, WARM_ROUNDS, move |round| {
+            paired(
+                round,
+                async move {
+                    let again = backend_ref
+                        .acquire(warm_key, spec)
+                        .await
+                        .expect("warm acquire");
+                    assert_eq!(again.instance_id(), instance, "the same VM is reused");
+                    assert!(!again.freshly_created());
+                },
+                async move {
+                    let vm = qemu_vm::Vm::attach(vm_dir).expect("the running VM is found");
+                    assert!(vm.is_alive());
+                },
+            )
+        })
+        .await,
     );
-    for round in 0..WARM_WARMUP + WARM_ROUNDS {
-        let pair = paired(
-            round,
-            async {
-                let again = backend
-                    .acquire(&warm_key, &spec)
-                    .await
-                    .expect("warm acquire");
-                assert_eq!(again.instance_id(), instance, "the same VM is reused");
-                assert!(!again.freshly_created());
-            },
-            async {
-                let vm = qemu_vm::Vm::attach(&vm_dir).expect("the running VM is found");
-                assert!(vm.is_alive());
-            },
-        )
-        .await;
-        if round >= WARM_WARMUP {
-            warm.push(pair);
-        }
-    }
 
     let passed = cold.report() & snapshot.report() & warm.report();
     dispose_thread(&backend, "warm").await;

@@ -6,11 +6,9 @@
 
 mod support;
 
+use paired_bench::{exit_with, measured, paired, Metric, Target};
 use sandbox_core::{Command, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec};
-use support::{
-    accel_name, backend, dispose_thread, docker, exit_with, paired, Metric, RawContainer, Run,
-    Target, SCOPE,
-};
+use support::{accel_name, backend, dispose_thread, docker, RawContainer, Run, SCOPE};
 
 const WARMUP: usize = 3;
 const ROUNDS: usize = 30;
@@ -22,36 +20,35 @@ async fn main() {
     let accel = accel_name(&backend);
     let target = match backend.accelerator().accel {
         qemu_vm::Accel::Kvm => Target::AtMost(1.0),
-        _ => Target::ReportedOnly("TCG"),
+        _ => Target::ReportedOnlyBecause("TCG"),
     };
     let spec = SandboxSpec::builder("bench").build().expect("a valid spec");
     let key = SandboxKey::conversation(SCOPE, "exec", "bench");
     let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
     let raw = RawContainer::start().await;
 
-    let mut exec = Metric::new(
-        format!("qemu exec p50 [{accel}]"),
-        "`docker exec <id> true` (CLI) on a raw sandbox-base:local container",
-        target,
-    );
-    for round in 0..WARMUP + ROUNDS {
-        let pair = paired(
-            round,
-            async {
-                let out = sandbox
-                    .exec(ExecRequest::new(Command::argv(["true"])))
-                    .await
-                    .expect("exec");
-                assert_eq!(out.exit_code, 0);
-            },
-            async {
-                docker(&["exec", &raw.id, "true"]).await;
-            },
-        )
-        .await;
-        if round >= WARMUP {
-            exec.push(pair);
-        }
+    let mut exec = Metric::new(format!("qemu exec p50 [{accel}]"), target)
+        .against("`docker exec <id> true` (CLI) on a raw sandbox-base:local container");
+    {
+        let (sandbox, raw) = (&sandbox, &raw);
+        exec.extend(
+            measured(WARMUP, ROUNDS, move |round| {
+                paired(
+                    round,
+                    async move {
+                        let out = sandbox
+                            .exec(ExecRequest::new(Command::argv(["true"])))
+                            .await
+                            .expect("exec");
+                        assert_eq!(out.exit_code, 0);
+                    },
+                    async move {
+                        docker(&["exec", &raw.id, "true"]).await;
+                    },
+                )
+            })
+            .await,
+        );
     }
 
     let passed = exec.report();

@@ -19,11 +19,12 @@ mod support;
 
 use std::time::Duration;
 
-use sandbox_core::{Command, ErrorKind, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec};
-use support::{
-    accel_name, backend, dispose_thread, exit_with, paired, raw_run, Metric, Run, Target,
-    RAW_TIMEOUT, SCOPE,
+use paired_bench::{exit_with, measured, median, paired, timed, Metric, Target};
+use qemu_vm::AgentClient;
+use sandbox_core::{
+    Command, ErrorKind, ExecRequest, Sandbox, SandboxBackend, SandboxKey, SandboxSpec,
 };
+use support::{accel_name, backend, dispose_thread, raw_run, Run, RAW_TIMEOUT, SCOPE};
 
 const MIB: usize = 1024 * 1024;
 const BIG: usize = 64 * MIB;
@@ -68,56 +69,28 @@ async fn main() {
 
     // 1 KiB at depth 3.
     let small = conformance::fixtures::incompressible_bytes(SMALL, 0x5eed);
-    let raw_small = format!("{BASE}/d1/d2/small.bin");
     let mut write = Metric::new(
         format!("qemu 1 KiB write [{accel}]"),
+        Target::ReportedOnlyBecause("against the bare agent call"),
+    )
+    .against(
         "the agent's write_file of the same bytes to the same file, through the qemu-vm driver",
-        Target::ReportedOnly("against the bare agent call"),
     );
     let mut read = Metric::new(
         format!("qemu 1 KiB read [{accel}]"),
-        "the agent's read_file of the same file, through the qemu-vm driver",
-        Target::ReportedOnly("against the bare agent call"),
-    );
-    for round in 0..SMALL_WARMUP + SMALL_ROUNDS {
-        let w = paired(
-            round,
-            async {
-                sandbox
-                    .write_file("d1/d2/small.bin", &small, ".")
-                    .await
-                    .expect("write_file");
-            },
-            async {
-                agent
-                    .write_file(raw_small.as_bytes(), 0o644, &small[..], RAW_TIMEOUT)
-                    .await
-                    .expect("the agent's write_file");
-            },
-        )
-        .await;
-        let r = paired(
-            round,
-            async {
-                let bytes = sandbox
-                    .read_file("d1/d2/small.bin", ".", SMALL as u64)
-                    .await
-                    .expect("read_file");
-                assert_eq!(bytes, small);
-            },
-            async {
-                let bytes = agent
-                    .read_file(raw_small.as_bytes(), SMALL as u64, RAW_TIMEOUT)
-                    .await
-                    .expect("the agent's read_file");
-                assert_eq!(bytes, small);
-            },
-        )
-        .await;
-        if round >= SMALL_WARMUP {
-            write.push(w);
-            read.push(r);
-        }
+        Target::ReportedOnlyBecause("against the bare agent call"),
+    )
+    .against("the agent's read_file of the same file, through the qemu-vm driver");
+    let (handle, driver, small) = (&*sandbox, &agent, &small[..]);
+    let rounds = measured(SMALL_WARMUP, SMALL_ROUNDS, move |round| async move {
+        let w = write_round(round, handle, driver, "d1/d2/small.bin", small).await;
+        let r = read_round(round, handle, driver, "d1/d2/small.bin", SMALL, Some(small)).await;
+        (w, r)
+    })
+    .await;
+    for (w, r) in rounds {
+        write.push(w);
+        read.push(r);
     }
     passed &= write.report();
     passed &= read.report();
@@ -148,33 +121,20 @@ async fn main() {
         BIG
     };
     let big = conformance::fixtures::incompressible_bytes(write_size, 0xb16);
-    let raw_big = format!("{BASE}/big.bin");
     let mut write = Metric::new(
         format!("qemu {} write [{accel}]", size_name(write_size)),
-        "the agent's write_file of the same bytes to the same file, through the qemu-vm driver",
         Target::AtMost(1.1),
+    )
+    .against(
+        "the agent's write_file of the same bytes to the same file, through the qemu-vm driver",
     );
-    for round in 0..BIG_WARMUP + BIG_ROUNDS {
-        let pair = paired(
-            round,
-            async {
-                sandbox
-                    .write_file("big.bin", &big, ".")
-                    .await
-                    .expect("write_file");
-            },
-            async {
-                agent
-                    .write_file(raw_big.as_bytes(), 0o644, &big[..], RAW_TIMEOUT)
-                    .await
-                    .expect("the agent's write_file");
-            },
-        )
-        .await;
-        if round >= BIG_WARMUP {
-            write.push(pair);
-        }
-    }
+    let big = &big[..];
+    write.extend(
+        measured(BIG_WARMUP, BIG_ROUNDS, move |round| {
+            write_round(round, handle, driver, "big.bin", big)
+        })
+        .await,
+    );
     passed &= write.report();
 
     // The 64 MiB file is made in the guest (the write above may have been smaller).
@@ -192,46 +152,26 @@ async fn main() {
         "{}",
         String::from_utf8_lossy(&made.stderr)
     );
-    let mut read = Metric::new(
-        format!("qemu 64 MiB read [{accel}]"),
-        "the agent's read_file of the same file, through the qemu-vm driver",
-        Target::AtMost(1.1),
+    let mut read = Metric::new(format!("qemu 64 MiB read [{accel}]"), Target::AtMost(1.1))
+        .against("the agent's read_file of the same file, through the qemu-vm driver");
+    read.extend(
+        measured(BIG_WARMUP, BIG_ROUNDS, move |round| {
+            read_round(round, handle, driver, "big.bin", BIG, None)
+        })
+        .await,
     );
-    for round in 0..BIG_WARMUP + BIG_ROUNDS {
-        let pair = paired(
-            round,
-            async {
-                let bytes = sandbox
-                    .read_file("big.bin", ".", BIG as u64)
-                    .await
-                    .expect("read_file");
-                assert_eq!(bytes.len(), BIG);
-            },
-            async {
-                let bytes = agent
-                    .read_file(raw_big.as_bytes(), BIG as u64, RAW_TIMEOUT)
-                    .await
-                    .expect("the agent's read_file");
-                assert_eq!(bytes.len(), BIG);
-            },
-        )
-        .await;
-        if round >= BIG_WARMUP {
-            read.push(pair);
-        }
-    }
     passed &= read.report();
     // What the backend does before a read's agent call, alone: the same path walk and leaf
     // stat, so the report shows how much of the difference the backend's checks are.
     let mut checks = Vec::new();
     for _ in 0..SMALL_ROUNDS {
-        let (entry, took) = support::timed(sandbox.stat_file("big.bin", ".")).await;
+        let (entry, took) = timed(sandbox.stat_file("big.bin", ".")).await;
         assert!(entry.expect("stat_file").is_some());
         checks.push(took.as_secs_f64() * 1000.0);
     }
     println!(
         "qemu 64 MiB read [{accel}]: the backend's checks alone (stat_file of the same path) take {:.1} ms at p50",
-        support::median(checks)
+        median(checks)
     );
 
     drop(agent);
@@ -241,4 +181,69 @@ async fn main() {
     run.assert_nothing_left();
     drop(run);
     exit_with(passed);
+}
+
+/// One round of the backend's `write_file` of `bytes` to `path` (below the storage base)
+/// against the agent's `write_file` of the same bytes to the same file.
+async fn write_round(
+    round: usize,
+    sandbox: &dyn Sandbox,
+    agent: &AgentClient,
+    path: &str,
+    bytes: &[u8],
+) -> (Duration, Duration) {
+    let raw_path = format!("{BASE}/{path}");
+    paired(
+        round,
+        async {
+            sandbox
+                .write_file(path, bytes, ".")
+                .await
+                .expect("write_file");
+        },
+        async {
+            agent
+                .write_file(raw_path.as_bytes(), 0o644, bytes, RAW_TIMEOUT)
+                .await
+                .expect("the agent's write_file");
+        },
+    )
+    .await
+}
+
+/// One round of the backend's `read_file` of the `len` bytes at `path` against the agent's
+/// `read_file` of the same file; each side reads all `len` bytes, and `want` when given.
+async fn read_round(
+    round: usize,
+    sandbox: &dyn Sandbox,
+    agent: &AgentClient,
+    path: &str,
+    len: usize,
+    want: Option<&[u8]>,
+) -> (Duration, Duration) {
+    let raw_path = format!("{BASE}/{path}");
+    let check = |bytes: &[u8]| {
+        assert_eq!(bytes.len(), len);
+        if let Some(want) = want {
+            assert_eq!(bytes, want);
+        }
+    };
+    paired(
+        round,
+        async {
+            let bytes = sandbox
+                .read_file(path, ".", len as u64)
+                .await
+                .expect("read_file");
+            check(&bytes);
+        },
+        async {
+            let bytes = agent
+                .read_file(raw_path.as_bytes(), len as u64, RAW_TIMEOUT)
+                .await
+                .expect("the agent's read_file");
+            check(&bytes);
+        },
+    )
+    .await
 }

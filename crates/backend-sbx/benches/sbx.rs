@@ -16,9 +16,6 @@
 //! Each line reads `name: backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`, and each row
 //! goes to the `cargo xtask bench` report; the process exits non-zero when a target is missed.
 
-#[path = "../../../xtask/bench_row.rs"]
-mod bench_row;
-
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -37,7 +34,7 @@ const EXEC_ROUNDS: usize = 61;
 const FILE_ROUNDS: usize = 2001;
 const FILE_BYTES: usize = 4096;
 
-use bench_row::{median, record_row};
+use paired_bench::{median, record_row};
 
 /// Prints the report line and records the row; returns whether the target was met (always, for a
 /// row reported only, which has no `target`).

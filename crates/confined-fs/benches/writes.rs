@@ -19,10 +19,7 @@ use std::time::{Duration, Instant};
 
 use confined_fs::ConfinedRoot;
 
-#[path = "../../../xtask/bench_row.rs"]
-mod bench_row;
-
-use bench_row::{median, record_row};
+use paired_bench::{median, record_row};
 
 const FILES: usize = 1000;
 const FILE_SIZE: usize = 4096;

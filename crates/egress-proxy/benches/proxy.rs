@@ -20,12 +20,9 @@
 #[allow(dead_code)] // shared with the live test, which uses other parts of it
 mod topology;
 
-#[path = "../../../xtask/bench_row.rs"]
-mod bench_row;
-
 use std::time::Duration;
 
-use bench_row::{median, record_row};
+use paired_bench::{exit_with, in_turn, Metric, Target};
 use topology::{
     docker, docker_ok, internal_network, private_but_not_gateway, random_suffix, serve,
     start_direct, start_proxy, start_workload, Cleanup,
@@ -81,6 +78,22 @@ impl Side<'_> {
         assert_eq!(samples.len(), n, "one line per download: {out}");
         samples
     }
+
+    /// Waits until a download answers (the forwarder starts with the workload), within 100
+    /// tries 0.1 s apart.
+    async fn wait_until_answers(&self) {
+        let script = format!(
+            "i=0; while [ $i -lt 100 ]; do i=$((i+1)); \
+             curl -s -m 5 {} -o /dev/null {} && exit 0; sleep 0.1; done; exit 1",
+            self.curl_flags, self.url
+        );
+        let (code, out, err) = docker(
+            &["exec", self.container, "sh", "-c", &script],
+            BATCH_DEADLINE,
+        )
+        .await;
+        assert_eq!(code, 0, "{} never answered: {out} {err}", self.url);
+    }
 }
 
 /// Parses `CODE SIZE FIRST_BYTE_S TOTAL_S`; panics unless it is a 200 of the whole body.
@@ -97,14 +110,6 @@ fn parse_line(line: &str) -> Sample {
     Sample {
         first_byte_ms: seconds(fields[2]),
         total_ms: seconds(fields[3]),
-    }
-}
-
-fn verdict(pass: bool) -> &'static str {
-    if pass {
-        "PASS"
-    } else {
-        "FAIL"
     }
 }
 
@@ -138,68 +143,19 @@ async fn main() {
         curl_flags: "--noproxy '*'",
         url: "http://allowed.test/",
     };
-    // The forwarder starts with the workload; wait until it answers.
-    let (code, out, err) = docker(
-        &[
-            "exec",
-            proxied.container,
-            "sh",
-            "-c",
-            "i=0; while [ $i -lt 100 ]; do i=$((i+1)); \
-             curl -s -m 5 -x http://127.0.0.1:3128 -o /dev/null http://allowed.test/ && exit 0; \
-             sleep 0.1; done; exit 1",
-        ],
-        BATCH_DEADLINE,
+    proxied.wait_until_answers().await;
+    let (wall_pass, setup_pass) = report(
+        &proxied,
+        &direct_side,
+        ("proxy GET 1 MiB wall", WALL_TARGET),
+        ("proxy connection setup", SETUP_TARGET_MS),
     )
     .await;
-    assert_eq!(code, 0, "the forwarder never answered: {out} {err}");
-    let (ours, raw) = alternate(&proxied, &direct_side).await;
-    let rounds = ours.len();
-
-    let ours_total = median(ours.iter().map(|s| s.total_ms).collect());
-    let raw_total = median(raw.iter().map(|s| s.total_ms).collect());
-    let ratio = ours_total / raw_total;
-    let wall_pass = ratio <= WALL_TARGET;
-    let wall_name = "proxy GET 1 MiB wall";
-    println!(
-        "{wall_name}: backend {ours_total:.1} ms, raw {raw_total:.1} ms, ratio {ratio:.2} (target ≤ {WALL_TARGET:.2}) {} [{rounds} rounds]",
-        verdict(wall_pass)
-    );
-    record_row(
-        wall_name,
-        ours_total,
-        raw_total,
-        ratio,
-        &format!("<= {WALL_TARGET:.2}"),
-        wall_pass,
-    );
-
-    let ours_first = median(ours.iter().map(|s| s.first_byte_ms).collect());
-    let raw_first = median(raw.iter().map(|s| s.first_byte_ms).collect());
-    let added = ours_first - raw_first;
-    let setup_pass = added <= SETUP_TARGET_MS;
-    let setup_name = "proxy connection setup";
-    println!(
-        "{setup_name}: ours {ours_first:.1} ms, raw {raw_first:.1} ms, added {added:.1} ms at p50 (target ≤ +{SETUP_TARGET_MS:.0} ms) {} [{rounds} rounds]",
-        verdict(setup_pass)
-    );
-    record_row(
-        setup_name,
-        ours_first,
-        raw_first,
-        added / SETUP_TARGET_MS,
-        &format!("added <= {SETUP_TARGET_MS:.0} ms at p50"),
-        setup_pass,
-    );
 
     let tls_pass = tls_rows(&mut cleanup, &suffix, &network, &private, &direct).await;
 
     drop(cleanup);
-    std::process::exit(if wall_pass && setup_pass && tls_pass {
-        0
-    } else {
-        1
-    });
+    exit_with(wall_pass && setup_pass && tls_pass);
 }
 
 /// Warms both sides up, then downloads in alternating batches; the samples of each.
@@ -208,15 +164,35 @@ async fn alternate(ours_side: &Side<'_>, raw_side: &Side<'_>) -> (Vec<Sample>, V
     raw_side.batch(WARMUP).await;
     let (mut ours, mut raw) = (Vec::new(), Vec::new());
     for batch in 0..BATCHES {
-        if batch % 2 == 0 {
-            ours.extend(ours_side.batch(PER_BATCH).await);
-            raw.extend(raw_side.batch(PER_BATCH).await);
-        } else {
-            raw.extend(raw_side.batch(PER_BATCH).await);
-            ours.extend(ours_side.batch(PER_BATCH).await);
-        }
+        let (o, r) = in_turn(batch, ours_side.batch(PER_BATCH), raw_side.batch(PER_BATCH)).await;
+        ours.extend(o);
+        raw.extend(r);
     }
     (ours, raw)
+}
+
+/// Downloads through `ours_side` against `raw_side` and reports two rows: the wall time
+/// (`wall`: its name and the largest ratio of the medians that passes) and the connection setup
+/// (`setup`: its name and the most milliseconds the proxy may add to the time to first byte).
+/// Whether each was met.
+async fn report(
+    ours_side: &Side<'_>,
+    raw_side: &Side<'_>,
+    (wall_name, wall_target): (&str, f64),
+    (setup_name, setup_target_ms): (&str, f64),
+) -> (bool, bool) {
+    let (ours, raw) = alternate(ours_side, raw_side).await;
+    // Each side downloads in batches of its own, so a sample has no partner on the other side.
+    let mut wall = Metric::new(wall_name, Target::AtMost(wall_target)).of_batches();
+    let mut setup = Metric::new(setup_name, Target::ReportedOnly).of_batches();
+    for (ours, raw) in ours.iter().zip(&raw) {
+        wall.push_ms(ours.total_ms, raw.total_ms);
+        setup.push_ms(ours.first_byte_ms, raw.first_byte_ms);
+    }
+    (
+        wall.report(),
+        setup.report_added(setup_name, setup_target_ms),
+    )
 }
 
 /// The terminated wall target: through the proxy (two TLS sessions, the request judged) at most
@@ -324,56 +300,13 @@ async fn tls_rows(
         curl_flags: "--noproxy '*' --cacert /tmp/origin-ca.pem",
         url: "https://secure.test:80/",
     };
-    let (code, out, err) = docker(
-        &[
-            "exec",
-            terminated.container,
-            "sh",
-            "-c",
-            "i=0; while [ $i -lt 100 ]; do i=$((i+1)); \
-             curl -s -m 5 -x http://127.0.0.1:3128 --cacert /run/maf-egress/ca.pem \
-             -o /dev/null https://secure.test:80/ && exit 0; sleep 0.1; done; exit 1",
-        ],
-        BATCH_DEADLINE,
+    terminated.wait_until_answers().await;
+    let (wall_pass, setup_pass) = report(
+        &terminated,
+        &straight,
+        ("proxy TLS GET 1 MiB wall", TLS_WALL_TARGET),
+        ("proxy TLS setup", TLS_SETUP_TARGET_MS),
     )
     .await;
-    assert_eq!(code, 0, "the terminated origin never answered: {out} {err}");
-    let (ours, raw) = alternate(&terminated, &straight).await;
-    let rounds = ours.len();
-
-    let ours_total = median(ours.iter().map(|s| s.total_ms).collect());
-    let raw_total = median(raw.iter().map(|s| s.total_ms).collect());
-    let ratio = ours_total / raw_total;
-    let wall_pass = ratio <= TLS_WALL_TARGET;
-    let wall_name = "proxy TLS GET 1 MiB wall";
-    println!(
-        "{wall_name}: backend {ours_total:.1} ms, raw {raw_total:.1} ms, ratio {ratio:.2} (target ≤ {TLS_WALL_TARGET:.2}) {} [{rounds} rounds]",
-        verdict(wall_pass)
-    );
-    record_row(
-        wall_name,
-        ours_total,
-        raw_total,
-        ratio,
-        &format!("<= {TLS_WALL_TARGET:.2}"),
-        wall_pass,
-    );
-    let ours_first = median(ours.iter().map(|s| s.first_byte_ms).collect());
-    let raw_first = median(raw.iter().map(|s| s.first_byte_ms).collect());
-    let added = ours_first - raw_first;
-    let setup_pass = added <= TLS_SETUP_TARGET_MS;
-    let setup_name = "proxy TLS setup";
-    println!(
-        "{setup_name}: ours {ours_first:.1} ms, raw {raw_first:.1} ms, added {added:.1} ms at p50 (target ≤ +{TLS_SETUP_TARGET_MS:.0} ms) {} [{rounds} rounds]",
-        verdict(setup_pass)
-    );
-    record_row(
-        setup_name,
-        ours_first,
-        raw_first,
-        added / TLS_SETUP_TARGET_MS,
-        &format!("added <= {TLS_SETUP_TARGET_MS:.0} ms at p50"),
-        setup_pass,
-    );
     wall_pass && setup_pass
 }

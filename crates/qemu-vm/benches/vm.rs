@@ -11,9 +11,6 @@
 //! row. Appends the rows to `target/bench/rows.jsonl` and exits non-zero when a target is missed.
 #![cfg(target_os = "linux")]
 
-#[path = "../../../xtask/bench_row.rs"]
-mod bench_row;
-
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -101,7 +98,7 @@ exec $B cat <&3 >&3
 
 /// The median of `samples`, in milliseconds.
 fn p50(samples: &[Duration]) -> f64 {
-    bench_row::median(samples.iter().copied().map(ms).collect())
+    paired_bench::median(samples.iter().copied().map(ms).collect())
 }
 
 fn ms(d: Duration) -> f64 {
@@ -217,7 +214,7 @@ async fn run() -> bool {
     let (boot_ours, boot_raw) = (p50(&ours), p50(&raw));
     let ratio = boot_ours / boot_raw;
     let boot_ok = ratio <= 1.2;
-    bench_row::record_row(
+    paired_bench::record_row(
         &format!("vm boot [{accel}]"),
         boot_ours,
         boot_raw,
@@ -234,7 +231,7 @@ async fn run() -> bool {
     let (e_ours, e_raw) = (p50(&exec_ours), p50(&exec_raw));
     let added = e_ours - e_raw;
     let exec_ok = added <= 2.0;
-    bench_row::record_row(
+    paired_bench::record_row(
         &format!("vm exec [{accel}]"),
         e_ours,
         e_raw,

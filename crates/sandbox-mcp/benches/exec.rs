@@ -10,9 +10,6 @@
 //! The server is the release build `cargo bench` makes. Needs the Docker engine and the local
 //! default image (`cargo xtask bench` builds it first).
 
-#[path = "../../../xtask/bench_row.rs"]
-mod bench_row;
-
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -134,15 +131,15 @@ async fn main() {
         }
     }
 
-    let added = bench_row::median(ours.iter().zip(&raw).map(|(o, r)| o - r).collect());
-    let ours_p50 = bench_row::median(ours);
-    let raw_p50 = bench_row::median(raw);
+    let added = paired_bench::median(ours.iter().zip(&raw).map(|(o, r)| o - r).collect());
+    let ours_p50 = paired_bench::median(ours);
+    let raw_p50 = paired_bench::median(raw);
     let pass = added <= LIMIT_MS;
     println!(
         "{NAME}: ours {ours_p50:.1} ms, raw {raw_p50:.1} ms, added {added:.1} ms at p50 (target ≤ +{LIMIT_MS:.0} ms) {} [{ROUNDS} rounds]",
         if pass { "PASS" } else { "FAIL" }
     );
-    bench_row::record_row(
+    paired_bench::record_row(
         NAME,
         ours_p50,
         raw_p50,

@@ -14,10 +14,9 @@ mod support;
 use std::process::Stdio;
 use std::time::Duration;
 
+use paired_bench::{exit_with, round_robin, Metric, Target};
 use sandbox_core::{SandboxBackend, SandboxKey, SandboxSpec};
-use support::{
-    backend, docker, round_robin, run_raw_container, unique_scope, Metric, Sweep, Target,
-};
+use support::{backend, docker, run_raw_container, unique_scope, Sweep};
 
 const WARMUP: usize = 3;
 const ROUNDS: usize = 45;
@@ -83,5 +82,5 @@ async fn main() {
     }
     let passed = exec.report() & stat.report();
     sweep.finish(&backend, &["t"]).await;
-    support::exit_with(passed);
+    exit_with(passed);
 }

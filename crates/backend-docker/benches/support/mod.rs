@@ -1,27 +1,18 @@
-//! What the backend's benchmarks share: the paired, round-robin measurement of the backend
-//! against the raw `docker` CLI, the report line, a raw container with the backend's own
-//! hardening, and the sweep that leaves nothing on the engine.
-//!
-//! Every metric is the median of per-round ratios: each round times the backend and the raw CLI
-//! back to back, alternating which goes first, so load from other work on the machine (a CI run
-//! on the same two cores) falls on both sides alike.
+//! What the backend's benchmarks share: the backend and the raw `docker` CLI side by side, a raw
+//! container with the backend's own hardening, reset against a cold acquire, and the sweep that
+//! leaves nothing on the engine. The paired rounds and the report rows are `paired-bench`'s.
 #![allow(dead_code)]
 
 use std::future::Future;
-use std::pin::Pin;
 use std::process::Stdio;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use backend_docker::{DockerBackend, DockerConfig};
 use std::sync::Arc;
 
+use paired_bench::{paired, Metric};
 use sandbox_core::{DisposeSelector, Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
 use tokio::io::AsyncWriteExt as _;
-
-#[path = "../../../../xtask/bench_row.rs"]
-mod bench_row;
-use bench_row::median;
-pub use bench_row::record_row;
 
 /// The image every benchmark runs on (docs/docker-backend.md#local-images; `cargo xtask images` builds it).
 pub const IMAGE: &str = "sandbox-base:local";
@@ -180,24 +171,6 @@ pub async fn remove_raw(id: &str) {
     docker(&["rm", "-f", id]).await;
 }
 
-/// Times one future.
-pub async fn timed<T>(work: impl Future<Output = T>) -> (T, Duration) {
-    let started = Instant::now();
-    let value = work.await;
-    (value, started.elapsed())
-}
-
-/// Times the backend's and the raw side's work of one round back to back; even rounds run the
-/// backend first, odd rounds the raw side, so neither always meets a warmer engine.
-pub async fn paired(
-    round: usize,
-    backend: impl Future<Output = ()>,
-    raw: impl Future<Output = ()>,
-) -> (Duration, Duration) {
-    let times = round_robin(round, vec![Box::pin(backend), Box::pin(raw)]).await;
-    (times[0], times[1])
-}
-
 /// Rounds of `current.reset()` against disposal plus a cold acquire on `cold` of the key
 /// `key_of(round)` gives, each side holding a file written since its acquire; `prepare` runs,
 /// untimed, before each round. The rounds past `warmup` go into `metric`.
@@ -245,177 +218,6 @@ pub async fn reset_against_cold<F, Fut>(
             metric.push(pair);
         }
     }
-}
-
-/// Times each piece of work of one round in turn, starting with piece `round % n`, and returns
-/// the times in the pieces' own order.
-pub async fn round_robin(
-    round: usize,
-    mut work: Vec<Pin<Box<dyn Future<Output = ()> + '_>>>,
-) -> Vec<Duration> {
-    let n = work.len();
-    let mut times = vec![Duration::ZERO; n];
-    for step in 0..n {
-        let index = (round + step) % n;
-        let ((), took) = timed(work[index].as_mut()).await;
-        times[index] = took;
-    }
-    times
-}
-
-/// Pass/fail or reported only.
-#[derive(Debug, Clone, Copy)]
-pub enum Target {
-    /// The median paired ratio must be at most this.
-    AtMost(f64),
-    /// Measured and reported, never failed.
-    ReportedOnly,
-    /// Reported, never failed, against a reference ratio the spec gives; the line says by how
-    /// much a miss exceeds it.
-    Reference(f64),
-    /// The median paired ratio must be at most `ratio` and the backend's p50 at most `ms`.
-    AtMostWithin { ratio: f64, ms: f64 },
-}
-
-/// The samples of one metric.
-pub struct Metric {
-    name: &'static str,
-    target: Target,
-    backend: Vec<Duration>,
-    raw: Vec<Duration>,
-}
-
-impl Metric {
-    pub fn new(name: &'static str, target: Target) -> Self {
-        Metric {
-            name,
-            target,
-            backend: Vec::new(),
-            raw: Vec::new(),
-        }
-    }
-
-    /// Records one round's pair.
-    pub fn push(&mut self, (backend, raw): (Duration, Duration)) {
-        self.backend.push(backend);
-        self.raw.push(raw);
-    }
-
-    /// Prints `name: backend X ms, raw Y ms, ratio Z (target ≤ T) PASS|FAIL`, where X and Y are
-    /// the medians (p50) of each side and Z the median of the per-round ratios, and records the
-    /// row for `target/bench/report.json`; returns whether the target (if any) is met.
-    pub fn report(&self) -> bool {
-        assert!(
-            !self.backend.is_empty(),
-            "{}: no rounds measured",
-            self.name
-        );
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        let backend = median(self.backend.iter().map(|d| ms(*d)).collect());
-        let raw = median(self.raw.iter().map(|d| ms(*d)).collect());
-        let ratio = median(
-            self.backend
-                .iter()
-                .zip(&self.raw)
-                .map(|(b, r)| b.as_secs_f64() / r.as_secs_f64())
-                .collect(),
-        );
-        self.print(self.name, backend, raw, ratio)
-    }
-
-    /// The median of the per-round differences (ours − raw) against an absolute bound, under
-    /// `name`: for a cost added on top of the same call, where a ratio would hide it behind the
-    /// transport's own time. Records the row (its ratio is the difference over the bound).
-    pub fn report_added(&self, name: &'static str, limit_ms: f64) -> bool {
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        let ours = median(self.backend.iter().map(|d| ms(*d)).collect());
-        let raw = median(self.raw.iter().map(|d| ms(*d)).collect());
-        let added = median(
-            self.backend
-                .iter()
-                .zip(&self.raw)
-                .map(|(b, r)| ms(*b) - ms(*r))
-                .collect(),
-        );
-        let pass = added <= limit_ms;
-        println!(
-            "{name}: ours {ours:.1} ms, raw {raw:.1} ms, added {added:.1} ms at p50 (target ≤ +{limit_ms:.0} ms) {} [{} rounds]",
-            if pass { "PASS" } else { "FAIL" },
-            self.backend.len()
-        );
-        record_row(
-            name,
-            ours,
-            raw,
-            added / limit_ms,
-            &format!("added <= {limit_ms:.0} ms at p50"),
-            pass,
-        );
-        pass
-    }
-
-    /// Like [`Metric::report`] for the 95th percentiles: each side's p95 and their ratio, under
-    /// `name`.
-    pub fn report_p95(&self, name: &'static str) -> bool {
-        let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
-        let backend = percentile(self.backend.iter().map(ms).collect(), 0.95);
-        let raw = percentile(self.raw.iter().map(ms).collect(), 0.95);
-        self.print(name, backend, raw, backend / raw)
-    }
-
-    fn print(&self, name: &str, backend: f64, raw: f64, ratio: f64) -> bool {
-        let (verdict, pass) = match self.target {
-            Target::AtMost(limit) if ratio <= limit => {
-                (format!("(target ≤ {limit:.2}) PASS"), true)
-            }
-            Target::AtMost(limit) => (format!("(target ≤ {limit:.2}) FAIL"), false),
-            Target::AtMostWithin { ratio: limit, ms } => {
-                let pass = ratio <= limit && backend <= ms;
-                (
-                    format!(
-                        "(target ≤ {limit:.2} and ≤ {ms:.0} ms) {}",
-                        if pass { "PASS" } else { "FAIL" }
-                    ),
-                    pass,
-                )
-            }
-            Target::ReportedOnly => ("(reported only)".to_owned(), true),
-            Target::Reference(reference) if ratio <= reference => (
-                format!("(reported only; within the reference ≤ {reference:.2})"),
-                true,
-            ),
-            Target::Reference(reference) => (
-                format!(
-                    "(reported only; misses the reference ≤ {reference:.2} by {:.0}%)",
-                    (ratio / reference - 1.0) * 100.0
-                ),
-                true,
-            ),
-        };
-        println!(
-            "{name}: backend {backend:.1} ms, raw {raw:.1} ms, ratio {ratio:.2} {verdict} [{} rounds]",
-            self.backend.len()
-        );
-        let target = match self.target {
-            Target::AtMost(limit) => format!("<= {limit:.2}"),
-            Target::AtMostWithin { ratio, ms } => format!("<= {ratio:.2} and <= {ms:.0} ms at p50"),
-            Target::ReportedOnly => "reported only".to_owned(),
-            Target::Reference(reference) => format!("reference <= {reference:.2}"),
-        };
-        record_row(name, backend, raw, ratio, &target, pass);
-        pass
-    }
-}
-
-fn percentile(mut values: Vec<f64>, p: f64) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let index = ((values.len() as f64 - 1.0) * p).round() as usize;
-    values[index.min(values.len() - 1)]
-}
-
-/// Ends the process with the run's verdict: non-zero when any pass/fail target was missed.
-pub fn exit_with(passed: bool) -> ! {
-    std::process::exit(if passed { 0 } else { 1 })
 }
 
 /// Removes everything a run made. [`Sweep::finish`] disposes through the backend and checks the

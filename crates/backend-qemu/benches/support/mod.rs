@@ -1,25 +1,17 @@
 //! What the qemu backend's benchmarks share: the image, a backend over a state directory of the
 //! run's own (its accelerator answer seeded from the image directory), a bare VM of the
-//! `qemu-vm` driver with the same accelerator, CPUs and memory, the paired measurement, the
-//! report rows, and the guard that leaves no QEMU behind even when a bench panics.
-//!
-//! Every paired metric times the backend and its raw reference back to back in each round,
-//! alternating which goes first, so the load from other work on the machine falls on both sides
-//! alike; a ratio is the median of the per-round ratios.
+//! `qemu-vm` driver with the same accelerator, CPUs and memory, a raw container for the exec
+//! row's `docker exec`, and the guard that leaves no QEMU behind even when a bench panics. The
+//! paired rounds and the report rows are `paired-bench`'s.
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use backend_qemu::{QemuBackend, QemuConfig};
 use qemu_vm::{AgentClient, Vm, VmConfig, VmImage};
 use sandbox_core::SandboxBackend;
-
-#[path = "../../../../xtask/bench_row.rs"]
-mod bench_row;
-pub use bench_row::{median, record_row};
 
 /// CPUs and memory of every VM of the benches, both sides: what `qemu-vm`'s own bench boots,
 /// so the rows compare with its `vm boot` and `vm exec`.
@@ -189,144 +181,6 @@ pub async fn raw_run(agent: &AgentClient, argv: &[&str]) {
     );
 }
 
-/// Times one future.
-pub async fn timed<T>(work: impl Future<Output = T>) -> (T, Duration) {
-    let started = Instant::now();
-    let value = work.await;
-    (value, started.elapsed())
-}
-
-/// Times the backend's and the raw side's work of one round back to back; even rounds run the
-/// backend first, odd rounds the raw side.
-pub async fn paired<A, B>(
-    round: usize,
-    backend: impl Future<Output = A>,
-    raw: impl Future<Output = B>,
-) -> (Duration, Duration) {
-    if round % 2 == 0 {
-        let (_, ours) = timed(backend).await;
-        let (_, theirs) = timed(raw).await;
-        (ours, theirs)
-    } else {
-        let (_, theirs) = timed(raw).await;
-        let (_, ours) = timed(backend).await;
-        (ours, theirs)
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-/// How a row is judged.
-#[derive(Debug, Clone, Copy)]
-pub enum Target {
-    /// The median paired ratio must be at most this.
-    AtMost(f64),
-    /// Reported only, with why (e.g. the accelerator).
-    ReportedOnly(&'static str),
-    /// Our side's median must be at most this many milliseconds, whatever the raw side's.
-    AbsoluteMs(f64),
-}
-
-/// The samples of one paired metric.
-pub struct Metric {
-    name: String,
-    against: String,
-    target: Target,
-    ours: Vec<Duration>,
-    raw: Vec<Duration>,
-}
-
-impl Metric {
-    /// A metric named `name` whose raw side is `against` (said in the report line).
-    pub fn new(name: impl Into<String>, against: impl Into<String>, target: Target) -> Metric {
-        Metric {
-            name: name.into(),
-            against: against.into(),
-            target,
-            ours: Vec::new(),
-            raw: Vec::new(),
-        }
-    }
-
-    /// Records one round's pair.
-    pub fn push(&mut self, (ours, raw): (Duration, Duration)) {
-        self.ours.push(ours);
-        self.raw.push(raw);
-    }
-
-    /// Prints `name: backend X ms, raw Y ms, ratio Z (target …) PASS|FAIL [N rounds; raw: …]`
-    /// (X and Y the medians of each side, Z the median of the per-round ratios), records the
-    /// row, and returns whether the target is met.
-    pub fn report(&self) -> bool {
-        assert!(!self.ours.is_empty(), "{}: no rounds measured", self.name);
-        if let Target::AbsoluteMs(limit) = self.target {
-            return self.report_absolute(limit);
-        }
-        let ours = median(self.ours.iter().copied().map(ms).collect());
-        let raw = median(self.raw.iter().copied().map(ms).collect());
-        let ratio = median(
-            self.ours
-                .iter()
-                .zip(&self.raw)
-                .map(|(o, r)| o.as_secs_f64() / r.as_secs_f64())
-                .collect(),
-        );
-        let (verdict, target, pass) = match self.target {
-            Target::AtMost(limit) => {
-                let pass = ratio <= limit;
-                (
-                    format!(
-                        "(target ≤ {limit:.2}) {}",
-                        if pass { "PASS" } else { "FAIL" }
-                    ),
-                    format!("<= {limit:.2}"),
-                    pass,
-                )
-            }
-            Target::ReportedOnly(why) => (
-                format!("(reported only: {why})"),
-                format!("reported only: {why}"),
-                true,
-            ),
-            Target::AbsoluteMs(_) => unreachable!("reported above"),
-        };
-        println!(
-            "{}: backend {ours:.1} ms, raw {raw:.1} ms, ratio {ratio:.2} {verdict} [{} rounds; raw: {}]",
-            self.name,
-            self.ours.len(),
-            self.against
-        );
-        record_row(&self.name, ours, raw, ratio, &target, pass);
-        pass
-    }
-
-    /// For an absolute bound on our side alone: prints `name: ours X ms at p50 (target ≤ L ms)
-    /// …, raw Y ms (…)`, records the row with the ratio X / L, and returns whether X ≤ L.
-    fn report_absolute(&self, limit_ms: f64) -> bool {
-        let ours = median(self.ours.iter().copied().map(ms).collect());
-        let raw = median(self.raw.iter().copied().map(ms).collect());
-        let pass = ours <= limit_ms;
-        println!(
-            "{}: ours {ours:.2} ms at p50 (target ≤ {limit_ms:.0} ms) {}, raw {raw:.2} ms [{} rounds; raw: {}]",
-            self.name,
-            if pass { "PASS" } else { "FAIL" },
-            self.ours.len(),
-            self.against
-        );
-        record_row(
-            &self.name,
-            ours,
-            raw,
-            ours / limit_ms,
-            &format!("ours <= {limit_ms:.0} ms at p50"),
-            pass,
-        );
-        pass
-    }
-}
-
 /// One `docker <args…>`, bounded by [`RAW_TIMEOUT`] and required to exit 0; its stdout.
 pub async fn docker(args: &[&str]) -> String {
     let mut command = tokio::process::Command::new("docker");
@@ -395,11 +249,6 @@ impl Drop for RawContainer {
             .stderr(Stdio::null())
             .status();
     }
-}
-
-/// Ends the process with the run's verdict: non-zero when a pass/fail target was missed.
-pub fn exit_with(passed: bool) -> ! {
-    std::process::exit(if passed { 0 } else { 1 })
 }
 
 /// Disposes of every sandbox of `thread` in [`SCOPE`] through the backend.

@@ -1,14 +1,11 @@
-//! One row of the `cargo xtask bench` report, appended by a bench binary (this file is compiled
-//! into each bench with `#[path]`: the benches live in crates the layering keeps apart, and a row
-//! is too small to be a crate of its own). `cargo xtask bench` clears `target/bench/rows.jsonl`
-//! before the run and turns its lines into `target/bench/report.json`.
+//! One row of the `cargo xtask bench` report, and the statistics every row is made of.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 /// Where the rows of one `cargo xtask bench` run collect, one JSON object per line.
 pub fn rows_file() -> PathBuf {
-    // Every bench's crate sits at `crates/<name>`, so the workspace target is two levels up.
+    // This crate sits at `crates/paired-bench`, so the workspace target is two levels up.
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench/rows.jsonl")
 }
 
@@ -38,6 +35,9 @@ pub fn record_row(name: &str, ours_ms: f64, raw_ms: f64, ratio: f64, target: &st
 }
 
 /// The median of `values` (the mean of the middle two when their number is even).
+///
+/// # Panics
+/// When `values` is empty: a row of no rounds is a broken bench, not a number.
 pub fn median(mut values: Vec<f64>) -> f64 {
     assert!(!values.is_empty(), "no rounds measured");
     values.sort_by(f64::total_cmp);
@@ -46,5 +46,40 @@ pub fn median(mut values: Vec<f64>) -> f64 {
         values[n / 2]
     } else {
         (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// The value at the `p` quantile of `values` (`0.95` for the 95th percentile), the nearest rank.
+///
+/// # Panics
+/// When `values` is empty.
+pub fn percentile(mut values: Vec<f64>, p: f64) -> f64 {
+    assert!(!values.is_empty(), "no rounds measured");
+    values.sort_by(f64::total_cmp);
+    let index = ((values.len() as f64 - 1.0) * p).round() as usize;
+    values[index.min(values.len() - 1)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(vec![5.0, 1.0, 3.0]), 3.0);
+    }
+
+    #[test]
+    fn the_percentile_takes_the_nearest_rank() {
+        let values: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(percentile(values.clone(), 0.95), 19.0);
+        assert_eq!(percentile(values, 0.0), 1.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "no rounds measured")]
+    fn no_rounds_is_no_median() {
+        median(Vec::new());
     }
 }
