@@ -3,32 +3,24 @@
 //! a warm reacquire, find and list, a timeout that leaves the VM serving, disposal, and nothing
 //! left in the state directory.
 
+mod support;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
-use backend_qemu::{QemuBackend, QemuConfig};
+use backend_qemu::QemuBackend;
 use sandbox_core::{
     Command, DisposeSelector, ErrorKind, ExecRequest, Isolation, SandboxBackend, SandboxKey,
     SandboxSpec,
 };
 
-fn image_dir() -> PathBuf {
-    qemu_vm::given_image_dir().expect("a VM image directory")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_per_key_serves_commands_and_files_and_goes_without_a_trace() {
-    let parent = std::env::var_os("QEMU_VM_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let state = tempfile::tempdir_in(parent).unwrap();
-    let mut config = QemuConfig::default();
-    config.image_dir = image_dir();
-    config.state_dir = state.path().join("state");
-    config.allow_emulation = true;
-    config.cpus = 1;
-    config.memory_mib = 384;
-    let backend = QemuBackend::connect(config).await.expect("connect");
+    // Not `support::connect`: the accelerator probe runs here, unseeded.
+    let state = tempfile::tempdir_in(support::run_parent()).unwrap();
+    let backend = QemuBackend::connect(support::config(&state.path().join("state")))
+        .await
+        .expect("connect");
     eprintln!(
         "accelerator: {} ({})",
         backend.accelerator().accel.name(),
@@ -172,17 +164,11 @@ async fn checks(backend: QemuBackend, state: PathBuf) {
 /// next one makes a good baseline again and restores it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_sandboxes_restore_the_baseline_and_a_corrupted_one_is_replaced() {
-    let parent = std::env::var_os("QEMU_VM_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let state = tempfile::tempdir_in(parent).unwrap();
-    let mut config = QemuConfig::default();
-    config.image_dir = image_dir();
-    config.state_dir = state.path().join("state");
-    config.allow_emulation = true;
-    config.cpus = 1;
-    config.memory_mib = 384;
-    let backend = QemuBackend::connect(config).await.expect("connect");
+    // Not `support::connect`: the accelerator probe runs here, unseeded.
+    let state = tempfile::tempdir_in(support::run_parent()).unwrap();
+    let backend = QemuBackend::connect(support::config(&state.path().join("state")))
+        .await
+        .expect("connect");
     let checks = tokio::spawn(baseline_checks(backend.clone(), state.path().join("state")));
     let outcome = checks.await;
     let purge = backend.dispose_scope("live-qemu", "baseline").await;

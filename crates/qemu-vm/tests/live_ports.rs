@@ -5,51 +5,14 @@
 //! port's calls; a crashed holder's port is free again.
 #![cfg(target_os = "linux")]
 
-use std::path::PathBuf;
+mod support;
+
 use std::time::{Duration, Instant};
 
-use qemu_vm::{
-    probe_accel, AgentClient, ExecEvent, ExecRequest, RunLimits, Vm, VmConfig, VmError, VmImage,
-};
+use qemu_vm::{AgentClient, ExecEvent, Vm, VmError};
+use support::{config, limits, sh, KillOnDrop, BOOT_TIMEOUT, COUNT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vm_agent::proto::{encode, hello_ack_bytes, FrameDecoder, GuestMsg, HostMsg};
-
-/// A TCG boot takes about 4 s alone; two at once on two shared cores take longer.
-const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// A shell function counting the guest's processes named `$1` with builtins only.
-const COUNT: &str =
-    "count() { n=0; for c in /proc/[0-9]*/comm; do read -r x < \"$c\" 2>/dev/null && [ \"$x\" = \"$1\" ] && n=$((n+1)); done; echo $n; }; ";
-
-fn run_dir() -> PathBuf {
-    let dir = std::env::var_os("QEMU_VM_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::temp_dir().join("qemu-vm-live"));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn sh(script: &str) -> ExecRequest {
-    ExecRequest {
-        argv: vec![
-            b"/bin/sh".to_vec(),
-            b"-c".to_vec(),
-            script.as_bytes().to_vec(),
-        ],
-        env: vec![(b"PATH".to_vec(), b"/usr/sbin:/usr/bin:/sbin:/bin".to_vec())],
-        workdir: Vec::new(),
-        stdin: false,
-        timeout_ms: 0,
-        user: None,
-    }
-}
-
-fn limits() -> RunLimits {
-    RunLimits {
-        output_cap: 1024 * 1024,
-        deadline: Duration::from_secs(60),
-    }
-}
 
 /// Runs `script` and returns its stdout, asserting exit 0.
 async fn out(agent: &AgentClient, script: &str) -> String {
@@ -83,20 +46,6 @@ async fn until_count(agent: &AgentClient, name: &str, want: u32) {
     }
 }
 
-/// The VM, killed at the end (or by drop when an assertion fails).
-struct Booted(Option<Vm>);
-
-impl Drop for Booted {
-    fn drop(&mut self) {
-        if let Some(vm) = self.0.take() {
-            if let Some(pid) = rustix::process::Pid::from_raw(vm.pid()) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
-            let _ = std::fs::remove_dir_all(vm.dir());
-        }
-    }
-}
-
 /// The median of some latencies.
 fn median(mut latencies: Vec<Duration>) -> Duration {
     latencies.sort();
@@ -121,22 +70,10 @@ async fn trues(agent: &AgentClient, n: usize) -> Vec<Duration> {
 async fn connections_share_a_vm_one_port_each_and_fail_apart() {
     // The helper process this test kills must be reaped here.
     rustix::process::set_child_subreaper(Some(rustix::process::getpid())).unwrap();
-    let dir = qemu_vm::given_image_dir().expect("a VM image directory");
-    let image = VmImage::load(&dir).unwrap();
-    let mut config = VmConfig::new(
-        image.clone(),
-        run_dir(),
-        format!("ports-{}", std::process::id()),
-    );
-    config.memory_mib = 384;
+    let mut config = config("ports").await;
     config.agent_ports = 3;
-    let report = probe_accel(&config, image.kernel.parent().unwrap())
-        .await
-        .unwrap();
-    eprintln!("accelerator: {} ({})", report.accel.name(), report.reason);
-    config.accel = report.accel;
     let started = Instant::now();
-    let mut booted = Booted(Some(Vm::start(&config).await.unwrap()));
+    let mut booted = KillOnDrop(Some(Vm::start(&config).await.unwrap()));
     let vm = booted.0.as_ref().unwrap();
     assert_eq!(vm.agent_ports(), 3);
     let a = vm.agent(BOOT_TIMEOUT).await.unwrap();
@@ -326,20 +263,9 @@ fn cpu_time(pid: i32) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ports_no_host_holds_cost_an_idle_guest_nothing() {
-    let dir = qemu_vm::given_image_dir().expect("a VM image directory");
-    let image = VmImage::load(&dir).unwrap();
-    let mut config = VmConfig::new(
-        image.clone(),
-        run_dir(),
-        format!("idle-{}", std::process::id()),
-    );
-    config.memory_mib = 384;
+    let config = config("idle").await;
     assert_eq!(config.agent_ports, qemu_vm::DEFAULT_AGENT_PORTS);
-    let report = probe_accel(&config, image.kernel.parent().unwrap())
-        .await
-        .unwrap();
-    config.accel = report.accel;
-    let mut booted = Booted(Some(Vm::start(&config).await.unwrap()));
+    let mut booted = KillOnDrop(Some(Vm::start(&config).await.unwrap()));
     let vm = booted.0.as_ref().unwrap();
     let agent = vm.agent(BOOT_TIMEOUT).await.unwrap();
     // One port connected, seven waiting for a host: QEMU idles (a waiting port that polled

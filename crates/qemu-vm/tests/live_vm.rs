@@ -3,46 +3,19 @@
 //! accelerator each boot used is printed (TCG where `/dev/kvm` does not boot the kernel).
 #![cfg(target_os = "linux")]
 
-use std::path::PathBuf;
+mod support;
+
 use std::time::{Duration, Instant};
 
 use qemu_vm::{
-    probe_accel, AgentClient, ErrorCode, ExecEvent, ExecRequest, FileKind, RunLimits, Snapshot, Vm,
-    VmConfig, VmError, VmImage, FIRST_VM_ID, VM_IDS,
+    AgentClient, ErrorCode, ExecEvent, ExecRequest, FileKind, RunLimits, Snapshot, Vm, VmConfig,
+    VmError, FIRST_VM_ID, VM_IDS,
 };
-
-/// A TCG boot takes about 4 s alone; two at once on two shared cores take longer.
-const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
+use support::{
+    config, image, kill_now, limits, run_dir, sh, unique, KillOnDrop, BOOT_TIMEOUT, COUNT,
+};
 /// The deadline of one file call.
 const CALL: Duration = Duration::from_secs(30);
-
-fn image() -> VmImage {
-    let dir = qemu_vm::given_image_dir().expect("a VM image directory");
-    VmImage::load(&dir).expect("the VM image `cargo xtask images vm` builds")
-}
-
-fn run_dir() -> PathBuf {
-    let dir = std::env::var_os("QEMU_VM_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::temp_dir().join("qemu-vm-live"));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn unique(name: &str) -> String {
-    format!("{name}-{}", std::process::id())
-}
-
-async fn config(name: &str) -> VmConfig {
-    let mut config = VmConfig::new(image(), run_dir(), unique(name));
-    config.memory_mib = 384;
-    config.console_log = std::env::var_os("QEMU_VM_CONSOLE").is_some();
-    let cache = image().kernel.parent().unwrap().to_owned();
-    let report = probe_accel(&config, &cache).await.unwrap();
-    eprintln!("accelerator: {} ({})", report.accel.name(), report.reason);
-    config.accel = report.accel;
-    config
-}
 
 /// A booted VM and its agent, killed when the test is done with it.
 struct Booted {
@@ -63,10 +36,7 @@ impl Drop for Booted {
     fn drop(&mut self) {
         // A failed assertion must not leave QEMU behind.
         if let Some(vm) = self.vm.take() {
-            if let Some(pid) = rustix::process::Pid::from_raw(vm.pid()) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
-            let _ = std::fs::remove_dir_all(vm.dir());
+            kill_now(vm);
         }
     }
 }
@@ -91,21 +61,6 @@ async fn boot(config: &VmConfig) -> Booted {
     Booted {
         vm: Some(vm),
         agent,
-    }
-}
-
-fn sh(script: &str) -> ExecRequest {
-    ExecRequest {
-        argv: vec![
-            b"/bin/sh".to_vec(),
-            b"-c".to_vec(),
-            script.as_bytes().to_vec(),
-        ],
-        env: vec![(b"PATH".to_vec(), b"/usr/sbin:/usr/bin:/sbin:/bin".to_vec())],
-        workdir: Vec::new(),
-        stdin: false,
-        timeout_ms: 0,
-        user: None,
     }
 }
 
@@ -149,18 +104,6 @@ fn qemu_ids(vm: &Vm) -> (u32, u32) {
         assert_eq!(uid, rustix::process::getuid().as_raw(), "{status}");
     }
     (uid, gid)
-}
-
-/// A shell function counting the guest's processes named `$1` with builtins only (the image
-/// has no procps, and a helper process could count itself).
-const COUNT: &str =
-    "count() { n=0; for c in /proc/[0-9]*/comm; do read -r x < \"$c\" 2>/dev/null && [ \"$x\" = \"$1\" ] && n=$((n+1)); done; echo $n; }; ";
-
-fn limits() -> RunLimits {
-    RunLimits {
-        output_cap: 1024 * 1024,
-        deadline: Duration::from_secs(60),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -608,20 +551,6 @@ async fn two_vms_run_at_once_and_share_nothing() {
         std::fs::metadata(&base).unwrap().modified().unwrap(),
         before
     );
-}
-
-/// Kills whatever VM a failed assertion would leave running in `dir`.
-struct KillOnDrop(Option<Vm>);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Some(vm) = self.0.take() {
-            if let Some(pid) = rustix::process::Pid::from_raw(vm.pid()) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
-            let _ = std::fs::remove_dir_all(vm.dir());
-        }
-    }
 }
 
 /// A saved VM restores as the saved guest (its disk and its memory: a tmpfs file) and as a machine of its

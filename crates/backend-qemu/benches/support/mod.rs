@@ -1,37 +1,30 @@
-//! What the qemu backend's benchmarks share: the image, a backend over a state directory of the
-//! run's own (its accelerator answer seeded from the image directory), a bare VM of the
+//! What the qemu backend's benchmarks share: the live tests' VM set-up
+//! (`tests/support/setup.rs`: the image, the backend's configuration, the accelerator answer
+//! seeded from the image directory), a backend over a state directory of the run's own, a bare
+//! VM of the
 //! `qemu-vm` driver with the same accelerator, CPUs and memory, a raw container for the exec
 //! row's `docker exec`, and the guard that leaves no QEMU behind even when a bench panics. The
 //! paired rounds and the report rows are `paired-bench`'s.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use backend_qemu::{QemuBackend, QemuConfig};
+use backend_qemu::QemuBackend;
 use qemu_vm::{AgentClient, Vm, VmConfig, VmImage};
 use sandbox_core::SandboxBackend;
 
-/// CPUs and memory of every VM of the benches, both sides: what `qemu-vm`'s own bench boots,
-/// so the rows compare with its `vm boot` and `vm exec`.
-pub const CPUS: u32 = 1;
-/// See [`CPUS`].
-pub const MEMORY_MIB: u32 = 384;
+#[path = "../../tests/support/setup.rs"]
+mod setup;
 
-/// From QEMU's start to the agent's answer, both sides.
-pub const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+pub use setup::{image_dir, qemus_under, BOOT_TIMEOUT, CPUS, MEMORY_MIB};
 
 /// The deadline of each raw call, so a wedged guest or engine fails the run instead of hanging it.
 pub const RAW_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The scope of every key a bench makes.
 pub const SCOPE: &str = "bench-qemu";
-
-/// The VM image: `QEMU_VM_IMAGE`, else the default one (`cargo xtask images vm`).
-pub fn image_dir() -> PathBuf {
-    qemu_vm::given_image_dir().expect("a VM image directory")
-}
 
 /// A bench's own state directory (short: the VMs' socket paths must fit a Unix address), with
 /// a guard that kills every QEMU still running under it and removes it when dropped.
@@ -57,22 +50,25 @@ impl Run {
         self.dir.join("raw")
     }
 
-    /// Fails unless no QEMU runs under the run's directory and the backend's state holds no
-    /// VM, record or socket (the accelerator cache and the probe's empty parent may remain).
+    /// Fails unless no QEMU runs under the run's directory, the backend's state holds no VM,
+    /// record or socket (the accelerator cache and the probe's empty parent may remain), and no
+    /// raw VM's directory remains.
     pub fn assert_nothing_left(&self) {
         let running = qemus_under(&self.dir);
         assert!(running.is_empty(), "QEMU left running: {running:?}");
-        let mut left = Vec::new();
-        for dir in [self.state(), self.state().join("vms"), self.raw()] {
-            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if name.starts_with('.') || (dir == self.state() && name == "vms") {
-                    continue;
-                }
-                left.push(entry.path().display().to_string());
-            }
-        }
-        assert!(left.is_empty(), "left behind: {left:?}");
+        setup::assert_nothing_left(&self.state());
+        let raw: Vec<PathBuf> = std::fs::read_dir(self.raw())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|path| {
+                !path
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            })
+            .collect();
+        assert!(raw.is_empty(), "raw VMs left behind: {raw:?}");
     }
 }
 
@@ -88,41 +84,14 @@ impl Drop for Run {
     }
 }
 
-/// The pids of every live QEMU whose VM directory lies under `dir`.
-pub fn qemus_under(dir: &Path) -> Vec<i32> {
-    qemu_vm::qemus_under(dir)
-        .into_iter()
-        .map(|q| q.pid)
-        .collect()
-}
-
-/// The backend over `run`'s state directory: [`CPUS`], [`MEMORY_MIB`], emulation allowed (the
-/// rows name the accelerator), the probe's cached answer copied from the image directory when
-/// it has one, so the backend does not spend the probe's KVM boot again.
+/// The backend over `run`'s state directory as the live tests configure it (emulation allowed:
+/// the rows name the accelerator), each raw call's deadline its calls' bound, the probe's cached
+/// answer copied from the image directory when it has one, so the backend does not spend the
+/// probe's KVM boot again.
 pub async fn backend(run: &Run) -> QemuBackend {
-    let state = run.state();
-    let cache = state.join(".accel");
-    std::fs::create_dir_all(&cache).expect("the accelerator cache");
-    for entry in std::fs::read_dir(image_dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        if entry.file_name().to_string_lossy().starts_with("accel-") {
-            let _ = std::fs::copy(entry.path(), cache.join(entry.file_name()));
-        }
-    }
-    let mut config = QemuConfig::default();
-    config.image_dir = image_dir();
-    config.state_dir = state;
-    config.allow_emulation = true;
-    config.cpus = CPUS;
-    config.memory_mib = MEMORY_MIB;
-    config.boot_timeout = BOOT_TIMEOUT;
+    let mut config = setup::config(&run.state());
     config.call_timeout = RAW_TIMEOUT;
-    let backend = QemuBackend::connect(config)
-        .await
-        .expect("the qemu backend connects (the image: `cargo xtask images vm`)");
+    let backend = setup::connect_with(config).await;
     eprintln!(
         "accelerator: {} ({}); rung {}",
         accel_name(&backend),
