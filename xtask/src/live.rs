@@ -239,13 +239,7 @@ pub(crate) fn sbx(
     eprintln!("==> e2e sbx: {} ({})", path.display(), version.trim());
     // Every test makes its simulator home and workspace root under the run's own temporary
     // directory, so leftovers are judged by that prefix: other users of the engine never count.
-    let run_dir = workspace
-        .target_dir()
-        .join(format!("sbx-e2e-{}", std::process::id()));
-    std::fs::create_dir_all(&run_dir).map_err(|source| XtaskError::Spawn {
-        command: format!("mkdir {}", run_dir.display()),
-        source,
-    })?;
+    let run = RunDir::for_suite(workspace, "sbx")?;
     // On the simulator, the driver's and the simulator's own live tests run against the same
     // build (their other tests ran in the unit-test step); a real `sbx` runs the conformance
     // suites only.
@@ -255,21 +249,85 @@ pub(crate) fn sbx(
         "package(backend-sbx) & binary(live_conformance)"
     };
     let mut command = shared_nextest(filter);
-    command.env("SBX_PATH", &path).env("TMPDIR", &run_dir);
+    command.env("SBX_PATH", &path).env("TMPDIR", run.path());
     if simulator {
         command.env("SBX_SIM_BIN", &path);
     }
-    let teed = tee_in(workspace.root(), &mut command, |line| {
-        is_summary_line(line) || is_skip_line(line)
-    })?;
-    let mut left = sim_containers_under(workspace, &run_dir)?;
-    left.extend(files_under(&run_dir));
-    let left: Vec<&EngineObject> = left.iter().collect();
-    let verdict = judge_suite("sbx", teed, &left, Ok(()));
-    if left.is_empty() {
-        let _ = std::fs::remove_dir(&run_dir);
+    run.judge_suite(workspace, "sbx", command, |dir| {
+        sim_containers_under(workspace, dir)
+    })
+}
+
+/// A suite's own run directory, made fresh: what its tests make goes under it, so what a run
+/// left is judged by that prefix alone (other users of the engine or the machine never count),
+/// and the directory is removed once nothing was left in it; with something left it stays for a
+/// look.
+pub(crate) struct RunDir {
+    path: PathBuf,
+}
+
+impl RunDir {
+    /// Makes `path` (and its parents).
+    ///
+    /// # Errors
+    /// [`XtaskError::Io`] when it cannot be made.
+    pub(crate) fn make(path: PathBuf) -> Result<RunDir, XtaskError> {
+        std::fs::create_dir_all(&path).map_err(|source| XtaskError::Io {
+            action: "creating",
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok(RunDir { path })
     }
-    verdict
+
+    /// `<target>/<suite>-e2e-<pid>`: the run directory of the live suite `suite` of this
+    /// process.
+    ///
+    /// # Errors
+    /// [`XtaskError::Io`] when it cannot be made.
+    pub(crate) fn for_suite(workspace: &Workspace, suite: &str) -> Result<RunDir, XtaskError> {
+        RunDir::make(
+            workspace
+                .target_dir()
+                .join(format!("{suite}-e2e-{}", std::process::id())),
+        )
+    }
+
+    /// Where it is.
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Runs `command` (a nextest run of the suite) and judges it as [`judge_suite`] does, with
+    /// what `left_of` finds of the run outside the directory and whatever is left in it; removes
+    /// the directory when nothing was left.
+    ///
+    /// # Errors
+    /// As [`judge_suite`]; also when `left_of` fails.
+    pub(crate) fn judge_suite(
+        self,
+        workspace: &Workspace,
+        suite: &str,
+        mut command: Command,
+        left_of: impl FnOnce(&std::path::Path) -> Result<Vec<EngineObject>, XtaskError>,
+    ) -> Result<(), XtaskError> {
+        let teed = tee_in(workspace.root(), &mut command, |line| {
+            is_summary_line(line) || is_skip_line(line)
+        })?;
+        let mut left = left_of(&self.path)?;
+        left.extend(files_under(&self.path));
+        let left: Vec<&EngineObject> = left.iter().collect();
+        let verdict = judge_suite(suite, teed, &left, Ok(()));
+        if left.is_empty() {
+            self.remove();
+        }
+        verdict
+    }
+
+    /// Removes the directory and whatever the run kept in it (state already judged).
+    pub(crate) fn remove(self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
 }
 
 /// Containers of `sbx-sim` whose workspace lies under `dir`.
@@ -713,6 +771,23 @@ fn parse_listing(kind: &'static str, text: &str) -> Vec<EngineObject> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_dir_is_made_with_its_parents_and_removed_with_what_it_kept() {
+        let parent = tempfile::tempdir().unwrap();
+        let run = RunDir::make(parent.path().join("suite/run-1")).unwrap();
+        assert!(run.path().is_dir());
+        assert!(files_under(run.path()).is_empty());
+        std::fs::create_dir(run.path().join("home")).unwrap();
+        std::fs::write(run.path().join("home/state"), b"kept").unwrap();
+        let left = files_under(run.path());
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].name, "home");
+        let path = run.path().to_owned();
+        run.remove();
+        assert!(!path.exists());
+        assert!(parent.path().join("suite").is_dir());
+    }
 
     #[test]
     fn a_snapshot_reads_back_what_was_written() {

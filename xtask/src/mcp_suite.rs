@@ -33,7 +33,7 @@ use bounded_process::{BoundedCommand, ExitKind, Stream};
 use sandbox_core::naming::docker::LABEL_SCOPE;
 
 use crate::error::XtaskError;
-use crate::live::{build_images, sim_containers_under, EngineObject, MCP_SCOPE_PREFIX};
+use crate::live::{build_images, sim_containers_under, EngineObject, RunDir, MCP_SCOPE_PREFIX};
 use crate::process::{bounded_runtime, capture_in, seconds, stream_bounded, Workspace};
 
 /// The suite's directory, from the workspace root.
@@ -98,21 +98,20 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
     let runtime = bounded_runtime("the mcp suite")?;
     let python = ensure_venv(workspace, &runtime)?;
     let base = workspace.target_dir().join("mcp-e2e");
+    let mut dirs = Vec::new();
     let runs: Vec<Run> = ["docker", "sbx", "qemu"]
         .into_iter()
-        .map(|backend| Run {
-            backend,
-            dir: run_dir(&base, backend),
-            scope_prefix: format!("{MCP_SCOPE_PREFIX}{}-{backend}", std::process::id()),
+        .map(|backend| {
+            let dir = RunDir::make(run_dir(&base, backend))?;
+            let run = Run {
+                backend,
+                dir: dir.path().to_owned(),
+                scope_prefix: format!("{MCP_SCOPE_PREFIX}{}-{backend}", std::process::id()),
+            };
+            dirs.push(dir);
+            Ok(run)
         })
-        .collect();
-    for run in &runs {
-        std::fs::create_dir_all(&run.dir).map_err(|source| XtaskError::Io {
-            action: "creating",
-            path: run.dir.display().to_string(),
-            source,
-        })?;
-    }
+        .collect::<Result<_, XtaskError>>()?;
     let suite_dir = workspace.root().join(SUITE_DIR);
     let commands: Vec<(String, BoundedCommand)> = runs
         .iter()
@@ -129,7 +128,7 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         vec![a, b, c]
     });
     let mut failure = None;
-    for (run, outcome) in runs.iter().zip(outcomes) {
+    for ((run, outcome), dir) in runs.iter().zip(outcomes).zip(dirs) {
         let left = leftovers(workspace, run)?;
         let verdict = judge(run, &outcome, &left);
         match &verdict {
@@ -148,7 +147,7 @@ pub fn run(workspace: &Workspace) -> Result<(), XtaskError> {
         }
         if left.is_empty() {
             // The run's state (locks, tokens, homes) is judged; nothing in it is kept.
-            let _ = std::fs::remove_dir_all(&run.dir);
+            dir.remove();
         }
         if let Err(error) = verdict {
             failure.get_or_insert(error);

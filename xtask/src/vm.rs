@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::XtaskError;
-use crate::process::{tee_in, Workspace};
+use crate::process::Workspace;
 
 /// The name `cargo xtask images` accepts for the VM image.
 pub const VM_IMAGE: &str = "vm";
@@ -139,30 +139,16 @@ pub fn e2e_both(workspace: &Workspace) -> Result<(), XtaskError> {
 /// test group `vm`).
 fn run_suite(workspace: &Workspace, suite: &VmSuite) -> Result<(), XtaskError> {
     let image = build_image(workspace)?;
-    let run_dir = workspace
-        .target_dir()
-        .join(format!("{}-e2e-{}", suite.name, std::process::id()));
-    std::fs::create_dir_all(&run_dir).map_err(|source| XtaskError::Spawn {
-        command: format!("mkdir {}", run_dir.display()),
-        source,
-    })?;
+    let run = crate::live::RunDir::for_suite(workspace, suite.name)?;
     let mut command = crate::live::shared_nextest(suite.filter);
     command
         .env("QEMU_VM_IMAGE", &image)
-        .env("QEMU_VM_RUN_DIR", &run_dir);
-    let teed = tee_in(workspace.root(), &mut command, |line| {
-        crate::live::is_summary_line(line) || crate::live::is_skip_line(line)
-    })?;
-    // Give killed QEMUs a moment to be reaped before judging.
-    std::thread::sleep(Duration::from_millis(500));
-    let mut left = qemus_under(&run_dir);
-    left.extend(crate::live::files_under(&run_dir));
-    let left: Vec<&crate::live::EngineObject> = left.iter().collect();
-    let verdict = crate::live::judge_suite(suite.name, teed, &left, Ok(()));
-    if left.is_empty() {
-        let _ = std::fs::remove_dir(&run_dir);
-    }
-    verdict
+        .env("QEMU_VM_RUN_DIR", run.path());
+    run.judge_suite(workspace, suite.name, command, |dir| {
+        // Give killed QEMUs a moment to be reaped before judging.
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(qemus_under(dir))
+    })
 }
 
 /// QEMU processes whose VM directory lies under `dir`.
