@@ -16,10 +16,11 @@
 
 mod support;
 
+use paired_bench::raw_docker::docker;
 use paired_bench::{exit_with, paired, Metric, Target};
 use sandbox_core::{DisposeSelector, SandboxBackend, SandboxKey, SandboxSpec};
 use support::{
-    backend, docker, remove_raw, reset_against_cold, run_raw_container, unique_scope, Sweep, BASE,
+    backend, remove_raw, reset_against_cold, run_raw_container, unique_scope, Sweep, BASE,
 };
 
 const WARM_WARMUP: usize = 3;

@@ -29,9 +29,10 @@ use std::time::{Duration, Instant};
 
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use futures_util::StreamExt as _;
+use paired_bench::raw_docker::docker;
 use paired_bench::{exit_with, record_row, round_robin, Metric, Target};
 use sandbox_core::{Command, ErrorKind, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec};
-use support::{backend, bench_spec, docker, run_raw_container, SideBySide};
+use support::{backend, bench_spec, run_raw_container, SideBySide};
 
 const WARMUP: usize = 3;
 // Each round runs every side once (about 0.4 s); the rows' margins are a few hundredths, which a

@@ -13,9 +13,10 @@ mod support;
 use std::time::Duration;
 
 use backend_docker::{DockerBackend, DockerConfig};
+use paired_bench::raw_docker::docker;
 use paired_bench::{exit_with, paired, Metric, Target};
 use sandbox_core::{Command, DisposeSelector, ExecRequest, Isolation, SandboxBackend, SandboxKey};
-use support::{bench_spec, docker, remove_raw, run_raw_container_under, unique_scope, Sweep, BASE};
+use support::{bench_spec, remove_raw, run_raw_container_under, unique_scope, Sweep, BASE};
 
 /// The engine's name for gVisor.
 const RUNSC: &str = "runsc";

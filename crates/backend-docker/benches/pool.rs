@@ -18,13 +18,12 @@ mod support;
 use std::time::Duration;
 
 use backend_docker::{DockerBackend, DockerConfig};
+use paired_bench::raw_docker::docker;
 use paired_bench::{exit_with, paired, record_row, timed, Metric, Target};
 use sandbox_core::{
     Command, DisposeSelector, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec,
 };
-use support::{
-    docker, remove_raw, reset_against_cold, run_raw_container, unique_scope, Sweep, BASE,
-};
+use support::{remove_raw, reset_against_cold, run_raw_container, unique_scope, Sweep, BASE};
 
 const POOL: usize = 8;
 const ACQUIRE_WARMUP: usize = 1;

@@ -15,9 +15,10 @@ use std::path::Path;
 
 use backend_docker::defaults::TRANSFER_CEILING;
 use futures_util::StreamExt as _;
+use paired_bench::raw_docker::{docker, docker_with_stdin};
 use paired_bench::{exit_with, paired, round_robin, Metric, Target};
 use sandbox_core::{Command, ExecRequest, Sandbox, SandboxSpec};
-use support::{backend, docker, docker_with_stdin, SideBySide};
+use support::{backend, SideBySide};
 
 const MIB: usize = 1024 * 1024;
 const BIG: usize = 64 * MIB;

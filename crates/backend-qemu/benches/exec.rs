@@ -6,9 +6,10 @@
 
 mod support;
 
+use paired_bench::raw_docker::{docker, RawContainer};
 use paired_bench::{exit_with, measured, paired, Metric, Target};
 use sandbox_core::{Command, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec};
-use support::{accel_name, backend, dispose_thread, docker, RawContainer, Run, SCOPE};
+use support::{accel_name, backend, dispose_thread, Run, SCOPE};
 
 const WARMUP: usize = 3;
 const ROUNDS: usize = 30;
@@ -25,7 +26,11 @@ async fn main() {
     let spec = SandboxSpec::builder("bench").build().expect("a valid spec");
     let key = SandboxKey::conversation(SCOPE, "exec", "bench");
     let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
-    let raw = RawContainer::start().await;
+    let raw = RawContainer::start(
+        "sandbox-base:local",
+        &format!("{SCOPE}-{}", std::process::id()),
+    )
+    .await;
 
     let mut exec = Metric::new(format!("qemu exec p50 [{accel}]"), target)
         .against("`docker exec <id> true` (CLI) on a raw sandbox-base:local container");

@@ -9,6 +9,9 @@
 //! - [`record_row`] appends a row to `target/bench/rows.jsonl`, which `cargo xtask bench`
 //!   clears before a run and gathers into `target/bench/report.json` and `BENCHMARKS.md`.
 //!
+//! - [`raw_docker`]: the raw `docker` CLI as a reference side, and a container hardened as the
+//!   Docker backend's workloads are, for the benches of every backend measured against it.
+//!
 //! A bench exits through [`exit_with`], non-zero when a pass/fail target was missed.
 //!
 //! It depends on nothing of ours, so the benches of every layer (a leaf's as well as a
@@ -18,6 +21,7 @@
 #![deny(unsafe_code)]
 
 mod metric;
+pub mod raw_docker;
 mod rounds;
 mod row;
 

@@ -14,9 +14,10 @@ mod support;
 use std::process::Stdio;
 use std::time::Duration;
 
+use paired_bench::raw_docker::docker;
 use paired_bench::{exit_with, round_robin, Metric, Target};
 use sandbox_core::{SandboxBackend, SandboxKey, SandboxSpec};
-use support::{backend, docker, run_raw_container, unique_scope, Sweep};
+use support::{backend, run_raw_container, unique_scope, Sweep};
 
 const WARMUP: usize = 3;
 const ROUNDS: usize = 45;

@@ -5,26 +5,20 @@
 
 use std::future::Future;
 use std::process::Stdio;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use backend_docker::{DockerBackend, DockerConfig};
 use std::sync::Arc;
 
+use paired_bench::raw_docker::{self, docker, run_hardened};
 use paired_bench::{paired, Metric};
 use sandbox_core::{DisposeSelector, Sandbox, SandboxBackend, SandboxKey, SandboxSpec};
-use tokio::io::AsyncWriteExt as _;
 
 /// The image every benchmark runs on (docs/docker-backend.md#local-images; `cargo xtask images` builds it).
 pub const IMAGE: &str = "sandbox-base:local";
 
 /// The storage base the backend prepares by default, made in the raw container too.
 pub const BASE: &str = "/maf-sandbox/work";
-
-/// The label raw containers carry, valued with the run's scope, so the sweep finds them.
-const RAW_LABEL: &str = "maf-sandbox-bench";
-
-/// The deadline of each raw call, so a wedged engine fails the run instead of hanging it.
-const RAW_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A scope no other run shares (≤ 63 characters, so its label value is the scope itself).
 pub fn unique_scope(tag: &str) -> String {
@@ -42,94 +36,15 @@ pub async fn backend() -> DockerBackend {
         .expect("the docker backend connects to the local engine")
 }
 
-/// What one raw docker call printed.
-pub struct RawOutput {
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
-}
-
-/// One raw `docker <args…>` (optionally with bytes on stdin), required to exit 0.
-pub async fn docker_with_stdin(args: &[&str], stdin: Option<&[u8]>) -> RawOutput {
-    let mut command = tokio::process::Command::new("docker");
-    command
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = command.spawn().expect("the docker CLI starts");
-    let pipe = child.stdin.take();
-    // Fed while the output is read, so neither side waits on a full pipe.
-    let feed = async move {
-        if let (Some(bytes), Some(mut pipe)) = (stdin, pipe) {
-            pipe.write_all(bytes).await.expect("stdin is written");
-        }
-    };
-    let run = async {
-        let ((), output) = tokio::join!(feed, child.wait_with_output());
-        output
-    };
-    let output = tokio::time::timeout(RAW_TIMEOUT, run)
-        .await
-        .unwrap_or_else(|_| panic!("docker {args:?} did not finish within {RAW_TIMEOUT:?}"))
-        .expect("the docker CLI runs");
-    assert!(
-        output.status.success(),
-        "docker {args:?} failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    RawOutput {
-        stdout: output.stdout,
-        stderr: output.stderr,
-    }
-}
-
-/// One raw `docker <args…>`, required to exit 0.
-pub async fn docker(args: &[&str]) -> RawOutput {
-    docker_with_stdin(args, None).await
-}
-
 /// `docker run -d` of a keep-alive container with the backend's own hardening
 /// (docs/docker-backend.md#hardening) and the raw label; returns its id.
 pub async fn run_raw_container(scope: &str) -> String {
-    run_raw_container_under(scope, "runc").await
+    run_hardened(IMAGE, scope, "runc").await
 }
 
 /// [`run_raw_container`] under the engine's runtime `runtime` (`docker run --runtime`).
 pub async fn run_raw_container_under(scope: &str, runtime: &str) -> String {
-    let label = format!("{RAW_LABEL}={scope}");
-    let output = docker(&[
-        "run",
-        "-d",
-        "--runtime",
-        runtime,
-        "--pull=never",
-        "--init",
-        "--security-opt",
-        "no-new-privileges",
-        "--cap-drop",
-        "ALL",
-        "--pids-limit",
-        "512",
-        "--network",
-        "none",
-        "--label",
-        &label,
-        "--entrypoint",
-        "sh",
-        IMAGE,
-        "-c",
-        "while :; do sleep 3600; done",
-    ])
-    .await;
-    let id = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    assert_eq!(id.len(), 64, "docker run -d printed {id:?}");
-    id
+    run_hardened(IMAGE, scope, runtime).await
 }
 
 /// The start of a side-by-side bench: a fresh scope and its [`Sweep`], the sandbox of the scope's
@@ -266,7 +181,7 @@ impl Sweep {
     fn filters(&self) -> [String; 2] {
         [
             format!("label=maf-sandbox.scope={}", self.scope),
-            format!("label={RAW_LABEL}={}", self.scope),
+            format!("label={}={}", raw_docker::LABEL, self.scope),
         ]
     }
 

@@ -1,14 +1,12 @@
 //! What the qemu backend's benchmarks share: the live tests' VM set-up
 //! (`tests/support/setup.rs`: the image, the backend's configuration, the accelerator answer
 //! seeded from the image directory), a backend over a state directory of the run's own, a bare
-//! VM of the
-//! `qemu-vm` driver with the same accelerator, CPUs and memory, a raw container for the exec
-//! row's `docker exec`, and the guard that leaves no QEMU behind even when a bench panics. The
-//! paired rounds and the report rows are `paired-bench`'s.
+//! VM of the `qemu-vm` driver with the same accelerator, CPUs and memory, and the guard that
+//! leaves no QEMU behind even when a bench panics. The paired rounds, the report rows and the
+//! raw `docker` reference are `paired-bench`'s.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use backend_qemu::QemuBackend;
@@ -148,76 +146,6 @@ pub async fn raw_run(agent: &AgentClient, argv: &[&str]) {
         "{argv:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// One `docker <args…>`, bounded by [`RAW_TIMEOUT`] and required to exit 0; its stdout.
-pub async fn docker(args: &[&str]) -> String {
-    let mut command = tokio::process::Command::new("docker");
-    command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let output = tokio::time::timeout(RAW_TIMEOUT, command.output())
-        .await
-        .unwrap_or_else(|_| panic!("docker {args:?} did not finish within {RAW_TIMEOUT:?}"))
-        .expect("the docker CLI runs");
-    assert!(
-        output.status.success(),
-        "docker {args:?} failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// A raw container (`docker run -d` of `sandbox-base:local`, hardened as the docker backend's
-/// workloads are), removed with `docker rm -f` when dropped, even on a panic.
-pub struct RawContainer {
-    pub id: String,
-}
-
-impl RawContainer {
-    pub async fn start() -> RawContainer {
-        let label = format!("maf-sandbox-bench={SCOPE}-{}", std::process::id());
-        let out = docker(&[
-            "run",
-            "-d",
-            "--pull=never",
-            "--init",
-            "--security-opt",
-            "no-new-privileges",
-            "--cap-drop",
-            "ALL",
-            "--pids-limit",
-            "512",
-            "--network",
-            "none",
-            "--label",
-            &label,
-            "--entrypoint",
-            "sh",
-            "sandbox-base:local",
-            "-c",
-            "while :; do sleep 3600; done",
-        ])
-        .await;
-        let id = out.trim().to_owned();
-        assert_eq!(id.len(), 64, "docker run -d printed {id:?}");
-        RawContainer { id }
-    }
-}
-
-impl Drop for RawContainer {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("timeout")
-            .args(["120", "docker", "rm", "-f", &self.id])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
 }
 
 /// Disposes of every sandbox of `thread` in [`SCOPE`] through the backend.
