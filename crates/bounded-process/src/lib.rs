@@ -1,8 +1,7 @@
 //! # bounded-process
 //!
-//! A host-side child process that cannot outlive its bounds: every program the project runs on
-//! the host (the `docker` and `sbx` clients, the VM image tools, `xtask`'s steps) goes through
-//! it.
+//! A host-side child process that cannot outlive its bounds: the project's short-lived child
+//! processes (the `sbx` client, the image and VM-image tools, `xtask`'s steps) run through it.
 //!
 //! One run ([`BoundedCommand`], then [`run_bounded`] or [`run_streaming`]) is one child with:
 //!
