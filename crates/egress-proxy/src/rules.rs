@@ -22,6 +22,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use crate::error::{invalid_grant, invalid_rule, ProxyError};
+use crate::head::{parse_tunnelled_head, Authority, Body, Host, RequestHead, Target};
 use crate::hostmatch::Allowlist;
 use crate::pathrule::{normalize, PathPattern};
 
@@ -264,6 +265,48 @@ pub struct Verdict<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleRefusal(pub String);
 
+/// A request read inside a terminated tunnel that passed its host's rules and grants, and the
+/// head it becomes upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Terminated<'a> {
+    /// The head as the client sent it.
+    pub head: RequestHead,
+    /// Its body framing.
+    pub body: Body,
+    /// The judgement of its method and path.
+    pub verdict: Verdict<'a>,
+    /// The head sent upstream: origin-form with the normalised target, `Host` from the tunnel,
+    /// the client's `Authorization` dropped for a granted host and the grant's added where one
+    /// applies, `Connection: close`.
+    pub upstream: Vec<u8>,
+}
+
+/// Why a request inside a terminated tunnel was refused, answered inside the client's TLS
+/// session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TerminatedRefusal {
+    /// 400 for a head that cannot be read, 403 otherwise.
+    pub status: u16,
+    /// The one-line reason; it never carries a token.
+    pub reason: String,
+    /// The request's method, when its head was read.
+    pub method: Option<String>,
+    /// Its normalised path, when it was judged and could be normalised.
+    pub path: Option<String>,
+}
+
+impl TerminatedRefusal {
+    #[cold]
+    fn new(status: u16, reason: impl Into<String>, method: Option<String>) -> TerminatedRefusal {
+        TerminatedRefusal {
+            status,
+            reason: reason.into(),
+            method,
+            path: None,
+        }
+    }
+}
+
 impl HttpRules {
     /// Rules and grants together.
     pub fn new(rules: Vec<HttpRule>, grants: Vec<Grant>) -> HttpRules {
@@ -355,6 +398,64 @@ impl HttpRules {
             rule,
             drop_authorization: granted,
             credential,
+        })
+    }
+
+    /// Reads, judges and rewrites `head`, the complete head of the one request read inside a
+    /// terminated tunnel to `authority`, at `now`: everything the proxy decides about that
+    /// request before it dials the upstream, in one pure step (so tests and fuzz targets judge
+    /// exactly what the proxy sends).
+    ///
+    /// # Errors
+    /// A [`TerminatedRefusal`]: 400 for a head that cannot be read, 403 for one the proxy does
+    /// not serve or its host's rules refuse.
+    pub fn judge_terminated(
+        &self,
+        head: &[u8],
+        authority: &Authority,
+        now: SystemTime,
+    ) -> Result<Terminated<'_>, TerminatedRefusal> {
+        let host = match &authority.host {
+            Host::Name(name) => name.as_str(),
+            Host::Ip(_) => {
+                return Err(TerminatedRefusal::new(
+                    403,
+                    "a terminated tunnel names a host",
+                    None,
+                ))
+            }
+        };
+        let head = parse_tunnelled_head(head, authority)
+            .map_err(|e| TerminatedRefusal::new(e.status(), e.reason(), None))?;
+        let method = Some(head.method.clone());
+        let body = head
+            .plain_body()
+            .map_err(|e| TerminatedRefusal::new(e.status(), e.reason(), method.clone()))?;
+        let Target::Absolute { path, .. } = &head.target else {
+            return Err(TerminatedRefusal::new(
+                400,
+                "not an origin-form request",
+                method,
+            ));
+        };
+        let verdict = self
+            .judge(host, authority.port, &head.method, path, true, now)
+            .map_err(|refusal| TerminatedRefusal {
+                path: normalize(path).ok().map(|n| n.path),
+                ..TerminatedRefusal::new(403, refusal.0, method.clone())
+            })?;
+        let authorization = verdict.credential.map(Token::authorization_value);
+        let upstream = head.rewrite_to(
+            &verdict.target,
+            443,
+            verdict.drop_authorization,
+            authorization.as_deref(),
+        );
+        Ok(Terminated {
+            head,
+            body,
+            verdict,
+            upstream,
         })
     }
 }
@@ -463,6 +564,72 @@ mod tests {
         assert!(rules
             .judge("api.test", 80, "GET", "/v1/x", false, now())
             .is_err());
+    }
+
+    #[test]
+    fn a_terminated_request_is_read_judged_and_rewritten_in_one_step() {
+        let rules = rules();
+        let authority = Authority {
+            host: Host::Name("api.test".into()),
+            port: 443,
+        };
+        let judged = rules
+            .judge_terminated(
+                b"GET /v1/./x HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer guest\r\nContent-Length: 2\r\n\r\n",
+                &authority,
+                now(),
+            )
+            .unwrap();
+        assert_eq!(judged.body, Body::Length(2));
+        assert_eq!(judged.verdict.path.as_deref(), Some("/v1/x"));
+        assert_eq!(
+            String::from_utf8(judged.upstream).unwrap(),
+            format!(
+                "GET /v1/x HTTP/1.1\r\nHost: api.test\r\nContent-Length: 2\r\n\
+                 Authorization: Bearer {SECRET}\r\nConnection: close\r\n\r\n"
+            )
+        );
+        // Refused by a rule: the method and the normalised path are kept for the decision.
+        let refused = rules
+            .judge_terminated(
+                b"POST /v1/a/../b HTTP/1.1\r\nHost: api.test\r\n\r\n",
+                &authority,
+                now(),
+            )
+            .unwrap_err();
+        assert_eq!(refused.status, 403);
+        assert_eq!(refused.method.as_deref(), Some("POST"));
+        assert_eq!(refused.path.as_deref(), Some("/v1/b"));
+        assert!(refused.reason.contains("matches no rule"), "{refused:?}");
+        // Unreadable: 400, nothing known.
+        let malformed = rules
+            .judge_terminated(b"GET /v1/x HTTP/2\r\n\r\n", &authority, now())
+            .unwrap_err();
+        assert_eq!((malformed.status, malformed.method), (400, None));
+        // Unframeable body: the method is known.
+        let framing = rules
+            .judge_terminated(
+                b"GET /v1/x HTTP/1.1\r\nHost: api.test\r\nContent-Length: 1, 2\r\n\r\n",
+                &authority,
+                now(),
+            )
+            .unwrap_err();
+        assert_eq!(framing.method.as_deref(), Some("GET"));
+        let by_address = Authority {
+            host: Host::Ip([127, 0, 0, 1].into()),
+            port: 443,
+        };
+        assert_eq!(
+            rules
+                .judge_terminated(
+                    b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+                    &by_address,
+                    now()
+                )
+                .unwrap_err()
+                .status,
+            403
+        );
     }
 
     #[test]

@@ -18,9 +18,9 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::time::Instant;
 
-use crate::head::{parse_tunnelled_head, Authority};
+use crate::head::Authority;
 use crate::proxy::{answer_and_close, connect, read_head, Answer, Decision, Policy};
-use crate::rules::Token;
+use crate::rules::{Terminated, Token};
 use crate::tls::Terminator;
 
 /// A stream that first yields bytes already read from it (a client's eager TLS hello sent with
@@ -169,30 +169,22 @@ where
         terminator,
     } = *tunnel;
     let (head_bytes, rest) = read_head(client, Instant::now() + policy.limits.head_timeout).await?;
-    let head = parse_tunnelled_head(&head_bytes, authority)
-        .map_err(|e| Answer::status(e.status(), e.reason()))?;
-    decision.method = Some(head.method.clone());
-    let body = head
-        .plain_body()
-        .map_err(|e| Answer::status(e.status(), e.reason()))?;
-    let crate::head::Target::Absolute { path, .. } = &head.target else {
-        return Err(Answer::status(400, "not an origin-form request"));
-    };
-    let verdict = policy
+    let judged = policy
         .http
-        .judge(
-            host,
-            authority.port,
-            &head.method,
-            path,
-            true,
-            SystemTime::now(),
-        )
+        .judge_terminated(&head_bytes, authority, SystemTime::now())
         .map_err(|refusal| {
+            decision.method = refusal.method;
             // A refusal's decision names the path it judged, where it could be normalised.
-            decision.path = crate::pathrule::normalize(path).ok().map(|n| n.path);
-            Answer::status(403, refusal.0)
+            decision.path = refusal.path;
+            Answer::status(refusal.status, refusal.reason)
         })?;
+    let Terminated {
+        body,
+        verdict,
+        upstream: mut first,
+        head,
+    } = judged;
+    decision.method = Some(head.method);
     decision.path = verdict.path.clone();
     decision.rule = verdict.rule.map(str::to_owned);
     decision.credential = verdict.credential.is_some();
@@ -214,13 +206,6 @@ where
     };
 
     let early = body.arrived(&rest);
-    let authorization = verdict.credential.map(Token::authorization_value);
-    let mut first = head.rewrite_to(
-        &verdict.target,
-        443,
-        verdict.drop_authorization,
-        authorization.as_deref(),
-    );
     first.extend_from_slice(early);
     decision.allowed = true;
     decision.reason = "terminated".to_owned();
