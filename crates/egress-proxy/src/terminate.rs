@@ -187,7 +187,6 @@ where
     decision.method = Some(head.method);
     decision.path = verdict.path.clone();
     decision.rule = verdict.rule.map(str::to_owned);
-    decision.credential = verdict.credential.is_some();
 
     let deadline = Instant::now() + policy.limits.connect_timeout;
     let tcp = connect(addresses, deadline).await?;
@@ -209,6 +208,9 @@ where
     first.extend_from_slice(early);
     decision.allowed = true;
     decision.reason = "terminated".to_owned();
+    // Set only now that the head is going upstream: a refusal or a failed upstream connection
+    // before this point sent no token, and its decision must not say it did.
+    decision.credential = verdict.credential.is_some();
     let idle = policy.limits.idle_timeout;
     if !matches!(
         tokio::time::timeout(idle, upstream.write_all(&first)).await,

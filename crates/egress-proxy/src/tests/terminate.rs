@@ -459,12 +459,25 @@ async fn a_response_echoing_the_token_is_cut_before_the_token() {
 async fn an_upstream_with_a_certificate_for_another_name_is_refused() {
     let pki = UpstreamPki::new();
     let (port, mut received) = tls_origin(&pki, "other.test").await;
-    let p = proxy(&[port], &pki, &["localhost * /*"], Vec::new()).await;
+    // Granted, so the request would carry a token: it is never sent, and the decision says so.
+    let p = proxy(
+        &[port],
+        &pki,
+        &["localhost * /*"],
+        vec![grant(port, r#""/*""#, "tok-never-sent", far_future())],
+    )
+    .await;
     let ca = p.terminator.authority_der();
     let answer = https(&p.socket, port, ca, &get("/x", "")).await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
     assert!(answer.contains("TLS with the upstream failed"), "{answer}");
+    assert!(!answer.contains("tok-never-sent"), "{answer}");
     assert!(drain(&mut received).is_empty());
+    let decisions = observed(&p, 1).await;
+    assert_eq!(decisions.len(), 1, "{decisions:?}");
+    assert!(!decisions[0].allowed, "{decisions:?}");
+    assert!(!decisions[0].credential, "no token was sent: {decisions:?}");
+    assert!(decisions[0].reason.contains("TLS with the upstream failed"));
 
     // An upstream whose CA the proxy was not given is refused as well.
     let stranger = UpstreamPki::new();
