@@ -17,6 +17,7 @@
 /// The guarded opener of host files, for hosts that reach it through this crate.
 pub use host_files;
 
+pub mod egress_flags;
 mod health;
 mod logging;
 mod mcp_state;

@@ -53,6 +53,19 @@ pub struct Cli {
     /// model can narrow this list per sandbox, never widen it.
     #[arg(long = "allow", value_name = "HOST")]
     pub allow_hosts: Vec<String>,
+    /// A method and path rule for sandboxes' egress: 'HOST METHODS PATHS', comma-separated
+    /// lists, `*` for all (repeatable; e.g. 'api.example.com GET,HEAD /v1/*'), as `sandboxctl run
+    /// --rule`. Its host is allowed, narrowed to these; every sandbox that can reach the host gets
+    /// the rule, and the model cannot lift it.
+    #[arg(long = "rule", value_name = "RULE")]
+    pub rules: Vec<String>,
+    /// A credential grant, as a JSON file (as `sandboxctl run --credential-file`: {"host", "port"
+    /// (443), "methods" ("*"), "paths", "token", "expires_in_secs" (from the server's start) or
+    /// "expires_unix"}; repeatable), read once at start. Every sandbox that can reach the host gets
+    /// it; the proxy adds the token to matching HTTPS requests. Neither the model nor the sandbox
+    /// ever sees it.
+    #[arg(long = "credential-file", value_name = "PATH")]
+    pub credential_files: Vec<PathBuf>,
     /// The longest `timeout_s` a call may ask for, and the default.
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     pub max_timeout: u64,

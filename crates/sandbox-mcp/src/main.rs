@@ -59,6 +59,10 @@ async fn run(cli: Cli) -> ExitCode {
         Ok(b) => b,
         Err(e) => return fail("backend", &e),
     };
+    let egress = match sandbox_mcp::tools::OperatorEgress::from_flags(&cli, &*backend).await {
+        Ok(e) => e,
+        Err(e) => return fail("egress", &e),
+    };
     let router = match sandbox_backends::gated_router(&cli.backends, backend) {
         Ok(r) => r,
         Err(e) => return fail("backend", &e),
@@ -82,7 +86,7 @@ async fn run(cli: Cli) -> ExitCode {
     }
     let shared = Shared::with_egress_log(
         router,
-        Settings::from_cli(&cli, image),
+        Settings::from_cli(&cli, image, egress),
         liveness,
         cli.ttl(),
         egress_log,

@@ -16,6 +16,7 @@
 mod exec;
 mod handlers;
 mod messages;
+mod operator_egress;
 mod settings;
 mod shared;
 
@@ -27,6 +28,7 @@ pub use messages::{
     ListFilesResult, ListResult, ReadArgs, ReadResult, ResetArgs, ResetResult, SandboxView,
     WriteArgs, WriteResult,
 };
+pub use operator_egress::OperatorEgress;
 pub use settings::Settings;
 pub use shared::Shared;
 

@@ -48,6 +48,7 @@ async fn server(limits: HttpLimits, max_file_bytes: u64) -> Server {
         agent: "agent".to_owned(),
         image: None,
         allow_hosts: Vec::new(),
+        egress: Default::default(),
         max_timeout: Duration::from_secs(60),
         max_output_bytes: 1 << 20,
         max_file_bytes,

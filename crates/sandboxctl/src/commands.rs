@@ -446,7 +446,7 @@ async fn run(
     let rules = match egress
         .rules
         .iter()
-        .map(|rule| crate::egress_args::parse_rule(rule))
+        .map(|rule| sandbox_backends::egress_flags::parse_rule(rule))
         .collect::<Result<Vec<_>, _>>()
     {
         Ok(rules) => rules,
@@ -473,22 +473,15 @@ async fn run(
         Ok(r) => r,
         Err(e) => return refused(e),
     };
-    let grants = if egress.credential_files.is_empty() {
-        Vec::new()
-    } else {
-        let guard = match backends::host_guard(global, &*backend, None).await {
-            Ok(guard) => guard,
-            Err(e) => return refused(e),
-        };
-        match egress
-            .credential_files
-            .iter()
-            .map(|path| crate::egress_args::read_credential(path, &guard))
-            .collect::<Result<Vec<_>, _>>()
-        {
-            Ok(grants) => grants,
-            Err(e) => return refused(e),
-        }
+    let grants = match sandbox_backends::egress_flags::read_credentials(
+        global,
+        &*backend,
+        &egress.credential_files,
+    )
+    .await
+    {
+        Ok(grants) => grants,
+        Err(e) => return refused(e),
     };
     let image = match image {
         Some(image) => Some(image),
@@ -977,8 +970,8 @@ mod tests {
 
     #[test]
     fn run_turns_rules_and_grants_into_an_allowlist_spec() {
-        let rule = crate::egress_args::parse_rule("api.test GET /v1/*").unwrap();
-        let grant = crate::egress_args::parse_credential(
+        let rule = sandbox_backends::egress_flags::parse_rule("api.test GET /v1/*").unwrap();
+        let grant = sandbox_backends::egress_flags::parse_credential(
             br#"{"host":"api.test","paths":["/v1/*"],"token":"tok","expires_in_secs":60}"#,
             "f",
             std::time::SystemTime::now(),

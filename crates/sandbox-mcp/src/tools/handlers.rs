@@ -184,9 +184,20 @@ impl SandboxServer {
             spec = spec.image(image.clone());
         }
         if !hosts.is_empty() {
+            // The operator's rules narrow the hosts kept, its grants go with them; the model
+            // chose neither.
+            let (entries, grants) = self
+                .shared
+                .settings()
+                .egress
+                .for_hosts(&hosts)
+                .map_err(|e| ToolFailure::from_sandbox(&e, None))?;
             spec = spec.egress(Egress::Allowlist);
-            for h in &hosts {
-                spec = spec.allow(h.as_str());
+            for entry in entries {
+                spec = spec.allow(entry);
+            }
+            for grant in grants {
+                spec = spec.credential(grant);
             }
         }
         let spec = spec

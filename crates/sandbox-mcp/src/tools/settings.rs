@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::OperatorEgress;
 use crate::config::Cli;
 use crate::handles::SandboxLimits;
 
@@ -16,6 +17,8 @@ pub struct Settings {
     pub image: Option<String>,
     /// The server's egress allowlist; empty: closed.
     pub allow_hosts: Vec<String>,
+    /// The operator's egress rules and credential grants, applied to every sandbox.
+    pub egress: OperatorEgress,
     /// Bounds.
     pub max_timeout: Duration,
     /// Bounds.
@@ -31,13 +34,16 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The settings a command line gives, with the resolved default image.
-    pub fn from_cli(cli: &Cli, image: Option<String>) -> Self {
+    /// The settings a command line gives, with the resolved default image and the operator's
+    /// egress rules and grants (read by [`OperatorEgress::from_flags`]): the allowlist is the
+    /// `--allow` hosts and the hosts of the rules.
+    pub fn from_cli(cli: &Cli, image: Option<String>, egress: OperatorEgress) -> Self {
         Settings {
             scope: cli.scope.clone(),
             agent: cli.agent.clone(),
             image,
-            allow_hosts: cli.allow_hosts.clone(),
+            allow_hosts: egress.server_hosts(&cli.allow_hosts),
+            egress,
             max_timeout: Duration::from_secs(cli.max_timeout.max(1)),
             max_output_bytes: cli.max_output_bytes.max(1),
             max_file_bytes: cli.max_file_bytes.max(1),

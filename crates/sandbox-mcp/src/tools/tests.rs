@@ -46,6 +46,10 @@ async fn serve_snapshots(limits: crate::handles::SandboxLimits) -> Served {
 }
 
 async fn serve_on(fake: FakeBackend, limits: crate::handles::SandboxLimits) -> Served {
+    serve_configured(fake, |settings| settings.limits = limits).await
+}
+
+async fn serve_configured(fake: FakeBackend, configure: impl FnOnce(&mut Settings)) -> Served {
     let fake = Arc::new(fake);
     let backend: Arc<dyn SandboxBackend> = fake.clone();
     let router = Router::new(vec![backend], RouterConfig::default()).unwrap();
@@ -55,13 +59,16 @@ async fn serve_on(fake: FakeBackend, limits: crate::handles::SandboxLimits) -> S
         agent: "agent".to_owned(),
         image: None,
         allow_hosts: Vec::new(),
+        egress: Default::default(),
         max_timeout: Duration::from_secs(60),
         max_output_bytes: 1 << 20,
         max_file_bytes: 1 << 20,
-        limits,
+        limits: crate::handles::SandboxLimits::default(),
         max_request_bytes: crate::config::request_bytes_for(1 << 20),
         http: false,
     };
+    let mut settings = settings;
+    configure(&mut settings);
     let liveness = Liveness::start(state.path()).unwrap();
     let shared = Shared::new(router, settings, liveness, Duration::from_secs(600));
     let (server_end, client_end) = tokio::io::duplex(1 << 16);
@@ -653,4 +660,82 @@ async fn a_larger_file_is_read_by_its_head_through_the_contract() {
     .await;
     assert_eq!(whole["truncated"], false);
     assert_eq!(whole["content"], "0123456789");
+}
+
+/// The operator's rules and grants reach the spec of every sandbox that keeps their hosts (a
+/// backend without `egress_paths` refuses such a spec, so whether the create passes shows what
+/// the spec carried), and the token appears in no result, error or the settings' debug output.
+#[tokio::test]
+async fn operator_rules_and_grants_go_with_their_hosts_and_the_token_shows_nowhere() {
+    use sandbox_core::credential::{BearerToken, CredentialGrant};
+    const SECRET: &str = "operator-SECRET-token";
+    let operator = super::OperatorEgress {
+        rules: vec![sandbox_backends::egress_flags::parse_rule("api.test GET /v1/*").unwrap()],
+        grants: vec![CredentialGrant::new(
+            "api.test",
+            443,
+            None,
+            vec!["/v1/*".into()],
+            BearerToken::new(SECRET).unwrap(),
+            std::time::SystemTime::now() + Duration::from_secs(600),
+        )
+        .unwrap()],
+    };
+    let fake = |extra: &[Capability]| {
+        let mut declarations = FakeBackend::default_declarations();
+        declarations
+            .egress_modes
+            .insert(sandbox_core::Egress::Allowlist);
+        declarations.capabilities.extend(extra.iter().copied());
+        // Any method: the fake enforces nothing, it only admits what it declares.
+        declarations.egress_method_tokens = None;
+        FakeBackend::new("fake", Isolation::Microvm).with_declarations(declarations)
+    };
+    let configure = |settings: &mut Settings| {
+        settings.allow_hosts = operator.server_hosts(&["plain.test".to_owned()]);
+        settings.egress = operator.clone();
+    };
+
+    // A backend that cannot judge paths: the rule and the grant are in the default spec, so it
+    // is refused; narrowed to the other host, neither goes along.
+    let served = serve_configured(fake(&[]), configure).await;
+    assert!(!format!("{:?}", served.shared.settings()).contains(SECRET));
+    let refused = call(&served.client, "sandbox_create", json!({})).await;
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    assert!(
+        format!("{refused:?}").contains("egress_paths"),
+        "{refused:?}"
+    );
+    assert!(!format!("{refused:?}").contains(SECRET), "{refused:?}");
+    let narrowed = ok(
+        &served.client,
+        "sandbox_create",
+        json!({ "allow_hosts": ["plain.test"] }),
+    )
+    .await;
+    assert_eq!(narrowed["egress"]["allow_hosts"], json!(["plain.test"]));
+
+    // A backend that can: the server's hosts (the rule's included), and no token in any result.
+    let served = serve_configured(
+        fake(&[Capability::EgressMethods, Capability::EgressPaths]),
+        configure,
+    )
+    .await;
+    let made = ok(&served.client, "sandbox_create", json!({})).await;
+    assert_eq!(
+        made["egress"],
+        json!({ "mode": "allowlist", "allow_hosts": ["plain.test", "api.test"] })
+    );
+    let listed = ok(&served.client, "sandbox_list", json!({})).await;
+    for result in [&made, &listed] {
+        assert!(!result.to_string().contains(SECRET), "{result}");
+    }
+    // The model cannot reach a host outside the server's, with or without a grant.
+    let widened = call(
+        &served.client,
+        "sandbox_create",
+        json!({ "allow_hosts": ["elsewhere.test"] }),
+    )
+    .await;
+    assert_eq!(widened.is_error, Some(true), "{widened:?}");
 }

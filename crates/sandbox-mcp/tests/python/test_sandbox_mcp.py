@@ -318,6 +318,60 @@ async def test_egress_cannot_be_widened(open_client):
         assert made["egress"] == {"mode": "closed", "allow_hosts": []}
 
 
+async def test_operator_rules_and_grants_never_reach_the_model_or_the_guest():
+    """--rule and --credential-file are the operator's: a sandbox's spec carries them (Docker's
+    proxy enforces them; sbx, which enforces neither, refuses the sandbox), and the token shows in
+    no tool result, in nothing the guest can read, nor in a refused start's error."""
+    token = f"operator-{secrets.token_hex(16)}"
+    grant = RUN_DIR / f"grant-{secrets.token_hex(4)}.json"
+    grant.write_text(json.dumps(
+        {"host": "api.example.test", "paths": ["/v1/*"], "token": token, "expires_in_secs": 600}
+    ))
+    grant.chmod(0o600)
+    extra = [
+        "--allow", "plain.example.test", "--rule", "api.example.test GET,HEAD /v1/*",
+        "--credential-file", str(grant),
+    ]
+    seen = []
+    async with connect("stdio", extra=extra) as client:
+        if BACKEND == "docker":
+            made = await ok(client, "sandbox_create")
+            seen.append(made)
+            assert made["egress"] == {
+                "mode": "allowlist", "allow_hosts": ["plain.example.test", "api.example.test"],
+            }, made
+            # Everything the guest can read of its processes and configuration, searched here,
+            # so no command line in the guest names the token.
+            dump = await sh(
+                client, made["sandbox"],
+                "env; for p in /proc/[0-9]*; do tr '\\0' '\\n' <$p/environ; tr '\\0' ' ' <$p/cmdline; "
+                "echo; done 2>/dev/null; cat /etc/maf-egress/* /run/maf-egress/*.pem 2>/dev/null",
+                max_output_bytes=4 * 1024 * 1024,
+            )
+            seen.append(dump)
+            assert "BEGIN CERTIFICATE" in dump["stdout"], dump["stderr"]
+            seen.append(await ok(client, "sandbox_list"))
+        else:
+            error = await failed(client, "sandbox_create", {}, "not_permitted")
+            seen.append(error)
+        narrowed = await call(client, "sandbox_create", {"allow_hosts": ["plain.example.test"]})
+        seen.append(narrowed.structured_content)
+    for result in seen:
+        assert token not in json.dumps(result), result
+    # A credential file for a host the server does not allow: refused at start, the token unsaid.
+    stray = RUN_DIR / f"stray-{secrets.token_hex(4)}.json"
+    stray.write_text(json.dumps(
+        {"host": "elsewhere.test", "paths": ["/"], "token": token, "expires_in_secs": 600}
+    ))
+    out = await asyncio.to_thread(
+        subprocess.run, [BIN, *server_args(["--allow", "plain.example.test", "--credential-file", str(stray)])],
+        env=server_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode != 0, out.stderr
+    assert "--credential-file" in out.stderr, out.stderr
+    assert token not in out.stderr + out.stdout, out.stderr
+
+
 async def test_stdio_disconnect_disposes_everything():
     # Over HTTP, the server's end is checked by its fixture.
     before = {s["instance_id"] for s in engine_sandboxes()}
