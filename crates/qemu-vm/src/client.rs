@@ -773,7 +773,8 @@ impl AgentClient {
         within("list", deadline, work).await?
     }
 
-    /// Reads a whole file, at most `cap` bytes, within `deadline`.
+    /// Reads a whole file, at most `cap` bytes, within `deadline`. The agent is asked for one
+    /// byte past `cap`, so a larger file is refused after `cap + 1` bytes, not after all of it.
     ///
     /// # Errors
     /// Agent, OutputLimit past `cap`, Deadline, or a channel error.
@@ -787,9 +788,8 @@ impl AgentClient {
     }
 
     /// The first `cap` bytes of a regular file (all of it when it is no larger), never an
-    /// error for its size. The agent's read has no bound of its own: the rest of the file is
-    /// received and dropped, so the host keeps at most `cap` bytes and the call ends as the
-    /// protocol expects (ending it early would leave the agent's read waiting for credit).
+    /// error for its size. The agent stops at `cap`: the rest of the file never crosses the
+    /// channel.
     ///
     /// # Errors
     /// As [`read_file`](Self::read_file), less the cap.
@@ -813,6 +813,7 @@ impl AgentClient {
             let mut call = self
                 .call(&HostMsg::Read {
                     path: path.to_vec(),
+                    limit: if head { cap } else { cap.saturating_add(1) },
                 })
                 .await?;
             let mut data = Vec::new();

@@ -384,6 +384,27 @@ async fn files_round_trip_binary_and_large() {
             .await,
         Err(VmError::OutputLimit { .. })
     ));
+    // A head read is the file's first bytes, and the agent stops there: from an endless file
+    // it still ends, with exactly the bytes asked for.
+    let head = agent
+        .read_head(b"/tmp/big.bin", 1024 * 1024, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        head == big[..1024 * 1024],
+        "the head read is not the file's first MiB"
+    );
+    let zeros = agent
+        .read_head(b"/dev/zero", 4096, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(zeros, vec![0u8; 4096]);
+    assert!(matches!(
+        agent
+            .read_file(b"/dev/zero", 4096, Duration::from_secs(20))
+            .await,
+        Err(VmError::OutputLimit { limit: 4096 })
+    ));
 
     let names: Vec<Vec<u8>> = agent
         .list(b"/tmp", CALL)

@@ -338,10 +338,14 @@ pub enum HostMsg {
         /// The path.
         path: Vec<u8>,
     },
-    /// Streams a file's bytes (`Data` then `Done`).
+    /// Streams a file's first bytes (`Data` then `Done`): the whole file when it is no larger
+    /// than `limit`, else its first `limit` bytes. The host asks one byte past its cap to learn
+    /// that a file is too large without receiving the rest of it.
     Read {
         /// The path.
         path: Vec<u8>,
+        /// The most bytes the agent sends.
+        limit: u64,
     },
     /// Writes a file from the `Data` frames that follow, truncating it (`Done` when written).
     Write {
@@ -723,7 +727,10 @@ impl Message for HostMsg {
             kind::CREDIT => HostMsg::Credit(r.u32()?),
             kind::KILL => HostMsg::Kill,
             kind::STAT => HostMsg::Stat { path: r.bytes()? },
-            kind::READ => HostMsg::Read { path: r.bytes()? },
+            kind::READ => HostMsg::Read {
+                path: r.bytes()?,
+                limit: r.u64()?,
+            },
             kind::WRITE => HostMsg::Write {
                 path: r.bytes()?,
                 mode: r.u32()?,
@@ -800,8 +807,9 @@ impl Message for HostMsg {
                 put_bytes(out, path);
                 kind::STAT
             }
-            HostMsg::Read { path } => {
+            HostMsg::Read { path, limit } => {
                 put_bytes(out, path);
+                out.extend_from_slice(&limit.to_be_bytes());
                 kind::READ
             }
             HostMsg::Write { path, mode } => {

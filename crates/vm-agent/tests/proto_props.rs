@@ -39,7 +39,7 @@ fn host_msg() -> impl Strategy<Value = HostMsg> {
         any::<u32>().prop_map(HostMsg::Credit),
         Just(HostMsg::Kill),
         bytes(60).prop_map(|path| HostMsg::Stat { path }),
-        bytes(60).prop_map(|path| HostMsg::Read { path }),
+        (bytes(60), any::<u64>()).prop_map(|(path, limit)| HostMsg::Read { path, limit }),
         (bytes(60), any::<u32>()).prop_map(|(path, mode)| HostMsg::Write { path, mode }),
         bytes(60).prop_map(|path| HostMsg::List { path }),
         (bytes(60), any::<bool>())
