@@ -16,7 +16,22 @@ use std::time::Duration;
 
 use bounded_process::{BoundedCommand, ExitKind, RunOutput};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sandboxctl");
+/// The `sandboxctl` of this build: beside the `deps` directory this test runs from (cargo
+/// gives a binary's path only to its own package's tests; `cargo xtask e2e vms` builds it in the
+/// same run).
+fn sandboxctl_binary() -> PathBuf {
+    let profile = std::env::current_exe()
+        .ok()
+        .and_then(|test| Some(test.parent()?.parent()?.to_path_buf()))
+        .expect("the test runs from <target>/<profile>/deps");
+    let binary = profile.join("sandboxctl");
+    assert!(
+        binary.is_file(),
+        "{} is missing: build it first (`cargo build -p sandboxctl`), or run `cargo xtask e2e vms`",
+        binary.display()
+    );
+    binary
+}
 
 /// The image build: a cargo build of the agent (a no-op after `cargo xtask images vm`), the
 /// kernel, the initramfs and `mkfs.ext4` of the root.
@@ -87,7 +102,7 @@ impl User {
     /// `sandboxctl ARGS`, its stderr relayed as it comes.
     async fn sandboxctl(&self, args: &[&str], within: Duration) -> RunOutput {
         eprintln!("$ sandboxctl {}", args.join(" "));
-        BoundedCommand::new(BIN, within)
+        BoundedCommand::new(sandboxctl_binary(), within)
             .args(args)
             .envs(self.env())
             .current_dir(self.home.path())
@@ -115,7 +130,8 @@ impl Drop for User {
 
 /// The Debian root archive `cargo xtask images vm` cached in this build's target directory.
 fn cached_root_archive() -> PathBuf {
-    let target = Path::new(BIN)
+    let binary = sandboxctl_binary();
+    let target = binary
         .parent()
         .and_then(Path::parent)
         .expect("sandboxctl lives in <target>/<profile>");

@@ -600,7 +600,7 @@ async def test_http_session_answers_only_the_principal_that_opened_it(http_serve
 
 def readme_server():
     """The `sandboxes` server of the README's MCP configuration snippet, exactly as written."""
-    text = (Path(__file__).resolve().parents[4] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     blocks = re.findall(r"```json\n(.*?)```", text, flags=re.S)
     configs = [json.loads(block) for block in blocks if '"mcpServers"' in block]
     assert len(configs) == 1, "the README shows one MCP configuration"

@@ -392,7 +392,7 @@ pub(crate) fn docker(workspace: &Workspace) -> Result<(), XtaskError> {
     write_snapshot(&snapshot, &before)?;
     // The live test binaries only: the same build's other tests ran in the unit-test step.
     let mut command = shared_nextest(
-        "(package(backend-docker) | package(sandboxctl) | package(exec-wrapper) | package(egress-proxy)) & binary(/^live/) & not binary(live_qemu_first_run) & not binary(live_gvisor)",
+        "(package(backend-docker) | package(sandboxctl) | package(exec-wrapper) | package(egress-proxy)) & binary(/^live/) & not binary(live_gvisor)",
     );
     command.env("SBX_PATH", &sim);
     let teed = tee_in(workspace.root(), &mut command, |line| {

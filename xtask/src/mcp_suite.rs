@@ -1,6 +1,6 @@
 //! `cargo xtask e2e mcp`: the MCP server end to end, through a client no one here wrote.
 //!
-//! The suite (`crates/sandbox-mcp/tests/python`) drives the real `sandbox-mcp` binary with the
+//! The suite (`tests/mcp-python`) drives the real `sandbox-mcp` binary with the
 //! official `mcp` Python package over stdio and Streamable HTTP. This module:
 //!
 //! 1. builds the images the backends need (a no-op when present: the two engine images, and the
@@ -37,10 +37,10 @@ use crate::live::{build_images, sim_containers_under, EngineObject, RunDir, MCP_
 use crate::process::{bounded_runtime, capture_in, seconds, stream_bounded, Workspace};
 
 /// The suite's directory, from the workspace root.
-const SUITE_DIR: &str = "crates/sandbox-mcp/tests/python";
+const SUITE_DIR: &str = "tests/mcp-python";
 
 /// The pinned client and test runner, from the workspace root.
-const REQUIREMENTS: &str = "crates/sandbox-mcp/tests/python/requirements.txt";
+const REQUIREMENTS: &str = "tests/mcp-python/requirements.txt";
 
 /// pytest-xdist workers of the Docker and `sbx-sim` runs. The cases mostly wait on the engine, so
 /// a few workers cut the wall time; more only queue on the engine and the two shared cores. The

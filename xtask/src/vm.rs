@@ -109,13 +109,13 @@ const DRIVER: VmSuite = VmSuite {
 /// `sandboxctl`'s first run on QEMU, from no image to a command's output.
 const BACKEND: VmSuite = VmSuite {
     name: "qemu",
-    filter: "(package(backend-qemu) & binary(/^live_/)) | (package(sandboxctl) & binary(live_qemu_first_run))",
+    filter: "(package(backend-qemu) & binary(/^live_/)) | (package(system-tests) & binary(live_qemu_first_run))",
 };
 
 /// Both: one nextest run packs the two suites' VMs into the group's two slots.
 const BOTH: VmSuite = VmSuite {
     name: "vms",
-    filter: "((package(qemu-vm) | package(backend-qemu)) & binary(/^live_/)) | (package(sandboxctl) & binary(live_qemu_first_run))",
+    filter: "((package(qemu-vm) | package(backend-qemu)) & binary(/^live_/)) | (package(system-tests) & binary(live_qemu_first_run))",
 };
 
 /// `cargo xtask e2e vm`: the image, then `qemu-vm`'s live tests.
