@@ -672,84 +672,45 @@ pub(crate) struct EngineObject {
 /// MCP suite's scopes are left out: that suite runs beside this one and judges its own.
 fn engine_objects(workspace: &Workspace) -> Result<BTreeSet<EngineObject>, XtaskError> {
     let label = format!("label={LABEL_SCOPE}");
-    let container_row = format!("{{{{.ID}}}}\t{{{{.Names}}}}\t{{{{.Label \"{LABEL_SCOPE}\"}}}}");
-    let network_row = format!("{{{{.ID}}}}\t{{{{.Name}}}}\t{{{{.Label \"{LABEL_SCOPE}\"}}}}");
-    let volume_row = format!("{{{{.Name}}}}\t{{{{.Name}}}}\t{{{{.Label \"{LABEL_SCOPE}\"}}}}");
-    let queries: [(&'static str, Vec<&str>); 6] = [
-        (
-            "container",
-            vec![
-                "ps",
-                "-a",
-                "--no-trunc",
-                "--filter",
-                &label,
-                "--format",
-                &container_row,
-            ],
-        ),
-        (
-            "container",
-            vec![
-                "ps",
-                "-a",
-                "--no-trunc",
-                "--filter",
-                "name=maf-sandbox-docker-",
-                "--format",
-                &container_row,
-            ],
-        ),
-        (
-            "network",
-            vec![
-                "network",
-                "ls",
-                "--no-trunc",
-                "--filter",
-                &label,
-                "--format",
-                &network_row,
-            ],
-        ),
-        (
-            "network",
-            vec![
-                "network",
-                "ls",
-                "--no-trunc",
-                "--filter",
-                "name=maf-egress-test-",
-                "--format",
-                &network_row,
-            ],
-        ),
-        (
-            "volume",
-            vec!["volume", "ls", "--filter", &label, "--format", &volume_row],
-        ),
-        (
-            "volume",
-            vec![
-                "volume",
-                "ls",
-                "--filter",
-                "name=maf-sandbox-docker-",
-                "--format",
-                &volume_row,
-            ],
-        ),
+    let queries = [
+        ("container", label.as_str()),
+        ("container", "name=maf-sandbox-docker-"),
+        ("network", label.as_str()),
+        ("network", "name=maf-egress-test-"),
+        ("volume", label.as_str()),
+        ("volume", "name=maf-sandbox-docker-"),
     ];
     let mut objects = BTreeSet::new();
-    for (kind, args) in queries {
-        let text = capture_in(
-            workspace.root(),
-            Command::new("docker").args(args),
-            LISTING_TIMEOUT,
-        )?;
-        objects.extend(parse_listing(kind, &text));
+    for (kind, filter) in queries {
+        objects.extend(parse_listing(kind, &list_objects(workspace, kind, filter)?));
     }
     Ok(objects)
+}
+
+/// The engine's objects of `kind` (`container`, `network` or `volume`) that `filter` (a
+/// `--filter` value) selects, as `ID<TAB>NAME<TAB>SCOPE` rows: a volume's id is its name, and
+/// the scope is the scope label's value, empty where there is none.
+///
+/// # Errors
+/// When the docker CLI fails or does not answer within [`LISTING_TIMEOUT`].
+pub(crate) fn list_objects(
+    workspace: &Workspace,
+    kind: &str,
+    filter: &str,
+) -> Result<String, XtaskError> {
+    let (listing, row): (&[&str], &str) = match kind {
+        "container" => (&["ps", "-a", "--no-trunc"], "{{.ID}}\t{{.Names}}"),
+        "network" => (&["network", "ls", "--no-trunc"], "{{.ID}}\t{{.Name}}"),
+        _ => (&["volume", "ls"], "{{.Name}}\t{{.Name}}"),
+    };
+    let format = format!("{row}\t{{{{.Label \"{LABEL_SCOPE}\"}}}}");
+    capture_in(
+        workspace.root(),
+        Command::new("docker")
+            .args(listing)
+            .args(["--filter", filter, "--format", &format]),
+        LISTING_TIMEOUT,
+    )
 }
 
 /// Rows of `ID<TAB>NAME<TAB>SCOPE`; a row whose scope is the MCP suite's is left out.

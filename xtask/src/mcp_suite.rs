@@ -33,8 +33,10 @@ use bounded_process::{BoundedCommand, ExitKind, Stream};
 use sandbox_core::naming::docker::LABEL_SCOPE;
 
 use crate::error::XtaskError;
-use crate::live::{build_images, sim_containers_under, EngineObject, RunDir, MCP_SCOPE_PREFIX};
-use crate::process::{bounded_runtime, capture_in, seconds, stream_bounded, Workspace};
+use crate::live::{
+    build_images, list_objects, sim_containers_under, EngineObject, RunDir, MCP_SCOPE_PREFIX,
+};
+use crate::process::{bounded_runtime, seconds, stream_bounded, Workspace};
 
 /// The suite's directory, from the workspace root.
 const SUITE_DIR: &str = "tests/mcp-python";
@@ -58,9 +60,6 @@ const PIP_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
 /// The output budget of each child (pytest prints a line per case; pip a few per package).
 const OUTPUT_BUDGET: usize = 32 * 1024 * 1024;
-
-/// The deadline of each engine listing.
-const LISTING_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The oldest Python the pinned `mcp` supports.
 const MIN_PYTHON: (u32, u32) = (3, 10);
@@ -336,55 +335,18 @@ fn leftovers(workspace: &Workspace, run: &Run) -> Result<Vec<EngineObject>, Xtas
         return Ok(left);
     }
     let label = format!("label={LABEL_SCOPE}");
-    let by_id = format!("{{{{.ID}}}}\t{{{{.Label \"{LABEL_SCOPE}\"}}}}");
-    let by_name = format!("{{{{.Name}}}}\t{{{{.Label \"{LABEL_SCOPE}\"}}}}");
-    let queries: [(&'static str, Vec<&str>); 3] = [
-        (
-            "container",
-            vec![
-                "ps",
-                "-a",
-                "--no-trunc",
-                "--filter",
-                &label,
-                "--format",
-                &by_id,
-            ],
-        ),
-        (
-            "network",
-            vec![
-                "network",
-                "ls",
-                "--no-trunc",
-                "--filter",
-                &label,
-                "--format",
-                &by_id,
-            ],
-        ),
-        (
-            "volume",
-            vec!["volume", "ls", "--filter", &label, "--format", &by_name],
-        ),
-    ];
     let mut left = Vec::new();
-    for (kind, args) in queries {
-        let text = capture_in(
-            workspace.root(),
-            Command::new("docker").args(args),
-            LISTING_TIMEOUT,
-        )?;
+    for kind in ["container", "network", "volume"] {
+        let text = list_objects(workspace, kind, &label)?;
         left.extend(text.lines().filter_map(|line| {
-            let (id, scope) = line.split_once('\t')?;
-            scope
-                .trim()
-                .starts_with(&run.scope_prefix)
-                .then(|| EngineObject {
-                    kind,
-                    id: id.trim().to_owned(),
-                    name: scope.trim().to_owned(),
-                })
+            let mut columns = line.split('\t');
+            let id = columns.next()?.trim();
+            let scope = columns.nth(1)?.trim();
+            scope.starts_with(&run.scope_prefix).then(|| EngineObject {
+                kind,
+                id: id.to_owned(),
+                name: scope.to_owned(),
+            })
         }));
     }
     Ok(left)
