@@ -27,7 +27,7 @@ use sandbox_core::{
     Command, DisposeSelector, Egress, ErrorKind, ExecRequest, Sandbox, SandboxBackend, SandboxKey,
     SandboxSpec,
 };
-use support::{unique_scope, BASE};
+use support::{assert_stdout, curl_status, unique_scope, BASE};
 
 /// Every engine call of the test's own is bounded by this.
 const BOUND: Duration = Duration::from_secs(60);
@@ -298,8 +298,12 @@ async fn an_allowlist_sandbox_reaches_its_host_only_and_leaves_nothing_behind() 
         .assert_all_passed()
         .unwrap_or_else(|e| panic!("{e}\n{report}"));
     assert_eq!(report.passed(), 2, "{report}");
-    let body = run(&*sandbox, "curl -s --max-time 10 http://allowed.test/").await;
-    assert_eq!(body.stdout_text(), "allowed.test", "{}", body.stderr_text());
+    assert_stdout(
+        &*sandbox,
+        "curl -s --max-time 10 http://allowed.test/",
+        "allowed.test",
+    )
+    .await;
 
     // Around the proxy: a token server on the servers' network is never reached, with or
     // without --noproxy, and neither server answers a direct request by address.
@@ -415,12 +419,12 @@ async fn an_allowlist_sandbox_reaches_its_host_only_and_leaves_nothing_behind() 
     )
     .await;
     assert_ne!(around.exit_code, 0, "the gateway answered around the proxy");
-    let through = run(
+    assert_stdout(
         &*sandbox,
-        &format!("curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{gateway}/"),
+        &curl_status("", &format!("http://{gateway}/")),
+        "403",
     )
     .await;
-    assert_eq!(through.stdout_text(), "403", "{}", through.stderr_text());
     // A guest talking to the socket itself, without the forwarder, meets the same rules.
     let direct = |host: &str| {
         format!(
@@ -518,8 +522,12 @@ async fn an_allowlist_sandbox_reaches_its_host_only_and_leaves_nothing_behind() 
     assert!(find_error.to_string().contains("proxy"), "{find_error}");
     let again = backend.acquire(&key, &spec).await.expect("re-acquire");
     assert_eq!(again.instance_id(), sandbox.instance_id());
-    let back = run(&*sandbox, "curl -s --max-time 10 http://allowed.test/").await;
-    assert_eq!(back.stdout_text(), "allowed.test", "{}", back.stderr_text());
+    assert_stdout(
+        &*sandbox,
+        "curl -s --max-time 10 http://allowed.test/",
+        "allowed.test",
+    )
+    .await;
 
     // Another policy digest (here: another outbound network, which is not part of the name)
     // replaces the proxy of the same workload.
@@ -553,8 +561,12 @@ async fn an_allowlist_sandbox_reaches_its_host_only_and_leaves_nothing_behind() 
     assert_ne!(digest(&replaced), digest(&proxy_record));
     // And back, through the first backend: the test network's proxy again.
     backend.acquire(&key, &spec).await.expect("acquire back");
-    let back = run(&*sandbox, "curl -s --max-time 10 http://allowed.test/").await;
-    assert_eq!(back.stdout_text(), "allowed.test", "{}", back.stderr_text());
+    assert_stdout(
+        &*sandbox,
+        "curl -s --max-time 10 http://allowed.test/",
+        "allowed.test",
+    )
+    .await;
 
     // Another allowlist, or egress closed, on this warm key: refused, typed.
     for other in [
@@ -676,8 +688,12 @@ async fn concurrent_allowlist_acquires_share_one_workload_and_one_proxy() {
         "one workload, one proxy, one volume: {objects:?}"
     );
     let sandbox = first.acquire(&key, &spec).await.expect("acquire");
-    let body = run(&*sandbox, "curl -s --max-time 10 http://allowed.test/").await;
-    assert_eq!(body.stdout_text(), "allowed.test", "{}", body.stderr_text());
+    assert_stdout(
+        &*sandbox,
+        "curl -s --max-time 10 http://allowed.test/",
+        "allowed.test",
+    )
+    .await;
     let purge = second.dispose_scope(&scope, "thread").await;
     assert!(purge.undisposed.is_none(), "{purge:?}");
     assert_eq!(purge.disposed, 1);
@@ -748,68 +764,121 @@ async fn a_proxy_that_cannot_be_made_leaves_nothing_behind() {
     drop(guard);
 }
 
-/// The test's own certificate authority and a leaf for `name` signed by it (PEM: CA, leaf, key).
-fn test_origin_certificates(name: &str) -> (String, String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-    let ca_key = KeyPair::generate().expect("a CA key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "egress live test origin CA");
-    let ca = ca_params.self_signed(&ca_key).expect("the CA");
-    let leaf_key = KeyPair::generate().expect("a leaf key");
-    let leaf = CertificateParams::new(vec![name.to_owned()])
-        .expect("leaf params")
-        .signed_by(&leaf_key, &ca, &ca_key)
-        .expect("the leaf");
-    (ca.pem(), leaf.pem(), leaf_key.serialize_pem())
+/// The test's own certificate authority, which signs the leaves of its HTTPS origins.
+struct TestCa {
+    cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
 }
 
-/// An HTTPS `serve` container on the test network under `alias`, logging each request's line and
-/// `Authorization` on stdout.
-async fn tls_origin(
-    docker: &Docker,
-    network: &mut TestNetwork,
-    alias: &str,
-    cert: &str,
-    key: &str,
-) {
-    let container = format!("{}-{}", network.name, alias.replace('.', "-"));
+impl TestCa {
+    fn new() -> TestCa {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let key = KeyPair::generate().expect("a CA key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "egress live test origin CA");
+        let cert = params.self_signed(&key).expect("the CA");
+        TestCa { cert, key }
+    }
+
+    /// The CA certificate (PEM), for the proxy's upstream bundle.
+    fn pem(&self) -> String {
+        self.cert.pem()
+    }
+
+    /// A leaf for `name` signed by this CA: (certificate PEM, key PEM).
+    fn leaf(&self, name: &str) -> (String, String) {
+        let key = rcgen::KeyPair::generate().expect("a leaf key");
+        let leaf = rcgen::CertificateParams::new(vec![name.to_owned()])
+            .expect("leaf params")
+            .signed_by(&key, &self.cert, &self.key)
+            .expect("the leaf");
+        (leaf.pem(), key.serialize_pem())
+    }
+}
+
+/// An HTTPS `serve` origin of the test's own, logging each request's line and `Authorization`
+/// on stdout.
+struct Origin<'a> {
+    /// Its name on the test network.
+    alias: &'a str,
+    /// The certificate it presents (PEM) and its key.
+    cert: &'a str,
+    key: &'a str,
+    port: u16,
+    /// Answer every request `302 Found` to this location instead of 200.
+    redirect: Option<&'a str>,
+    /// Share the network namespace (so the name and address) of this origin's container instead
+    /// of joining the network under `alias`.
+    beside: Option<&'a str>,
+}
+
+impl<'a> Origin<'a> {
+    fn new(alias: &'a str, (cert, key): &'a (String, String)) -> Origin<'a> {
+        Origin {
+            alias,
+            cert,
+            key,
+            port: 443,
+            redirect: None,
+            beside: None,
+        }
+    }
+}
+
+/// Starts `origin` on the test network; returns its container's name.
+async fn tls_origin(docker: &Docker, network: &mut TestNetwork, origin: &Origin<'_>) -> String {
+    let container = format!(
+        "{}-{}-{}",
+        network.name,
+        origin.alias.replace('.', "-"),
+        origin.port
+    );
     network.containers.push(container.clone());
+    let mut cmd: Vec<String> = [
+        "serve",
+        "--listen",
+        &format!("0.0.0.0:{}", origin.port),
+        "--body",
+        origin.alias,
+        "--log-requests",
+        "--tls-cert-pem",
+        origin.cert,
+        "--tls-key-pem",
+        origin.key,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    if let Some(location) = origin.redirect {
+        cmd.extend(["--redirect".to_owned(), location.to_owned()]);
+    }
+    let (network_mode, networking_config) = match origin.beside {
+        Some(other) => (format!("container:{other}"), None),
+        None => (
+            network.name.clone(),
+            Some(NetworkingConfig {
+                endpoints_config: Some(HashMap::from([(
+                    network.name.clone(),
+                    EndpointSettings {
+                        aliases: Some(vec![origin.alias.to_owned()]),
+                        ..Default::default()
+                    },
+                )])),
+            }),
+        ),
+    };
     let body = ContainerCreateBody {
         image: Some(DEFAULT_EGRESS_PROXY_IMAGE.into()),
-        cmd: Some(
-            [
-                "serve",
-                "--listen",
-                "0.0.0.0:443",
-                "--body",
-                alias,
-                "--log-requests",
-                "--tls-cert-pem",
-                cert,
-                "--tls-key-pem",
-                key,
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ),
+        cmd: Some(cmd),
         host_config: Some(HostConfig {
-            network_mode: Some(network.name.clone()),
+            network_mode: Some(network_mode),
             cap_drop: Some(vec!["ALL".into()]),
             security_opt: Some(vec!["no-new-privileges".into()]),
             ..Default::default()
         }),
-        networking_config: Some(NetworkingConfig {
-            endpoints_config: Some(HashMap::from([(
-                network.name.clone(),
-                EndpointSettings {
-                    aliases: Some(vec![alias.to_owned()]),
-                    ..Default::default()
-                },
-            )])),
-        }),
+        networking_config,
         ..Default::default()
     };
     let options = CreateContainerOptionsBuilder::new()
@@ -830,16 +899,12 @@ async fn tls_origin(
         "the HTTPS origin {container} stopped: {}",
         docker_logs(docker, &container, true, true).await
     );
+    container
 }
 
-/// The origin's request log: `(request line, Authorization)` per request, in order.
-async fn origin_requests(
-    docker: &Docker,
-    network: &TestNetwork,
-    alias: &str,
-) -> Vec<(String, Option<String>)> {
-    let container = format!("{}-{}", network.name, alias.replace('.', "-"));
-    let text = docker_logs(docker, &container, true, false).await;
+/// An origin's request log: `(request line, Authorization)` per request, in order.
+async fn origin_requests(docker: &Docker, container: &str) -> Vec<(String, Option<String>)> {
+    let text = docker_logs(docker, container, true, false).await;
     text.lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
         .map(|v| {
@@ -886,8 +951,10 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
     let docker = Docker::connect_with_local_defaults().expect("the local engine");
     let scope = unique_scope("egress-http");
     let (mut network, _, _, _) = test_network(&docker, &scope).await;
-    let (ca, leaf, leaf_key) = test_origin_certificates("api.test");
-    tls_origin(&docker, &mut network, "api.test", &leaf, &leaf_key).await;
+    let test_ca = TestCa::new();
+    let ca = test_ca.pem();
+    let leaf = test_ca.leaf("api.test");
+    let api = tls_origin(&docker, &mut network, &Origin::new("api.test", &leaf)).await;
 
     let events: Arc<std::sync::Mutex<Vec<EgressEvent>>> = Arc::default();
     let sink = Arc::clone(&events);
@@ -978,16 +1045,6 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
         trust.stderr_text()
     );
     assert!(lines[3].parse::<u32>().is_ok_and(|n| n >= 1), "{text}");
-    let status = |extra: &str, url: &str| {
-        format!("curl -sS -o /dev/null -w '%{{http_code}}' --max-time 10 {extra} '{url}'")
-    };
-    let code = |line: String| {
-        let sandbox = Arc::clone(&sandbox);
-        async move {
-            let out = run(&*sandbox, &line).await;
-            format!("{}{}", out.stdout_text(), out.stderr_text())
-        }
-    };
     // Method and path: allowed, refused; normalisation bypasses refused.
     let first = run(
         &*sandbox,
@@ -1008,12 +1065,19 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
             docker_logs(&docker, &proxy, true, true).await
         );
     }
-    assert_eq!(code(status("", "https://api.test/v1/open")).await, "200");
-    assert_eq!(
-        code(status("-X POST", "https://api.test/v1/open")).await,
-        "403"
-    );
-    assert_eq!(code(status("", "https://api.test/admin")).await, "403");
+    assert_stdout(
+        &*sandbox,
+        &curl_status("", "https://api.test/v1/open"),
+        "200",
+    )
+    .await;
+    assert_stdout(
+        &*sandbox,
+        &curl_status("-X POST", "https://api.test/v1/open"),
+        "403",
+    )
+    .await;
+    assert_stdout(&*sandbox, &curl_status("", "https://api.test/admin"), "403").await;
     for bypass in [
         "/v1/../admin",
         "/v1/%2e%2e/admin",
@@ -1021,7 +1085,7 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
         "/v1//../admin",
     ] {
         let url = format!("https://api.test{bypass}");
-        assert_eq!(code(status("--path-as-is", &url)).await, "403", "{bypass}");
+        assert_stdout(&*sandbox, &curl_status("--path-as-is", &url), "403").await;
     }
     let reason = run(&*sandbox, "curl -s --max-time 10 https://api.test/admin").await;
     assert!(
@@ -1031,32 +1095,43 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
     );
     // The grant: added on its method and paths only, replacing what the guest sent; never on
     // plain HTTP.
-    assert_eq!(
-        code(status("", "https://api.test/v1/secret/a")).await,
-        "200"
-    );
-    assert_eq!(
-        code(status(
+    assert_stdout(
+        &*sandbox,
+        &curl_status("", "https://api.test/v1/secret/a"),
+        "200",
+    )
+    .await;
+    assert_stdout(
+        &*sandbox,
+        &curl_status(
             "-H 'Authorization: Bearer guest'",
-            "https://api.test/v1/secret/b"
-        ))
-        .await,
-        "200"
-    );
-    assert_eq!(
-        code(status(
+            "https://api.test/v1/secret/b",
+        ),
+        "200",
+    )
+    .await;
+    assert_stdout(
+        &*sandbox,
+        &curl_status(
             "-H 'Authorization: Bearer guest'",
-            "https://api.test/v1/open2"
-        ))
-        .await,
-        "200"
-    );
-    assert_eq!(
-        code(status("-I", "https://api.test/v1/secret/c")).await,
-        "200"
-    );
-    assert_eq!(code(status("", "http://api.test/v1/secret/d")).await, "403");
-    let seen = origin_requests(&docker, &network, "api.test").await;
+            "https://api.test/v1/open2",
+        ),
+        "200",
+    )
+    .await;
+    assert_stdout(
+        &*sandbox,
+        &curl_status("-I", "https://api.test/v1/secret/c"),
+        "200",
+    )
+    .await;
+    assert_stdout(
+        &*sandbox,
+        &curl_status("", "http://api.test/v1/secret/d"),
+        "403",
+    )
+    .await;
+    let seen = origin_requests(&docker, &api).await;
     let bearer = format!("Bearer {token}");
     let auth_of = |request: &str| {
         seen.iter()
@@ -1185,9 +1260,13 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
         .acquire(&expired_key, &expired_spec)
         .await
         .expect("acquire");
-    let out = run(&*expired, &status("", "https://api.test/v1/secret/expired")).await;
-    assert_eq!(out.stdout_text(), "200", "{}", out.stderr_text());
-    let seen = origin_requests(&docker, &network, "api.test").await;
+    assert_stdout(
+        &*expired,
+        &curl_status("", "https://api.test/v1/secret/expired"),
+        "200",
+    )
+    .await;
+    let seen = origin_requests(&docker, &api).await;
     assert!(
         seen.contains(&("GET /v1/secret/expired HTTP/1.1".to_owned(), None)),
         "{seen:?}"
@@ -1233,15 +1312,273 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
     // A warm acquire writes the trust again and serves the same instance.
     let again = backend.acquire(&key, &spec).await.expect("warm acquire");
     assert_eq!(again.instance_id(), sandbox.instance_id());
-    assert_eq!(
-        code(status("", "https://api.test/v1/secret/again")).await,
-        "200"
-    );
+    assert_stdout(
+        &*sandbox,
+        &curl_status("", "https://api.test/v1/secret/again"),
+        "200",
+    )
+    .await;
 
     let purge = backend.dispose_scope(&scope, "thread").await;
     assert!(purge.undisposed.is_none(), "{purge:?}");
     let purge = backend.dispose_scope(&scope, "expired").await;
     assert!(purge.undisposed.is_none(), "{purge:?}");
+    assert!(engine_leftovers(&docker, &scope).await.is_empty());
+    drop(network);
+}
+
+/// Where a grant's token can never go, and the CA each sandbox trusts, against origins of the
+/// test's own: the token reaches its own origin only (not another allowed origin, not another
+/// port of its host, not the target of a redirect its origin answers, which the proxy never
+/// follows); an upstream presenting a certificate for another name is refused before any request
+/// reaches it, and its event says no credential went; two sandboxes' proxies mint under CAs of
+/// their own, and neither sandbox's trust accepts the other's leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_token_reaches_its_own_origin_only_and_each_sandbox_trusts_its_own_ca() {
+    use sandbox_core::credential::{BearerToken, CredentialGrant, EgressEvent, EgressObserver};
+    use sandbox_core::{EgressEntry, EgressRule};
+    let docker = Docker::connect_with_local_defaults().expect("the local engine");
+    let scope = unique_scope("egress-token");
+    let (mut network, _, _, _) = test_network(&docker, &scope).await;
+    let test_ca = TestCa::new();
+    let api_leaf = test_ca.leaf("api.test");
+    let other_leaf = test_ca.leaf("other.test");
+    let redirect_leaf = test_ca.leaf("redirect.test");
+    // The wrong-name origin presents a valid leaf of the trusted CA, for another name.
+    let wrong_leaf = test_ca.leaf("someone-else.test");
+    let api = tls_origin(&docker, &mut network, &Origin::new("api.test", &api_leaf)).await;
+    let api_8443 = tls_origin(
+        &docker,
+        &mut network,
+        &Origin {
+            port: 8443,
+            beside: Some(&api),
+            ..Origin::new("api.test", &api_leaf)
+        },
+    )
+    .await;
+    let other = tls_origin(
+        &docker,
+        &mut network,
+        &Origin::new("other.test", &other_leaf),
+    )
+    .await;
+    let redirect = tls_origin(
+        &docker,
+        &mut network,
+        &Origin {
+            redirect: Some("https://other.test/landed"),
+            ..Origin::new("redirect.test", &redirect_leaf)
+        },
+    )
+    .await;
+    let wrong = tls_origin(
+        &docker,
+        &mut network,
+        &Origin::new("wrongname.test", &wrong_leaf),
+    )
+    .await;
+
+    let events: Arc<std::sync::Mutex<Vec<EgressEvent>>> = Arc::default();
+    let sink = Arc::clone(&events);
+    let mut config = DockerConfig::default();
+    config.egress_proxy_image = Some(DEFAULT_EGRESS_PROXY_IMAGE.into());
+    config.outbound_network = network.name.clone();
+    config.allow_private_destinations = true;
+    config.egress_upstream_ca_pem = Some(test_ca.pem());
+    config.egress_observer = Some(EgressObserver::new(move |event: &EgressEvent| {
+        sink.lock().unwrap().push(event.clone());
+    }));
+    let backend = DockerBackend::connect(config).await.expect("connect");
+
+    let token = format!("live-grant-{}", hex8());
+    let grant = |host: &str, paths: &[&str]| {
+        CredentialGrant::new(
+            host,
+            443,
+            Some(vec!["GET".into()]),
+            paths.iter().map(|p| (*p).to_owned()).collect(),
+            BearerToken::new(token.clone()).unwrap(),
+            std::time::SystemTime::now() + Duration::from_secs(3600),
+        )
+        .unwrap()
+    };
+    // other.test has a rule, so its tunnels are terminated too: the proxy is in a position to add
+    // a token there, and must not.
+    let spec = SandboxSpec::builder("egress")
+        .image(BASE)
+        .egress(Egress::Allowlist)
+        .allow("api.test")
+        .allow(EgressEntry::Rule(
+            EgressRule::new("other.test", None, Some(vec!["/*".into()])).unwrap(),
+        ))
+        .allow("redirect.test")
+        .allow("wrongname.test")
+        .credential(grant("api.test", &["/v1/*"]))
+        .credential(grant("redirect.test", &["/*"]))
+        .credential(grant("wrongname.test", &["/*"]))
+        .build()
+        .unwrap();
+    let key = SandboxKey::conversation(scope.clone(), "thread", "agent");
+    let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
+    let bearer = Some(format!("Bearer {token}"));
+
+    // Its own origin, on its own port: the token arrives.
+    assert_stdout(
+        &*sandbox,
+        &curl_status("", "https://api.test/v1/own"),
+        "200",
+    )
+    .await;
+    assert_eq!(
+        origin_requests(&docker, &api).await,
+        [("GET /v1/own HTTP/1.1".to_owned(), bearer.clone())]
+    );
+    // Another allowed, terminated origin, the same path: no token.
+    assert_stdout(
+        &*sandbox,
+        &curl_status("", "https://other.test/v1/own"),
+        "200",
+    )
+    .await;
+    // Another port of the same host: its CONNECT refused, and nothing reaches what listens there.
+    assert_stdout(
+        &*sandbox,
+        "curl -sS -o /dev/null -w '%{http_connect}' --max-time 10 https://api.test:8443/v1/own",
+        "403",
+    )
+    .await;
+    assert_eq!(origin_requests(&docker, &api_8443).await, []);
+    // A redirect to another origin: passed to the guest as it is, never followed by the proxy.
+    assert_stdout(
+        &*sandbox,
+        "curl -sS -o /dev/null -w '%{http_code} %{redirect_url}' --max-time 10 https://redirect.test/go",
+        "302 https://other.test/landed",
+    )
+    .await;
+    assert_eq!(
+        origin_requests(&docker, &redirect).await,
+        [("GET /go HTTP/1.1".to_owned(), bearer.clone())]
+    );
+    assert_eq!(
+        origin_requests(&docker, &other).await,
+        [("GET /v1/own HTTP/1.1".to_owned(), None)],
+        "the proxy followed the redirect"
+    );
+    // The guest following it makes a new request to the other origin, which carries no token.
+    assert_stdout(
+        &*sandbox,
+        "curl -sS -L --max-time 10 https://redirect.test/follow",
+        "other.test",
+    )
+    .await;
+    assert_eq!(
+        origin_requests(&docker, &other).await,
+        [
+            ("GET /v1/own HTTP/1.1".to_owned(), None),
+            ("GET /landed HTTP/1.1".to_owned(), None)
+        ]
+    );
+
+    // An upstream whose certificate names another host: refused inside the guest's TLS session
+    // with the reason, before any request reaches it.
+    let refused = run(&*sandbox, "curl -sS --max-time 10 https://wrongname.test/x").await;
+    assert!(
+        refused
+            .stdout_text()
+            .contains("TLS with the upstream failed"),
+        "{} {}",
+        refused.stdout_text(),
+        refused.stderr_text()
+    );
+    assert_stdout(
+        &*sandbox,
+        &curl_status("", "https://wrongname.test/y"),
+        "502",
+    )
+    .await;
+    assert_eq!(origin_requests(&docker, &wrong).await, []);
+
+    // The events: the token applied on its own origins only; the wrong name denied, no
+    // credential sent.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen: Vec<EgressEvent> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.sandbox == sandbox.instance_id())
+        .cloned()
+        .collect();
+    let applied: Vec<(Option<&str>, Option<&str>)> = seen
+        .iter()
+        .filter(|e| e.credential_applied)
+        .map(|e| (e.host.as_deref(), e.path.as_deref()))
+        .collect();
+    assert_eq!(
+        applied,
+        [
+            (Some("api.test"), Some("/v1/own")),
+            (Some("redirect.test"), Some("/go")),
+            (Some("redirect.test"), Some("/follow"))
+        ],
+        "{seen:#?}"
+    );
+    let wrong_events: Vec<&EgressEvent> = seen
+        .iter()
+        .filter(|e| e.host.as_deref() == Some("wrongname.test"))
+        .collect();
+    assert_eq!(wrong_events.len(), 2, "{seen:#?}");
+    assert!(
+        wrong_events
+            .iter()
+            .all(|e| !e.allowed && e.reason.contains("TLS with the upstream failed")),
+        "{wrong_events:#?}"
+    );
+    let port_event = seen
+        .iter()
+        .find(|e| e.port == Some(8443))
+        .unwrap_or_else(|| panic!("no event for port 8443: {seen:#?}"));
+    assert!(!port_event.allowed && !port_event.credential_applied);
+    assert!(!format!("{seen:?}").contains(&token));
+
+    // A second sandbox: its proxy's CA is its own, and neither sandbox trusts the other's leaf
+    // (curl told to trust only the other CA fails verification: exit 60).
+    let second_key = SandboxKey::conversation(scope.clone(), "second", "agent");
+    let second = backend
+        .acquire(&second_key, &spec)
+        .await
+        .expect("acquire the second");
+    let ca_of = |s: &Arc<dyn Sandbox>| {
+        let s = Arc::clone(s);
+        async move { run(&*s, "cat /run/maf-egress/ca.pem").await.stdout_text() }
+    };
+    let (first_ca, second_ca) = (ca_of(&sandbox).await, ca_of(&second).await);
+    assert!(
+        first_ca.starts_with("-----BEGIN CERTIFICATE-----"),
+        "{first_ca}"
+    );
+    assert!(
+        second_ca.starts_with("-----BEGIN CERTIFICATE-----"),
+        "{second_ca}"
+    );
+    assert_ne!(first_ca, second_ca, "two sandboxes share a CA");
+    let only = |pem: &str| {
+        format!(
+            "printf '%s' '{pem}' > /tmp/only-ca.pem; mkdir -p /tmp/no-ca-dir; \
+             curl -s -o /dev/null --max-time 10 --cacert /tmp/only-ca.pem \
+             --capath /tmp/no-ca-dir https://api.test/v1/ca; echo $?"
+        )
+    };
+    assert_stdout(&*sandbox, &only(&second_ca), "60\n").await;
+    assert_stdout(&*second, &only(&first_ca), "60\n").await;
+    // The control: each trusting its own CA alone is served.
+    assert_stdout(&*sandbox, &only(&first_ca), "0\n").await;
+    assert_stdout(&*second, &only(&second_ca), "0\n").await;
+
+    for thread in ["thread", "second"] {
+        let purge = backend.dispose_scope(&scope, thread).await;
+        assert!(purge.undisposed.is_none(), "{purge:?}");
+    }
     assert!(engine_leftovers(&docker, &scope).await.is_empty());
     drop(network);
 }

@@ -130,6 +130,9 @@ pub struct ServeArgs {
     /// Print one JSON line per request on stdout: its request line and its `Authorization`.
     #[arg(long)]
     pub log_requests: bool,
+    /// Answer every request `302 Found` with this `Location` (a redirecting test origin).
+    #[arg(long)]
+    pub redirect: Option<String>,
 }
 
 impl ProxyArgs {
@@ -477,6 +480,7 @@ pub fn run(cli: Cli) -> Result<(), ProxyError> {
             let options = crate::serve::Options {
                 tls,
                 log_requests: args.log_requests,
+                redirect: args.redirect,
             };
             runtime()?.block_on(async {
                 let listener = tokio::net::TcpListener::bind(args.listen)

@@ -3,7 +3,9 @@
 //! (bounded) and its body ignored. With [`Options::tls`] it speaks TLS under a certificate it is
 //! given (a test's own origin); with [`Options::log_requests`] it prints one JSON line per request
 //! on stdout (its request line and its `Authorization` field, so a test can see which requests
-//! carried a credential upstream: a test server only).
+//! carried a credential upstream: a test server only); with [`Options::redirect`] it answers
+//! every request `302 Found` to a location instead (a test origin that redirects, so a test can
+//! see that neither the proxy nor a grant follows it).
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -24,6 +26,8 @@ pub struct Options {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Print one JSON line per request on stdout.
     pub log_requests: bool,
+    /// Answer `302 Found` with this `Location` (and the reply as its body) instead of `200`.
+    pub redirect: Option<String>,
 }
 
 /// A TLS server configuration (HTTP/1.1) from a PEM certificate chain and a PEM private key.
@@ -105,7 +109,10 @@ pub async fn serve_with(
     reply: Reply,
     options: Options,
 ) -> std::io::Result<()> {
-    let reply = Arc::new(reply);
+    let reply = Arc::new(Answer {
+        reply,
+        redirect: options.redirect,
+    });
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -134,8 +141,14 @@ pub async fn serve_with(
     }
 }
 
+/// What every request is answered: the reply, under a redirect when there is one.
+struct Answer {
+    reply: Reply,
+    redirect: Option<String>,
+}
+
 /// Reads one head from `stream` and answers it.
-async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, reply: &Reply, log: bool) {
+async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, reply: &Answer, log: bool) {
     {
         {
             let mut buffer = Vec::new();
@@ -169,9 +182,14 @@ async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, reply: &Rep
     }
 }
 
-async fn answer<S: AsyncWrite + Unpin>(stream: &mut S, reply: &Reply) -> std::io::Result<()> {
+async fn answer<S: AsyncWrite + Unpin>(stream: &mut S, answer: &Answer) -> std::io::Result<()> {
+    let reply = &answer.reply;
+    let status = match &answer.redirect {
+        None => "200 OK".to_owned(),
+        Some(location) => format!("302 Found\r\nLocation: {location}"),
+    };
     let head = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         reply.len()
     );
     timed(stream.write_all(head.as_bytes())).await?;
@@ -216,6 +234,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_redirecting_server_answers_302_with_its_location() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve_with(
+            listener,
+            Reply::Text("moved".into()),
+            Options {
+                redirect: Some("https://other.test/landed".into()),
+                ..Options::default()
+            },
+        ));
+        let mut tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+        tcp.write_all(b"GET /v1/x HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let _ = tcp.read_to_end(&mut answer).await;
+        let answer = String::from_utf8(answer).unwrap();
+        assert!(
+            answer.starts_with(
+                "HTTP/1.1 302 Found\r\nLocation: https://other.test/landed\r\nContent-Type: text/plain\r\n"
+            ),
+            "{answer}"
+        );
+        assert!(answer.ends_with("\r\n\r\nmoved"), "{answer}");
+        server.abort();
+    }
+
+    #[tokio::test]
     async fn tls_serving_answers_under_the_given_certificate() {
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = rcgen::CertificateParams::new(vec!["origin.test".to_owned()])
@@ -233,6 +280,7 @@ mod tests {
             Options {
                 tls: Some(config),
                 log_requests: true,
+                redirect: None,
             },
         ));
         let mut roots = rustls::RootCertStore::empty();

@@ -312,3 +312,22 @@ impl Drop for DelayingProxy {
         self.task.abort();
     }
 }
+
+/// Runs `line` under `sh -c` in `sandbox` (within 30 s) and asserts that its standard output is
+/// exactly `expected`, naming the line and its standard error when it is not.
+pub async fn assert_stdout(sandbox: &dyn Sandbox, line: &str, expected: &str) {
+    let out = sandbox
+        .exec(
+            sandbox_core::ExecRequest::new(sandbox_core::Command::argv(["sh", "-c", line]))
+                .timeout(Duration::from_secs(30)),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(out.stdout_text(), expected, "{line}: {}", out.stderr_text());
+}
+
+/// A curl command line printing only the HTTP status of `url` (`000` when there was none),
+/// with `extra` flags.
+pub fn curl_status(extra: &str, url: &str) -> String {
+    format!("curl -sS -o /dev/null -w '%{{http_code}}' --max-time 10 {extra} '{url}'")
+}
