@@ -7,6 +7,9 @@
 //!   medians).
 //! - Pass/fail: connection setup, the median time to first byte (`time_starttransfer`) through
 //!   the proxy minus the direct one, at most 5 ms.
+//! - The same two for a terminated HTTPS origin (1.3×, +10 ms), and 100 terminated connections
+//!   started at once, none failing (the burst's wall against 100 direct TLS GETs at once is
+//!   reported).
 //!
 //! The topology is the live test's (`tests/support/topology.rs`). Timing happens inside the
 //! containers: one `docker exec` per side per batch runs `curl` several times, so the exec's own
@@ -22,7 +25,7 @@ mod topology;
 
 use std::time::Duration;
 
-use paired_bench::{exit_with, in_turn, Metric, Target};
+use paired_bench::{exit_with, in_turn, median, record_row, Metric, Target};
 use topology::{
     docker, docker_ok, internal_network, private_but_not_gateway, random_suffix, serve,
     start_direct, start_proxy, start_workload, Cleanup,
@@ -308,5 +311,63 @@ async fn tls_rows(
         ("proxy TLS setup", TLS_SETUP_TARGET_MS),
     )
     .await;
-    wall_pass && setup_pass
+    let burst_pass = burst_row(&terminated, &straight).await;
+    wall_pass && setup_pass && burst_pass
+}
+
+/// Connections of one burst.
+const BURST: usize = 100;
+/// Bursts per side, the sides taking turns to go first.
+const BURST_ROUNDS: usize = 3;
+
+/// `proxy TLS 100 concurrent`: 100 terminated GETs started at once, every one answered 200 with
+/// the whole body (the target: none failed); the burst's wall (median of the rounds) is reported
+/// against 100 direct TLS GETs started at once.
+async fn burst_row(terminated: &Side<'_>, straight: &Side<'_>) -> bool {
+    let (mut ours_walls, mut raw_walls, mut failed) = (Vec::new(), Vec::new(), 0);
+    for round in 0..BURST_ROUNDS {
+        let ((ours_wall, lost), (raw_wall, raw_lost)) =
+            in_turn(round, burst(terminated, BURST), burst(straight, BURST)).await;
+        assert_eq!(raw_lost, 0, "a direct GET of the burst failed");
+        ours_walls.push(ours_wall);
+        raw_walls.push(raw_wall);
+        failed += lost;
+    }
+    let (ours, raw) = (median(ours_walls), median(raw_walls));
+    let pass = failed == 0;
+    let name = "proxy TLS 100 concurrent";
+    println!(
+        "{name}: ours {ours:.1} ms, raw {raw:.1} ms, ratio {:.2}, {failed} of {} failed (target 0 failed) {} [{BURST_ROUNDS} rounds]",
+        ours / raw,
+        BURST * BURST_ROUNDS,
+        if pass { "PASS" } else { "FAIL" }
+    );
+    record_row(name, ours, raw, ours / raw, "0 failed", pass);
+    pass
+}
+
+/// Starts `n` downloads at once in one `docker exec` and waits for all of them: the burst's wall
+/// (timed inside the container) and how many did not answer 200 with the whole body.
+async fn burst(side: &Side<'_>, n: usize) -> (f64, usize) {
+    let script = format!(
+        "d=$(mktemp -d); s=$(date +%s%N); i=0; while [ $i -lt {n} ]; do i=$((i+1)); \
+         (curl -sS -m 60 {} -o /dev/null -w '%{{http_code}} %{{size_download}}\\n' {} \
+         || echo failed) > $d/$i 2>&1 & done; wait; e=$(date +%s%N); \
+         cat $d/*; rm -r $d; echo wall $(( (e - s) / 1000 ))",
+        side.curl_flags, side.url
+    );
+    let (code, out, err) = docker(
+        &["exec", side.container, "sh", "-c", &script],
+        BATCH_DEADLINE,
+    )
+    .await;
+    assert_eq!(code, 0, "the burst in {}: {out} {err}", side.container);
+    let whole = format!("200 {SIZE}");
+    let answered = out.lines().filter(|line| *line == whole).count();
+    let wall_us: f64 = out
+        .lines()
+        .find_map(|line| line.strip_prefix("wall "))
+        .and_then(|us| us.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no wall line: {out}"));
+    (wall_us / 1000.0, n - answered.min(n))
 }
