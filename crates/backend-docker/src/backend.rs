@@ -156,6 +156,10 @@ impl DockerBackend {
             },
             os_families,
             isolation_scopes: BTreeSet::from([IsolationScope::Conversation, IsolationScope::Call]),
+            // The proxy compares a request's method with a rule's tokens as text, so it enforces
+            // whatever token a rule names (the default, no token at all, refused every rule that
+            // named a method before it reached the proxy).
+            egress_method_tokens: None,
             ..BackendDeclarations::default()
         };
         tracing::debug!(
