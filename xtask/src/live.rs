@@ -96,10 +96,10 @@ pub(crate) fn shared_binaries(workspace: &Workspace) -> Result<PathBuf, XtaskErr
 pub(crate) const STATIC_TARGET: &str = qemu_vm::AGENT_TARGET;
 
 /// The binaries (package, binary) the images are built around: the egress proxy, the exec
-/// init and the guest's `host-tool`. They are always built together, whichever images are wanted: features unify per cargo
+/// init and the guest's `host-tool` (the VM image's too). They are always built together, whichever images are wanted: features unify per cargo
 /// invocation and symbol names carry their hash, so another selection would make another,
 /// equally good binary, and rebuild the images around it for nothing.
-const IMAGE_BINARIES: [(&str, &str); 3] = [
+pub(crate) const IMAGE_BINARIES: [(&str, &str); 3] = [
     ("egress-proxy", "egress-proxy"),
     ("exec-wrapper", "sandbox-exec-init"),
     ("host-tools", "host-tool"),
@@ -108,10 +108,11 @@ const IMAGE_BINARIES: [(&str, &str); 3] = [
 /// Builds the images (every engine image, or the given tags) with progress on stderr, caching
 /// debootstrap's output under `target/images-cache`. When an image built around a workspace
 /// binary is wanted (the egress proxy image; `sandbox-base:local` and `sandbox-base-root:local`,
-/// which carry the exec init), the static binaries are built (release, `+crt-static`, one cargo
-/// invocation) while the Debian roots of every missing image are bootstrapped into the cache in
-/// one debootstrap and the images around no binary are built (a compile beside a debootstrap that
-/// mostly waits on the mirror and the disk); then the images around the binaries are built from
+/// which carry the exec init and `host-tool`; `sbx-sim-shell:local`, which carries `host-tool`),
+/// the static binaries are built (release, `+crt-static`, one cargo invocation) while the
+/// Debian roots of every missing image are bootstrapped into the cache in one debootstrap and
+/// the images around no binary are built (a compile beside a debootstrap that mostly waits on
+/// the mirror and the disk); then the images around the binaries are built from
 /// the cached roots, and one built around another binary is rebuilt. The tag `vm` names the
 /// microVM image, which is not an engine image: it is built only when named, after the engine
 /// images (from the same cached Debian root).
@@ -140,7 +141,7 @@ pub fn build_images(workspace: &Workspace, tags: &[String]) -> Result<(), XtaskE
     // image whose binary digest differs, so a changed binary is never tested in a stale image.
     let (around_binaries, others): (Vec<LocalImage>, Vec<LocalImage>) = wanted
         .iter()
-        .partition(|image| **image == LocalImage::EgressProxy || image.carries_exec_init());
+        .partition(|image| image.carries_workspace_binaries());
     let recipe = ImageRecipe::new()
         .cache_dir(workspace.target_dir().join("images-cache"))
         .progress(|line| eprintln!("images: {line}"));

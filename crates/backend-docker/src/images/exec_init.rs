@@ -1,7 +1,8 @@
 //! The workspace programs the Debian images carry beside their root: the static
-//! `sandbox-exec-init` at [`exec_wrapper::wrapper::EXEC_INIT_PATH`] and the static `host-tool` at
-//! [`HOST_TOOL_PROGRAM`], added at import as tar entries after the root archive's own, so the
-//! debootstrapped root and its cached archive stay the same whatever the binaries.
+//! `sandbox-exec-init` at [`exec_wrapper::wrapper::EXEC_INIT_PATH`] (the base images) and the static
+//! `host-tool` at [`HOST_TOOL_PROGRAM`] (the base images and the sbx simulator's), added at
+//! import as tar entries after the root archive's own, so the debootstrapped root and its cached
+//! archive stay the same whatever the binaries.
 
 use sandbox_core::host_tool_run::HOST_TOOL_PROGRAM;
 
@@ -20,11 +21,11 @@ pub(super) struct ExecInitEntries {
 }
 
 impl ImageRecipe {
-    /// Reads the binaries preflight found (the init, the host-tool program, or both) and
-    /// writes their entries.
+    /// Reads those of `wanted` that preflight found and writes their entries.
     pub(super) fn exec_init_entries(
         &self,
         tools: &HostTools,
+        wanted: &[GuestBinary],
     ) -> Result<ExecInitEntries, DockerError> {
         let mut carried = Vec::new();
         for (binary, tool, guest_path) in [
@@ -35,7 +36,9 @@ impl ImageRecipe {
             ),
             (GuestBinary::HostTool, &tools.host_tool, HOST_TOOL_PROGRAM),
         ] {
-            let Some(tool) = tool else { continue };
+            let Some(tool) = tool.as_ref().filter(|_| wanted.contains(&binary)) else {
+                continue;
+            };
             let bytes = binary.read(&tool.program)?;
             self.say(&format!(
                 "  {} {} ({} bytes) at {guest_path}",
@@ -46,7 +49,8 @@ impl ImageRecipe {
             carried.push((binary, guest_path, bytes));
         }
         if carried.is_empty() {
-            return Err(GuestBinary::ExecInit.refused("preflight found none".to_owned()));
+            let first = wanted.first().copied().unwrap_or(GuestBinary::ExecInit);
+            return Err(first.refused("preflight found none".to_owned()));
         }
         let entries: Vec<(&str, &[u8])> = carried
             .iter()
@@ -67,18 +71,23 @@ impl ImageRecipe {
     }
 }
 
-/// Each binary at its guest path (0755, owned by root) after the init's directory (0755), then
-/// the end-of-archive marker. The directory entry comes first because minbase has no
+/// Each binary at its guest path (0755, owned by root), the init after its directory (0755),
+/// then the end-of-archive marker. The directory entry comes first because minbase has no
 /// `/usr/local/libexec`; where a root has it, the entry only restates it. `/usr/local/bin` is in
 /// every Debian root and gets no entry (which would restate its mode).
 fn carried_tar(binaries: &[(&str, &[u8])]) -> std::io::Result<Vec<u8>> {
-    let init = exec_wrapper::wrapper::EXEC_INIT_PATH.trim_start_matches('/');
-    let (dir, _) = init
-        .rsplit_once('/')
-        .ok_or_else(|| std::io::Error::other("the init's guest path has no directory"))?;
     let mut builder = tar::Builder::new(Vec::new());
-    let mut header = tar_header(tar::EntryType::Directory, 0o755, 0);
-    builder.append_data(&mut header, dir, std::io::empty())?;
+    if binaries
+        .iter()
+        .any(|(path, _)| *path == exec_wrapper::wrapper::EXEC_INIT_PATH)
+    {
+        let init = exec_wrapper::wrapper::EXEC_INIT_PATH.trim_start_matches('/');
+        let (dir, _) = init
+            .rsplit_once('/')
+            .ok_or_else(|| std::io::Error::other("the init's guest path has no directory"))?;
+        let mut header = tar_header(tar::EntryType::Directory, 0o755, 0);
+        builder.append_data(&mut header, dir, std::io::empty())?;
+    }
     for (path, binary) in binaries {
         let mut header = tar_header(tar::EntryType::Regular, 0o755, 0);
         header.set_size(binary.len() as u64);
@@ -155,12 +164,35 @@ mod tests {
     }
 
     #[test]
-    fn without_a_preflight_binary_the_entries_are_refused_as_the_init() {
-        let error = ImageRecipe::new()
-            .exec_init_entries(&HostTools::default())
+    fn host_tool_alone_gets_no_init_directory() {
+        let bytes = carried_tar(&[(HOST_TOOL_PROGRAM, b"\x7fELF-host-tool")]).unwrap();
+        let mut archive = tar::Archive::new(&bytes[..]);
+        let paths: Vec<String> = archive
+            .entries()
+            .unwrap()
+            .map(|entry| entry.unwrap().path().unwrap().display().to_string())
+            .collect();
+        assert_eq!(paths, ["usr/local/bin/host-tool"]);
+    }
+
+    #[test]
+    fn without_a_preflight_binary_the_entries_are_refused_as_the_first_wanted() {
+        let recipe = ImageRecipe::new();
+        let error = recipe
+            .exec_init_entries(
+                &HostTools::default(),
+                &[GuestBinary::ExecInit, GuestBinary::HostTool],
+            )
             .unwrap_err();
         assert!(
             matches!(error, DockerError::ExecInitBinary { .. }),
+            "{error}"
+        );
+        let error = recipe
+            .exec_init_entries(&HostTools::default(), &[GuestBinary::HostTool])
+            .unwrap_err();
+        assert!(
+            matches!(error, DockerError::HostToolBinary { .. }),
             "{error}"
         );
     }

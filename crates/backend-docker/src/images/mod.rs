@@ -5,7 +5,8 @@
 //! (archived once, optionally cached across runs); the BusyBox image is a tar written in memory
 //! around the host's static BusyBox; the egress proxy image is a tar written in memory around
 //! a static `egress-proxy` binary (`docs/egress-proxy.md`). `sandbox-base:local` and
-//! `sandbox-base-root:local` carry the static exec init, added to the cached root at import.
+//! `sandbox-base-root:local` carry the static exec init and `host-tool`, `sbx-sim-shell:local`
+//! carries `host-tool`, each added to the cached root at import.
 //! `cargo xtask images` and `sandboxctl images build` both call [`ImageRecipe::build`].
 //!
 //! Modules: [`debian`] bootstraps the Debian roots, [`busybox`] writes the BusyBox root,
@@ -41,6 +42,7 @@ use crate::error::DockerError;
 
 use busybox::find_static_busybox;
 use debian::{effective_uid, DebianRoot};
+use exec_init::ExecInitEntries;
 use guest_binary::{binary_digest, GuestBinary};
 use scratch::Scratch;
 
@@ -97,7 +99,8 @@ pub enum LocalImage {
     /// exec init), so the exec wrapper's tool probe must refuse it.
     NoTools,
     /// `sbx-sim-shell:local`: the base packages plus bash, mount and sudo (passwordless for
-    /// `agent`), running as `agent`; the image sbx-sim's default template runs.
+    /// `agent`) and the static `host-tool`, running as `agent`; the image sbx-sim's default
+    /// template runs.
     SbxSimShell,
     /// `sandbox-egress-proxy:local`: the static `egress-proxy` binary as its entrypoint,
     /// running as 65532:65532, with `/run/maf-egress` owned by that user.
@@ -178,15 +181,29 @@ impl LocalImage {
         self.guest_binaries().contains(&GuestBinary::HostTool)
     }
 
+    /// Whether the image is built around a static workspace binary (the egress proxy, the exec
+    /// init, `host-tool`): a caller that builds those binaries first builds it after them, and
+    /// the recipe rebuilds it when its binaries' digests change.
+    pub fn carries_workspace_binaries(self) -> bool {
+        !self.guest_binaries().is_empty()
+    }
+
     /// The workspace binaries the image is built around, whose digests it is labelled with.
     fn guest_binaries(self) -> &'static [GuestBinary] {
         match self {
             LocalImage::Base | LocalImage::BaseRoot => {
                 &[GuestBinary::ExecInit, GuestBinary::HostTool]
             }
+            LocalImage::SbxSimShell => &[GuestBinary::HostTool],
             LocalImage::EgressProxy => &[GuestBinary::EgressProxy],
-            LocalImage::Busybox | LocalImage::NoTools | LocalImage::SbxSimShell => &[],
+            LocalImage::Busybox | LocalImage::NoTools => &[],
         }
+    }
+
+    /// Whether the image's carried programs go in as tar entries after its Debian root (every
+    /// carried binary but the egress proxy, whose image is its binary alone).
+    fn appends_programs(self) -> bool {
+        self.carries_exec_init() || self.carries_host_tool()
     }
 
     /// The `docker import --change` instructions for this image.
@@ -470,14 +487,20 @@ impl ImageRecipe {
         // Every Debian root the missing images need, from one debootstrap; its time counts
         // toward the first image that needs one.
         let needed = debian_roots(&missing);
-        // Read once for every image that carries it.
-        let exec_init = if missing.iter().any(|image| image.carries_exec_init()) {
-            (tools.exec_init.is_some() || tools.host_tool.is_some())
-                .then(|| self.exec_init_entries(&tools))
-                .transpose()?
-        } else {
-            None
-        };
+        // Read once for every image that carries the same programs.
+        let mut appended_entries: Vec<(&'static [GuestBinary], ExecInitEntries)> = Vec::new();
+        for image in missing.iter().filter(|image| image.appends_programs()) {
+            let wanted = image.guest_binaries();
+            let found = wanted.iter().any(|binary| match binary {
+                GuestBinary::ExecInit => tools.exec_init.is_some(),
+                GuestBinary::HostTool => tools.host_tool.is_some(),
+                GuestBinary::EgressProxy => false,
+            });
+            if found && !appended_entries.iter().any(|(set, _)| *set == wanted) {
+                let entries = self.exec_init_entries(&tools, wanted)?;
+                appended_entries.push((wanted, entries));
+            }
+        }
         let roots_started = Instant::now();
         let roots: HashMap<DebianRoot, PathBuf> = if needed.is_empty() {
             HashMap::new()
@@ -513,12 +536,15 @@ impl ImageRecipe {
                     archive
                 }
             };
-            let appended = match &exec_init {
-                Some(init) if image.carries_exec_init() => {
-                    labels.extend(init.digests.iter().cloned());
-                    &init.tar[..]
+            let appended = match appended_entries
+                .iter()
+                .find(|(set, _)| *set == image.guest_binaries())
+            {
+                Some((_, entries)) => {
+                    labels.extend(entries.digests.iter().cloned());
+                    &entries.tar[..]
                 }
-                _ => &[],
+                None => &[],
             };
             self.import(*image, &archive, appended, &labels).await?;
             let mut elapsed = started.elapsed();
@@ -705,8 +731,8 @@ impl ImageRecipe {
                         if binary == GuestBinary::HostTool && self.configured(binary).is_none() =>
                     {
                         self.say(&format!(
-                            "no usable host-tool beside this executable ({why}): the base images \
-                             are built without it, and serve no host tools"
+                            "no usable host-tool beside this executable ({why}): the images that \
+                             carry it are built without it, and serve no host tools"
                         ));
                         None
                     }
@@ -1109,6 +1135,32 @@ mod tests {
             .filter(|image| image.carries_exec_init())
             .collect();
         assert_eq!(carriers, [LocalImage::Base, LocalImage::BaseRoot]);
+        // host-tool also in the simulator's image, so sbx sandboxes serve host tools.
+        let carriers: Vec<LocalImage> = LocalImage::ALL
+            .into_iter()
+            .filter(|image| image.carries_host_tool())
+            .collect();
+        assert_eq!(
+            carriers,
+            [
+                LocalImage::Base,
+                LocalImage::BaseRoot,
+                LocalImage::SbxSimShell
+            ]
+        );
+        let around: Vec<LocalImage> = LocalImage::ALL
+            .into_iter()
+            .filter(|image| image.carries_workspace_binaries())
+            .collect();
+        assert_eq!(
+            around,
+            [
+                LocalImage::Base,
+                LocalImage::BaseRoot,
+                LocalImage::SbxSimShell,
+                LocalImage::EgressProxy
+            ]
+        );
         let recipe = ImageRecipe::new()
             .exec_init_binary("/i")
             .egress_proxy_binary("/p");
