@@ -1,8 +1,9 @@
 //! The microVM image and its live suite (`docs/vm.md`).
 //!
-//! `cargo xtask images vm` builds the static guest agent (release, `+crt-static`), takes the
-//! base Debian root archive from the one image recipe (`backend_docker::ImageRecipe`, which
-//! bootstraps it when the cache lacks it) and hands both to `qemu_vm::ImageRecipe`, which
+//! `cargo xtask images vm` builds the static guest agent and the images' static binaries
+//! (release, `+crt-static`; the root carries the same `host-tool` the engine images do), takes
+//! the base Debian root archive from the one image recipe (`backend_docker::ImageRecipe`, which
+//! bootstraps it when the cache lacks it) and hands them to `qemu_vm::ImageRecipe`, which
 //! extracts the kernel, writes the initramfs and makes the ext4 root, each cached by digest
 //! in the directory every host reads by default (`qemu_vm::default_image_dir`), or the one
 //! `QEMU_VM_IMAGE` names. `cargo xtask e2e vm` builds the image and runs `qemu-vm`'s live
@@ -45,9 +46,17 @@ fn build_static_agent(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
     Ok(crate::live::build_static(workspace, &[("vm-agent", "vm-agent")])?.join("vm-agent"))
 }
 
+/// Builds the images' static binaries (the engine images' invocation, so the VM's `host-tool`
+/// is the very binary they carry and neither build makes the other's stale) and returns the
+/// path of `host-tool`.
+fn build_static_host_tool(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
+    Ok(crate::live::build_static(workspace, &crate::live::IMAGE_BINARIES)?.join("host-tool"))
+}
+
 /// Builds (or finds cached) the VM image; returns its directory.
 pub fn build_image(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
     let agent = build_static_agent(workspace)?;
+    let host_tool = build_static_host_tool(workspace)?;
     let runtime = runtime()?;
     let archive = runtime.block_on(
         backend_docker::ImageRecipe::new()
@@ -60,6 +69,10 @@ pub fn build_image(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
         cache_dir: dir.clone(),
         agent,
         root_archive: archive,
+        programs: vec![qemu_vm::GuestProgram {
+            guest_path: sandbox_core::host_tool_run::HOST_TOOL_PROGRAM.to_owned(),
+            binary: host_tool,
+        }],
         kernel_release: None,
         host_root: PathBuf::from("/"),
     };

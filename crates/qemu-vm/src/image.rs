@@ -7,7 +7,9 @@
 //! through PVH on QEMU's `microvm` machine, so it is extracted once. The modules come from
 //! `/lib/modules/<release>`, with their dependencies from `modules.dep`, in load order. The
 //! root file system is made from a tar archive of a root the caller supplies (the workspace's
-//! one Debian recipe) with `mkfs.ext4 -d`.
+//! one Debian recipe) and the static programs the caller adds to it (the workspace's
+//! `host-tool`) with `mkfs.ext4 -d`; the programs' digests are part of its name, so a root
+//! around another build of them is made again, never reused.
 //!
 //! Not here: downloading anything; the host must have the kernel package installed.
 
@@ -178,6 +180,16 @@ impl VmImage {
     }
 }
 
+/// A static program the root file system carries beyond its archive: written at `guest_path`,
+/// owned by root, mode 0755.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestProgram {
+    /// Its absolute path in the guest (no `.` or `..` component).
+    pub guest_path: String,
+    /// The static x86-64 executable on the host.
+    pub binary: PathBuf,
+}
+
 /// What an image is made from.
 #[derive(Debug, Clone)]
 pub struct ImageRecipe {
@@ -187,6 +199,8 @@ pub struct ImageRecipe {
     pub agent: PathBuf,
     /// A tar archive of the root file system.
     pub root_archive: PathBuf,
+    /// The static programs added to the root (none: the archive's root alone).
+    pub programs: Vec<GuestProgram>,
     /// The kernel release; `None` picks the newest `/boot/vmlinuz-*` with modules.
     pub kernel_release: Option<String>,
     /// Where kernels and modules are read from (`/` normally).
@@ -312,7 +326,8 @@ impl ImageRecipe {
     }
 
     async fn rootfs(&self, progress: Progress<'_>) -> Result<PathBuf, VmError> {
-        let digest = file_digest(&self.root_archive)?;
+        let programs = self.read_programs()?;
+        let digest = rootfs_digest(&file_digest(&self.root_archive)?, &programs);
         let out = self
             .cache_dir
             .join(format!("rootfs-v{RECIPE_VERSION}-{}.ext4", &digest[..16]));
@@ -324,6 +339,14 @@ impl ImageRecipe {
             "root file system: mkfs.ext4 -d from {}",
             self.root_archive.display()
         ));
+        for (program, bytes) in &programs {
+            progress(&format!(
+                "root file system: {} ({} bytes) at {}",
+                program.binary.display(),
+                bytes.len(),
+                program.guest_path
+            ));
+        }
         let tree = self
             .cache_dir
             .join(format!("rootfs-tree-{}", std::process::id()));
@@ -344,6 +367,9 @@ impl ImageRecipe {
             // Where the agent mounts cgroup v2 and its tmpfs.
             for dir in ["sys/fs/cgroup", "tmp", "dev/pts"] {
                 let _ = std::fs::create_dir_all(tree.join(dir));
+            }
+            for (program, bytes) in &programs {
+                write_program(&tree, &program.guest_path, bytes)?;
             }
             let used_mib = tree_size(&tree) / (1024 * 1024);
             let size = format!("{}M", used_mib + ROOT_HEADROOM_MIB);
@@ -370,6 +396,90 @@ impl ImageRecipe {
         built?;
         Ok(out)
     }
+}
+
+impl ImageRecipe {
+    /// Each program with its bytes, refused unless its guest path is plain and absolute and
+    /// it is a static x86-64 executable (the guest's C library is not the host's).
+    fn read_programs(&self) -> Result<Vec<(&GuestProgram, Vec<u8>)>, VmError> {
+        self.programs
+            .iter()
+            .map(|program| {
+                if guest_relative(&program.guest_path).is_none() {
+                    return Err(VmError::Invalid(format!(
+                        "a guest program's path must be absolute and plain, not {:?}",
+                        program.guest_path
+                    )));
+                }
+                let bytes = std::fs::read(&program.binary)
+                    .map_err(|e| VmError::io("reading", &program.binary, e))?;
+                if !is_static_elf(&bytes) {
+                    return Err(VmError::Invalid(format!(
+                        "{} is not a static x86-64 ELF executable (build it with +crt-static)",
+                        program.binary.display()
+                    )));
+                }
+                Ok((program, bytes))
+            })
+            .collect()
+    }
+}
+
+/// `path` under a root: absolute, without `.` or `..` components, naming a file.
+fn guest_relative(path: &str) -> Option<PathBuf> {
+    let relative = path.strip_prefix('/')?;
+    let plain = !relative.is_empty()
+        && relative
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..");
+    plain.then(|| PathBuf::from(relative))
+}
+
+/// The digest that names a root file system: its archive's alone when it carries no program
+/// (the name roots made before programs existed have), else over the archive's and each
+/// program's path and bytes.
+fn rootfs_digest(archive_digest: &str, programs: &[(&GuestProgram, Vec<u8>)]) -> String {
+    if programs.is_empty() {
+        return archive_digest.to_owned();
+    }
+    let mut digest = Sha256::new();
+    digest.update(archive_digest.as_bytes());
+    for (program, bytes) in programs {
+        digest.update(b"\n");
+        digest.update(program.guest_path.as_bytes());
+        digest.update(b"\0");
+        digest.update(digest_of(bytes).as_bytes());
+    }
+    hex(&digest.finalize())
+}
+
+/// Writes a program into the extracted root at `guest_path`, its missing directories 0755.
+fn write_program(tree: &Path, guest_path: &str, bytes: &[u8]) -> Result<(), VmError> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    let relative = guest_relative(guest_path).ok_or_else(|| {
+        VmError::Invalid(format!(
+            "a guest program's path is not plain: {guest_path:?}"
+        ))
+    })?;
+    let path = tree.join(relative);
+    if let Some(parent) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)
+            .map_err(|e| VmError::io("creating", parent, e))?;
+    }
+    std::fs::write(&path, bytes).map_err(|e| VmError::io("writing", &path, e))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| VmError::io("setting the mode of", &path, e))?;
+    // Root's, as the rest of the extracted root is: a build that can keep the archive's owners
+    // runs as root, and one that cannot has a root of its own user anyway.
+    if let Err(error) = std::os::unix::fs::chown(&path, Some(0), Some(0)) {
+        if error.kind() != std::io::ErrorKind::PermissionDenied {
+            return Err(VmError::io("changing the owner of", &path, error));
+        }
+    }
+    Ok(())
 }
 
 /// The newest kernel release with both an image in `/boot` and modules.
@@ -609,6 +719,77 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_plain_absolute_guest_paths_name_a_program() {
+        assert_eq!(
+            guest_relative("/usr/local/bin/host-tool"),
+            Some(PathBuf::from("usr/local/bin/host-tool"))
+        );
+        for bad in [
+            "usr/local/bin/x",
+            "/",
+            "/usr/../etc/passwd",
+            "/usr/./bin",
+            "/usr//bin",
+            "/usr/bin/",
+        ] {
+            assert_eq!(guest_relative(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_root_is_named_by_its_programs_too() {
+        let program = GuestProgram {
+            guest_path: "/usr/local/bin/host-tool".to_owned(),
+            binary: PathBuf::from("/x"),
+        };
+        assert_eq!(rootfs_digest("abc", &[]), "abc");
+        let one = rootfs_digest("abc", &[(&program, b"one".to_vec())]);
+        let other = rootfs_digest("abc", &[(&program, b"two".to_vec())]);
+        assert_ne!(one, "abc");
+        assert_ne!(one, other, "another build of a program names another root");
+        let moved = GuestProgram {
+            guest_path: "/usr/bin/host-tool".to_owned(),
+            ..program.clone()
+        };
+        assert_ne!(one, rootfs_digest("abc", &[(&moved, b"one".to_vec())]));
+    }
+
+    #[test]
+    fn a_program_is_written_root_owned_and_executable_under_the_tree() {
+        use std::os::unix::fs::MetadataExt as _;
+        let tree = tempfile::tempdir().unwrap();
+        write_program(tree.path(), "/usr/local/bin/host-tool", b"program").unwrap();
+        let path = tree.path().join("usr/local/bin/host-tool");
+        assert_eq!(std::fs::read(&path).unwrap(), b"program");
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.mode() & 0o7777, 0o755);
+        if rustix::process::geteuid().is_root() {
+            assert_eq!((meta.uid(), meta.gid()), (0, 0));
+        }
+        assert!(write_program(tree.path(), "/../escape", b"x").is_err());
+    }
+
+    #[test]
+    fn a_dynamic_program_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("host-tool");
+        std::fs::write(&script, b"#!/bin/sh\n").unwrap();
+        let recipe = ImageRecipe {
+            cache_dir: dir.path().to_path_buf(),
+            agent: script.clone(),
+            root_archive: script.clone(),
+            programs: vec![GuestProgram {
+                guest_path: "/usr/local/bin/host-tool".to_owned(),
+                binary: script,
+            }],
+            kernel_release: None,
+            host_root: PathBuf::from("/"),
+        };
+        let refused = recipe.read_programs().unwrap_err();
+        assert!(refused.to_string().contains("static"), "{refused}");
+    }
 
     #[test]
     fn a_manifest_names_its_parts_relative_to_its_directory_and_moves_with_it() {

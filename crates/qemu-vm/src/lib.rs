@@ -37,7 +37,8 @@ pub use disk::{QEMU_IMG_PROGRAM, ROOT_OVERLAY};
 pub use error::VmError;
 pub use image::{
     default_image_dir, given_image_dir, is_static_elf, module_load_order, user_cache_dir,
-    ImageRecipe, Progress, VmImage, AGENT_RUSTFLAGS, AGENT_TARGET, IMAGE_VAR, MANIFEST, MODULES,
+    GuestProgram, ImageRecipe, Progress, VmImage, AGENT_RUSTFLAGS, AGENT_TARGET, IMAGE_VAR,
+    MANIFEST, MODULES,
 };
 pub use machine::{
     host_tsc_khz, qemus_under, Accel, RunningQemu, Vm, VmConfig, VmStatus, QEMU_PROGRAM,

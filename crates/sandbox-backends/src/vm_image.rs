@@ -7,6 +7,11 @@
 //! directory, the one cargo builds there (release, for [`qemu_vm::AGENT_TARGET`] with
 //! [`qemu_vm::AGENT_RUSTFLAGS`], as `cargo xtask images vm` builds it, so either build is the
 //! other's cache hit). Anywhere else the build is refused with what to do.
+//!
+//! The root carries the static `host-tool` (so its sandboxes serve host tools) when one is found:
+//! the one `$SANDBOX_VM_HOST_TOOL` names, else a static `host-tool` beside the current
+//! executable, else, from a checkout, the one `cargo xtask images` built there. Without one the
+//! image is built without it, and says so.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -20,6 +25,12 @@ const AGENT_VAR: &str = "SANDBOX_VM_AGENT";
 
 /// The agent's package and binary name.
 const AGENT: &str = "vm-agent";
+
+/// The variable naming the static `host-tool` the root carries.
+const HOST_TOOL_VAR: &str = "SANDBOX_VM_HOST_TOOL";
+
+/// The guest's host-tool program's file name.
+const HOST_TOOL: &str = "host-tool";
 
 /// The bound of the agent's cargo build: a release build of the agent and its dependencies
 /// from nothing on a small, shared host.
@@ -67,10 +78,24 @@ pub async fn build() -> Result<String, SandboxError> {
         .await
         .map_err(|e| SandboxError::engine(format!("root archive: {e}")))?;
     let dir = default_dir()?;
+    let programs = match static_host_tool()? {
+        Some(binary) => vec![qemu_vm::GuestProgram {
+            guest_path: sandbox_core::host_tool_run::HOST_TOOL_PROGRAM.to_owned(),
+            binary,
+        }],
+        None => {
+            eprintln!(
+                "images: vm: no static {HOST_TOOL} (set {HOST_TOOL_VAR}, or run `cargo xtask \
+                 images` in the checkout): the image is built without it, and serves no host tools"
+            );
+            Vec::new()
+        }
+    };
     let image = qemu_vm::ImageRecipe {
         cache_dir: dir.clone(),
         agent,
         root_archive: archive,
+        programs,
         kernel_release: None,
         host_root: PathBuf::from("/"),
     }
@@ -100,6 +125,46 @@ async fn static_agent() -> Result<PathBuf, SandboxError> {
         )));
     };
     build_agent(&checkout, &target).await
+}
+
+/// The static `host-tool` the root carries, if one is found (none is built here: the engine
+/// images' build makes it).
+///
+/// # Errors
+/// [`SandboxError::InvalidArgument`] when `$SANDBOX_VM_HOST_TOOL` names no static executable.
+fn static_host_tool() -> Result<Option<PathBuf>, SandboxError> {
+    if let Some(path) = std::env::var_os(HOST_TOOL_VAR).filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        if !is_static(&path) {
+            return Err(SandboxError::invalid(format!(
+                "{HOST_TOOL_VAR} names {}, which is not a static x86-64 executable",
+                path.display()
+            )));
+        }
+        return Ok(Some(path));
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return Ok(None);
+    };
+    let exe_dir = exe.parent().unwrap_or(Path::new("/"));
+    Ok(host_tool_candidates(exe_dir)
+        .into_iter()
+        .find(|candidate| is_static(candidate)))
+}
+
+/// Where a static `host-tool` may be for an executable in `exe_dir`: beside it, then in its
+/// checkout's static release directory.
+fn host_tool_candidates(exe_dir: &Path) -> Vec<PathBuf> {
+    let mut candidates = vec![exe_dir.join(HOST_TOOL)];
+    if let Some((_, target)) = checkout_of(exe_dir) {
+        candidates.push(
+            target
+                .join(qemu_vm::AGENT_TARGET)
+                .join("release")
+                .join(HOST_TOOL),
+        );
+    }
+    candidates
 }
 
 /// The checkout and target directory of an executable in `<checkout>/target/<profile>/`: a
@@ -226,6 +291,30 @@ mod tests {
         let bin = root.path().join("usr").join("bin");
         std::fs::create_dir_all(&bin).unwrap();
         assert_eq!(checkout_of(&bin), None);
+    }
+
+    #[test]
+    fn host_tool_is_looked_for_beside_the_executable_then_in_its_checkout() {
+        let root = tempfile::tempdir().unwrap();
+        let checkout = root.path().join("repo");
+        let debug = checkout.join("target").join("debug");
+        std::fs::create_dir_all(checkout.join("crates").join(AGENT)).unwrap();
+        std::fs::create_dir_all(&debug).unwrap();
+        std::fs::write(checkout.join("Cargo.toml"), "").unwrap();
+        std::fs::write(checkout.join("crates").join(AGENT).join("Cargo.toml"), "").unwrap();
+        assert_eq!(
+            host_tool_candidates(&debug),
+            [
+                debug.join(HOST_TOOL),
+                checkout
+                    .join("target")
+                    .join(qemu_vm::AGENT_TARGET)
+                    .join("release")
+                    .join(HOST_TOOL)
+            ]
+        );
+        let bin = root.path().join("bin");
+        assert_eq!(host_tool_candidates(&bin), [bin.join(HOST_TOOL)]);
     }
 
     #[test]
