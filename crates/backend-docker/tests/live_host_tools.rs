@@ -4,38 +4,28 @@
 
 mod support;
 
-use conformance::commands::assert_host_tools;
-use conformance::suites::HOST_TOOLS_PROBES;
+use conformance::commands::assert_host_tools_complete;
 use host_tools::{Registry, RunBounds};
 use sandbox_core::host_tool_run::run_with_host_tools;
 use sandbox_core::{
-    Capability, Command, DisposeSelector, ErrorKind, ExecRequest, SandboxBackend, SandboxKey,
-    SandboxSpec,
+    Command, DisposeSelector, ErrorKind, ExecRequest, SandboxBackend, SandboxKey, SandboxSpec,
 };
 use support::{assert_nothing_left, backend, threads_of, unique_scope, BASE, BUSYBOX};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_base_image_passes_the_host_tools_suite() {
     let backend = backend(false).await;
-    assert!(backend.declarations().serves(Capability::HostTools));
     let scope = unique_scope("host-tools");
     let spec = SandboxSpec::builder("host-tools")
         .image(BASE)
         .build()
         .unwrap();
     let mut keys = |purpose: &str| SandboxKey::conversation(scope.clone(), purpose, "agent");
-    let started = std::time::Instant::now();
-    let result = assert_host_tools(&backend, &mut keys, &spec).await;
+    let result = assert_host_tools_complete(&backend, &mut keys, &spec).await;
     let threads = threads_of(&backend, &scope).await;
     assert_nothing_left(&backend, &scope, &threads).await;
-    let report = result.unwrap_or_else(|e| panic!("{e}"));
-    println!(
-        "{report}\nwall time {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
-    assert_eq!(report.skipped(), 0, "no probe may be skipped:\n{report}");
-    report.assert_all_passed().expect("every probe passes");
-    assert_eq!(report.passed(), HOST_TOOLS_PROBES, "probe count:\n{report}");
+    let (report, wall) = result.unwrap_or_else(|e| panic!("{e}"));
+    println!("{report}\nwall time {:.1} s", wall.as_secs_f64());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -233,6 +233,35 @@ pub async fn assert_host_tools(
     run.finish()
 }
 
+/// HOST_TOOLS as every backend's live test runs it: the suite on one sandbox, then the verdict
+/// CI holds each backend to (every probe passed, none skipped, [`HOST_TOOLS_PROBES`] of them).
+/// The caller checks its own engine for leftovers before it judges the result, whatever it is.
+/// Returns the report and the run's wall time.
+///
+/// # Errors
+/// As [`assert_host_tools`]; [`ConformanceError::ProbesSkipped`] for a skipped probe; a harness
+/// error when the report holds another number of probes than the suite's table.
+pub async fn assert_host_tools_complete(
+    backend: &dyn SandboxBackend,
+    keys: &mut dyn FnMut(&str) -> SandboxKey,
+    spec: &SandboxSpec,
+) -> Result<(ConformanceReport, Duration), ConformanceError> {
+    let started = std::time::Instant::now();
+    let report = assert_host_tools(backend, keys, spec).await?;
+    let wall = started.elapsed();
+    report.assert_all_passed()?;
+    if report.passed() != HOST_TOOLS_PROBES {
+        return Err(ConformanceError::harness(
+            HOST_TOOLS,
+            format!(
+                "{} probes passed, the suite has {HOST_TOOLS_PROBES}:\n{report}",
+                report.passed()
+            ),
+        ));
+    }
+    Ok((report, wall))
+}
+
 struct Suite {
     sandbox: Arc<dyn Sandbox>,
     registry: Registry,
@@ -283,6 +312,47 @@ impl Suite {
             output.stderr_text()
         );
         Ok(output.stdout_text())
+    }
+
+    /// Whether each exec of the sandbox runs in user and PID namespaces of its own (sbx): two
+    /// plain execs name their own namespaces, which any process may read. There no process of
+    /// the guest can signal another exec's relay or open its descriptors, and the probes that
+    /// attack the relay from the command check that it stays out of reach instead.
+    async fn execs_isolated(&self) -> Result<bool, ProbeError> {
+        const OWN: &str = "readlink /proc/self/ns/user /proc/self/ns/pid";
+        let first = self.plain(OWN).await?;
+        let second = self.plain(OWN).await?;
+        ensure!(
+            first.lines().count() == 2 && second.lines().count() == 2,
+            "an exec could not name its own namespaces ({first:?}, {second:?})"
+        );
+        Ok(first != second)
+    }
+
+    /// Runs `attack` (which prints `reached` when it got to the relay, `refused` when the guest
+    /// was refused) then a call, where execs are isolated from each other: the relay must be
+    /// visible, out of reach, and the run unharmed.
+    async fn expect_out_of_reach(&self, attack: &str) -> Result<(), ProbeError> {
+        let script = format!(
+            "{RELAY_PID}; pid=$(relay_pid); [ -n \"$pid\" ] || echo no-relay; {attack}; \
+             host-tool echo '{{\"text\":\"after\"}}' > /dev/null 2>&1; echo after=$?"
+        );
+        let run = self.run(&script).await?;
+        let stdout = run.output.stdout_text();
+        ensure!(
+            stdout == "refused\nafter=0\n",
+            "with each exec isolated, the guest's attack on the relay printed {stdout:?} \
+             (stderr {:?}), expected a refusal and an unharmed call",
+            run.output.stderr_text()
+        );
+        ensure!(
+            run.channel_error.is_none() && run.report.answered == 1,
+            "the refused attack harmed the run: {:?}, {:?}",
+            run.channel_error,
+            run.report
+        );
+        self.expect_no_leftovers("a refused attack on the relay")
+            .await
     }
 
     async fn expect_no_leftovers(&self, after: &str) -> Result<(), ProbeError> {
@@ -338,14 +408,17 @@ impl Suite {
         let started = std::time::Instant::now();
         let run = self
             .run(
-                "i=0; while [ $i -lt 8 ]; do host-tool wait '{}' > /dev/null & i=$((i+1)); done; \
-                 failed=0; for job in $(jobs -p); do wait $job || failed=$((failed+1)); done; \
-                 echo failed=$failed",
+                // Each caller records its own status: `jobs` in a command substitution lists
+                // the parent's jobs in some shells only.
+                "rm -f /tmp/overlap; i=0; while [ $i -lt 8 ]; do \
+                 (host-tool wait '{}' > /dev/null; echo $? >> /tmp/overlap) & i=$((i+1)); done; \
+                 wait; echo calls=$(wc -l < /tmp/overlap) failed=$(grep -vc '^0$' /tmp/overlap); \
+                 rm -f /tmp/overlap",
             )
             .await?;
         let elapsed = started.elapsed();
         ensure!(
-            run.output.stdout_text() == "failed=0\n",
+            run.output.stdout_text() == "calls=8 failed=0\n",
             "the eight callers printed {:?} (stderr {:?})",
             run.output.stdout_text(),
             run.output.stderr_text()
@@ -428,6 +501,14 @@ impl Suite {
     }
 
     async fn forged_frame(&self) -> Result<(), ProbeError> {
+        if self.execs_isolated().await? {
+            return self
+                .expect_out_of_reach(
+                    "if printf 'H\\001\\001\\000\\377\\377\\377\\377' > /proc/$pid/fd/1; \
+                     then echo reached; else echo refused; fi",
+                )
+                .await;
+        }
         // The relay's stdout is the host's channel; a guest process of the same user writes a
         // header announcing 4 GiB into it.
         let script = format!(
@@ -455,6 +536,15 @@ impl Suite {
     }
 
     async fn killed_relay(&self) -> Result<(), ProbeError> {
+        if self.execs_isolated().await? {
+            // The number /proc shows is the relay's outside the command's PID namespace: a
+            // kill of it finds no such process there.
+            return self
+                .expect_out_of_reach(
+                    "if kill -9 $pid 2> /dev/null; then echo reached; else echo refused; fi",
+                )
+                .await;
+        }
         let script = format!(
             "{RELAY_PID}; kill -9 $(relay_pid); sleep 0.5; \
              host-tool echo '{{\"text\":\"x\"}}' > /dev/null 2>&1; echo exit=$?"

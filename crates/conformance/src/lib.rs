@@ -143,7 +143,7 @@ pub mod files {
 /// The command suites: EXEC, and HOST_TOOLS (a run whose command calls the host's tools).
 pub mod commands {
     pub use crate::exec::assert_exec;
-    pub use crate::host_tools::assert_host_tools;
+    pub use crate::host_tools::{assert_host_tools, assert_host_tools_complete};
 }
 
 /// The suites of a sandbox's life: fresh acquire, instance disposal, CALL_SCOPE, RECLAIM,
