@@ -315,13 +315,23 @@ impl Suite {
     }
 
     /// Whether each exec of the sandbox runs in user and PID namespaces of its own (sbx): two
-    /// plain execs name their own namespaces, which any process may read. There no process of
-    /// the guest can signal another exec's relay or open its descriptors, and the probes that
-    /// attack the relay from the command check that it stays out of reach instead.
+    /// execs alive at once name their own namespaces, which any process may read (the first
+    /// waits for the second's mark: a namespace's number is reused once it is gone, so two execs
+    /// one after the other could name two namespaces alike). There no process of the guest can
+    /// signal another exec's relay or open its descriptors, and the probes that attack the relay
+    /// from the command check that it stays out of reach instead.
     async fn execs_isolated(&self) -> Result<bool, ProbeError> {
         const OWN: &str = "readlink /proc/self/ns/user /proc/self/ns/pid";
-        let first = self.plain(OWN).await?;
-        let second = self.plain(OWN).await?;
+        let mark = format!("/tmp/.exec-namespaces-{}", std::process::id());
+        let waiting = format!(
+            "{OWN}; i=0; until [ -e {mark} ]; do i=$((i+1)); [ $i -le 600 ] || exit 1; \
+             sleep 0.1; done"
+        );
+        let marking = format!("{OWN}; touch {mark}");
+        let (first, second) = tokio::join!(self.plain(&waiting), self.plain(&marking));
+        let removed = self.plain(&format!("rm -f {mark}")).await;
+        let (first, second) = (first?, second?);
+        removed?;
         ensure!(
             first.lines().count() == 2 && second.lines().count() == 2,
             "an exec could not name its own namespaces ({first:?}, {second:?})"
