@@ -30,13 +30,16 @@ pub struct SbxBackend {
     pub(crate) host: Arc<SbxHost>,
 }
 
-/// The declarations: every file capability, closed egress, POSIX guests, conversation scope,
-/// the default transfer ceilings.
+/// The declarations: every file capability, exact kills, host tools, closed egress, POSIX
+/// guests, conversation scope, the default transfer ceilings.
 fn declarations() -> BackendDeclarations {
     BackendDeclarations {
+        // A streamed exec with stdin is all a run with host tools needs of the backend; the
+        // program is the template's (the simulator's image carries it, a run in a template
+        // without it is refused as unsupported when it starts).
         capabilities: Capability::exec_and_files()
             .into_iter()
-            .chain([Capability::ExactKill])
+            .chain([Capability::ExactKill, Capability::HostTools])
             .collect(),
         limits: SandboxLimits::default(),
         egress_modes: BTreeSet::from([Egress::Closed]),
@@ -281,8 +284,9 @@ mod tests {
     #[test]
     fn declarations_are_the_documented_ones() {
         let d = declarations();
-        assert_eq!(d.capabilities.len(), 7);
+        assert_eq!(d.capabilities.len(), 8);
         assert!(d.serves(Capability::ExactKill));
+        assert!(d.serves(Capability::HostTools));
         assert_eq!(d.egress_modes, BTreeSet::from([Egress::Closed]));
         assert_eq!(d.os_families, BTreeSet::from([OsFamily::Posix]));
         assert!(d.serves_scope(IsolationScope::Conversation));
