@@ -67,13 +67,17 @@ pub const TRANSFER_CEILING: TransferLimits = TransferLimits {
     max_files: 256,
 };
 
-/// Every file capability, closed egress only, POSIX guests, conversation scope, the transfer
-/// ceilings above.
+/// Every file capability, exact kills, host tools, closed egress only, POSIX guests,
+/// conversation scope, the transfer ceilings above.
 fn declarations() -> BackendDeclarations {
     BackendDeclarations {
+        // A streamed exec with stdin is all a run with host tools needs of the backend; the
+        // program is the image's (the VM image carries it; a run in an image without it is
+        // refused as unsupported when it starts). The relay is an exec of its own, so the
+        // agent's end of the command's exec leaves it to the run's drain.
         capabilities: Capability::exec_and_files()
             .into_iter()
-            .chain([Capability::ExactKill])
+            .chain([Capability::ExactKill, Capability::HostTools])
             .collect(),
         limits: SandboxLimits {
             files_in: TRANSFER_CEILING,
@@ -697,6 +701,8 @@ mod tests {
         let declared = declarations();
         assert!(declared.serves(Capability::Exec));
         assert!(declared.serves(Capability::FilesDelete));
+        assert!(declared.serves(Capability::HostTools));
+        assert_eq!(declared.capabilities.len(), 8);
         assert_eq!(declared.egress_modes, BTreeSet::from([Egress::Closed]));
         assert!(!declared.serves_scope(IsolationScope::Call));
     }
