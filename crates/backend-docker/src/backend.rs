@@ -160,7 +160,6 @@ impl DockerBackend {
             // whatever token a rule names (the default, no token at all, refused every rule that
             // named a method before it reached the proxy).
             egress_method_tokens: None,
-            ..BackendDeclarations::default()
         };
         tracing::debug!(
             endpoint = %engine.endpoint(),
