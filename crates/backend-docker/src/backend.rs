@@ -156,9 +156,10 @@ impl DockerBackend {
             },
             os_families,
             isolation_scopes: BTreeSet::from([IsolationScope::Conversation, IsolationScope::Call]),
-            // The proxy compares a request's method with a rule's tokens as text, so it enforces
-            // whatever token a rule names (the default, no token at all, refused every rule that
-            // named a method before it reached the proxy).
+            // No finite list: the proxy enforces any method spelled in upper-case letters, and
+            // the egress plan (`letters_only`) refuses the contract's other tokens before any
+            // engine call, with the router's kind (`CapabilityNotSupported`). The default, the
+            // empty list, refused every rule that named a method.
             egress_method_tokens: None,
         };
         tracing::debug!(
