@@ -946,7 +946,7 @@ async fn docker_logs(docker: &Docker, container: &str, stdout: bool, stderr: boo
 /// conformance EGRESS_METHODS and EGRESS_PATHS suites pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
-    use sandbox_core::credential::{BearerToken, CredentialGrant, EgressEvent, EgressObserver};
+    use sandbox_core::credential::{BearerToken, CredentialGrant, EgressEvent};
     use sandbox_core::{Capability, EgressEntry, EgressRule};
     let docker = Docker::connect_with_local_defaults().expect("the local engine");
     let scope = unique_scope("egress-http");
@@ -956,17 +956,7 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
     let leaf = test_ca.leaf("api.test");
     let api = tls_origin(&docker, &mut network, &Origin::new("api.test", &leaf)).await;
 
-    let events: Arc<std::sync::Mutex<Vec<EgressEvent>>> = Arc::default();
-    let sink = Arc::clone(&events);
-    let mut config = DockerConfig::default();
-    config.egress_proxy_image = Some(DEFAULT_EGRESS_PROXY_IMAGE.into());
-    config.outbound_network = network.name.clone();
-    config.allow_private_destinations = true;
-    config.egress_upstream_ca_pem = Some(ca.clone());
-    config.egress_observer = Some(EgressObserver::new(move |event: &EgressEvent| {
-        sink.lock().unwrap().push(event.clone());
-    }));
-    let backend = DockerBackend::connect(config).await.expect("connect");
+    let (backend, events) = terminating_backend(&network.name, ca.clone()).await;
     let declared = &backend.declarations().capabilities;
     assert!(
         declared.contains(&Capability::EgressMethods),
@@ -1335,7 +1325,7 @@ async fn method_path_rules_and_a_credential_grant_are_enforced_by_the_proxy() {
 /// their own, and neither sandbox's trust accepts the other's leaves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_token_reaches_its_own_origin_only_and_each_sandbox_trusts_its_own_ca() {
-    use sandbox_core::credential::{BearerToken, CredentialGrant, EgressEvent, EgressObserver};
+    use sandbox_core::credential::{BearerToken, CredentialGrant, EgressEvent};
     use sandbox_core::{EgressEntry, EgressRule};
     let docker = Docker::connect_with_local_defaults().expect("the local engine");
     let scope = unique_scope("egress-token");
@@ -1379,17 +1369,7 @@ async fn a_token_reaches_its_own_origin_only_and_each_sandbox_trusts_its_own_ca(
     )
     .await;
 
-    let events: Arc<std::sync::Mutex<Vec<EgressEvent>>> = Arc::default();
-    let sink = Arc::clone(&events);
-    let mut config = DockerConfig::default();
-    config.egress_proxy_image = Some(DEFAULT_EGRESS_PROXY_IMAGE.into());
-    config.outbound_network = network.name.clone();
-    config.allow_private_destinations = true;
-    config.egress_upstream_ca_pem = Some(test_ca.pem());
-    config.egress_observer = Some(EgressObserver::new(move |event: &EgressEvent| {
-        sink.lock().unwrap().push(event.clone());
-    }));
-    let backend = DockerBackend::connect(config).await.expect("connect");
+    let (backend, events) = terminating_backend(&network.name, test_ca.pem()).await;
 
     let token = format!("live-grant-{}", hex8());
     let grant = |host: &str, paths: &[&str]| {
@@ -1581,4 +1561,29 @@ async fn a_token_reaches_its_own_origin_only_and_each_sandbox_trusts_its_own_ca(
     }
     assert!(engine_leftovers(&docker, &scope).await.is_empty());
     drop(network);
+}
+
+/// A backend whose proxy terminates TLS for hosts with rules or grants, trusting `upstream_ca`
+/// for the test's origins on `network`, and every proxy decision it reports.
+async fn terminating_backend(
+    network: &str,
+    upstream_ca: String,
+) -> (
+    DockerBackend,
+    Arc<std::sync::Mutex<Vec<sandbox_core::credential::EgressEvent>>>,
+) {
+    let events: Arc<std::sync::Mutex<Vec<sandbox_core::credential::EgressEvent>>> = Arc::default();
+    let sink = Arc::clone(&events);
+    let mut config = DockerConfig::default();
+    config.egress_proxy_image = Some(DEFAULT_EGRESS_PROXY_IMAGE.into());
+    config.outbound_network = network.to_owned();
+    config.allow_private_destinations = true;
+    config.egress_upstream_ca_pem = Some(upstream_ca);
+    config.egress_observer = Some(sandbox_core::credential::EgressObserver::new(
+        move |event: &sandbox_core::credential::EgressEvent| {
+            sink.lock().unwrap().push(event.clone());
+        },
+    ));
+    let backend = DockerBackend::connect(config).await.expect("connect");
+    (backend, events)
 }
