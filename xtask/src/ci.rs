@@ -130,8 +130,17 @@ pub const STEPS: &[CiStep] = &[
     // The static guest agent, the kernel and the ext4 root made from the Debian root `images`
     // just cached: after it on its lane, so debootstrap runs once.
     step("vm image", "images", Run::Xtask(&["images", "vm"])),
-    // Its own toolchain root (debootstrap) and target directory, cached per machine; nothing
-    // waits for it, so on a fresh machine its standard-library builds yield the cores.
+    // Its own toolchain root (debootstrap, cached per machine), at the normal priority: it
+    // mostly waits on the mirror and the disk, and at the lowest one four compiles on two cores
+    // starved it past its deadline on a fresh machine.
+    step(
+        "toolchain root",
+        "targets",
+        Run::Xtask(&["check-targets", "--root-only"]),
+    )
+    .after(&["host tools"]),
+    // Its own target directory, cached per machine; nothing waits for it, so on a fresh machine
+    // its standard-library builds yield the cores.
     step("check targets", "targets", Run::Xtask(&["check-targets"]))
         .after(&["host tools"])
         .background(),
@@ -913,7 +922,7 @@ mod tests {
         let tools = &STEPS[position("host tools")];
         // Debootstrap, BusyBox, the kernel, QEMU and Python: the images, the target checks'
         // root, and through the images every suite.
-        for name in ["images", "vm image", "check targets"] {
+        for name in ["images", "vm image", "toolchain root", "check targets"] {
             let step = &STEPS[position(name)];
             let same_lane_later =
                 step.lane == tools.lane && position(name) > position("host tools");

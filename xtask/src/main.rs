@@ -107,7 +107,11 @@ enum Command {
     /// a code comment cites a document outside the repository.
     Layering,
     /// Type-checks the crates a Windows or macOS host builds, for those targets.
-    CheckTargets,
+    CheckTargets {
+        /// Only build the cached toolchain root when it is missing, and check nothing.
+        #[arg(long)]
+        root_only: bool,
+    },
     /// Mutation-tests the security crates; fails on a survivor not on xtask/mutants-allow.txt.
     Mutants(mutants::MutantsArgs),
     /// Installs the cargo subcommands the checks run into the tools cache when missing.
@@ -137,7 +141,7 @@ fn main() -> ExitCode {
         },
         Command::Bench(args) => bench::run(&workspace, &args),
         Command::Layering => layering::run(&workspace),
-        Command::CheckTargets => targets::run(&workspace),
+        Command::CheckTargets { root_only } => targets::run(&workspace, root_only),
         Command::Mutants(args) => mutants::run(&workspace, &args),
         Command::Tools { tools } => tools::ensure(&workspace, &tools),
     });
