@@ -220,6 +220,11 @@ impl RunTools {
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
     }
+
+    /// The declared tools, by name.
+    pub fn tools(&self) -> impl Iterator<Item = &HostTool> {
+        self.tools.values()
+    }
 }
 
 /// A run's bounds.

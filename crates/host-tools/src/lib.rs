@@ -9,6 +9,8 @@
 //!   cannot enforce is refused when the tool is registered.
 //! - The host side ([`Registry`], [`HostTool`], [`serve_run`]): every gate of a call.
 //! - [`run_directory`]: the guest paths of a run, and the check the host applies to them.
+//! - [`python_client`]: the Python module a run's program imports, one function per declared
+//!   tool, generated from the schemas.
 //! - [`relay`] (feature `relay`, on by default; Unix only): the guest side, the relay a run
 //!   starts in the guest (`host-tool relay`) and the client (`host-tool NAME JSON`).
 //!
@@ -51,6 +53,7 @@
 
 mod dispatch;
 pub mod frame;
+pub mod python_client;
 #[cfg(all(unix, feature = "relay"))]
 pub mod relay;
 pub mod run_directory;

@@ -242,3 +242,71 @@ async fn a_drain_answers_a_pending_call_with_run_ended() {
     let output = client(&run.socket, &["echo", r#"{"text":"late"}"#]).await;
     assert_eq!(output.status.code(), Some(3));
 }
+
+/// A Python program through the generated module, as the program channel runs it: exact
+/// results, the host's refusals as `HostToolError` codes, and eight threads' calls in flight at
+/// once. Needs the host's `python3` (3.11 or later).
+#[tokio::test]
+async fn a_python_program_calls_the_tools_through_the_generated_module() {
+    let peak = Arc::new(AtomicUsize::new(0));
+    let registry = registry(Arc::default(), peak.clone());
+    let run = start(&registry).await;
+    let module_dir = tempfile::tempdir().unwrap();
+    let module = host_tools::python_client::python_module(
+        &registry.all_for_run(),
+        RunBounds::default().max_frame_payload(),
+    );
+    std::fs::write(
+        module_dir
+            .path()
+            .join(host_tools::python_client::MODULE_FILE),
+        module,
+    )
+    .unwrap();
+    let program = r#"
+import threading, host_tools
+text = "h\u00e9llo \U0001F600 \\ \"quoted\"\n"
+assert host_tools.echo(text=text) == text, "echo"
+assert host_tools.TOOLS["echo"](text="x") == "x", "by name"
+# The host refuses, whatever the module lets through.
+for call, code in (
+    (lambda: host_tools.echo(text=1), "invalid_arguments"),
+    (lambda: host_tools.call("echo", {}), "invalid_arguments"),
+    (lambda: host_tools.call("nope", {}), "unknown_tool"),
+):
+    try:
+        call()
+    except host_tools.HostToolError as error:
+        assert error.code == code, (code, error.code)
+    else:
+        raise AssertionError(f"not refused: {code}")
+results = []
+threads = [threading.Thread(target=lambda: results.append(host_tools.wait())) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+assert results == [{"waited": True}] * 8, results
+print("ok")
+"#;
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        Command::new("python3")
+            .args(["-c", program])
+            .env("PYTHONPATH", module_dir.path())
+            .env("HOST_TOOL_SOCKET", &run.socket)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the program ends within 30 s")
+    .expect("python3 runs");
+    assert_eq!(
+        (output.status.code(), output.stdout.as_slice()),
+        (Some(0), b"ok\n".as_slice()),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(peak.load(Ordering::SeqCst), 8, "the eight calls overlapped");
+}
