@@ -104,6 +104,47 @@ pub async fn run_with_host_tools<S: Sandbox + ?Sized>(
     bounds: &RunBounds,
 ) -> Result<HostToolRun, SandboxError> {
     request.validate()?;
+    let working_dir = request.working_dir().to_owned();
+    let timeout = request.timeout_bound();
+    let staging = Staging {
+        command: |_: &str| (request, ExecStdin::Closed),
+        after: None::<fn(&str) -> ExecRequest>,
+    };
+    let staged = run_staged(sandbox, (&working_dir, timeout), tools, bounds, staging).await?;
+    Ok(staged.run)
+}
+
+/// What a staged run runs in its run directory, each made from the directory's path once the
+/// relay is ready: the command with its stdin, and a command run after it (before the relay is
+/// drained, which removes the directory), whose collected output is returned as it is.
+pub(crate) struct Staging<C, A> {
+    pub(crate) command: C,
+    pub(crate) after: Option<A>,
+}
+
+/// A staged run's outcome.
+#[derive(Debug)]
+pub(crate) struct Staged {
+    pub(crate) run: HostToolRun,
+    /// The after-command's output, when there was one and the command itself ran.
+    pub(crate) after: Option<Result<ExecOutput, SandboxError>>,
+}
+
+/// The run itself: the relay in `relay_at` (its working directory and the command's bound),
+/// then `staging`'s command, then its after-command.
+pub(crate) async fn run_staged<S, C, A>(
+    sandbox: &S,
+    relay_at: (&str, Duration),
+    tools: &RunTools,
+    bounds: &RunBounds,
+    staging: Staging<C, A>,
+) -> Result<Staged, SandboxError>
+where
+    S: Sandbox + ?Sized,
+    C: FnOnce(&str) -> (ExecRequest, ExecStdin),
+    A: FnOnce(&str) -> ExecRequest,
+{
+    let (working_dir, timeout) = relay_at;
     let max_frame = bounds.max_frame_payload().to_string();
     let relay_request = ExecRequest::new(Command::argv([
         HOST_TOOL_PROGRAM,
@@ -111,8 +152,8 @@ pub async fn run_with_host_tools<S: Sandbox + ?Sized>(
         "--max-frame",
         &max_frame,
     ]))
-    .working_directory(request.working_dir())
-    .timeout(request.timeout_bound() + RELAY_GRACE);
+    .working_directory(working_dir)
+    .timeout(timeout + RELAY_GRACE);
     let (stdin_reader, to_relay) = tokio::io::duplex(64 * 1024);
     let mut to_relay = RelayStdin(Some(to_relay));
     let stream = sandbox
@@ -133,21 +174,26 @@ pub async fn run_with_host_tools<S: Sandbox + ?Sized>(
                 return Err(not_started(error, end.ok().and_then(Result::ok)));
             }
         };
-    if !host_tools::run_directory::is_run_socket(&socket) {
-        to_relay.drain().await;
-        pump.abort();
-        return Err(SandboxError::GuestRefused {
-            path: socket,
-            detail: "the relay reported a socket outside a run directory".to_owned(),
-        });
-    }
-
+    let directory = match socket.strip_suffix("/socket") {
+        Some(directory) if host_tools::run_directory::is_run_socket(&socket) => {
+            directory.to_owned()
+        }
+        _ => {
+            to_relay.drain().await;
+            pump.abort();
+            return Err(SandboxError::GuestRefused {
+                path: socket,
+                detail: "the relay reported a socket outside a run directory".to_owned(),
+            });
+        }
+    };
+    let (request, stdin) = (staging.command)(&directory);
     let env = request.guest_env().clone().set(SOCKET_ENV, &socket);
     let command = request.env(env);
     let mut channel_error = None;
     let mut report = RunReport::default();
     let output = {
-        let exec = sandbox.exec(command);
+        let exec = exec_with(sandbox, command, stdin);
         tokio::pin!(exec);
         let finished = {
             let served = serve_run(
@@ -181,6 +227,10 @@ pub async fn run_with_host_tools<S: Sandbox + ?Sized>(
             }
         }
     };
+    let after = match (&output, staging.after) {
+        (Ok(_), Some(after)) => Some(sandbox.exec(after(&directory)).await),
+        _ => None,
+    };
     to_relay.drain().await;
     let end = match tokio::time::timeout(DRAIN_DEADLINE, &mut pump).await {
         Ok(Ok(end)) => Some(end),
@@ -195,11 +245,32 @@ pub async fn run_with_host_tools<S: Sandbox + ?Sized>(
     if !clean {
         remove_run_directory(sandbox, &socket).await;
     }
-    Ok(HostToolRun {
-        output: output?,
-        report,
-        channel_error,
+    Ok(Staged {
+        run: HostToolRun {
+            output: output?,
+            report,
+            channel_error,
+        },
+        after,
     })
+}
+
+/// A collected exec, fed `stdin` when it holds anything (through the streamed exec, capped at
+/// the request's output budget as a collected exec is).
+async fn exec_with<S: Sandbox + ?Sized>(
+    sandbox: &S,
+    request: ExecRequest,
+    stdin: ExecStdin,
+) -> Result<ExecOutput, SandboxError> {
+    if stdin.is_empty() {
+        return sandbox.exec(request).await;
+    }
+    let budget = request.output_budget();
+    sandbox
+        .exec_stream(request.max_output_bytes(budget), stdin)
+        .await?
+        .collect()
+        .await
 }
 
 /// Removes a run directory a relay left (killed, or not drained in time).

@@ -24,6 +24,8 @@
 //!   (credentials, paths a host executes, backends' host state, an output root).
 //! - [`host_tool_run`]: a command run with host tools over any backend's streamed exec (the
 //!   relay in the guest, the calls served by `host-tools`).
+//! - [`program_run`]: the program channel: a Python program (`python-portable-v1`) run with host
+//!   tools, the interpreter checked first and its declared output files collected.
 //! - [`hygiene`]: the secret-looking environment-name denylist.
 //! - [`egress`]: the egress modes (also at the root) and the allowlist grammar's validators.
 //! - [`credential`]: credential grants a host attaches at acquire (their tokens never printed), and
@@ -71,6 +73,7 @@ mod isolation;
 mod key;
 mod limits;
 pub mod naming;
+pub mod program_run;
 mod router;
 mod spec;
 pub mod storage_base;

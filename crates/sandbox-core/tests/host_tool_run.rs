@@ -14,6 +14,7 @@ use host_tools::relay::{call, run_relay, CallOutcome};
 use host_tools::{HostTool, Registry, RunBounds};
 use sandbox_core::backend_kit::ExecStreamSender;
 use sandbox_core::host_tool_run::{run_with_host_tools, HOST_TOOL_PROGRAM, SOCKET_ENV};
+use sandbox_core::program_run::{run_program, ProgramRequest};
 use sandbox_core::{
     ErrorKind, ExecChunk, ExecExit, ExecOutput, ExecRequest, ExecStdin, ExecStream, Sandbox,
     SandboxEntry, SandboxError,
@@ -34,6 +35,36 @@ enum Relay {
 struct InProcess {
     temp: PathBuf,
     relay: Relay,
+    /// What the interpreter check prints instead of asking the host's `python3`.
+    python_answer: Option<&'static str>,
+}
+
+/// Runs `argv` on this host with the request's environment and `stdin`, as the guest would.
+async fn on_host(argv: &[String], request: &ExecRequest, stdin: &[u8]) -> ExecOutput {
+    use tokio::io::AsyncWriteExt as _;
+    let mut command = tokio::process::Command::new(&argv[0]);
+    command
+        .args(&argv[1..])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    for (name, value) in request.guest_env().entries() {
+        command.env(name, String::from_utf8_lossy(value).as_ref());
+    }
+    let mut child = command.spawn().expect("the host command starts");
+    let mut feed = child.stdin.take().unwrap();
+    feed.write_all(stdin).await.unwrap();
+    drop(feed);
+    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("the host command ends within 60 s")
+        .expect("the host command runs");
+    ExecOutput::exited(
+        output.stdout,
+        output.stderr,
+        output.status.code().unwrap_or(-1),
+    )
 }
 
 async fn pump(mut from: tokio::io::DuplexStream, mut sender: ExecStreamSender) {
@@ -104,6 +135,11 @@ impl Sandbox for InProcess {
                     }
                 })
             }
+            ["python3", "-c", _] => match self.python_answer {
+                Some(answer) => Ok(ExecOutput::exited(answer.into(), Vec::new(), 0)),
+                None => Ok(on_host(&argv, &request, b"").await),
+            },
+            ["python3", "-c", ..] => Ok(on_host(&argv, &request, b"").await),
             ["rm", "-rf", "--", directory] => {
                 let _ = std::fs::remove_dir_all(directory);
                 Ok(ExecOutput::exited(Vec::new(), Vec::new(), 0))
@@ -119,6 +155,19 @@ impl Sandbox for InProcess {
         stdin: ExecStdin,
     ) -> Result<ExecStream, SandboxError> {
         let argv = request.command().to_argv();
+        if argv[0] == b"python3" {
+            // The program's launch: its stdin carries the program and the module.
+            let ExecStdin::Bytes(bytes) = stdin else {
+                panic!("the launch's stdin is bytes");
+            };
+            let argv: Vec<String> = argv
+                .iter()
+                .map(|arg| String::from_utf8_lossy(arg).into_owned())
+                .collect();
+            return Ok(ExecStream::from_output(
+                on_host(&argv, &request, &bytes).await,
+            ));
+        }
         assert_eq!(argv[0], HOST_TOOL_PROGRAM.as_bytes());
         let (mut sender, stream) = ExecStream::channel(None);
         if self.relay == Relay::Missing {
@@ -142,6 +191,7 @@ impl Sandbox for InProcess {
         Ok(stream)
     }
 
+    /// No file plane: the program channel goes through execs alone.
     async fn write_file(&self, _: &str, _: &[u8], _: &str) -> Result<(), SandboxError> {
         Err(SandboxError::Unsupported("not here".into()))
     }
@@ -206,6 +256,7 @@ async fn a_call_is_answered_and_the_drained_relay_leaves_nothing() {
     let sandbox = InProcess {
         temp: temp.path().to_owned(),
         relay: Relay::Real,
+        python_answer: None,
     };
     let registry = registry(Arc::default(), Arc::default());
     let run = run_with_host_tools(
@@ -232,6 +283,7 @@ async fn a_dropped_run_cancels_its_pending_call_at_once_and_drains_the_relay_lat
     let sandbox = InProcess {
         temp: temp.path().to_owned(),
         relay: Relay::Real,
+        python_answer: None,
     };
     let dropped = Arc::new(AtomicUsize::new(0));
     let started = Arc::new(tokio::sync::Notify::new());
@@ -270,6 +322,7 @@ async fn a_guest_without_the_program_is_refused_as_unsupported() {
     let sandbox = InProcess {
         temp: temp.path().to_owned(),
         relay: Relay::Missing,
+        python_answer: None,
     };
     let registry = registry(Arc::default(), Arc::default());
     let error = run_with_host_tools(
@@ -282,4 +335,84 @@ async fn a_guest_without_the_program_is_refused_as_unsupported() {
     .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::CapabilityNotSupported, "{error}");
     assert!(error.to_string().contains("exit 127"), "{error}");
+}
+
+/// The program channel over the same in-process guest, with the host's own `python3` (3.11 or
+/// later) as the guest's: the program imports the generated module, calls a tool, writes its
+/// declared outputs; they are collected, a missing one reported, and the run directory (program,
+/// module, outputs) is gone afterwards.
+#[tokio::test]
+async fn a_python_program_calls_tools_and_its_declared_outputs_are_collected() {
+    let temp = tempfile::tempdir().unwrap();
+    let sandbox = InProcess {
+        temp: temp.path().to_owned(),
+        relay: Relay::Real,
+        python_answer: None,
+    };
+    let registry = registry(Arc::default(), Arc::default());
+    let program = ProgramRequest::python(
+        r#"import json, os, host_tools
+answer = host_tools.echo(word="h\u00e9", n=[1, 2])
+out = os.environ["PROGRAM_OUTPUTS"]
+open(os.path.join(out, "answer.json"), "w").write(json.dumps(answer, sort_keys=True))
+open(os.path.join(out, "blob.bin"), "wb").write(bytes(range(256)))
+print("done")
+"#,
+    )
+    .output("answer.json")
+    .output("blob.bin")
+    .output("never-written")
+    .timeout(Duration::from_secs(30));
+    let run = run_program(
+        &sandbox,
+        &program,
+        &registry.all_for_run(),
+        &RunBounds::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (run.output.exit_code, run.output.stdout_text()),
+        (0, "done\n".to_owned()),
+        "{}",
+        run.output.stderr_text()
+    );
+    assert_eq!(run.report.answered, 1);
+    let answer = run.outputs["answer.json"].as_ref().unwrap();
+    assert_eq!(answer, br#"{"n": [1, 2], "word": "h\u00e9"}"#);
+    assert_eq!(
+        run.outputs["blob.bin"].as_ref().unwrap(),
+        &(0..=255u8).collect::<Vec<_>>()
+    );
+    let missing = run.outputs["never-written"].as_ref().unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing}");
+    assert_eq!(run_directories(temp.path()), 0, "nothing of the run stays");
+}
+
+/// A guest whose interpreter is too old, or not CPython, is refused as unsupported before
+/// anything is written or started.
+#[tokio::test]
+async fn an_old_or_foreign_python_is_refused_before_the_run() {
+    for (answer, named) in [
+        ("cpython 3 9\n", "cpython 3.9"),
+        ("pypy 3 11\n", "pypy 3.11"),
+    ] {
+        let temp = tempfile::tempdir().unwrap();
+        let sandbox = InProcess {
+            temp: temp.path().to_owned(),
+            relay: Relay::Real,
+            python_answer: Some(answer),
+        };
+        let error = run_program(
+            &sandbox,
+            &ProgramRequest::python("print(1)"),
+            &Registry::new().all_for_run(),
+            &RunBounds::default(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::CapabilityNotSupported, "{error}");
+        assert!(error.to_string().contains(named), "{error}");
+        assert_eq!(run_directories(temp.path()), 0);
+    }
 }
