@@ -62,7 +62,7 @@ pub fn build_image(workspace: &Workspace) -> Result<PathBuf, XtaskError> {
         backend_docker::ImageRecipe::new()
             .cache_dir(workspace.target_dir().join("images-cache"))
             .progress(|line| eprintln!("images: {line}"))
-            .base_root_archive(),
+            .root_archive(backend_docker::LocalImage::Python),
     )?;
     let dir = image_dir()?;
     let recipe = qemu_vm::ImageRecipe {

@@ -74,7 +74,7 @@ pub async fn build() -> Result<String, SandboxError> {
     let archive = backend_docker::ImageRecipe::new()
         .progress(|line| eprintln!("images: {line}"))
         .cache_dir(cache.join("roots"))
-        .base_root_archive()
+        .root_archive(backend_docker::LocalImage::Python)
         .await
         .map_err(|e| SandboxError::engine(format!("root archive: {e}")))?;
     let dir = default_dir()?;

@@ -18,29 +18,60 @@ use crate::error::DockerError;
 pub(super) enum DebianRoot {
     /// `--include=util-linux,coreutils,curl`, user `agent`.
     Base,
-    /// The base packages plus bash, mount and sudo; `agent` may sudo without a password.
+    /// The base packages plus bash, mount, sudo and CPython; `agent` may sudo without a
+    /// password.
     SbxShell,
+    /// The base packages plus CPython (Debian's `python3`), user `agent`.
+    Python,
 }
 
 /// What the one debootstrap installs besides minbase: the packages of every root. `bash` and
-/// `mount` are of priority `required`, so minbase has them in the base root too; `sudo` is not,
-/// and is purged from the base root's copy ([`DebianRoot::purged`]).
-pub(super) const BOOTSTRAP_INCLUDES: &str = "util-linux,coreutils,curl,bash,mount,sudo";
+/// `mount` are of priority `required`, so minbase has them in the base root too; `sudo` and
+/// `python3` are not, and are purged from the copies of the roots without them
+/// ([`DebianRoot::purged`]).
+pub(super) const BOOTSTRAP_INCLUDES: &str = "util-linux,coreutils,curl,bash,mount,sudo,python3";
+
+/// CPython's packages (`python3` and what it depends on that only Python uses), purged from a
+/// root without Python. The libraries they pulled in (libffi, libsqlite3, ...) stay: nothing
+/// runs them without the interpreter.
+pub(super) const PYTHON_PACKAGES: [&str; 7] = [
+    "python3",
+    "python3.11",
+    "python3-minimal",
+    "python3.11-minimal",
+    "libpython3-stdlib",
+    "libpython3.11-stdlib",
+    "libpython3.11-minimal",
+];
+
+/// What the base root purges: sudo and CPython.
+const BASE_PURGED: [&str; 8] = [
+    "sudo",
+    PYTHON_PACKAGES[0],
+    PYTHON_PACKAGES[1],
+    PYTHON_PACKAGES[2],
+    PYTHON_PACKAGES[3],
+    PYTHON_PACKAGES[4],
+    PYTHON_PACKAGES[5],
+    PYTHON_PACKAGES[6],
+];
 
 impl DebianRoot {
     /// The packages this root holds besides minbase.
     pub(super) fn includes(self) -> &'static str {
         match self {
             DebianRoot::Base => "util-linux,coreutils,curl",
-            DebianRoot::SbxShell => "util-linux,coreutils,curl,bash,mount,sudo",
+            DebianRoot::SbxShell => "util-linux,coreutils,curl,bash,mount,sudo,python3",
+            DebianRoot::Python => "util-linux,coreutils,curl,python3",
         }
     }
 
     /// The packages of [`BOOTSTRAP_INCLUDES`] this root must not hold.
     pub(super) fn purged(self) -> &'static [&'static str] {
         match self {
-            DebianRoot::Base => &["sudo"],
+            DebianRoot::Base => &BASE_PURGED,
             DebianRoot::SbxShell => &[],
+            DebianRoot::Python => &["sudo"],
         }
     }
 
@@ -48,6 +79,7 @@ impl DebianRoot {
         match self {
             DebianRoot::Base => "base",
             DebianRoot::SbxShell => "sbx-shell",
+            DebianRoot::Python => "python",
         }
     }
 

@@ -59,7 +59,7 @@ const AGENT_USER: &str = "agent";
 const AGENT_ID: u32 = 1000;
 
 /// Bumped whenever a root's contents change, so a stale cached archive is never reused.
-const ROOT_RECIPE_VERSION: u32 = 2;
+const ROOT_RECIPE_VERSION: u32 = 3;
 
 /// The most output a host tool of the recipe may print (debootstrap is chatty, not unbounded).
 const TOOL_OUTPUT_BUDGET: usize = 64 * 1024 * 1024;
@@ -98,10 +98,14 @@ pub enum LocalImage {
     /// `sandbox-notools:local`: the base root without `base64` and `setsid` (and without the
     /// exec init), so the exec wrapper's tool probe must refuse it.
     NoTools,
-    /// `sbx-sim-shell:local`: the base packages plus bash, mount and sudo (passwordless for
-    /// `agent`) and the static `host-tool`, running as `agent`; the image sbx-sim's default
-    /// template runs.
+    /// `sbx-sim-shell:local`: the base packages plus bash, mount, sudo (passwordless for
+    /// `agent`) and CPython, and the static `host-tool`, running as `agent`; the image
+    /// sbx-sim's default template runs.
     SbxSimShell,
+    /// `sandbox-python:local`: the base image's root and programs plus CPython (Debian's
+    /// `python3`, 3.11), running as `agent`: the image of the program channel's
+    /// `python-portable-v1` profile.
+    Python,
     /// `sandbox-egress-proxy:local`: the static `egress-proxy` binary as its entrypoint,
     /// running as 65532:65532, with `/run/maf-egress` owned by that user.
     EgressProxy,
@@ -109,12 +113,13 @@ pub enum LocalImage {
 
 impl LocalImage {
     /// Every image the recipe builds, in build order.
-    pub const ALL: [LocalImage; 6] = [
+    pub const ALL: [LocalImage; 7] = [
         LocalImage::Base,
         LocalImage::BaseRoot,
         LocalImage::NoTools,
         LocalImage::Busybox,
         LocalImage::SbxSimShell,
+        LocalImage::Python,
         LocalImage::EgressProxy,
     ];
 
@@ -129,6 +134,7 @@ impl LocalImage {
             LocalImage::Busybox => "sandbox-busybox:local",
             LocalImage::NoTools => "sandbox-notools:local",
             LocalImage::SbxSimShell => "sbx-sim-shell:local",
+            LocalImage::Python => "sandbox-python:local",
             LocalImage::EgressProxy => EGRESS_PROXY_IMAGE,
         }
     }
@@ -150,9 +156,10 @@ impl LocalImage {
             LocalImage::BaseRoot => "root".to_owned(),
             LocalImage::Busybox => format!("{AGENT_ID}:{AGENT_ID}"),
             LocalImage::EgressProxy => format!("{EGRESS_PROXY_ID}:{EGRESS_PROXY_ID}"),
-            LocalImage::Base | LocalImage::NoTools | LocalImage::SbxSimShell => {
-                AGENT_USER.to_owned()
-            }
+            LocalImage::Base
+            | LocalImage::NoTools
+            | LocalImage::SbxSimShell
+            | LocalImage::Python => AGENT_USER.to_owned(),
         }
     }
 
@@ -163,6 +170,7 @@ impl LocalImage {
                 RootSource::Debian(DebianRoot::Base)
             }
             LocalImage::SbxSimShell => RootSource::Debian(DebianRoot::SbxShell),
+            LocalImage::Python => RootSource::Debian(DebianRoot::Python),
             LocalImage::Busybox => RootSource::Busybox,
             LocalImage::EgressProxy => RootSource::EgressProxy,
         }
@@ -191,7 +199,7 @@ impl LocalImage {
     /// The workspace binaries the image is built around, whose digests it is labelled with.
     fn guest_binaries(self) -> &'static [GuestBinary] {
         match self {
-            LocalImage::Base | LocalImage::BaseRoot => {
+            LocalImage::Base | LocalImage::BaseRoot | LocalImage::Python => {
                 &[GuestBinary::ExecInit, GuestBinary::HostTool]
             }
             LocalImage::SbxSimShell => &[GuestBinary::HostTool],
@@ -608,21 +616,32 @@ impl ImageRecipe {
         scratch.remove()
     }
 
-    /// The tar archive of the base Debian root (the root of [`LocalImage::Base`]: minbase with
-    /// util-linux, coreutils and curl, user `agent`), from the cache when there, else
+    /// The tar archive of `image`'s Debian root (for [`LocalImage::Python`]: minbase with
+    /// util-linux, coreutils, curl and CPython, user `agent`), from the cache when there, else
     /// bootstrapped into it. Other image formats (the microVM root file system) are made from
-    /// this archive, so every image a guest runs comes from this one recipe. Needs no engine.
+    /// these archives, so every image a guest runs comes from this one recipe. Needs no engine.
     /// The archive lives in the recipe's cache directory, or without one in
     /// `sandbox-images-cache` under the scratch parent, so it outlives the call.
     ///
     /// # Errors
-    /// HostToolMissing or NeedsRoot when debootstrap cannot run; Io or a command failure when a
-    /// step fails.
+    /// UnknownImage for an image without a Debian root; HostToolMissing or NeedsRoot when
+    /// debootstrap cannot run; Io or a command failure when a step fails.
     ///
     /// # Cancel safety
     /// As [`ImageRecipe::build`]: the scratch directory is removed, a partial archive never
     /// replaces a good one.
-    pub async fn base_root_archive(&self) -> Result<PathBuf, DockerError> {
+    pub async fn root_archive(&self, image: LocalImage) -> Result<PathBuf, DockerError> {
+        let RootSource::Debian(root) = image.root() else {
+            return Err(DockerError::UnknownImage {
+                tag: image.tag().to_owned(),
+                known: LocalImage::ALL
+                    .into_iter()
+                    .filter(|image| matches!(image.root(), RootSource::Debian(_)))
+                    .map(LocalImage::tag)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
         let mut recipe = self.clone();
         if recipe.cache_dir.is_none() {
             recipe.cache_dir = Some(self.scratch_parent.join("sandbox-images-cache"));
@@ -632,17 +651,13 @@ impl ImageRecipe {
             ..HostTools::default()
         };
         let scratch = Scratch::create(&recipe.scratch_parent)?;
-        let mut archives = recipe
-            .debian_archives(&[DebianRoot::Base], &tools, &scratch)
-            .await?;
+        let mut archives = recipe.debian_archives(&[root], &tools, &scratch).await?;
         scratch.remove()?;
-        archives
-            .remove(&DebianRoot::Base)
-            .ok_or_else(|| DockerError::Io {
-                action: "finding the archive of the Debian root for",
-                path: PathBuf::from(LocalImage::Base.tag()),
-                source: std::io::Error::from(std::io::ErrorKind::NotFound),
-            })
+        archives.remove(&root).ok_or_else(|| DockerError::Io {
+            action: "finding the archive of the Debian root for",
+            path: PathBuf::from(image.tag()),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        })
     }
 
     /// The engine's id for `tag`, or `None` when the engine has no such image.
@@ -1115,26 +1130,40 @@ mod tests {
         );
         assert!(DebianRoot::SbxShell.includes().contains("sudo"));
         assert_eq!(DebianRoot::Base.includes(), "util-linux,coreutils,curl");
-        // One debootstrap serves both roots: it installs the larger set, and the base root's
-        // copy purges what the base lacks except what minbase has anyway (priority required).
+        assert_eq!(
+            LocalImage::Python.root(),
+            RootSource::Debian(DebianRoot::Python)
+        );
+        // One debootstrap serves every root: it installs the largest set, and each other
+        // root's copy purges what it lacks except what minbase has anyway (priority required);
+        // CPython goes with the packages only it uses.
         assert_eq!(DebianRoot::SbxShell.includes(), debian::BOOTSTRAP_INCLUDES);
         assert!(DebianRoot::SbxShell.purged().is_empty());
         let required_in_minbase = ["bash", "mount"];
-        let base: Vec<&str> = DebianRoot::Base.includes().split(',').collect();
-        for package in debian::BOOTSTRAP_INCLUDES.split(',') {
-            let in_base = base.contains(&package) || required_in_minbase.contains(&package);
-            assert_eq!(
-                !in_base,
-                DebianRoot::Base.purged().contains(&package),
-                "{package}"
-            );
+        for root in [DebianRoot::Base, DebianRoot::Python] {
+            let holds: Vec<&str> = root.includes().split(',').collect();
+            for package in debian::BOOTSTRAP_INCLUDES.split(',') {
+                let held = holds.contains(&package) || required_in_minbase.contains(&package);
+                assert_eq!(
+                    !held,
+                    root.purged().contains(&package),
+                    "{root:?}: {package}"
+                );
+            }
+            let purges_python = root.purged().contains(&"python3");
+            for package in debian::PYTHON_PACKAGES {
+                assert_eq!(root.purged().contains(&package), purges_python, "{package}");
+            }
         }
         // The init is in the two base images only (NoTools is the base root without it).
         let carriers: Vec<LocalImage> = LocalImage::ALL
             .into_iter()
             .filter(|image| image.carries_exec_init())
             .collect();
-        assert_eq!(carriers, [LocalImage::Base, LocalImage::BaseRoot]);
+        assert_eq!(
+            carriers,
+            [LocalImage::Base, LocalImage::BaseRoot, LocalImage::Python]
+        );
         // host-tool also in the simulator's image, so sbx sandboxes serve host tools.
         let carriers: Vec<LocalImage> = LocalImage::ALL
             .into_iter()
@@ -1145,7 +1174,8 @@ mod tests {
             [
                 LocalImage::Base,
                 LocalImage::BaseRoot,
-                LocalImage::SbxSimShell
+                LocalImage::SbxSimShell,
+                LocalImage::Python
             ]
         );
         let around: Vec<LocalImage> = LocalImage::ALL
@@ -1158,6 +1188,7 @@ mod tests {
                 LocalImage::Base,
                 LocalImage::BaseRoot,
                 LocalImage::SbxSimShell,
+                LocalImage::Python,
                 LocalImage::EgressProxy
             ]
         );
