@@ -11,6 +11,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use host_tools::{HostTool, Registry, RunBounds, ToolError};
 use sandbox_core::host_tool_run::{run_with_host_tools, HostToolRun};
+use sandbox_core::program_run::{run_program, ProgramRequest};
 use sandbox_core::{
     Capability, Command, DisposeSelector, ExecRequest, Sandbox, SandboxBackend, SandboxKey,
     SandboxSpec,
@@ -29,6 +30,7 @@ pub const HOST_TOOLS_PROBES: usize = HOST_TOOLS_PROBE_TABLE.len();
 
 const HOST_TOOLS_PROBE_TABLE: &[&str] = &[
     "shell-calls-return-exact-results",
+    "a-python-program-calls-tools-and-returns-its-outputs",
     "eight-callers-overlap",
     "each-gate-answers-with-its-code",
     "a-flood-is-refused-past-the-in-flight-bound",
@@ -151,7 +153,9 @@ fn registry(observed: &Arc<Observed>) -> Result<Registry, ConformanceError> {
 }
 
 /// Attacks a run with host tools. Gate `host_tools`. One sandbox from `keys("host-tools")`,
-/// disposed of before it returns; its image must carry `host-tool` (the Debian images do).
+/// disposed of before it returns; its image must carry `host-tool` and, for the program
+/// channel's probe, CPython 3.11 or later (`sandbox-python:local`, the sbx simulator's image and
+/// the VM image do).
 ///
 /// # Errors
 /// [`ConformanceError::GateNotDeclared`] before anything is made when `host_tools` is not
@@ -185,6 +189,12 @@ pub async fn assert_host_tools(
         "shell-calls-return-exact-results",
         &[],
         suite.exact_results(),
+    )
+    .await;
+    run.probe(
+        "a-python-program-calls-tools-and-returns-its-outputs",
+        &[],
+        suite.python_program(),
     )
     .await;
     run.probe("eight-callers-overlap", &[], suite.callers_overlap())
@@ -406,6 +416,106 @@ impl Suite {
         );
         ensure!(
             run.report.answered == 4 && run.channel_error.is_none(),
+            "the host served {:?} ({:?})",
+            run.report,
+            run.channel_error
+        );
+        Ok(())
+    }
+
+    /// The program channel (`python-portable-v1`): a Python program calls the tools through
+    /// the generated module (exact UTF-8 and binary results, the host's refusals as typed
+    /// errors, eight threads' calls in flight at once) and writes its declared outputs, which
+    /// come back exactly; an output it never wrote is reported missing.
+    async fn python_program(&self) -> Result<(), ProbeError> {
+        const PROGRAM: &str = r#"import base64, hashlib, json, os, threading
+import host_tools
+
+text = "h\u00e9llo \u2713 \"quoted\" \\ back\tslash\nsecond line"
+echoed = host_tools.echo(text=text)
+large = base64.b64decode(host_tools.bytes(n=@LARGE@))
+expected = bytes(i * 7 % 251 for i in range(@LARGE@))
+codes = []
+for attempt in (lambda: host_tools.echo(text=1), lambda: host_tools.call("undeclared", {}),
+                lambda: host_tools.fails()):
+    try:
+        attempt()
+        codes.append("answered")
+    except host_tools.HostToolError as error:
+        codes.append(error.code)
+waited = []
+threads = [threading.Thread(target=lambda: waited.append(host_tools.wait())) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+out = os.environ["PROGRAM_OUTPUTS"]
+with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as report:
+    json.dump({"echo_exact": echoed == text, "large_exact": large == expected,
+               "codes": codes, "waited": waited}, report, sort_keys=True)
+with open(os.path.join(out, "large.bin"), "wb") as blob:
+    blob.write(large)
+print(hashlib.sha256(large).hexdigest())
+"#;
+        self.observed.peak.store(0, Ordering::SeqCst);
+        let tools = self
+            .registry
+            .for_run(["echo", "bytes", "wait", "fails"])
+            .map_err(|error| ProbeError::Harness(error.to_string()))?;
+        let program = ProgramRequest::python(PROGRAM.replace("@LARGE@", &LARGE_BYTES.to_string()))
+            .output("report.json")
+            .output("large.bin")
+            .output("never-written")
+            .working_directory("/")
+            .timeout(COMMAND_TIMEOUT);
+        let run = run_program(&*self.sandbox, &program, &tools, &bounds()).await?;
+        use sha2::Digest as _;
+        let digest: String = sha2::Sha256::digest(pattern(LARGE_BYTES))
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        ensure!(
+            run.output.exit_code == 0 && run.output.stdout_text() == format!("{digest}\n"),
+            "the program printed {:?} (exit {}, stderr {:?})",
+            run.output.stdout_text(),
+            run.output.exit_code,
+            run.output.stderr_text()
+        );
+        let report = match run.outputs.get("report.json") {
+            Some(Ok(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+            other => {
+                return Err(ProbeError::Assertion(format!(
+                    "the declared output report.json was not collected: {other:?}"
+                )))
+            }
+        };
+        let expected = json!({
+            "codes": ["invalid_arguments", "undeclared_tool", "tool_failed"],
+            "echo_exact": true,
+            "large_exact": true,
+            "waited": vec!["waited"; 8],
+        });
+        ensure!(
+            serde_json::from_str::<Value>(&report).ok() == Some(expected.clone()),
+            "the program reported {report}, expected {expected}"
+        );
+        ensure!(
+            matches!(run.outputs.get("large.bin"), Some(Ok(bytes)) if *bytes == pattern(LARGE_BYTES)),
+            "the binary output did not come back exactly"
+        );
+        ensure!(
+            matches!(run.outputs.get("never-written"), Some(Err(error))
+                if error.kind() == sandbox_core::ErrorKind::NotFound),
+            "an output the program never wrote was reported as {:?}",
+            run.outputs.get("never-written")
+        );
+        let peak = self.observed.peak.load(Ordering::SeqCst);
+        ensure!(
+            peak == 8,
+            "at most {peak} of the program's eight calls were in flight at once"
+        );
+        ensure!(
+            run.report.answered == 10 && run.channel_error.is_none(),
             "the host served {:?} ({:?})",
             run.report,
             run.channel_error

@@ -17,6 +17,8 @@ pub const BASE: &str = "sandbox-base:local";
 pub const BASE_ROOT: &str = "sandbox-base-root:local";
 pub const BUSYBOX: &str = "sandbox-busybox:local";
 pub const NOTOOLS: &str = "sandbox-notools:local";
+/// The base image plus CPython: the program channel's image.
+pub const PYTHON: &str = "sandbox-python:local";
 
 /// A scope no other run shares, so every test disposes exactly what it made.
 pub fn unique_scope(tag: &str) -> String {
