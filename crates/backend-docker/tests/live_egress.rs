@@ -27,7 +27,7 @@ use sandbox_core::{
     Command, DisposeSelector, Egress, ErrorKind, ExecRequest, Sandbox, SandboxBackend, SandboxKey,
     SandboxSpec,
 };
-use support::{assert_stdout, curl_status, unique_scope, BASE};
+use support::{assert_stdout, curl_status, unique_scope, BASE, PYTHON};
 
 /// Every engine call of the test's own is bounded by this.
 const BOUND: Duration = Duration::from_secs(60);
@@ -1559,6 +1559,111 @@ async fn a_token_reaches_its_own_origin_only_and_each_sandbox_trusts_its_own_ca(
         let purge = backend.dispose_scope(&scope, thread).await;
         assert!(purge.undisposed.is_none(), "{purge:?}");
     }
+    assert!(engine_leftovers(&docker, &scope).await.is_empty());
+    drop(network);
+}
+
+/// A Python client in the guest (the standard library's `urllib` on `sandbox-python:local`,
+/// with nothing configured but what the sandbox sets: the proxy variables and the CA bundle)
+/// meets the same rules and gateway as curl: a ruled method and path pass, another method, a
+/// path outside the rule and a dot-segment bypass are 403s with the rule's reason, and the grant
+/// replaces the client's own `Authorization` at the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_python_client_meets_the_same_rules_and_gateway() {
+    use sandbox_core::credential::{BearerToken, CredentialGrant};
+    use sandbox_core::{EgressEntry, EgressRule};
+    const CLIENT: &str = r#"python3 - <<'EOF'
+import json, urllib.error, urllib.request
+
+def fetch(method, path, headers=None):
+    request = urllib.request.Request("https://api.test" + path, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+results = {}
+for name, method, path, headers in (
+    ("open", "GET", "/v1/open-py", None),
+    ("post", "POST", "/v1/open-py", None),
+    ("admin", "GET", "/admin-py", None),
+    ("bypass", "GET", "/v1/%2e%2e/admin-py", None),
+    ("secret", "GET", "/v1/secret/py", {"Authorization": "Bearer guest"}),
+):
+    status, body = fetch(method, path, headers)
+    results[name] = [status, "matches no rule" in body]
+print(json.dumps(results, sort_keys=True))
+EOF"#;
+    let docker = Docker::connect_with_local_defaults().expect("the local engine");
+    let scope = unique_scope("egress-python");
+    let (mut network, _, _, _) = test_network(&docker, &scope).await;
+    let test_ca = TestCa::new();
+    let leaf = test_ca.leaf("api.test");
+    let api = tls_origin(&docker, &mut network, &Origin::new("api.test", &leaf)).await;
+    let (backend, _events) = terminating_backend(&network.name, test_ca.pem()).await;
+    let token = format!("python-grant-{}", hex8());
+    let spec = SandboxSpec::builder("egress")
+        .image(PYTHON)
+        .egress(Egress::Allowlist)
+        .allow(EgressEntry::Rule(
+            EgressRule::new(
+                "api.test",
+                Some(vec!["GET".into()]),
+                Some(vec!["/v1/*".into()]),
+            )
+            .unwrap(),
+        ))
+        .credential(
+            CredentialGrant::new(
+                "api.test",
+                443,
+                Some(vec!["GET".into()]),
+                vec!["/v1/secret/*".into()],
+                BearerToken::new(token.clone()).unwrap(),
+                std::time::SystemTime::now() + Duration::from_secs(3600),
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = SandboxKey::conversation(scope.clone(), "python", "agent");
+    let sandbox = backend.acquire(&key, &spec).await.expect("acquire");
+    let output = run_within(&*sandbox, CLIENT, Duration::from_secs(120)).await;
+    let results: serde_json::Value = serde_json::from_str(&output.stdout_text())
+        .unwrap_or_else(|_| panic!("{} {}", output.stdout_text(), output.stderr_text()));
+    assert_eq!(
+        results,
+        serde_json::json!({
+            "open": [200, false],
+            "post": [403, true],
+            "admin": [403, true],
+            "bypass": [403, true],
+            "secret": [200, false],
+        }),
+        "{}",
+        output.stderr_text()
+    );
+    let seen = origin_requests(&docker, &api).await;
+    assert!(
+        seen.contains(&("GET /v1/open-py HTTP/1.1".to_owned(), None)),
+        "{seen:?}"
+    );
+    assert!(
+        seen.contains(&(
+            "GET /v1/secret/py HTTP/1.1".to_owned(),
+            Some(format!("Bearer {token}"))
+        )),
+        "the grant did not replace the client's Authorization: {seen:?}"
+    );
+    assert!(
+        !seen
+            .iter()
+            .any(|(line, _)| line.contains("admin") || line.starts_with("POST")),
+        "a refused request reached the origin: {seen:?}"
+    );
+    let purge = backend.dispose_scope(&scope, "python").await;
+    assert!(purge.undisposed.is_none(), "{purge:?}");
     assert!(engine_leftovers(&docker, &scope).await.is_empty());
     drop(network);
 }
