@@ -106,8 +106,11 @@ for name in sys.argv[3:]:
     record("too-large") if len(body) > cap else record("ok", body)
 out.flush()
 "#;
-/// Room for one output's record line beyond its bytes.
-const RECORD_LINE: u64 = 32 + MAX_OUTPUT_NAME as u64;
+/// Room for one output's record line beyond its bytes: no line is longer than 162 bytes (the
+/// longest status, a 20-digit length, a name of [`MAX_OUTPUT_NAME`], two spaces, the newline).
+const RECORD_LINE: u64 = 192;
+/// The interpreter check's output budget: its answer is one short line.
+const PROBE_OUTPUT_BUDGET: u64 = 65_536;
 
 /// A program to run, built with [`ProgramRequest::python`] and its setters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -419,7 +422,7 @@ async fn check_python<S: Sandbox + ?Sized>(
     let probe = ExecRequest::new(Command::argv(["python3", "-c", PROBE]))
         .working_directory(program.working_directory.clone())
         .timeout(PROBE_TIMEOUT)
-        .max_output_bytes(64 * 1024);
+        .max_output_bytes(PROBE_OUTPUT_BUDGET);
     let output = sandbox.exec(probe).await?;
     if output.exit_code != 0 {
         return Err(no_python(format!(
@@ -490,13 +493,19 @@ mod tests {
         assert!(refused(ProgramRequest::python("").output("a/b")).contains("output name"));
         assert!(refused(ProgramRequest::python("").output("a").output("a")).contains("twice"));
         let mut many = ProgramRequest::python("");
-        for index in 0..=MAX_OUTPUTS {
+        for index in 0..MAX_OUTPUTS {
             many = many.output(format!("o{index}"));
         }
-        assert!(refused(many).contains("outputs declared"));
+        many.validate().unwrap();
+        assert_eq!(many.outputs().len(), MAX_OUTPUTS);
+        assert_eq!(many.outputs()[1], "o1");
+        assert!(refused(many.output("one-more")).contains("outputs declared"));
         assert!(
             refused(ProgramRequest::python("x".repeat(MAX_SOURCE_BYTES + 1))).contains("bytes")
         );
+        ProgramRequest::python("#".repeat(MAX_SOURCE_BYTES))
+            .validate()
+            .unwrap();
         assert!(refused(ProgramRequest::python("").max_output_file_bytes(0)).contains("max_output"));
         assert!(refused(ProgramRequest::python("").timeout(Duration::ZERO)).contains("timeout"));
         ProgramRequest::python("print(1)")
@@ -547,6 +556,9 @@ mod tests {
             b"ok 3 b\nxyz",
             b"ok 3 a\nxyzextra",
             b"missing 1 a\nx",
+            b"not-regular 1 a\nx",
+            b"too-large 1 a\nx",
+            b"unreadable 1 a\nx",
             b"gone 0 a\n",
             b"ok -1 a\n",
             b"ok 3 a",

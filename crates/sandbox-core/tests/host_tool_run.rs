@@ -14,7 +14,7 @@ use host_tools::relay::{call, run_relay, CallOutcome};
 use host_tools::{HostTool, Registry, RunBounds};
 use sandbox_core::backend_kit::ExecStreamSender;
 use sandbox_core::host_tool_run::{run_with_host_tools, HOST_TOOL_PROGRAM, SOCKET_ENV};
-use sandbox_core::program_run::{run_program, ProgramRequest};
+use sandbox_core::program_run::{run_program, ProgramRequest, DEFAULT_MAX_OUTPUT_FILE_BYTES};
 use sandbox_core::{
     ErrorKind, ExecChunk, ExecExit, ExecOutput, ExecRequest, ExecStdin, ExecStream, Sandbox,
     SandboxEntry, SandboxError,
@@ -29,6 +29,8 @@ enum Relay {
     Real,
     /// No such program: exit 127 at once.
     Missing,
+    /// A forged relay: reports a socket outside any run directory, then waits for its stdin.
+    Forged,
 }
 
 #[derive(Debug)]
@@ -37,6 +39,8 @@ struct InProcess {
     relay: Relay,
     /// What the interpreter check prints instead of asking the host's `python3`.
     python_answer: Option<&'static str>,
+    /// The bound of the last relay exec.
+    relay_timeout: std::sync::Mutex<Option<Duration>>,
 }
 
 /// Runs `argv` on this host with the request's environment and `stdin`, as the guest would.
@@ -169,7 +173,23 @@ impl Sandbox for InProcess {
             ));
         }
         assert_eq!(argv[0], HOST_TOOL_PROGRAM.as_bytes());
+        *self.relay_timeout.lock().unwrap() = Some(request.timeout_bound());
         let (mut sender, stream) = ExecStream::channel(None);
+        if self.relay == Relay::Forged {
+            let ExecStdin::Reader(mut reader) = stdin else {
+                panic!("the relay's stdin is a reader");
+            };
+            tokio::spawn(async move {
+                let ready = host_tools::Frame::Ready {
+                    socket: "/etc/forged/socket".to_owned(),
+                };
+                let _ = sender.send(ExecChunk::Stdout(ready.encode())).await;
+                let mut sink = Vec::new();
+                let _ = reader.read_to_end(&mut sink).await;
+                sender.finish(Ok(ExecExit::exited(0))).await;
+            });
+            return Ok(stream);
+        }
         if self.relay == Relay::Missing {
             tokio::spawn(async move {
                 let _ = sender
@@ -257,6 +277,7 @@ async fn a_call_is_answered_and_the_drained_relay_leaves_nothing() {
         temp: temp.path().to_owned(),
         relay: Relay::Real,
         python_answer: None,
+        relay_timeout: Default::default(),
     };
     let registry = registry(Arc::default(), Arc::default());
     let run = run_with_host_tools(
@@ -269,6 +290,13 @@ async fn a_call_is_answered_and_the_drained_relay_leaves_nothing() {
     .unwrap();
     assert_eq!(run.output.stdout_text(), r#"{"a":[1,"é"]}"#);
     assert_eq!(run.report.answered, 1);
+    // The relay outlives its command: its bound is the command's and a grace for the drain.
+    let relay_bound = sandbox
+        .relay_timeout
+        .lock()
+        .unwrap()
+        .expect("the relay ran");
+    assert!(relay_bound > Duration::from_secs(30), "{relay_bound:?}");
     assert!(run.channel_error.is_none());
     assert_eq!(
         run_directories(temp.path()),
@@ -284,6 +312,7 @@ async fn a_dropped_run_cancels_its_pending_call_at_once_and_drains_the_relay_lat
         temp: temp.path().to_owned(),
         relay: Relay::Real,
         python_answer: None,
+        relay_timeout: Default::default(),
     };
     let dropped = Arc::new(AtomicUsize::new(0));
     let started = Arc::new(tokio::sync::Notify::new());
@@ -323,6 +352,7 @@ async fn a_guest_without_the_program_is_refused_as_unsupported() {
         temp: temp.path().to_owned(),
         relay: Relay::Missing,
         python_answer: None,
+        relay_timeout: Default::default(),
     };
     let registry = registry(Arc::default(), Arc::default());
     let error = run_with_host_tools(
@@ -348,6 +378,7 @@ async fn a_python_program_calls_tools_and_its_declared_outputs_are_collected() {
         temp: temp.path().to_owned(),
         relay: Relay::Real,
         python_answer: None,
+        relay_timeout: Default::default(),
     };
     let registry = registry(Arc::default(), Arc::default());
     let program = ProgramRequest::python(
@@ -356,12 +387,17 @@ answer = host_tools.echo(word="h\u00e9", n=[1, 2])
 out = os.environ["PROGRAM_OUTPUTS"]
 open(os.path.join(out, "answer.json"), "w").write(json.dumps(answer, sort_keys=True))
 open(os.path.join(out, "blob.bin"), "wb").write(bytes(range(256)))
+open(os.path.join(out, "at-cap.bin"), "wb").write(b"c" * int(os.environ["AT_CAP"]))
+os.symlink("/etc/passwd", os.path.join(out, "link"))
 print("done")
 "#,
     )
     .output("answer.json")
     .output("blob.bin")
     .output("never-written")
+    .output("at-cap.bin")
+    .output("link")
+    .env(sandbox_core::ExecEnv::default().set("AT_CAP", DEFAULT_MAX_OUTPUT_FILE_BYTES.to_string()))
     .timeout(Duration::from_secs(30));
     let run = run_program(
         &sandbox,
@@ -386,7 +422,31 @@ print("done")
     );
     let missing = run.outputs["never-written"].as_ref().unwrap_err();
     assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing}");
+    assert_eq!(
+        run.outputs["at-cap.bin"].as_ref().map(Vec::len).unwrap(),
+        DEFAULT_MAX_OUTPUT_FILE_BYTES as usize,
+        "an output at the default cap comes back whole"
+    );
+    let link = run.outputs["link"].as_ref().unwrap_err();
+    assert_eq!(link.kind(), ErrorKind::NotRegularFile, "{link}");
     assert_eq!(run_directories(temp.path()), 0, "nothing of the run stays");
+
+    // Under a smaller cap the same outputs are refused, never truncated.
+    let capped = run_program(
+        &sandbox,
+        &program.clone().max_output_file_bytes(255),
+        &registry.all_for_run(),
+        &RunBounds::default(),
+    )
+    .await
+    .unwrap();
+    let too_large = capped.outputs["blob.bin"].as_ref().unwrap_err();
+    assert_eq!(
+        too_large.kind(),
+        ErrorKind::TransferCapExceeded,
+        "{too_large}"
+    );
+    assert_eq!(capped.outputs["answer.json"].as_ref().unwrap(), answer);
 }
 
 /// A guest whose interpreter is too old, or not CPython, is refused as unsupported before
@@ -402,6 +462,7 @@ async fn an_old_or_foreign_python_is_refused_before_the_run() {
             temp: temp.path().to_owned(),
             relay: Relay::Real,
             python_answer: Some(answer),
+            relay_timeout: Default::default(),
         };
         let error = run_program(
             &sandbox,
@@ -415,4 +476,28 @@ async fn an_old_or_foreign_python_is_refused_before_the_run() {
         assert!(error.to_string().contains(named), "{error}");
         assert_eq!(run_directories(temp.path()), 0);
     }
+}
+
+/// A relay that reports a socket outside any run directory is refused before the command runs
+/// or anything is written: the host never uses, nor removes, a path the guest chose.
+#[tokio::test]
+async fn a_relay_reporting_a_socket_outside_a_run_directory_is_refused() {
+    let temp = tempfile::tempdir().unwrap();
+    let sandbox = InProcess {
+        temp: temp.path().to_owned(),
+        relay: Relay::Forged,
+        python_answer: None,
+        relay_timeout: Default::default(),
+    };
+    let registry = registry(Arc::default(), Arc::default());
+    let error = run_with_host_tools(
+        &sandbox,
+        request(&["call", "echo", "{}"]),
+        &registry.all_for_run(),
+        &RunBounds::default(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::GuestRefused, "{error}");
+    assert!(error.to_string().contains("/etc/forged/socket"), "{error}");
 }
