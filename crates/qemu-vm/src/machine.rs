@@ -184,8 +184,12 @@ impl VmConfig {
             "-append".into(),
             append.join(" "),
             "-drive".into(),
+            // Read-write for the VM's life. Left to `auto-read-only`, the end of a save (which
+            // makes the image inactive) failed (`bdrv_inactivate_all() failed`) for the VMs
+            // `sandboxctl` makes with its default directories, so every acquire booted and no
+            // fork could be made.
             format!(
-                "id=root,file={},format=qcow2,if=none",
+                "id=root,file={},format=qcow2,if=none,file.auto-read-only=off",
                 option_value(&dir.join(ROOT_OVERLAY))
             ),
             "-device".into(),
@@ -1081,7 +1085,7 @@ mod tests {
         let at = args.iter().position(|a| a == "-drive").expect("-drive");
         assert_eq!(
             args[at + 1],
-            "id=root,file=/run/vms/t/root.qcow2,format=qcow2,if=none"
+            "id=root,file=/run/vms/t/root.qcow2,format=qcow2,if=none,file.auto-read-only=off"
         );
         assert!(!args
             .iter()
