@@ -128,7 +128,8 @@ impl Drop for User {
     }
 }
 
-/// The Debian root archive `cargo xtask images vm` cached in this build's target directory.
+/// The Debian root archive `cargo xtask images vm` cached in this build's target directory (the
+/// Python root, which the VM image is made from).
 fn cached_root_archive() -> PathBuf {
     let binary = sandboxctl_binary();
     let target = binary
@@ -144,11 +145,11 @@ fn cached_root_archive() -> PathBuf {
         .find(|path| {
             path.file_name()
                 .and_then(|name| name.to_str())
-                .is_some_and(|name| name.starts_with("debian-") && name.contains("-base-"))
+                .is_some_and(|name| name.starts_with("debian-") && name.contains("-python-"))
         })
         .unwrap_or_else(|| {
             panic!(
-                "no base root archive in {} (run `cargo xtask images vm` first)",
+                "no Python root archive in {} (run `cargo xtask images vm` first)",
                 cache.display()
             )
         })
@@ -239,6 +240,85 @@ async fn from_nothing_to_a_command_by_the_documented_commands() {
         "hello\n",
         "stderr: {stderr}"
     );
+
+    // A kept sandbox, forked and reset by the documented commands: the fork holds the file,
+    // the reset one does not, and no acquire fell back to a boot (the machine's baseline, which
+    // a fork's save also needs, was made).
+    let with_key = |rest: &[&'static str]| -> Vec<&'static str> {
+        QEMU.iter().chain(rest.iter()).copied().collect()
+    };
+    let kept = user
+        .sandboxctl(
+            &with_key(&[
+                "run",
+                "--key",
+                "first/a/x",
+                "--",
+                "sh",
+                "-c",
+                "echo kept > f",
+            ]),
+            RUN_TIMEOUT,
+        )
+        .await;
+    let stderr = String::from_utf8_lossy(&kept.stderr);
+    assert_eq!(kept.status, ExitKind::Exited(0), "{stderr}");
+    let forked = user
+        .sandboxctl(
+            &with_key(&["fork", "--key", "first/a/x", "--to", "first/b/x"]),
+            RUN_TIMEOUT,
+        )
+        .await;
+    let stderr = String::from_utf8_lossy(&forked.stderr);
+    assert_eq!(forked.status, ExitKind::Exited(0), "{stderr}");
+    let seen = user
+        .sandboxctl(
+            &with_key(&["exec", "--key", "first/b/x", "--", "cat", "f"]),
+            RUN_TIMEOUT,
+        )
+        .await;
+    assert_eq!(String::from_utf8_lossy(&seen.stdout), "kept\n", "{seen:?}");
+    let reset = user
+        .sandboxctl(&with_key(&["reset", "--key", "first/a/x"]), RUN_TIMEOUT)
+        .await;
+    assert_eq!(reset.status, ExitKind::Exited(0), "{reset:?}");
+    let gone = user
+        .sandboxctl(
+            &with_key(&[
+                "exec",
+                "--key",
+                "first/a/x",
+                "--",
+                "sh",
+                "-c",
+                "test -e f; echo $?",
+            ]),
+            RUN_TIMEOUT,
+        )
+        .await;
+    assert_eq!(String::from_utf8_lossy(&gone.stdout), "1\n", "{gone:?}");
+    for thread in ["a", "b"] {
+        let purged = user
+            .sandboxctl(
+                &with_key(&["purge", "--scope", "first", "--thread", thread]),
+                RUN_TIMEOUT,
+            )
+            .await;
+        assert_eq!(purged.status, ExitKind::Exited(0), "{purged:?}");
+    }
+    let baselines = std::fs::read_dir(user.qemu_state().join(".snapshots"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|image| {
+            std::fs::read_dir(image.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|entry| entry.path().join("snapshot.json").is_file())
+        .count();
+    assert_eq!(baselines, 1, "the machine's baseline was made");
 
     assert_nothing_left(&user);
     let home = user.home.path().to_owned();

@@ -101,3 +101,38 @@ async def test_a_vm_serves_commands_and_files_and_goes_without_a_trace():
     assert engine_sandboxes() == []
     assert qemus_under(RUN_DIR) == [], "no QEMU of the run is left"
     assert vm_state_left() == [], "no VM directory or record is left"
+
+
+async def test_reset_and_fork_a_vm_through_the_tools():
+    """The qemu backend declares snapshot: a fork is a copy of the VM under a new handle (its
+    files, not its commands), independent afterwards; a reset restores the baseline under the
+    same handle (every file made since is gone); nothing is left after both are disposed of."""
+    async with connect("stdio") as client:
+        tools = {t.name for t in (await client.list_tools()).tools}
+        assert {"sandbox_reset", "sandbox_fork"} <= tools, tools
+        box = (await ok(client, "sandbox_create", {}))["sandbox"]
+        await ok(client, "sandbox_write_file", {"sandbox": box, "path": "made.txt", "content": "before\n"})
+
+        fork = await ok(client, "sandbox_fork", {"sandbox": box})
+        copy = fork["sandbox"]
+        assert copy != box and fork["forked_from"] == box, fork
+        assert len(qemus_under(QEMU_STATE)) == 2, "a fork is a VM of its own"
+        seen = await ok(client, "sandbox_exec", {"sandbox": copy, "command": "cat made.txt"})
+        assert seen["stdout"] == "before\n", seen
+        await ok(client, "sandbox_write_file", {"sandbox": copy, "path": "made.txt", "content": "fork\n"})
+        source = await ok(client, "sandbox_exec", {"sandbox": box, "command": "cat made.txt"})
+        assert source["stdout"] == "before\n", "a write in the fork stays in the fork"
+
+        reset = await ok(client, "sandbox_reset", {"sandbox": box})
+        assert reset["sandbox"] == box and reset["reset"] is True, reset
+        gone = await ok(client, "sandbox_exec", {"sandbox": box, "command": "test -e made.txt; echo $?"})
+        assert gone["stdout"] == "1\n", "the reset removed the file made after the create"
+        kept = await ok(client, "sandbox_exec", {"sandbox": copy, "command": "cat made.txt"})
+        assert kept["stdout"] == "fork\n", "the reset of the source leaves the fork"
+
+        for handle in (box, copy):
+            assert (await ok(client, "sandbox_dispose", {"sandbox": handle}))["disposed"] is True
+        assert qemus_under(QEMU_STATE) == [], "both VMs' QEMUs are gone"
+    assert engine_sandboxes() == []
+    assert qemus_under(RUN_DIR) == [], "no QEMU of the run is left"
+    assert vm_state_left() == [], "no VM directory or record is left"

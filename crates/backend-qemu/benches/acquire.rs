@@ -1,5 +1,5 @@
-//! `qemu cold acquire`, `qemu snapshot acquire` and `qemu warm acquire` (docs/qemu-backend.md),
-//! run by `cargo xtask bench`.
+//! `qemu cold acquire`, `qemu snapshot acquire`, `qemu warm acquire` and `qemu fork`
+//! (docs/qemu-backend.md), run by `cargo xtask bench`.
 //!
 //! - Cold, pass/fail (≤ 1.3×): `acquire` of a key never seen (the record, the name's locks, the
 //!   restore of the machine's baseline snapshot and the guest's renewal, the storage base made
@@ -13,6 +13,11 @@
 //!   `Vm::attach` of the same VM's directory (its `vm.json`, QEMU's process) beside it as the
 //!   reference of finding a running VM at all.
 //!
+//! - Fork, pass/fail (≤ 1.5 s at p50, absolute): `fork` of a VM holding 64 MiB of written files
+//!   (the save of the running source, its resume, the restore of the copy and its renewal) into
+//!   a new key, beside a bare boot of the driver as the reference of making a VM at all. The
+//!   fork's disposal and the raw VM's kill are not timed.
+//!
 //! The accelerator is in each row's name. One VM boots at a time.
 
 mod support;
@@ -25,6 +30,8 @@ const COLD_WARMUP: usize = 1;
 const COLD_ROUNDS: usize = 5;
 const WARM_WARMUP: usize = 3;
 const WARM_ROUNDS: usize = 41;
+const FORK_WARMUP: usize = 1;
+const FORK_ROUNDS: usize = 5;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -119,7 +126,61 @@ async fn main() {
         .await,
     );
 
-    let passed = cold.report() & snapshot.report() & warm.report();
+    // Fork: a source holding 64 MiB of written files, forked into a new key each round.
+    let source_key = SandboxKey::conversation(SCOPE, "fork", "source");
+    let source = backend.acquire(&source_key, spec).await.expect("acquire");
+    let written = source
+        .exec(
+            sandbox_core::ExecRequest::new(sandbox_core::Command::argv([
+                "sh",
+                "-c",
+                "head -c 67108864 /dev/urandom > held.bin && sync && stat -c %s held.bin",
+            ]))
+            .timeout(std::time::Duration::from_secs(300)),
+        )
+        .await
+        .expect("the source's files are written");
+    assert_eq!(written.stdout_text(), "67108864\n", "{written:?}");
+    let mut fork = Metric::new(format!("qemu fork [{accel}]"), Target::AbsoluteMs(1500.0))
+        .against("the bare boot of the qemu-vm driver (Vm::start to the agent's handshake)");
+    for round in 0..FORK_WARMUP + FORK_ROUNDS {
+        let target = SandboxKey::conversation(SCOPE, "fork", format!("copy-{round}"));
+        let config = raw_config(&run, &backend, &format!("raw-fork-{round}"));
+        let mut raw_vm = None;
+        let pair = paired(
+            round,
+            async {
+                backend
+                    .fork(&source_key, spec, &target)
+                    .await
+                    .expect("fork");
+            },
+            async {
+                raw_vm = Some(raw_boot(&config).await);
+            },
+        )
+        .await;
+        let failure = backend
+            .dispose(&target, sandbox_core::DisposeSelector::all())
+            .await;
+        assert!(failure.is_none(), "disposal of the fork: {failure:?}");
+        if let Some((vm, agent)) = raw_vm {
+            drop(agent);
+            vm.kill().await.expect("the bare VM is killed");
+        }
+        eprintln!(
+            "fork round {round}: fork {:.1} ms, bare boot {:.1} ms",
+            pair.0.as_secs_f64() * 1000.0,
+            pair.1.as_secs_f64() * 1000.0
+        );
+        if round >= FORK_WARMUP {
+            fork.push(pair);
+        }
+    }
+    drop(source);
+
+    let passed = cold.report() & snapshot.report() & warm.report() & fork.report();
+    dispose_thread(&backend, "fork").await;
     dispose_thread(&backend, "warm").await;
     dispose_thread(&backend, "cold").await;
     run.assert_nothing_left();

@@ -22,7 +22,8 @@ use tokio::sync::Semaphore;
 
 use crate::baseline::Baselines;
 use crate::config::{host_cpus, host_memory_mib, isolation_for, CheckedConfig, QemuConfig};
-use crate::handle::{agent_error, shared, QemuSandbox};
+use crate::fault::paused_by_a_save;
+use crate::handle::{agent_error, shared, QemuSandbox, Resets};
 use crate::layout::{self, Record, Slot};
 use crate::BACKEND_NAME;
 
@@ -67,8 +68,8 @@ pub const TRANSFER_CEILING: TransferLimits = TransferLimits {
     max_files: 256,
 };
 
-/// Every file capability, exact kills, host tools, closed egress only, POSIX guests,
-/// conversation scope, the transfer ceilings above.
+/// Every file capability, exact kills, host tools, snapshots (reset and fork), closed egress
+/// only, POSIX guests, conversation scope, the transfer ceilings above.
 fn declarations() -> BackendDeclarations {
     BackendDeclarations {
         // A streamed exec with stdin is all a run with host tools needs of the backend; the
@@ -77,7 +78,11 @@ fn declarations() -> BackendDeclarations {
         // agent's end of the command's exec leaves it to the run's drain.
         capabilities: Capability::exec_and_files()
             .into_iter()
-            .chain([Capability::ExactKill, Capability::HostTools])
+            .chain([
+                Capability::ExactKill,
+                Capability::HostTools,
+                Capability::Snapshot,
+            ])
             .collect(),
         limits: SandboxLimits {
             files_in: TRANSFER_CEILING,
@@ -155,8 +160,14 @@ impl QemuBackend {
         )
     }
 
-    /// A handle to the running VM of `slot`'s record, or why there is none.
-    async fn attach(&self, slot: &Slot, record: &Record) -> Result<QemuSandbox, SandboxError> {
+    /// A handle to the running VM of `slot`'s record, or why there is none. With the name's
+    /// lock held (`locked`), a VM a dead fork left paused runs on first.
+    async fn attach(
+        &self,
+        slot: &Slot,
+        record: &Record,
+        locked: bool,
+    ) -> Result<QemuSandbox, SandboxError> {
         if let Some(reason) = &record.retired {
             return Err(SandboxError::Retired {
                 instance: record.instance.clone(),
@@ -165,6 +176,15 @@ impl QemuBackend {
         }
         let vm = Vm::attach(&self.vms_dir().join(&record.instance))
             .map_err(|error| agent_error(&record.instance, error))?;
+        // A fork's save pauses its source under the name's lock: with the lock held here, a
+        // source still paused was left so by a fork whose process died, and runs on.
+        let status = if locked { vm.status().await.ok() } else { None };
+        if let Some(status) = status.filter(|s| !s.running && paused_by_a_save(&s.status)) {
+            tracing::info!(instance = %record.instance, status = %status.status, "resuming a VM a fork left paused");
+            vm.resume()
+                .await
+                .map_err(|error| agent_error(&record.instance, error))?;
+        }
         let cached = self.cached_agent(&record.instance);
         let agent = match cached {
             Some(agent) => agent,
@@ -218,7 +238,79 @@ impl QemuBackend {
             call_timeout: self.host.config.call_timeout,
             files_in: self.host.declarations.limits.files_in.max_bytes_per_file,
             creating: false,
+            resets: Arc::new(self.clone()),
         }
+    }
+
+    /// The configuration of the VM named `instance`: every VM of the backend is the same machine.
+    fn vm_config(&self, instance: &str) -> VmConfig {
+        let mut config = VmConfig::new(self.host.image.clone(), self.vms_dir(), instance);
+        config.accel = self.host.accel.accel;
+        config.agent_ports = self.host.config.agent_ports;
+        config.cpus = self.host.config.cpus;
+        config.memory_mib = self.host.config.memory_mib;
+        config.kernel_args = self.host.config.kernel_args.clone();
+        config
+    }
+
+    /// Forks the running VM of `source` into a new VM under `target`'s slot (whose locks the
+    /// caller holds, with the source's): the target's record first, then the source saved into
+    /// the target's fork directory (paused for the save, resumed after it), then the copy
+    /// restored from it and renewed (fresh entropy, the clock, its own name), and the fork
+    /// directory removed. A fork that fails or is dropped part-way leaves a record, retired
+    /// until the fork is whole, whose VM and fork directory the target's next acquire (which
+    /// replaces a retired VM) or disposal discards.
+    async fn fork_into(
+        &self,
+        source: &Record,
+        target_slot: &Slot,
+        target: &SandboxKey,
+        kind: &str,
+    ) -> Result<QemuSandbox, SandboxError> {
+        let source_vm = Vm::attach(&self.vms_dir().join(&source.instance))
+            .map_err(|error| agent_error(&source.instance, error))?;
+        // Recorded as retired until the copy is whole: a VM a killed fork left running is
+        // never attached, only replaced or disposed of.
+        let mut record = Record {
+            scope: target.scope.clone(),
+            thread_id: target.thread_id.clone(),
+            agent_id: target.agent_id.clone(),
+            call_id: target.call_id.clone(),
+            kind: kind.to_owned(),
+            instance: layout::new_instance_id()?,
+            storage_base: source.storage_base.clone(),
+            created: layout::now_secs(),
+            retired: Some(FORMING.to_owned()),
+        };
+        let config = self.vm_config(&record.instance);
+        let vm_dir = config.dir();
+        let fork_dir = fork_dir_of(&vm_dir);
+        target_slot.write_record(&record)?;
+        let undo_slot = target_slot.clone();
+        let mut cleanup = CleanupOnDrop::armed("discard a half-made fork", {
+            let vm_dir = vm_dir.clone();
+            async move {
+                let discarded = discard(vm_dir).await;
+                let _ = undo_slot.remove_record();
+                discarded
+            }
+        });
+        let machine = qemu_vm::Snapshot::machine_of(&config);
+        let saved = qemu_vm::Snapshot::save(&source_vm, &machine, &fork_dir).await;
+        // The source runs on whatever the save did; a source that cannot is reported.
+        let resumed = source_vm.resume().await;
+        let snapshot = saved.map_err(|error| agent_error(&source.instance, error))?;
+        resumed.map_err(|error| agent_error(&source.instance, error))?;
+        let (_vm, agent) = snapshot
+            .restore(&config, self.host.config.boot_timeout)
+            .await
+            .map_err(|error| agent_error(&record.instance, error))?;
+        remove_dir(&fork_dir)?;
+        record.retired = None;
+        target_slot.write_record(&record)?;
+        cleanup.disarm();
+        self.cache_agent(&record.instance, &agent);
+        Ok(self.handle(target_slot, &record, agent, true))
     }
 
     /// Where every VM's own directory lives: short, so its socket paths fit a Unix address.
@@ -283,12 +375,7 @@ impl QemuBackend {
             created: layout::now_secs(),
             retired: None,
         };
-        let mut config = VmConfig::new(self.host.image.clone(), self.vms_dir(), &record.instance);
-        config.accel = self.host.accel.accel;
-        config.agent_ports = self.host.config.agent_ports;
-        config.cpus = self.host.config.cpus;
-        config.memory_mib = self.host.config.memory_mib;
-        config.kernel_args = self.host.config.kernel_args.clone();
+        let config = self.vm_config(&record.instance);
         let vm_dir = config.dir();
         slot.write_record(&record)?;
         let undo_slot = slot.clone();
@@ -460,8 +547,21 @@ struct Stalled {
     error: SandboxError,
 }
 
-/// Kills the VM in `dir` if one runs there and removes the directory.
+/// Why a fork's record is retired until the fork is whole.
+const FORMING: &str = "a fork into it did not finish";
+
+/// The directory a fork into the VM of `vm_dir` saves its source into: beside the VM's own,
+/// which the restore makes, and discarded with it.
+fn fork_dir_of(vm_dir: &Path) -> std::path::PathBuf {
+    let mut name = vm_dir.as_os_str().to_owned();
+    name.push(".fork");
+    std::path::PathBuf::from(name)
+}
+
+/// Kills the VM in `dir` if one runs there and removes the directory, and a fork directory
+/// left beside it.
 async fn discard(dir: std::path::PathBuf) -> Result<(), SandboxError> {
+    remove_dir(&fork_dir_of(&dir))?;
     match Vm::attach(&dir) {
         Ok(vm) => vm
             .kill()
@@ -486,6 +586,24 @@ fn unknown(error: SandboxError) -> DisposalFailure {
 
 fn refused(error: SandboxError) -> DisposalFailure {
     DisposalFailure::new(DisposalCode::Refused, error.to_string())
+}
+
+#[async_trait]
+impl Resets for QemuBackend {
+    async fn reset(&self, slot: &Slot) -> Result<QemuSandbox, SandboxError> {
+        let _guard = self.host.locks.lock(slot.name.clone()).await;
+        let _lock = slot.lock().await?;
+        let record = slot
+            .read_record()?
+            .ok_or_else(|| SandboxError::SandboxGone {
+                instance: slot.name.clone(),
+            })?;
+        self.forget_agent(&record.instance);
+        run_detached(discard(self.vms_dir().join(&record.instance))).await??;
+        slot.remove_record()?;
+        self.create(slot, &record.key(), &record.kind, record.storage_base)
+            .await
+    }
 }
 
 #[async_trait]
@@ -530,7 +648,7 @@ impl SandboxBackend for QemuBackend {
         let _guard = self.host.locks.lock(slot.name.clone()).await;
         let _lock = slot.lock().await?;
         if let Some(record) = slot.read_record()? {
-            match self.attach(&slot, &record).await {
+            match self.attach(&slot, &record, true).await {
                 Ok(sandbox) => {
                     if record.storage_base != storage_base {
                         return Err(SandboxError::SpecMismatch(format!(
@@ -555,6 +673,61 @@ impl SandboxBackend for QemuBackend {
             .map(|sandbox| shared(sandbox.with_files_in(spec.files_in())))
     }
 
+    /// Saves the running VM of `source` and restores a copy under `target`: its memory and
+    /// files as they were at that moment, renewed as every restored VM is. No command of the
+    /// source runs on in the copy: the agent ends every exec with its session, and the copy's
+    /// sessions are the source's.
+    async fn fork(
+        &self,
+        source: &SandboxKey,
+        spec: &SandboxSpec,
+        target: &SandboxKey,
+    ) -> Result<Arc<dyn Sandbox>, SandboxError> {
+        if source == target {
+            return Err(SandboxError::invalid(
+                "a fork needs a target key other than its source",
+            ));
+        }
+        if target.is_call() {
+            return Err(SandboxError::ScopeNotEnforced(
+                "the qemu backend serves the conversation scope only".into(),
+            ));
+        }
+        let (source_slot, target_slot) = (
+            self.slot(source, spec.kind()),
+            self.slot(target, spec.kind()),
+        );
+        // Both names' locks, always in the one order, so two forks the other way round wait.
+        let (first, second) = if source_slot.name < target_slot.name {
+            (&source_slot, &target_slot)
+        } else {
+            (&target_slot, &source_slot)
+        };
+        let _first_guard = self.host.locks.lock(first.name.clone()).await;
+        let _second_guard = self.host.locks.lock(second.name.clone()).await;
+        let _first_lock = first.lock().await?;
+        let _second_lock = second.lock().await?;
+        let Some(record) = source_slot.read_record()? else {
+            return Err(SandboxError::invalid(format!(
+                "the source key has no sandbox of kind {:?} to fork",
+                spec.kind()
+            )));
+        };
+        if let Some(existing) = target_slot.read_record()? {
+            return Err(SandboxError::invalid(format!(
+                "the target key already has a sandbox of kind {:?} ({}); dispose it first",
+                spec.kind(),
+                existing.instance
+            )));
+        }
+        // The source must serve: a dead or retired VM is not copied.
+        let source_handle = self.attach(&source_slot, &record, true).await?;
+        drop(source_handle);
+        self.fork_into(&record, &target_slot, target, spec.kind())
+            .await
+            .map(|sandbox| shared(sandbox.with_files_in(spec.files_in())))
+    }
+
     async fn find(
         &self,
         key: &SandboxKey,
@@ -564,7 +737,7 @@ impl SandboxBackend for QemuBackend {
         let Some(record) = slot.read_record()? else {
             return Ok(None);
         };
-        match self.attach(&slot, &record).await {
+        match self.attach(&slot, &record, false).await {
             Ok(sandbox) => Ok(Some(shared(sandbox))),
             Err(_) => Ok(None),
         }

@@ -5,7 +5,8 @@
 //! A call that waits on the guest checks the VM every [`HEALTH_EVERY`] of silence, so a VM whose
 //! QEMU died or whose guest QEMU stopped (a full host disk under its overlay stops it) fails the
 //! call at once instead of at its deadline. Retiring marks the record (when it still names the
-//! instance) and kills QEMU: the next acquire replaces the VM, and nothing of it runs on.
+//! instance) and kills QEMU: the next acquire replaces the VM, and nothing of it runs on. A
+//! guest paused by a save (a fork of it under way) is no fault: the call waits on.
 
 use std::future::Future;
 use std::path::Path;
@@ -27,6 +28,13 @@ const RETIRE_LOCK_WAIT: Duration = Duration::from_secs(10);
 /// How long a QEMU whose monitor no longer answers is given to finish exiting before it
 /// counts as running.
 const EXIT_GRACE: Duration = Duration::from_secs(3);
+
+/// Whether QEMU's run state is one a save leaves (a fork pauses its source, saves it, then
+/// runs it on): no fault. A save whose process died leaves it so; the next acquire, which
+/// takes the name's lock the save held, runs the VM on.
+pub(crate) fn paused_by_a_save(status: &str) -> bool {
+    matches!(status, "paused" | "finish-migrate" | "postmigrate")
+}
 
 /// Whether `vm`'s QEMU ends within `grace`.
 async fn exits_within(vm: &Vm, grace: Duration) -> bool {
@@ -59,7 +67,7 @@ impl QemuSandbox {
             Err(error) => return Some(Fault::Gone(error.to_string())),
         };
         match vm.status().await {
-            Ok(status) if status.running => None,
+            Ok(status) if status.running || paused_by_a_save(&status.status) => None,
             Ok(status) => Some(Fault::Stopped(stopped_reason(
                 &status.status,
                 free_bytes(&self.vm_dir),

@@ -45,6 +45,17 @@ pub struct QemuSandbox {
     /// Whether this is the handle its VM's creation holds, the name's lock held: a retirement
     /// then only kills QEMU (the creation removes the record itself).
     pub(crate) creating: bool,
+    /// The backend that made the handle, for `reset`.
+    pub(crate) resets: Arc<dyn Resets>,
+}
+
+/// What a handle's `reset` asks of the backend that made it (a trait, so this module does not
+/// name the backend's type, which names this module's).
+#[async_trait]
+pub(crate) trait Resets: Send + Sync + std::fmt::Debug {
+    /// The VM of `slot` replaced by a new one restored from the baseline, under the same key,
+    /// kind and storage base.
+    async fn reset(&self, slot: &Slot) -> Result<QemuSandbox, SandboxError>;
 }
 
 impl QemuSandbox {
@@ -533,6 +544,14 @@ impl Sandbox for QemuSandbox {
             }),
             Err(error) => Err(self.failed(path, error).await),
         }
+    }
+
+    /// A new VM restored from the baseline takes this one's place: every file, process and
+    /// mount made since the acquire goes with the old VM.
+    async fn reset(&self) -> Result<Arc<dyn Sandbox>, SandboxError> {
+        let mut reset = self.resets.reset(&self.slot).await?;
+        reset.files_in = self.files_in;
+        Ok(shared(reset))
     }
 
     async fn reclaim(

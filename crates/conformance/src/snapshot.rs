@@ -36,6 +36,9 @@ const SNAPSHOT_PROBE_TABLE: &[&str] = &[
 /// The bound of every guest command of this suite.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The bound of the command that holds the marker processes: past every probe.
+const HELD: Duration = Duration::from_secs(900);
+
 /// The fixture directory outside the storage base, in a directory every guest user may write.
 const OUTSIDE: &str = "/var/tmp/snapshot-fixture";
 
@@ -260,13 +263,14 @@ impl Suite<'_> {
 
     async fn reset_ends_processes(&self, key: &SandboxKey) -> Result<(), ProbeError> {
         let sandbox = self.acquire(key).await?;
-        start_marker(&sandbox, "reset").await?;
-        ensure!(
-            markers(&sandbox, "reset").await? == 1,
-            "the marker process did not start, so the probe cannot judge the reset"
-        );
-        let reset = sandbox.reset().await?;
-        let left = markers(&reset, "reset").await?;
+        let held = start_marker(&sandbox, "reset").await?;
+        let reset = sandbox.reset().await;
+        let left = match reset {
+            Ok(reset) => markers(&reset, "reset").await,
+            Err(error) => Err(error.into()),
+        };
+        held.abort();
+        let left = left?;
         ensure!(
             left == 0,
             "{left} process(es) started after the acquire survived the reset"
@@ -366,21 +370,26 @@ impl Suite<'_> {
         copied: bool,
     ) -> Result<(), ProbeError> {
         let source = self.acquire(source_key).await?;
-        start_marker(&source, "fork").await?;
+        let held = start_marker(&source, "fork").await?;
+        let counted = async {
+            let fork = self.fork(source_key, fork_key).await?;
+            Ok::<_, ProbeError>((
+                markers(&fork, "fork").await?,
+                markers(&source, "fork").await?,
+            ))
+        }
+        .await;
+        held.abort();
+        let (in_fork, in_source) = counted?;
+        let expected = if copied { MARKERS } else { 0 };
         ensure!(
-            markers(&source, "fork").await? == 1,
-            "the marker process did not start, so the probe cannot judge the fork"
-        );
-        let fork = self.fork(source_key, fork_key).await?;
-        let in_fork = markers(&fork, "fork").await?;
-        ensure!(
-            in_fork == usize::from(copied),
+            in_fork == expected,
             "the fork runs {in_fork} marker process(es); the backend declares that a fork \
              copies processes: {copied}"
         );
         ensure!(
-            markers(&source, "fork").await? == 1,
-            "the fork ended the source's process"
+            in_source == MARKERS,
+            "the fork ended the source's processes ({in_source} of {MARKERS} left)"
         );
         Ok(())
     }
@@ -550,31 +559,50 @@ async fn manifest(sandbox: &Arc<dyn Sandbox>, base: &str) -> Result<String, Prob
     Ok(text)
 }
 
-/// Starts a process that outlives its command, marked by `tag` in its command line.
-async fn start_marker(sandbox: &Arc<dyn Sandbox>, tag: &str) -> Result<(), ProbeError> {
-    sh_in(
-        sandbox,
-        "setsid sh -c \"sleep 3600; : snapshot-marker-$1\" </dev/null >/dev/null 2>&1 &",
-        &[tag],
-    )
-    .await?;
-    // The process is made after the command returns; wait until it shows.
-    for _ in 0..50 {
-        if markers(sandbox, tag).await? > 0 {
-            return Ok(());
+/// How many marker processes [`start_marker`] starts.
+const MARKERS: usize = 2;
+
+/// Starts the marker processes of `tag`: a command held in flight (`...-held`), which first
+/// starts one in a session of its own (`setsid`, `...-detached`) that would outlive it where a
+/// backend lets a process outlive its command. The command is held by the returned task, so
+/// both run on every backend (one whose agent ends an exec's every process with it included)
+/// until the sandbox is reset, or the task is dropped. Waits until both show.
+async fn start_marker(
+    sandbox: &Arc<dyn Sandbox>,
+    tag: &str,
+) -> Result<tokio::task::JoinHandle<()>, ProbeError> {
+    let script = format!(
+        "setsid sh -c 'sleep 3600; : snapshot-marker-{tag}-detached' </dev/null >/dev/null 2>&1 & \
+         exec sh -c 'sleep 3600; : snapshot-marker-{tag}-held'"
+    );
+    let request = ExecRequest::new(Command::argv(["sh", "-c", &script]))
+        .working_directory("/")
+        .timeout(HELD);
+    let held = Arc::clone(sandbox);
+    let task = tokio::spawn(async move {
+        let _ = held.exec(request).await;
+    });
+    // The processes are made after the command starts; wait until both show (the held
+    // command's shell carries both tags until it becomes the held one).
+    for _ in 0..100 {
+        if markers(sandbox, tag).await? == MARKERS {
+            return Ok(task);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(())
+    task.abort();
+    Err(ProbeError::Harness(format!(
+        "the {MARKERS} marker processes of {tag:?} did not show, so the probe cannot judge"
+    )))
 }
 
-/// How many processes carry the marker `tag` (the pattern's bracket keeps the counting command
-/// itself from matching).
+/// How many marker shells of `tag` run: processes whose whole command line is a marker's (a
+/// wrapper or the counting command, which carry the text inside a longer line, never match).
 async fn markers(sandbox: &Arc<dyn Sandbox>, tag: &str) -> Result<usize, ProbeError> {
     let counted = sh_in(
         sandbox,
         "for f in /proc/[0-9]*/cmdline; do tr '\\000' ' ' <\"$f\" 2>/dev/null; echo; done \
-         | grep -c \"snapshot-marke[r]-$1\" || true",
+         | grep -cxE \"sh -c sleep 3600; : snapshot-marker-$1-(held|detached) \" || true",
         &[tag],
     )
     .await?;
