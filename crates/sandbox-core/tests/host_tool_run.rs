@@ -43,6 +43,18 @@ struct InProcess {
     relay_timeout: std::sync::Mutex<Option<Duration>>,
 }
 
+impl InProcess {
+    /// A guest under `temp` whose relay is `relay` and whose interpreter is the host's.
+    fn new(temp: &Path, relay: Relay) -> InProcess {
+        InProcess {
+            temp: temp.to_owned(),
+            relay,
+            python_answer: None,
+            relay_timeout: Default::default(),
+        }
+    }
+}
+
 /// Runs `argv` on this host with the request's environment and `stdin`, as the guest would.
 async fn on_host(argv: &[String], request: &ExecRequest, stdin: &[u8]) -> ExecOutput {
     use tokio::io::AsyncWriteExt as _;
@@ -273,12 +285,7 @@ fn request(argv: &[&str]) -> ExecRequest {
 #[tokio::test]
 async fn a_call_is_answered_and_the_drained_relay_leaves_nothing() {
     let temp = tempfile::tempdir().unwrap();
-    let sandbox = InProcess {
-        temp: temp.path().to_owned(),
-        relay: Relay::Real,
-        python_answer: None,
-        relay_timeout: Default::default(),
-    };
+    let sandbox = InProcess::new(temp.path(), Relay::Real);
     let registry = registry(Arc::default(), Arc::default());
     let run = run_with_host_tools(
         &sandbox,
@@ -308,12 +315,7 @@ async fn a_call_is_answered_and_the_drained_relay_leaves_nothing() {
 #[tokio::test]
 async fn a_dropped_run_cancels_its_pending_call_at_once_and_drains_the_relay_later() {
     let temp = tempfile::tempdir().unwrap();
-    let sandbox = InProcess {
-        temp: temp.path().to_owned(),
-        relay: Relay::Real,
-        python_answer: None,
-        relay_timeout: Default::default(),
-    };
+    let sandbox = InProcess::new(temp.path(), Relay::Real);
     let dropped = Arc::new(AtomicUsize::new(0));
     let started = Arc::new(tokio::sync::Notify::new());
     let registry = registry(dropped.clone(), started.clone());
@@ -348,12 +350,7 @@ async fn a_dropped_run_cancels_its_pending_call_at_once_and_drains_the_relay_lat
 #[tokio::test]
 async fn a_guest_without_the_program_is_refused_as_unsupported() {
     let temp = tempfile::tempdir().unwrap();
-    let sandbox = InProcess {
-        temp: temp.path().to_owned(),
-        relay: Relay::Missing,
-        python_answer: None,
-        relay_timeout: Default::default(),
-    };
+    let sandbox = InProcess::new(temp.path(), Relay::Missing);
     let registry = registry(Arc::default(), Arc::default());
     let error = run_with_host_tools(
         &sandbox,
@@ -374,12 +371,7 @@ async fn a_guest_without_the_program_is_refused_as_unsupported() {
 #[tokio::test]
 async fn a_python_program_calls_tools_and_its_declared_outputs_are_collected() {
     let temp = tempfile::tempdir().unwrap();
-    let sandbox = InProcess {
-        temp: temp.path().to_owned(),
-        relay: Relay::Real,
-        python_answer: None,
-        relay_timeout: Default::default(),
-    };
+    let sandbox = InProcess::new(temp.path(), Relay::Real);
     let registry = registry(Arc::default(), Arc::default());
     let program = ProgramRequest::python(
         r#"import json, os, host_tools
@@ -459,10 +451,8 @@ async fn an_old_or_foreign_python_is_refused_before_the_run() {
     ] {
         let temp = tempfile::tempdir().unwrap();
         let sandbox = InProcess {
-            temp: temp.path().to_owned(),
-            relay: Relay::Real,
             python_answer: Some(answer),
-            relay_timeout: Default::default(),
+            ..InProcess::new(temp.path(), Relay::Real)
         };
         let error = run_program(
             &sandbox,
@@ -483,12 +473,7 @@ async fn an_old_or_foreign_python_is_refused_before_the_run() {
 #[tokio::test]
 async fn a_relay_reporting_a_socket_outside_a_run_directory_is_refused() {
     let temp = tempfile::tempdir().unwrap();
-    let sandbox = InProcess {
-        temp: temp.path().to_owned(),
-        relay: Relay::Forged,
-        python_answer: None,
-        relay_timeout: Default::default(),
-    };
+    let sandbox = InProcess::new(temp.path(), Relay::Forged);
     let registry = registry(Arc::default(), Arc::default());
     let error = run_with_host_tools(
         &sandbox,

@@ -7,10 +7,14 @@
 //! Prints one line per acquire in the conformance crate's protocol (`conformance::child_process::child_acquire_line`).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
-use backend_qemu::{QemuBackend, QemuConfig};
+use backend_qemu::QemuBackend;
 use sandbox_core::{SandboxKey, SandboxSpec};
+
+// Only the configuration is used here.
+#[allow(dead_code)]
+#[path = "setup.rs"]
+mod setup;
 
 #[tokio::main]
 async fn main() {
@@ -22,15 +26,9 @@ async fn main() {
         std::process::exit(2);
     };
     let n: usize = n.parse().expect("n is a number");
-    // As the live tests' own configuration (tests/support/mod.rs).
-    let mut config = QemuConfig::default();
+    // The live tests' own configuration, over the image the test names.
+    let mut config = setup::config(std::path::Path::new(state));
     config.image_dir = PathBuf::from(image);
-    config.state_dir = PathBuf::from(state);
-    config.allow_emulation = true;
-    config.cpus = 1;
-    config.memory_mib = 384;
-    config.boot_timeout = Duration::from_secs(180);
-    config.call_timeout = Duration::from_secs(60);
     let backend = QemuBackend::connect(config).await.expect("connect");
     let key = SandboxKey::conversation(scope.as_str(), thread.as_str(), agent.as_str())
         .with_call(call.as_str());

@@ -6,10 +6,14 @@
 //! Prints `forked <instance>` when the fork finished.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
-use backend_qemu::{QemuBackend, QemuConfig};
+use backend_qemu::QemuBackend;
 use sandbox_core::{SandboxBackend, SandboxKey, SandboxSpec};
+
+// Only the configuration is used here.
+#[allow(dead_code)]
+#[path = "setup.rs"]
+mod setup;
 
 #[tokio::main]
 async fn main() {
@@ -20,15 +24,9 @@ async fn main() {
         );
         std::process::exit(2);
     };
-    // As the live tests' own configuration (tests/support/setup.rs).
-    let mut config = QemuConfig::default();
+    // The live tests' own configuration, over the image the test names.
+    let mut config = setup::config(std::path::Path::new(state));
     config.image_dir = PathBuf::from(image);
-    config.state_dir = PathBuf::from(state);
-    config.allow_emulation = true;
-    config.cpus = 1;
-    config.memory_mib = 384;
-    config.boot_timeout = Duration::from_secs(180);
-    config.call_timeout = Duration::from_secs(60);
     let backend = QemuBackend::connect(config).await.expect("connect");
     let spec = SandboxSpec::builder(kind.as_str()).build().expect("spec");
     let source = SandboxKey::conversation(scope.as_str(), source.as_str(), agent.as_str());

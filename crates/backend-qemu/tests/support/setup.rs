@@ -1,7 +1,7 @@
-//! The VM set-up the live tests and the benches share (the benches include this file by
-//! `#[path]`): the image, where state directories are made, a small VM per sandbox, the
-//! accelerator probe's cached answer, the QEMU processes under a directory, and the check that
-//! nothing was left behind.
+//! The VM set-up the live tests, the benches and the helper processes share (the benches and
+//! the helpers include this file by `#[path]`): the image, where state directories are made, a
+//! small VM per sandbox, the accelerator probe's cached answer, the QEMU processes under a
+//! directory, and the check that nothing was left behind.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
