@@ -875,7 +875,8 @@ mod tests {
         assert!(declared.serves(Capability::Exec));
         assert!(declared.serves(Capability::FilesDelete));
         assert!(declared.serves(Capability::HostTools));
-        assert_eq!(declared.capabilities.len(), 8);
+        assert!(declared.serves(Capability::Snapshot));
+        assert_eq!(declared.capabilities.len(), 9);
         assert_eq!(declared.egress_modes, BTreeSet::from([Egress::Closed]));
         assert!(!declared.serves_scope(IsolationScope::Call));
     }
