@@ -41,11 +41,12 @@ struct RelayStdin(Option<tokio::io::DuplexStream>);
 
 impl RelayStdin {
     fn writer(&mut self) -> &mut tokio::io::DuplexStream {
-        // Present until `drain` takes it, and `drain` consumes the guard.
+        // Present until `drain` takes it, and nothing writes after a drain.
         self.0.get_or_insert_with(|| tokio::io::duplex(1).0)
     }
 
-    async fn drain(mut self) {
+    /// Tells the relay the run is over, once: a second drain finds no writer.
+    async fn drain(&mut self) {
         if let Some(mut writer) = self.0.take() {
             let _ = write_frame(&mut writer, &Frame::Drain).await;
         }
@@ -222,7 +223,7 @@ where
             None => {
                 // The channel ended first (the relay died, or the guest broke the protocol):
                 // the relay is drained now, so the command's calls fail instead of waiting.
-                let _ = write_frame(to_relay.writer(), &Frame::Drain).await;
+                to_relay.drain().await;
                 exec.await
             }
         }
