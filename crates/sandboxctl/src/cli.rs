@@ -217,8 +217,9 @@ pub enum CommandLine {
         instance: Option<String>,
     },
     /// Return an existing sandbox to its state when it was acquired: every file and process made
-    /// since is gone, the image and the storage base stay. On Docker the container is made again
-    /// (a new instance id under the same key); running commands end with the old one.
+    /// since is gone, the image and the storage base stay. On Docker the container is made again,
+    /// on qemu the VM is restored from its baseline (a new instance id under the same key);
+    /// running commands end with the old one.
     Reset {
         /// The sandbox's key.
         #[command(flatten)]
@@ -227,8 +228,9 @@ pub enum CommandLine {
         #[arg(long, default_value = "default")]
         kind: String,
     },
-    /// Copy an existing sandbox's files into a new sandbox under another key (--to); processes
-    /// are not copied. Refused when the new key already has a sandbox of the kind.
+    /// Copy an existing sandbox's files (on qemu, its memory too) into a new sandbox under another
+    /// key (--to); running processes are not copied. Refused when the new key already has a
+    /// sandbox of the kind.
     Fork {
         /// The source sandbox's key.
         #[command(flatten)]
