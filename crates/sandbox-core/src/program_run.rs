@@ -515,6 +515,15 @@ mod tests {
     }
 
     #[test]
+    fn the_limits_are_the_documented_numbers() {
+        assert_eq!(MAX_SOURCE_BYTES, 4_194_304);
+        assert_eq!(DEFAULT_MAX_OUTPUT_FILE_BYTES, 16_777_216);
+        assert_eq!(MAX_OUTPUTS, 64);
+        assert_eq!(MAX_OUTPUT_NAME, 128);
+        assert_eq!(MIN_PYTHON, (3, 11));
+    }
+
+    #[test]
     fn the_guest_scripts_name_the_files_this_module_names() {
         for name in [
             PROGRAM_FILE,
