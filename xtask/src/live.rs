@@ -667,22 +667,33 @@ pub(crate) struct EngineObject {
     pub(crate) name: String,
 }
 
+/// The listings [`engine_objects`] takes: (kind, `--filter`), the ownership label's filter
+/// spelled `LABEL`.
+const ENGINE_QUERIES: [(&str, &str); 7] = [
+    ("container", "LABEL"),
+    ("container", "name=maf-sandbox-docker-"),
+    ("container", "name=maf-egress-test-"),
+    ("network", "LABEL"),
+    ("network", "name=maf-egress-test-"),
+    ("volume", "LABEL"),
+    ("volume", "name=maf-sandbox-docker-"),
+];
+
 /// Containers, networks and volumes carrying the ownership label, and those named like the
-/// backend's objects (workloads and their egress volumes, `maf-sandbox-docker-…`; the egress
-/// test networks, `maf-egress-test-…`), so an unlabelled leftover is caught too. Objects of the
-/// MCP suite's scopes are left out: that suite runs beside this one and judges its own.
+/// backend's objects (workloads and their egress volumes, `maf-sandbox-docker-…`) or the egress
+/// tests' (their networks and the origins on them, `maf-egress-test-…`), so an unlabelled
+/// leftover is caught too, and a stopped suite's origins go before the networks they hold.
+/// Objects of the MCP suite's scopes are left out: that suite runs beside this one and judges
+/// its own.
 fn engine_objects(workspace: &Workspace) -> Result<BTreeSet<EngineObject>, XtaskError> {
     let label = format!("label={LABEL_SCOPE}");
-    let queries = [
-        ("container", label.as_str()),
-        ("container", "name=maf-sandbox-docker-"),
-        ("network", label.as_str()),
-        ("network", "name=maf-egress-test-"),
-        ("volume", label.as_str()),
-        ("volume", "name=maf-sandbox-docker-"),
-    ];
     let mut objects = BTreeSet::new();
-    for (kind, filter) in queries {
+    for (kind, filter) in ENGINE_QUERIES {
+        let filter = if filter == "LABEL" {
+            label.as_str()
+        } else {
+            filter
+        };
         objects.extend(parse_listing(kind, &list_objects(workspace, kind, filter)?));
     }
     Ok(objects)
@@ -749,6 +760,21 @@ mod tests {
         run.remove();
         assert!(!path.exists());
         assert!(parent.path().join("suite").is_dir());
+    }
+
+    #[test]
+    fn every_kind_the_egress_tests_make_is_listed() {
+        // A stopped Docker suite leaves the egress tests' origin containers on their networks:
+        // both are listed, so both are removed (containers first, then the networks).
+        for kind in ["container", "network"] {
+            assert!(
+                ENGINE_QUERIES.contains(&(kind, "name=maf-egress-test-")),
+                "{kind}"
+            );
+        }
+        for kind in ["container", "network", "volume"] {
+            assert!(ENGINE_QUERIES.contains(&(kind, "LABEL")), "{kind}");
+        }
     }
 
     #[test]
