@@ -273,9 +273,12 @@ pub async fn assert_host_tools_complete(
 }
 
 /// Whether the guest's shell reported that the kernel refused it access to another process
-/// (its descriptors, or a signal): the relay is then out of the guest's reach.
+/// (its descriptors, or a signal; or a signal to a number `/proc` shows that is no process in
+/// the guest's own PID namespace): the relay is then out of the guest's reach.
 fn refused_by_the_kernel(stderr: &str) -> bool {
-    stderr.contains("Permission denied") || stderr.contains("Operation not permitted")
+    stderr.contains("Permission denied")
+        || stderr.contains("Operation not permitted")
+        || stderr.contains("No such process")
 }
 
 struct Suite {
