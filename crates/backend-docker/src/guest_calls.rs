@@ -35,6 +35,7 @@ use crate::guest_scripts::{
     PREPARE_SCRIPT,
 };
 use crate::memory::{CallInit, Memories};
+use crate::ownership_labels::ContainerRecord;
 use crate::retirement::Retirement;
 use crate::sizing::Sizing;
 
@@ -124,8 +125,16 @@ const SIGNAL_STATUS_FLOOR: i32 = 128;
 /// removal, reports.
 const SIGKILL_STATUS: i32 = 137;
 
-/// How long the engine may take to record a killed container as stopped after its exec ended.
-const CONTAINER_DEATH_LAG: Duration = Duration::from_millis(300);
+/// Statuses an exec ends with when its container died under it rather than the command ending:
+/// 137 when the container was killed, 128 when gVisor's kernel died (the host's OOM killer or the
+/// pids limit) and `runsc` could no longer wait on the process. A command may exit with either
+/// itself, so neither is judged from the status alone.
+const CONTAINER_DEATH_STATUSES: [i32; 2] = [128, SIGKILL_STATUS];
+
+/// How long the engine may take to record a container as stopped once it no longer answers an
+/// exec, and how often it is read in that time.
+const CONTAINER_DEATH_DEADLINE: Duration = Duration::from_secs(10);
+const CONTAINER_DEATH_POLL: Duration = Duration::from_millis(100);
 
 /// Commands in the backend's containers through the exec wrapper.
 #[derive(Debug)]
@@ -583,7 +592,7 @@ impl GuestCalls {
                 } else {
                     ran.status
                 };
-                if status > SIGNAL_STATUS_FLOOR {
+                if status >= SIGNAL_STATUS_FLOOR {
                     self.refuse_if_container_died(id, status, started).await?;
                     if init_shape && SIGNAL_STATUSES.contains(&ran.status) {
                         return Err(self.retire_for_killed_init(id, status).await);
@@ -730,7 +739,10 @@ impl GuestCalls {
     }
 
     /// A signal-shaped status may be the container's death, or the kernel's OOM kill, rather than
-    /// the command's own: an inspect tells them apart, so neither reads as a bare exit code.
+    /// the command's own: the container's state tells them apart, so neither reads as a bare exit
+    /// code. The exec sees a death before the engine records it, so a container the engine still
+    /// calls running is asked to run a command: one that no longer answers is dead, and its
+    /// record is read again until the engine says so.
     async fn refuse_if_container_died(
         &self,
         id: &str,
@@ -738,11 +750,11 @@ impl GuestCalls {
         started: std::time::SystemTime,
     ) -> Result<(), SandboxError> {
         let mut record = self.containers.inspect(id).await?;
-        if status == SIGKILL_STATUS && record.as_ref().is_some_and(|r| r.status() == "running") {
-            // A container's own kill ends the exec before the engine records the container as
-            // stopped: look once more after the engine has had time to notice.
-            tokio::time::sleep(CONTAINER_DEATH_LAG).await;
-            record = self.containers.inspect(id).await?;
+        if CONTAINER_DEATH_STATUSES.contains(&status)
+            && record.as_ref().is_some_and(|r| r.status() == "running")
+            && !self.answers(id).await
+        {
+            record = self.recorded_death(id, status).await?;
         }
         match record {
             None => Err(SandboxError::SandboxGone {
@@ -760,6 +772,50 @@ impl GuestCalls {
                 )))
             }
             Some(_) => Ok(()),
+        }
+    }
+
+    /// Whether container `id` still runs a command: a bare exec of `sh -c 'exit 0'`, bounded by
+    /// the cleanup deadline. Any failure is a no.
+    async fn answers(&self, id: &str) -> bool {
+        let probe = self.execs.exec_collect(
+            id,
+            vec!["sh".to_owned(), "-c".to_owned(), "exit 0".to_owned()],
+            Vec::new(),
+            KILL_OUTPUT_BUDGET as u64,
+        );
+        matches!(
+            tokio::time::timeout(self.config.exec_cleanup_timeout, probe).await,
+            Ok(Ok(collected)) if collected.exit_code == 0
+        )
+    }
+
+    /// The record of a container that stopped answering, once the engine shows it stopped or
+    /// gone. One the engine still calls running after [`CONTAINER_DEATH_DEADLINE`] is retired
+    /// (removed): a sandbox that runs no command serves no call.
+    async fn recorded_death(
+        &self,
+        id: &str,
+        status: i32,
+    ) -> Result<Option<ContainerRecord>, SandboxError> {
+        let deadline = tokio::time::Instant::now() + CONTAINER_DEATH_DEADLINE;
+        loop {
+            tokio::time::sleep(CONTAINER_DEATH_POLL).await;
+            let record = self.containers.inspect(id).await?;
+            if record.as_ref().is_none_or(|r| r.status() != "running") {
+                return Ok(record);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(container = %id, status, "a container that no longer answers execs is still recorded as running; retiring it");
+                self.retirement.retire(id).await;
+                return Err(SandboxError::Retired {
+                    instance: id.to_owned(),
+                    reason: format!(
+                        "the container stopped running commands while the command ran: status \
+                         {status} is not the command's, and the sandbox was retired"
+                    ),
+                });
+            }
         }
     }
 }

@@ -239,6 +239,8 @@ async fn every_status_a_command_ends_with_reads_as_its_own() {
             ("exit 255", 255),
             ("exit 254", 254),
             ("exit 130", 130),
+            ("exit 128", 128),
+            ("exit 137", 137),
             ("exit 192", 192),
             ("exit 193", 193),
             ("kill -TERM $$", 143),
