@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ use crate::config::{host_cpus, host_memory_mib, isolation_for, CheckedConfig, Qe
 use crate::fault::paused_by_a_save;
 use crate::handle::{agent_error, shared, QemuSandbox, Resets};
 use crate::layout::{self, Record, Slot};
+use crate::pool::{self, PoolEntries};
 use crate::BACKEND_NAME;
 
 /// One QEMU microVM per (key, kind).
@@ -52,6 +54,16 @@ struct QemuHost {
     agents: Mutex<HashMap<String, WeakAgentClient>>,
     /// The saved VMs new sandboxes restore instead of booting.
     baselines: Baselines,
+    /// The machine every VM of this backend is (`qemu_vm::Snapshot::machine_of`): what a pool
+    /// member must be to be claimed.
+    machine: String,
+    /// The warm pool's entries.
+    pool: PoolEntries,
+    /// This process's refill: one at a time.
+    refilling: tokio::sync::Mutex<()>,
+    /// Bumped by each purge of the pool: a refill that began before it stops, and discards the
+    /// member it was restoring.
+    pool_epoch: AtomicU64,
 }
 
 /// How long an attach waits for a free agent port of a running VM (every port may be held by
@@ -131,7 +143,8 @@ impl QemuBackend {
         let isolation = isolation_for(accel.accel, &accel.reason, config.allow_emulation)?;
         let baselines = Baselines::new(&config.state_dir, &image.digest);
         baselines.remove_others();
-        Ok(QemuBackend {
+        let pool = PoolEntries::new(&config.state_dir, config.pool);
+        let mut backend = QemuBackend {
             host: Arc::new(QemuHost {
                 booting: Semaphore::new(config.max_booting),
                 config,
@@ -142,8 +155,283 @@ impl QemuBackend {
                 locks: LockTable::default(),
                 agents: Mutex::new(HashMap::new()),
                 baselines,
+                machine: String::new(),
+                pool,
+                refilling: tokio::sync::Mutex::new(()),
+                pool_epoch: AtomicU64::new(0),
             }),
-        })
+        };
+        let machine = qemu_vm::Snapshot::machine_of(&backend.vm_config("machine"));
+        if let Some(host) = Arc::get_mut(&mut backend.host) {
+            host.machine = machine;
+        }
+        Ok(backend)
+    }
+
+    /// The warm pool's ready members (`QemuConfig::pool`), of every machine, by instance id.
+    ///
+    /// # Errors
+    /// None today; the `Result` leaves room for a listing that can fail.
+    pub async fn pool_members(&self) -> Result<Vec<String>, SandboxError> {
+        Ok(self.host.pool.members())
+    }
+
+    /// Restores members until the warm pool holds its size of this backend's machine, then
+    /// waits, up to `within`, until that many are ready (another process may be restoring some).
+    /// Does nothing without a pool.
+    ///
+    /// # Errors
+    /// The first failed restore; [`SandboxError::EngineTimeout`] when the pool is not full
+    /// within `within`.
+    ///
+    /// # Cancel safety and drop
+    /// A member half restored when the future is dropped is left to the next refill, which
+    /// discards it (its entry's lock is gone with this process's hold of it).
+    pub async fn fill_pool(&self, within: Duration) -> Result<(), SandboxError> {
+        let size = self.host.pool.size();
+        if size == 0 {
+            return Ok(());
+        }
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            tokio::time::timeout_at(deadline, self.refill(self.pool_epoch()))
+                .await
+                .map_err(|_| pool_timeout(within))??;
+            if self.host.pool.ready(&self.host.machine).len() >= size {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(pool_timeout(within));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Removes every ready member of the warm pool (whatever its machine) and what dead
+    /// refills left; this process's refill under way stops first. A member another process is
+    /// restoring is left to it. Sandboxes served from the pool are their keys' and stay.
+    pub async fn purge_pool(&self) -> ScopePurge {
+        self.host.pool_epoch.fetch_add(1, Ordering::SeqCst);
+        let _refill = self.host.refilling.lock().await;
+        let mut disposed = 0;
+        let mut failures = Vec::new();
+        let mut taken = Vec::new();
+        for instance in self.host.pool.members() {
+            match self.host.pool.withdraw(&instance).await {
+                Ok(Some(member)) => taken.push(member),
+                Ok(None) => {}
+                Err(error) => failures.push(unknown(error).prefixed(&instance)),
+            }
+        }
+        match self.host.pool.abandoned().await {
+            Ok(abandoned) => taken.extend(abandoned),
+            Err(error) => failures.push(unknown(error)),
+        }
+        for member in taken {
+            let instance = member.instance.clone();
+            let discarded = discard(self.vms_dir().join(&instance)).await;
+            match discarded.and_then(|()| self.host.pool.forget(member)) {
+                Ok(()) => disposed += 1,
+                Err(error) => failures.push(refused(error).prefixed(&instance)),
+            }
+        }
+        ScopePurge {
+            disposed,
+            undisposed: DisposalFailure::fold(failures),
+        }
+    }
+
+    /// The count of purges so far: a refill asked for before a purge does nothing after it.
+    fn pool_epoch(&self) -> u64 {
+        self.host.pool_epoch.load(Ordering::SeqCst)
+    }
+
+    /// Restores members until the pool holds its size of this machine, ready or being restored
+    /// by some process, first discarding what dead refills left. One refill at a time in this
+    /// process; one asked for at `epoch` stops once a purge came after it.
+    async fn refill(&self, epoch: u64) -> Result<(), SandboxError> {
+        let _one = self.host.refilling.lock().await;
+        loop {
+            if self.pool_epoch() != epoch {
+                return Ok(());
+            }
+            let (abandoned, filling) = self
+                .host
+                .pool
+                .next_to_fill(&self.host.machine, layout::new_instance_id()?)
+                .await?;
+            for member in abandoned {
+                tracing::info!(instance = %member.instance, "discarding a pool member a dead refill left");
+                discard(self.vms_dir().join(&member.instance)).await?;
+                self.host.pool.forget(member)?;
+            }
+            let Some(filling) = filling else {
+                return Ok(());
+            };
+            let config = self.vm_config(&filling.instance);
+            let restored = {
+                let _permit = self
+                    .host
+                    .booting
+                    .acquire()
+                    .await
+                    .map_err(|_| SandboxError::engine("the boot gate is closed"))?;
+                self.start_vm(&config).await
+            };
+            // The agent's connection goes: its port is the claimer's.
+            let overtaken = self.pool_epoch() != epoch;
+            match restored {
+                Ok(agent) if !overtaken => {
+                    drop(agent);
+                    self.host.pool.ready_now(filling)?;
+                }
+                outcome => {
+                    discard(config.dir()).await?;
+                    self.host.pool.forget_filling(filling)?;
+                    outcome?;
+                }
+            }
+        }
+    }
+
+    /// Starts a refill of the pool in the background, when there is a pool.
+    fn refill_later(&self) {
+        if self.host.pool.size() == 0 {
+            return;
+        }
+        let (backend, epoch) = (self.clone(), self.pool_epoch());
+        tokio::spawn(async move {
+            if let Err(error) = backend.refill(epoch).await {
+                tracing::warn!(%error, "refilling the warm pool failed; the next claim tries again");
+            }
+        });
+    }
+
+    /// A ready member of the pool for `slot` (whose locks the caller holds, with no record),
+    /// its storage base made: claimed, recorded as the key's, then served; `None` when no member
+    /// serves (each one claimed that does not is discarded). A refill follows either way.
+    async fn claim_member(
+        &self,
+        slot: &Slot,
+        key: &SandboxKey,
+        kind: &str,
+        storage_base: &str,
+    ) -> Result<Option<QemuSandbox>, SandboxError> {
+        if self.host.pool.size() == 0 {
+            return Ok(None);
+        }
+        let mut served = None;
+        for instance in self.host.pool.ready(&self.host.machine) {
+            if !self.host.pool.claim(&instance, slot)? {
+                continue;
+            }
+            let record = Record {
+                scope: key.scope.clone(),
+                thread_id: key.thread_id.clone(),
+                agent_id: key.agent_id.clone(),
+                call_id: key.call_id.clone(),
+                kind: kind.to_owned(),
+                instance: instance.clone(),
+                storage_base: storage_base.to_owned(),
+                created: layout::now_secs(),
+                retired: None,
+            };
+            slot.write_record(&record)?;
+            pool::remove_claim(slot, &instance)?;
+            let cleanup = CleanupOnDrop::armed("discard a claimed member", {
+                let (vm_dir, undo_slot) = (self.vms_dir().join(&instance), slot.clone());
+                async move {
+                    let discarded = discard(vm_dir).await;
+                    let _ = undo_slot.remove_record();
+                    discarded
+                }
+            });
+            match self.serve_member(slot, &record).await {
+                Ok(sandbox) => {
+                    let mut cleanup = cleanup;
+                    cleanup.disarm();
+                    served = Some(sandbox);
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(%instance, %error, "a claimed pool member did not serve; it is discarded");
+                    self.forget_agent(&instance);
+                    if let Some(discarded) = cleanup.run_now().await? {
+                        discarded?;
+                    }
+                }
+            }
+        }
+        self.refill_later();
+        Ok(served)
+    }
+
+    /// A claimed member's agent, and its first command: the storage base made.
+    async fn serve_member(
+        &self,
+        slot: &Slot,
+        record: &Record,
+    ) -> Result<QemuSandbox, SandboxError> {
+        let vm = Vm::attach(&self.vms_dir().join(&record.instance))
+            .map_err(|error| agent_error(&record.instance, error))?;
+        let agent = vm
+            .agent(ATTACH_TIMEOUT)
+            .await
+            .map_err(|error| attach_error(&record.instance, error, vm.is_alive()))?;
+        self.make_storage_base(slot, record, &agent).await?;
+        self.cache_agent(&record.instance, &agent);
+        Ok(self.handle(slot, record, agent, true))
+    }
+
+    /// A new VM's first command, its storage base's `mkdir`, under a bound of its own rather
+    /// than one call's: a call timeout is sized for the user's slowest file call, and a guest
+    /// that does not start its first command at all is better replaced than waited on.
+    async fn make_storage_base(
+        &self,
+        slot: &Slot,
+        record: &Record,
+        agent: &AgentClient,
+    ) -> Result<(), SandboxError> {
+        let mut creating = self.handle(slot, record, agent.clone(), true);
+        creating.call_timeout = first_exec_patience(self.host.config.boot_timeout);
+        creating.creating = true;
+        let base = record.storage_base.as_str();
+        let made = sandbox_core::Sandbox::exec(
+            &creating,
+            sandbox_core::ExecRequest::new(sandbox_core::Command::argv([
+                "/bin/mkdir",
+                "-p",
+                "--",
+                base,
+            ]))
+            .working_directory("/"),
+        )
+        .await?;
+        if made.exit_code != 0 {
+            return Err(SandboxError::GuestRefused {
+                path: base.to_owned(),
+                detail: String::from_utf8_lossy(&made.stderr).trim().to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Settles the claims in `slot`'s directory (whose locks the caller holds): a claim of the
+    /// member its record names is done and goes; any other was left by a claimer that died
+    /// before recording it, and its VM is discarded.
+    async fn settle_claims(
+        &self,
+        slot: &Slot,
+        record: Option<&Record>,
+    ) -> Result<(), SandboxError> {
+        for instance in pool::claims_in(slot) {
+            if record.is_none_or(|record| record.instance != instance) {
+                tracing::info!(%instance, slot = %slot.name, "discarding a pool member a dead claim left");
+                discard(self.vms_dir().join(&instance)).await?;
+            }
+            pool::remove_claim(slot, &instance)?;
+        }
+        Ok(())
     }
 
     /// The accelerator the probe chose, and why.
@@ -329,6 +617,9 @@ impl QemuBackend {
         kind: &str,
         storage_base: String,
     ) -> Result<QemuSandbox, SandboxError> {
+        if let Some(member) = self.claim_member(slot, key, kind, &storage_base).await? {
+            return Ok(member);
+        }
         let first = self
             .create_once(slot, key, kind, storage_base.clone())
             .await?;
@@ -393,26 +684,8 @@ impl QemuBackend {
                 .map_err(|_| SandboxError::engine("the boot gate is closed"))?;
             self.start_vm(&config).await?
         };
-        // The first command gets a bound of its own, not one call's: a call timeout is sized for
-        // the user's slowest file call, and a guest that does not start its first command at all
-        // is better replaced than waited on.
-        let mut creating = self.handle(slot, &record, agent.clone(), true);
-        creating.call_timeout = first_exec_patience(self.host.config.boot_timeout);
-        creating.creating = true;
-        let base = record.storage_base.clone();
-        let made = sandbox_core::Sandbox::exec(
-            &creating,
-            sandbox_core::ExecRequest::new(sandbox_core::Command::argv([
-                "/bin/mkdir",
-                "-p",
-                "--",
-                base.as_str(),
-            ]))
-            .working_directory("/"),
-        )
-        .await;
-        let made = match made {
-            Ok(made) => made,
+        match self.make_storage_base(slot, &record, &agent).await {
+            Ok(()) => {}
             Err(error @ SandboxError::EngineTimeout { .. }) => {
                 // Already retired (its QEMU killed); its directory and record go before the
                 // caller boots another, whose record this one's removal must not take.
@@ -425,12 +698,6 @@ impl QemuBackend {
                 }));
             }
             Err(error) => return Err(error),
-        };
-        if made.exit_code != 0 {
-            return Err(SandboxError::GuestRefused {
-                path: base,
-                detail: String::from_utf8_lossy(&made.stderr).trim().to_owned(),
-            });
         }
         cleanup.disarm();
         self.cache_agent(&record.instance, &agent);
@@ -475,6 +742,9 @@ impl QemuBackend {
         let _guard = self.host.locks.lock(slot.name.clone()).await;
         let _lock = slot.lock().await.map_err(unknown)?;
         let record = slot.read_record().map_err(unknown)?;
+        self.settle_claims(slot, record.as_ref())
+            .await
+            .map_err(refused)?;
         if let Some(record) = record {
             self.forget_agent(&record.instance);
             let work = discard(self.vms_dir().join(&record.instance));
@@ -547,6 +817,14 @@ struct Stalled {
     error: SandboxError,
 }
 
+#[cold]
+fn pool_timeout(within: Duration) -> SandboxError {
+    SandboxError::EngineTimeout {
+        operation: "filling the warm pool".to_owned(),
+        bound: within,
+    }
+}
+
 /// Why a fork's record is retired until the fork is whole.
 const FORMING: &str = "a fork into it did not finish";
 
@@ -598,6 +876,7 @@ impl Resets for QemuBackend {
             .ok_or_else(|| SandboxError::SandboxGone {
                 instance: slot.name.clone(),
             })?;
+        self.settle_claims(slot, Some(&record)).await?;
         self.forget_agent(&record.instance);
         run_detached(discard(self.vms_dir().join(&record.instance))).await??;
         slot.remove_record()?;
@@ -647,7 +926,9 @@ impl SandboxBackend for QemuBackend {
         let slot = self.slot(key, spec.kind());
         let _guard = self.host.locks.lock(slot.name.clone()).await;
         let _lock = slot.lock().await?;
-        if let Some(record) = slot.read_record()? {
+        let record = slot.read_record()?;
+        self.settle_claims(&slot, record.as_ref()).await?;
+        if let Some(record) = record {
             match self.attach(&slot, &record, true).await {
                 Ok(sandbox) => {
                     if record.storage_base != storage_base {

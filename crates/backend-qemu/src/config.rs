@@ -17,6 +17,9 @@ pub const DEFAULT_MEMORY_MIB: u32 = 2048;
 /// memory or its CPUs all at the same moment.
 pub const DEFAULT_MAX_BOOTING: usize = 2;
 
+/// The most ready VMs the warm pool may keep: each is a running VM holding its memory.
+pub const MAX_POOL: usize = 16;
+
 /// The name prefix of every VM of this backend.
 pub const DEFAULT_NAME_PREFIX: &str = "qemu";
 
@@ -53,6 +56,11 @@ pub struct QemuConfig {
     /// Extra words for every VM's kernel command line (debugging, the agent's test modes);
     /// each one word of printable ASCII.
     pub kernel_args: Vec<String>,
+    /// The warm pool: how many VMs restored from the baseline wait, ready, for fresh acquires
+    /// and resets, which take one instead of restoring their own; refilled in the background
+    /// after each. 0 (the default) = no pool. At most [`MAX_POOL`]. Shared by every process
+    /// on the state directory with the same image and limits.
+    pub pool: usize,
 }
 
 impl Default for QemuConfig {
@@ -69,6 +77,7 @@ impl Default for QemuConfig {
             name_prefix: DEFAULT_NAME_PREFIX.to_owned(),
             agent_ports: qemu_vm::DEFAULT_AGENT_PORTS,
             kernel_args: Vec::new(),
+            pool: 0,
         }
     }
 }
@@ -99,6 +108,7 @@ pub(crate) struct CheckedConfig {
     pub(crate) prefix: NamePrefix,
     pub(crate) agent_ports: u32,
     pub(crate) kernel_args: Vec<String>,
+    pub(crate) pool: usize,
 }
 
 impl QemuConfig {
@@ -159,6 +169,12 @@ impl QemuConfig {
                 "kernel argument {word:?}: each must be one word of printable ASCII"
             )));
         }
+        if self.pool > MAX_POOL {
+            return Err(SandboxError::invalid(format!(
+                "pool must be at most {MAX_POOL}, not {}",
+                self.pool
+            )));
+        }
         Ok(CheckedConfig {
             image_dir: self.image_dir,
             state_dir: self.state_dir,
@@ -171,6 +187,7 @@ impl QemuConfig {
             prefix: NamePrefix::new(self.name_prefix)?,
             agent_ports: self.agent_ports,
             kernel_args: self.kernel_args,
+            pool: self.pool,
         })
     }
 }
@@ -292,6 +309,20 @@ mod tests {
             .unwrap_err();
             assert!(refused.to_string().contains("agent ports"), "{refused}");
         }
+        let pool = QemuConfig {
+            pool: MAX_POOL + 1,
+            ..config()
+        };
+        let refused = pool.check_for(2, 4096).unwrap_err();
+        assert!(
+            refused.to_string().contains("pool must be at most"),
+            "{refused}"
+        );
+        let pool = QemuConfig {
+            pool: MAX_POOL,
+            ..config()
+        };
+        assert_eq!(pool.check_for(2, 4096).unwrap().pool, MAX_POOL);
         let most = QemuConfig {
             agent_ports: qemu_vm::MAX_AGENT_PORTS,
             ..config()

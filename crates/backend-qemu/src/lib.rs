@@ -43,11 +43,12 @@ mod fault;
 mod handle;
 mod health;
 mod layout;
+mod pool;
 
 pub use backend::{QemuBackend, TRANSFER_CEILING};
 pub use config::{
     default_state_dir, QemuConfig, DEFAULT_CPUS, DEFAULT_MAX_BOOTING, DEFAULT_MEMORY_MIB,
-    DEFAULT_NAME_PREFIX,
+    DEFAULT_NAME_PREFIX, MAX_POOL,
 };
 pub use handle::QemuSandbox;
 pub use health::health_checks;

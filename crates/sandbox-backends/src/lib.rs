@@ -89,10 +89,11 @@ pub struct BackendArgs {
 /// ends before a pool could refill, so it takes none.
 #[derive(Debug, Clone, Args)]
 pub struct PoolArgs {
-    /// Keep N ready docker containers per sandbox shape (image, storage base, limits; egress
-    /// closed) that this host has acquired, so a fresh sandbox of that shape is claimed from them
-    /// instead of created (docs/docker-backend.md#warm-pool). Members outlive the host;
-    /// `sandboxctl pool-purge` removes them. 0 = no pool. Docker only.
+    /// Keep N ready sandboxes so a fresh one is claimed instead of made: docker, N containers per
+    /// shape (image, storage base, limits; egress closed) this host has acquired
+    /// (docs/docker-backend.md#warm-pool); qemu, N VMs restored from the baseline
+    /// (docs/qemu-backend.md#warm-pool, at most 16). Members outlive the host;
+    /// `sandboxctl pool-purge` removes them. 0 = no pool. Not sbx.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub pool: usize,
 }
@@ -215,11 +216,11 @@ pub async fn connect_observed(
     }
 }
 
-/// [`connect`] for a server-like host with a warm pool of `pool` members per shape, and
-/// `observer` told of every egress decision (docker).
+/// [`connect`] for a server-like host with a warm pool of `pool` members per shape (docker,
+/// qemu), and `observer` told of every egress decision (docker).
 ///
 /// # Errors
-/// As [`connect`]; [`SandboxError::InvalidArgument`] for a pool with a backend other than docker.
+/// As [`connect`]; [`SandboxError::InvalidArgument`] for a pool with the sbx backend.
 ///
 /// # Cancel safety and drop
 /// As [`connect`]. The backend's refill runs in a task that ends with the backend.
@@ -237,27 +238,32 @@ pub async fn connect_serving(
             config.pool = pool.pool;
             Ok(Arc::new(DockerBackend::connect(config).await?))
         }
-        _ if pool.pool > 0 => Err(SandboxError::invalid(
-            "--pool keeps docker containers: it needs --backend docker",
+        BackendChoice::Qemu => connect_qemu_pooled(args, pool.pool).await,
+        BackendChoice::Sbx if pool.pool > 0 => Err(SandboxError::invalid(
+            "--pool keeps docker containers or qemu VMs: it needs --backend docker or qemu",
         )),
-        _ => connect_observed(args, guest_names, observer).await,
+        BackendChoice::Sbx => connect_observed(args, guest_names, observer).await,
     }
 }
 
-/// Removes every warm pool member of the docker engine the flags name (`sandboxctl pool-purge`):
-/// ready, being filled or mid-claim, of every shape; a sandbox claimed from the pool is its key's
+/// Removes every warm pool member of the backend the flags name (`sandboxctl pool-purge`):
+/// docker's of the engine, ready, being filled or mid-claim, of every shape; qemu's of the state
+/// directory, ready or left by a refill that died. A sandbox claimed from the pool is its key's
 /// and stays.
 ///
 /// # Errors
-/// [`SandboxError::InvalidArgument`] for a backend other than docker; what connect refuses.
+/// [`SandboxError::InvalidArgument`] for the sbx backend; what connect refuses.
 pub async fn purge_pool(args: &BackendArgs) -> Result<sandbox_core::ScopePurge, SandboxError> {
-    if args.backend != BackendChoice::Docker {
-        return Err(SandboxError::invalid(
-            "the warm pool is the docker backend's: use --backend docker",
-        ));
+    match args.backend {
+        BackendChoice::Docker => {
+            let backend = DockerBackend::connect(docker_config(args, &[])).await?;
+            Ok(backend.purge_pool().await)
+        }
+        BackendChoice::Qemu => purge_qemu_pool(args).await,
+        BackendChoice::Sbx => Err(SandboxError::invalid(
+            "the sbx backend keeps no warm pool: use --backend docker or qemu",
+        )),
     }
-    let backend = DockerBackend::connect(docker_config(args, &[])).await?;
-    Ok(backend.purge_pool().await)
 }
 
 /// The qemu backend's configuration from the flags.
@@ -284,9 +290,42 @@ async fn connect_qemu(args: &BackendArgs) -> Result<Arc<dyn SandboxBackend>, San
 
 #[cfg(not(target_os = "linux"))]
 async fn connect_qemu(_args: &BackendArgs) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
-    Err(SandboxError::invalid(
-        "the qemu backend runs on Linux hosts only",
-    ))
+    Err(qemu_is_linux_only())
+}
+
+#[cfg(target_os = "linux")]
+async fn connect_qemu_pooled(
+    args: &BackendArgs,
+    pool: usize,
+) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+    let mut config = qemu_config(args)?;
+    config.pool = pool;
+    Ok(Arc::new(backend_qemu::QemuBackend::connect(config).await?))
+}
+
+#[cfg(not(target_os = "linux"))]
+async fn connect_qemu_pooled(
+    _args: &BackendArgs,
+    _pool: usize,
+) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
+    Err(qemu_is_linux_only())
+}
+
+#[cfg(target_os = "linux")]
+async fn purge_qemu_pool(args: &BackendArgs) -> Result<sandbox_core::ScopePurge, SandboxError> {
+    let backend = backend_qemu::QemuBackend::connect(qemu_config(args)?).await?;
+    Ok(backend.purge_pool().await)
+}
+
+#[cfg(not(target_os = "linux"))]
+async fn purge_qemu_pool(_args: &BackendArgs) -> Result<sandbox_core::ScopePurge, SandboxError> {
+    Err(qemu_is_linux_only())
+}
+
+#[cfg(not(target_os = "linux"))]
+#[cold]
+fn qemu_is_linux_only() -> SandboxError {
+    SandboxError::invalid("the qemu backend runs on Linux hosts only")
 }
 
 /// The sbx backend itself (not behind the trait), for a host that also asks for its health checks.
@@ -594,6 +633,19 @@ mod tests {
         assert_eq!(args.outbound_network, "bridge");
         assert_eq!(args.docker_runtime, None);
         assert_eq!(docker_config(&args, &[]).runtime, None);
+    }
+
+    #[tokio::test]
+    async fn the_sbx_backend_takes_no_pool_and_has_none_to_purge() {
+        let args = parse(&["--backend", "sbx"]);
+        let refused = connect_serving(&args, &[], &PoolArgs { pool: 2 }, None)
+            .await
+            .err()
+            .expect("refused");
+        assert_eq!(refused.kind(), sandbox_core::ErrorKind::InvalidArgument);
+        assert!(refused.to_string().contains("--backend docker or qemu"), "{refused}");
+        let refused = purge_pool(&args).await.unwrap_err();
+        assert_eq!(refused.kind(), sandbox_core::ErrorKind::InvalidArgument);
     }
 
     #[test]

@@ -99,6 +99,14 @@ pub async fn backend(run: &Run) -> QemuBackend {
     backend
 }
 
+/// A second backend on `run`'s state directory, with a warm pool of `size`.
+pub async fn pooled_backend(run: &Run, size: usize) -> QemuBackend {
+    let mut config = setup::config(&run.state());
+    config.call_timeout = RAW_TIMEOUT;
+    config.pool = size;
+    setup::connect_with(config).await
+}
+
 /// The accelerator's name, for the rows.
 pub fn accel_name(backend: &QemuBackend) -> &'static str {
     backend.accelerator().accel.name()
