@@ -1109,11 +1109,7 @@ impl Acquirer {
                     .into(),
             ));
         }
-        if source == target {
-            return Err(SandboxError::invalid(
-                "a fork needs a target key other than its source",
-            ));
-        }
+        sandbox_core::backend_kit::refuse_fork_onto_source(source, target)?;
         refuse_pool_scope(target)?;
         let resources = self.sizing.resources().await;
         let source_plan = self.plan(source, spec, resources)?;

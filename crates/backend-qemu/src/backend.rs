@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use qemu_vm::{
     probe_accel, AccelReport, AgentClient, Vm, VmConfig, VmError, VmImage, WeakAgentClient,
 };
-use sandbox_core::backend_kit::{run_detached, CleanupOnDrop, LockTable};
+use sandbox_core::backend_kit::{refuse_fork_onto_source, run_detached, CleanupOnDrop, LockTable};
 use sandbox_core::storage_base::validate_base;
 use sandbox_core::{
     BackendDeclarations, Capability, DisposalCode, DisposalFailure, DisposeSelector, Egress,
@@ -964,11 +964,7 @@ impl SandboxBackend for QemuBackend {
         spec: &SandboxSpec,
         target: &SandboxKey,
     ) -> Result<Arc<dyn Sandbox>, SandboxError> {
-        if source == target {
-            return Err(SandboxError::invalid(
-                "a fork needs a target key other than its source",
-            ));
-        }
+        refuse_fork_onto_source(source, target)?;
         if target.is_call() {
             return Err(SandboxError::ScopeNotEnforced(
                 "the qemu backend serves the conversation scope only".into(),

@@ -10,7 +10,8 @@
 //! - [`LockTable`]: per-key async locks that prune themselves (a backend's per-name locks, the
 //!   router's acquire gates);
 //! - [`run_detached`], [`spawn_detached`] and [`CleanupOnDrop`]: work that finishes even when
-//!   the caller's future is dropped.
+//!   the caller's future is dropped;
+//! - [`refuse_fork_onto_source`]: the check of a fork's keys every `fork` makes first.
 //!
 //! Not here: the sink that feeds a wrapper call's output through the nonce splitter into an
 //! [`ExecStreamSender`]. It needs `exec-wrapper`'s splitter, and the core depends on nothing of
@@ -19,8 +20,10 @@
 //! [`ExecStream::channel`]: crate::ExecStream::channel
 
 mod detached;
+mod fork_keys;
 mod lock_table;
 
 pub use crate::exec_stream::{collect_exec, ExecStreamSender, SendRefused};
 pub use detached::{run_detached, spawn_detached, CleanupOnDrop};
+pub use fork_keys::refuse_fork_onto_source;
 pub use lock_table::{LockGuard, LockTable};

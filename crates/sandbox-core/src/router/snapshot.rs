@@ -134,11 +134,7 @@ impl Router {
     ) -> Result<Arc<dyn Sandbox>, SandboxError> {
         let inner = &self.inner;
         let kind = spec.kind();
-        if source == target {
-            return Err(SandboxError::invalid(
-                "a sandbox cannot be forked onto its own key",
-            ));
-        }
+        crate::backend_kit::refuse_fork_onto_source(source, target)?;
         let index = inner
             .state()
             .served_by(source, Some(kind))

@@ -397,11 +397,7 @@ impl SandboxBackend for FakeBackend {
         if let Some(detail) = self.faults().snapshot_failure {
             return Err(SandboxError::engine(detail));
         }
-        if source == target {
-            return Err(SandboxError::invalid(
-                "a sandbox cannot be forked onto its own key",
-            ));
-        }
+        crate::backend_kit::refuse_fork_onto_source(source, target)?;
         let kind = spec.kind().to_owned();
         let mut state = lock(&self.shared.state);
         let Some(origin) = state
