@@ -125,7 +125,10 @@ async fn main() {
         )
         .await;
         let served = served.expect("served");
-        assert!(members.contains(&served), "{served} was claimed from {members:?}");
+        assert!(
+            members.contains(&served),
+            "{served} was claimed from {members:?}"
+        );
         let failure = pooled
             .dispose(&key, sandbox_core::DisposeSelector::all())
             .await;
@@ -233,8 +236,7 @@ async fn main() {
     }
     drop(source);
 
-    let passed =
-        cold.report() & snapshot.report() & pool.report() & warm.report() & fork.report();
+    let passed = cold.report() & snapshot.report() & pool.report() & warm.report() & fork.report();
     dispose_thread(&backend, "fork").await;
     dispose_thread(&backend, "warm").await;
     dispose_thread(&backend, "cold").await;

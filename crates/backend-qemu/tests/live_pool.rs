@@ -156,14 +156,20 @@ async fn echo(sandbox: &dyn sandbox_core::Sandbox, text: &str) -> String {
 /// A claimer that died after taking a member and before recording it left the claim in the
 /// key's directory: the key's next acquire discards that VM and serves another. A refill whose
 /// process died left a `.filling` entry no one holds: the next refill discards its VM.
-async fn dead_claimers_and_fillers_leave_nothing(state_dir: &Path, backend: &backend_qemu::QemuBackend) {
+async fn dead_claimers_and_fillers_leave_nothing(
+    state_dir: &Path,
+    backend: &backend_qemu::QemuBackend,
+) {
     let spec = SandboxSpec::builder("pool").build().unwrap();
     let key = SandboxKey::conversation("pool-crash", "claimer", "agent");
     // The key's directory name: made by a first acquire (a claim), emptied by its disposal.
     let first = backend.acquire(&key, &spec).await.unwrap();
     drop(first);
     let slot_name = only_key_directory(state_dir);
-    assert!(backend.dispose(&key, DisposeSelector::all()).await.is_none());
+    assert!(backend
+        .dispose(&key, DisposeSelector::all())
+        .await
+        .is_none());
     // The dead claimer: a ready member's entry renamed into the key's directory as its claim,
     // and nothing recorded.
     backend.fill_pool(Duration::from_secs(300)).await.unwrap();
@@ -177,7 +183,11 @@ async fn dead_claimers_and_fillers_leave_nothing(state_dir: &Path, backend: &bac
     .unwrap();
     assert!(state_dir.join("vms").join(&taken).exists());
     let served = backend.acquire(&key, &spec).await.unwrap();
-    assert_ne!(served.instance_id(), taken, "the dead claim's member is never served");
+    assert_ne!(
+        served.instance_id(),
+        taken,
+        "the dead claim's member is never served"
+    );
     assert_eq!(echo(served.as_ref(), "served").await, "served\n");
     assert!(
         !state_dir.join("vms").join(&taken).exists(),
@@ -185,7 +195,10 @@ async fn dead_claimers_and_fillers_leave_nothing(state_dir: &Path, backend: &bac
     );
     assert!(!slot_dir.join(format!("claim-{taken}")).exists());
     drop(served);
-    assert!(backend.dispose(&key, DisposeSelector::all()).await.is_none());
+    assert!(backend
+        .dispose(&key, DisposeSelector::all())
+        .await
+        .is_none());
 
     // The dead filler: a `.filling` entry whose lock no process holds, over a running VM.
     backend.fill_pool(Duration::from_secs(300)).await.unwrap();
@@ -202,7 +215,9 @@ async fn dead_claimers_and_fillers_leave_nothing(state_dir: &Path, backend: &bac
         !state_dir.join("vms").join(&orphan).exists(),
         "the dead filler's VM was discarded"
     );
-    assert!(!pool_entries(state_dir).iter().any(|n| n.starts_with(&orphan)));
+    assert!(!pool_entries(state_dir)
+        .iter()
+        .any(|n| n.starts_with(&orphan)));
     assert_eq!(backend.pool_members().await.unwrap().len(), POOL_SIZE);
 }
 

@@ -643,7 +643,10 @@ mod tests {
             .err()
             .expect("refused");
         assert_eq!(refused.kind(), sandbox_core::ErrorKind::InvalidArgument);
-        assert!(refused.to_string().contains("--backend docker or qemu"), "{refused}");
+        assert!(
+            refused.to_string().contains("--backend docker or qemu"),
+            "{refused}"
+        );
         let refused = purge_pool(&args).await.unwrap_err();
         assert_eq!(refused.kind(), sandbox_core::ErrorKind::InvalidArgument);
     }
