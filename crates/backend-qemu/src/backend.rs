@@ -59,6 +59,8 @@ struct QemuHost {
     machine: String,
     /// The warm pool's entries.
     pool: PoolEntries,
+    /// The storage base every pool member is made with (the default one, normal form).
+    member_base: String,
     /// This process's refill: one at a time.
     refilling: tokio::sync::Mutex<()>,
     /// Bumped by each purge of the pool: a refill that began before it stops, and discards the
@@ -157,6 +159,7 @@ impl QemuBackend {
                 baselines,
                 machine: String::new(),
                 pool,
+                member_base: validate_base(DEFAULT_WORK_DIR)?,
                 refilling: tokio::sync::Mutex::new(()),
                 pool_epoch: AtomicU64::new(0),
             }),
@@ -280,10 +283,14 @@ impl QemuBackend {
             };
             // The agent's connection goes: its port is the claimer's.
             let overtaken = self.pool_epoch() != epoch;
-            match restored {
-                Ok(agent) if !overtaken => {
-                    drop(agent);
-                    self.host.pool.ready_now(filling)?;
+            let prepared = match restored {
+                Ok(agent) if !overtaken => self.prepare_member(&agent).await,
+                Ok(_) => Ok(()),
+                Err(error) => Err(error),
+            };
+            match prepared {
+                Ok(()) if !overtaken => {
+                    self.host.pool.ready_now(filling, &self.host.member_base)?;
                 }
                 outcome => {
                     discard(config.dir()).await?;
@@ -292,6 +299,38 @@ impl QemuBackend {
                 }
             }
         }
+    }
+
+    /// A restored member's first command, so a claim for the default storage base runs none:
+    /// that base made, under a new VM's patience. Its connection then closes (its agent port
+    /// is the claimer's).
+    async fn prepare_member(&self, agent: &AgentClient) -> Result<(), SandboxError> {
+        let patience = first_exec_patience(self.host.config.boot_timeout);
+        let request = qemu_vm::ExecRequest {
+            argv: ["/bin/mkdir", "-p", "--", self.host.member_base.as_str()]
+                .iter()
+                .map(|a| a.as_bytes().to_vec())
+                .collect(),
+            env: vec![(b"PATH".to_vec(), b"/usr/sbin:/usr/bin:/sbin:/bin".to_vec())],
+            workdir: b"/".to_vec(),
+            stdin: false,
+            timeout_ms: u64::try_from(patience.as_millis()).unwrap_or(u64::MAX),
+            user: None,
+        };
+        let limits = qemu_vm::RunLimits {
+            output_cap: 64 * 1024,
+            deadline: patience,
+        };
+        let made = agent.run(request, None, limits).await.map_err(|error| {
+            SandboxError::engine(format!("a pool member's first command: {error}"))
+        })?;
+        if made.status.code != Some(0) {
+            return Err(SandboxError::GuestRefused {
+                path: self.host.member_base.clone(),
+                detail: String::from_utf8_lossy(&made.stderr).trim().to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// Starts a refill of the pool in the background, when there is a pool.
@@ -325,6 +364,7 @@ impl QemuBackend {
             if !self.host.pool.claim(&instance, slot)? {
                 continue;
             }
+            let prepared = pool::claimed_base(slot, &instance).as_deref() == Some(storage_base);
             let record = Record {
                 scope: key.scope.clone(),
                 thread_id: key.thread_id.clone(),
@@ -346,7 +386,7 @@ impl QemuBackend {
                     discarded
                 }
             });
-            match self.serve_member(slot, &record).await {
+            match self.serve_member(slot, &record, prepared).await {
                 Ok(sandbox) => {
                     let mut cleanup = cleanup;
                     cleanup.disarm();
@@ -366,11 +406,13 @@ impl QemuBackend {
         Ok(served)
     }
 
-    /// A claimed member's agent, and its first command: the storage base made.
+    /// A claimed member's agent, and, unless it was `prepared` with the record's storage base,
+    /// its first command: the storage base made.
     async fn serve_member(
         &self,
         slot: &Slot,
         record: &Record,
+        prepared: bool,
     ) -> Result<QemuSandbox, SandboxError> {
         let vm = Vm::attach(&self.vms_dir().join(&record.instance))
             .map_err(|error| agent_error(&record.instance, error))?;
@@ -378,7 +420,9 @@ impl QemuBackend {
             .agent(ATTACH_TIMEOUT)
             .await
             .map_err(|error| attach_error(&record.instance, error, vm.is_alive()))?;
-        self.make_storage_base(slot, record, &agent).await?;
+        if !prepared {
+            self.make_storage_base(slot, record, &agent).await?;
+        }
         self.cache_agent(&record.instance, &agent);
         Ok(self.handle(slot, record, agent, true))
     }
@@ -464,14 +508,18 @@ impl QemuBackend {
         }
         let vm = Vm::attach(&self.vms_dir().join(&record.instance))
             .map_err(|error| agent_error(&record.instance, error))?;
-        // A fork's save pauses its source under the name's lock: with the lock held here, a
-        // source still paused was left so by a fork whose process died, and runs on.
-        let status = if locked { vm.status().await.ok() } else { None };
-        if let Some(status) = status.filter(|s| !s.running && paused_by_a_save(&s.status)) {
-            tracing::info!(instance = %record.instance, status = %status.status, "resuming a VM a fork left paused");
-            vm.resume()
-                .await
-                .map_err(|error| agent_error(&record.instance, error))?;
+        // A fork's save pauses its source under the name's lock, marked in the name's
+        // directory: with the lock held here, a mark still standing was left by a fork whose
+        // process died, and a source it left paused runs on.
+        if locked && slot.is_saving() {
+            let status = vm.status().await.ok();
+            if let Some(status) = status.filter(|s| !s.running && paused_by_a_save(&s.status)) {
+                tracing::info!(instance = %record.instance, status = %status.status, "resuming a VM a fork left paused");
+                vm.resume()
+                    .await
+                    .map_err(|error| agent_error(&record.instance, error))?;
+            }
+            slot.clear_saving()?;
         }
         let cached = self.cached_agent(&record.instance);
         let agent = match cached {
@@ -550,6 +598,7 @@ impl QemuBackend {
     /// replaces a retired VM) or disposal discards.
     async fn fork_into(
         &self,
+        source_slot: &Slot,
         source: &Record,
         target_slot: &Slot,
         target: &SandboxKey,
@@ -584,9 +633,14 @@ impl QemuBackend {
             }
         });
         let machine = qemu_vm::Snapshot::machine_of(&config);
+        source_slot.mark_saving()?;
         let saved = qemu_vm::Snapshot::save(&source_vm, &machine, &fork_dir).await;
-        // The source runs on whatever the save did; a source that cannot is reported.
+        // The source runs on whatever the save did; a source that cannot is reported (and
+        // its mark stays, for the next acquire to try again).
         let resumed = source_vm.resume().await;
+        if resumed.is_ok() {
+            source_slot.clear_saving()?;
+        }
         let snapshot = saved.map_err(|error| agent_error(&source.instance, error))?;
         resumed.map_err(|error| agent_error(&source.instance, error))?;
         let (_vm, agent) = snapshot
@@ -1000,7 +1054,7 @@ impl SandboxBackend for QemuBackend {
         // The source must serve: a dead or retired VM is not copied.
         let source_handle = self.attach(&source_slot, &record, true).await?;
         drop(source_handle);
-        self.fork_into(&record, &target_slot, target, spec.kind())
+        self.fork_into(&source_slot, &record, &target_slot, target, spec.kind())
             .await
             .map(|sandbox| shared(sandbox.with_files_in(spec.files_in())))
     }

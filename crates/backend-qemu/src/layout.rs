@@ -24,6 +24,9 @@ pub(crate) const VMS: &str = "vms";
 /// The record's file name inside a name's directory.
 const RECORD: &str = "record.json";
 
+/// The mark of a fork's save under way, inside a name's directory ([`Slot::mark_saving`]).
+const SAVING: &str = "saving";
+
 /// The largest record read back (a record is a few hundred bytes; anything larger is not ours).
 const RECORD_CAP: u64 = 64 * 1024;
 
@@ -169,8 +172,34 @@ impl Slot {
         }
     }
 
+    /// Marks the name's VM as being saved by a fork (which pauses it), before the save starts:
+    /// while the mark stands, the VM may be paused by a save whose process died, and the next
+    /// holder of the name's lock asks QEMU. Without it, no one does (an acquire stays one file
+    /// look, not a QMP round trip).
+    pub(crate) fn mark_saving(&self) -> Result<(), SandboxError> {
+        let path = self.dir.join(SAVING);
+        std::fs::write(&path, b"").map_err(|source| io_error("write", &path, source))
+    }
+
+    /// Whether a fork's save of the name's VM began and was not seen to end.
+    pub(crate) fn is_saving(&self) -> bool {
+        self.dir.join(SAVING).exists()
+    }
+
+    /// Removes the mark once the VM runs again.
+    pub(crate) fn clear_saving(&self) -> Result<(), SandboxError> {
+        let path = self.dir.join(SAVING);
+        match std::fs::remove_file(&path) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                Err(io_error("remove", &path, error))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Removes the name's directory once nothing of a VM is left in it.
     pub(crate) fn remove_if_empty(&self) {
+        let _ = std::fs::remove_file(self.dir.join(SAVING));
         let _ = std::fs::remove_file(self.dir.join("lock"));
         let _ = std::fs::remove_dir(&self.dir);
     }

@@ -8,8 +8,9 @@
 //!   until the member is ready or gone, so a filler that died is told from one at work by a lock
 //!   that can be taken; how many are filling is counted under the pool's lock (`.pool/lock`), so
 //!   processes that refill at once never make more than the pool's size.
-//! - `<id>` once the member's agent answered: ready, the only entries a claim takes, and only
-//!   when it holds the claimer's machine.
+//! - `<id>` once the member's agent answered and the default storage base was made in it: ready,
+//!   the only entries a claim takes, and only when it holds the claimer's machine. Its second
+//!   line is that storage base, which a claim for the same base need not make again.
 //!
 //! **The claim** is the rename of a ready entry into the claiming key's directory, as
 //! `claim-<id>`, under that key's lock. Of all the callers renaming one entry exactly one
@@ -53,6 +54,7 @@ pub(crate) struct PoolEntries {
 #[derive(Debug)]
 pub(crate) struct Filling {
     pub(crate) instance: String,
+    machine: String,
     entry: PathBuf,
     _lock: File,
 }
@@ -159,6 +161,7 @@ impl PoolEntries {
             abandoned,
             Some(Filling {
                 instance,
+                machine: machine.to_owned(),
                 entry,
                 _lock: lock,
             }),
@@ -199,8 +202,16 @@ impl PoolEntries {
         Ok((abandoned, counted))
     }
 
-    /// Marks a restored member ready: from now on a claim may take it.
-    pub(crate) fn ready_now(&self, filling: Filling) -> Result<(), SandboxError> {
+    /// Marks a restored member, in which `storage_base` was made, ready: from now on a claim
+    /// may take it.
+    pub(crate) fn ready_now(
+        &self,
+        filling: Filling,
+        storage_base: &str,
+    ) -> Result<(), SandboxError> {
+        let text = format!("{}\n{storage_base}", filling.machine);
+        std::fs::write(&filling.entry, text)
+            .map_err(|e| layout::io_error("write", &filling.entry, e))?;
         let to = self.dir.join(&filling.instance);
         std::fs::rename(&filling.entry, &to).map_err(|e| layout::io_error("rename", &to, e))
     }
@@ -243,10 +254,20 @@ impl PoolEntries {
     }
 
     fn machine_of(&self, name: &str) -> Option<String> {
-        let path = self.dir.join(name);
-        let bytes = host_state::read_record(&path, ENTRY_CAP).ok()??;
-        String::from_utf8(bytes).ok()
+        entry_line(&self.dir.join(name), 0)
     }
+}
+
+/// Line `n` of the entry at `path`: the machine (0), the storage base made in the member (1).
+fn entry_line(path: &Path, n: usize) -> Option<String> {
+    let bytes = host_state::read_record(path, ENTRY_CAP).ok()??;
+    let text = String::from_utf8(bytes).ok()?;
+    text.lines().nth(n).map(str::to_owned)
+}
+
+/// The storage base made in the member `slot` claimed, as its entry says.
+pub(crate) fn claimed_base(slot: &Slot, instance: &str) -> Option<String> {
+    entry_line(&claim_path(slot, instance), 1)
 }
 
 /// The claims in `slot`'s directory: members taken for it whose claimer may have died before
@@ -335,7 +356,7 @@ mod tests {
             .unwrap();
         assert!(none.is_none());
         assert!(pool.ready("m1").is_empty(), "a filling member is not ready");
-        pool.ready_now(filling).unwrap();
+        pool.ready_now(filling, "/work").unwrap();
         assert_eq!(pool.ready("m1"), ["vm-00000000000a"]);
         assert!(pool.ready("m2").is_empty(), "another machine's member");
         let (one, two) = (
@@ -345,6 +366,10 @@ mod tests {
         assert!(pool.claim("vm-00000000000a", &one).unwrap());
         assert!(!pool.claim("vm-00000000000a", &two).unwrap());
         assert_eq!(claims_in(&one), ["vm-00000000000a"]);
+        assert_eq!(
+            claimed_base(&one, "vm-00000000000a").as_deref(),
+            Some("/work")
+        );
         assert!(claims_in(&two).is_empty());
         assert!(pool.members().is_empty());
         remove_claim(&one, "vm-00000000000a").unwrap();

@@ -221,6 +221,34 @@ async fn dead_claimers_and_fillers_leave_nothing(
     assert_eq!(backend.pool_members().await.unwrap().len(), POOL_SIZE);
 }
 
+/// A member is made with the default storage base; a claim for another base makes that one
+/// in it, and the sandbox's commands start there.
+async fn a_member_serves_another_storage_base(backend: &backend_qemu::QemuBackend) {
+    backend.fill_pool(Duration::from_secs(300)).await.unwrap();
+    let members = backend.pool_members().await.unwrap();
+    let spec = SandboxSpec::builder("pool")
+        .work_dir(Some("/srv/elsewhere".to_owned()))
+        .build()
+        .unwrap();
+    let key = SandboxKey::conversation("pool-base", "t", "agent");
+    let sandbox = backend.acquire(&key, &spec).await.unwrap();
+    assert!(
+        members.iter().any(|m| m == sandbox.instance_id()),
+        "{} was not claimed from {members:?}",
+        sandbox.instance_id()
+    );
+    let cwd = sandbox
+        .exec(ExecRequest::new(Command::argv(["pwd"])).timeout(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(cwd.stdout_text(), "/srv/elsewhere\n", "{cwd:?}");
+    drop(sandbox);
+    assert!(backend
+        .dispose(&key, DisposeSelector::all())
+        .await
+        .is_none());
+}
+
 /// The one key directory under `state_dir` (the backend's prefix is `qemu`).
 fn only_key_directory(state_dir: &Path) -> String {
     let names: Vec<String> = std::fs::read_dir(state_dir)
@@ -244,6 +272,7 @@ async fn the_vm_image_passes_the_pool_suite() {
     let started = std::time::Instant::now();
 
     dead_claimers_and_fillers_leave_nothing(&state_dir, &backend).await;
+    a_member_serves_another_storage_base(&backend).await;
 
     let hooks = QemuPoolHooks {
         state_dir: state_dir.clone(),
