@@ -136,6 +136,21 @@ const CONTAINER_DEATH_STATUSES: [i32; 2] = [128, SIGKILL_STATUS];
 const CONTAINER_DEATH_DEADLINE: Duration = Duration::from_secs(10);
 const CONTAINER_DEATH_POLL: Duration = Duration::from_millis(100);
 
+/// How often a running command's container is read, to end the call when the container ended
+/// under it (the exec itself may not end then).
+const DEATH_WATCH: Duration = Duration::from_secs(2);
+
+/// The container states in which a command may still be running.
+const ALIVE_STATES: [&str; 3] = ["running", "paused", "restarting"];
+
+/// How a watched exec ended.
+enum Watched<T> {
+    /// On its own.
+    Ended(T),
+    /// Its container ended first: gone (`None`) or in this state.
+    ContainerEnded(Option<String>),
+}
+
 /// Commands in the backend's containers through the exec wrapper.
 #[derive(Debug)]
 pub(crate) struct GuestCalls {
@@ -522,13 +537,29 @@ impl GuestCalls {
         let started_seen = sink.started_flag();
         let started = std::time::SystemTime::now();
         let start_requested = AtomicBool::new(false);
-        let ran = tokio::time::timeout(
-            timeout,
-            self.execs
-                .exec_attached(&id, argv, env, stdin, &mut sink, &start_requested, None),
-        )
-        .await;
+        let exec = self
+            .execs
+            .exec_attached(&id, argv, env, stdin, &mut sink, &start_requested, None);
+        let watched = tokio::time::timeout(timeout, self.watching_container(&id, exec)).await;
         let (sender, splitter) = sink.into_parts();
+        let ran = match watched {
+            Ok(Watched::Ended(ran)) => Ok(ran),
+            Ok(Watched::ContainerEnded(state)) => {
+                tracing::warn!(container = %id, ?state, "the container ended while a command ran");
+                let error = match state {
+                    None => SandboxError::SandboxGone {
+                        instance: id.clone(),
+                    },
+                    Some(state) => SandboxError::engine(format!(
+                        "container {id} stopped ({state}) while the command ran; the command \
+                         ended with it"
+                    )),
+                };
+                sender.finish(Err(error)).await;
+                return;
+            }
+            Err(elapsed) => Err(elapsed),
+        };
         let outcome = match ran {
             // The deadline passed before the engine was asked to start anything (the exec
             // waited out a pause): there is nothing to kill.
@@ -574,6 +605,33 @@ impl GuestCalls {
             }
         };
         sender.finish(outcome).await;
+    }
+
+    /// Runs `exec` while reading its container's state every [`DEATH_WATCH`]: an exec whose
+    /// container ended may never end itself (under gVisor, `runsc` can go on waiting for a
+    /// process of a kernel that is gone), so the container's end ends the wait. A failed read
+    /// is not the command's end: the wait goes on.
+    async fn watching_container<T>(
+        &self,
+        id: &str,
+        exec: impl std::future::Future<Output = T>,
+    ) -> Watched<T> {
+        tokio::pin!(exec);
+        let first = tokio::time::Instant::now() + DEATH_WATCH;
+        let mut tick = tokio::time::interval_at(first, DEATH_WATCH);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                ended = &mut exec => return Watched::Ended(ended),
+                _ = tick.tick() => match self.containers.inspect(id).await {
+                    Ok(None) => return Watched::ContainerEnded(None),
+                    Ok(Some(record)) if !ALIVE_STATES.contains(&record.status()) => {
+                        return Watched::ContainerEnded(Some(record.status().to_owned()));
+                    }
+                    Ok(Some(_)) | Err(_) => {}
+                },
+            }
+        }
     }
 
     /// What a wrapper call that ended reports: the command's exit, or the engine's failure.
