@@ -644,7 +644,7 @@ impl QemuBackend {
         let snapshot = saved.map_err(|error| agent_error(&source.instance, error))?;
         resumed.map_err(|error| agent_error(&source.instance, error))?;
         let (_vm, agent) = snapshot
-            .restore(&config, self.host.config.boot_timeout)
+            .restore_once(&config, self.host.config.boot_timeout)
             .await
             .map_err(|error| agent_error(&record.instance, error))?;
         remove_dir(&fork_dir)?;
