@@ -537,9 +537,9 @@ impl GuestCalls {
         let started_seen = sink.started_flag();
         let started = std::time::SystemTime::now();
         let start_requested = AtomicBool::new(false);
-        let exec = self
-            .execs
-            .exec_attached(&id, argv, env, stdin, &mut sink, &start_requested, None);
+        let exec =
+            self.execs
+                .exec_attached(&id, argv, env, stdin, &mut sink, &start_requested, None);
         let watched = tokio::time::timeout(timeout, self.watching_container(&id, exec)).await;
         let (sender, splitter) = sink.into_parts();
         let ran = match watched {
