@@ -638,10 +638,9 @@ mod tests {
     #[tokio::test]
     async fn the_sbx_backend_takes_no_pool_and_has_none_to_purge() {
         let args = parse(&["--backend", "sbx"]);
-        let refused = connect_serving(&args, &[], &PoolArgs { pool: 2 }, None)
-            .await
-            .err()
-            .expect("refused");
+        let Err(refused) = connect_serving(&args, &[], &PoolArgs { pool: 2 }, None).await else {
+            panic!("a pool with the sbx backend is refused");
+        };
         assert_eq!(refused.kind(), sandbox_core::ErrorKind::InvalidArgument);
         assert!(
             refused.to_string().contains("--backend docker or qemu"),
