@@ -689,24 +689,35 @@ async fn adopt_race_winner(
     target: &Target,
     spec: &SandboxSpec,
 ) -> Result<Arc<SbxSandbox>, SandboxError> {
+    // The winner's name is taken before `sbx ls` shows its sandbox: its record, finished once
+    // the sandbox is ready, is waited for before the listing is believed.
+    let record = wait_for_creator(host, target).await?;
     let Some(row) = listed(host, &target.name).await? else {
+        if record.as_ref().is_some_and(|r| r.instance_id.is_none()) {
+            // Its creator is still at work, past the wait: not a fault of the daemon's.
+            return Err(still_creating(target));
+        }
         return Err(SandboxError::DaemonFault(format!(
             "sbx create said {} already exists but `sbx ls` does not list it; fix with `sbx \
              daemon restart`",
             target.name
         )));
     };
-    let record = wait_for_creator(host, target).await?;
     let ready = record
         .as_ref()
         .is_some_and(|r| r.instance_id.is_some() && r.instance_id == row.id);
     if !ready {
-        return Err(SandboxError::Busy(format!(
-            "another process is still creating {}; retry the acquire",
-            target.name
-        )));
+        return Err(still_creating(target));
     }
     adopt(host, target, &row, record, Some(spec), false).await
+}
+
+#[cold]
+fn still_creating(target: &Target) -> SandboxError {
+    SandboxError::Busy(format!(
+        "another process is still creating {}; retry the acquire",
+        target.name
+    ))
 }
 
 /// Guest mount, id, tool probe, mount point, marker, mount proof, agent-socket check, record,

@@ -59,7 +59,8 @@ pub fn child_acquire_line(result: &Result<Arc<dyn Sandbox>, SandboxError>) -> St
 
 /// The child's side, whole: `n` acquires of `key` with `spec` at once on `backend`, each retrying
 /// `Busy` as the probe's own do ([`crate::isolation::acquire_retrying_busy`]), then one
-/// [`child_acquire_line`] per acquire on standard output, in order.
+/// [`child_acquire_line`] per acquire on standard output, in order. A failed acquire's error is
+/// also written to standard error, whole, for the hook to show (the line carries its kind only).
 ///
 /// # Panics
 ///
@@ -82,6 +83,9 @@ pub async fn print_concurrent_acquires<B>(
         .collect();
     for acquire in acquires {
         let result = acquire.await.expect("acquire task");
+        if let Err(error) = &result {
+            eprintln!("an acquire failed: {error}");
+        }
         println!("{}", child_acquire_line(&result));
     }
 }

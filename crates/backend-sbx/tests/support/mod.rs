@@ -335,6 +335,10 @@ impl HardeningHooks for SimHooks<'_> {
                 format!("the child process failed: {}", text(&output.stderr)),
             ));
         }
+        if !output.stderr.is_empty() {
+            // The errors behind any failed acquire, for the test's output.
+            eprintln!("the acquire child said: {}", text(&output.stderr));
+        }
         conformance::child_process::parse_child_acquires(&output.stdout)
     }
 
