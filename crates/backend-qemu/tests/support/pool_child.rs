@@ -31,6 +31,8 @@ async fn main() {
     let mut config = setup::config(Path::new(state));
     config.image_dir = PathBuf::from(image);
     config.pool = size.parse().expect("the pool size is a number");
+    // One restore at a time per process: four processes already restore four VMs at once.
+    config.max_booting = 1;
     let backend = QemuBackend::connect(config).await.expect("connect");
     let spec = SandboxSpec::builder(kind.as_str()).build().expect("spec");
     let acquires: Vec<_> = threads
