@@ -137,19 +137,7 @@ impl Baselines {
 
     /// The lock of the baseline in `dir`, held until the file is dropped.
     async fn lock(&self, dir: &Path) -> Result<std::fs::File, SandboxError> {
-        let path = dir.with_extension("lock");
-        let file = std::fs::File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|source| layout::io_error("open", &path, source))?;
-        tokio::task::spawn_blocking(move || {
-            rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).map(|()| file)
-        })
-        .await
-        .map_err(|error| SandboxError::engine(format!("lock {}: {error}", path.display())))?
-        .map_err(|errno| layout::io_error("lock", &path, errno.into()))
+        layout::lock_file(dir.with_extension("lock")).await
     }
 }
 

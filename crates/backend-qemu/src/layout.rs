@@ -106,13 +106,7 @@ impl Slot {
     }
 
     pub(crate) fn remove_record(&self) -> Result<(), SandboxError> {
-        let path = self.dir.join(RECORD);
-        match std::fs::remove_file(&path) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-                Err(io_error("remove", &path, error))
-            }
-            _ => Ok(()),
-        }
+        remove_if_present(&self.dir.join(RECORD))
     }
 
     /// Takes the name's lock, shared by every process on the host: at most one of them
@@ -120,20 +114,7 @@ impl Slot {
     pub(crate) async fn lock(&self) -> Result<File, SandboxError> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|source| io_error("create", &self.dir, source))?;
-        let path = self.dir.join("lock");
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|source| io_error("open", &path, source))?;
-        // A dropped acquire drops the thread's result, and with it the lock.
-        tokio::task::spawn_blocking(move || {
-            rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).map(|()| file)
-        })
-        .await
-        .map_err(|error| SandboxError::engine(format!("lock {}: {error}", path.display())))?
-        .map_err(|errno| io_error("lock", &path, errno.into()))
+        lock_file(self.dir.join("lock")).await
     }
 
     /// Marks the record retired with `reason` when it still names `instance` and is not retired
@@ -188,13 +169,7 @@ impl Slot {
 
     /// Removes the mark once the VM runs again.
     pub(crate) fn clear_saving(&self) -> Result<(), SandboxError> {
-        let path = self.dir.join(SAVING);
-        match std::fs::remove_file(&path) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-                Err(io_error("remove", &path, error))
-            }
-            _ => Ok(()),
-        }
+        remove_if_present(&self.dir.join(SAVING))
     }
 
     /// Removes the name's directory once nothing of a VM is left in it.
@@ -202,6 +177,34 @@ impl Slot {
         let _ = std::fs::remove_file(self.dir.join(SAVING));
         let _ = std::fs::remove_file(self.dir.join("lock"));
         let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Takes the exclusive lock of the file at `path` (made if missing), shared by every process on
+/// the host; held until the file is dropped. A dropped future drops the waiting thread's
+/// result, and with it the lock.
+pub(crate) async fn lock_file(path: PathBuf) -> Result<File, SandboxError> {
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|source| io_error("open", &path, source))?;
+    tokio::task::spawn_blocking(move || {
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).map(|()| file)
+    })
+    .await
+    .map_err(|error| SandboxError::engine(format!("lock {}: {error}", path.display())))?
+    .map_err(|errno| io_error("lock", &path, errno.into()))
+}
+
+/// Removes the file at `path`; one already gone is no error.
+pub(crate) fn remove_if_present(path: &Path) -> Result<(), SandboxError> {
+    match std::fs::remove_file(path) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            Err(io_error("remove", path, error))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -218,29 +218,17 @@ impl PoolEntries {
 
     /// Removes the entry of a member that was not made, or was discarded.
     pub(crate) fn forget_filling(&self, filling: Filling) -> Result<(), SandboxError> {
-        remove_file(&filling.entry)
+        layout::remove_if_present(&filling.entry)
     }
 
     /// Removes the entry of an abandoned or withdrawn member, once its VM is gone.
     pub(crate) fn forget(&self, abandoned: Abandoned) -> Result<(), SandboxError> {
-        remove_file(&abandoned.entry)
+        layout::remove_if_present(&abandoned.entry)
     }
 
     async fn lock(&self) -> Result<File, SandboxError> {
         std::fs::create_dir_all(&self.dir).map_err(|e| layout::io_error("create", &self.dir, e))?;
-        let path = self.dir.join("lock");
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|source| layout::io_error("open", &path, source))?;
-        tokio::task::spawn_blocking(move || {
-            rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).map(|()| file)
-        })
-        .await
-        .map_err(|error| SandboxError::engine(format!("lock {}: {error}", path.display())))?
-        .map_err(|errno| layout::io_error("lock", &path, errno.into()))
+        layout::lock_file(self.dir.join("lock")).await
     }
 
     fn entries(&self) -> Vec<String> {
@@ -286,7 +274,7 @@ pub(crate) fn claims_in(slot: &Slot) -> Vec<String> {
 
 /// Removes `slot`'s claim of `instance` (its record names the member now, or it is gone).
 pub(crate) fn remove_claim(slot: &Slot, instance: &str) -> Result<(), SandboxError> {
-    remove_file(&claim_path(slot, instance))
+    layout::remove_if_present(&claim_path(slot, instance))
 }
 
 fn claim_path(slot: &Slot, instance: &str) -> PathBuf {
@@ -310,15 +298,6 @@ fn try_lock(path: &Path) -> Result<Option<File>, SandboxError> {
         Ok(()) => Ok(Some(file)),
         Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
         Err(errno) => Err(layout::io_error("lock", path, errno.into())),
-    }
-}
-
-fn remove_file(path: &Path) -> Result<(), SandboxError> {
-    match std::fs::remove_file(path) {
-        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-            Err(layout::io_error("remove", path, error))
-        }
-        _ => Ok(()),
     }
 }
 
