@@ -272,15 +272,7 @@ impl QemuBackend {
                 return Ok(());
             };
             let config = self.vm_config(&filling.instance);
-            let restored = {
-                let _permit = self
-                    .host
-                    .booting
-                    .acquire()
-                    .await
-                    .map_err(|_| SandboxError::engine("the boot gate is closed"))?;
-                self.start_vm(&config).await
-            };
+            let restored = self.start_vm(&config).await;
             // The agent's connection goes: its port is the claimer's.
             let overtaken = self.pool_epoch() != epoch;
             let prepared = match restored {
@@ -729,15 +721,7 @@ impl QemuBackend {
             let _ = undo_slot.remove_record();
             discarded
         });
-        let agent = {
-            let _permit = self
-                .host
-                .booting
-                .acquire()
-                .await
-                .map_err(|_| SandboxError::engine("the boot gate is closed"))?;
-            self.start_vm(&config).await?
-        };
+        let agent = self.start_vm(&config).await?;
         match self.make_storage_base(slot, &record, &agent).await {
             Ok(()) => {}
             Err(error @ SandboxError::EngineTimeout { .. }) => {
@@ -762,6 +746,13 @@ impl QemuBackend {
     /// there is none); booted when the baseline cannot be made or restored, which is logged
     /// and the baseline removed (the next acquire makes it anew). Either way its agent answers.
     async fn start_vm(&self, config: &VmConfig) -> Result<AgentClient, SandboxError> {
+        // At most `max_booting` restores or boots at once, the pool's refills among them.
+        let _permit = self
+            .host
+            .booting
+            .acquire()
+            .await
+            .map_err(|_| SandboxError::engine("the boot gate is closed"))?;
         let boot_timeout = self.host.config.boot_timeout;
         let name = format!("bl{}", &layout::new_instance_id()?[2..]);
         match self.host.baselines.get(config, name, boot_timeout).await {
