@@ -612,11 +612,19 @@ fn run_child(
     })
 }
 
-/// The last lines of a failed step's log.
+/// The panic messages and the last lines of a failed step's log: a failed test's backtrace
+/// alone can fill the tail, and its message is what says what failed.
 fn print_tail(name: &str, path: &std::path::Path) {
     const TAIL: usize = 60;
     let Ok(file) = File::open(path) else { return };
     let lines: Vec<String> = BufReader::new(file).lines().map_while(Result::ok).collect();
+    let panics = panic_messages(&lines);
+    if !panics.is_empty() {
+        eprintln!("==> ci: {name}: panic messages in {}:", path.display());
+        for line in panics {
+            eprintln!("  | {line}");
+        }
+    }
     let start = lines.len().saturating_sub(TAIL);
     eprintln!(
         "==> ci: {name}: last {} line(s) of {}:",
@@ -626,6 +634,35 @@ fn print_tail(name: &str, path: &std::path::Path) {
     for line in &lines[start..] {
         eprintln!("  | {line}");
     }
+}
+
+/// The lines from each `panicked at` to the backtrace that follows it (at most 20 lines of a
+/// message, at most 8 panics).
+fn panic_messages(lines: &[String]) -> Vec<&str> {
+    const MESSAGE_LINES: usize = 20;
+    const PANICS: usize = 8;
+    let mut out = Vec::new();
+    let starts = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, line)| line.contains("panicked at"))
+        .map(|(index, _)| index)
+        .take(PANICS);
+    for start in starts {
+        let message = lines[start..]
+            .iter()
+            .take(MESSAGE_LINES)
+            .enumerate()
+            .take_while(|(offset, line)| {
+                *offset == 0
+                    || !(line.contains("stack backtrace:")
+                        || line.contains("note: run with `RUST_BACKTRACE")
+                        || line.contains("panicked at"))
+            })
+            .map(|(_, line)| line.as_str());
+        out.extend(message);
+    }
+    out
 }
 
 /// Where a step stands.
@@ -807,6 +844,35 @@ fn print_summary(steps: &[CiStep], states: &[State], wall: Duration) {
 
 #[cfg(test)]
 mod tests {
+    /// A failed test's message is kept and its backtrace left out, for each panic in the log.
+    #[test]
+    fn panic_messages_are_the_lines_from_each_panic_to_its_backtrace() {
+        let log: Vec<String> = [
+            "    PASS [1s] a",
+            "thread 'x' panicked at tests/a.rs:27:33:",
+            "probe `p` failed: echo exceeded 60 s",
+            "stack backtrace:",
+            "   0: frame",
+            "thread 'y' panicked at tests/b.rs:1:1:",
+            "second",
+            "note: run with `RUST_BACKTRACE=1`",
+            "after",
+        ]
+        .iter()
+        .map(|line| line.to_string())
+        .collect();
+        assert_eq!(
+            panic_messages(&log),
+            [
+                "thread 'x' panicked at tests/a.rs:27:33:",
+                "probe `p` failed: echo exceeded 60 s",
+                "thread 'y' panicked at tests/b.rs:1:1:",
+                "second",
+            ]
+        );
+        assert!(panic_messages(&log[..1]).is_empty());
+    }
+
     /// A stopped step's grandchildren end with it: the shell's background `sleep` is signalled
     /// too, not left running once the shell is gone.
     #[test]
