@@ -23,7 +23,6 @@ use tokio::sync::Semaphore;
 
 use crate::baseline::Baselines;
 use crate::config::{host_cpus, host_memory_mib, isolation_for, CheckedConfig, QemuConfig};
-use crate::fault::paused_by_a_save;
 use crate::handle::{agent_error, shared, QemuSandbox, Resets};
 use crate::layout::{self, Record, Slot};
 use crate::pool::{self, PoolEntries};
@@ -504,13 +503,10 @@ impl QemuBackend {
         // directory: with the lock held here, a mark still standing was left by a fork whose
         // process died, and a source it left paused runs on.
         if locked && slot.is_saving() {
-            let status = vm.status().await.ok();
-            if let Some(status) = status.filter(|s| !s.running && paused_by_a_save(&s.status)) {
-                tracing::info!(instance = %record.instance, status = %status.status, "resuming a VM a fork left paused");
-                vm.resume()
-                    .await
-                    .map_err(|error| agent_error(&record.instance, error))?;
-            }
+            tracing::info!(instance = %record.instance, "running on a VM whose fork died mid-save");
+            vm.run_on_after_save()
+                .await
+                .map_err(|error| agent_error(&record.instance, error))?;
             slot.clear_saving()?;
         }
         let cached = self.cached_agent(&record.instance);
@@ -629,7 +625,7 @@ impl QemuBackend {
         let saved = qemu_vm::Snapshot::save(&source_vm, &machine, &fork_dir).await;
         // The source runs on whatever the save did; a source that cannot is reported (and
         // its mark stays, for the next acquire to try again).
-        let resumed = source_vm.resume().await;
+        let resumed = source_vm.run_on_after_save().await;
         if resumed.is_ok() {
             source_slot.clear_saving()?;
         }

@@ -66,6 +66,12 @@ const MIN_HANDSHAKE: Duration = Duration::from_secs(2);
 /// How long a killed QEMU may take to go.
 const EXIT_WAIT: Duration = Duration::from_secs(10);
 
+/// How long [`Vm::run_on_after_save`] waits for a cancelled migration to end.
+const SAVE_SETTLE: Duration = Duration::from_secs(10);
+
+/// How often [`Vm::run_on_after_save`] asks whether the migration has ended.
+const SETTLE_POLL: Duration = Duration::from_millis(20);
+
 /// What a VM is started with.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -648,6 +654,47 @@ impl Vm {
         self.qmp_value(serde_json::json!({"execute": "cont"}))
             .await
             .map(drop)
+    }
+
+    /// Runs the guest on after a save, whatever became of the save: one still under way (its
+    /// process died, or gave up at its deadline) is cancelled and waited out first, because
+    /// QEMU stops the guest again when a migration ends, so a guest run on while it was under
+    /// way would be found stopped later with nothing left to run it. Then a guest a save left
+    /// stopped (`paused`, `postmigrate`) runs on; a running one is left as it is.
+    ///
+    /// # Errors
+    /// Deadline when the migration has not ended within [`SAVE_SETTLE`]; Qmp, or
+    /// Io/ChannelClosed when the monitor is gone.
+    pub async fn run_on_after_save(&self) -> Result<(), VmError> {
+        let deadline = Instant::now() + SAVE_SETTLE;
+        let mut cancelled = false;
+        loop {
+            let answer = self.qmp("query-migrate").await?;
+            // No status: this QEMU never migrated.
+            let status = answer
+                .pointer("/return/status")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("none");
+            if matches!(status, "none" | "completed" | "failed" | "cancelled") {
+                break;
+            }
+            if !cancelled && status != "cancelling" {
+                self.qmp("migrate_cancel").await?;
+                cancelled = true;
+            }
+            if Instant::now() >= deadline {
+                return Err(VmError::Deadline {
+                    what: "the end of an interrupted save",
+                    after: SAVE_SETTLE,
+                });
+            }
+            tokio::time::sleep(SETTLE_POLL).await;
+        }
+        let status = self.status().await?;
+        if !status.running && matches!(status.status.as_str(), "paused" | "postmigrate") {
+            self.resume().await?;
+        }
+        Ok(())
     }
 
     /// Asks QEMU to quit at once (QMP `quit`), then waits for it to go.

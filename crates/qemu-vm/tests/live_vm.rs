@@ -707,3 +707,147 @@ async fn a_saved_vm_restores_as_a_new_machine_and_a_corrupted_one_is_refused() {
     assert!(qemu_vm::qemus_under(&corrupted.dir()).is_empty());
     std::fs::remove_dir_all(&snapshot_dir).unwrap();
 }
+
+/// One QMP command on a session of its own (QEMU's monitor serves one client at a time), its
+/// answer's `return`; events before the answer are skipped.
+async fn raw_qmp(vm: &Vm, command: serde_json::Value) -> serde_json::Value {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let stream = tokio::net::UnixStream::connect(vm.dir().join("qmp.sock"))
+        .await
+        .unwrap();
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    async fn answer(
+        lines: &mut tokio::io::Lines<BufReader<tokio::net::unix::OwnedReadHalf>>,
+    ) -> serde_json::Value {
+        loop {
+            let line = lines.next_line().await.unwrap().expect("QMP closed");
+            let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if value.get("QMP").is_none() && value.get("event").is_none() {
+                return value;
+            }
+        }
+    }
+    // The greeting.
+    lines.next_line().await.unwrap().expect("QMP greeting");
+    let mut ret = serde_json::Value::Null;
+    for command in [serde_json::json!({"execute": "qmp_capabilities"}), command] {
+        write
+            .write_all(format!("{command}\n").as_bytes())
+            .await
+            .unwrap();
+        let value = answer(&mut lines).await;
+        ret = value
+            .get("return")
+            .unwrap_or_else(|| panic!("{command}: {value}"))
+            .clone();
+    }
+    ret
+}
+
+/// The state of QEMU's migration (`active`, `completed`, ...; `none` before any).
+async fn migration_status(vm: &Vm) -> String {
+    let ret = raw_qmp(vm, serde_json::json!({"execute": "query-migrate"})).await;
+    ret.get("status")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("none")
+        .to_owned()
+}
+
+/// Stops the guest and starts its migration into a Unix socket that takes the first bytes
+/// and then nothing, as a save whose process died leaves it: under way, its guest stopped.
+/// Returns the listener's side, which lets the migration end when it is read to its end.
+async fn start_held_save(vm: &Vm, name: &str) -> tokio::net::UnixStream {
+    use std::os::unix::fs::PermissionsExt;
+    let path = vm.dir().join(name);
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    // QEMU runs as an id of its own, which must be let in.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    raw_qmp(vm, serde_json::json!({"execute": "stop"})).await;
+    let uri = format!("unix:{}", path.display());
+    raw_qmp(
+        vm,
+        serde_json::json!({"execute": "migrate", "arguments": {"uri": uri}}),
+    )
+    .await;
+    let (held, _) = listener.accept().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while migration_status(vm).await != "active" {
+        assert!(
+            Instant::now() < deadline,
+            "the migration never became active"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    held
+}
+
+/// Reads the migration stream to its end, so QEMU finishes the migration.
+async fn drain(mut held: tokio::net::UnixStream) {
+    let mut sink = tokio::io::sink();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::io::copy(&mut held, &mut sink),
+    )
+    .await
+    .expect("the migration stream ends")
+    .unwrap();
+}
+
+/// A save whose process died mid-way leaves a migration under way with the guest stopped.
+/// Running the guest on with a plain `cont` loses it later: QEMU stops the guest again when the
+/// migration ends, and nothing runs it on (the hole, shown first). `run_on_after_save`
+/// cancels the migration first, and the guest stays running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_left_under_way_is_cancelled_and_its_guest_runs_on() {
+    let booted = boot(&config("held-save").await).await;
+    let vm = booted.vm.as_ref().unwrap();
+
+    // The hole: `cont` under the migration, which then ends with the guest stopped.
+    let held = step("a held save", start_held_save(vm, "held-1.sock")).await;
+    step("cont", vm.resume()).await.unwrap();
+    assert!(vm.status().await.unwrap().running);
+    step("the stream read to its end", drain(held)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while migration_status(vm).await != "completed" {
+        assert!(Instant::now() < deadline, "the migration never completed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = vm.status().await.unwrap();
+    assert!(
+        !status.running,
+        "stopped again by the migration's end: {status:?}"
+    );
+    assert_eq!(status.status, "postmigrate");
+    // After a save that finished, it runs the guest on.
+    step("run on after a finished save", vm.run_on_after_save())
+        .await
+        .unwrap();
+    assert!(vm.status().await.unwrap().running);
+
+    // The fix: the migration is cancelled before the guest runs on.
+    let held = step("a second held save", start_held_save(vm, "held-2.sock")).await;
+    step("run on after a held save", vm.run_on_after_save())
+        .await
+        .unwrap();
+    assert_eq!(migration_status(vm).await, "cancelled");
+    // The stream is closed by the cancel; reading it ends at once.
+    step("the cancelled stream", drain(held)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let status = vm.status().await.unwrap();
+    assert!(status.running, "{status:?}");
+    let out = step(
+        "a command after the cancelled save",
+        booted.agent.run(sh("echo served"), None, limits()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.stdout, b"served\n");
+
+    // On a guest no save touched it does nothing.
+    step("run on a running guest", vm.run_on_after_save())
+        .await
+        .unwrap();
+    assert!(vm.status().await.unwrap().running);
+    booted.kill().await;
+}
