@@ -695,6 +695,42 @@ impl AgentClient {
         .await
     }
 
+    /// Waits for a guest process to connect to `127.0.0.1:port` in the guest (the agent
+    /// listens there from the first call for the port on) and returns that connection as a
+    /// local stream: what is written to it reaches the guest process, what the guest process
+    /// sends is read from it, and a shutdown of either side's writing reaches the other. A task
+    /// of the current runtime carries the bytes until both ways ended.
+    ///
+    /// # Errors
+    /// Invalid for port 0; Agent when the guest cannot listen on the port (a guest process
+    /// holds it); a channel error.
+    ///
+    /// # Cancel safety and drop
+    /// Dropping the future stops the wait in the guest. Dropping the returned stream closes
+    /// the guest process's connection.
+    pub async fn accept(&self, port: u16) -> Result<tokio::io::DuplexStream, VmError> {
+        if port == 0 {
+            return Err(VmError::Invalid("port 0".to_owned()));
+        }
+        let mut call = self.call(&HostMsg::Accept { port }).await?;
+        call.finished = false;
+        match call.next().await? {
+            GuestMsg::Connected => {}
+            GuestMsg::Error { code, message } => {
+                call.finished = true;
+                return Err(VmError::Agent { code, message });
+            }
+            other => {
+                return Err(VmError::unexpected(format!(
+                    "{other:?} instead of Connected"
+                )))
+            }
+        }
+        let (local, carried) = tokio::io::duplex(CHUNK);
+        tokio::spawn(carry(call, carried));
+        Ok(local)
+    }
+
     /// Asks the guest to power off (it answers first).
     ///
     /// # Errors
@@ -1023,6 +1059,58 @@ async fn next_event(call: &mut Call) -> Result<ExecEvent, VmError> {
         }
         other => Err(VmError::unexpected(format!("{other:?} in an exec"))),
     }
+}
+
+/// Carries an accepted connection between the guest (`call`) and the local stream's other end
+/// until the guest's `Done`; an error or a local end dropped ends it early, and the dropped
+/// call closes the guest's connection.
+async fn carry(mut call: Call, local: tokio::io::DuplexStream) {
+    let (mut from_local, mut to_local) = tokio::io::split(local);
+    let shared = Arc::clone(&call.shared);
+    let credit = Arc::clone(&call.input_credit);
+    let id = call.id;
+    let outward = async {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = from_local
+                .read(&mut buf)
+                .await
+                .map_err(|e| VmError::closed(format!("the local end: {e}")))?;
+            if n == 0 {
+                break;
+            }
+            send_data(&shared, &credit, id, &buf[..n]).await?;
+        }
+        shared.send(id, &HostMsg::Eof).await
+    };
+    // Once the local side's writing ended, the guest's side may still send.
+    let outward = async {
+        if outward.await.is_err() {
+            return;
+        }
+        std::future::pending::<()>().await;
+    };
+    let inward = async {
+        loop {
+            match call.next().await? {
+                GuestMsg::Data(bytes) => to_local
+                    .write_all(&bytes)
+                    .await
+                    .map_err(|e| VmError::closed(format!("the local end: {e}")))?,
+                GuestMsg::Eof => {
+                    let _ = to_local.shutdown().await;
+                }
+                GuestMsg::Done => return Ok(true),
+                GuestMsg::Error { code, message } => return Err(VmError::Agent { code, message }),
+                other => return Err(VmError::unexpected(format!("{other:?} in a connection"))),
+            }
+        }
+    };
+    let finished: Result<bool, VmError> = tokio::select! {
+        result = inward => result,
+        () = outward => Ok(false),
+    };
+    call.finished = matches!(finished, Ok(true));
 }
 
 async fn read_loop(

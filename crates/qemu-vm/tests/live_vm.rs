@@ -851,3 +851,169 @@ async fn a_save_left_under_way_is_cancelled_and_its_guest_runs_on() {
     assert!(vm.status().await.unwrap().running);
     booted.kill().await;
 }
+
+/// `script` run by bash, whose `/dev/tcp` makes the guest's connections.
+fn bash(script: &str) -> qemu_vm::ExecRequest {
+    let mut request = sh(script);
+    request.argv[0] = b"/bin/bash".to_vec();
+    request
+}
+
+/// The SHA-256 of `bytes`, in hex.
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Guest processes connect to a loopback port and the host takes each connection as a stream:
+/// three at once, each its own (an answer per line); bulk bytes both ways, whole; the guest's
+/// end of writing reaches the host as the end of its stream and the host's reaches the guest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_connections_to_a_loopback_port_reach_the_host_each_apart() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    const PORT: u16 = 3128;
+    let booted = boot(&config("accept").await).await;
+    let agent = booted.agent.clone();
+    assert!(matches!(agent.accept(0).await, Err(VmError::Invalid(_))));
+
+    // Three connections at once, each answered with what it sent.
+    let echo = {
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            let mut served = Vec::new();
+            for _ in 0..3 {
+                let stream = agent.accept(PORT).await.unwrap();
+                served.push(tokio::spawn(async move {
+                    let (read, mut write) = tokio::io::split(stream);
+                    let mut line = String::new();
+                    BufReader::new(read).read_line(&mut line).await.unwrap();
+                    write
+                        .write_all(format!("echo:{line}").as_bytes())
+                        .await
+                        .unwrap();
+                    write.shutdown().await.unwrap();
+                }));
+            }
+            for one in served {
+                one.await.unwrap();
+            }
+        })
+    };
+    let out = step(
+        "three guest connections at once",
+        agent.run(
+            bash(
+                "for i in 1 2 3; do \
+                  (exec 3<>/dev/tcp/127.0.0.1/3128; echo \"hello $i\" >&3; cat <&3) & \
+                done; wait",
+            ),
+            None,
+            limits(),
+        ),
+    )
+    .await
+    .unwrap();
+    step("the echo server", echo).await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    for i in 1..=3 {
+        assert!(
+            text.contains(&format!("echo:hello {i}\n")),
+            "{text:?} {out:?}"
+        );
+    }
+
+    // Host to guest: 4 MiB, then the host's end of writing ends the guest's read.
+    let payload: Vec<u8> = (0..4 * 1024 * 1024u32)
+        .map(|i| (i * 7 + i / 4096) as u8)
+        .collect();
+    let expected = sha256_hex(&payload);
+    let sender = {
+        let agent = agent.clone();
+        let payload = payload.clone();
+        tokio::spawn(async move {
+            let mut stream = agent.accept(PORT).await.unwrap();
+            stream.write_all(&payload).await.unwrap();
+            stream.shutdown().await.unwrap();
+            // Held until the guest closed its side.
+            let mut rest = Vec::new();
+            stream.read_to_end(&mut rest).await.unwrap();
+            rest
+        })
+    };
+    let out = step(
+        "4 MiB to the guest",
+        agent.run(
+            bash("exec 3<>/dev/tcp/127.0.0.1/3128; sha256sum <&3"),
+            None,
+            limits(),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next(),
+        Some(expected.as_str()),
+        "{out:?}"
+    );
+    assert!(step("the sender", sender).await.unwrap().is_empty());
+
+    // Guest to host: 4 MiB of the guest's random bytes, whole.
+    let receiver = {
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            let mut stream = agent.accept(PORT).await.unwrap();
+            let mut received = Vec::new();
+            stream.read_to_end(&mut received).await.unwrap();
+            received
+        })
+    };
+    let out = step(
+        "4 MiB from the guest",
+        agent.run(
+            bash(
+                "head -c 4194304 /dev/urandom >/tmp/sent; \
+                cat /tmp/sent >/dev/tcp/127.0.0.1/3128; sha256sum /tmp/sent",
+            ),
+            None,
+            limits(),
+        ),
+    )
+    .await
+    .unwrap();
+    let received = step("the receiver", receiver).await.unwrap();
+    assert_eq!(received.len(), 4 * 1024 * 1024);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next(),
+        Some(sha256_hex(&received).as_str()),
+        "{out:?}"
+    );
+
+    // A wait dropped before any connection leaves the port to the next one.
+    let waiting = tokio::time::timeout(Duration::from_millis(500), agent.accept(PORT)).await;
+    assert!(waiting.is_err(), "no guest process connected");
+    let reader = {
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            let mut stream = agent.accept(PORT).await.unwrap();
+            let mut received = String::new();
+            stream.read_to_string(&mut received).await.unwrap();
+            received
+        })
+    };
+    let out = step(
+        "a connection after a dropped wait",
+        agent.run(bash("echo after >/dev/tcp/127.0.0.1/3128"), None, limits()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.status.code, Some(0), "{out:?}");
+    assert_eq!(step("the reader", reader).await.unwrap(), "after\n");
+    booted.kill().await;
+}

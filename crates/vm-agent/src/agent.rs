@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -168,6 +169,55 @@ fn boot() -> Result<(), String> {
     let _ = mount("tmpfs", "/tmp", "tmpfs", MountFlags::NOSUID, None);
     let _ = std::fs::create_dir_all("/dev/pts");
     let _ = mount("devpts", "/dev/pts", "devpts", MountFlags::empty(), None);
+    if let Err(error) = raise_loopback() {
+        say(&format!("loopback left down: {error}"));
+    }
+    Ok(())
+}
+
+/// Brings the loopback interface up, which the kernel leaves down: guest processes reach the
+/// host's services on `127.0.0.1` (`HostMsg::Accept`), and many programs expect it.
+fn raise_loopback() -> Result<(), String> {
+    /// `struct ifreq` as `SIOCGIFFLAGS` and `SIOCSIFFLAGS` read and write it: the name, then
+    /// the flags in the union (40 bytes in all on 64-bit Linux).
+    #[repr(C)]
+    struct InterfaceFlags {
+        name: [u8; 16],
+        flags: i16,
+        rest: [u8; 22],
+    }
+    const SIOCGIFFLAGS: rustix::ioctl::Opcode = 0x8913;
+    const SIOCSIFFLAGS: rustix::ioctl::Opcode = 0x8914;
+    const IFF_UP: i16 = 0x1;
+    let socket = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::DGRAM,
+        None,
+    )
+    .map_err(|error| format!("socket: {error}"))?;
+    let mut request = InterfaceFlags {
+        name: [0; 16],
+        flags: 0,
+        rest: [0; 22],
+    };
+    request.name[..2].copy_from_slice(b"lo");
+    // SAFETY: both opcodes take a `struct ifreq`, whose layout `InterfaceFlags` has (the
+    // name, then the flags at offset 16, 40 bytes in all); the kernel reads and writes only
+    // within it.
+    #[allow(unsafe_code)]
+    unsafe {
+        rustix::ioctl::ioctl(
+            &socket,
+            rustix::ioctl::Updater::<SIOCGIFFLAGS, InterfaceFlags>::new(&mut request),
+        )
+        .map_err(|error| format!("SIOCGIFFLAGS lo: {error}"))?;
+        request.flags |= IFF_UP;
+        rustix::ioctl::ioctl(
+            &socket,
+            rustix::ioctl::Updater::<SIOCSIFFLAGS, InterfaceFlags>::new(&mut request),
+        )
+        .map_err(|error| format!("SIOCSIFFLAGS lo: {error}"))?;
+    }
     Ok(())
 }
 
@@ -329,6 +379,20 @@ struct Inflight {
     /// The exec's cgroup, for `Kill` and the session's end.
     cgroup: Option<PathBuf>,
     killed: Arc<AtomicBool>,
+    /// An accepted connection, shut for `Kill` and the session's end.
+    connection: Connection,
+}
+
+/// An `Accept`'s connection once a guest process made it.
+type Connection = Arc<Mutex<Option<TcpStream>>>;
+
+/// Shuts both ways of `connection`, which ends its threads' reads and writes.
+fn shut(connection: &Connection) {
+    if let Ok(slot) = connection.lock() {
+        if let Some(stream) = slot.as_ref() {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
 }
 
 struct Session {
@@ -341,6 +405,8 @@ impl Session {
         if let Ok(mut requests) = self.requests.lock() {
             for (_, request) in requests.drain() {
                 request.output.close();
+                request.killed.store(true, Ordering::SeqCst);
+                shut(&request.connection);
                 if let Some(cgroup) = &request.cgroup {
                     kill_cgroup(cgroup);
                 }
@@ -606,6 +672,7 @@ fn dispatch(port: &Arc<Port>, session: &Arc<Session>, id: u32, message: HostMsg)
             if let Ok(requests) = session.requests.lock() {
                 if let Some(request) = requests.get(&id) {
                     request.killed.store(true, Ordering::SeqCst);
+                    shut(&request.connection);
                     if let Some(cgroup) = &request.cgroup {
                         kill_cgroup(cgroup);
                     }
@@ -625,7 +692,9 @@ fn dispatch(port: &Arc<Port>, session: &Arc<Session>, id: u32, message: HostMsg)
             }
             let takes_input = matches!(
                 &request,
-                HostMsg::Exec(ExecRequest { stdin: true, .. }) | HostMsg::Write { .. }
+                HostMsg::Exec(ExecRequest { stdin: true, .. })
+                    | HostMsg::Write { .. }
+                    | HostMsg::Accept { .. }
             );
             let (sender, receiver) = mpsc::channel();
             let cgroup = matches!(request, HostMsg::Exec(_))
@@ -636,6 +705,7 @@ fn dispatch(port: &Arc<Port>, session: &Arc<Session>, id: u32, message: HostMsg)
                 output: Credit::new(),
                 cgroup,
                 killed: Arc::new(AtomicBool::new(false)),
+                connection: Arc::new(Mutex::new(None)),
             };
             let job = Job {
                 port: Arc::clone(port),
@@ -646,9 +716,15 @@ fn dispatch(port: &Arc<Port>, session: &Arc<Session>, id: u32, message: HostMsg)
                 cgroup: inflight.cgroup.clone(),
                 killed: Arc::clone(&inflight.killed),
                 input: Mutex::new(Some(receiver)),
+                connection: Arc::clone(&inflight.connection),
             };
             if let Ok(mut requests) = session.requests.lock() {
                 requests.insert(id, inflight);
+            }
+            // Listening before the next frame is read: a command the host starts after its
+            // `Accept` finds the port open. (A failure is the job's to report.)
+            if let HostMsg::Accept { port } = request {
+                let _ = loopback_listener(port);
             }
             thread::spawn(move || job.run(request));
             true
@@ -666,6 +742,7 @@ struct Job {
     cgroup: Option<PathBuf>,
     killed: Arc<AtomicBool>,
     input: Mutex<Option<mpsc::Receiver<Input>>>,
+    connection: Connection,
 }
 
 impl Job {
@@ -735,6 +812,7 @@ impl Job {
                 }
                 Err(message) => self.fail(ErrorCode::Io, message),
             },
+            HostMsg::Accept { port } => self.accept(port),
             HostMsg::Shutdown => {
                 self.send(&GuestMsg::Done);
                 self.session.end();
@@ -927,6 +1005,123 @@ impl Job {
         self.send(&GuestMsg::Exited(status));
     }
 
+    /// Waits for a guest process's connection to `127.0.0.1:port` and carries it (see
+    /// `HostMsg::Accept`). Several requests wait on one listener at once; each connection goes
+    /// to one of them. The wait ends with the session or a `Kill`.
+    fn accept(&self, port: u16) {
+        let listener = match loopback_listener(port) {
+            Ok(listener) => listener,
+            Err(error) => {
+                return self.fail(
+                    ErrorCode::from_io(&error),
+                    format!("listen on 127.0.0.1:{port}: {error}"),
+                )
+            }
+        };
+        let stream = loop {
+            if self.killed.load(Ordering::SeqCst) || self.output.closed.load(Ordering::SeqCst) {
+                return;
+            }
+            let mut fds = [PollFd::new(&*listener, PollFlags::IN)];
+            let _ = poll(&mut fds, Some(&ACCEPT_POLL));
+            // A wait killed while it polled leaves the connection to a live one.
+            if self.killed.load(Ordering::SeqCst) {
+                return;
+            }
+            match listener.accept() {
+                Ok((stream, _)) => break stream,
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(error) => {
+                    return self.fail(ErrorCode::Io, format!("accept on port {port}: {error}"))
+                }
+            }
+        };
+        let (Ok(()), Ok(reader), Ok(writer)) = (
+            stream.set_nonblocking(false),
+            stream.try_clone(),
+            stream.try_clone(),
+        ) else {
+            return self.fail(ErrorCode::Io, "an accepted connection".to_owned());
+        };
+        if let Ok(mut slot) = self.connection.lock() {
+            *slot = Some(stream);
+        }
+        // A kill or the session's end that came while the connection was being set up.
+        if self.killed.load(Ordering::SeqCst) {
+            shut(&self.connection);
+        }
+        if !self.send(&GuestMsg::Connected) {
+            shut(&self.connection);
+            return;
+        }
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let outward = self.forward(reader, done_tx);
+        self.feed_socket(writer);
+        let _ = done_rx.recv();
+        let _ = outward.join();
+        shut(&self.connection);
+        self.send(&GuestMsg::Done);
+    }
+
+    /// A thread that moves what the guest process sends to the host in credited `Data`
+    /// chunks, then `Eof`.
+    fn forward(&self, mut socket: TcpStream, done: mpsc::Sender<()>) -> thread::JoinHandle<()> {
+        let port = Arc::clone(&self.port);
+        let session = self.session.id;
+        let id = self.id;
+        let credit = Arc::clone(&self.output);
+        thread::spawn(move || {
+            let mut buf = vec![0u8; CHUNK];
+            loop {
+                match socket.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        let sent = credit.take(n as u64)
+                            && port.send(session, id, &GuestMsg::Data(buf[..n].to_vec()));
+                        if !sent {
+                            break;
+                        }
+                    }
+                    Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            port.send(session, id, &GuestMsg::Eof);
+            let _ = done.send(());
+        })
+    }
+
+    /// Writes the host's `Data` to the guest process's connection (crediting each chunk back
+    /// once written), on this thread, until the host's `Eof`, which shuts the connection's
+    /// write side.
+    fn feed_socket(&self, mut socket: TcpStream) {
+        let Some(input) = self.take_input() else {
+            return;
+        };
+        let mut open = true;
+        loop {
+            match input.recv_timeout(KILL_CHECK) {
+                Ok(Input::Data(bytes)) => {
+                    if open && socket.write_all(&bytes).is_err() {
+                        open = false;
+                    }
+                    let n = bytes.len() as u32;
+                    self.unacked.fetch_sub(u64::from(n), Ordering::SeqCst);
+                    self.send(&GuestMsg::Credit(n));
+                }
+                Ok(Input::Eof) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                // A killed connection was shut; its host sends nothing more.
+                Err(mpsc::RecvTimeoutError::Timeout) if self.killed.load(Ordering::SeqCst) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+        }
+        let _ = socket.shutdown(Shutdown::Write);
+    }
+
     /// Starts the request's process in `cgroup`, in its working directory, which the child
     /// enters itself just before its exec (after taking the request's user, so that user's
     /// permissions decide): a directory that is missing, not a directory or not searchable is
@@ -1065,6 +1260,33 @@ impl Job {
             drop(stdin);
         });
     }
+}
+
+/// How often a connection's host side looks at its kill.
+const KILL_CHECK: Duration = Duration::from_millis(200);
+
+/// How often a waiting `Accept` looks at its kill and its session.
+const ACCEPT_POLL: Timespec = Timespec {
+    tv_sec: 0,
+    tv_nsec: 200_000_000,
+};
+
+/// The listener on `127.0.0.1:port` (non-blocking), made by the first `Accept` of the port and
+/// kept: later ones, of any session, wait on the same one.
+fn loopback_listener(port: u16) -> std::io::Result<Arc<TcpListener>> {
+    static LISTENERS: Mutex<Option<HashMap<u16, Arc<TcpListener>>>> = Mutex::new(None);
+    let mut listeners = LISTENERS
+        .lock()
+        .map_err(|_| std::io::Error::other("listeners poisoned"))?;
+    let listeners = listeners.get_or_insert_with(HashMap::new);
+    if let Some(listener) = listeners.get(&port) {
+        return Ok(Arc::clone(listener));
+    }
+    let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))?;
+    listener.set_nonblocking(true)?;
+    let listener = Arc::new(listener);
+    listeners.insert(port, Arc::clone(&listener));
+    Ok(listener)
 }
 
 /// Waits for the process to exit, at most `timeout_ms` (0: no limit); true when the limit

@@ -370,6 +370,16 @@ pub enum HostMsg {
     Reclaim,
     /// Powers the guest off after answering `Done`.
     Shutdown,
+    /// Waits for the next connection a guest process makes to `127.0.0.1:port` (the agent
+    /// listens there from the first such request on), then carries it: `Connected`, then the
+    /// connection's bytes as `Data` both ways, each way credited as an exec's streams are;
+    /// the host's `Eof` shuts the guest socket's write side, the guest's `Eof` says its peer
+    /// shut its own; `Done` once both ways ended. `Kill` closes the connection, or stops the
+    /// wait.
+    Accept {
+        /// The guest's loopback port, never 0.
+        port: u16,
+    },
     /// Makes a guest restored from a saved state a machine of its own, before any command runs
     /// in it: mixes `entropy` into the kernel's pool and reseeds its generator (two guests
     /// restored from one state must never share random bytes), sets the real-time clock (which
@@ -420,6 +430,10 @@ pub enum GuestMsg {
         /// `MemAvailable` after.
         after_kib: u64,
     },
+    /// A guest process connected to the port of an `Accept`.
+    Connected,
+    /// The guest's side of an accepted connection sends nothing more.
+    Eof,
     /// The request finished.
     Done,
     /// The request failed.
@@ -666,6 +680,7 @@ mod kind {
     pub const RECLAIM: u8 = 12;
     pub const SHUTDOWN: u8 = 13;
     pub const RENEW: u8 = 14;
+    pub const ACCEPT: u8 = 15;
 
     pub const HELLO_ACK: u8 = 64;
     pub const STARTED: u8 = 65;
@@ -679,6 +694,8 @@ mod kind {
     pub const RECLAIMED: u8 = 73;
     pub const DONE: u8 = 74;
     pub const ERROR: u8 = 75;
+    pub const CONNECTED: u8 = 76;
+    pub const G_EOF: u8 = 77;
 }
 
 impl Message for HostMsg {
@@ -757,6 +774,13 @@ impl Message for HostMsg {
                     unix_nanos,
                     identity,
                 }
+            }
+            kind::ACCEPT => {
+                let port = r.u16()?;
+                if port == 0 {
+                    return Err(ProtoError::invalid(k, "port"));
+                }
+                HostMsg::Accept { port }
             }
             _ => return Err(ProtoError::UnknownKind { kind: k }),
         };
@@ -838,6 +862,10 @@ impl Message for HostMsg {
                 put_bytes(out, identity);
                 kind::RENEW
             }
+            HostMsg::Accept { port } => {
+                out.extend_from_slice(&port.to_be_bytes());
+                kind::ACCEPT
+            }
         }
     }
 }
@@ -898,6 +926,8 @@ impl Message for GuestMsg {
                 after_kib: r.u64()?,
             },
             kind::DONE => GuestMsg::Done,
+            kind::CONNECTED => GuestMsg::Connected,
+            kind::G_EOF => GuestMsg::Eof,
             kind::ERROR => {
                 let code = ErrorCode::from_code(r.u16()?);
                 let message = String::from_utf8_lossy(&r.bytes()?).into_owned();
@@ -972,6 +1002,8 @@ impl Message for GuestMsg {
                 kind::RECLAIMED
             }
             GuestMsg::Done => kind::DONE,
+            GuestMsg::Connected => kind::CONNECTED,
+            GuestMsg::Eof => kind::G_EOF,
             GuestMsg::Error { code, message } => {
                 out.extend_from_slice(&code.code().to_be_bytes());
                 put_bytes(out, message.as_bytes());
@@ -1078,6 +1110,28 @@ mod tests {
                 "{entropy} bytes, identity {identity:?}"
             );
         }
+    }
+
+    #[test]
+    fn an_accept_of_port_zero_is_refused() {
+        let mut frame = encode(5, &HostMsg::Accept { port: 3128 });
+        let mut decoder = FrameDecoder::<HostMsg>::new();
+        decoder.push(&frame);
+        assert_eq!(
+            decoder.next_message().unwrap(),
+            Some((5, HostMsg::Accept { port: 3128 }))
+        );
+        let len = frame.len();
+        frame[len - 2..].copy_from_slice(&[0, 0]);
+        let mut decoder = FrameDecoder::<HostMsg>::new();
+        decoder.push(&frame);
+        assert_eq!(
+            decoder.next_message(),
+            Err(ProtoError::Invalid {
+                kind: kind::ACCEPT,
+                field: "port"
+            })
+        );
     }
 
     #[test]

@@ -59,6 +59,7 @@ fn host_msg() -> impl Strategy<Value = HostMsg> {
                 unix_nanos,
                 identity
             }),
+        (1u16..).prop_map(|port| HostMsg::Accept { port }),
     ]
 }
 
@@ -118,6 +119,8 @@ fn guest_msg() -> impl Strategy<Value = GuestMsg> {
             after_kib
         }),
         Just(GuestMsg::Done),
+        Just(GuestMsg::Connected),
+        Just(GuestMsg::Eof),
         "[a-z ]{0,40}".prop_map(|message| GuestMsg::Error {
             code: ErrorCode::NotFound,
             message
