@@ -23,6 +23,7 @@ use tokio::sync::Semaphore;
 
 use crate::baseline::Baselines;
 use crate::config::{host_cpus, host_memory_mib, isolation_for, CheckedConfig, QemuConfig};
+use crate::egress::{self, EgressPlan, GuestEgress};
 use crate::handle::{agent_error, shared, QemuSandbox, Resets};
 use crate::layout::{self, Record, Slot};
 use crate::pool::{self, PoolEntries};
@@ -51,6 +52,9 @@ struct QemuHost {
     /// run at once over it) and so one of the VM's agent ports; the port goes back to other
     /// processes with the last handle.
     agents: Mutex<HashMap<String, WeakAgentClient>>,
+    /// The egress of each allowlist VM this process serves, kept while some handle is: one
+    /// policy (and CA) per process and VM, on the port of its agent connection.
+    egress: Mutex<HashMap<String, std::sync::Weak<GuestEgress>>>,
     /// The saved VMs new sandboxes restore instead of booting.
     baselines: Baselines,
     /// The machine every VM of this backend is (`qemu_vm::Snapshot::machine_of`): what a pool
@@ -81,8 +85,9 @@ pub const TRANSFER_CEILING: TransferLimits = TransferLimits {
     max_files: 256,
 };
 
-/// Every file capability, exact kills, host tools, snapshots (reset and fork), closed egress
-/// only, POSIX guests, conversation scope, the transfer ceilings above.
+/// Every file capability, exact kills, host tools, snapshots (reset and fork), closed and
+/// allowlist egress (method and path rules too), POSIX guests, conversation scope, the transfer
+/// ceilings above.
 fn declarations() -> BackendDeclarations {
     BackendDeclarations {
         // A streamed exec with stdin is all a run with host tools needs of the backend; the
@@ -95,13 +100,15 @@ fn declarations() -> BackendDeclarations {
                 Capability::ExactKill,
                 Capability::HostTools,
                 Capability::Snapshot,
+                Capability::EgressMethods,
+                Capability::EgressPaths,
             ])
             .collect(),
         limits: SandboxLimits {
             files_in: TRANSFER_CEILING,
             files_out: TRANSFER_CEILING,
         },
-        egress_modes: BTreeSet::from([Egress::Closed]),
+        egress_modes: BTreeSet::from([Egress::Closed, Egress::Allowlist]),
         os_families: BTreeSet::from([OsFamily::Posix]),
         isolation_scopes: BTreeSet::from([IsolationScope::Conversation]),
         ..BackendDeclarations::default()
@@ -155,6 +162,7 @@ impl QemuBackend {
                 declarations: declarations(),
                 locks: LockTable::default(),
                 agents: Mutex::new(HashMap::new()),
+                egress: Mutex::new(HashMap::new()),
                 baselines,
                 machine: String::new(),
                 pool,
@@ -346,6 +354,7 @@ impl QemuBackend {
         key: &SandboxKey,
         kind: &str,
         storage_base: &str,
+        egress: Option<String>,
     ) -> Result<Option<QemuSandbox>, SandboxError> {
         if self.host.pool.size() == 0 {
             return Ok(None);
@@ -366,6 +375,7 @@ impl QemuBackend {
                 storage_base: storage_base.to_owned(),
                 created: layout::now_secs(),
                 retired: None,
+                egress: egress.clone(),
             };
             slot.write_record(&record)?;
             pool::remove_claim(slot, &instance)?;
@@ -545,6 +555,49 @@ impl QemuBackend {
         }
     }
 
+    /// `sandbox` with the allowlist egress of `plan`: this process's egress for the VM when
+    /// one serves the handle's port under the same plan, else a new one (a fresh CA, put in
+    /// the guest).
+    async fn with_egress(
+        &self,
+        mut sandbox: QemuSandbox,
+        plan: Option<Arc<EgressPlan>>,
+    ) -> Result<QemuSandbox, SandboxError> {
+        let Some(plan) = plan else {
+            return Ok(sandbox);
+        };
+        let port = egress::port_of(&sandbox.agent);
+        let serving = self.host.egress.lock().ok().and_then(|egress| {
+            egress
+                .get(&sandbox.instance)
+                .and_then(std::sync::Weak::upgrade)
+                .filter(|egress| egress.serves(port, &plan.digest))
+        });
+        let guest = match serving {
+            Some(guest) => guest,
+            None => {
+                let guest = Arc::new(
+                    egress::start(
+                        &sandbox.agent,
+                        &plan,
+                        &sandbox.instance,
+                        self.host.config.egress.observer.clone(),
+                        self.host.config.call_timeout,
+                    )
+                    .await?,
+                );
+                if let Ok(mut egress) = self.host.egress.lock() {
+                    egress.retain(|_, egress| egress.strong_count() > 0);
+                    egress.insert(sandbox.instance.clone(), Arc::downgrade(&guest));
+                }
+                guest
+            }
+        };
+        sandbox.egress_plan = Some(plan);
+        sandbox.egress = Some(guest);
+        Ok(sandbox)
+    }
+
     fn handle(
         &self,
         slot: &Slot,
@@ -563,6 +616,8 @@ impl QemuBackend {
             files_in: self.host.declarations.limits.files_in.max_bytes_per_file,
             creating: false,
             resets: Arc::new(self.clone()),
+            egress_plan: None,
+            egress: None,
         }
     }
 
@@ -606,6 +661,7 @@ impl QemuBackend {
             storage_base: source.storage_base.clone(),
             created: layout::now_secs(),
             retired: Some(FORMING.to_owned()),
+            egress: source.egress.clone(),
         };
         let config = self.vm_config(&record.instance);
         let vm_dir = config.dir();
@@ -658,12 +714,16 @@ impl QemuBackend {
         key: &SandboxKey,
         kind: &str,
         storage_base: String,
+        egress: Option<String>,
     ) -> Result<QemuSandbox, SandboxError> {
-        if let Some(member) = self.claim_member(slot, key, kind, &storage_base).await? {
+        if let Some(member) = self
+            .claim_member(slot, key, kind, &storage_base, egress.clone())
+            .await?
+        {
             return Ok(member);
         }
         let first = self
-            .create_once(slot, key, kind, storage_base.clone())
+            .create_once(slot, key, kind, storage_base.clone(), egress.clone())
             .await?;
         let stalled = match first {
             FirstExec::Served(sandbox) => return Ok(sandbox),
@@ -674,7 +734,10 @@ impl QemuBackend {
             error = %stalled.error,
             "a new VM did not start its first command; it was discarded and another boots"
         );
-        match self.create_once(slot, key, kind, storage_base).await? {
+        match self
+            .create_once(slot, key, kind, storage_base, egress)
+            .await?
+        {
             FirstExec::Served(sandbox) => Ok(sandbox),
             FirstExec::Stalled(again) => Err(SandboxError::EngineTimeout {
                 operation: format!(
@@ -696,6 +759,7 @@ impl QemuBackend {
         key: &SandboxKey,
         kind: &str,
         storage_base: String,
+        egress: Option<String>,
     ) -> Result<FirstExec, SandboxError> {
         let record = Record {
             scope: key.scope.clone(),
@@ -707,6 +771,7 @@ impl QemuBackend {
             storage_base,
             created: layout::now_secs(),
             retired: None,
+            egress,
         };
         let config = self.vm_config(&record.instance);
         let vm_dir = config.dir();
@@ -909,7 +974,11 @@ fn refused(error: SandboxError) -> DisposalFailure {
 
 #[async_trait]
 impl Resets for QemuBackend {
-    async fn reset(&self, slot: &Slot) -> Result<QemuSandbox, SandboxError> {
+    async fn reset(
+        &self,
+        slot: &Slot,
+        egress: Option<Arc<EgressPlan>>,
+    ) -> Result<QemuSandbox, SandboxError> {
         let _guard = self.host.locks.lock(slot.name.clone()).await;
         let _lock = slot.lock().await?;
         let record = slot
@@ -921,8 +990,16 @@ impl Resets for QemuBackend {
         self.forget_agent(&record.instance);
         run_detached(discard(self.vms_dir().join(&record.instance))).await??;
         slot.remove_record()?;
-        self.create(slot, &record.key(), &record.kind, record.storage_base)
-            .await
+        let sandbox = self
+            .create(
+                slot,
+                &record.key(),
+                &record.kind,
+                record.storage_base,
+                record.egress,
+            )
+            .await?;
+        self.with_egress(sandbox, egress).await
     }
 }
 
@@ -953,11 +1030,8 @@ impl SandboxBackend for QemuBackend {
         key: &SandboxKey,
         spec: &SandboxSpec,
     ) -> Result<Arc<dyn Sandbox>, SandboxError> {
-        if spec.egress() != Egress::Closed {
-            return Err(SandboxError::EgressNotEnforced(
-                "the qemu backend gives a VM no network device: only closed egress".into(),
-            ));
-        }
+        let egress = egress::plan(spec, &self.host.config.egress)?.map(Arc::new);
+        let digest = egress.as_ref().map(|plan| plan.digest.clone());
         if key.is_call() || spec.isolation_scope() != IsolationScope::Conversation {
             return Err(SandboxError::ScopeNotEnforced(
                 "the qemu backend serves the conversation scope only".into(),
@@ -978,6 +1052,14 @@ impl SandboxBackend for QemuBackend {
                             record.storage_base
                         )));
                     }
+                    if record.egress != digest {
+                        return Err(SandboxError::SpecMismatch(
+                            "the sandbox was made with another egress policy (its guest would \
+                             reach what either allows)"
+                                .into(),
+                        ));
+                    }
+                    let sandbox = self.with_egress(sandbox, egress).await?;
                     return Ok(shared(sandbox.with_files_in(spec.files_in())));
                 }
                 Err(error) if error.kind() == sandbox_core::ErrorKind::Busy => return Err(error),
@@ -990,9 +1072,11 @@ impl SandboxBackend for QemuBackend {
                 }
             }
         }
-        self.create(&slot, key, spec.kind(), storage_base)
-            .await
-            .map(|sandbox| shared(sandbox.with_files_in(spec.files_in())))
+        let sandbox = self
+            .create(&slot, key, spec.kind(), storage_base, digest)
+            .await?;
+        let sandbox = self.with_egress(sandbox, egress).await?;
+        Ok(shared(sandbox.with_files_in(spec.files_in())))
     }
 
     /// Saves the running VM of `source` and restores a copy under `target`: its memory and
@@ -1188,14 +1272,19 @@ mod tests {
     }
 
     #[test]
-    fn declarations_are_closed_egress_posix_conversation_scope() {
+    fn declarations_are_closed_and_allowlist_egress_posix_conversation_scope() {
         let declared = declarations();
         assert!(declared.serves(Capability::Exec));
         assert!(declared.serves(Capability::FilesDelete));
         assert!(declared.serves(Capability::HostTools));
         assert!(declared.serves(Capability::Snapshot));
-        assert_eq!(declared.capabilities.len(), 9);
-        assert_eq!(declared.egress_modes, BTreeSet::from([Egress::Closed]));
+        assert!(declared.serves(Capability::EgressMethods));
+        assert!(declared.serves(Capability::EgressPaths));
+        assert_eq!(declared.capabilities.len(), 11);
+        assert_eq!(
+            declared.egress_modes,
+            BTreeSet::from([Egress::Closed, Egress::Allowlist])
+        );
         assert!(!declared.serves_scope(IsolationScope::Call));
     }
 

@@ -61,6 +61,28 @@ pub struct QemuConfig {
     /// after each. 0 (the default) = no pool. At most [`MAX_POOL`]. Shared by every process
     /// on the state directory with the same image and limits.
     pub pool: usize,
+    /// Allowlist egress (offered always: its proxy runs in the serving process).
+    pub egress: QemuEgress,
+}
+
+/// How allowlist egress reaches the network from the host (docs/qemu-backend.md#allowlist-egress).
+/// Every address of the host's own interfaces, loopback and the special-purpose ranges are
+/// never dialled, whatever a sandbox's allowlist says.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct QemuEgress {
+    /// Also dial private ranges (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7).
+    pub allow_private: bool,
+    /// The destination ports allowed; empty: 80 and 443.
+    pub ports: Vec<u16>,
+    /// A PEM bundle of further roots to verify upstreams against, for hosts whose TLS the proxy
+    /// terminates (beside the public roots).
+    pub upstream_ca_pem: Option<String>,
+    /// Names resolved to these addresses instead of by the host's resolver (as a hosts file;
+    /// the addresses are still checked as any resolved address).
+    pub hosts: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
+    /// Told of every egress decision of this backend's sandboxes.
+    pub observer: Option<sandbox_core::credential::EgressObserver>,
 }
 
 impl Default for QemuConfig {
@@ -78,6 +100,7 @@ impl Default for QemuConfig {
             agent_ports: qemu_vm::DEFAULT_AGENT_PORTS,
             kernel_args: Vec::new(),
             pool: 0,
+            egress: QemuEgress::default(),
         }
     }
 }
@@ -109,6 +132,7 @@ pub(crate) struct CheckedConfig {
     pub(crate) agent_ports: u32,
     pub(crate) kernel_args: Vec<String>,
     pub(crate) pool: usize,
+    pub(crate) egress: QemuEgress,
 }
 
 impl QemuConfig {
@@ -153,6 +177,11 @@ impl QemuConfig {
         if self.boot_timeout.is_zero() || self.call_timeout.is_zero() {
             return Err(SandboxError::invalid("timeouts must be above zero"));
         }
+        if self.egress.ports.contains(&0) {
+            return Err(SandboxError::invalid(
+                "egress.ports names port 0, which is no destination port",
+            ));
+        }
         if !(1..=qemu_vm::MAX_AGENT_PORTS).contains(&self.agent_ports) {
             return Err(SandboxError::invalid(format!(
                 "agent_ports is {}: a VM has 1 to {} agent ports",
@@ -188,6 +217,7 @@ impl QemuConfig {
             agent_ports: self.agent_ports,
             kernel_args: self.kernel_args,
             pool: self.pool,
+            egress: self.egress,
         })
     }
 }

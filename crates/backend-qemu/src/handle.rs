@@ -15,6 +15,7 @@ use sandbox_core::{
 };
 use tokio::io::AsyncReadExt as _;
 
+use crate::egress::{EgressPlan, GuestEgress};
 use crate::fault::HEALTH_EVERY;
 use crate::layout::Slot;
 
@@ -47,6 +48,10 @@ pub struct QemuSandbox {
     pub(crate) creating: bool,
     /// The backend that made the handle, for `reset`.
     pub(crate) resets: Arc<dyn Resets>,
+    /// The allowlist egress the handle was acquired with, for `reset`.
+    pub(crate) egress_plan: Option<Arc<EgressPlan>>,
+    /// Its connections judged while the handle lives; its variables go to every command.
+    pub(crate) egress: Option<Arc<GuestEgress>>,
 }
 
 /// What a handle's `reset` asks of the backend that made it (a trait, so this module does not
@@ -55,7 +60,11 @@ pub struct QemuSandbox {
 pub(crate) trait Resets: Send + Sync + std::fmt::Debug {
     /// The VM of `slot` replaced by a new one restored from the baseline, under the same key,
     /// kind and storage base.
-    async fn reset(&self, slot: &Slot) -> Result<QemuSandbox, SandboxError>;
+    async fn reset(
+        &self,
+        slot: &Slot,
+        egress: Option<Arc<EgressPlan>>,
+    ) -> Result<QemuSandbox, SandboxError>;
 }
 
 impl QemuSandbox {
@@ -360,6 +369,10 @@ impl Sandbox for QemuSandbox {
             b"PATH".to_vec(),
             b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_vec(),
         )];
+        // The way out, for a sandbox with allowlist egress; a command may set its own.
+        for (name, value) in self.egress.iter().flat_map(|egress| &egress.env) {
+            env.push((name.as_bytes().to_vec(), value.as_bytes().to_vec()));
+        }
         for (name, value) in request.guest_env().entries() {
             env.retain(|(existing, _)| existing != name.as_bytes());
             env.push((name.as_bytes().to_vec(), value.clone()));
@@ -549,7 +562,10 @@ impl Sandbox for QemuSandbox {
     /// A new VM restored from the baseline takes this one's place: every file, process and
     /// mount made since the acquire goes with the old VM.
     async fn reset(&self) -> Result<Arc<dyn Sandbox>, SandboxError> {
-        let mut reset = self.resets.reset(&self.slot).await?;
+        let mut reset = self
+            .resets
+            .reset(&self.slot, self.egress_plan.clone())
+            .await?;
         reset.files_in = self.files_in;
         Ok(shared(reset))
     }

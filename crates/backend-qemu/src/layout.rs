@@ -47,6 +47,9 @@ pub(crate) struct Record {
     /// Why the VM must not be reused, once retired.
     #[serde(default)]
     pub(crate) retired: Option<String>,
+    /// The digest of its allowlist egress (`egress::EgressPlan`); none for closed egress.
+    #[serde(default)]
+    pub(crate) egress: Option<String>,
 }
 
 impl Record {
@@ -286,6 +289,7 @@ mod tests {
             storage_base: "/maf-sandbox/workspace".into(),
             created: now_secs(),
             retired: None,
+            egress: None,
         }
     }
 

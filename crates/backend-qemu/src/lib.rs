@@ -39,6 +39,7 @@
 mod backend;
 mod baseline;
 mod config;
+mod egress;
 mod fault;
 mod handle;
 mod health;
@@ -47,8 +48,8 @@ mod pool;
 
 pub use backend::{QemuBackend, TRANSFER_CEILING};
 pub use config::{
-    default_state_dir, QemuConfig, DEFAULT_CPUS, DEFAULT_MAX_BOOTING, DEFAULT_MEMORY_MIB,
-    DEFAULT_NAME_PREFIX, MAX_POOL,
+    default_state_dir, QemuConfig, QemuEgress, DEFAULT_CPUS, DEFAULT_MAX_BOOTING,
+    DEFAULT_MEMORY_MIB, DEFAULT_NAME_PREFIX, MAX_POOL,
 };
 pub use handle::QemuSandbox;
 pub use health::health_checks;

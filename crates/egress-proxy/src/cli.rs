@@ -200,6 +200,7 @@ impl ProxyArgs {
             limits: Limits::default(),
             http,
             terminator,
+            hosts: Default::default(),
             observer: None,
         })
     }

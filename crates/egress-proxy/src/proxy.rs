@@ -63,7 +63,11 @@ pub struct Policy {
     pub http: HttpRules,
     /// The TLS termination of the hosts `http` judges (required when `http` is not empty).
     pub terminator: Option<Arc<Terminator>>,
-    /// Told of every decision, besides the log line on stderr.
+    /// Names resolved to these addresses instead of by the system's resolver (an operator's
+    /// map, as a hosts file): the addresses are checked as any resolved address is.
+    pub hosts: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
+    /// Told of every decision, instead of the log line on stderr (a proxy serving in another
+    /// program's process leaves that program's stderr alone).
     pub observer: Option<Observer>,
 }
 
@@ -114,7 +118,7 @@ impl Decision {
     }
 }
 
-/// A callback that sees every decision of a proxy, after it is logged.
+/// A callback that sees every decision of a proxy, in place of its log line.
 #[derive(Clone)]
 pub struct Observer(pub Arc<dyn Fn(&Decision) + Send + Sync>);
 
@@ -189,14 +193,14 @@ impl Answer {
 impl Policy {
     /// Logs `decision` as one JSON line on stderr and tells the observer.
     pub(crate) fn record(&self, decision: &Decision) {
+        if let Some(observer) = &self.observer {
+            (observer.0)(decision);
+            return;
+        }
         let line = decision.to_json_line();
         let stderr = std::io::stderr();
         let mut out = stderr.lock();
         let _ = writeln!(out, "{line}");
-        drop(out);
-        if let Some(observer) = &self.observer {
-            (observer.0)(decision);
-        }
     }
 
     /// The policy check of a parsed request before any resolution: host on the allowlist,
@@ -238,6 +242,11 @@ impl Policy {
     ) -> Result<Vec<SocketAddr>, Answer> {
         let addresses: Vec<SocketAddr> = match &authority.host {
             Host::Ip(ip) => vec![SocketAddr::new(*ip, authority.port)],
+            Host::Name(name) if self.hosts.contains_key(&name.to_ascii_lowercase()) => self.hosts
+                [&name.to_ascii_lowercase()]
+                .iter()
+                .map(|ip| SocketAddr::new(*ip, authority.port))
+                .collect(),
             Host::Name(name) => {
                 let lookup = tokio::net::lookup_host((name.as_str(), authority.port));
                 match tokio::time::timeout_at(deadline, lookup).await {
@@ -416,6 +425,14 @@ pub(crate) async fn read_head<S: AsyncRead + Unpin>(
             return Err(Answer::forbidden("request head larger than 16 KiB"));
         }
     }
+}
+
+/// Serves one client connection that reached the proxy some other way than its socket (a
+/// backend carrying a guest's connection in-process), under the same policy and rules as
+/// [`serve`]'s connections: its request judged, its decision recorded, its tunnel relayed to
+/// its end. The caller bounds how many it serves at once.
+pub async fn serve_client(client: tokio::net::UnixStream, policy: &Policy) {
+    handle(client, policy).await;
 }
 
 /// Serves one client connection.
@@ -632,6 +649,7 @@ mod tests {
             limits: Limits::default(),
             http: HttpRules::default(),
             terminator: None,
+            hosts: Default::default(),
             observer: None,
         }
     }
@@ -672,6 +690,37 @@ mod tests {
             refused("GET http://pypi.org/ HTTP/1.1\r\nContent-Length: x\r\n\r\n").status,
             400
         );
+    }
+
+    #[tokio::test]
+    async fn a_mapped_name_resolves_to_its_addresses_which_are_checked_as_any() {
+        let mut mapped = policy();
+        mapped.addresses = AddressPolicy::new(true, []);
+        mapped
+            .hosts
+            .insert("pypi.org".into(), vec!["10.9.8.7".parse().unwrap()]);
+        mapped.hosts.insert(
+            "files.pythonhosted.org".into(),
+            vec!["127.0.0.1".parse().unwrap()],
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let authority = |name: &str| Authority {
+            host: Host::Name(name.into()),
+            port: 443,
+        };
+        assert_eq!(
+            mapped
+                .resolve(&authority("PyPI.org"), deadline)
+                .await
+                .unwrap(),
+            vec!["10.9.8.7:443".parse().unwrap()]
+        );
+        let refused = mapped
+            .resolve(&authority("files.pythonhosted.org"), deadline)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.status, 403, "{}", refused.reason);
+        assert!(refused.reason.contains("127.0.0.1"), "{}", refused.reason);
     }
 
     #[test]

@@ -153,6 +153,29 @@ pub struct Grant {
 }
 
 impl Grant {
+    /// The proxy's grant for a contract's credential grant, validated as a grant line is
+    /// ([`Grant::parse`], whose wire form it goes through).
+    ///
+    /// # Errors
+    /// As [`Grant::parse`], line 1.
+    pub fn from_credential(
+        grant: &sandbox_core::credential::CredentialGrant,
+    ) -> Result<Grant, ProxyError> {
+        let methods = match grant.methods() {
+            Some(methods) => serde_json::json!(methods),
+            None => serde_json::json!("*"),
+        };
+        let line = serde_json::json!({
+            "host": grant.host(),
+            "port": grant.port(),
+            "methods": methods,
+            "paths": grant.paths(),
+            "token": grant.token().reveal(),
+            "expires_unix": grant.expires_unix(),
+        });
+        Grant::parse(&line.to_string(), 1)
+    }
+
     /// Parses one grant line: a JSON object `{"host", "port", "methods", "paths", "token",
     /// "expires_unix"}` (`methods` a list of methods or `"*"`, `paths` a list of patterns,
     /// `expires_unix` seconds since the epoch).

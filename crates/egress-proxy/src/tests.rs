@@ -45,6 +45,7 @@ async fn start_with(upstream_port: u16, limits: Limits) -> Harness {
         limits,
         http: crate::rules::HttpRules::default(),
         terminator: None,
+        hosts: Default::default(),
         observer: None,
     };
     let handoff = dir.path().join("handoff.sock");
@@ -704,6 +705,7 @@ fn closed_policy() -> Policy {
         limits: Limits::default(),
         http: crate::rules::HttpRules::default(),
         terminator: None,
+        hosts: Default::default(),
         observer: None,
     }
 }

@@ -178,6 +178,7 @@ async fn proxy_with(
             grants,
         ),
         terminator: Some(Arc::clone(&terminator)),
+        hosts: Default::default(),
         observer: Some(Observer(Arc::new(move |d: &Decision| {
             seen.lock().unwrap().push(d.clone());
         }))),
