@@ -62,9 +62,9 @@ pub struct BackendArgs {
     /// `sandboxctl images build`).
     #[arg(long, global = true, value_name = "IMAGE", default_value = backend_docker::defaults::DEFAULT_EGRESS_PROXY_IMAGE)]
     pub egress_proxy_image: String,
-    /// A PEM bundle of further roots the docker backend's egress proxies verify terminated
-    /// upstreams against, beside the public roots (an operator's own CA; at most 1 MiB). The
-    /// proxies get it over their standard input.
+    /// A PEM bundle of further roots the egress proxies (docker's containers, qemu's in-process
+    /// policy) verify terminated upstreams against, beside the public roots (an operator's own
+    /// CA; at most 1 MiB). Docker's proxies get it over their standard input.
     #[arg(long, global = true, value_name = "PEM")]
     pub egress_upstream_ca: Option<PathBuf>,
     /// The docker network the egress proxy's outbound leg joins.
@@ -194,8 +194,8 @@ pub async fn connect(
     connect_observed(args, guest_names, None).await
 }
 
-/// [`connect`], with `observer` told of every egress decision of the docker backend's allowlist
-/// sandboxes (other backends report none).
+/// [`connect`], with `observer` told of every egress decision of the docker and qemu backends'
+/// allowlist sandboxes (sbx reports none).
 ///
 /// # Errors
 /// As [`connect`]; an `--egress-upstream-ca` that cannot be read or holds no PEM certificate.
@@ -212,12 +212,12 @@ pub async fn connect_observed(
             Ok(Arc::new(DockerBackend::connect(config).await?))
         }
         BackendChoice::Sbx => Ok(Arc::new(connect_sbx(args, guest_names).await?)),
-        BackendChoice::Qemu => connect_qemu(args).await,
+        BackendChoice::Qemu => connect_qemu(args, 0, observer).await,
     }
 }
 
 /// [`connect`] for a server-like host with a warm pool of `pool` members per shape (docker,
-/// qemu), and `observer` told of every egress decision (docker).
+/// qemu), and `observer` told of every egress decision (docker, qemu).
 ///
 /// # Errors
 /// As [`connect`]; [`SandboxError::InvalidArgument`] for a pool with the sbx backend.
@@ -238,7 +238,7 @@ pub async fn connect_serving(
             config.pool = pool.pool;
             Ok(Arc::new(DockerBackend::connect(config).await?))
         }
-        BackendChoice::Qemu => connect_qemu_pooled(args, pool.pool).await,
+        BackendChoice::Qemu => connect_qemu(args, pool.pool, observer).await,
         BackendChoice::Sbx if pool.pool > 0 => Err(SandboxError::invalid(
             "--pool keeps docker containers or qemu VMs: it needs --backend docker or qemu",
         )),
@@ -266,10 +266,12 @@ pub async fn purge_pool(args: &BackendArgs) -> Result<sandbox_core::ScopePurge, 
     }
 }
 
-/// The qemu backend's configuration from the flags.
+/// The qemu backend's configuration from the flags: the image, emulation, and for allowlist
+/// egress the operator's upstream CA bundle.
 ///
 /// # Errors
-/// [`SandboxError::InvalidArgument`] when no cache directory can be named for the default image.
+/// [`SandboxError::InvalidArgument`] when no cache directory can be named for the default image,
+/// or for an `--egress-upstream-ca` that cannot be read or holds no PEM certificate.
 #[cfg(target_os = "linux")]
 pub fn qemu_config(args: &BackendArgs) -> Result<backend_qemu::QemuConfig, SandboxError> {
     let mut config = backend_qemu::QemuConfig::default();
@@ -278,35 +280,27 @@ pub fn qemu_config(args: &BackendArgs) -> Result<backend_qemu::QemuConfig, Sandb
         None => vm_image::default_dir()?,
     };
     config.allow_emulation = args.allow_emulation;
+    config.egress.upstream_ca_pem = upstream_ca(args)?;
     Ok(config)
 }
 
 #[cfg(target_os = "linux")]
-async fn connect_qemu(args: &BackendArgs) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
-    Ok(Arc::new(
-        backend_qemu::QemuBackend::connect(qemu_config(args)?).await?,
-    ))
-}
-
-#[cfg(not(target_os = "linux"))]
-async fn connect_qemu(_args: &BackendArgs) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
-    Err(qemu_is_linux_only())
-}
-
-#[cfg(target_os = "linux")]
-async fn connect_qemu_pooled(
+async fn connect_qemu(
     args: &BackendArgs,
     pool: usize,
+    observer: Option<sandbox_core::credential::EgressObserver>,
 ) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
     let mut config = qemu_config(args)?;
     config.pool = pool;
+    config.egress.observer = observer;
     Ok(Arc::new(backend_qemu::QemuBackend::connect(config).await?))
 }
 
 #[cfg(not(target_os = "linux"))]
-async fn connect_qemu_pooled(
+async fn connect_qemu(
     _args: &BackendArgs,
     _pool: usize,
+    _observer: Option<sandbox_core::credential::EgressObserver>,
 ) -> Result<Arc<dyn SandboxBackend>, SandboxError> {
     Err(qemu_is_linux_only())
 }
