@@ -1122,12 +1122,21 @@ impl SandboxBackend for QemuBackend {
                 existing.instance
             )));
         }
+        // The copy's egress is the source's: the spec must ask for it.
+        let egress = egress::plan(spec, &self.host.config.egress)?.map(Arc::new);
+        if record.egress != egress.as_ref().map(|plan| plan.digest.clone()) {
+            return Err(SandboxError::SpecMismatch(
+                "the source sandbox was made with another egress policy".into(),
+            ));
+        }
         // The source must serve: a dead or retired VM is not copied.
         let source_handle = self.attach(&source_slot, &record, true).await?;
         drop(source_handle);
-        self.fork_into(&source_slot, &record, &target_slot, target, spec.kind())
-            .await
-            .map(|sandbox| shared(sandbox.with_files_in(spec.files_in())))
+        let sandbox = self
+            .fork_into(&source_slot, &record, &target_slot, target, spec.kind())
+            .await?;
+        let sandbox = self.with_egress(sandbox, egress).await?;
+        Ok(shared(sandbox.with_files_in(spec.files_in())))
     }
 
     async fn find(

@@ -376,6 +376,29 @@ async fn allowlist_egress_reaches_what_the_policy_allows_and_the_token_stays_on_
         "{mismatch}"
     );
 
+    // A fork's copy keeps the source's egress, its commands pointed at their own way out.
+    let refused_fork = backend
+        .fork(&key("scoped"), &plain_spec, &key("copy"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused_fork.kind(),
+        sandbox_core::ErrorKind::SpecMismatch,
+        "{refused_fork}"
+    );
+    let copy = step(
+        "fork the scoped sandbox",
+        Duration::from_secs(180),
+        backend.fork(&key("scoped"), &scoped_spec, &key("copy")),
+    )
+    .await
+    .expect("fork");
+    let through_copy = sh(&*copy, &format!("{curl} http://allowed.test/v1/copy")).await;
+    assert_eq!(status(&through_copy), "200", "{through_copy:?}");
+    let outside = sh(&*copy, &format!("{curl} http://allowed.test/admin")).await;
+    assert_eq!(status(&outside), "403", "{outside:?}");
+    assert!(origins.seen().contains(&"80 GET /v1/copy -".to_owned()));
+
     // Every decision was seen, with a credential's use and never its value.
     let events = events.lock().unwrap().clone();
     assert!(
@@ -392,8 +415,8 @@ async fn allowlist_egress_reaches_what_the_policy_allows_and_the_token_stays_on_
     );
     assert!(!format!("{events:?}").contains(TOKEN));
 
-    drop((plain, scoped));
-    for thread in ["plain", "scoped"] {
+    drop((plain, scoped, copy));
+    for thread in ["plain", "scoped", "copy"] {
         let purge = backend.dispose_scope(&scope, thread).await;
         assert!(purge.undisposed.is_none(), "disposal: {purge:?}");
         assert_eq!(purge.disposed, 1, "{thread}");
