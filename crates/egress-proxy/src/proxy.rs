@@ -693,6 +693,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_client_handed_in_is_judged_as_any() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let policy = policy();
+        let client = async {
+            ours.write_all(b"CONNECT other.test:443 HTTP/1.1\r\n\r\n")
+                .await
+                .unwrap();
+            let mut answer = Vec::new();
+            ours.read_to_end(&mut answer).await.unwrap();
+            String::from_utf8(answer).unwrap()
+        };
+        let ((), answer) = tokio::join!(serve_client(theirs, &policy), client);
+        assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+        assert!(answer.ends_with("host not on the allowlist\n"), "{answer}");
+    }
+
+    #[tokio::test]
     async fn a_mapped_name_resolves_to_its_addresses_which_are_checked_as_any() {
         let mut mapped = policy();
         mapped.addresses = AddressPolicy::new(true, []);

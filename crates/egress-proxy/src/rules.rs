@@ -510,6 +510,52 @@ mod tests {
     }
 
     #[test]
+    fn a_contract_grant_becomes_the_same_grant_as_its_line() {
+        let credential = sandbox_core::credential::CredentialGrant::new(
+            "api.test",
+            443,
+            Some(vec!["GET".into()]),
+            vec!["/v1/*".into()],
+            sandbox_core::credential::BearerToken::new(SECRET).unwrap(),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(4_102_444_800),
+        )
+        .unwrap();
+        let converted = Grant::from_credential(&credential).unwrap();
+        let parsed = Grant::parse(&grant_line(""), 1).unwrap();
+        let judged = |grant: Grant, method: &str, path: &str| {
+            HttpRules::new(Vec::new(), vec![grant])
+                .judge("api.test", 443, method, path, true, now())
+                .map(|verdict| verdict.credential.map(Token::authorization_value))
+        };
+        for (method, path) in [("GET", "/v1/a"), ("POST", "/v1/a"), ("GET", "/v2")] {
+            assert_eq!(
+                judged(converted.clone(), method, path),
+                judged(parsed.clone(), method, path),
+                "{method} {path}"
+            );
+        }
+        assert_eq!(
+            judged(converted, "GET", "/v1/a"),
+            Ok(Some(format!("Bearer {SECRET}")))
+        );
+        // Any method: the line's `"*"`.
+        let any = sandbox_core::credential::CredentialGrant::new(
+            "api.test",
+            443,
+            None,
+            vec!["/v1/*".into()],
+            sandbox_core::credential::BearerToken::new(SECRET).unwrap(),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(4_102_444_800),
+        )
+        .unwrap();
+        assert!(
+            judged(Grant::from_credential(&any).unwrap(), "DELETE", "/v1/a")
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    #[test]
     fn rules_parse_strictly() {
         for bad in [
             "api.test GET",
