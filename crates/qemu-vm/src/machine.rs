@@ -663,7 +663,7 @@ impl Vm {
     /// stopped (`paused`, `postmigrate`) runs on; a running one is left as it is.
     ///
     /// # Errors
-    /// Deadline when the migration has not ended within [`SAVE_SETTLE`]; Qmp, or
+    /// Deadline when the migration has not ended within 10 s; Qmp, or
     /// Io/ChannelClosed when the monitor is gone.
     pub async fn run_on_after_save(&self) -> Result<(), VmError> {
         let deadline = Instant::now() + SAVE_SETTLE;
