@@ -100,19 +100,7 @@ impl EgressPlan {
         }
         let mut text = String::new();
         for grant in &self.grants {
-            let methods = match grant.methods() {
-                Some(methods) => serde_json::json!(methods),
-                None => serde_json::json!("*"),
-            };
-            let line = serde_json::json!({
-                "host": grant.host(),
-                "port": grant.port(),
-                "methods": methods,
-                "paths": grant.paths(),
-                "token": grant.token().reveal(),
-                "expires_unix": grant.expires_unix(),
-            });
-            text.push_str(&line.to_string());
+            text.push_str(&egress_proxy::rules::grant_line(grant));
             text.push('\n');
         }
         if let Some(pem) = &self.upstream_ca {

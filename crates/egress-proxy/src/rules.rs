@@ -152,6 +152,25 @@ pub struct Grant {
     expires: SystemTime,
 }
 
+/// The grant line ([`Grant::parse`]'s input, one line of `--stdin-config`) of a contract's
+/// credential grant, its token in clear: for the proxy's standard input only, never a log, an
+/// argument or a file.
+pub fn grant_line(grant: &sandbox_core::credential::CredentialGrant) -> String {
+    let methods = match grant.methods() {
+        Some(methods) => serde_json::json!(methods),
+        None => serde_json::json!("*"),
+    };
+    serde_json::json!({
+        "host": grant.host(),
+        "port": grant.port(),
+        "methods": methods,
+        "paths": grant.paths(),
+        "token": grant.token().reveal(),
+        "expires_unix": grant.expires_unix(),
+    })
+    .to_string()
+}
+
 impl Grant {
     /// The proxy's grant for a contract's credential grant, validated as a grant line is
     /// ([`Grant::parse`], whose wire form it goes through).
@@ -161,19 +180,7 @@ impl Grant {
     pub fn from_credential(
         grant: &sandbox_core::credential::CredentialGrant,
     ) -> Result<Grant, ProxyError> {
-        let methods = match grant.methods() {
-            Some(methods) => serde_json::json!(methods),
-            None => serde_json::json!("*"),
-        };
-        let line = serde_json::json!({
-            "host": grant.host(),
-            "port": grant.port(),
-            "methods": methods,
-            "paths": grant.paths(),
-            "token": grant.token().reveal(),
-            "expires_unix": grant.expires_unix(),
-        });
-        Grant::parse(&line.to_string(), 1)
+        Grant::parse(&grant_line(grant), 1)
     }
 
     /// Parses one grant line: a JSON object `{"host", "port", "methods", "paths", "token",
