@@ -1058,10 +1058,8 @@ impl Job {
             shut(&self.connection);
             return;
         }
-        let (done_tx, done_rx) = mpsc::channel::<()>();
-        let outward = self.forward(reader, done_tx);
+        let outward = self.forward(reader);
         self.feed_socket(writer);
-        let _ = done_rx.recv();
         let _ = outward.join();
         shut(&self.connection);
         self.send(&GuestMsg::Done);
@@ -1069,7 +1067,7 @@ impl Job {
 
     /// A thread that moves what the guest process sends to the host in credited `Data`
     /// chunks, then `Eof`.
-    fn forward(&self, mut socket: TcpStream, done: mpsc::Sender<()>) -> thread::JoinHandle<()> {
+    fn forward(&self, mut socket: TcpStream) -> thread::JoinHandle<()> {
         let port = Arc::clone(&self.port);
         let session = self.session.id;
         let id = self.id;
@@ -1091,7 +1089,6 @@ impl Job {
                 }
             }
             port.send(session, id, &GuestMsg::Eof);
-            let _ = done.send(());
         })
     }
 
