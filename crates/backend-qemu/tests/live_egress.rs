@@ -3,8 +3,9 @@
 //! live in a network namespace the test makes (a veth pair, its far end's address private and
 //! not the host's own), an HTTP origin on port 80 and an HTTPS one on 443 under a CA of the
 //! test's, which the backend's proxy is configured to trust. Runs EGRESS, EGRESS_METHODS and
-//! EGRESS_PATHS, then the credential gateway over TLS: the token reaches the origin on matching
-//! requests only, replaces the guest's own `Authorization`, and is nowhere in the guest.
+//! EGRESS_PATHS, then the credential gateway over TLS, from curl and from Python: the token
+//! reaches the origin on matching requests only, replaces the guest's own `Authorization`, and
+//! is nowhere in the guest.
 
 mod support;
 
@@ -334,9 +335,30 @@ async fn allowlist_egress_reaches_what_the_policy_allows_and_the_token_stays_on_
     assert_eq!(status(&unmatched), "200", "{unmatched:?}");
     let refused = sh(&*scoped, &format!("{curl} https://api.test/admin")).await;
     assert_eq!(status(&refused), "403", "{refused:?}");
+    // A Python client meets the same rules and gateway: urllib takes the proxy and the bundle
+    // from the same variables.
+    let python = sh(
+        &*scoped,
+        "python3 -c \"
+import urllib.request as u, urllib.error as e
+def get(url):
+    try:
+        request = u.Request(url, headers={'Authorization': 'Bearer from-python'})
+        return u.urlopen(request, timeout=20).status
+    except e.HTTPError as error:
+        return error.code
+print(get('https://api.test/v1/python'), get('https://api.test/admin'))
+\"",
+    )
+    .await;
+    assert_eq!(python.stdout_text().trim(), "200 403", "{python:?}");
     let seen = origins.seen();
     assert!(
         seen.contains(&format!("443 GET /v1/secret Bearer {TOKEN}")),
+        "{seen:?}"
+    );
+    assert!(
+        seen.contains(&format!("443 GET /v1/python Bearer {TOKEN}")),
         "{seen:?}"
     );
     assert!(seen.contains(&"443 POST /open/x -".to_owned()), "{seen:?}");
