@@ -386,14 +386,16 @@ async def test_stdio_disconnect_disposes_everything():
 
 
 async def test_idle_sandboxes_expire():
-    # One TTL per server: a stdio server of its own is started with a short one.
-    async with connect("stdio", extra=["--ttl", "2"]) as client:
+    # One TTL per server: a stdio server of its own is started with a short one, long enough
+    # that listing the engine after the create (slow on a loaded host: 2 s was once too short)
+    # finds the sandbox before it expires.
+    async with connect("stdio", extra=["--ttl", "6"]) as client:
         before = {s["instance_id"] for s in engine_sandboxes()}
         box = await create(client)
         mine = {s["instance_id"] for s in engine_sandboxes()} - before
         assert len(mine) == 1, mine
         # sandbox_list does not count as a use, so polling it leaves the idle clock running.
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         while box in {s["sandbox"] for s in (await ok(client, "sandbox_list"))["sandboxes"]}:
             assert time.monotonic() < deadline, "the idle sandbox did not expire"
             await asyncio.sleep(0.25)

@@ -227,6 +227,10 @@ pub(crate) async fn start(
         .iter()
         .map(|name| ((*name).to_owned(), proxy.clone()))
         .collect();
+    // The guest's own loopback services stay direct, as on Docker.
+    for name in ["NO_PROXY", "no_proxy"] {
+        env.push((name.to_owned(), "localhost,127.0.0.1".to_owned()));
+    }
     if let Some(terminator) = &policy.terminator {
         let (ca, bundle) =
             install_trust(agent, port, &terminator.authority_pem(), deadline).await?;

@@ -335,6 +335,22 @@ async fn allowlist_egress_reaches_what_the_policy_allows_and_the_token_stays_on_
     assert_eq!(status(&unmatched), "200", "{unmatched:?}");
     let refused = sh(&*scoped, &format!("{curl} https://api.test/admin")).await;
     assert_eq!(status(&refused), "403", "{refused:?}");
+    // The variables a command gets: the way out, the bundle, its own loopback left direct.
+    let env = sh(
+        &*scoped,
+        "echo \"$HTTPS_PROXY $NO_PROXY $SSL_CERT_FILE\"; test -s \"$SSL_CERT_FILE\" && echo bundle",
+    )
+    .await;
+    let lines: Vec<String> = env.stdout_text().lines().map(str::to_owned).collect();
+    assert!(
+        lines
+            .first()
+            .is_some_and(|line| line.starts_with("http://127.0.0.1:31")
+                && line.contains(" localhost,127.0.0.1 /etc/sandbox-egress/bundle-")),
+        "{env:?}"
+    );
+    assert_eq!(lines.get(1).map(String::as_str), Some("bundle"), "{env:?}");
+
     // A Python client meets the same rules and gateway: urllib takes the proxy and the bundle
     // from the same variables.
     let python = sh(
